@@ -1,0 +1,1 @@
+//! Per-architecture model code.

@@ -1,0 +1,1 @@
+//! Typed model configs parsed from Hugging Face `config.json`.

@@ -1,0 +1,1 @@
+//! Sessions, sampling, prefill and decode.

@@ -1,0 +1,18 @@
+//! # deltafin-engine
+//!
+//! Exact-weights inference for mixture-of-experts language models: checkpoint indexing
+//! ([`weights`]), typed configs ([`config`]), format-decoding batch-invariant kernels
+//! ([`kernels`]), one module per architecture ([`arch`]), generation and sampling
+//! ([`generate`]) and tokenizers with chat templates ([`tokenizer`]).
+//!
+//! Nothing in this crate reads environment variables or talks to the network.
+
+pub mod arch;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod kernels;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};

@@ -1,0 +1,11 @@
+//! Checkpoint weights: the safetensors index over every shard of a model directory, tensor
+//! metadata (name -> file, byte range, dtype, shape) and shared byte buffers (`Blob`).
+//! Tensors are never re-encoded here: kernels decode the stored format directly.
+
+mod blob;
+mod dtype;
+mod safetensors;
+
+pub use blob::Blob;
+pub use dtype::Dtype;
+pub use safetensors::{TensorInfo, WeightIndex};

@@ -1,0 +1,2 @@
+//! The `deltafin` command.
+fn main() {}
