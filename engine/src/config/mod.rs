@@ -1,1 +1,163 @@
-//! Typed model configs parsed from Hugging Face `config.json`.
+//! Typed model configs parsed from a Hugging Face `config.json`.
+//!
+//! [`ModelSpec::load`] reads the file once, unwraps the nested `text_config` form of the newer
+//! Kimi releases (whose tensors carry a `language_model.` prefix), dispatches on `model_type`
+//! and validates every field the architecture depends on into a per-architecture struct. An
+//! unknown `model_type` or an inconsistent field is a typed error naming the field.
+
+mod deepseek_v3;
+mod quant;
+mod rope;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+pub use deepseek_v3::DeepseekV3Config;
+pub use quant::{IgnoreRule, Quantization};
+pub use rope::{RopeConfig, RopeScaling};
+
+use crate::error::{Error, Result};
+
+/// The architectures this build implements.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ArchConfig {
+    /// DeepSeek-V3 and the Kimi-K2 family (`deepseek_v3`, `kimi_k2`).
+    DeepseekV3(DeepseekV3Config),
+}
+
+/// Everything `config.json` says about a checkpoint.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// The validated architecture config.
+    pub arch: ArchConfig,
+    /// Prefix of every tensor name (`""`, or `"language_model."` for nested configs).
+    pub tensor_prefix: String,
+    /// How weights are quantised.
+    pub quant: Quantization,
+    /// The outer `model_type` as written in the file.
+    pub model_type: String,
+    /// Path of the parsed file (for error messages).
+    pub path: PathBuf,
+}
+
+/// Model types accepted at the top level, listed in errors.
+pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2)";
+
+/// Field access with errors that name the field and the file.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fields<'a> {
+    pub map: &'a Map<String, Value>,
+    pub path: &'a Path,
+    /// Prefix for field names in messages (`"text_config."` for nested configs).
+    pub scope: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    pub fn err(&self, field: &str, reason: impl Into<String>) -> Error {
+        Error::config(self.path, format!("{}{field}", self.scope), reason)
+    }
+
+    pub fn get(&self, field: &str) -> Option<&'a Value> {
+        self.map.get(field).filter(|v| !v.is_null())
+    }
+
+    pub fn usize(&self, field: &str) -> Result<usize> {
+        self.opt_usize(field)?.ok_or_else(|| self.err(field, "missing"))
+    }
+
+    pub fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    pub fn f64(&self, field: &str) -> Result<f64> {
+        self.opt_f64(field)?.ok_or_else(|| self.err(field, "missing"))
+    }
+
+    pub fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.err(field, format!("expected a number, found {v}"))),
+        }
+    }
+
+    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(field, format!("expected a boolean, found {v}"))),
+        }
+    }
+
+    pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(field, format!("expected a string, found {v}"))),
+        }
+    }
+
+    /// A token id that may be written as an integer or a list of integers (first wins).
+    pub fn opt_token_ids(&self, field: &str) -> Result<Vec<u32>> {
+        match self.get(field) {
+            None => Ok(Vec::new()),
+            Some(Value::Number(n)) => {
+                Ok(vec![n.as_u64().ok_or_else(|| self.err(field, "expected a token id"))? as u32])
+            }
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().map(|n| n as u32).ok_or_else(|| self.err(field, "expected token ids")))
+                .collect(),
+            Some(v) => Err(self.err(field, format!("expected a token id, found {v}"))),
+        }
+    }
+}
+
+impl ModelSpec {
+    /// Read and validate `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<ModelSpec> {
+        let path = dir.join("config.json");
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.clone(), source })?;
+        Self::from_value(&value, &path)
+    }
+
+    /// Validate an already-parsed `config.json` value.
+    pub fn from_value(value: &Value, path: &Path) -> Result<ModelSpec> {
+        let outer = value.as_object().ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
+        let top = Fields { map: outer, path, scope: "" };
+        let model_type = top.opt_str("model_type")?.ok_or_else(|| top.err("model_type", "missing"))?.to_string();
+        let (text, scope, prefix) = match top.get("text_config") {
+            Some(Value::Object(text)) => (text, "text_config.", "language_model."),
+            Some(_) => return Err(top.err("text_config", "expected an object")),
+            None => (outer, "", ""),
+        };
+        let fields = Fields { map: text, path, scope };
+        let inner_type = fields.opt_str("model_type")?.unwrap_or(&model_type).to_string();
+        // Quantisation is declared in the text config by some releases and at the top by others.
+        let quant = match fields.get("quantization_config").or_else(|| top.get("quantization_config")) {
+            Some(q) => Quantization::parse(q, path)?,
+            None => Quantization::None,
+        };
+        let nested_ok = matches!(model_type.as_str(), "kimi_k25" | "kimi_k2_5" | "kimi_vl" | "deepseek_v3" | "kimi_k2");
+        let arch = match inner_type.as_str() {
+            "deepseek_v3" | "kimi_k2" if nested_ok => ArchConfig::DeepseekV3(DeepseekV3Config::parse(fields)?),
+            _ => {
+                return Err(Error::UnknownModelType {
+                    path: path.to_path_buf(),
+                    model_type: if scope.is_empty() { model_type } else { format!("{model_type}/{inner_type}") },
+                    supported: SUPPORTED_MODEL_TYPES,
+                });
+            }
+        };
+        Ok(ModelSpec { arch, tensor_prefix: prefix.to_string(), quant, model_type, path: path.to_path_buf() })
+    }
+}
+
+#[cfg(test)]
+mod tests;
