@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod kernels;
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 

@@ -5,7 +5,9 @@
 mod blob;
 mod dtype;
 mod safetensors;
+mod writer;
 
 pub use blob::Blob;
 pub use dtype::Dtype;
 pub use safetensors::{TensorInfo, WeightIndex};
+pub use writer::{TensorSpec, write_atomic, write_safetensors};

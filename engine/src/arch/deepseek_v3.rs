@@ -1,0 +1,210 @@
+//! DeepSeek-V3 / Kimi-K2: MLA attention, dense first layers, sigmoid-routed MoE with shared
+//! experts, untied head. Reference: HF transformers `models/deepseek_v3/modeling_deepseek_v3.py`.
+//!
+//! Layer `i`: `x += MLA(RMSNorm_in(x)); x += FFN(RMSNorm_post(x))`, FFN dense for
+//! `i < first_k_dense_replace`, MoE after. Logits: `lm_head(RMSNorm(x))`.
+
+use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
+use super::layers::mlp::{Activation, Mlp};
+use super::layers::moe::{Moe, RouterConfig};
+use super::layers::rope::Rope;
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace};
+use crate::config::DeepseekV3Config;
+use crate::error::Result;
+use crate::generate::{LayerState, MlaCache, SeqState};
+use crate::kernels::ops::rms_norm;
+use crate::kernels::reference::decode_row;
+use crate::kernels::{Matrix, matmul};
+
+#[derive(Debug)]
+enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attn: Mla,
+    ffn: Ffn,
+}
+
+/// A loaded DeepSeek-V3-architecture model.
+#[derive(Debug)]
+pub struct DeepseekV3 {
+    cfg: DeepseekV3Config,
+    info: ModelInfo,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+}
+
+fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
+        up: ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
+        down: ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
+        act: Activation::Silu,
+    })
+}
+
+impl DeepseekV3 {
+    /// Load and shape-check every tensor.
+    pub fn load(cfg: DeepseekV3Config, ld: &Loader<'_>) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let embed = ld.dense("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        let lm_head = if cfg.tie_word_embeddings && !ld.has("lm_head.weight") {
+            embed.clone()
+        } else {
+            ld.dense("lm_head.weight", cfg.vocab_size, h)?
+        };
+        let layers = (0..cfg.num_hidden_layers).map(|i| Self::load_layer(&cfg, ld, i)).collect::<Result<Vec<_>>>()?;
+        let info = ModelInfo {
+            arch: "deepseek_v3",
+            vocab_size: cfg.vocab_size,
+            hidden_size: h,
+            num_layers: cfg.num_hidden_layers,
+            max_context: cfg.max_position_embeddings,
+            bos_token_id: cfg.bos_token_id,
+            eos_token_ids: cfg.eos_token_ids.clone(),
+            weight_bytes: ld.index.names().filter_map(|n| ld.index.info(n).ok()).map(|i| i.len).sum(),
+        };
+        Ok(DeepseekV3 { norm: ld.vector("model.norm.weight", h)?, embed, layers, lm_head, info, cfg })
+    }
+
+    fn load_layer(cfg: &DeepseekV3Config, ld: &Loader<'_>, i: usize) -> Result<Layer> {
+        let h = cfg.hidden_size;
+        let p = format!("model.layers.{i}");
+        let heads = cfg.num_attention_heads;
+        let qk = cfg.qk_head_dim();
+        let q = match cfg.q_lora_rank {
+            None => QProj::Full(ld.linear(&format!("{p}.self_attn.q_proj"), heads * qk, h)?),
+            Some(r) => QProj::LowRank {
+                a: ld.linear(&format!("{p}.self_attn.q_a_proj"), r, h)?,
+                norm: ld.vector(&format!("{p}.self_attn.q_a_layernorm.weight"), r)?,
+                b: ld.linear(&format!("{p}.self_attn.q_b_proj"), heads * qk, r)?,
+            },
+        };
+        let dims = MlaDims {
+            heads,
+            nope: cfg.qk_nope_head_dim,
+            rope: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            kv_lora: cfg.kv_lora_rank,
+            eps: cfg.rms_norm_eps,
+            scale: ((qk as f64).powf(-0.5) * cfg.rope.softmax_scale_multiplier()) as f32,
+        };
+        let attn = Mla {
+            q,
+            kv_a: ld.linear(&format!("{p}.self_attn.kv_a_proj_with_mqa"), cfg.kv_lora_rank + cfg.qk_rope_head_dim, h)?,
+            kv_a_norm: ld.vector(&format!("{p}.self_attn.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
+            kv_b: ld.linear(
+                &format!("{p}.self_attn.kv_b_proj"),
+                heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+                cfg.kv_lora_rank,
+            )?,
+            o: ld.linear(&format!("{p}.self_attn.o_proj"), h, heads * cfg.v_head_dim)?,
+            rotary: Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave)),
+            dims,
+        };
+        let ffn = if cfg.is_moe_layer(i) {
+            let e = cfg.n_routed_experts;
+            let experts = (0..e)
+                .map(|x| mlp(ld, &format!("{p}.mlp.experts.{x}"), h, cfg.moe_intermediate_size))
+                .collect::<Result<Vec<_>>>()?;
+            let shared = match cfg.n_shared_experts {
+                0 => None,
+                s => Some(mlp(ld, &format!("{p}.mlp.shared_experts"), h, cfg.moe_intermediate_size * s)?),
+            };
+            Ffn::Moe(Moe {
+                gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, h)?,
+                bias: ld.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
+                router: RouterConfig {
+                    top_k: cfg.num_experts_per_tok,
+                    n_group: cfg.n_group,
+                    topk_group: cfg.topk_group,
+                    norm_topk_prob: cfg.norm_topk_prob,
+                    scaling: cfg.routed_scaling_factor,
+                },
+                experts,
+                shared,
+            })
+        } else {
+            Ffn::Dense(mlp(ld, &format!("{p}.mlp"), h, cfg.intermediate_size)?)
+        };
+        Ok(Layer {
+            input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+            post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            attn,
+            ffn,
+        })
+    }
+
+    fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
+        let h = self.cfg.hidden_size;
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
+            rms_norm(src, weight, self.cfg.rms_norm_eps, dst);
+        }
+        out
+    }
+}
+
+impl Model for DeepseekV3 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> SeqState {
+        SeqState::new(self.layers.iter().map(|_| LayerState::Mla(MlaCache::default())).collect())
+    }
+
+    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let h = self.cfg.hidden_size;
+        let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
+        let n = plan.len();
+        let logit_rows = plan.logit_rows(batch);
+        let mut x = vec![0.0f32; n * h];
+        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+        for (row, t) in x.chunks_mut(h).zip(tokens) {
+            decode_row(&self.embed, t as usize, row);
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("embed", &x);
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            let xn = self.norm_rows(&x, &layer.input_norm);
+            let mut caches: Vec<&mut MlaCache> = batch
+                .iter_mut()
+                .map(|b| match &mut b.state.layers[l] {
+                    LayerState::Mla(c) => c,
+                })
+                .collect();
+            let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
+            let a = layer.attn.forward(&xn, n, &mut rows);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = self.norm_rows(&x, &layer.post_norm);
+            let f = match &layer.ffn {
+                Ffn::Dense(m) => m.forward(&xn, n),
+                Ffn::Moe(m) => m.forward(&xn, n),
+            };
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), &x);
+            }
+        }
+        for b in batch.iter_mut() {
+            b.state.len += b.tokens.len();
+        }
+        let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+        let normed = self.norm_rows(&selected, &self.norm);
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("norm", &normed);
+        }
+        let mut logits = vec![0.0f32; logit_rows.len() * self.cfg.vocab_size];
+        matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
+        Ok(logits)
+    }
+}

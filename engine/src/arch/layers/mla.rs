@@ -1,0 +1,175 @@
+//! Multi-head latent attention (DeepSeek-V2/V3, Kimi). The cache holds only the normalised
+//! latent `c_kv` and the rotated shared key of each position; attention runs in the absorbed
+//! form: `q_nope · (W_UK c) = (W_UKᵀ q_nope) · c` and `v = W_UV Σ α c`, which is the HF expanded
+//! computation with a different (f32) rounding order, and lets the context grow without per-head
+//! keys and values. Every row attends over its own sequence's cache only, in position order, so
+//! results do not depend on the batch.
+
+use super::rope::Rope;
+use crate::generate::MlaCache;
+use crate::kernels::ops::rms_norm_inplace;
+use crate::kernels::reference::{decode_row, dot};
+use crate::kernels::{Matrix, matmul};
+
+/// The query projection.
+#[derive(Debug, Clone)]
+pub enum QProj {
+    /// `q_proj` (`q_lora_rank: null`).
+    Full(Matrix),
+    /// `q_b_proj(RMSNorm(q_a_proj(x)))`.
+    LowRank { a: Matrix, norm: Vec<f32>, b: Matrix },
+}
+
+/// Shapes and constants of an MLA layer.
+#[derive(Debug, Clone)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+    pub eps: f32,
+    /// Softmax scale (`qk_head_dim^-0.5`, times YaRN's mscale² where configured).
+    pub scale: f32,
+}
+
+/// One MLA layer's weights.
+#[derive(Debug, Clone)]
+pub struct Mla {
+    pub dims: MlaDims,
+    pub q: QProj,
+    pub kv_a: Matrix,
+    pub kv_a_norm: Vec<f32>,
+    pub kv_b: Matrix,
+    pub o: Matrix,
+    /// `None` for NoPE attention (the rope channels are used unrotated).
+    pub rotary: Option<Rope>,
+}
+
+/// Where each row of a pass goes: its cache and position.
+#[derive(Debug)]
+pub struct MlaRows<'a, 'c> {
+    /// `caches[seq[i]]` is row i's sequence cache.
+    pub caches: &'a mut [&'c mut MlaCache],
+    pub seq: &'a [usize],
+    pub pos: &'a [usize],
+}
+
+impl Mla {
+    /// Queries `[n, heads * (nope + rope)]` for normalised input rows.
+    fn queries(&self, x: &[f32], n: usize) -> Vec<f32> {
+        match &self.q {
+            QProj::Full(m) => {
+                let mut q = vec![0.0; n * m.rows];
+                matmul(m, x, n, &mut q);
+                q
+            }
+            QProj::LowRank { a, norm, b } => {
+                let mut qa = vec![0.0; n * a.rows];
+                matmul(a, x, n, &mut qa);
+                qa.chunks_mut(a.rows).for_each(|r| rms_norm_inplace(r, norm, self.dims.eps));
+                let mut q = vec![0.0; n * b.rows];
+                matmul(b, &qa, n, &mut q);
+                q
+            }
+        }
+    }
+
+    /// Attention output `[n, hidden]` for normalised rows `x`; appends every row's latent and
+    /// rotated key to its cache first (rows of one sequence are consecutive positions).
+    pub fn forward(&self, x: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> Vec<f32> {
+        let d = &self.dims;
+        let qk = d.nope + d.rope;
+        let mut q = self.queries(x, n);
+        let mut ckv = vec![0.0; n * (d.kv_lora + d.rope)];
+        matmul(&self.kv_a, x, n, &mut ckv);
+        for i in 0..n {
+            let row = &mut ckv[i * (d.kv_lora + d.rope)..(i + 1) * (d.kv_lora + d.rope)];
+            let (latent, k_rope) = row.split_at_mut(d.kv_lora);
+            rms_norm_inplace(latent, &self.kv_a_norm, d.eps);
+            if let Some(rope) = &self.rotary {
+                rope.apply(k_rope, rows.pos[i]);
+                for h in 0..d.heads {
+                    let start = i * d.heads * qk + h * qk + d.nope;
+                    rope.apply(&mut q[start..start + d.rope], rows.pos[i]);
+                }
+            }
+            let cache = &mut rows.caches[rows.seq[i]];
+            debug_assert_eq!(cache.latent.len(), rows.pos[i] * d.kv_lora, "rows must extend their cache in order");
+            cache.latent.extend_from_slice(latent);
+            cache.k_rope.extend_from_slice(k_rope);
+        }
+        let wkv = self.decoded_kv_b();
+        let mut attn = vec![0.0f32; n * d.heads * d.v];
+        let mut q_abs = vec![0.0f32; d.kv_lora];
+        let mut ctx = vec![0.0f32; d.kv_lora];
+        let mut scores = Vec::new();
+        for i in 0..n {
+            let cache = &*rows.caches[rows.seq[i]];
+            let len = rows.pos[i] + 1;
+            for h in 0..d.heads {
+                let qh = &q[i * d.heads * qk + h * qk..][..qk];
+                let head_rows = &wkv[h * (d.nope + d.v) * d.kv_lora..(h + 1) * (d.nope + d.v) * d.kv_lora];
+                absorb_query(&qh[..d.nope], &head_rows[..d.nope * d.kv_lora], &mut q_abs);
+                attend(cache, len, &q_abs, &qh[d.nope..], d, &mut scores, &mut ctx);
+                let out = &mut attn[(i * d.heads + h) * d.v..][..d.v];
+                for (e, o) in out.iter_mut().enumerate() {
+                    let w = &head_rows[(d.nope + e) * d.kv_lora..(d.nope + e + 1) * d.kv_lora];
+                    *o = dot(w, &ctx);
+                }
+            }
+        }
+        let mut y = vec![0.0; n * self.o.rows];
+        matmul(&self.o, &attn, n, &mut y);
+        y
+    }
+
+    /// `kv_b_proj` decoded row by row (the exact element values), `[heads*(nope+v), kv_lora]`.
+    fn decoded_kv_b(&self) -> Vec<f32> {
+        let m = &self.kv_b;
+        let mut w = vec![0.0f32; m.rows * m.cols];
+        for (r, row) in w.chunks_mut(m.cols).enumerate() {
+            decode_row(m, r, row);
+        }
+        w
+    }
+}
+
+/// `q_abs = W_UKᵀ q_nope` (sum over the nope dimension in order).
+fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
+    let c = q_abs.len();
+    q_abs.iter_mut().for_each(|v| *v = 0.0);
+    for (dim, &qv) in q_nope.iter().enumerate() {
+        for (a, &w) in q_abs.iter_mut().zip(&w_uk[dim * c..(dim + 1) * c]) {
+            *a += qv * w;
+        }
+    }
+}
+
+/// Softmax attention of one head over cache positions `0..len`, producing the latent context.
+fn attend(cache: &MlaCache, len: usize, q_abs: &[f32], q_rope: &[f32], d: &MlaDims, scores: &mut Vec<f32>, ctx: &mut [f32]) {
+    scores.clear();
+    for j in 0..len {
+        let latent = &cache.latent[j * d.kv_lora..(j + 1) * d.kv_lora];
+        let k_rope = &cache.k_rope[j * d.rope..(j + 1) * d.rope];
+        let s = seq_dot(q_abs, latent) + seq_dot(q_rope, k_rope);
+        scores.push(s * d.scale);
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    ctx.iter_mut().for_each(|v| *v = 0.0);
+    for (j, s) in scores.iter().enumerate() {
+        let p = s / sum;
+        for (c, &l) in ctx.iter_mut().zip(&cache.latent[j * d.kv_lora..(j + 1) * d.kv_lora]) {
+            *c += p * l;
+        }
+    }
+}
+
+fn seq_dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}

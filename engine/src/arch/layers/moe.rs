@@ -1,0 +1,136 @@
+//! The routed mixture of experts: sigmoid router with a selection-only correction bias,
+//! group-limited top-k, optional renormalisation and scaling, experts run over the union of a
+//! batch's selections (each expert's weights read once for all rows that chose it), contributions
+//! added per row in ascending expert order, then the shared experts.
+
+use super::mlp::Mlp;
+use crate::kernels::ops::sigmoid;
+use crate::kernels::{Matrix, matmul};
+
+/// Router hyperparameters.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub scaling: f32,
+}
+
+/// A routed MoE block.
+#[derive(Debug, Clone)]
+pub struct Moe {
+    /// `[E, H]` router weight (used in f32).
+    pub gate: Matrix,
+    /// `e_score_correction_bias` (selection only).
+    pub bias: Vec<f32>,
+    pub router: RouterConfig,
+    pub experts: Vec<Mlp>,
+    pub shared: Option<Mlp>,
+}
+
+/// Pick `top_k` experts from `choice` scores, limited to the best `topk_group` of `n_group`
+/// equal groups ranked by the sum of their two best scores. Ties go to the lower index.
+/// Returns expert ids in descending score order.
+pub fn select_experts(choice: &[f32], n_group: usize, topk_group: usize, top_k: usize) -> Vec<usize> {
+    let e = choice.len();
+    let mut allowed = vec![true; e];
+    if n_group > 1 {
+        let per = e / n_group;
+        let group_score = |g: usize| {
+            let mut best = [f32::NEG_INFINITY; 2];
+            for &s in &choice[g * per..(g + 1) * per] {
+                if s > best[0] {
+                    best = [s, best[0]];
+                } else if s > best[1] {
+                    best[1] = s;
+                }
+            }
+            best[0] + best[1]
+        };
+        let scores: Vec<f32> = (0..n_group).map(group_score).collect();
+        let mut groups: Vec<usize> = (0..n_group).collect();
+        groups.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        allowed.iter_mut().for_each(|a| *a = false);
+        for &g in &groups[..topk_group] {
+            allowed[g * per..(g + 1) * per].iter_mut().for_each(|a| *a = true);
+        }
+    }
+    let mut ids: Vec<usize> = (0..e).filter(|&i| allowed[i]).collect();
+    ids.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    ids.truncate(top_k);
+    ids
+}
+
+impl Moe {
+    /// Routing of one row from its router logits: `(expert, weight)` sorted by expert id.
+    pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+        let choice: Vec<f32> = scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
+        let r = &self.router;
+        let ids = select_experts(&choice, r.n_group, r.topk_group, r.top_k);
+        let mut weights: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
+        if r.norm_topk_prob {
+            let denom = weights.iter().sum::<f32>() + 1e-20;
+            weights.iter_mut().for_each(|w| *w /= denom);
+        }
+        let mut routed: Vec<(usize, f32)> = ids.into_iter().zip(weights).map(|(i, w)| (i, w * r.scaling)).collect();
+        routed.sort_by_key(|&(i, _)| i);
+        routed
+    }
+
+    /// MoE output for `n` rows of `x` (already normalised).
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let h = self.gate.cols;
+        let e = self.gate.rows;
+        let mut logits = vec![0.0f32; n * e];
+        matmul(&self.gate, x, n, &mut logits);
+        let routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| self.route(l)).collect();
+        // Rows that chose each expert, in row order.
+        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+        for (row, route) in routes.iter().enumerate() {
+            for &(expert, w) in route {
+                users[expert].push((row, w));
+            }
+        }
+        let mut out = vec![0.0f32; n * h];
+        let mut gathered = Vec::new();
+        for (expert, rows) in users.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            gathered.clear();
+            for &(row, _) in rows {
+                gathered.extend_from_slice(&x[row * h..(row + 1) * h]);
+            }
+            let y = self.experts[expert].forward(&gathered, rows.len());
+            for (k, &(row, w)) in rows.iter().enumerate() {
+                for (o, v) in out[row * h..(row + 1) * h].iter_mut().zip(&y[k * h..(k + 1) * h]) {
+                    *o += v * w;
+                }
+            }
+        }
+        if let Some(shared) = &self.shared {
+            let s = shared.forward(x, n);
+            out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::select_experts;
+
+    #[test]
+    fn plain_top_k_takes_best_scores_lowest_index_on_ties() {
+        assert_eq!(select_experts(&[0.1, 0.9, 0.5, 0.9], 1, 1, 2), vec![1, 3]);
+    }
+
+    #[test]
+    fn group_limit_changes_the_selection() {
+        // Groups of 2: [0.9, 0.0] sum 0.9, [0.5, 0.5] sum 1.0, [0.45, 0.45] 0.9, [0.0, 0.1] 0.1.
+        let choice = [0.9, 0.0, 0.5, 0.5, 0.45, 0.45, 0.0, 0.1];
+        assert_eq!(select_experts(&choice, 1, 1, 2), vec![0, 2]);
+        // Best two groups: group 1 (1.0) then group 0 (0.9, lower index than group 2).
+        assert_eq!(select_experts(&choice, 4, 2, 2), vec![0, 2]);
+        assert_eq!(select_experts(&choice, 4, 1, 2), vec![2, 3]);
+    }
+}

@@ -1,0 +1,36 @@
+//! Rotary position embedding on one head vector: DeepSeek's interleaved pair layout (output
+//! de-interleaved, as HF `apply_rotary_pos_emb_interleave`) or the Llama `rotate_half` layout.
+
+use crate::config::RopeConfig;
+
+/// Precomputed RoPE frequencies.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    attention_factor: f32,
+    interleave: bool,
+}
+
+impl Rope {
+    /// Frequencies for a rotary width `dim`.
+    pub fn new(cfg: &RopeConfig, dim: usize, interleave: bool) -> Self {
+        let (inv_freq, attention_factor) = cfg.inv_freq(dim);
+        Rope { inv_freq, attention_factor, interleave }
+    }
+
+    /// Rotate `x` (length `dim`) in place for absolute position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        debug_assert_eq!(x.len(), 2 * half);
+        let mut out = [0.0f32; 512];
+        let out = &mut out[..2 * half];
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            let (cos, sin) = (angle.cos() * self.attention_factor, angle.sin() * self.attention_factor);
+            let (a, b) = if self.interleave { (x[2 * i], x[2 * i + 1]) } else { (x[i], x[i + half]) };
+            out[i] = a * cos - b * sin;
+            out[i + half] = b * cos + a * sin;
+        }
+        x.copy_from_slice(out);
+    }
+}

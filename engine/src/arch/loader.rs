@@ -1,0 +1,127 @@
+//! Turning checkpoint tensors into typed weights: a Linear in whichever stored format the
+//! checkpoint uses (decided per tensor from its dtype and companion tensors, checked against the
+//! quantisation config), norm vectors, and embedding tables. Every shape is checked here.
+
+use crate::config::{ModelSpec, Quantization};
+use crate::error::{Error, Result};
+use crate::kernels::{Format, Matrix, ScaleDtype};
+use crate::weights::{Dtype, WeightIndex};
+
+/// Typed access to one checkpoint's tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct Loader<'a> {
+    pub index: &'a WeightIndex,
+    pub spec: &'a ModelSpec,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(index: &'a WeightIndex, spec: &'a ModelSpec) -> Self {
+        Loader { index, spec }
+    }
+
+    fn name(&self, name: &str) -> String {
+        format!("{}{name}", self.spec.tensor_prefix)
+    }
+
+    /// Whether `{prefix}{name}` exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.index.contains(&self.name(name))
+    }
+
+    /// A 1-D float vector (norm weights, biases) widened to f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.index.f32_vec(&self.name(name), &[len])
+    }
+
+    /// A plain (unquantised) BF16/F32 matrix, e.g. embeddings and routers.
+    pub fn dense(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let full = self.name(name);
+        let info = self.index.expect(&full, &[Dtype::BF16, Dtype::F32], &[rows, cols])?;
+        let format = if info.dtype == Dtype::BF16 { Format::Bf16 } else { Format::F32 };
+        Matrix::new(format, rows, cols, self.index.blob(info), None)
+    }
+
+    /// The Linear `module` (`out x in`) in its stored format.
+    pub fn linear(&self, module: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let packed = self.name(&format!("{module}.weight_packed"));
+        if self.index.contains(&packed) {
+            return self.packed(module, &packed, rows, cols);
+        }
+        let weight = self.name(&format!("{module}.weight"));
+        let info = self.index.expect(&weight, &[Dtype::BF16, Dtype::F32, Dtype::F8E4M3], &[rows, cols])?;
+        match info.dtype {
+            Dtype::F8E4M3 => {
+                let Quantization::Fp8Block { block_rows, block_cols } = self.spec.quant else {
+                    return Err(self.unexpected(&weight, "F8_E4M3 weights need quantization_config.quant_method fp8"));
+                };
+                let scale_name = self.name(&format!("{module}.weight_scale_inv"));
+                let scale_shape = [rows.div_ceil(block_rows), cols.div_ceil(block_cols)];
+                let scale = self.index.expect(&scale_name, &[Dtype::F32], &scale_shape)?;
+                let format = Format::Fp8Block { block_rows, block_cols };
+                Matrix::new(format, rows, cols, self.index.blob(info), Some(self.index.blob(scale)))
+            }
+            Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.index.blob(info), None),
+            _ => Matrix::new(Format::F32, rows, cols, self.index.blob(info), None),
+        }
+    }
+
+    fn packed(&self, module: &str, packed: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let scale_name = self.name(&format!("{module}.weight_scale"));
+        match self.spec.quant {
+            Quantization::Int4PackQuantized { group_size, .. } => {
+                if cols % group_size != 0 || group_size % 8 != 0 {
+                    return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
+                }
+                let data = self.index.expect(packed, &[Dtype::I32], &[rows, cols / 8])?;
+                let scale =
+                    self.index.expect(&scale_name, &[Dtype::BF16, Dtype::F16, Dtype::F32], &[rows, cols / group_size])?;
+                self.check_weight_shape(module, rows, cols)?;
+                let scale_dtype = match scale.dtype {
+                    Dtype::BF16 => ScaleDtype::Bf16,
+                    Dtype::F16 => ScaleDtype::F16,
+                    _ => ScaleDtype::F32,
+                };
+                let format = Format::Int4Group { group: group_size, scale: scale_dtype };
+                Matrix::new(format, rows, cols, self.index.blob(data), Some(self.index.blob(scale)))
+            }
+            Quantization::Mxfp4PackQuantized { group_size, .. } => {
+                if cols % group_size != 0 || group_size % 2 != 0 {
+                    return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
+                }
+                let data = self.index.expect(packed, &[Dtype::U8], &[rows, cols / 2])?;
+                let scale = self.index.expect(&scale_name, &[Dtype::U8], &[rows, cols / group_size])?;
+                let format = Format::Mxfp4 { group: group_size };
+                Matrix::new(format, rows, cols, self.index.blob(data), Some(self.index.blob(scale)))
+            }
+            _ => Err(self.unexpected(packed, "packed weights need a compressed-tensors quantization_config")),
+        }
+    }
+
+    /// compressed-tensors stores the logical shape beside packed weights; it must agree.
+    fn check_weight_shape(&self, module: &str, rows: usize, cols: usize) -> Result<()> {
+        let name = self.name(&format!("{module}.weight_shape"));
+        if !self.index.contains(&name) {
+            return Ok(());
+        }
+        let info = self.index.expect(&name, &[Dtype::I64, Dtype::I32], &[2])?;
+        let blob = self.index.blob(info);
+        let dims: Vec<i64> = match info.dtype {
+            Dtype::I64 => blob.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
+            _ => blob.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+        };
+        if dims != [rows as i64, cols as i64] {
+            return Err(Error::TensorShape {
+                path: self.index.shard_path(info).to_path_buf(),
+                name: format!("{name} (value)"),
+                expected: vec![rows, cols],
+                found: dims.iter().map(|&d| d.max(0) as usize).collect(),
+            });
+        }
+        Ok(())
+    }
+
+    fn unexpected(&self, name: &str, reason: &str) -> Error {
+        let path = self.index.info(name).map(|i| self.index.shard_path(i).to_path_buf()).unwrap_or_default();
+        Error::TensorDtype { path, name: name.to_string(), expected: reason.to_string(), found: "incompatible".into() }
+    }
+}

@@ -1,0 +1,328 @@
+//! Synthetic DeepSeek-V3-architecture checkpoints (BF16 spine; BF16, block-FP8 or INT4 experts).
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::{Rng, write_byte_tokenizer};
+use crate::error::{Error, Result};
+use crate::weights::{Dtype, TensorSpec, write_atomic, write_safetensors};
+
+/// How routed experts (and, for FP8, every other Linear) are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertFormat {
+    Bf16,
+    /// DeepSeek block FP8 on every Linear (128x128 blocks), like DeepSeek-V3 / Kimi-K2-Instruct.
+    Fp8,
+    /// compressed-tensors INT4 (group 32) on routed experts, like Kimi-K2-Thinking.
+    Int4,
+}
+
+/// Shape and format of a synthetic DeepSeek-V3 checkpoint.
+#[derive(Debug, Clone)]
+pub struct DeepseekSynth {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub moe_intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub q_lora: Option<usize>,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub first_dense: usize,
+    pub max_position: usize,
+    pub format: ExpertFormat,
+    /// Number of safetensors shards (an index is written when > 1).
+    pub shards: usize,
+    pub seed: u64,
+}
+
+impl DeepseekSynth {
+    /// The built-in default model.
+    pub fn builtin() -> Self {
+        DeepseekSynth {
+            hidden: 256,
+            intermediate: 512,
+            moe_intermediate: 128,
+            layers: 4,
+            heads: 4,
+            q_lora: Some(128),
+            kv_lora: 64,
+            nope: 32,
+            rope: 16,
+            v: 32,
+            experts: 16,
+            top_k: 4,
+            n_group: 4,
+            topk_group: 2,
+            first_dense: 1,
+            max_position: 4096,
+            format: ExpertFormat::Bf16,
+            shards: 1,
+            seed: 0x5EED,
+        }
+    }
+
+    /// A tiny model for tests (fast to write and run).
+    pub fn tiny(format: ExpertFormat) -> Self {
+        DeepseekSynth {
+            hidden: 64,
+            intermediate: 96,
+            moe_intermediate: 32,
+            layers: 3,
+            heads: 2,
+            q_lora: Some(48),
+            kv_lora: 32,
+            nope: 16,
+            rope: 8,
+            v: 16,
+            experts: 8,
+            top_k: 2,
+            n_group: 2,
+            topk_group: 1,
+            first_dense: 1,
+            max_position: 1024,
+            format,
+            shards: 2,
+            seed: 7,
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        512
+    }
+
+    /// The `config.json` contents.
+    pub fn config(&self) -> Value {
+        let mut c = json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": self.vocab(),
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "moe_intermediate_size": self.moe_intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.heads,
+            "q_lora_rank": self.q_lora,
+            "kv_lora_rank": self.kv_lora,
+            "qk_nope_head_dim": self.nope,
+            "qk_rope_head_dim": self.rope,
+            "v_head_dim": self.v,
+            "n_routed_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "n_shared_experts": 1,
+            "n_group": self.n_group,
+            "topk_group": self.topk_group,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": self.first_dense,
+            "hidden_act": "silu",
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "max_position_embeddings": self.max_position,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": self.max_position / 4},
+            "tie_word_embeddings": false,
+            "bos_token_id": 256,
+            "eos_token_id": 257,
+            "torch_dtype": "bfloat16",
+            "deltafin_synthetic": true,
+        });
+        match self.format {
+            ExpertFormat::Bf16 => {}
+            ExpertFormat::Fp8 => {
+                c["quantization_config"] =
+                    json!({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]});
+            }
+            ExpertFormat::Int4 => {
+                c["quantization_config"] = json!({
+                    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null, "weights": {
+                        "num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32,
+                        "dynamic": false, "observer": "minmax", "actorder": null}}},
+                    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]
+                });
+            }
+        }
+        c
+    }
+
+    /// Every tensor, in file order, with how to fill it.
+    fn tensors(&self) -> Vec<(TensorSpec, Fill)> {
+        let mut t = Vec::new();
+        let (h, v) = (self.hidden, self.vocab());
+        t.push(dense("model.embed_tokens.weight", v, h, 1.0));
+        for l in 0..self.layers {
+            let p = format!("model.layers.{l}");
+            t.push(norm(&format!("{p}.input_layernorm.weight"), h));
+            t.push(norm(&format!("{p}.post_attention_layernorm.weight"), h));
+            let qk = self.nope + self.rope;
+            match self.q_lora {
+                Some(r) => {
+                    self.linear(&mut t, &format!("{p}.self_attn.q_a_proj"), r, h, false);
+                    t.push(norm(&format!("{p}.self_attn.q_a_layernorm.weight"), r));
+                    self.linear(&mut t, &format!("{p}.self_attn.q_b_proj"), self.heads * qk, r, false);
+                }
+                None => self.linear(&mut t, &format!("{p}.self_attn.q_proj"), self.heads * qk, h, false),
+            }
+            self.linear(&mut t, &format!("{p}.self_attn.kv_a_proj_with_mqa"), self.kv_lora + self.rope, h, false);
+            t.push(norm(&format!("{p}.self_attn.kv_a_layernorm.weight"), self.kv_lora));
+            self.linear(&mut t, &format!("{p}.self_attn.kv_b_proj"), self.heads * (self.nope + self.v), self.kv_lora, false);
+            self.linear(&mut t, &format!("{p}.self_attn.o_proj"), h, self.heads * self.v, false);
+            if l < self.first_dense {
+                self.mlp(&mut t, &format!("{p}.mlp"), self.intermediate, false);
+            } else {
+                t.push(dense(&format!("{p}.mlp.gate.weight"), self.experts, h, 1.0));
+                t.push((TensorSpec::new(format!("{p}.mlp.gate.e_score_correction_bias"), Dtype::F32, &[self.experts]), Fill::Bias));
+                for e in 0..self.experts {
+                    self.mlp(&mut t, &format!("{p}.mlp.experts.{e}"), self.moe_intermediate, true);
+                }
+                self.mlp(&mut t, &format!("{p}.mlp.shared_experts"), self.moe_intermediate, false);
+            }
+        }
+        t.push(norm("model.norm.weight", h));
+        t.push(dense("lm_head.weight", v, h, 4.0));
+        t
+    }
+
+    fn mlp(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, width: usize, routed: bool) {
+        self.linear(t, &format!("{p}.gate_proj"), width, self.hidden, routed);
+        self.linear(t, &format!("{p}.up_proj"), width, self.hidden, routed);
+        self.linear(t, &format!("{p}.down_proj"), self.hidden, width, routed);
+    }
+
+    fn linear(&self, t: &mut Vec<(TensorSpec, Fill)>, module: &str, rows: usize, cols: usize, routed: bool) {
+        let gain = 1.0 / (cols as f32).sqrt();
+        match self.format {
+            ExpertFormat::Fp8 => {
+                t.push((TensorSpec::new(format!("{module}.weight"), Dtype::F8E4M3, &[rows, cols]), Fill::Fp8));
+                let scales = [rows.div_ceil(128), cols.div_ceil(128)];
+                t.push((TensorSpec::new(format!("{module}.weight_scale_inv"), Dtype::F32, &scales), Fill::Scale(gain / 2.0)));
+            }
+            ExpertFormat::Int4 if routed => {
+                t.push((TensorSpec::new(format!("{module}.weight_packed"), Dtype::I32, &[rows, cols / 8]), Fill::Bytes));
+                let scale = TensorSpec::new(format!("{module}.weight_scale"), Dtype::BF16, &[rows, cols / 32]);
+                t.push((scale, Fill::Uniform(gain / 8.0, gain / 4.0)));
+                t.push((TensorSpec::new(format!("{module}.weight_shape"), Dtype::I64, &[2]), Fill::Shape(rows, cols)));
+            }
+            _ => t.push(dense(&format!("{module}.weight"), rows, cols, 1.0)),
+        }
+    }
+
+    /// Write the checkpoint (config, shards, index, tokenizer) into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        if self.format == ExpertFormat::Int4 && (self.hidden % 32 != 0 || self.moe_intermediate % 32 != 0) {
+            return Err(Error::InvalidArgument { field: "synth", reason: "INT4 experts need widths divisible by 32".into() });
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let tensors = self.tensors();
+        let shards = self.shards.max(1);
+        let per = tensors.len().div_ceil(shards);
+        let mut weight_map = serde_json::Map::new();
+        for (s, part) in tensors.chunks(per).enumerate() {
+            let file = if shards == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{:05}.safetensors", s + 1, shards)
+            };
+            let specs: Vec<TensorSpec> = part.iter().map(|(t, _)| t.clone()).collect();
+            for t in &specs {
+                weight_map.insert(t.name.clone(), json!(file));
+            }
+            write_safetensors(&dir.join(&file), &specs, &[("format", "pt")], |i, out| {
+                let (spec, fill) = &part[i];
+                fill.write(spec, self.seed, out)
+            })?;
+        }
+        if shards > 1 {
+            let index = json!({"metadata": {}, "weight_map": weight_map});
+            write_atomic(&dir.join("model.safetensors.index.json"), index.to_string().as_bytes())?;
+        }
+        write_byte_tokenizer(dir)?;
+        let config = serde_json::to_string_pretty(&self.config()).expect("json");
+        write_atomic(&dir.join("config.json"), config.as_bytes())
+    }
+}
+
+/// How a tensor's bytes are generated.
+#[derive(Debug, Clone, Copy)]
+enum Fill {
+    /// BF16 uniform with this gain over `sqrt(3 / cols)`.
+    Dense(f32),
+    /// BF16 values near 1.
+    Norm,
+    /// F32 small router bias.
+    Bias,
+    /// FP8 codes with moderate exponents (never NaN).
+    Fp8,
+    /// F32 scale multipliers around this value.
+    Scale(f32),
+    /// Random bytes (packed INT4 nibbles: every code is valid).
+    Bytes,
+    /// BF16 uniform in [lo, hi).
+    Uniform(f32, f32),
+    /// I64 logical shape.
+    Shape(usize, usize),
+}
+
+fn dense(name: &str, rows: usize, cols: usize, gain: f32) -> (TensorSpec, Fill) {
+    (TensorSpec::new(name, Dtype::BF16, &[rows, cols]), Fill::Dense(gain))
+}
+
+fn norm(name: &str, len: usize) -> (TensorSpec, Fill) {
+    (TensorSpec::new(name, Dtype::BF16, &[len]), Fill::Norm)
+}
+
+impl Fill {
+    fn write(self, spec: &TensorSpec, seed: u64, out: &mut dyn Write) -> std::io::Result<()> {
+        let mut rng = Rng::keyed(seed, &spec.name);
+        let n = spec.shape.iter().product::<usize>();
+        let cols = *spec.shape.last().unwrap_or(&1);
+        let mut buf = Vec::with_capacity(spec.nbytes().min(1 << 20));
+        let mut flush = |buf: &mut Vec<u8>, force: bool| -> std::io::Result<()> {
+            if force || buf.len() >= 1 << 20 {
+                out.write_all(buf)?;
+                buf.clear();
+            }
+            Ok(())
+        };
+        let bf16 = |v: f32| half::bf16::from_f32(v).to_le_bytes();
+        match self {
+            Fill::Shape(r, c) => {
+                buf.extend_from_slice(&(r as i64).to_le_bytes());
+                buf.extend_from_slice(&(c as i64).to_le_bytes());
+            }
+            _ => {
+                let count = if matches!(self, Fill::Bytes) { spec.nbytes() } else { n };
+                for _ in 0..count {
+                    match self {
+                        Fill::Dense(g) => buf.extend_from_slice(&bf16(rng.symmetric(g * (3.0 / cols as f32).sqrt()))),
+                        Fill::Norm => buf.extend_from_slice(&bf16(1.0 + rng.symmetric(0.1))),
+                        Fill::Bias => buf.extend_from_slice(&rng.symmetric(0.05).to_le_bytes()),
+                        Fill::Fp8 => {
+                            let bits = rng.next_u64();
+                            let exp = 4 + (bits % 6) as u8;
+                            buf.push(((bits >> 8) as u8 & 0x80) | (exp << 3) | ((bits >> 16) as u8 & 7));
+                        }
+                        Fill::Scale(s) => buf.extend_from_slice(&(s * (0.5 + rng.unit())).to_le_bytes()),
+                        Fill::Bytes => buf.push(rng.next_u64() as u8),
+                        Fill::Uniform(lo, hi) => buf.extend_from_slice(&bf16(lo + (hi - lo) * rng.unit())),
+                        Fill::Shape(..) => unreachable!(),
+                    }
+                    flush(&mut buf, false)?;
+                }
+            }
+        }
+        flush(&mut buf, true)
+    }
+}

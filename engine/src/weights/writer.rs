@@ -1,0 +1,112 @@
+//! Writing safetensors files atomically: the header is computed from the tensor list, data is
+//! streamed tensor by tensor from a callback (so multi-GB files never sit in memory), and the
+//! file appears under its final name only after it is complete and fsynced.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::{Map, Value, json};
+
+use super::Dtype;
+use crate::error::{Error, Result};
+
+/// Name, dtype and shape of a tensor to write.
+#[derive(Debug, Clone)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub fn new(name: impl Into<String>, dtype: Dtype, shape: &[usize]) -> Self {
+        TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+    }
+
+    /// Bytes of data.
+    pub fn nbytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
+/// Write `tensors` to `path`; `fill(i, out)` must write exactly `tensors[i].nbytes()` bytes.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[TensorSpec],
+    metadata: &[(&str, &str)],
+    mut fill: impl FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let mut header = Map::new();
+    if !metadata.is_empty() {
+        let meta: Map<String, Value> = metadata.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        header.insert("__metadata__".into(), Value::Object(meta));
+    }
+    let mut offset = 0usize;
+    for t in tensors {
+        let end = offset + t.nbytes();
+        header.insert(t.name.clone(), json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}));
+        offset = end;
+    }
+    let mut text = serde_json::to_string(&Value::Object(header)).expect("serialisable header");
+    while (8 + text.len()) % 8 != 0 {
+        text.push(' ');
+    }
+    let tmp = path.with_extension("safetensors.partial");
+    let io = |e| Error::io(&tmp, e);
+    let file = File::create(&tmp).map_err(io)?;
+    let mut out = BufWriter::with_capacity(8 << 20, file);
+    out.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
+    out.write_all(text.as_bytes()).map_err(io)?;
+    for (i, t) in tensors.iter().enumerate() {
+        let mut counted = CountingWriter { inner: &mut out, written: 0 };
+        fill(i, &mut counted).map_err(io)?;
+        if counted.written != t.nbytes() {
+            return Err(Error::InvalidArgument {
+                field: "tensor data",
+                reason: format!("`{}`: wrote {} bytes, expected {}", t.name, counted.written, t.nbytes()),
+            });
+        }
+    }
+    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_dir(path);
+    Ok(())
+}
+
+/// Write a small file atomically (temp file, fsync, rename, fsync directory).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("partial");
+    let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    file.write_all(bytes).and_then(|_| file.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    sync_dir(path);
+    Ok(())
+}
+
+fn sync_dir(path: &Path) {
+    if let Some(dir) = path.parent()
+        && let Ok(d) = File::open(dir)
+    {
+        // Best effort: some filesystems refuse fsync on directories.
+        let _ = d.sync_all();
+    }
+}
+
+struct CountingWriter<'a, W: Write> {
+    inner: &'a mut W,
+    written: usize,
+}
+
+impl<W: Write> Write for CountingWriter<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
