@@ -15,7 +15,7 @@
 #
 # Usage: images/test-image.sh [SOURCE_DIR]   (default: this checkout; any workspace checkout with
 #        the same layout works, e.g. one whose server has `serve`)
-# Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off),
+# Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off), CODEGEN_UNITS (16),
 #        OPERATOR_IMAGE=1 also builds images/operator.Containerfile and runs `deltafin-operator crd`.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +24,7 @@ IMAGE=${IMAGE:-localhost/deltafin:test}
 BASE=localhost/debian:bookworm-min
 BUILDER=localhost/deltafin-rust:local
 RELEASE_LTO=${RELEASE_LTO:-off}
+CODEGEN_UNITS=${CODEGEN_UNITS:-16}
 TOOLCHAIN=$(rustc --print sysroot)
 REGISTRY=${CARGO_HOME:-$HOME/.cargo}/registry
 SD=(--storage-driver vfs)
@@ -62,7 +63,7 @@ fi
 step "buildah bud images/server-cpu.Containerfile ($SRC, RELEASE_LTO=$RELEASE_LTO) -> $IMAGE"
 buildah "${SD[@]}" bud --isolation chroot --layers=false \
     -f "$HERE/server-cpu.Containerfile" \
-    --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg RELEASE_LTO="$RELEASE_LTO" \
+    --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
     -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
     -t "$IMAGE" "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 15
 step "image: $("${PODMAN[@]}" image inspect "$IMAGE" --format '{{.Config.User}} {{.Config.Entrypoint}} {{.Config.Cmd}} {{.Size}} bytes')"
@@ -102,7 +103,7 @@ step "chat completion OK"
 if [ "${OPERATOR_IMAGE:-0}" = 1 ]; then
     step "buildah bud images/operator.Containerfile"
     buildah "${SD[@]}" bud --isolation chroot --layers=false -f "$HERE/operator.Containerfile" \
-        --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg RELEASE_LTO="$RELEASE_LTO" \
+        --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
         -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
         -t localhost/deltafin-operator:test "$SRC" 2>&1 | tail -n 3
     "${PODMAN[@]}" run "${RUN_OPTS[@]}" --network none localhost/deltafin-operator:test crd | head -n 5

@@ -126,7 +126,15 @@ mod tests {
     #[test]
     fn transition_time_changes_only_when_status_flips() {
         let mut c = Vec::new();
-        set(&mut c, READY, Status::False, "Downloading", "1%", Some(1), ts(100));
+        set(
+            &mut c,
+            READY,
+            Status::False,
+            "Downloading",
+            "1%",
+            Some(1),
+            ts(100),
+        );
         set(&mut c, READY, Status::False, "Verifying", "99%", Some(2), ts(200));
         assert_eq!(c[0].last_transition_time, Time(ts(100)));
         assert_eq!(c[0].reason, "Verifying");
@@ -141,12 +149,39 @@ mod tests {
     #[test]
     fn transitions_report_status_or_reason_changes() {
         let mut old = Vec::new();
-        set(&mut old, WEIGHTS_READY, Status::False, "Downloading", "1%", None, ts(1));
+        set(
+            &mut old,
+            WEIGHTS_READY,
+            Status::False,
+            "Downloading",
+            "1%",
+            None,
+            ts(1),
+        );
         set(&mut old, READY, Status::False, "Downloading", "", None, ts(1));
         let mut new = old.clone();
-        set(&mut new, WEIGHTS_READY, Status::False, "Downloading", "50%", None, ts(2));
-        assert!(transitions(&old, &new).is_empty(), "a message change is not a transition");
-        set(&mut new, WEIGHTS_READY, Status::True, "Installed", "", None, ts(3));
+        set(
+            &mut new,
+            WEIGHTS_READY,
+            Status::False,
+            "Downloading",
+            "50%",
+            None,
+            ts(2),
+        );
+        assert!(
+            transitions(&old, &new).is_empty(),
+            "a message change is not a transition"
+        );
+        set(
+            &mut new,
+            WEIGHTS_READY,
+            Status::True,
+            "Installed",
+            "",
+            None,
+            ts(3),
+        );
         set(&mut new, SERVER_READY, Status::False, "Starting", "", None, ts(3));
         let t: Vec<_> = transitions(&old, &new).iter().map(|c| c.type_.clone()).collect();
         assert_eq!(t, [WEIGHTS_READY, SERVER_READY]);

@@ -46,15 +46,28 @@ pub struct Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("settings", &self.settings).finish_non_exhaustive()
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
     }
 }
 
 impl Context {
     /// A context for `client`; `instance` names the reporting pod in events.
     pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance });
-        Self { client, settings, recorder, metrics }
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance,
+            },
+        );
+        Self {
+            client,
+            settings,
+            recorder,
+            metrics,
+        }
     }
 }
 
@@ -94,16 +107,29 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     let name = obj.name_any();
     let client = ctx.client.clone();
     let lp = ListParams::default().labels(&format!("{MODEL_LABEL}={name}"));
-    let claim = match crate::model::resolve(obj, &ctx.settings).ok().and_then(|m| m.storage.claim().map(String::from)) {
-        Some(c) => Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).get_opt(&c).await?,
+    let claim = match crate::model::resolve(obj, &ctx.settings)
+        .ok()
+        .and_then(|m| m.storage.claim().map(String::from))
+    {
+        Some(c) => {
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+                .get_opt(&c)
+                .await?
+        }
         None => None,
     };
-    let marker = Api::<ConfigMap>::namespaced(client.clone(), &ns).get_opt(&names::weights(&name)).await?;
+    let marker = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get_opt(&names::weights(&name))
+        .await?;
     let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
     let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
     let pods = pods_api.list(&lp).await?.items;
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns).get_opt(&names::server(&name)).await?;
-    let service = Api::<Service>::namespaced(client.clone(), &ns).get_opt(&names::server(&name)).await?;
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get_opt(&names::server(&name))
+        .await?;
+    let service = Api::<Service>::namespaced(client.clone(), &ns)
+        .get_opt(&names::server(&name))
+        .await?;
     let service_monitor = if ctx.settings.service_monitors {
         Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resources::service_monitor_resource())
             .get_opt(&names::service_monitor(&name))
@@ -113,14 +139,32 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     };
     let setup_log = match plan::setup_log_pod(obj, &ctx.settings, &jobs, &pods) {
         Some(pod) => {
-            let lp = LogParams { container: Some("setup".into()), tail_lines: Some(20), ..Default::default() };
+            let lp = LogParams {
+                container: Some("setup".into()),
+                tail_lines: Some(20),
+                ..Default::default()
+            };
             // A pod that has not started yet has no log; progress then stays as it was.
-            pods_api.logs(&pod, &lp).await.map_err(|e| debug!(%pod, error = %e, "no setup log yet")).ok()
+            pods_api
+                .logs(&pod, &lp)
+                .await
+                .map_err(|e| debug!(%pod, error = %e, "no setup log yet"))
+                .ok()
         }
         None => None,
     };
     let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
-    Ok(Observed { now, claim, marker, jobs, pods, setup_log, deployment, service, service_monitor })
+    Ok(Observed {
+        now,
+        claim,
+        marker,
+        jobs,
+        pods,
+        setup_log,
+        deployment,
+        service,
+        service_monitor,
+    })
 }
 
 /// Executes a plan: the writes in order, the status (only when it changed), then the events.
@@ -137,12 +181,20 @@ pub async fn execute(obj: &DeltafinModel, ctx: &Context, plan: &Plan) -> Result<
                 ctx.metrics.write(child.kind());
             }
             Write::DeleteJob(job) => {
-                ignore_not_found(Api::<Job>::namespaced(client.clone(), &ns).delete(job, &DeleteParams::background()).await)?;
+                ignore_not_found(
+                    Api::<Job>::namespaced(client.clone(), &ns)
+                        .delete(job, &DeleteParams::background())
+                        .await,
+                )?;
                 info!(model = %name, job = %job, "deleted outdated Job");
                 ctx.metrics.write("Job");
             }
             Write::DeleteServiceMonitor(sm) => {
-                let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resources::service_monitor_resource());
+                let api = Api::<DynamicObject>::namespaced_with(
+                    client.clone(),
+                    &ns,
+                    &resources::service_monitor_resource(),
+                );
                 ignore_not_found(api.delete(sm, &DeleteParams::default()).await)?;
                 ctx.metrics.write("ServiceMonitor");
             }
@@ -171,19 +223,29 @@ async fn apply_child(client: &Client, ns: &str, child: &Child, pp: &PatchParams)
     let name = child.name();
     match child {
         Child::Pvc(o) => {
-            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns).patch(&name, pp, &Patch::Apply(o)).await?;
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+                .patch(&name, pp, &Patch::Apply(o))
+                .await?;
         }
         Child::Marker(o) => {
-            Api::<ConfigMap>::namespaced(client.clone(), ns).patch(&name, pp, &Patch::Apply(o)).await?;
+            Api::<ConfigMap>::namespaced(client.clone(), ns)
+                .patch(&name, pp, &Patch::Apply(o))
+                .await?;
         }
         Child::Job(o) => {
-            Api::<Job>::namespaced(client.clone(), ns).patch(&name, pp, &Patch::Apply(o)).await?;
+            Api::<Job>::namespaced(client.clone(), ns)
+                .patch(&name, pp, &Patch::Apply(o))
+                .await?;
         }
         Child::Deployment(o) => {
-            Api::<Deployment>::namespaced(client.clone(), ns).patch(&name, pp, &Patch::Apply(o)).await?;
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .patch(&name, pp, &Patch::Apply(o))
+                .await?;
         }
         Child::Service(o) => {
-            Api::<Service>::namespaced(client.clone(), ns).patch(&name, pp, &Patch::Apply(o)).await?;
+            Api::<Service>::namespaced(client.clone(), ns)
+                .patch(&name, pp, &Patch::Apply(o))
+                .await?;
         }
         Child::ServiceMonitor(o) => {
             Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resources::service_monitor_resource())
@@ -204,7 +266,11 @@ fn ignore_not_found<T>(r: std::result::Result<T, kube::Error>) -> Result<()> {
 
 async fn publish(ctx: &Context, obj: &DeltafinModel, e: &EventSpec) {
     let ev = Event {
-        type_: if e.warning { EventType::Warning } else { EventType::Normal },
+        type_: if e.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
         reason: e.reason.clone(),
         note: Some(e.note.chars().take(1000).collect()),
         action: e.action.clone(),
@@ -237,12 +303,18 @@ async fn cleanup(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
                 ctx.metrics.write("PersistentVolumeClaim");
             }
         }
-        ignore_not_found(Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).delete(&marker, &DeleteParams::default()).await)?;
+        ignore_not_found(
+            Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+                .delete(&marker, &DeleteParams::default())
+                .await,
+        )?;
         ctx.metrics.write("ConfigMap");
         EventSpec {
             warning: false,
             reason: "WeightsDeleted".into(),
-            note: format!("retainPolicy Delete: deleted PersistentVolumeClaim {claim} and ConfigMap {marker}"),
+            note: format!(
+                "retainPolicy Delete: deleted PersistentVolumeClaim {claim} and ConfigMap {marker}"
+            ),
             action: "Cleanup".into(),
         }
     } else {
@@ -305,15 +377,21 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, ready: Arc<Atomic
     }
     let ns = namespace.as_deref();
     let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}"));
-    let weights = watcher::Config::default()
-        .labels(&format!("app.kubernetes.io/managed-by={MANAGER},app.kubernetes.io/component=weights"));
-    let controller = Controller::new(api::<DeltafinModel>(&client, ns), watcher::Config::default().any_semantic())
-        .owns(api::<Deployment>(&client, ns), managed.clone())
-        .owns(api::<Job>(&client, ns), managed.clone())
-        .owns(api::<Service>(&client, ns), managed)
-        .watches(api::<ConfigMap>(&client, ns), weights.clone(), |o| model_ref(&o))
-        .watches(api::<PersistentVolumeClaim>(&client, ns), weights, |o| model_ref(&o))
-        .shutdown_on_signal();
+    let weights = watcher::Config::default().labels(&format!(
+        "app.kubernetes.io/managed-by={MANAGER},app.kubernetes.io/component=weights"
+    ));
+    let controller = Controller::new(
+        api::<DeltafinModel>(&client, ns),
+        watcher::Config::default().any_semantic(),
+    )
+    .owns(api::<Deployment>(&client, ns), managed.clone())
+    .owns(api::<Job>(&client, ns), managed.clone())
+    .owns(api::<Service>(&client, ns), managed)
+    .watches(api::<ConfigMap>(&client, ns), weights.clone(), |o| model_ref(&o))
+    .watches(api::<PersistentVolumeClaim>(&client, ns), weights, |o| {
+        model_ref(&o)
+    })
+    .shutdown_on_signal();
     ready.store(true, Ordering::SeqCst);
     info!(namespace = ns.unwrap_or("<all>"), "controller started");
     controller

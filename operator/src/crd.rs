@@ -153,7 +153,9 @@ pub struct HuggingFaceSource {
 #[serde(rename_all = "camelCase")]
 pub struct OciSource {
     /// `REGISTRY/REPO:TAG` (without `oci://`), e.g. `registry.lan:5000/models/kimi-k2:v1`.
-    #[schemars(regex(pattern = r"^[a-z0-9][a-z0-9.-]*(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[a-f0-9]{64})$"))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9][a-z0-9.-]*(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[a-f0-9]{64})$"
+    ))]
     pub reference: String,
 }
 
@@ -256,7 +258,10 @@ pub struct DsparkDraft {
 
 impl Default for DsparkDraft {
     fn default() -> Self {
-        Self { enabled: true, source: None }
+        Self {
+            enabled: true,
+            source: None,
+        }
     }
 }
 
@@ -424,7 +429,11 @@ pub struct GpuSpec {
 
 impl Default for GpuSpec {
     fn default() -> Self {
-        Self { count: default_gpu_count(), resource_name: default_gpu_resource(), runtime_class_name: None }
+        Self {
+            count: default_gpu_count(),
+            resource_name: default_gpu_resource(),
+            runtime_class_name: None,
+        }
     }
 }
 
@@ -512,7 +521,10 @@ pub struct ServiceSpec {
 
 impl Default for ServiceSpec {
     fn default() -> Self {
-        Self { kind: ServiceKind::default(), port: default_port() }
+        Self {
+            kind: ServiceKind::default(),
+            port: default_port(),
+        }
     }
 }
 
@@ -561,7 +573,11 @@ pub struct MetricsSpec {
 
 impl Default for MetricsSpec {
     fn default() -> Self {
-        Self { service_monitor: ServiceMonitorMode::default(), interval: default_interval(), labels: BTreeMap::new() }
+        Self {
+            service_monitor: ServiceMonitorMode::default(),
+            interval: default_interval(),
+            labels: BTreeMap::new(),
+        }
     }
 }
 

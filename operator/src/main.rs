@@ -67,7 +67,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    let client = kube::Client::try_default().await.context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
     controller::check_crd(&client, args.watch_namespace.as_deref()).await.context(
         "cannot list DeltafinModels: install the CRD (`deltafin-operator crd | kubectl apply --server-side -f -`) \
          and grant the operator list access",
@@ -87,7 +89,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
-    let app = web::router(WebState { metrics, ready: ready.clone() });
+    let app = web::router(WebState {
+        metrics,
+        ready: ready.clone(),
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
     let (_, served) = tokio::join!(controller::run(ctx, args.watch_namespace, ready), server);
     if let Err(e) = served {

@@ -60,11 +60,30 @@ impl Default for Metrics {
         let writes = Family::<WriteLabels, Counter>::default();
         let weights_bytes = Family::<WeightsLabels, Gauge>::default();
         registry.register("reconciliations", "Reconciles started", reconciliations.clone());
-        registry.register("reconcile_errors", "Reconciles that failed, by error kind", errors.clone());
-        registry.register("reconcile_duration_seconds", "Duration of one reconcile", duration.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by error kind",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            duration.clone(),
+        );
         registry.register("writes", "Writes to the Kubernetes API, by kind", writes.clone());
-        registry.register("weights_bytes", "Weights install progress in bytes", weights_bytes.clone());
-        Self { registry: Mutex::new(registry), reconciliations, errors, duration, writes, weights_bytes }
+        registry.register(
+            "weights_bytes",
+            "Weights install progress in bytes",
+            weights_bytes.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reconciliations,
+            errors,
+            duration,
+            writes,
+            weights_bytes,
+        }
     }
 }
 
@@ -73,23 +92,36 @@ impl Metrics {
     /// early return cannot skip the sample).
     pub fn reconcile(&self) -> ReconcileTimer<'_> {
         self.reconciliations.inc();
-        ReconcileTimer { metrics: self, start: Instant::now() }
+        ReconcileTimer {
+            metrics: self,
+            start: Instant::now(),
+        }
     }
 
     /// Counts a failed reconcile.
     pub fn failure(&self, error: &crate::Error) {
-        self.errors.get_or_create(&ErrorLabels { error: error.metric_label().into() }).inc();
+        self.errors
+            .get_or_create(&ErrorLabels {
+                error: error.metric_label().into(),
+            })
+            .inc();
     }
 
     /// Counts a write.
     pub fn write(&self, kind: &str) {
-        self.writes.get_or_create(&WriteLabels { kind: kind.into() }).inc();
+        self.writes
+            .get_or_create(&WriteLabels { kind: kind.into() })
+            .inc();
     }
 
     /// Sets download progress of one model.
     pub fn set_weights(&self, namespace: &str, name: &str, done: Option<i64>, total: Option<i64>) {
         for (kind, v) in [("done", done), ("total", total)] {
-            let l = WeightsLabels { namespace: namespace.into(), name: name.into(), kind: kind.into() };
+            let l = WeightsLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                kind: kind.into(),
+            };
             self.weights_bytes.get_or_create(&l).set(v.unwrap_or(0));
         }
     }
@@ -97,7 +129,11 @@ impl Metrics {
     /// Forgets a deleted model's gauges.
     pub fn forget(&self, namespace: &str, name: &str) {
         for kind in ["done", "total"] {
-            let l = WeightsLabels { namespace: namespace.into(), name: name.into(), kind: kind.into() };
+            let l = WeightsLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                kind: kind.into(),
+            };
             self.weights_bytes.remove(&l);
         }
     }

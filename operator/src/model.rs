@@ -104,7 +104,12 @@ impl Model<'_> {
 
     /// In-cluster URL of the OpenAI-compatible API.
     pub fn url(&self) -> String {
-        format!("http://{}.{}.svc:{}/v1", names::server(&self.name), self.namespace, self.cr.spec.service.port)
+        format!(
+            "http://{}.{}.svc:{}/v1",
+            names::server(&self.name),
+            self.namespace,
+            self.cr.spec.service.port
+        )
     }
 }
 
@@ -113,7 +118,10 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
     let name = cr.name_any();
     let namespace = cr.namespace().ok_or("metadata.namespace is missing")?;
     if name.len() > crate::crd::MAX_NAME_LEN {
-        return Err(format!("metadata.name must be at most {} characters", crate::crd::MAX_NAME_LEN));
+        return Err(format!(
+            "metadata.name must be at most {} characters",
+            crate::crd::MAX_NAME_LEN
+        ));
     }
     let spec = &cr.spec;
     let s = &spec.source;
@@ -124,16 +132,26 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
                 Some(r) => format!("hf://{}@{r}", hf.repo),
                 None => format!("hf://{}", hf.repo),
             };
-            (Some(uri), format!("hf/{}/{}", hf.repo, sanitize(rev.unwrap_or("main"))))
+            (
+                Some(uri),
+                format!("hf/{}/{}", hf.repo, sanitize(rev.unwrap_or("main"))),
+            )
         }
-        (None, Some(oci), None) => (Some(format!("oci://{}", oci.reference)), format!("oci/{}", sanitize(&oci.reference))),
+        (None, Some(oci), None) => (
+            Some(format!("oci://{}", oci.reference)),
+            format!("oci/{}", sanitize(&oci.reference)),
+        ),
         (None, None, Some(_)) => (None, String::new()),
         _ => return Err("set exactly one of source.huggingFace, source.oci, source.preloaded".into()),
     };
     let st = &spec.storage;
     let storage = match (&st.pvc, &st.existing_claim, &st.host_path) {
-        (Some(_), None, None) => Storage::Pvc { claim: names::weights(&name) },
-        (None, Some(c), None) => Storage::ExistingClaim { claim: c.name.clone() },
+        (Some(_), None, None) => Storage::Pvc {
+            claim: names::weights(&name),
+        },
+        (None, Some(c), None) => Storage::ExistingClaim {
+            claim: c.name.clone(),
+        },
         (None, None, Some(h)) => {
             if !h.path.starts_with('/') {
                 return Err("storage.hostPath.path must be absolute".into());
@@ -150,9 +168,15 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
     if sub_path.split('/').any(|p| p == ".." || p == ".") || sub_path.starts_with('/') {
         return Err("storage.subPath must be relative without '.' or '..' components".into());
     }
-    let dir = if sub_path.is_empty() { WEIGHTS_MOUNT.to_string() } else { format!("{WEIGHTS_MOUNT}/{sub_path}") };
+    let dir = if sub_path.is_empty() {
+        WEIGHTS_MOUNT.to_string()
+    } else {
+        format!("{WEIGHTS_MOUNT}/{sub_path}")
+    };
     let gpu = match spec.device.kind {
-        DeviceKind::Cpu if spec.device.gpu.is_some() => return Err("device.gpu requires device.type: Cuda".into()),
+        DeviceKind::Cpu if spec.device.gpu.is_some() => {
+            return Err("device.gpu requires device.type: Cuda".into());
+        }
         DeviceKind::Cpu => None,
         DeviceKind::Cuda => Some(spec.device.gpu.clone().unwrap_or_default()),
     };
@@ -162,7 +186,9 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
         (None, DeviceKind::Cuda) => settings.default_cuda_image.clone(),
     };
     let memory_budget = match &spec.server.memory_budget {
-        Some(q) => Some(parse_quantity(q).ok_or_else(|| format!("server.memoryBudget: {q:?} is not a quantity"))?),
+        Some(q) => {
+            Some(parse_quantity(q).ok_or_else(|| format!("server.memoryBudget: {q:?} is not a quantity"))?)
+        }
         None => None,
     };
     let d = &spec.drafts;
@@ -175,7 +201,10 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
         d.qwen.enabled,
         storage.identity(),
     );
-    let key = Sha256::digest(key_text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let key = Sha256::digest(key_text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     Ok(Model {
         cr,
         name,
@@ -194,7 +223,15 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
 
 /// Path component from a revision or reference: keeps `[A-Za-z0-9._-]`, maps the rest to `_`.
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/') { c } else { '_' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Parses a Kubernetes quantity without fractions (`200Gi`, `1T`, `123`) into bytes.

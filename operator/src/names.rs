@@ -57,7 +57,10 @@ pub fn selector_labels(model: &str, component: Component) -> BTreeMap<String, St
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "deltafin".to_string()),
         ("app.kubernetes.io/instance".to_string(), model.to_string()),
-        ("app.kubernetes.io/component".to_string(), component.as_str().to_string()),
+        (
+            "app.kubernetes.io/component".to_string(),
+            component.as_str().to_string(),
+        ),
     ])
 }
 
@@ -81,7 +84,9 @@ pub fn image_version(image: &str) -> Option<String> {
     let (_, tag) = last.split_once(':')?;
     let ok = !tag.is_empty()
         && tag.len() <= 63
-        && tag.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && tag.starts_with(|c: char| c.is_ascii_alphanumeric())
         && tag.ends_with(|c: char| c.is_ascii_alphanumeric());
     ok.then(|| tag.to_string())
@@ -125,7 +130,10 @@ mod tests {
 
     #[test]
     fn image_version_takes_valid_tags_only() {
-        assert_eq!(image_version("ghcr.io/deltafin/deltafin:0.1.0").as_deref(), Some("0.1.0"));
+        assert_eq!(
+            image_version("ghcr.io/deltafin/deltafin:0.1.0").as_deref(),
+            Some("0.1.0")
+        );
         assert_eq!(image_version("localhost:5000/deltafin:v2").as_deref(), Some("v2"));
         assert_eq!(image_version("localhost:5000/deltafin").as_deref(), None);
         let digest = format!("ghcr.io/x/y:1.2@sha256:{}", "a".repeat(64));
@@ -136,7 +144,11 @@ mod tests {
     #[test]
     fn child_names_fit_in_a_label() {
         let name = "a".repeat(crate::crd::MAX_NAME_LEN);
-        for n in [setup_job(&name, &"f".repeat(64)), preflight_job(&name, "img:1"), weights(&name)] {
+        for n in [
+            setup_job(&name, &"f".repeat(64)),
+            preflight_job(&name, "img:1"),
+            weights(&name),
+        ] {
             assert!(n.len() <= 63, "{n} is {} characters", n.len());
         }
     }

@@ -20,8 +20,8 @@ use kube::{Resource, ResourceExt};
 
 use crate::conditions::{self, READY, SERVER_READY, Status, UPGRADING, WEIGHTS_READY};
 use crate::crd::{
-    DeltafinModel, DeltafinModelStatus, DraftStatus, EndpointStatus, FailureStatus, Phase, ServiceMonitorMode,
-    WeightsStatus,
+    DeltafinModel, DeltafinModelStatus, DraftStatus, EndpointStatus, FailureStatus, Phase,
+    ServiceMonitorMode, WeightsStatus,
 };
 use crate::model::{Model, Settings, Storage, resolve};
 use crate::names::{self, SPEC_HASH};
@@ -149,7 +149,9 @@ pub enum JobState {
 
 /// Reads a Job's state from its conditions and counters.
 pub fn job_state(job: &Job) -> JobState {
-    let Some(st) = &job.status else { return JobState::Running };
+    let Some(st) = &job.status else {
+        return JobState::Running;
+    };
     for c in st.conditions.iter().flatten() {
         if c.status != "True" {
             continue;
@@ -157,12 +159,19 @@ pub fn job_state(job: &Job) -> JobState {
         match c.type_.as_str() {
             "Complete" | "SuccessCriteriaMet" => return JobState::Succeeded,
             "Failed" | "FailureTarget" => {
-                return JobState::Failed(c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default());
+                return JobState::Failed(
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                );
             }
             _ => {}
         }
     }
-    if st.succeeded.unwrap_or(0) >= 1 { JobState::Succeeded } else { JobState::Running }
+    if st.succeeded.unwrap_or(0) >= 1 {
+        JobState::Succeeded
+    } else {
+        JobState::Running
+    }
 }
 
 fn job_pods<'a>(pods: &'a [Pod], job: &str) -> Vec<&'a Pod> {
@@ -170,7 +179,10 @@ fn job_pods<'a>(pods: &'a [Pod], job: &str) -> Vec<&'a Pod> {
         .iter()
         .filter(|p| {
             let l = p.labels();
-            l.get("job-name").or_else(|| l.get("batch.kubernetes.io/job-name")).map(String::as_str) == Some(job)
+            l.get("job-name")
+                .or_else(|| l.get("batch.kubernetes.io/job-name"))
+                .map(String::as_str)
+                == Some(job)
         })
         .collect();
     v.sort_by_key(|p| p.creation_timestamp().map(|t| t.0));
@@ -200,7 +212,9 @@ pub fn setup_log_pod(cr: &DeltafinModel, settings: &Settings, jobs: &[Job], pods
 }
 
 fn live_hash<K: Resource>(obj: Option<&K>) -> Option<&str> {
-    obj.and_then(|o| o.meta().annotations.as_ref()).and_then(|a| a.get(SPEC_HASH)).map(String::as_str)
+    obj.and_then(|o| o.meta().annotations.as_ref())
+        .and_then(|a| a.get(SPEC_HASH))
+        .map(String::as_str)
 }
 
 fn changed<K: Resource>(desired: &K, live: Option<&K>) -> bool {
@@ -208,7 +222,15 @@ fn changed<K: Resource>(desired: &K, live: Option<&K>) -> bool {
 }
 
 fn image_of(job: &Job) -> Option<String> {
-    job.spec.as_ref()?.template.spec.as_ref()?.containers.first()?.image.clone()
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
 }
 
 struct Builder<'o> {
@@ -221,11 +243,20 @@ struct Builder<'o> {
 
 impl Builder<'_> {
     fn cond(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
-        conditions::set(&mut self.status.conditions, type_, status, reason, message, self.generation, self.obs.now);
+        conditions::set(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            self.obs.now,
+        );
     }
 
     fn cond_of(&self, type_: &str) -> Option<(bool, String, String)> {
-        conditions::get(&self.status.conditions, type_).map(|c| (c.status == "True", c.reason.clone(), c.message.clone()))
+        conditions::get(&self.status.conditions, type_)
+            .map(|c| (c.status == "True", c.reason.clone(), c.message.clone()))
     }
 }
 
@@ -260,7 +291,11 @@ pub fn plan(cr: &DeltafinModel, settings: &Settings, obs: &Observed) -> Plan {
         .map(|c| EventSpec {
             warning: conditions::is_failure(&c.reason),
             reason: c.reason.clone(),
-            note: if c.message.is_empty() { format!("{} is {}", c.type_, c.status) } else { c.message.clone() },
+            note: if c.message.is_empty() {
+                format!("{} is {}", c.type_, c.status)
+            } else {
+                c.message.clone()
+            },
             action: c.type_.clone(),
         })
         .collect();
@@ -291,7 +326,10 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
                 WEIGHTS_READY,
                 Status::False,
                 "AwaitingStorage",
-                format!("PersistentVolumeClaim {claim} does not exist in namespace {}", m.namespace),
+                format!(
+                    "PersistentVolumeClaim {claim} does not exist in namespace {}",
+                    m.namespace
+                ),
             );
         }
         (_, Some(c)) => storage_uid = c.metadata.uid.clone(),
@@ -304,11 +342,15 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
         .as_ref()
         .and_then(Marker::from_config_map)
         .filter(|mk| mk.key == m.key && (mk.storage_uid.is_none() || mk.storage_uid == storage_uid));
-    let mut weights = WeightsStatus { key: Some(m.key.clone()), dir: Some(m.dir.clone()), ..Default::default() };
-    if let Some(ow) = &old.weights {
-        if ow.key.as_deref() == Some(&m.key) {
-            weights = ow.clone();
-        }
+    let mut weights = WeightsStatus {
+        key: Some(m.key.clone()),
+        dir: Some(m.dir.clone()),
+        ..Default::default()
+    };
+    if let Some(ow) = &old.weights
+        && ow.key.as_deref() == Some(&m.key)
+    {
+        weights = ow.clone();
     }
     let setup_name = names::setup_job(&m.name, &m.key);
     let setup = obs.jobs.iter().find(|j| j.name_any() == setup_name);
@@ -325,7 +367,12 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
             weights.bytes_done = Some(t);
         }
         weights.message = None;
-        b.cond(WEIGHTS_READY, Status::True, "Installed", format!("weights installed in {}", m.dir));
+        b.cond(
+            WEIGHTS_READY,
+            Status::True,
+            "Installed",
+            format!("weights installed in {}", m.dir),
+        );
     }
     b.status.weights = Some(weights);
     let draft_state = |enabled: bool| {
@@ -338,14 +385,22 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
         }
     };
     b.status.drafts = vec![
-        DraftStatus { name: "dspark".into(), state: draft_state(m.cr.spec.drafts.dspark.enabled).into() },
-        DraftStatus { name: "qwen".into(), state: draft_state(m.cr.spec.drafts.qwen.enabled).into() },
+        DraftStatus {
+            name: "dspark".into(),
+            state: draft_state(m.cr.spec.drafts.dspark.enabled).into(),
+        },
+        DraftStatus {
+            name: "qwen".into(),
+            state: draft_state(m.cr.spec.drafts.qwen.enabled).into(),
+        },
     ];
 
     // Image: the server runs the image the marker verified; a different spec image is checked
     // by a pre-flight Job first.
     let preflight_name = names::preflight_job(&m.name, &m.image);
-    let deploy_image = verified.as_ref().map(|mk| plan_upgrade(b, m, mk, &preflight_name, storage_uid.clone()));
+    let deploy_image = verified
+        .as_ref()
+        .map(|mk| plan_upgrade(b, m, mk, &preflight_name, storage_uid.clone()));
 
     // Jobs of other installs or images are outdated.
     for j in &obs.jobs {
@@ -390,9 +445,13 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
     let server = b.cond_of(SERVER_READY);
     let weights_c = b.cond_of(WEIGHTS_READY);
     match (weights_ok, &server) {
-        (true, Some((true, _, _))) => b.cond(READY, Status::True, "Serving", format!("serving at {}", m.url())),
+        (true, Some((true, _, _))) => {
+            b.cond(READY, Status::True, "Serving", format!("serving at {}", m.url()))
+        }
         (false, _) => {
-            let (_, reason, msg) = weights_c.clone().unwrap_or((false, "Pending".into(), String::new()));
+            let (_, reason, msg) = weights_c
+                .clone()
+                .unwrap_or((false, "Pending".into(), String::new()));
             let msg = if obs.deployment.is_some() {
                 format!("{msg} (the previous install keeps serving meanwhile)")
             } else {
@@ -440,11 +499,23 @@ fn plan_setup(
     storage_uid: Option<String>,
 ) -> Option<Marker> {
     let obs = b.obs;
-    let verb = if m.source_uri.is_some() { "Downloading" } else { "Verifying" };
+    let verb = if m.source_uri.is_some() {
+        "Downloading"
+    } else {
+        "Verifying"
+    };
     let Some(job) = setup else {
-        b.writes.push(Write::Apply(Child::Job(Box::new(resources::setup_job(m, &m.image)))));
+        b.writes
+            .push(Write::Apply(Child::Job(Box::new(resources::setup_job(
+                m, &m.image,
+            )))));
         b.busy = true;
-        b.cond(WEIGHTS_READY, Status::False, verb, format!("setup Job {setup_name} created"));
+        b.cond(
+            WEIGHTS_READY,
+            Status::False,
+            verb,
+            format!("setup Job {setup_name} created"),
+        );
         return None;
     };
     let pods = job_pods(&obs.pods, setup_name);
@@ -463,10 +534,10 @@ fn plan_setup(
                 Some(p) => format!("{}: {}", setup_name, p.summary()),
                 None => format!("setup Job {setup_name} running"),
             };
-            if job.status.as_ref().and_then(|s| s.failed).unwrap_or(0) > 0 {
-                if let Some(f) = progress::container_failure(&pods, "setup", "SetupFailed") {
-                    b.status.last_failure = Some(f);
-                }
+            if job.status.as_ref().and_then(|s| s.failed).unwrap_or(0) > 0
+                && let Some(f) = progress::container_failure(&pods, "setup", "SetupFailed")
+            {
+                b.status.last_failure = Some(f);
             }
             b.cond(WEIGHTS_READY, Status::False, reason, msg);
             None
@@ -478,22 +549,33 @@ fn plan_setup(
                 storage_uid,
                 bytes_total: weights.bytes_total,
             };
-            b.writes.push(Write::Apply(Child::Marker(Box::new(resources::marker(m, &marker)))));
+            b.writes
+                .push(Write::Apply(Child::Marker(Box::new(resources::marker(
+                    m, &marker,
+                )))));
             Some(marker)
         }
         JobState::Failed(job_reason, job_msg) => {
-            let f = progress::container_failure(&pods, "setup", "SetupFailed").unwrap_or_else(|| FailureStatus {
-                component: "setup".into(),
-                reason: if job_reason == "DeadlineExceeded" { job_reason.clone() } else { "SetupFailed".into() },
-                exit_code: None,
-                message: job_msg.clone(),
-                time: None,
-            });
+            let f =
+                progress::container_failure(&pods, "setup", "SetupFailed").unwrap_or_else(|| FailureStatus {
+                    component: "setup".into(),
+                    reason: if job_reason == "DeadlineExceeded" {
+                        job_reason.clone()
+                    } else {
+                        "SetupFailed".into()
+                    },
+                    exit_code: None,
+                    message: job_msg.clone(),
+                    time: None,
+                });
             b.cond(
                 WEIGHTS_READY,
                 Status::False,
                 &f.reason,
-                format!("setup Job {setup_name} failed: {}; fix the cause and delete the Job to retry", f.message),
+                format!(
+                    "setup Job {setup_name} failed: {}; fix the cause and delete the Job to retry",
+                    f.message
+                ),
             );
             b.status.last_failure = Some(f);
             None
@@ -521,56 +603,81 @@ fn plan_upgrade(
     storage_uid: Option<String>,
 ) -> String {
     if mk.image == m.image {
-        b.cond(UPGRADING, Status::False, "UpToDate", format!("running {}", m.image));
+        b.cond(
+            UPGRADING,
+            Status::False,
+            "UpToDate",
+            format!("running {}", m.image),
+        );
         return m.image.clone();
     }
     let obs = b.obs;
     match obs.jobs.iter().find(|j| j.name_any() == preflight_name) {
         None => {
-            b.writes.push(Write::Apply(Child::Job(Box::new(resources::preflight_job(m, &m.image)))));
+            b.writes
+                .push(Write::Apply(Child::Job(Box::new(resources::preflight_job(
+                    m, &m.image,
+                )))));
             b.busy = true;
             b.cond(
                 UPGRADING,
                 Status::True,
                 "PreflightRunning",
-                format!("checking {} with deltafin doctor before it replaces {}", m.image, mk.image),
+                format!(
+                    "checking {} with deltafin doctor before it replaces {}",
+                    m.image, mk.image
+                ),
             );
             mk.image.clone()
         }
-        Some(job) => match job_state(job) {
-            JobState::Running => {
-                b.busy = true;
-                b.cond(
-                    UPGRADING,
-                    Status::True,
-                    "PreflightRunning",
-                    format!("checking {} with deltafin doctor before it replaces {}", m.image, mk.image),
-                );
-                mk.image.clone()
-            }
-            JobState::Succeeded => {
-                let marker = Marker { image: m.image.clone(), storage_uid, ..mk.clone() };
-                b.writes.push(Write::Apply(Child::Marker(Box::new(resources::marker(m, &marker)))));
-                b.cond(
-                    UPGRADING,
-                    Status::False,
-                    "UpToDate",
-                    format!("pre-flight passed; running {} (was {})", m.image, mk.image),
-                );
-                m.image.clone()
-            }
-            JobState::Failed(job_reason, job_msg) => {
-                let pods = job_pods(&obs.pods, preflight_name);
-                let f = progress::container_failure(&pods, "preflight", "PreflightFailed").unwrap_or_else(|| {
-                    FailureStatus {
-                        component: "preflight".into(),
-                        reason: if job_reason == "DeadlineExceeded" { job_reason } else { "PreflightFailed".into() },
-                        exit_code: None,
-                        message: job_msg,
-                        time: None,
-                    }
-                });
-                b.cond(
+        Some(job) => {
+            match job_state(job) {
+                JobState::Running => {
+                    b.busy = true;
+                    b.cond(
+                        UPGRADING,
+                        Status::True,
+                        "PreflightRunning",
+                        format!(
+                            "checking {} with deltafin doctor before it replaces {}",
+                            m.image, mk.image
+                        ),
+                    );
+                    mk.image.clone()
+                }
+                JobState::Succeeded => {
+                    let marker = Marker {
+                        image: m.image.clone(),
+                        storage_uid,
+                        ..mk.clone()
+                    };
+                    b.writes
+                        .push(Write::Apply(Child::Marker(Box::new(resources::marker(
+                            m, &marker,
+                        )))));
+                    b.cond(
+                        UPGRADING,
+                        Status::False,
+                        "UpToDate",
+                        format!("pre-flight passed; running {} (was {})", m.image, mk.image),
+                    );
+                    m.image.clone()
+                }
+                JobState::Failed(job_reason, job_msg) => {
+                    let pods = job_pods(&obs.pods, preflight_name);
+                    let f = progress::container_failure(&pods, "preflight", "PreflightFailed")
+                        .unwrap_or_else(|| FailureStatus {
+                            component: "preflight".into(),
+                            reason: if job_reason == "DeadlineExceeded" {
+                                job_reason
+                            } else {
+                                "PreflightFailed".into()
+                            },
+                            exit_code: None,
+                            message: job_msg,
+                            time: None,
+                        });
+                    b.cond(
                     UPGRADING,
                     Status::False,
                     "PreflightFailed",
@@ -579,25 +686,41 @@ fn plan_upgrade(
                         m.image, f.reason, f.message, mk.image, preflight_name
                     ),
                 );
-                b.status.last_failure = Some(f);
-                mk.image.clone()
+                    b.status.last_failure = Some(f);
+                    mk.image.clone()
+                }
             }
-        },
+        }
     }
 }
 
 fn plan_server_status(b: &mut Builder<'_>, m: &Model<'_>, weights_ok: bool, pending: bool) {
     let obs = b.obs;
     if m.cr.spec.paused {
-        b.cond(SERVER_READY, Status::False, "Paused", "spec.paused is true: the server is scaled to zero");
+        b.cond(
+            SERVER_READY,
+            Status::False,
+            "Paused",
+            "spec.paused is true: the server is scaled to zero",
+        );
         return;
     }
     let Some(d) = &obs.deployment else {
         if weights_ok {
             b.busy = true;
-            b.cond(SERVER_READY, Status::False, "Starting", format!("Deployment {} created", names::server(&m.name)));
+            b.cond(
+                SERVER_READY,
+                Status::False,
+                "Starting",
+                format!("Deployment {} created", names::server(&m.name)),
+            );
         } else {
-            b.cond(SERVER_READY, Status::False, "AwaitingWeights", "the server starts once the weights are installed");
+            b.cond(
+                SERVER_READY,
+                Status::False,
+                "AwaitingWeights",
+                "the server starts once the weights are installed",
+            );
         }
         return;
     };
@@ -607,12 +730,22 @@ fn plan_server_status(b: &mut Builder<'_>, m: &Model<'_>, weights_ok: bool, pend
         && st.ready_replicas.unwrap_or(0) >= 1
         && st.replicas.unwrap_or(0) <= 1;
     if rolled_out && !pending {
-        b.cond(SERVER_READY, Status::True, "Serving", "the server answers /readyz");
+        b.cond(
+            SERVER_READY,
+            Status::True,
+            "Serving",
+            "the server answers /readyz",
+        );
         return;
     }
     b.busy = true;
     if pending {
-        b.cond(SERVER_READY, Status::False, "Starting", "applying the new server spec (Recreate)");
+        b.cond(
+            SERVER_READY,
+            Status::False,
+            "Starting",
+            "applying the new server spec (Recreate)",
+        );
         return;
     }
     let pods = server_pods(&obs.pods);
@@ -621,8 +754,13 @@ fn plan_server_status(b: &mut Builder<'_>, m: &Model<'_>, weights_ok: bool, pend
         if let Some(f) = progress::container_failure(&pods, "server", &reason) {
             b.status.last_failure = Some(f);
         } else {
-            b.status.last_failure =
-                Some(FailureStatus { component: "server".into(), reason: reason.clone(), exit_code: None, message: msg.clone(), time: None });
+            b.status.last_failure = Some(FailureStatus {
+                component: "server".into(),
+                reason: reason.clone(),
+                exit_code: None,
+                message: msg.clone(),
+                time: None,
+            });
         }
         let reason = match b.status.last_failure.as_ref() {
             Some(f) if f.reason == "OOMKilled" => "OOMKilled".to_string(),
@@ -631,9 +769,22 @@ fn plan_server_status(b: &mut Builder<'_>, m: &Model<'_>, weights_ok: bool, pend
         b.cond(SERVER_READY, Status::False, &reason, msg);
     } else if let Some((reason, msg)) = progress::unschedulable(&pods, gpu) {
         b.cond(SERVER_READY, Status::False, &reason, msg);
-    } else if pods.iter().any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) {
-        b.cond(SERVER_READY, Status::False, "Loading", "the server is loading the model (/readyz is 503)");
+    } else if pods
+        .iter()
+        .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    {
+        b.cond(
+            SERVER_READY,
+            Status::False,
+            "Loading",
+            "the server is loading the model (/readyz is 503)",
+        );
     } else {
-        b.cond(SERVER_READY, Status::False, "Starting", "waiting for the server pod");
+        b.cond(
+            SERVER_READY,
+            Status::False,
+            "Starting",
+            "waiting for the server pod",
+        );
     }
 }

@@ -95,7 +95,8 @@ pub fn classify_cause(cause: &str) -> &'static str {
         "DiskFull"
     } else if c.contains("not found") || c.contains("404") {
         "SourceNotFound"
-    } else if c.contains("unauthorized") || c.contains("forbidden") || c.contains("401") || c.contains("403") {
+    } else if c.contains("unauthorized") || c.contains("forbidden") || c.contains("401") || c.contains("403")
+    {
         "Unauthorized"
     } else if c.contains("permission denied") || c.contains("read-only file system") {
         "PermissionDenied"
@@ -158,10 +159,19 @@ fn failures_of(cs: &ContainerStatus, component: &str, default_reason: &str) -> V
 
 /// A waiting reason that will not fix itself (`ImagePullBackOff`, `CrashLoopBackOff`, ...).
 pub fn stuck_waiting(pods: &[&Pod]) -> Option<(String, String)> {
-    const STUCK: &[&str] =
-        &["ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError", "InvalidImageName"];
+    const STUCK: &[&str] = &[
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "InvalidImageName",
+    ];
     for pod in pods {
-        for cs in pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten()) {
+        for cs in pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+        {
             if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
                 let reason = w.reason.as_deref().unwrap_or_default();
                 if STUCK.contains(&reason) {
@@ -182,7 +192,10 @@ pub fn stuck_waiting(pods: &[&Pod]) -> Option<(String, String)> {
 pub fn unschedulable(pods: &[&Pod], gpu_resource: Option<&str>) -> Option<(String, String)> {
     for pod in pods {
         for c in pod.status.iter().flat_map(|s| s.conditions.iter().flatten()) {
-            if c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable") {
+            if c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+            {
                 let msg = c.message.clone().unwrap_or_default();
                 let reason = match gpu_resource {
                     Some(r) if msg.contains(r) => "AwaitingGPU",

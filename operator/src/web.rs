@@ -31,7 +31,10 @@ pub fn router(state: WebState) -> Router {
 
 async fn metrics(State(s): State<WebState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s.metrics.render(),
     )
 }

@@ -43,15 +43,32 @@ fn crd_structure() {
     let schema = &v["schema"]["openAPIV3Schema"];
     assert!(schema.get("x-kubernetes-preserve-unknown-fields").is_none());
     let conds = &schema["properties"]["status"]["properties"]["conditions"];
-    assert_eq!(conds["x-kubernetes-list-type"], "map", "SSA merges conditions per type");
+    assert_eq!(
+        conds["x-kubernetes-list-type"], "map",
+        "SSA merges conditions per type"
+    );
     assert_eq!(conds["x-kubernetes-list-map-keys"], json!(["type"]));
-    let cols: Vec<&str> =
-        v["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(cols, ["Mode", "Weights", "Phase", "Ready", "Reason", "Image", "URL", "Age"]);
+    let cols: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cols,
+        [
+            "Mode", "Weights", "Phase", "Ready", "Reason", "Image", "URL", "Age"
+        ]
+    );
     let spec = &schema["properties"]["spec"];
     assert_eq!(spec["required"], json!(["source", "storage"]));
     let rules = serde_json::to_string(&crd).unwrap();
-    for needle in ["exactly one of source", "exactly one of storage", "retainPolicy: Delete", "at most 40 characters"] {
+    for needle in [
+        "exactly one of source",
+        "exactly one of storage",
+        "retainPolicy: Delete",
+        "at most 40 characters",
+    ] {
         assert!(rules.contains(needle), "CEL rule '{needle}' missing");
     }
 }
@@ -84,22 +101,50 @@ fn rejected(m: &DeltafinModel, why: &str, expect: &str) {
 
 #[test]
 fn cel_rejects_bad_specs() {
-    rejected(&variant(json!({"spec": {"source": {"oci": {"reference": "registry.lan/m/k2:v1"}}}})), "two sources", "exactly one of source");
-    rejected(&variant(json!({"spec": {"source": {"huggingFace": null}}})), "no source", "exactly one of source");
-    rejected(&variant(json!({"spec": {"storage": {"hostPath": {"path": "/srv/x"}}}})), "two storage kinds", "exactly one of storage");
     rejected(
-        &variant(json!({"spec": {"storage": {"pvc": null, "hostPath": {"path": "/srv/x"}, "retainPolicy": "Delete"}}})),
+        &variant(json!({"spec": {"source": {"oci": {"reference": "registry.lan/m/k2:v1"}}}})),
+        "two sources",
+        "exactly one of source",
+    );
+    rejected(
+        &variant(json!({"spec": {"source": {"huggingFace": null}}})),
+        "no source",
+        "exactly one of source",
+    );
+    rejected(
+        &variant(json!({"spec": {"storage": {"hostPath": {"path": "/srv/x"}}}})),
+        "two storage kinds",
+        "exactly one of storage",
+    );
+    rejected(
+        &variant(
+            json!({"spec": {"storage": {"pvc": null, "hostPath": {"path": "/srv/x"}, "retainPolicy": "Delete"}}}),
+        ),
         "Delete on a hostPath",
         "retainPolicy: Delete applies only",
     );
     rejected(
-        &variant(json!({"spec": {"storage": {"pvc": null, "existingClaim": {"name": "m"}, "retainPolicy": "Delete"}}})),
+        &variant(
+            json!({"spec": {"storage": {"pvc": null, "existingClaim": {"name": "m"}, "retainPolicy": "Delete"}}}),
+        ),
         "Delete on an existing claim",
         "retainPolicy: Delete applies only",
     );
-    rejected(&variant(json!({"spec": {"device": {"type": "Cpu", "gpu": {"count": 1}}}})), "gpu on a CPU device", "device.gpu requires");
-    rejected(&variant(json!({"spec": {"storage": {"subPath": "a/../b"}}})), "a '..' subPath", "must not contain");
-    rejected(&variant(json!({"metadata": {"name": "x".repeat(41)}})), "a 41-character name", "at most 40 characters");
+    rejected(
+        &variant(json!({"spec": {"device": {"type": "Cpu", "gpu": {"count": 1}}}})),
+        "gpu on a CPU device",
+        "device.gpu requires",
+    );
+    rejected(
+        &variant(json!({"spec": {"storage": {"subPath": "a/../b"}}})),
+        "a '..' subPath",
+        "must not contain",
+    );
+    rejected(
+        &variant(json!({"metadata": {"name": "x".repeat(41)}})),
+        "a 41-character name",
+        "at most 40 characters",
+    );
 }
 
 #[test]
@@ -124,15 +169,24 @@ fn cel_transition_rules() {
     validate_cel_update(&new, &old).unwrap();
     // The kind of storage and the storage class are fixed.
     let moved = variant(json!({"spec": {"storage": {"pvc": null, "hostPath": {"path": "/srv/x"}}}}));
-    let err = format!("{:?}", validate_cel_update(&moved, &old).expect_err("storage kind change accepted"));
+    let err = format!(
+        "{:?}",
+        validate_cel_update(&moved, &old).expect_err("storage kind change accepted")
+    );
     assert!(err.contains("kind of storage is immutable"), "{err}");
     let class = variant(json!({"spec": {"storage": {"pvc": {"storageClassName": "fast"}}}}));
-    let err = format!("{:?}", validate_cel_update(&class, &old).expect_err("storageClassName change accepted"));
+    let err = format!(
+        "{:?}",
+        validate_cel_update(&class, &old).expect_err("storageClassName change accepted")
+    );
     assert!(err.contains("storageClassName is immutable"), "{err}");
     let host = example("kimi-k3-cuda-hostpath");
     let mut moved = host.clone();
     moved.spec.storage.host_path.as_mut().unwrap().path = "/mnt/other".into();
-    let err = format!("{:?}", validate_cel_update(&moved, &host).expect_err("hostPath change accepted"));
+    let err = format!(
+        "{:?}",
+        validate_cel_update(&moved, &host).expect_err("hostPath change accepted")
+    );
     assert!(err.contains("hostPath.path is immutable"), "{err}");
     let mut retained = host.clone();
     retained.spec.storage.retain_policy = Some(RetainPolicy::Retain);

@@ -54,7 +54,12 @@ impl World {
         let (client, fake) = FakeApi::start();
         let mut s = settings();
         s.service_monitors = service_monitors;
-        let ctx = Arc::new(Context::new(client, s, Arc::new(Metrics::default()), Some("test".into())));
+        let ctx = Arc::new(Context::new(
+            client,
+            s,
+            Arc::new(Metrics::default()),
+            Some("test".into()),
+        ));
         World { fake, ctx }
     }
 
@@ -66,14 +71,18 @@ impl World {
     }
 
     fn cr(&self, name: &str) -> Option<DeltafinModel> {
-        self.fake.get(&models(), name).map(|v| serde_json::from_value(v).unwrap())
+        self.fake
+            .get(&models(), name)
+            .map(|v| serde_json::from_value(v).unwrap())
     }
 
     /// Runs one reconcile of the stored resource and returns the requests it made.
     async fn reconcile(&self, name: &str) -> Vec<Recorded> {
         let cr = self.cr(name).expect("model stored");
         self.fake.take_requests();
-        controller::reconcile(Arc::new(cr), self.ctx.clone()).await.expect("reconcile");
+        controller::reconcile(Arc::new(cr), self.ctx.clone())
+            .await
+            .expect("reconcile");
         self.fake.take_requests()
     }
 
@@ -86,7 +95,13 @@ impl World {
 
     fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
         let cr = self.cr(name).unwrap();
-        let c = cr.status.unwrap().conditions.into_iter().find(|c| c.type_ == type_).expect(type_);
+        let c = cr
+            .status
+            .unwrap()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .expect(type_);
         (c.status, c.reason, c.message)
     }
 
@@ -136,7 +151,10 @@ impl World {
 
     fn deployment_image(&self, name: &str) -> String {
         let d = self.fake.get(&deployments(), name).expect("deployment");
-        d["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap().to_string()
+        d["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     /// New model -> finalizer -> setup Job done -> Deployment ready: returns the model name.
@@ -158,7 +176,10 @@ impl World {
 }
 
 fn writes(reqs: &[Recorded]) -> Vec<String> {
-    reqs.iter().filter(|r| r.is_write()).map(Recorded::summary).collect()
+    reqs.iter()
+        .filter(|r| r.is_write())
+        .map(Recorded::summary)
+        .collect()
 }
 
 fn is_apply(r: &Recorded) -> bool {
@@ -178,22 +199,47 @@ async fn new_resource_gets_finalizer_then_pvc_and_setup_job() {
     assert_eq!(writes(&reqs), [format!("PATCH {}/kimi-k2", models())]);
     let patch = reqs.iter().find(|r| r.is_write()).unwrap();
     assert!(patch.content_type.starts_with("application/json-patch"));
-    assert_eq!(w.cr("kimi-k2").unwrap().metadata.finalizers, Some(vec![names::FINALIZER.to_string()]));
+    assert_eq!(
+        w.cr("kimi-k2").unwrap().metadata.finalizers,
+        Some(vec![names::FINALIZER.to_string()])
+    );
 
     // Second: PVC, setup Job, Service (server-side apply), status, events. No Deployment yet.
     let reqs = w.reconcile("kimi-k2").await;
     let ws = writes(&reqs);
-    let pvc_at = ws.iter().position(|r| r == &format!("PATCH {}/kimi-k2-weights", pvcs())).expect("PVC applied");
-    let job_at = ws.iter().position(|r| r.starts_with(&format!("PATCH {}/kimi-k2-setup-", jobs()))).expect("Job applied");
-    let status_at = ws.iter().position(|r| r == &format!("PATCH {}/kimi-k2/status", models())).expect("status");
+    let pvc_at = ws
+        .iter()
+        .position(|r| r == &format!("PATCH {}/kimi-k2-weights", pvcs()))
+        .expect("PVC applied");
+    let job_at = ws
+        .iter()
+        .position(|r| r.starts_with(&format!("PATCH {}/kimi-k2-setup-", jobs())))
+        .expect("Job applied");
+    let status_at = ws
+        .iter()
+        .position(|r| r == &format!("PATCH {}/kimi-k2/status", models()))
+        .expect("status");
     assert!(pvc_at < job_at && job_at < status_at, "{ws:#?}");
     assert!(ws.contains(&format!("PATCH {}/kimi-k2", services())), "{ws:#?}");
-    assert!(!ws.iter().any(|r| r.contains("/deployments/")), "no server before the weights: {ws:#?}");
-    assert!(reqs.iter().filter(|r| r.method == "PATCH" && !r.path.ends_with("/status")).all(is_apply));
-    assert!(ws.iter().any(|r| r == &format!("POST {}", events())), "an event for the transition");
+    assert!(
+        !ws.iter().any(|r| r.contains("/deployments/")),
+        "no server before the weights: {ws:#?}"
+    );
+    assert!(
+        reqs.iter()
+            .filter(|r| r.method == "PATCH" && !r.path.ends_with("/status"))
+            .all(is_apply)
+    );
+    assert!(
+        ws.iter().any(|r| r == &format!("POST {}", events())),
+        "an event for the transition"
+    );
 
     let pvc = w.fake.get(&pvcs(), "kimi-k2-weights").unwrap();
-    assert!(pvc["metadata"].get("ownerReferences").is_none(), "weights PVC is not owned");
+    assert!(
+        pvc["metadata"].get("ownerReferences").is_none(),
+        "weights PVC is not owned"
+    );
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "2Ti");
     let (st, reason, msg) = w.condition("kimi-k2", "WeightsReady");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "Downloading"), "{msg}");
@@ -222,8 +268,15 @@ async fn setup_progress_is_read_from_the_job_pod_log() {
         "{\"phase\":\"download\",\"bytes_done\":712000000000,\"bytes_total\":1870000000000,\"files_done\":10,\"files_total\":64,\"message\":\"model-00011\"}\n",
     );
     let reqs = w.reconcile("kimi-k2").await;
-    assert!(reqs.iter().any(|r| r.method == "GET" && r.path.ends_with(&format!("/pods/{pod}/log"))));
-    assert_eq!(writes(&reqs), [format!("PATCH {}/kimi-k2/status", models())], "only the status changes");
+    assert!(
+        reqs.iter()
+            .any(|r| r.method == "GET" && r.path.ends_with(&format!("/pods/{pod}/log")))
+    );
+    assert_eq!(
+        writes(&reqs),
+        [format!("PATCH {}/kimi-k2/status", models())],
+        "only the status changes"
+    );
     let weights = w.cr("kimi-k2").unwrap().status.unwrap().weights.unwrap();
     assert_eq!(weights.percent, Some(38));
     assert_eq!(weights.percent_text.as_deref(), Some("38%"));
@@ -234,7 +287,10 @@ async fn setup_progress_is_read_from_the_job_pod_log() {
     // Same log, same state: nothing to write.
     assert!(writes(&w.reconcile("kimi-k2").await).is_empty());
     // Verify stage.
-    w.fake.set_log(&pod, "{\"phase\":\"verify\",\"bytes_done\":1870000000000,\"bytes_total\":1870000000000}\n");
+    w.fake.set_log(
+        &pod,
+        "{\"phase\":\"verify\",\"bytes_done\":1870000000000,\"bytes_total\":1870000000000}\n",
+    );
     w.reconcile("kimi-k2").await;
     assert_eq!(w.condition("kimi-k2", "WeightsReady").1, "Verifying");
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Verifying));
@@ -251,11 +307,20 @@ async fn job_done_creates_deployment_then_ready_and_a_second_reconcile_writes_no
 
     let reqs = w.reconcile("kimi-k2").await;
     let ws = writes(&reqs);
-    let marker_at = ws.iter().position(|r| r == &format!("PATCH {}/kimi-k2-weights", configmaps())).expect("marker");
-    let deploy_at = ws.iter().position(|r| r == &format!("PATCH {}/kimi-k2", deployments())).expect("deployment");
+    let marker_at = ws
+        .iter()
+        .position(|r| r == &format!("PATCH {}/kimi-k2-weights", configmaps()))
+        .expect("marker");
+    let deploy_at = ws
+        .iter()
+        .position(|r| r == &format!("PATCH {}/kimi-k2", deployments()))
+        .expect("deployment");
     assert!(marker_at < deploy_at, "{ws:#?}");
     let monitors = FakeApi::collection("monitoring.coreos.com/v1", NS, "servicemonitors");
-    let sm = w.fake.get(&monitors, "kimi-k2").expect("ServiceMonitor when the CRD is served");
+    let sm = w
+        .fake
+        .get(&monitors, "kimi-k2")
+        .expect("ServiceMonitor when the CRD is served");
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "http");
     assert_eq!(w.condition("kimi-k2", "WeightsReady").0, "True");
     assert_eq!(w.condition("kimi-k2", "ServerReady").1, "Starting");
@@ -265,7 +330,10 @@ async fn job_done_creates_deployment_then_ready_and_a_second_reconcile_writes_no
 
     w.ready_deployment("kimi-k2");
     let ws = writes(&w.reconcile("kimi-k2").await);
-    assert!(ws.iter().all(|r| r.ends_with("/status") || r.contains("/events")), "{ws:#?}");
+    assert!(
+        ws.iter().all(|r| r.ends_with("/status") || r.contains("/events")),
+        "{ws:#?}"
+    );
     let (st, reason, _) = w.condition("kimi-k2", "Ready");
     assert_eq!((st.as_str(), reason.as_str()), ("True", "Serving"));
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Ready));
@@ -284,9 +352,19 @@ async fn image_change_runs_preflight_before_the_deployment_changes() {
     w.edit_spec(&name, |cr| cr.spec.image = Some(NEW_IMAGE.into()));
 
     let ws = writes(&w.reconcile(&name).await);
-    assert!(ws.iter().any(|r| r.starts_with(&format!("PATCH {}/kimi-k2-preflight-", jobs()))), "{ws:#?}");
-    assert!(!ws.iter().any(|r| r.contains("/deployments/")), "Deployment untouched during pre-flight: {ws:#?}");
-    assert!(!ws.iter().any(|r| r.contains("-setup-")), "no new setup Job: {ws:#?}");
+    assert!(
+        ws.iter()
+            .any(|r| r.starts_with(&format!("PATCH {}/kimi-k2-preflight-", jobs()))),
+        "{ws:#?}"
+    );
+    assert!(
+        !ws.iter().any(|r| r.contains("/deployments/")),
+        "Deployment untouched during pre-flight: {ws:#?}"
+    );
+    assert!(
+        !ws.iter().any(|r| r.contains("-setup-")),
+        "no new setup Job: {ws:#?}"
+    );
     assert_eq!(w.deployment_image(&name), OLD_IMAGE);
     let (st, reason, _) = w.condition(&name, "Upgrading");
     assert_eq!((st.as_str(), reason.as_str()), ("True", "PreflightRunning"));
@@ -299,12 +377,22 @@ async fn image_change_runs_preflight_before_the_deployment_changes() {
 
     w.finish_job(&pf, true);
     let ws = writes(&w.reconcile(&name).await);
-    let marker_at = ws.iter().position(|r| r.ends_with("/configmaps/kimi-k2-weights")).expect("marker records the new image");
-    let deploy_at = ws.iter().position(|r| r.ends_with("/deployments/kimi-k2")).expect("then the swap");
+    let marker_at = ws
+        .iter()
+        .position(|r| r.ends_with("/configmaps/kimi-k2-weights"))
+        .expect("marker records the new image");
+    let deploy_at = ws
+        .iter()
+        .position(|r| r.ends_with("/deployments/kimi-k2"))
+        .expect("then the swap");
     assert!(marker_at < deploy_at);
     assert_eq!(w.deployment_image(&name), NEW_IMAGE);
     assert_eq!(w.condition(&name, "Upgrading").1, "UpToDate");
-    assert_eq!(w.job_named("kimi-k2-setup-"), setup_jobs, "weights never downloaded again");
+    assert_eq!(
+        w.job_named("kimi-k2-setup-"),
+        setup_jobs,
+        "weights never downloaded again"
+    );
     let status = w.cr(&name).unwrap().status.unwrap();
     assert_eq!(status.image.as_deref(), Some(NEW_IMAGE));
 }
@@ -332,15 +420,31 @@ async fn failed_preflight_keeps_the_old_image_and_says_why() {
     assert_eq!(w.deployment_image(&name), OLD_IMAGE, "old image kept");
     let (st, reason, msg) = w.condition(&name, "Upgrading");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "PreflightFailed"));
-    assert!(msg.contains("layout version 3") && msg.contains(OLD_IMAGE), "{msg}");
-    assert_eq!(w.condition(&name, "Ready").0, "True", "the old image keeps serving");
+    assert!(
+        msg.contains("layout version 3") && msg.contains(OLD_IMAGE),
+        "{msg}"
+    );
+    assert_eq!(
+        w.condition(&name, "Ready").0,
+        "True",
+        "the old image keeps serving"
+    );
     let status = w.cr(&name).unwrap().status.unwrap();
     let f = status.last_failure.unwrap();
-    assert_eq!((f.component.as_str(), f.reason.as_str(), f.exit_code), ("preflight", "PreflightFailed", Some(1)));
+    assert_eq!(
+        (f.component.as_str(), f.reason.as_str(), f.exit_code),
+        ("preflight", "PreflightFailed", Some(1))
+    );
     assert_eq!(status.image.as_deref(), Some(OLD_IMAGE));
-    let ev = reqs.iter().find(|r| r.method == "POST" && r.path == events()).expect("event");
+    let ev = reqs
+        .iter()
+        .find(|r| r.method == "POST" && r.path == events())
+        .expect("event");
     let body = ev.body.as_ref().unwrap();
-    assert_eq!((body["type"].as_str(), body["reason"].as_str()), (Some("Warning"), Some("PreflightFailed")));
+    assert_eq!(
+        (body["type"].as_str(), body["reason"].as_str()),
+        (Some("Warning"), Some("PreflightFailed"))
+    );
     // Stable: nothing more to write.
     assert!(writes(&w.reconcile(&name).await).is_empty());
 }
@@ -366,7 +470,10 @@ async fn setup_failure_reports_the_cause() {
     assert!(msg.contains("delete the Job to retry"), "{msg}");
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Failed));
     let f = w.cr("kimi-k2").unwrap().status.unwrap().last_failure.unwrap();
-    assert_eq!((f.component.as_str(), f.exit_code, f.time.as_deref()), ("setup", Some(137), Some("2026-01-01T02:00:00Z")));
+    assert_eq!(
+        (f.component.as_str(), f.exit_code, f.time.as_deref()),
+        ("setup", Some(137), Some("2026-01-01T02:00:00Z"))
+    );
     assert!(w.fake.get(&deployments(), "kimi-k2").is_none());
 }
 
@@ -375,16 +482,33 @@ async fn delete_with_retain_keeps_the_weights_and_a_new_model_reuses_them() {
     let w = World::new(false);
     let name = w.ready_model().await;
     let pvc_uid = w.fake.get(&pvcs(), "kimi-k2-weights").unwrap()["metadata"]["uid"].clone();
-    w.fake.edit(&models(), &name, |m| m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z"));
+    w.fake.edit(&models(), &name, |m| {
+        m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z")
+    });
 
     let reqs = w.reconcile(&name).await;
     let ws = writes(&reqs);
-    assert!(!ws.iter().any(|r| r.starts_with("DELETE")), "Retain deletes nothing: {ws:#?}");
-    assert!(ws.contains(&format!("PATCH {}/kimi-k2", models())), "finalizer removed: {ws:#?}");
-    assert!(w.cr(&name).is_none(), "resource gone once the finalizer is removed");
-    let ev = reqs.iter().find(|r| r.method == "POST" && r.path == events()).unwrap();
+    assert!(
+        !ws.iter().any(|r| r.starts_with("DELETE")),
+        "Retain deletes nothing: {ws:#?}"
+    );
+    assert!(
+        ws.contains(&format!("PATCH {}/kimi-k2", models())),
+        "finalizer removed: {ws:#?}"
+    );
+    assert!(
+        w.cr(&name).is_none(),
+        "resource gone once the finalizer is removed"
+    );
+    let ev = reqs
+        .iter()
+        .find(|r| r.method == "POST" && r.path == events())
+        .unwrap();
     assert_eq!(ev.body.as_ref().unwrap()["reason"], "WeightsRetained");
-    assert_eq!(w.fake.get(&pvcs(), "kimi-k2-weights").unwrap()["metadata"]["uid"], pvc_uid);
+    assert_eq!(
+        w.fake.get(&pvcs(), "kimi-k2-weights").unwrap()["metadata"]["uid"],
+        pvc_uid
+    );
     assert!(w.fake.get(&configmaps(), "kimi-k2-weights").is_some());
 
     // The garbage collector removes the owned children; a new model with the same spec finds
@@ -392,7 +516,14 @@ async fn delete_with_retain_keeps_the_weights_and_a_new_model_reuses_them() {
     for c in [jobs(), deployments(), services()] {
         for o in w.fake.list(&c) {
             let n = o["metadata"]["name"].as_str().unwrap().to_string();
-            w.fake.state.lock().unwrap().objects.get_mut(&c).unwrap().remove(&n);
+            w.fake
+                .state
+                .lock()
+                .unwrap()
+                .objects
+                .get_mut(&c)
+                .unwrap()
+                .remove(&n);
         }
     }
     let mut cr = example("kimi-k2-pvc");
@@ -401,7 +532,10 @@ async fn delete_with_retain_keeps_the_weights_and_a_new_model_reuses_them() {
     w.reconcile(&name).await;
     let ws = writes(&w.reconcile(&name).await);
     assert!(!ws.iter().any(|r| r.contains("/jobs/")), "no download: {ws:#?}");
-    assert!(ws.contains(&format!("PATCH {}/kimi-k2", deployments())), "{ws:#?}");
+    assert!(
+        ws.contains(&format!("PATCH {}/kimi-k2", deployments())),
+        "{ws:#?}"
+    );
     assert_eq!(w.condition(&name, "WeightsReady").0, "True");
 }
 
@@ -417,15 +551,26 @@ async fn delete_with_delete_policy_removes_pvc_and_marker() {
     w.finish_job(&job, true);
     w.reconcile("kimi-k2").await;
     assert!(w.fake.get(&configmaps(), "kimi-k2-weights").is_some());
-    w.fake.edit(&models(), "kimi-k2", |m| m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z"));
+    w.fake.edit(&models(), "kimi-k2", |m| {
+        m["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z")
+    });
 
     let reqs = w.reconcile("kimi-k2").await;
     let ws = writes(&reqs);
-    assert!(ws.contains(&format!("DELETE {}/kimi-k2-weights", pvcs())), "{ws:#?}");
-    assert!(ws.contains(&format!("DELETE {}/kimi-k2-weights", configmaps())), "{ws:#?}");
+    assert!(
+        ws.contains(&format!("DELETE {}/kimi-k2-weights", pvcs())),
+        "{ws:#?}"
+    );
+    assert!(
+        ws.contains(&format!("DELETE {}/kimi-k2-weights", configmaps())),
+        "{ws:#?}"
+    );
     assert!(w.fake.get(&pvcs(), "kimi-k2-weights").is_none());
     assert!(w.cr("kimi-k2").is_none());
-    let ev = reqs.iter().find(|r| r.method == "POST" && r.path == events()).unwrap();
+    let ev = reqs
+        .iter()
+        .find(|r| r.method == "POST" && r.path == events())
+        .unwrap();
     assert_eq!(ev.body.as_ref().unwrap()["reason"], "WeightsDeleted");
 }
 
@@ -435,7 +580,11 @@ async fn missing_existing_claim_waits_without_a_job() {
     w.create(example("preloaded-existing-claim"));
     w.reconcile("deepseek-v3").await;
     let ws = writes(&w.reconcile("deepseek-v3").await);
-    assert!(!ws.iter().any(|r| r.contains("/jobs/") || r.contains("persistentvolumeclaims")), "{ws:#?}");
+    assert!(
+        !ws.iter()
+            .any(|r| r.contains("/jobs/") || r.contains("persistentvolumeclaims")),
+        "{ws:#?}"
+    );
     let (st, reason, msg) = w.condition("deepseek-v3", "WeightsReady");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "AwaitingStorage"));
     assert!(msg.contains("models"), "{msg}");
@@ -443,10 +592,16 @@ async fn missing_existing_claim_waits_without_a_job() {
     // The claim appears: a doctor Job checks the preloaded weights.
     w.fake.put(&pvcs(), json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": NS}, "spec": {}}));
     let ws = writes(&w.reconcile("deepseek-v3").await);
-    assert!(ws.iter().any(|r| r.contains("/jobs/deepseek-v3-setup-")), "{ws:#?}");
+    assert!(
+        ws.iter().any(|r| r.contains("/jobs/deepseek-v3-setup-")),
+        "{ws:#?}"
+    );
     let job = w.job_named("deepseek-v3-setup-").pop().unwrap();
     let j = w.fake.get(&jobs(), &job).unwrap();
-    assert_eq!(j["spec"]["template"]["spec"]["containers"][0]["args"][0], "doctor");
+    assert_eq!(
+        j["spec"]["template"]["spec"]["containers"][0]["args"][0],
+        "doctor"
+    );
     assert_eq!(w.condition("deepseek-v3", "WeightsReady").1, "Verifying");
 }
 
@@ -455,11 +610,22 @@ async fn a_new_revision_replaces_the_setup_job_while_the_old_server_keeps_servin
     let w = World::new(false);
     let name = w.ready_model().await;
     let old_job = w.job_named("kimi-k2-setup-").pop().unwrap();
-    w.edit_spec(&name, |cr| cr.spec.source.hugging_face.as_mut().unwrap().revision = Some("abc123".into()));
+    w.edit_spec(&name, |cr| {
+        cr.spec.source.hugging_face.as_mut().unwrap().revision = Some("abc123".into())
+    });
     let ws = writes(&w.reconcile(&name).await);
-    assert!(ws.contains(&format!("DELETE {}/{old_job}", jobs())), "outdated Job removed: {ws:#?}");
-    assert!(ws.iter().any(|r| r.starts_with(&format!("PATCH {}/kimi-k2-setup-", jobs())) && !r.ends_with(&old_job)));
-    assert!(!ws.iter().any(|r| r.contains("/deployments/")), "the previous install keeps serving: {ws:#?}");
+    assert!(
+        ws.contains(&format!("DELETE {}/{old_job}", jobs())),
+        "outdated Job removed: {ws:#?}"
+    );
+    assert!(
+        ws.iter()
+            .any(|r| r.starts_with(&format!("PATCH {}/kimi-k2-setup-", jobs())) && !r.ends_with(&old_job))
+    );
+    assert!(
+        !ws.iter().any(|r| r.contains("/deployments/")),
+        "the previous install keeps serving: {ws:#?}"
+    );
     let (st, reason, msg) = w.condition(&name, "Ready");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "Downloading"));
     assert!(msg.contains("previous install keeps serving"), "{msg}");
@@ -472,7 +638,10 @@ async fn paused_scales_to_zero() {
     let name = w.ready_model().await;
     w.edit_spec(&name, |cr| cr.spec.paused = true);
     let ws = writes(&w.reconcile(&name).await);
-    assert!(ws.contains(&format!("PATCH {}/kimi-k2", deployments())), "{ws:#?}");
+    assert!(
+        ws.contains(&format!("PATCH {}/kimi-k2", deployments())),
+        "{ws:#?}"
+    );
     let d = w.fake.get(&deployments(), &name).unwrap();
     assert_eq!(d["spec"]["replicas"], 0);
     assert_eq!(w.phase(&name), Some(Phase::Paused));
@@ -483,7 +652,8 @@ async fn paused_scales_to_zero() {
 async fn server_crash_is_reported_as_the_last_failure() {
     let w = World::new(false);
     let name = w.ready_model().await;
-    w.fake.edit(&deployments(), &name, |d| d["status"]["readyReplicas"] = json!(0));
+    w.fake
+        .edit(&deployments(), &name, |d| d["status"]["readyReplicas"] = json!(0));
     w.fake.put(
         &pods(),
         json!({"apiVersion": "v1", "kind": "Pod",

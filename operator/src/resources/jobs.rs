@@ -3,13 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::batch::v1::{Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{
-    base_env, container_security_context, hf_env, owned_meta, pod_security_context, pull_secrets, scratch_mounts,
-    scratch_volumes, weights_mount, weights_volume, with_spec_hash,
+    base_env, container_security_context, hf_env, owned_meta, pod_security_context, pull_secrets,
+    scratch_mounts, scratch_volumes, weights_mount, weights_volume, with_spec_hash,
 };
 use crate::crd::SetupMode;
 use crate::model::Model;
@@ -24,7 +26,13 @@ pub fn setup_args(m: &Model<'_>) -> Vec<String> {
         // Preloaded weights: check them, never download.
         return vec!["doctor".into(), "--dir".into(), m.dir.clone(), "--json".into()];
     };
-    let mut a = vec!["setup".into(), "--source".into(), source.clone(), "--dir".into(), m.dir.clone()];
+    let mut a = vec![
+        "setup".into(),
+        "--source".into(),
+        source.clone(),
+        "--dir".into(),
+        m.dir.clone(),
+    ];
     a.push(match m.mode() {
         SetupMode::Full => "--full".into(),
         SetupMode::Stream => "--stream".into(),
@@ -62,7 +70,16 @@ pub fn setup_job(m: &Model<'_>, image: &str) -> Job {
         ..Default::default()
     };
     let name = names::setup_job(&m.name, &m.key);
-    job(m, name, Component::Setup, image, container, spec.backoff_limit, spec.active_deadline_seconds, true)
+    job(
+        m,
+        name,
+        Component::Setup,
+        image,
+        container,
+        spec.backoff_limit,
+        spec.active_deadline_seconds,
+        true,
+    )
 }
 
 /// The pre-flight Job `<name>-preflight-<hash(image)>`: `deltafin doctor` with the new image on
@@ -73,16 +90,34 @@ pub fn preflight_job(m: &Model<'_>, image: &str) -> Job {
         image: Some(image.into()),
         image_pull_policy: m.cr.spec.image_pull_policy.map(|p| p.as_str().into()),
         command: Some(vec!["deltafin".into()]),
-        args: Some(vec!["doctor".into(), "--dir".into(), m.dir.clone(), "--json".into()]),
+        args: Some(vec![
+            "doctor".into(),
+            "--dir".into(),
+            m.dir.clone(),
+            "--json".into(),
+        ]),
         env: Some(base_env()),
         volume_mounts: Some([vec![weights_mount(true)], scratch_mounts()].concat()),
         security_context: Some(container_security_context()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let deadline = m.cr.spec.upgrade.preflight_timeout_seconds.unwrap_or(PREFLIGHT_TIMEOUT_SECONDS);
+    let deadline =
+        m.cr.spec
+            .upgrade
+            .preflight_timeout_seconds
+            .unwrap_or(PREFLIGHT_TIMEOUT_SECONDS);
     let name = names::preflight_job(&m.name, image);
-    job(m, name, Component::Preflight, image, container, 0, Some(deadline), false)
+    job(
+        m,
+        name,
+        Component::Preflight,
+        image,
+        container,
+        0,
+        Some(deadline),
+        false,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -129,7 +164,10 @@ fn job(
             active_deadline_seconds: deadline,
             pod_failure_policy,
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: meta.labels.clone(), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: meta.labels.clone(),
+                    ..Default::default()
+                }),
                 spec: Some(pod),
             },
             ..Default::default()

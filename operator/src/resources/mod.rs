@@ -7,7 +7,7 @@ mod storage;
 
 pub use jobs::{preflight_job, setup_job};
 pub use server::{deployment, service, service_monitor, service_monitor_resource};
-pub use storage::{marker, marker_data, pvc, Marker};
+pub use storage::{Marker, marker, marker_data, pvc};
 
 use std::collections::BTreeMap;
 
@@ -31,7 +31,10 @@ pub fn pod_security_context() -> PodSecurityContext {
         run_as_group: Some(RUN_AS),
         fs_group: Some(RUN_AS),
         fs_group_change_policy: Some("OnRootMismatch".into()),
-        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -43,7 +46,10 @@ pub fn container_security_context() -> SecurityContext {
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
-        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -61,7 +67,10 @@ pub fn weights_volume(m: &Model<'_>) -> Volume {
         },
         Storage::HostPath { path } => Volume {
             name: "weights".into(),
-            host_path: Some(HostPathVolumeSource { path: path.clone(), type_: Some("DirectoryOrCreate".into()) }),
+            host_path: Some(HostPathVolumeSource {
+                path: path.clone(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
             ..Default::default()
         },
     }
@@ -81,15 +90,27 @@ pub fn weights_mount(read_only: bool) -> VolumeMount {
 pub fn scratch_volumes() -> Vec<Volume> {
     ["tmp", "cache"]
         .into_iter()
-        .map(|n| Volume { name: n.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() })
+        .map(|n| Volume {
+            name: n.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        })
         .collect()
 }
 
 /// Mounts of [`scratch_volumes`].
 pub fn scratch_mounts() -> Vec<VolumeMount> {
     vec![
-        VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
-        VolumeMount { name: "cache".into(), mount_path: "/cache".into(), ..Default::default() },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "cache".into(),
+            mount_path: "/cache".into(),
+            ..Default::default()
+        },
     ]
 }
 
@@ -125,13 +146,21 @@ pub fn hf_env(m: &Model<'_>) -> Vec<EnvVar> {
 
 /// A plain environment variable.
 pub fn env(name: &str, value: &str) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
 }
 
 /// `imagePullSecrets` of the spec.
 pub fn pull_secrets(m: &Model<'_>) -> Option<Vec<LocalObjectReference>> {
     let s = &m.cr.spec.image_pull_secrets;
-    (!s.is_empty()).then(|| s.iter().map(|n| LocalObjectReference { name: n.clone() }).collect())
+    (!s.is_empty()).then(|| {
+        s.iter()
+            .map(|n| LocalObjectReference { name: n.clone() })
+            .collect()
+    })
 }
 
 /// Metadata of an owned child: name, namespace, labels and a controller owner reference.
@@ -159,7 +188,10 @@ pub fn retained_meta(m: &Model<'_>, name: String) -> ObjectMeta {
 /// skips the write when the live object carries the same hash.
 pub fn with_spec_hash<K: Resource + Serialize>(mut obj: K) -> K {
     let hash = spec_hash(&obj);
-    obj.meta_mut().annotations.get_or_insert_with(BTreeMap::new).insert(SPEC_HASH.into(), hash);
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(SPEC_HASH.into(), hash);
     obj
 }
 

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, KeyToPath, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, HTTPGetAction, KeyToPath, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -47,7 +47,12 @@ pub fn server_args(m: &Model<'_>) -> Vec<String> {
     opt("--max-queue", s.max_queue.map(|v| v.to_string()));
     opt("--context-limit", s.context_limit.map(|v| v.to_string()));
     opt("--memory-budget", m.memory_budget.map(|v| v.to_string()));
-    opt("--api-key-file", s.api_key_secret.as_ref().map(|_| format!("{API_KEY_DIR}/api-key")));
+    opt(
+        "--api-key-file",
+        s.api_key_secret
+            .as_ref()
+            .map(|_| format!("{API_KEY_DIR}/api-key")),
+    );
     a.extend(s.extra_args.iter().cloned());
     a
 }
@@ -98,7 +103,11 @@ pub fn deployment(m: &Model<'_>, image: &str) -> Deployment {
             name: "api-key".into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(k.name.clone()),
-                items: Some(vec![KeyToPath { key: k.key.clone(), path: "api-key".into(), mode: None }]),
+                items: Some(vec![KeyToPath {
+                    key: k.key.clone(),
+                    path: "api-key".into(),
+                    mode: None,
+                }]),
                 default_mode: Some(0o440),
                 optional: Some(false),
             }),
@@ -144,7 +153,10 @@ pub fn deployment(m: &Model<'_>, image: &str) -> Deployment {
         metadata: meta,
         spec: Some(DeploymentSpec {
             replicas: Some(if spec.paused { 0 } else { 1 }),
-            strategy: Some(DeploymentStrategy { type_: Some("Recreate".into()), rolling_update: None }),
+            strategy: Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            }),
             revision_history_limit: Some(3),
             selector: LabelSelector {
                 match_labels: Some(names::selector_labels(&m.name, Component::Server)),
@@ -205,7 +217,10 @@ pub fn service(m: &Model<'_>) -> Service {
 
 /// `monitoring.coreos.com/v1` ServiceMonitor.
 pub fn service_monitor_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"), "servicemonitors")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
 }
 
 /// The ServiceMonitor `<name>` scraping the Service's `/metrics`.
@@ -215,7 +230,8 @@ pub fn service_monitor(m: &Model<'_>) -> DynamicObject {
     if let Some(l) = meta.labels.as_mut() {
         l.extend(metrics.labels.clone());
     }
-    let mut obj = DynamicObject::new(&names::service_monitor(&m.name), &service_monitor_resource()).within(&m.namespace);
+    let mut obj = DynamicObject::new(&names::service_monitor(&m.name), &service_monitor_resource())
+        .within(&m.namespace);
     obj.metadata = meta;
     obj.data = json!({
         "spec": {

@@ -16,10 +16,15 @@ use crate::names;
 /// The operator-created PVC (`storage.pvc`), or `None` for other storage kinds. Created once;
 /// never patched afterwards (most PVC fields are immutable).
 pub fn pvc(m: &Model<'_>) -> Option<PersistentVolumeClaim> {
-    let Storage::Pvc { claim } = &m.storage else { return None };
+    let Storage::Pvc { claim } = &m.storage else {
+        return None;
+    };
     let spec = m.cr.spec.storage.pvc.as_ref()?;
-    let access_modes =
-        if spec.access_modes.is_empty() { vec!["ReadWriteOnce".to_string()] } else { spec.access_modes.clone() };
+    let access_modes = if spec.access_modes.is_empty() {
+        vec!["ReadWriteOnce".to_string()]
+    } else {
+        spec.access_modes.clone()
+    };
     Some(PersistentVolumeClaim {
         metadata: retained_meta(m, claim.clone()),
         spec: Some(PersistentVolumeClaimSpec {
@@ -27,7 +32,10 @@ pub fn pvc(m: &Model<'_>) -> Option<PersistentVolumeClaim> {
             storage_class_name: spec.storage_class_name.clone(),
             volume_mode: Some("Filesystem".into()),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".to_string(), Quantity(spec.size.clone()))])),
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(spec.size.clone()),
+                )])),
                 ..Default::default()
             }),
             ..Default::default()
@@ -67,7 +75,10 @@ pub fn marker_data(m: &Model<'_>, marker: &Marker) -> BTreeMap<String, String> {
     let mut d = BTreeMap::from([
         ("key".to_string(), marker.key.clone()),
         ("image".to_string(), marker.image.clone()),
-        ("source".to_string(), m.source_uri.clone().unwrap_or_else(|| "preloaded".into())),
+        (
+            "source".to_string(),
+            m.source_uri.clone().unwrap_or_else(|| "preloaded".into()),
+        ),
         ("mode".to_string(), format!("{:?}", m.mode())),
         ("dir".to_string(), m.dir.clone()),
     ]);
@@ -83,6 +94,13 @@ pub fn marker_data(m: &Model<'_>, marker: &Marker) -> BTreeMap<String, String> {
 /// The marker ConfigMap `<name>-weights`.
 pub fn marker(m: &Model<'_>, marker: &Marker) -> ConfigMap {
     let mut meta = retained_meta(m, names::weights(&m.name));
-    meta.annotations = Some(BTreeMap::from([(names::WEIGHTS_KEY.to_string(), marker.key.clone())]));
-    ConfigMap { metadata: meta, data: Some(marker_data(m, marker)), ..Default::default() }
+    meta.annotations = Some(BTreeMap::from([(
+        names::WEIGHTS_KEY.to_string(),
+        marker.key.clone(),
+    )]));
+    ConfigMap {
+        metadata: meta,
+        data: Some(marker_data(m, marker)),
+        ..Default::default()
+    }
 }

@@ -86,21 +86,40 @@ impl FakeApi {
             Some(old) => s.updated(old, obj),
             None => s.created(obj),
         };
-        s.objects.entry(collection.to_string()).or_default().insert(name, obj);
+        s.objects
+            .entry(collection.to_string())
+            .or_default()
+            .insert(name, obj);
     }
 
     pub fn get(&self, collection: &str, name: &str) -> Option<Value> {
-        self.state.lock().unwrap().objects.get(collection).and_then(|c| c.get(name)).cloned()
+        self.state
+            .lock()
+            .unwrap()
+            .objects
+            .get(collection)
+            .and_then(|c| c.get(name))
+            .cloned()
     }
 
     pub fn list(&self, collection: &str) -> Vec<Value> {
-        self.state.lock().unwrap().objects.get(collection).map(|c| c.values().cloned().collect()).unwrap_or_default()
+        self.state
+            .lock()
+            .unwrap()
+            .objects
+            .get(collection)
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Edits a stored object in place (no metadata bookkeeping: plays another controller).
     pub fn edit(&self, collection: &str, name: &str, f: impl FnOnce(&mut Value)) {
         let mut s = self.state.lock().unwrap();
-        let obj = s.objects.get_mut(collection).and_then(|c| c.get_mut(name)).unwrap_or_else(|| panic!("{collection}/{name} missing"));
+        let obj = s
+            .objects
+            .get_mut(collection)
+            .and_then(|c| c.get_mut(name))
+            .unwrap_or_else(|| panic!("{collection}/{name} missing"));
         f(obj);
     }
 
@@ -139,12 +158,13 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(if b[i] == b'+' { b' ' } else { b[i] });
         i += 1;
@@ -195,7 +215,8 @@ impl State {
         m.entry("uid").or_insert(json!(format!("uid-{}", self.uid)));
         m.insert("resourceVersion".into(), json!(rv));
         m.entry("generation").or_insert(json!(1));
-        m.entry("creationTimestamp").or_insert(json!("2026-01-01T00:00:00Z"));
+        m.entry("creationTimestamp")
+            .or_insert(json!("2026-01-01T00:00:00Z"));
         obj
     }
 
@@ -221,9 +242,14 @@ impl State {
         let method = parts.method.to_string();
         let path = parts.uri.path().to_string();
         let query = parts.uri.query().unwrap_or_default().to_string();
-        let content_type =
-            parts.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        let body: Option<Value> = (!bytes.is_empty()).then(|| serde_json::from_slice(bytes).expect("JSON body"));
+        let content_type = parts
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body: Option<Value> =
+            (!bytes.is_empty()).then(|| serde_json::from_slice(bytes).expect("JSON body"));
         self.requests.push(Recorded {
             method: method.clone(),
             path: path.clone(),
@@ -234,7 +260,10 @@ impl State {
 
         // Split into collection / name / subresource.
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        let ns_at = segs.iter().position(|s| *s == "namespaces").expect("namespaced path");
+        let ns_at = segs
+            .iter()
+            .position(|s| *s == "namespaces")
+            .expect("namespaced path");
         let coll_len = ns_at + 3; // ... namespaces {ns} {resource}
         let collection = format!("/{}", segs[..coll_len.min(segs.len())].join("/"));
         let name = segs.get(coll_len).map(|s| s.to_string());
@@ -246,12 +275,23 @@ impl State {
                 let items: Vec<Value> = self
                     .objects
                     .get(&collection)
-                    .map(|c| c.values().filter(|o| matches_selector(o, &sel)).cloned().collect())
+                    .map(|c| {
+                        c.values()
+                            .filter(|o| matches_selector(o, &sel))
+                            .cloned()
+                            .collect()
+                    })
                     .unwrap_or_default();
-                ok(200, &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}))
+                ok(
+                    200,
+                    &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}),
+                )
             }
             ("GET", Some(n), Some("log")) => match self.logs.get(&n) {
-                Some(l) => Response::builder().status(200).body(Body::from(l.clone().into_bytes())).unwrap(),
+                Some(l) => Response::builder()
+                    .status(200)
+                    .body(Body::from(l.clone().into_bytes()))
+                    .unwrap(),
                 None => status(400, "BadRequest", "container is waiting to start"),
             },
             ("GET", Some(n), _) => match self.objects.get(&collection).and_then(|c| c.get(&n)) {
@@ -260,7 +300,10 @@ impl State {
             },
             ("POST", None, _) => {
                 let obj = body.expect("POST body");
-                let n = obj["metadata"]["name"].as_str().unwrap_or("generated").to_string();
+                let n = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("generated")
+                    .to_string();
                 if self.objects.get(&collection).is_some_and(|c| c.contains_key(&n)) {
                     return status(409, "AlreadyExists", &format!("{n} already exists"));
                 }
@@ -268,12 +311,16 @@ impl State {
                 self.objects.entry(collection).or_default().insert(n, obj.clone());
                 ok(201, &obj)
             }
-            ("PATCH", Some(n), sub) => self.patch(&collection, &n, sub, &content_type, body.expect("PATCH body")),
+            ("PATCH", Some(n), sub) => {
+                self.patch(&collection, &n, sub, &content_type, body.expect("PATCH body"))
+            }
             ("DELETE", Some(n), _) => {
                 let Some(obj) = self.objects.get_mut(&collection).and_then(|c| c.get_mut(&n)) else {
                     return status(404, "NotFound", &format!("{n} not found"));
                 };
-                let has_finalizers = obj["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+                let has_finalizers = obj["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty());
                 if has_finalizers {
                     obj["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
                     let o = obj.clone();
@@ -287,13 +334,23 @@ impl State {
         }
     }
 
-    fn patch(&mut self, collection: &str, name: &str, sub: Option<&str>, content_type: &str, body: Value) -> Response<Body> {
+    fn patch(
+        &mut self,
+        collection: &str,
+        name: &str,
+        sub: Option<&str>,
+        content_type: &str,
+        body: Value,
+    ) -> Response<Body> {
         let existing = self.objects.get(collection).and_then(|c| c.get(name)).cloned();
         let apply = content_type.starts_with("application/apply-patch");
         let new = match (existing, sub) {
             (None, None) if apply => {
                 let obj = self.created(body);
-                self.objects.entry(collection.to_string()).or_default().insert(name.to_string(), obj.clone());
+                self.objects
+                    .entry(collection.to_string())
+                    .or_default()
+                    .insert(name.to_string(), obj.clone());
                 return ok(201, &obj);
             }
             (None, _) => return status(404, "NotFound", &format!("{name} not found")),
@@ -344,15 +401,25 @@ impl State {
             }
             (Some(_), Some(s)) => panic!("fake API: PATCH of subresource {s}"),
         };
-        let old = self.objects.get(collection).and_then(|c| c.get(name)).cloned().unwrap();
+        let old = self
+            .objects
+            .get(collection)
+            .and_then(|c| c.get(name))
+            .cloned()
+            .unwrap();
         let new = self.updated(old, new);
         // A deleting object whose last finalizer is gone disappears.
         let deleting = new["metadata"].get("deletionTimestamp").is_some();
-        let finalizers = new["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+        let finalizers = new["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
         if deleting && !finalizers {
             self.objects.get_mut(collection).unwrap().remove(name);
         } else {
-            self.objects.get_mut(collection).unwrap().insert(name.to_string(), new.clone());
+            self.objects
+                .get_mut(collection)
+                .unwrap()
+                .insert(name.to_string(), new.clone());
         }
         ok(200, &new)
     }
