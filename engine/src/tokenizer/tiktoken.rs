@@ -160,7 +160,9 @@ impl TiktokenBpe {
 
 /// Parse `base64 rank` lines; returns the tokens indexed by rank (ranks must be 0..n, each once).
 fn parse_ranks(text: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
-    let mut by_rank: Vec<Option<Vec<u8>>> = Vec::new();
+    // Dense ranks: each is below the number of entries, which bounds the table's size.
+    let entries = text.lines().filter(|l| !l.trim().is_empty()).count();
+    let mut by_rank: Vec<Option<Vec<u8>>> = vec![None; entries];
     for (lineno, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
@@ -177,13 +179,10 @@ fn parse_ranks(text: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
             return Err(format!("line {}: empty token", lineno + 1));
         }
         let rank: usize = rank.parse().map_err(|_| format!("line {}: invalid rank `{rank}`", lineno + 1))?;
-        if rank >= 1 << 24 {
-            return Err(format!("line {}: rank {rank} is too large", lineno + 1));
-        }
-        if by_rank.len() <= rank {
-            by_rank.resize(rank + 1, None);
-        }
-        if by_rank[rank].replace(token).is_some() {
+        let Some(slot) = by_rank.get_mut(rank) else {
+            return Err(format!("line {}: rank {rank} is out of range (ranks must be 0..{entries})", lineno + 1));
+        };
+        if slot.replace(token).is_some() {
             return Err(format!("line {}: rank {rank} appears twice", lineno + 1));
         }
     }
