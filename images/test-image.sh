@@ -29,7 +29,7 @@ TOOLCHAIN=$(rustc --print sysroot)
 REGISTRY=${CARGO_HOME:-$HOME/.cargo}/registry
 SD=(--storage-driver vfs)
 PODMAN=(podman "${SD[@]}" --cgroup-manager cgroupfs --runtime runc)
-RUN_OPTS=(--rm --read-only --ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --tmpfs /cache:rw,mode=1777)
+RUN_OPTS=(--rm --read-only --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)   # /cache, /weights: anonymous volumes from the image (uid 65532)
 start=$(date +%s)
 step() { echo "== [$(( $(date +%s) - start ))s] $*"; }
 
@@ -42,6 +42,7 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
     step "debootstrap bookworm minbase -> $BASE"
     root=$(mktemp -d)
     debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >/dev/null
+    chmod 0755 "$root"   # mktemp made it 0700, and tar records / with that mode
     tar -C "$root" -c . | "${PODMAN[@]}" import - "$BASE" >/dev/null
     rm -rf "$root"
 fi
@@ -65,7 +66,7 @@ buildah "${SD[@]}" bud --isolation chroot --layers=false \
     -f "$HERE/server-cpu.Containerfile" \
     --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
     -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
-    -t "$IMAGE" "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 15
+    -t "$IMAGE" "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 40
 step "image: $("${PODMAN[@]}" image inspect "$IMAGE" --format '{{.Config.User}} {{.Config.Entrypoint}} {{.Config.Cmd}} {{.Size}} bytes')"
 
 step "podman run (read-only, uid 65532): deltafin --version"
@@ -94,8 +95,10 @@ done
 curl -sf http://127.0.0.1:18000/livez >/dev/null || { "${PODMAN[@]}" logs "$name" | tail; echo "/livez failed" >&2; exit 1; }
 [ "$code" = 200 ] || { "${PODMAN[@]}" logs "$name" | tail; echo "/readyz never 200 (last $code)" >&2; exit 1; }
 step "/livez 200, /readyz 200"
-resp=$(curl -sf http://127.0.0.1:18000/v1/chat/completions -H 'content-type: application/json' \
-    -d '{"model":"default","messages":[{"role":"user","content":"hi"}],"max_tokens":8}')
+model=$(curl -sf http://127.0.0.1:18000/v1/models | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+step "/v1/models: $model"
+resp=$(curl -s http://127.0.0.1:18000/v1/chat/completions -H 'content-type: application/json' \
+    -d "{\"model\":\"$model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8}")
 echo "$resp" | head -c 600; echo
 echo "$resp" | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["choices"][0]["message"]["role"]=="assistant"'
 step "chat completion OK"

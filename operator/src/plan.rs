@@ -337,11 +337,19 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
     }
 
     // Weights: the marker records the last complete install.
-    let installed = obs
-        .marker
-        .as_ref()
-        .and_then(Marker::from_config_map)
+    let marker = obs.marker.as_ref().and_then(Marker::from_config_map);
+    let installed = marker
+        .clone()
         .filter(|mk| mk.key == m.key && (mk.storage_uid.is_none() || mk.storage_uid == storage_uid));
+    // The claim the weights were written to was replaced (deleted and re-created): a finished
+    // setup Job describes the old volume, so it must run again.
+    let volume_replaced = storage_ready
+        && marker.as_ref().is_some_and(|mk| {
+            mk.key == m.key
+                && mk.storage_uid.is_some()
+                && storage_uid.is_some()
+                && mk.storage_uid != storage_uid
+        });
     let mut weights = WeightsStatus {
         key: Some(m.key.clone()),
         dir: Some(m.dir.clone()),
@@ -354,8 +362,22 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
     }
     let setup_name = names::setup_job(&m.name, &m.key);
     let setup = obs.jobs.iter().find(|j| j.name_any() == setup_name);
+    let mut setup_blocked = false;
+    if let Some(j) = setup
+        && (j.meta().deletion_timestamp.is_some() || volume_replaced && job_state(j) == JobState::Succeeded)
+    {
+        let msg = if j.meta().deletion_timestamp.is_none() {
+            b.writes.push(Write::DeleteJob(setup_name.clone()));
+            format!("the weights volume was replaced; setup Job {setup_name} runs again")
+        } else {
+            format!("waiting for the deleted setup Job {setup_name} to go away")
+        };
+        b.busy = true;
+        setup_blocked = true;
+        b.cond(WEIGHTS_READY, Status::False, "Downloading", msg);
+    }
     let mut verified = installed.clone();
-    if verified.is_none() && storage_ready {
+    if verified.is_none() && storage_ready && !setup_blocked {
         verified = plan_setup(b, m, setup, &setup_name, &mut weights, storage_uid.clone());
     }
     if let Some(mk) = &verified {

@@ -46,3 +46,45 @@ async fn readyz(State(s): State<WebState>) -> impl IntoResponse {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get(app: Router, path: &str) -> (StatusCode, String) {
+        let resp = app
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn health_and_metrics() {
+        let state = WebState {
+            metrics: Arc::new(Metrics::default()),
+            ready: Arc::new(AtomicBool::new(false)),
+        };
+        let app = router(state.clone());
+        assert_eq!(get(app.clone(), "/livez").await.0, StatusCode::OK);
+        assert_eq!(
+            get(app.clone(), "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state.ready.store(true, Ordering::SeqCst);
+        assert_eq!(get(app.clone(), "/readyz").await.0, StatusCode::OK);
+        drop(state.metrics.reconcile());
+        let (code, body) = get(app, "/metrics").await;
+        assert_eq!(code, StatusCode::OK);
+        assert!(
+            body.contains("deltafin_operator_reconciliations_total 1"),
+            "{body}"
+        );
+        assert!(body.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF");
+    }
+}

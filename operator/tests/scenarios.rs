@@ -672,3 +672,35 @@ async fn server_crash_is_reported_as_the_last_failure() {
     let f = w.cr(&name).unwrap().status.unwrap().last_failure.unwrap();
     assert_eq!((f.component.as_str(), f.reason.as_str()), ("server", "OOMKilled"));
 }
+
+#[tokio::test]
+async fn a_replaced_weights_volume_reruns_setup_instead_of_trusting_the_marker() {
+    let w = World::new(false);
+    let name = w.ready_model().await;
+    let setup = w.job_named("kimi-k2-setup-").pop().unwrap();
+    // Someone deletes the PVC and it is re-created empty (new uid).
+    w.fake
+        .state
+        .lock()
+        .unwrap()
+        .objects
+        .get_mut(&pvcs())
+        .unwrap()
+        .remove("kimi-k2-weights");
+    w.fake.put(
+        &pvcs(),
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": "kimi-k2-weights", "namespace": NS, "uid": "uid-new-claim"}, "spec": {}}),
+    );
+    let ws = writes(&w.reconcile(&name).await);
+    assert!(ws.contains(&format!("DELETE {}/{setup}", jobs())), "{ws:#?}");
+    assert!(
+        !ws.iter().any(|r| r.contains("/configmaps/")),
+        "marker not rewritten: {ws:#?}"
+    );
+    assert_eq!(w.condition(&name, "WeightsReady").0, "False");
+    assert!(w.fake.get(&jobs(), &setup).is_none());
+    // Next round: a fresh setup Job for the new volume.
+    let ws = writes(&w.reconcile(&name).await);
+    assert!(ws.contains(&format!("PATCH {}/{setup}", jobs())), "{ws:#?}");
+}
