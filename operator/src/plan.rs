@@ -4,8 +4,8 @@
 //!
 //! Order: resolve the spec -> storage (create the PVC, or wait for an existing claim) -> weights
 //! marker check -> setup Job (progress from its log; on success, write the marker) -> pre-flight
-//! Job when the spec's image differs from the image the marker records -> Service -> server
-//! Deployment with the verified image -> ServiceMonitor -> status. Every desired object carries
+//! Job when the spec's image differs from the image the marker records -> server Deployment with
+//! the verified image -> Service -> ServiceMonitor -> status. Every desired object carries
 //! a hash of itself; an object whose live hash matches is not written, so a reconcile that finds
 //! nothing changed issues no writes at all.
 
@@ -309,7 +309,6 @@ pub fn plan(cr: &DeltafinModel, settings: &Settings, obs: &Observed) -> Plan {
 
 fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, settings: &Settings) {
     let obs = b.obs;
-    b.status.endpoint = Some(EndpointStatus { url: m.url() });
 
     // Storage.
     let mut storage_ready = true;
@@ -432,13 +431,8 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
         }
     }
 
-    // Service first, so the endpoint resolves as soon as the server is ready.
-    let svc = resources::service(m);
-    if changed(&svc, obs.service.as_ref()) {
-        b.writes.push(Write::Apply(Child::Service(Box::new(svc))));
-    }
-
-    // Server.
+    // Server: Deployment, Service and ServiceMonitor exist once weights are installed. While a
+    // new install is in progress, the objects of the previous one are left as they are.
     let mut pending = false;
     if let Some(image) = &deploy_image {
         let d = resources::deployment(m, image);
@@ -446,21 +440,26 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
             pending = true;
             b.writes.push(Write::Apply(Child::Deployment(Box::new(d))));
         }
+        let svc = resources::service(m);
+        if changed(&svc, obs.service.as_ref()) {
+            b.writes.push(Write::Apply(Child::Service(Box::new(svc))));
+        }
+        if settings.service_monitors {
+            if m.cr.spec.metrics.service_monitor == ServiceMonitorMode::Auto {
+                let sm = resources::service_monitor(m);
+                if changed(&sm, obs.service_monitor.as_ref()) {
+                    b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
+                }
+            } else if let Some(sm) = &obs.service_monitor {
+                b.writes.push(Write::DeleteServiceMonitor(sm.name_any()));
+            }
+        }
         b.status.image = Some(image.clone());
     }
-    plan_server_status(b, m, deploy_image.is_some(), pending);
-
-    // ServiceMonitor.
-    if settings.service_monitors {
-        if m.cr.spec.metrics.service_monitor == ServiceMonitorMode::Auto {
-            let sm = resources::service_monitor(m);
-            if changed(&sm, obs.service_monitor.as_ref()) {
-                b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
-            }
-        } else if let Some(sm) = &obs.service_monitor {
-            b.writes.push(Write::DeleteServiceMonitor(sm.name_any()));
-        }
+    if deploy_image.is_some() || obs.service.is_some() {
+        b.status.endpoint = Some(EndpointStatus { url: m.url() });
     }
+    plan_server_status(b, m, deploy_image.is_some(), pending);
 
     // Summary.
     let weights_ok = verified.is_some();

@@ -204,7 +204,7 @@ async fn new_resource_gets_finalizer_then_pvc_and_setup_job() {
         Some(vec![names::FINALIZER.to_string()])
     );
 
-    // Second: PVC, setup Job, Service (server-side apply), status, events. No Deployment yet.
+    // Second: PVC, setup Job (server-side apply), status, events. No server objects yet.
     let reqs = w.reconcile("kimi-k2").await;
     let ws = writes(&reqs);
     let pvc_at = ws
@@ -220,9 +220,9 @@ async fn new_resource_gets_finalizer_then_pvc_and_setup_job() {
         .position(|r| r == &format!("PATCH {}/kimi-k2/status", models()))
         .expect("status");
     assert!(pvc_at < job_at && job_at < status_at, "{ws:#?}");
-    assert!(ws.contains(&format!("PATCH {}/kimi-k2", services())), "{ws:#?}");
     assert!(
-        !ws.iter().any(|r| r.contains("/deployments/")),
+        !ws.iter()
+            .any(|r| r.contains("/deployments/") || r.contains("/services/")),
         "no server before the weights: {ws:#?}"
     );
     assert!(
@@ -246,7 +246,7 @@ async fn new_resource_gets_finalizer_then_pvc_and_setup_job() {
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Downloading));
     let status = w.cr("kimi-k2").unwrap().status.unwrap();
     assert_eq!(status.observed_generation, Some(1));
-    assert_eq!(status.endpoint.unwrap().url, "http://kimi-k2.ai.svc:8000/v1");
+    assert!(status.endpoint.is_none(), "no URL before there is a Service");
     let job = w.job_named("kimi-k2-setup-").pop().unwrap();
     let j = w.fake.get(&jobs(), &job).unwrap();
     assert_eq!(j["metadata"]["ownerReferences"][0]["kind"], "DeltafinModel");
@@ -315,13 +315,20 @@ async fn job_done_creates_deployment_then_ready_and_a_second_reconcile_writes_no
         .iter()
         .position(|r| r == &format!("PATCH {}/kimi-k2", deployments()))
         .expect("deployment");
-    assert!(marker_at < deploy_at, "{ws:#?}");
+    let service_at = ws
+        .iter()
+        .position(|r| r == &format!("PATCH {}/kimi-k2", services()))
+        .expect("service");
+    assert!(marker_at < deploy_at && deploy_at < service_at, "{ws:#?}");
     let monitors = FakeApi::collection("monitoring.coreos.com/v1", NS, "servicemonitors");
-    let sm = w
-        .fake
-        .get(&monitors, "kimi-k2")
-        .expect("ServiceMonitor when the CRD is served");
+    assert!(
+        ws.contains(&format!("PATCH {monitors}/kimi-k2")),
+        "ServiceMonitor: {ws:#?}"
+    );
+    let sm = w.fake.get(&monitors, "kimi-k2").unwrap();
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "http");
+    let status = w.cr("kimi-k2").unwrap().status.unwrap();
+    assert_eq!(status.endpoint.unwrap().url, "http://kimi-k2.ai.svc:8000/v1");
     assert_eq!(w.condition("kimi-k2", "WeightsReady").0, "True");
     assert_eq!(w.condition("kimi-k2", "ServerReady").1, "Starting");
     let marker = w.fake.get(&configmaps(), "kimi-k2-weights").unwrap();
