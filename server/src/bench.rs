@@ -1,4 +1,6 @@
-//! `deltafin bench`: measurement programs (kernels and memory bandwidth).
+//! `deltafin bench`: measurement programs (kernels and memory bandwidth, serving throughput).
+
+use std::path::Path;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -19,10 +21,13 @@ enum BenchWhat {
         #[arg(long, env = "DELTAFIN_JSON")]
         json: bool,
     },
+    /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
-pub fn bench(args: BenchArgs) -> Result<()> {
+pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
+        BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
         BenchWhat::Kernels { json } => {
             let _ = json;
             anyhow::bail!("kernel benchmark not wired yet")

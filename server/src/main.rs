@@ -4,7 +4,9 @@
 //! usage errors exit 2.
 
 mod bench;
+mod bench_serve;
 mod run;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +34,8 @@ enum Command {
     Run(run::RunArgs),
     /// Measure kernels and memory bandwidth.
     Bench(bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,7 +47,8 @@ fn main() -> ExitCode {
     let cache_dir = cli.cache_dir.unwrap_or_else(default_cache_dir);
     let result = match cli.command {
         Command::Run(args) => run::run(args, &cache_dir),
-        Command::Bench(args) => bench::bench(args),
+        Command::Bench(args) => bench::bench(args, &cache_dir),
+        Command::Serve(args) => serve::serve(args, &cache_dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

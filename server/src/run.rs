@@ -55,7 +55,7 @@ pub struct RunArgs {
 }
 
 /// The model directory to use, generating the built-in default if needed.
-fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
     if let Some(dir) = model {
         return Ok(dir);
     }

@@ -59,6 +59,7 @@ impl<S: Reusable> StateCache<S> {
         StateCache { entries: VecDeque::new(), max_entries, max_bytes, min_prefix: min_prefix.max(1) }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
