@@ -15,7 +15,9 @@ use crate::state::AppState;
 
 /// Whether `header` (an `Authorization` value) carries `key`.
 pub fn authorized(header: Option<&[u8]>, key: &str) -> bool {
-    let given = header.and_then(|h| h.strip_prefix(b"Bearer ")).unwrap_or_default();
+    let given = header
+        .and_then(|h| h.strip_prefix(b"Bearer "))
+        .unwrap_or_default();
     bool::from(given.ct_eq(key.as_bytes()))
 }
 
@@ -42,8 +44,19 @@ mod tests {
     #[test]
     fn only_the_exact_bearer_key_passes() {
         assert!(authorized(Some(b"Bearer s3cret"), "s3cret"));
-        for bad in [&b"Bearer s3cre"[..], b"Bearer s3cret2", b"bearer s3cret", b"s3cret", b"Bearer ", b""] {
-            assert!(!authorized(Some(bad), "s3cret"), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"Bearer s3cre"[..],
+            b"Bearer s3cret2",
+            b"bearer s3cret",
+            b"s3cret",
+            b"Bearer ",
+            b"",
+        ] {
+            assert!(
+                !authorized(Some(bad), "s3cret"),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         assert!(!authorized(None, "s3cret"));
     }

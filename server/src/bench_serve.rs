@@ -21,7 +21,12 @@ pub struct ServeBenchArgs {
     #[arg(long, env = "DELTAFIN_MODEL")]
     model: Option<PathBuf>,
     /// Concurrency levels to measure.
-    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',', env = "DELTAFIN_STREAMS")]
+    #[arg(
+        long,
+        default_value = "1,2,4,8",
+        value_delimiter = ',',
+        env = "DELTAFIN_STREAMS"
+    )]
     streams: Vec<usize>,
     /// Tokens generated per stream.
     #[arg(long, default_value_t = 48, env = "DELTAFIN_TOKENS")]
@@ -47,11 +52,18 @@ struct Level {
 }
 
 fn prompt(len: usize, salt: usize, vocab: usize) -> Vec<u32> {
-    (0..len).map(|i| ((i * 31 + salt * 97 + 7) % vocab.min(256)) as u32).collect()
+    (0..len)
+        .map(|i| ((i * 31 + salt * 97 + 7) % vocab.min(256)) as u32)
+        .collect()
 }
 
 /// Run `streams` requests at once; returns the token timestamps of each.
-fn run_level(handle: &scheduler::SchedulerHandle, streams: usize, args: &ServeBenchArgs, vocab: usize) -> Result<Vec<Vec<Instant>>> {
+fn run_level(
+    handle: &scheduler::SchedulerHandle,
+    streams: usize,
+    args: &ServeBenchArgs,
+    vocab: usize,
+) -> Result<Vec<Vec<Instant>>> {
     let mut receivers = Vec::new();
     for s in 0..streams {
         let (tx, rx) = mpsc::channel();
@@ -62,14 +74,19 @@ fn run_level(handle: &scheduler::SchedulerHandle, streams: usize, args: &ServeBe
             stop_ids: Vec::new(),
             reuse_state: false,
         };
-        handle.submit(req, Box::new(tx)).map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+        handle
+            .submit(req, Box::new(tx))
+            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
         receivers.push(rx);
     }
     let mut times = Vec::new();
     for rx in receivers {
         let mut t = Vec::new();
         loop {
-            match rx.recv_timeout(Duration::from_secs(600)).context("waiting for tokens")? {
+            match rx
+                .recv_timeout(Duration::from_secs(600))
+                .context("waiting for tokens")?
+            {
                 Event::Token(_) => t.push(Instant::now()),
                 Event::Done(_) => break,
                 Event::Failed { message, .. } => anyhow::bail!("generation failed: {message}"),
@@ -83,11 +100,17 @@ fn run_level(handle: &scheduler::SchedulerHandle, streams: usize, args: &ServeBe
 
 /// Tokens per second inside the window where every stream was past its first token.
 fn window_rate(times: &[Vec<Instant>]) -> f64 {
-    let (Some(start), Some(end)) = (times.iter().filter_map(|t| t.first()).max(), times.iter().filter_map(|t| t.last()).min())
-    else {
+    let (Some(start), Some(end)) = (
+        times.iter().filter_map(|t| t.first()).max(),
+        times.iter().filter_map(|t| t.last()).min(),
+    ) else {
         return 0.0;
     };
-    let tokens = times.iter().flatten().filter(|&&t| t > *start && t <= *end).count();
+    let tokens = times
+        .iter()
+        .flatten()
+        .filter(|&&t| t > *start && t <= *end)
+        .count();
     let secs = end.saturating_duration_since(*start).as_secs_f64();
     if secs > 0.0 { tokens as f64 / secs } else { 0.0 }
 }
@@ -97,7 +120,12 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     let model = arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
     let vocab = model.info().vocab_size;
     let max = args.streams.iter().copied().max().unwrap_or(1).max(1);
-    let cfg = SchedulerConfig { max_batch: max, max_queue: max, state_cache_entries: 0, ..Default::default() };
+    let cfg = SchedulerConfig {
+        max_batch: max,
+        max_queue: max,
+        state_cache_entries: 0,
+        ..Default::default()
+    };
     let (handle, _thread) = scheduler::start(model, cfg)?;
     run_level(&handle, 1, &args, vocab)?; // warm-up
     let mut levels = Vec::new();
@@ -116,10 +144,16 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
         });
     }
     if args.json {
-        println!("{}", serde_json::json!({"model": dir, "tokens_per_stream": args.tokens, "levels": levels}));
+        println!(
+            "{}",
+            serde_json::json!({"model": dir, "tokens_per_stream": args.tokens, "levels": levels})
+        );
     } else {
         println!("model: {}", dir.display());
-        println!("{:>8} {:>14} {:>14} {:>10}", "streams", "aggregate t/s", "per-stream t/s", "rows/pass");
+        println!(
+            "{:>8} {:>14} {:>14} {:>10}",
+            "streams", "aggregate t/s", "per-stream t/s", "rows/pass"
+        );
         for l in &levels {
             println!(
                 "{:>8} {:>14.1} {:>14.1} {:>10.2}",

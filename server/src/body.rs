@@ -25,6 +25,8 @@ impl FromRequest<AppState> for JsonBody {
                 ApiError::InvalidJson(e.body_text())
             }
         })?;
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::InvalidJson(e.to_string()))
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::InvalidJson(e.to_string()))
     }
 }

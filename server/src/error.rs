@@ -22,7 +22,11 @@ pub enum ApiError {
     Unsupported { param: String, message: String },
     /// Prompt (plus requested output) longer than the context limit.
     #[error("the prompt has {needed} tokens but the context limit is {limit} tokens")]
-    ContextLength { param: &'static str, needed: usize, limit: usize },
+    ContextLength {
+        param: &'static str,
+        needed: usize,
+        limit: usize,
+    },
     /// Missing or wrong bearer API key.
     #[error("missing or incorrect API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
@@ -55,12 +59,18 @@ pub enum ApiError {
 impl ApiError {
     /// An invalid field.
     pub fn field(param: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError::InvalidField { param: param.into(), message: message.into() }
+        ApiError::InvalidField {
+            param: param.into(),
+            message: message.into(),
+        }
     }
 
     /// An unsupported field.
     pub fn unsupported(param: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError::Unsupported { param: param.into(), message: message.into() }
+        ApiError::Unsupported {
+            param: param.into(),
+            message: message.into(),
+        }
     }
 
     /// The HTTP status.
@@ -92,9 +102,19 @@ impl ApiError {
     fn kind(&self) -> (&'static str, Option<&str>, Option<&'static str>) {
         match self {
             ApiError::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
-            ApiError::InvalidField { param, .. } => ("invalid_request_error", Some(param), Some("invalid_value")),
-            ApiError::Unsupported { param, .. } => ("invalid_request_error", Some(param), Some("unsupported_parameter")),
-            ApiError::ContextLength { param, .. } => ("invalid_request_error", Some(param), Some("context_length_exceeded")),
+            ApiError::InvalidField { param, .. } => {
+                ("invalid_request_error", Some(param), Some("invalid_value"))
+            }
+            ApiError::Unsupported { param, .. } => (
+                "invalid_request_error",
+                Some(param),
+                Some("unsupported_parameter"),
+            ),
+            ApiError::ContextLength { param, .. } => (
+                "invalid_request_error",
+                Some(param),
+                Some("context_length_exceeded"),
+            ),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model"), Some("model_not_found")),
             ApiError::NotFound(_) => ("invalid_request_error", None, Some("not_found")),
@@ -117,10 +137,17 @@ impl ApiError {
 impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
-            SubmitError::Busy { in_flight, .. } => ApiError::Busy { in_flight, retry_after: 1 },
+            SubmitError::Busy { in_flight, .. } => ApiError::Busy {
+                in_flight,
+                retry_after: 1,
+            },
             SubmitError::Stopped => ApiError::ShuttingDown,
             SubmitError::Invalid(deltafin_engine::Error::ContextOverflow { needed, limit }) => {
-                ApiError::ContextLength { param: "messages", needed, limit }
+                ApiError::ContextLength {
+                    param: "messages",
+                    needed,
+                    limit,
+                }
             }
             SubmitError::Invalid(deltafin_engine::Error::InvalidArgument { field, reason }) => {
                 ApiError::field(field, format!("`{field}` {reason}"))
@@ -164,14 +191,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(e.body(), expected);
-        assert_eq!(ApiError::Busy { in_flight: 3, retry_after: 1 }.outcome(), "busy");
+        assert_eq!(
+            ApiError::Busy {
+                in_flight: 3,
+                retry_after: 1
+            }
+            .outcome(),
+            "busy"
+        );
         assert_eq!(ApiError::PayloadTooLarge { limit: 1 }.outcome(), "invalid");
         assert_eq!(ApiError::Internal("x").outcome(), "error");
     }
 
     #[test]
     fn busy_sets_retry_after_and_unauthorized_sets_www_authenticate() {
-        let r = ApiError::Busy { in_flight: 2, retry_after: 1 }.into_response();
+        let r = ApiError::Busy {
+            in_flight: 2,
+            retry_after: 1,
+        }
+        .into_response();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         let r = ApiError::Unauthorized.into_response();

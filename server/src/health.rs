@@ -19,7 +19,10 @@ pub async fn livez() -> Json<serde_json::Value> {
 pub async fn readyz(State(app): State<AppState>) -> Response {
     match app.loaded() {
         Ok(_) => Json(json!({"status": "ready"})).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable", "reason": e.to_string()})))
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "reason": e.to_string()})),
+        )
             .into_response(),
     }
 }
@@ -28,5 +31,9 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let engine = app.loaded_any().map(|l| l.engine.stats().snapshot());
     let text = app.metrics().render(engine, app.expert_io());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
 }

@@ -12,20 +12,23 @@ use std::time::Instant;
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource, StatsSnapshot};
 
 /// Time to first token (seconds).
-pub const TTFT_BUCKETS: &[f64] =
-    &[0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0, 2560.0, 5120.0, 10240.0];
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0, 2560.0, 5120.0, 10240.0,
+];
 /// Inter-token latency (seconds).
 pub const ITL_BUCKETS: &[f64] = &[
-    0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+    0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
+    120.0,
 ];
 /// End-to-end latency (seconds): 1 … 65536 doubling, then 86400.
 pub const E2E_BUCKETS: &[f64] = &[
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
-    65536.0, 86400.0,
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+    32768.0, 65536.0, 86400.0,
 ];
 /// Expert fetch time (seconds).
-pub const FETCH_BUCKETS: &[f64] =
-    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub const FETCH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// The API endpoint a request used (`endpoint` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +63,12 @@ struct Histogram {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
     }
 
     fn observe(&mut self, v: f64) {
@@ -137,7 +145,10 @@ impl Metrics {
             generation_tokens: [0; 3],
             model_load_seconds: None,
         };
-        Metrics { inner: Mutex::new(inner), build }
+        Metrics {
+            inner: Mutex::new(inner),
+            build,
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
@@ -158,20 +169,53 @@ impl Metrics {
     pub fn render(&self, engine: Option<StatsSnapshot>, io: &ExpertIoStats) -> String {
         let mut out = String::with_capacity(8192);
         self.with(|m| {
-            m.ttft.render(&mut out, "deltafin_time_to_first_token_seconds", "Time from request arrival to the first generated token.");
-            m.itl.render(&mut out, "deltafin_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
-            m.e2e.render(&mut out, "deltafin_e2e_request_latency_seconds", "Time from request arrival to its last byte of output.");
-            m.fetch.render(&mut out, "deltafin_expert_fetch_seconds", "Time to fetch one expert that missed the cache.");
-            header(&mut out, "deltafin_requests_total", "Requests by endpoint and outcome.", "counter");
+            m.ttft.render(
+                &mut out,
+                "deltafin_time_to_first_token_seconds",
+                "Time from request arrival to the first generated token.",
+            );
+            m.itl.render(
+                &mut out,
+                "deltafin_inter_token_latency_seconds",
+                "Time between consecutive generated tokens of a request.",
+            );
+            m.e2e.render(
+                &mut out,
+                "deltafin_e2e_request_latency_seconds",
+                "Time from request arrival to its last byte of output.",
+            );
+            m.fetch.render(
+                &mut out,
+                "deltafin_expert_fetch_seconds",
+                "Time to fetch one expert that missed the cache.",
+            );
+            header(
+                &mut out,
+                "deltafin_requests_total",
+                "Requests by endpoint and outcome.",
+                "counter",
+            );
             for e in Endpoint::ALL {
                 for (o, outcome) in OUTCOMES.iter().enumerate() {
                     let n = m.requests[e as usize][o];
-                    let _ = writeln!(out, "deltafin_requests_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} {n}", e.label());
+                    let _ = writeln!(
+                        out,
+                        "deltafin_requests_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} {n}",
+                        e.label()
+                    );
                 }
             }
             let per_endpoint = [
-                ("deltafin_prompt_tokens_total", "Prompt tokens of finished requests.", &m.prompt_tokens),
-                ("deltafin_generation_tokens_total", "Generated tokens delivered to clients.", &m.generation_tokens),
+                (
+                    "deltafin_prompt_tokens_total",
+                    "Prompt tokens of finished requests.",
+                    &m.prompt_tokens,
+                ),
+                (
+                    "deltafin_generation_tokens_total",
+                    "Generated tokens delivered to clients.",
+                    &m.generation_tokens,
+                ),
             ];
             for (name, help, values) in per_endpoint {
                 header(&mut out, name, help, "counter");
@@ -179,13 +223,27 @@ impl Metrics {
                     let _ = writeln!(out, "{name}{{endpoint=\"{}\"}} {}", e.label(), values[e as usize]);
                 }
             }
-            header(&mut out, "deltafin_model_load_seconds", "Seconds the model took to load.", "gauge");
-            let _ = writeln!(out, "deltafin_model_load_seconds {}", m.model_load_seconds.unwrap_or(0.0));
+            header(
+                &mut out,
+                "deltafin_model_load_seconds",
+                "Seconds the model took to load.",
+                "gauge",
+            );
+            let _ = writeln!(
+                out,
+                "deltafin_model_load_seconds {}",
+                m.model_load_seconds.unwrap_or(0.0)
+            );
         });
         self.render_engine(&mut out, engine.unwrap_or_default());
         render_io(&mut out, io);
         let b = &self.build;
-        header(&mut out, "deltafin_build_info", "Build and model facts (value is always 1).", "gauge");
+        header(
+            &mut out,
+            "deltafin_build_info",
+            "Build and model facts (value is always 1).",
+            "gauge",
+        );
         let _ = writeln!(
             out,
             "deltafin_build_info{{version=\"{}\",device=\"{}\",spine=\"{}\",exact=\"{}\"}} 1",
@@ -199,8 +257,16 @@ impl Metrics {
 
     fn render_engine(&self, out: &mut String, s: StatsSnapshot) {
         let gauges = [
-            ("deltafin_requests_running", "Requests in the running batch.", s.running),
-            ("deltafin_requests_waiting", "Accepted requests queued for a batch slot (queue depth).", s.waiting),
+            (
+                "deltafin_requests_running",
+                "Requests in the running batch.",
+                s.running,
+            ),
+            (
+                "deltafin_requests_waiting",
+                "Accepted requests queued for a batch slot (queue depth).",
+                s.waiting,
+            ),
         ];
         for (name, help, v) in gauges {
             header(out, name, help, "gauge");
@@ -208,35 +274,82 @@ impl Metrics {
         }
         let counters = [
             ("deltafin_engine_steps_total", "Batched model passes.", s.steps),
-            ("deltafin_engine_batch_rows_total", "Token rows computed over all passes.", s.rows),
-            ("deltafin_engine_prefill_tokens_total", "Prompt tokens computed by prefill.", s.prefilled),
-            ("deltafin_engine_cancelled_total", "Requests whose client went away before they finished.", s.cancelled),
-            ("deltafin_state_reuse_tokens_total", "Prompt tokens taken from a reused conversation state.", s.reused_tokens),
+            (
+                "deltafin_engine_batch_rows_total",
+                "Token rows computed over all passes.",
+                s.rows,
+            ),
+            (
+                "deltafin_engine_prefill_tokens_total",
+                "Prompt tokens computed by prefill.",
+                s.prefilled,
+            ),
+            (
+                "deltafin_engine_cancelled_total",
+                "Requests whose client went away before they finished.",
+                s.cancelled,
+            ),
+            (
+                "deltafin_state_reuse_tokens_total",
+                "Prompt tokens taken from a reused conversation state.",
+                s.reused_tokens,
+            ),
         ];
         for (name, help, v) in counters {
             header(out, name, help, "counter");
             let _ = writeln!(out, "{name} {v}");
         }
-        header(out, "deltafin_state_reuse_total", "Conversation-state reuse lookups.", "counter");
-        let _ = writeln!(out, "deltafin_state_reuse_total{{result=\"hit\"}} {}", s.reuse_hits);
-        let _ = writeln!(out, "deltafin_state_reuse_total{{result=\"miss\"}} {}", s.reuse_misses);
+        header(
+            out,
+            "deltafin_state_reuse_total",
+            "Conversation-state reuse lookups.",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "deltafin_state_reuse_total{{result=\"hit\"}} {}",
+            s.reuse_hits
+        );
+        let _ = writeln!(
+            out,
+            "deltafin_state_reuse_total{{result=\"miss\"}} {}",
+            s.reuse_misses
+        );
     }
 }
 
 fn render_io(out: &mut String, io: &ExpertIoStats) {
     let series = [
         ("deltafin_expert_reads_total", "Routed-expert reads by source.", 0),
-        ("deltafin_expert_read_bytes_total", "Routed-expert bytes read by source.", 1),
+        (
+            "deltafin_expert_read_bytes_total",
+            "Routed-expert bytes read by source.",
+            1,
+        ),
     ];
     for (name, help, which) in series {
         header(out, name, help, "counter");
         for s in ExpertSource::ALL {
             let (reads, bytes) = io.get(s);
-            let _ = writeln!(out, "{name}{{source=\"{}\"}} {}", s.label(), if which == 0 { reads } else { bytes });
+            let _ = writeln!(
+                out,
+                "{name}{{source=\"{}\"}} {}",
+                s.label(),
+                if which == 0 { reads } else { bytes }
+            );
         }
     }
-    header(out, "deltafin_expert_cache_hit_ratio", "Fraction of expert reads served from memory (NaN before any read).", "gauge");
-    let _ = writeln!(out, "deltafin_expert_cache_hit_ratio {}", io.hit_ratio().map_or("NaN".to_string(), |r| r.to_string()));
+    header(
+        out,
+        "deltafin_expert_cache_hit_ratio",
+        "Fraction of expert reads served from memory (NaN before any read).",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "deltafin_expert_cache_hit_ratio {}",
+        io.hit_ratio().map_or("NaN".to_string(), |r| r.to_string())
+    );
 }
 
 /// Records one generation request's latencies and tokens; its `Drop` records the outcome
@@ -252,7 +365,13 @@ pub struct RequestTimer {
 
 impl RequestTimer {
     pub fn new(metrics: Arc<Metrics>, endpoint: Endpoint, start: Instant) -> Self {
-        RequestTimer { metrics, endpoint, start, last_token: None, outcome: None }
+        RequestTimer {
+            metrics,
+            endpoint,
+            start,
+            last_token: None,
+            outcome: None,
+        }
     }
 
     /// A token reached the client side of the engine.
@@ -297,7 +416,12 @@ mod tests {
     use super::*;
 
     fn metrics() -> Metrics {
-        Metrics::new(BuildInfo { version: "0.1.0".into(), device: "cpu".into(), spine: "bf16".into(), exact: true })
+        Metrics::new(BuildInfo {
+            version: "0.1.0".into(),
+            device: "cpu".into(),
+            spine: "bf16".into(),
+            exact: true,
+        })
     }
 
     #[test]
@@ -322,7 +446,9 @@ mod tests {
             t.finish("success", 7);
         }
         let text = m.render(None, &ExpertIoStats::default());
-        assert!(text.contains("deltafin_requests_total{endpoint=\"chat_completions\",outcome=\"cancelled\"} 1"));
+        assert!(
+            text.contains("deltafin_requests_total{endpoint=\"chat_completions\",outcome=\"cancelled\"} 1")
+        );
         assert!(text.contains("deltafin_requests_total{endpoint=\"completions\",outcome=\"success\"} 1"));
         assert!(text.contains("deltafin_generation_tokens_total{endpoint=\"chat_completions\"} 2"));
         assert!(text.contains("deltafin_prompt_tokens_total{endpoint=\"completions\"} 7"));
@@ -330,7 +456,9 @@ mod tests {
         assert!(text.contains("deltafin_inter_token_latency_seconds_count 1"));
         assert!(text.contains("deltafin_e2e_request_latency_seconds_count 1"));
         assert!(text.contains("deltafin_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));
-        assert!(text.contains("deltafin_build_info{version=\"0.1.0\",device=\"cpu\",spine=\"bf16\",exact=\"true\"} 1"));
+        assert!(text.contains(
+            "deltafin_build_info{version=\"0.1.0\",device=\"cpu\",spine=\"bf16\",exact=\"true\"} 1"
+        ));
     }
 
     #[test]

@@ -13,7 +13,12 @@ use crate::openai::output::think_markers;
 use crate::state::Loaded;
 
 /// Special tokens that end an assistant turn in the chat formats we know.
-const END_OF_TURN: [&str; 4] = ["<|im_end|>", "<|end_of_msg|>", "<|eot_id|>", "<|end▁of▁sentence|>"];
+const END_OF_TURN: [&str; 4] = [
+    "<|im_end|>",
+    "<|end_of_msg|>",
+    "<|eot_id|>",
+    "<|end▁of▁sentence|>",
+];
 
 /// Why the model could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +32,11 @@ pub enum LoadError {
 }
 
 /// Load `dir` and start its engine loop.
-pub fn load(dir: &Path, model_id: String, cfg: SchedulerConfig) -> Result<(Loaded, JoinHandle<()>), LoadError> {
+pub fn load(
+    dir: &Path,
+    model_id: String,
+    cfg: SchedulerConfig,
+) -> Result<(Loaded, JoinHandle<()>), LoadError> {
     let model = arch::load(dir).map_err(LoadError::Model)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(dir).map_err(LoadError::Tokenizer)?);
     let stop_ids = stop_ids(dir, model.info(), &tokenizer);
@@ -39,8 +48,19 @@ pub fn load(dir: &Path, model_id: String, cfg: SchedulerConfig) -> Result<(Loade
     let bos = model.info().bos_token_id.or(tokenizer.bos_id());
     let think = think_markers(&tokenizer);
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let loaded = Loaded { tokenizer, engine, model_id, created, stop_ids, chat_stop_ids, think, bos };
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let loaded = Loaded {
+        tokenizer,
+        engine,
+        model_id,
+        created,
+        stop_ids,
+        chat_stop_ids,
+        think,
+        bos,
+    };
     Ok((loaded, thread))
 }
 
@@ -64,5 +84,9 @@ pub fn stop_ids(dir: &Path, info: &ModelInfo, tokenizer: &Tokenizer) -> Vec<u32>
 
 /// The served model id for `dir`: its directory name.
 pub fn default_model_id(dir: &Path) -> String {
-    dir.file_name().and_then(|n| n.to_str()).filter(|n| !n.is_empty()).unwrap_or("deltafin").to_string()
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("deltafin")
+        .to_string()
 }

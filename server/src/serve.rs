@@ -68,11 +68,13 @@ pub struct ServeArgs {
 }
 
 fn seconds(v: f64, flag: &str) -> Result<Duration> {
-    Duration::try_from_secs_f64(v).map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
 }
 
 fn read_key(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading --api-key-file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --api-key-file {}", path.display()))?;
     let key = text.trim().to_string();
     anyhow::ensure!(!key.is_empty(), "--api-key-file {} is empty", path.display());
     Ok(key)
@@ -82,9 +84,15 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
     anyhow::ensure!(args.max_tokens > 0, "--max-tokens must be at least 1");
     anyhow::ensure!(args.max_batch > 0, "--max-batch must be at least 1");
     let keep_alive = seconds(args.sse_keep_alive, "sse-keep-alive")?;
-    anyhow::ensure!(keep_alive >= Duration::from_millis(10), "--sse-keep-alive must be at least 0.01 s");
+    anyhow::ensure!(
+        keep_alive >= Duration::from_millis(10),
+        "--sse-keep-alive must be at least 0.01 s"
+    );
     Ok(ServerConfig {
-        limits: Limits { max_tokens: args.max_tokens, default_completion_tokens: 16 },
+        limits: Limits {
+            max_tokens: args.max_tokens,
+            default_completion_tokens: 16,
+        },
         max_request_bytes: args.max_request_bytes,
         api_key: args.api_key_file.as_deref().map(read_key).transpose()?,
         keep_alive,
@@ -105,11 +113,17 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
 }
 
 pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
     let config = server_config(&args)?;
     let deadline = seconds(args.shutdown_timeout, "shutdown-timeout")?;
     let dir = crate::run::resolve_model(args.model.clone(), cache_dir)?;
-    let model_id = args.served_model_name.clone().unwrap_or_else(|| model::default_model_id(&dir));
+    let model_id = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| model::default_model_id(&dir));
     let build = BuildInfo {
         version: env!("CARGO_PKG_VERSION").into(),
         device: "cpu".into(),
@@ -118,7 +132,10 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
     };
     let metrics = Arc::new(Metrics::new(build));
     let state = AppState::new(config, metrics.clone(), Arc::new(ExpertIoStats::default()));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()

@@ -59,7 +59,10 @@ pub async fn serve(
     if let Ok(r) = tokio::time::timeout(deadline, &mut server).await {
         return r.unwrap_or(Ok(()));
     }
-    tracing::warn!(deadline_secs = deadline.as_secs_f64(), "drain deadline passed: cancelling in-flight requests");
+    tracing::warn!(
+        deadline_secs = deadline.as_secs_f64(),
+        "drain deadline passed: cancelling in-flight requests"
+    );
     if let Some(loaded) = state.loaded_any() {
         loaded.engine.cancel_all();
     }

@@ -62,7 +62,13 @@ pub struct AppState(Arc<Shared>);
 
 impl AppState {
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>, expert_io: Arc<ExpertIoStats>) -> Self {
-        AppState(Arc::new(Shared { config, metrics, expert_io, loaded: OnceLock::new(), draining: AtomicBool::new(false) }))
+        AppState(Arc::new(Shared {
+            config,
+            metrics,
+            expert_io,
+            loaded: OnceLock::new(),
+            draining: AtomicBool::new(false),
+        }))
     }
 
     pub fn config(&self) -> &ServerConfig {

@@ -19,8 +19,13 @@ fn openai_client_suite() {
     DeepseekSynth::tiny(ExpertFormat::Bf16).write(&model).unwrap();
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
-    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"])
-        .args(std::env::var("DELTAFIN_PYTEST_ARGS").ok().iter().flat_map(|a| a.split_whitespace()))
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(
+            std::env::var("DELTAFIN_PYTEST_ARGS")
+                .ok()
+                .iter()
+                .flat_map(|a| a.split_whitespace()),
+        )
         .current_dir(&suite)
         .env("DELTAFIN_BIN", env!("CARGO_BIN_EXE_deltafin"))
         .env("DELTAFIN_TEST_MODEL", &model);

@@ -61,8 +61,15 @@ fn request(s: &Server, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut raw = Vec::new();
     let _ = conn.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -87,14 +94,22 @@ fn the_real_server_answers_over_http() {
     assert_eq!(v["object"], "chat.completion");
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 5);
     let again = request(&s, "POST", "/v1/chat/completions", chat.to_string().as_bytes()).1;
-    assert_eq!(json_body(&again)["choices"], v["choices"], "greedy is reproducible");
+    assert_eq!(
+        json_body(&again)["choices"],
+        v["choices"],
+        "greedy is reproducible"
+    );
     let stream = json!({"prompt": "abc", "max_tokens": 3, "stream": true, "temperature": 0});
     let (status, body) = request(&s, "POST", "/v1/completions", stream.to_string().as_bytes());
     assert_eq!(status, 200);
     assert!(body.contains("data: [DONE]"), "{body}");
     for (path, body, want) in [
         ("/v1/chat/completions", &b"{not json"[..], 400),
-        ("/v1/chat/completions", &br#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#[..], 400),
+        (
+            "/v1/chat/completions",
+            &br#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#[..],
+            400,
+        ),
         ("/v1/completions", &[b'"'; 5000][..], 413),
         ("/v1/nothing", &b"{}"[..], 404),
     ] {
@@ -103,5 +118,8 @@ fn the_real_server_answers_over_http() {
         assert!(json_body(&text)["error"]["message"].is_string(), "{text}");
     }
     let (_, metrics) = request(&s, "GET", "/metrics", b"");
-    assert!(metrics.contains("deltafin_requests_total{endpoint=\"chat_completions\",outcome=\"success\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("deltafin_requests_total{endpoint=\"chat_completions\",outcome=\"success\"} 2"),
+        "{metrics}"
+    );
 }

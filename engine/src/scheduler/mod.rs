@@ -28,9 +28,9 @@ use std::time::Duration;
 
 pub use stats::{ExpertIoStats, ExpertSource, SchedulerStats, StatsSnapshot};
 
-pub use crate::generate::FinishReason;
 use crate::arch::Model;
 use crate::error::Error;
+pub use crate::generate::FinishReason;
 use crate::generate::Sampling;
 
 /// A validated generation request, in token ids.
@@ -64,11 +64,16 @@ pub struct Completion {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The request left the queue; `cached_tokens` prompt tokens come from a reused state.
-    Started { cached_tokens: usize },
+    Started {
+        cached_tokens: usize,
+    },
     Token(u32),
     Done(Completion),
     /// The pass failed or the engine is shutting down. `kind` is a stable label.
-    Failed { kind: &'static str, message: String },
+    Failed {
+        kind: &'static str,
+        message: String,
+    },
 }
 
 /// Where a request's events go. Implemented by the server over its async channels.
@@ -193,30 +198,54 @@ impl SchedulerHandle {
     /// Queue `req`; its events go to `sink`. Fails at once when full or invalid.
     pub fn submit(&self, req: GenRequest, sink: Box<dyn EventSink>) -> Result<(), SubmitError> {
         self.check(&req)?;
-        let taken = self.stats.in_flight.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-            (n < self.capacity).then_some(n + 1)
-        });
+        let taken = self
+            .stats
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
         if let Err(in_flight) = taken {
-            return Err(SubmitError::Busy { in_flight, capacity: self.capacity });
+            return Err(SubmitError::Busy {
+                in_flight,
+                capacity: self.capacity,
+            });
         }
-        let job = Job { req, sink, _slot: Slot(self.stats.clone()) };
-        self.tx.send(Command::Submit(job)).map_err(|_| SubmitError::Stopped)
+        let job = Job {
+            req,
+            sink,
+            _slot: Slot(self.stats.clone()),
+        };
+        self.tx
+            .send(Command::Submit(job))
+            .map_err(|_| SubmitError::Stopped)
     }
 
     fn check(&self, req: &GenRequest) -> Result<(), Error> {
         if req.prompt.is_empty() {
-            return Err(Error::InvalidArgument { field: "prompt", reason: "must contain at least one token".into() });
+            return Err(Error::InvalidArgument {
+                field: "prompt",
+                reason: "must contain at least one token".into(),
+            });
         }
         if req.max_new_tokens == 0 {
-            return Err(Error::InvalidArgument { field: "max_tokens", reason: "must be at least 1".into() });
+            return Err(Error::InvalidArgument {
+                field: "max_tokens",
+                reason: "must be at least 1".into(),
+            });
         }
         if req.prompt.len() > self.context_limit {
-            return Err(Error::ContextOverflow { needed: req.prompt.len(), limit: self.context_limit });
+            return Err(Error::ContextOverflow {
+                needed: req.prompt.len(),
+                limit: self.context_limit,
+            });
         }
         if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(Error::InvalidArgument {
                 field: "prompt",
-                reason: format!("token id {bad} is outside the vocabulary (size {})", self.vocab_size),
+                reason: format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    self.vocab_size
+                ),
             });
         }
         Ok(())
@@ -245,11 +274,17 @@ impl SchedulerHandle {
 
 /// Start the engine loop on its own thread. It ends when every handle is dropped and its work
 /// is done.
-pub fn start(model: Box<dyn Model>, cfg: SchedulerConfig) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
+pub fn start(
+    model: Box<dyn Model>,
+    cfg: SchedulerConfig,
+) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(SchedulerStats::default());
     let info = model.info();
-    let context_limit = cfg.context_limit.map_or(info.max_context, |l| l.min(info.max_context)).max(1);
+    let context_limit = cfg
+        .context_limit
+        .map_or(info.max_context, |l| l.min(info.max_context))
+        .max(1);
     let handle = SchedulerHandle {
         tx,
         stats: stats.clone(),
@@ -258,7 +293,9 @@ pub fn start(model: Box<dyn Model>, cfg: SchedulerConfig) -> std::io::Result<(Sc
         vocab_size: info.vocab_size,
     };
     let worker = worker::Worker::new(model, cfg, rx, stats, context_limit);
-    let thread = std::thread::Builder::new().name("deltafin-engine".into()).spawn(move || worker.run())?;
+    let thread = std::thread::Builder::new()
+        .name("deltafin-engine".into())
+        .spawn(move || worker.run())?;
     Ok((handle, thread))
 }
 

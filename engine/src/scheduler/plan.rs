@@ -34,11 +34,21 @@ pub(crate) fn plan_step(phases: &[Phase], prefill_budget: usize) -> Vec<Work> {
     let mut works = Vec::with_capacity(phases.len());
     for (seq, phase) in phases.iter().enumerate() {
         match *phase {
-            Phase::Decode => works.push(Work { seq, start: 0, len: 1, logits: true }),
+            Phase::Decode => works.push(Work {
+                seq,
+                start: 0,
+                len: 1,
+                logits: true,
+            }),
             Phase::Prefill { done, total } if done < total && budget > 0 => {
                 let len = (total - done).min(budget);
                 budget -= len;
-                works.push(Work { seq, start: done, len, logits: done + len == total });
+                works.push(Work {
+                    seq,
+                    start: done,
+                    len,
+                    logits: done + len == total,
+                });
             }
             Phase::Prefill { .. } => {}
         }
@@ -62,20 +72,59 @@ mod tests {
         assert_eq!(
             w,
             vec![
-                Work { seq: 0, start: 0, len: 8, logits: false },
-                Work { seq: 1, start: 0, len: 1, logits: true },
-                Work { seq: 3, start: 0, len: 1, logits: true },
+                Work {
+                    seq: 0,
+                    start: 0,
+                    len: 8,
+                    logits: false
+                },
+                Work {
+                    seq: 1,
+                    start: 0,
+                    len: 1,
+                    logits: true
+                },
+                Work {
+                    seq: 3,
+                    start: 0,
+                    len: 1,
+                    logits: true
+                },
             ]
         );
         let w = plan_step(&phases, 12);
-        assert_eq!(w[0], Work { seq: 0, start: 0, len: 10, logits: true });
-        assert_eq!(w[2], Work { seq: 2, start: 4, len: 2, logits: true });
+        assert_eq!(
+            w[0],
+            Work {
+                seq: 0,
+                start: 0,
+                len: 10,
+                logits: true
+            }
+        );
+        assert_eq!(
+            w[2],
+            Work {
+                seq: 2,
+                start: 4,
+                len: 2,
+                logits: true
+            }
+        );
     }
 
     #[test]
     fn a_zero_budget_still_makes_progress() {
         let w = plan_step(&[Phase::Prefill { done: 2, total: 3 }], 0);
-        assert_eq!(w, vec![Work { seq: 0, start: 2, len: 1, logits: true }]);
+        assert_eq!(
+            w,
+            vec![Work {
+                seq: 0,
+                start: 2,
+                len: 1,
+                logits: true
+            }]
+        );
         assert!(plan_step(&[], 4).is_empty());
     }
 

@@ -56,7 +56,12 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl<S: Reusable> StateCache<S> {
     pub(crate) fn new(max_entries: usize, max_bytes: usize, min_prefix: usize) -> Self {
-        StateCache { entries: VecDeque::new(), max_entries, max_bytes, min_prefix: min_prefix.max(1) }
+        StateCache {
+            entries: VecDeque::new(),
+            max_entries,
+            max_bytes,
+            min_prefix: min_prefix.max(1),
+        }
     }
 
     #[cfg(test)]
@@ -177,7 +182,10 @@ mod tests {
         commit(&mut c, &[2, 2]);
         assert!(c.lookup(&[1, 1, 0]).is_some()); // touch [1, 1]
         commit(&mut c, &[3, 3]);
-        assert!(c.lookup(&[2, 2, 0]).is_none(), "least recently used entry evicted");
+        assert!(
+            c.lookup(&[2, 2, 0]).is_none(),
+            "least recently used entry evicted"
+        );
         assert!(c.lookup(&[1, 1, 0]).is_some());
         let mut c = StateCache::new(8, 16, 1);
         commit(&mut c, &[1, 1, 1]);

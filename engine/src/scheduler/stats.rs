@@ -88,8 +88,12 @@ pub enum ExpertSource {
 
 impl ExpertSource {
     /// Every source, in label order.
-    pub const ALL: [ExpertSource; 4] =
-        [ExpertSource::Pinned, ExpertSource::PageCache, ExpertSource::Disk, ExpertSource::Network];
+    pub const ALL: [ExpertSource; 4] = [
+        ExpertSource::Pinned,
+        ExpertSource::PageCache,
+        ExpertSource::Disk,
+        ExpertSource::Network,
+    ];
 
     /// The `source` metric label.
     pub fn label(self) -> &'static str {
@@ -119,7 +123,10 @@ impl ExpertIoStats {
 
     /// `(reads, bytes)` from `source`.
     pub fn get(&self, source: ExpertSource) -> (u64, u64) {
-        (self.reads[source as usize].load(Ordering::Relaxed), self.bytes[source as usize].load(Ordering::Relaxed))
+        (
+            self.reads[source as usize].load(Ordering::Relaxed),
+            self.bytes[source as usize].load(Ordering::Relaxed),
+        )
     }
 
     /// Fraction of reads served without touching disk or network (`None` before any read).

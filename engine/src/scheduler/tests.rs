@@ -22,7 +22,13 @@ fn prompt(len: usize, salt: u32) -> Vec<u32> {
 }
 
 fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
-    GenRequest { prompt, max_new_tokens: max_new, sampling, stop_ids: vec![], reuse_state: true }
+    GenRequest {
+        prompt,
+        max_new_tokens: max_new,
+        sampling,
+        stop_ids: vec![],
+        reuse_state: true,
+    }
 }
 
 /// Tokens `generate` gives for `req` alone.
@@ -34,7 +40,11 @@ fn alone(dir: &std::path::Path, req: &GenRequest) -> Vec<u32> {
         stop_ids: req.stop_ids.clone(),
         prefill_chunk: 64,
     };
-    generate(m.as_ref(), &mut m.new_state(), &req.prompt, &opts, |_| crate::generate::Flow::Continue).unwrap().output_ids
+    generate(m.as_ref(), &mut m.new_state(), &req.prompt, &opts, |_| {
+        crate::generate::Flow::Continue
+    })
+    .unwrap()
+    .output_ids
 }
 
 /// Collect a request's events until Done/Failed.
@@ -65,7 +75,12 @@ fn concurrent_requests_get_the_tokens_they_get_alone() {
         request(prompt(63, 5), 15, Sampling::new(0.7, 0.5, 0, 99).unwrap()),
     ];
     // A small prefill budget forces chunked prefill interleaved with decode.
-    let cfg = SchedulerConfig { max_batch: 4, prefill_chunk: 8, state_cache_entries: 0, ..Default::default() };
+    let cfg = SchedulerConfig {
+        max_batch: 4,
+        prefill_chunk: 8,
+        state_cache_entries: 0,
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     let receivers: Vec<_> = reqs
         .iter()
@@ -77,19 +92,38 @@ fn concurrent_requests_get_the_tokens_they_get_alone() {
         .collect();
     for (req, rx) in reqs.iter().zip(&receivers) {
         let (tokens, done) = drain(rx);
-        assert_eq!(tokens, alone(dir.path(), req), "prompt of {} tokens", req.prompt.len());
+        assert_eq!(
+            tokens,
+            alone(dir.path(), req),
+            "prompt of {} tokens",
+            req.prompt.len()
+        );
         let done = done.unwrap();
-        assert_eq!((done.prompt_tokens, done.generated_tokens), (req.prompt.len(), tokens.len()));
+        assert_eq!(
+            (done.prompt_tokens, done.generated_tokens),
+            (req.prompt.len(), tokens.len())
+        );
     }
     let s = handle.stats().snapshot();
-    assert_eq!(s.generated, reqs.iter().map(|r| r.max_new_tokens as u64).sum::<u64>());
-    assert!(s.steps < s.generated, "requests shared passes ({} steps, {} tokens)", s.steps, s.generated);
+    assert_eq!(
+        s.generated,
+        reqs.iter().map(|r| r.max_new_tokens as u64).sum::<u64>()
+    );
+    assert!(
+        s.steps < s.generated,
+        "requests shared passes ({} steps, {} tokens)",
+        s.steps,
+        s.generated
+    );
 }
 
 #[test]
 fn reused_state_gives_identical_output_and_skips_prefill() {
     let dir = model_dir();
-    let cfg = SchedulerConfig { min_reuse_tokens: 4, ..Default::default() };
+    let cfg = SchedulerConfig {
+        min_reuse_tokens: 4,
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     let first = request(prompt(30, 6), 10, Sampling::Greedy);
     let (tx, rx) = mpsc::channel();
@@ -141,12 +175,23 @@ impl EventSink for Flaky {
 #[test]
 fn a_closed_sink_cancels_within_one_step_and_frees_its_slot() {
     let dir = model_dir();
-    let cfg = SchedulerConfig { max_batch: 1, max_queue: 0, ..Default::default() };
+    let cfg = SchedulerConfig {
+        max_batch: 1,
+        max_queue: 0,
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     let (tx, rx) = mpsc::channel();
     let closed = Arc::new(AtomicBool::new(false));
-    let sink = Flaky { tx, seen: Default::default(), limit: 3, closed: closed.clone() };
-    handle.submit(request(prompt(8, 9), 500, Sampling::Greedy), Box::new(sink)).unwrap();
+    let sink = Flaky {
+        tx,
+        seen: Default::default(),
+        limit: 3,
+        closed: closed.clone(),
+    };
+    handle
+        .submit(request(prompt(8, 9), 500, Sampling::Greedy), Box::new(sink))
+        .unwrap();
     // Capacity is 1: a second request is refused while the first runs.
     let (tx2, _rx2) = mpsc::channel();
     let busy = handle.submit(request(prompt(8, 9), 5, Sampling::Greedy), Box::new(tx2));
@@ -154,7 +199,10 @@ fn a_closed_sink_cancels_within_one_step_and_frees_its_slot() {
     let mut tokens = 0;
     assert!(matches!(rx.recv().unwrap(), Event::Started { cached_tokens: 0 }));
     while let Ok(ev) = rx.recv_timeout(Duration::from_secs(5)) {
-        assert!(matches!(ev, Event::Token(_)), "no completion after cancellation: {ev:?}");
+        assert!(
+            matches!(ev, Event::Token(_)),
+            "no completion after cancellation: {ev:?}"
+        );
         tokens += 1;
     }
     assert!(tokens <= 3, "at most one step after the close ({tokens} tokens)");
@@ -165,14 +213,19 @@ fn a_closed_sink_cancels_within_one_step_and_frees_its_slot() {
     let s = handle.stats().snapshot();
     assert_eq!((s.in_flight, s.cancelled), (0, 1));
     let (tx, rx) = mpsc::channel();
-    handle.submit(request(prompt(4, 1), 3, Sampling::Greedy), Box::new(tx)).unwrap();
+    handle
+        .submit(request(prompt(4, 1), 3, Sampling::Greedy), Box::new(tx))
+        .unwrap();
     assert_eq!(drain(&rx).0.len(), 3);
 }
 
 #[test]
 fn invalid_requests_are_refused_before_queueing() {
     let dir = model_dir();
-    let cfg = SchedulerConfig { context_limit: Some(32), ..Default::default() };
+    let cfg = SchedulerConfig {
+        context_limit: Some(32),
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     assert_eq!(handle.context_limit(), 32);
     let (tx, _rx) = mpsc::channel::<Event>();
@@ -183,7 +236,10 @@ fn invalid_requests_are_refused_before_queueing() {
         request(prompt(3, 1), 0, Sampling::Greedy),
     ];
     for r in bad {
-        assert!(matches!(handle.submit(r, Box::new(tx.clone())), Err(SubmitError::Invalid(_))));
+        assert!(matches!(
+            handle.submit(r, Box::new(tx.clone())),
+            Err(SubmitError::Invalid(_))
+        ));
     }
     assert_eq!(handle.stats().snapshot().in_flight, 0);
 }
@@ -191,9 +247,17 @@ fn invalid_requests_are_refused_before_queueing() {
 #[test]
 fn the_context_limit_ends_generation_with_length() {
     let dir = model_dir();
-    let handle = start_with(dir.path(), SchedulerConfig { context_limit: Some(12), ..Default::default() });
+    let handle = start_with(
+        dir.path(),
+        SchedulerConfig {
+            context_limit: Some(12),
+            ..Default::default()
+        },
+    );
     let (tx, rx) = mpsc::channel();
-    handle.submit(request(prompt(10, 2), 100, Sampling::Greedy), Box::new(tx)).unwrap();
+    handle
+        .submit(request(prompt(10, 2), 100, Sampling::Greedy), Box::new(tx))
+        .unwrap();
     let (tokens, done) = drain(&rx);
     // Positions 10, 11 and 12 are sampled; the last is never run.
     assert_eq!(tokens.len(), 3);
@@ -205,7 +269,13 @@ fn stop_ids_end_generation_and_cancel_all_fails_the_rest() {
     let dir = model_dir();
     let probe = request(prompt(6, 3), 8, Sampling::Greedy);
     let expected = alone(dir.path(), &probe);
-    let handle = start_with(dir.path(), SchedulerConfig { step_delay: Duration::from_millis(2), ..Default::default() });
+    let handle = start_with(
+        dir.path(),
+        SchedulerConfig {
+            step_delay: Duration::from_millis(2),
+            ..Default::default()
+        },
+    );
     let mut stopping = probe.clone();
     stopping.stop_ids = vec![expected[2]];
     let (tx, rx) = mpsc::channel();
@@ -215,7 +285,9 @@ fn stop_ids_end_generation_and_cancel_all_fails_the_rest() {
     assert_eq!(tokens, expected[..=cut]);
     assert_eq!(done.unwrap().finish_reason, FinishReason::Stop);
     let (tx, rx) = mpsc::channel();
-    handle.submit(request(prompt(6, 3), 100_000, Sampling::Greedy), Box::new(tx)).unwrap();
+    handle
+        .submit(request(prompt(6, 3), 100_000, Sampling::Greedy), Box::new(tx))
+        .unwrap();
     assert!(matches!(rx.recv().unwrap(), Event::Started { .. }));
     assert!(matches!(rx.recv().unwrap(), Event::Token(_)));
     handle.cancel_all();

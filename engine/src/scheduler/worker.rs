@@ -36,7 +36,14 @@ enum End {
 impl Seq {
     fn phase(&self) -> Phase {
         let total = self.job.req.prompt.len();
-        if self.fed < total { Phase::Prefill { done: self.fed, total } } else { Phase::Decode }
+        if self.fed < total {
+            Phase::Prefill {
+                done: self.fed,
+                total,
+            }
+        } else {
+            Phase::Decode
+        }
     }
 }
 
@@ -64,8 +71,22 @@ impl Worker {
         stats: Arc<SchedulerStats>,
         limit: usize,
     ) -> Self {
-        let cache = StateCache::new(cfg.state_cache_entries, cfg.state_cache_bytes, cfg.min_reuse_tokens);
-        Worker { model, cfg, rx, stats, waiting: VecDeque::new(), running: Vec::new(), cache, limit, connected: true }
+        let cache = StateCache::new(
+            cfg.state_cache_entries,
+            cfg.state_cache_bytes,
+            cfg.min_reuse_tokens,
+        );
+        Worker {
+            model,
+            cfg,
+            rx,
+            stats,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cache,
+            limit,
+            connected: true,
+        }
     }
 
     pub(super) fn run(mut self) {
@@ -110,10 +131,16 @@ impl Worker {
             Command::CancelAll => {
                 let message = "the server is shutting down".to_string();
                 for job in self.waiting.drain(..) {
-                    job.sink.send(Event::Failed { kind: "shutdown", message: message.clone() });
+                    job.sink.send(Event::Failed {
+                        kind: "shutdown",
+                        message: message.clone(),
+                    });
                 }
                 for seq in self.running.drain(..) {
-                    seq.job.sink.send(Event::Failed { kind: "shutdown", message: message.clone() });
+                    seq.job.sink.send(Event::Failed {
+                        kind: "shutdown",
+                        message: message.clone(),
+                    });
                 }
                 self.stats.running.store(0, Ordering::Relaxed);
             }
@@ -124,30 +151,59 @@ impl Worker {
         let before = self.waiting.len() + self.running.len();
         self.waiting.retain(|j| !j.sink.is_closed());
         self.running.retain(|s| !s.job.sink.is_closed());
-        add(&self.stats.cancelled, before - self.waiting.len() - self.running.len());
-        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        add(
+            &self.stats.cancelled,
+            before - self.waiting.len() - self.running.len(),
+        );
+        self.stats
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
     }
 
     /// Move queued requests into the batch (FIFO), starting each from a reused state if any.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_batch.max(1) {
-            let Some(job) = self.waiting.pop_front() else { break };
-            let reused = if job.req.reuse_state { self.cache.lookup(&job.req.prompt) } else { None };
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            let reused = if job.req.reuse_state {
+                self.cache.lookup(&job.req.prompt)
+            } else {
+                None
+            };
             if job.req.reuse_state {
-                add(if reused.is_some() { &self.stats.reuse_hits } else { &self.stats.reuse_misses }, 1);
+                add(
+                    if reused.is_some() {
+                        &self.stats.reuse_hits
+                    } else {
+                        &self.stats.reuse_misses
+                    },
+                    1,
+                );
             }
             let (state, cached) = match reused {
                 Some(r) => (r.state, r.len),
                 None => (self.model.new_state(), 0),
             };
             add(&self.stats.reused_tokens, cached);
-            if !job.sink.send(Event::Started { cached_tokens: cached }) {
+            if !job.sink.send(Event::Started {
+                cached_tokens: cached,
+            }) {
                 add(&self.stats.cancelled, 1);
                 continue;
             }
-            self.running.push(Seq { job, state, fed: cached, output: Vec::new(), cached, end: None });
+            self.running.push(Seq {
+                job,
+                state,
+                fed: cached,
+                output: Vec::new(),
+                cached,
+                end: None,
+            });
         }
-        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
     }
 
     /// One batched pass over every running sequence, then sampling.
@@ -159,13 +215,23 @@ impl Worker {
             let mut inputs = Vec::with_capacity(works.len());
             let mut next = works.iter().peekable();
             for (i, seq) in self.running.iter_mut().enumerate() {
-                let Some(w) = next.next_if(|w| w.seq == i) else { continue };
+                let Some(w) = next.next_if(|w| w.seq == i) else {
+                    continue;
+                };
                 let tokens: &[u32] = match phases[i] {
                     Phase::Prefill { .. } => &seq.job.req.prompt[w.start..w.start + w.len],
                     Phase::Decode => std::slice::from_ref(seq.output.last().unwrap_or(&0)),
                 };
-                let logits = if w.logits { LogitRows::Last } else { LogitRows::None };
-                inputs.push(SeqInput { state: &mut seq.state, tokens, logits });
+                let logits = if w.logits {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                };
+                inputs.push(SeqInput {
+                    state: &mut seq.state,
+                    tokens,
+                    logits,
+                });
             }
             let model = &self.model;
             // A panicking pass fails its batch, not the server.
@@ -184,7 +250,10 @@ impl Worker {
     fn fail(&mut self, works: &[Work], kind: &'static str, message: &str) {
         for w in works {
             let seq = &mut self.running[w.seq];
-            seq.job.sink.send(Event::Failed { kind, message: message.to_string() });
+            seq.job.sink.send(Event::Failed {
+                kind,
+                message: message.to_string(),
+            });
             seq.end = Some(End::Failed);
         }
     }
@@ -202,7 +271,10 @@ impl Worker {
                 continue;
             }
             let Some(row) = rows.next() else {
-                seq.job.sink.send(Event::Failed { kind: "internal", message: "missing logits row".into() });
+                seq.job.sink.send(Event::Failed {
+                    kind: "internal",
+                    message: "missing logits row".into(),
+                });
                 seq.end = Some(End::Failed);
                 continue;
             };
@@ -234,7 +306,9 @@ impl Worker {
                 _ => {}
             }
         }
-        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats
+            .running
+            .store(self.running.len() as u64, Ordering::Relaxed);
     }
 
     fn finish(&mut self, seq: Seq, finish_reason: FinishReason) {

@@ -83,7 +83,10 @@ impl Generation {
         if !text.is_empty() {
             self.pending.push_back(Step::Text(text));
         }
-        self.pending.push_back(Step::Finished { reason, usage: self.usage() });
+        self.pending.push_back(Step::Finished {
+            reason,
+            usage: self.usage(),
+        });
         self.timer.finish("success", self.prompt_tokens);
         self.done = true;
         // A stop string may end output before the engine does: stop its work now.
@@ -114,11 +117,22 @@ impl Generation {
                 }
                 Some(Event::Done(c)) => {
                     let tail = self.parser.finish();
-                    self.end(tail, if c.finish_reason == FinishReason::Stop { "stop" } else { "length" });
+                    self.end(
+                        tail,
+                        if c.finish_reason == FinishReason::Stop {
+                            "stop"
+                        } else {
+                            "length"
+                        },
+                    );
                 }
                 Some(Event::Failed { kind, message }) => {
                     tracing::error!(kind, %message, "generation failed");
-                    self.fail(if kind == "shutdown" { ApiError::ShuttingDown } else { ApiError::Internal("generation") });
+                    self.fail(if kind == "shutdown" {
+                        ApiError::ShuttingDown
+                    } else {
+                        ApiError::Internal("generation")
+                    });
                 }
                 None => self.fail(ApiError::Internal("engine stopped")),
             }

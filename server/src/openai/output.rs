@@ -40,7 +40,12 @@ pub struct OutputParser {
 
 impl OutputParser {
     /// `markers`: the think markers (chat only); `prompt_tail`: the last prompt id.
-    pub fn new(tokenizer: Arc<Tokenizer>, markers: Option<ThinkMarkers>, prompt_tail: Option<u32>, stops: Vec<String>) -> Self {
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        markers: Option<ThinkMarkers>,
+        prompt_tail: Option<u32>,
+        stops: Vec<String>,
+    ) -> Self {
         OutputParser {
             split: ReasoningSplit::new(markers, prompt_tail),
             reasoning: IncrementalDecoder::new(tokenizer.clone()),
@@ -95,7 +100,10 @@ impl OutputParser {
 /// The think markers of a tokenizer: `<think>` and `</think>` when both are special tokens.
 pub fn think_markers(tokenizer: &Tokenizer) -> Option<ThinkMarkers> {
     let id = |t: &str| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id));
-    Some(ThinkMarkers { open: id("<think>")?, close: id("</think>")? })
+    Some(ThinkMarkers {
+        open: id("<think>")?,
+        close: id("</think>")?,
+    })
 }
 
 #[cfg(test)]
@@ -132,17 +140,26 @@ mod tests {
         ids.push(m.close);
         ids.extend(bytes("answer <think> literal"));
         ids.push(eos);
-        let d = run(&mut OutputParser::new(tok.clone(), Some(m), Some(1), vec![]), &ids);
+        let d = run(
+            &mut OutputParser::new(tok.clone(), Some(m), Some(1), vec![]),
+            &ids,
+        );
         assert_eq!(d.reasoning, "let me think é");
         assert_eq!(d.content, "answer <think> literal");
         // Starting inside the thinking (the prompt ended with the open marker).
         let mut ids = bytes("r");
         ids.push(m.close);
         ids.extend(bytes("c"));
-        let d = run(&mut OutputParser::new(tok.clone(), Some(m), Some(m.open), vec![]), &ids);
+        let d = run(
+            &mut OutputParser::new(tok.clone(), Some(m), Some(m.open), vec![]),
+            &ids,
+        );
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("r", "c"));
         // Without markers everything is content.
-        let d = run(&mut OutputParser::new(tok, None, None, vec![]), &[m.open, 104, 105]);
+        let d = run(
+            &mut OutputParser::new(tok, None, None, vec![]),
+            &[m.open, 104, 105],
+        );
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("", "hi"));
     }
 

@@ -43,7 +43,14 @@ impl ReasoningSplit {
     /// prompt id: a prompt ending in the open marker starts inside the thinking.
     pub fn new(markers: Option<ThinkMarkers>, prompt_tail: Option<u32>) -> Self {
         let thinking = matches!((markers, prompt_tail), (Some(m), Some(t)) if m.open == t);
-        ReasoningSplit { markers, channel: if thinking { Channel::Reasoning } else { Channel::Content } }
+        ReasoningSplit {
+            markers,
+            channel: if thinking {
+                Channel::Reasoning
+            } else {
+                Channel::Content
+            },
+        }
     }
 
     /// The current channel.
@@ -63,7 +70,11 @@ impl ReasoningSplit {
                 return Route::Hidden;
             }
         }
-        if special { Route::Hidden } else { Route::Text(self.channel) }
+        if special {
+            Route::Hidden
+        } else {
+            Route::Text(self.channel)
+        }
     }
 }
 
@@ -71,19 +82,44 @@ impl ReasoningSplit {
 mod tests {
     use super::*;
 
-    const M: ThinkMarkers = ThinkMarkers { open: 100, close: 101 };
+    const M: ThinkMarkers = ThinkMarkers {
+        open: 100,
+        close: 101,
+    };
 
     fn routes(split: &mut ReasoningSplit, ids: &[(u32, bool)]) -> Vec<Route> {
-        ids.iter().map(|&(id, special)| split.route(id, special)).collect()
+        ids.iter()
+            .map(|&(id, special)| split.route(id, special))
+            .collect()
     }
 
     #[test]
     fn thinking_then_answer() {
         let mut s = ReasoningSplit::new(Some(M), Some(7));
-        let r = routes(&mut s, &[(1, false), (100, true), (2, false), (101, true), (3, false), (5, true)]);
+        let r = routes(
+            &mut s,
+            &[
+                (1, false),
+                (100, true),
+                (2, false),
+                (101, true),
+                (3, false),
+                (5, true),
+            ],
+        );
         use Channel::*;
         use Route::*;
-        assert_eq!(r, vec![Text(Content), Hidden, Text(Reasoning), Hidden, Text(Content), Hidden]);
+        assert_eq!(
+            r,
+            vec![
+                Text(Content),
+                Hidden,
+                Text(Reasoning),
+                Hidden,
+                Text(Content),
+                Hidden
+            ]
+        );
     }
 
     #[test]

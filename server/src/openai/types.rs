@@ -147,7 +147,12 @@ impl ChunkHeader {
     }
 
     fn chat(&self, delta: ChunkDelta, finish_reason: Option<&'static str>) -> String {
-        let choice = ChunkChoice { index: 0, delta, logprobs: None, finish_reason };
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: None,
+            finish_reason,
+        };
         json(&ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -160,7 +165,14 @@ impl ChunkHeader {
 
     /// The first chat chunk: the assistant role with empty content.
     pub fn chat_role(&self) -> String {
-        self.chat(ChunkDelta { role: Some("assistant"), content: Some(String::new()), reasoning_content: None }, None)
+        self.chat(
+            ChunkDelta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                reasoning_content: None,
+            },
+            None,
+        )
     }
 
     /// A chat chunk for `d` (`None` if there is nothing to send).
@@ -169,7 +181,14 @@ impl ChunkHeader {
             return None;
         }
         let some = |s: String| (!s.is_empty()).then_some(s);
-        Some(self.chat(ChunkDelta { role: None, content: some(d.content), reasoning_content: some(d.reasoning) }, None))
+        Some(self.chat(
+            ChunkDelta {
+                role: None,
+                content: some(d.content),
+                reasoning_content: some(d.reasoning),
+            },
+            None,
+        ))
     }
 
     /// The closing chat chunks: the finish reason, then (with `include_usage`) the usage.
@@ -203,14 +222,24 @@ impl ChunkHeader {
     pub fn completion_delta(&self, d: Delta) -> Option<String> {
         let text = d.content;
         (!text.is_empty()).then(|| {
-            let choice = CompletionChoice { index: 0, text, logprobs: None, finish_reason: None };
+            let choice = CompletionChoice {
+                index: 0,
+                text,
+                logprobs: None,
+                finish_reason: None,
+            };
             self.completion(vec![choice], self.usage_slot())
         })
     }
 
     /// The closing completions chunks.
     pub fn completion_finish(&self, finish_reason: &'static str, usage: Usage) -> Vec<String> {
-        let choice = CompletionChoice { index: 0, text: String::new(), logprobs: None, finish_reason: Some(finish_reason) };
+        let choice = CompletionChoice {
+            index: 0,
+            text: String::new(),
+            logprobs: None,
+            finish_reason: Some(finish_reason),
+        };
         let mut out = vec![self.completion(vec![choice], self.usage_slot())];
         if self.include_usage {
             out.push(self.completion(vec![], Some(Some(usage))));
@@ -224,7 +253,12 @@ mod tests {
     use super::*;
 
     fn header(include_usage: bool) -> ChunkHeader {
-        ChunkHeader { id: "chatcmpl-1".into(), created: 7, model: "m".into(), include_usage }
+        ChunkHeader {
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "m".into(),
+            include_usage,
+        }
     }
 
     #[test]
@@ -234,7 +268,10 @@ mod tests {
             h.chat_role(),
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}"#
         );
-        let d = Delta { reasoning: "r".into(), content: String::new() };
+        let d = Delta {
+            reasoning: "r".into(),
+            content: String::new(),
+        };
         assert_eq!(
             h.chat_delta(d).unwrap(),
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"r"},"logprobs":null,"finish_reason":null}],"usage":null}"#
@@ -254,18 +291,30 @@ mod tests {
     #[test]
     fn completion_chunks_and_bodies() {
         let h = header(false);
-        let d = Delta { reasoning: String::new(), content: "hi".into() };
+        let d = Delta {
+            reasoning: String::new(),
+            content: "hi".into(),
+        };
         assert_eq!(
             h.completion_delta(d).unwrap(),
             r#"{"id":"chatcmpl-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null}]}"#
         );
-        let msg = AssistantMessage { role: "assistant", content: "a".into(), reasoning_content: None };
+        let msg = AssistantMessage {
+            role: "assistant",
+            content: "a".into(),
+            reasoning_content: None,
+        };
         let body = ChatCompletion {
             id: "x".into(),
             object: "chat.completion",
             created: 1,
             model: "m".into(),
-            choices: vec![ChatChoice { index: 0, message: msg, logprobs: None, finish_reason: "stop" }],
+            choices: vec![ChatChoice {
+                index: 0,
+                message: msg,
+                logprobs: None,
+                finish_reason: "stop",
+            }],
             usage: Usage::new(1, 2, 0),
         };
         assert_eq!(

@@ -84,8 +84,8 @@ class Server:
                 return float(line.split()[-1])
         return 0.0
 
-    def client(self, api_key="unused", **kw):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+    def client(self, api_key="unused", timeout=120):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
 
     def model_id(self):
         return self.client().models.list().data[0].id
