@@ -11,13 +11,15 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch;
 use deltafin_engine::generate::Sampling;
-use deltafin_engine::scheduler::{self, Event, GenRequest, SchedulerConfig};
+use deltafin_engine::scheduler::{self, Event, EventSink, GenRequest, SchedulerConfig};
+use deltafin_engine::synth::DeepseekSynth;
 use serde::Serialize;
 
 /// Arguments of `deltafin bench serve`.
 #[derive(Debug, Args)]
 pub struct ServeBenchArgs {
-    /// Model directory (default: the built-in synthetic model).
+    /// Model directory (default: a synthetic MoE checkpoint generated into the cache directory:
+    /// 6 layers, 64 experts of 0.75 MiB, top-6; about 250 MB).
     #[arg(long, env = "DELTAFIN_MODEL")]
     model: Option<PathBuf>,
     /// Concurrency levels to measure.
@@ -51,6 +53,18 @@ struct Level {
     passes: u64,
 }
 
+/// Timestamps each event when the engine loop emits it.
+struct TimedSink(mpsc::Sender<(Instant, Event)>);
+
+impl EventSink for TimedSink {
+    fn send(&self, event: Event) -> bool {
+        self.0.send((Instant::now(), event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
 fn prompt(len: usize, salt: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|i| ((i * 31 + salt * 97 + 7) % vocab.min(256)) as u32)
@@ -75,7 +89,7 @@ fn run_level(
             reuse_state: false,
         };
         handle
-            .submit(req, Box::new(tx))
+            .submit(req, Box::new(TimedSink(tx)))
             .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
         receivers.push(rx);
     }
@@ -87,10 +101,10 @@ fn run_level(
                 .recv_timeout(Duration::from_secs(600))
                 .context("waiting for tokens")?
             {
-                Event::Token(_) => t.push(Instant::now()),
-                Event::Done(_) => break,
-                Event::Failed { message, .. } => anyhow::bail!("generation failed: {message}"),
-                Event::Started { .. } => {}
+                (at, Event::Token(_)) => t.push(at),
+                (_, Event::Done(_)) => break,
+                (_, Event::Failed { message, .. }) => anyhow::bail!("generation failed: {message}"),
+                (_, Event::Started { .. }) => {}
             }
         }
         times.push(t);
@@ -115,8 +129,41 @@ fn window_rate(times: &[Vec<Instant>]) -> f64 {
     if secs > 0.0 { tokens as f64 / secs } else { 0.0 }
 }
 
+/// The default benchmark model: big enough that expert reads dominate a decode pass.
+fn bench_synth() -> DeepseekSynth {
+    DeepseekSynth {
+        hidden: 512,
+        intermediate: 1024,
+        moe_intermediate: 256,
+        layers: 6,
+        experts: 64,
+        top_k: 6,
+        n_group: 8,
+        topk_group: 4,
+        seed: 0xBE4C,
+        ..DeepseekSynth::builtin()
+    }
+}
+
+fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+    if let Some(dir) = model {
+        return Ok(dir);
+    }
+    let dir = cache_dir.join(format!("bench-moe-{}", env!("CARGO_PKG_VERSION")));
+    if !dir.join("config.json").is_file() {
+        let tmp = cache_dir.join(format!(".bench-moe.partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        bench_synth()
+            .write(&tmp)
+            .with_context(|| format!("writing the benchmark model to {}", tmp.display()))?;
+        std::fs::rename(&tmp, &dir).with_context(|| format!("moving it to {}", dir.display()))?;
+        eprintln!("generated the synthetic benchmark model in {}", dir.display());
+    }
+    Ok(dir)
+}
+
 pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
-    let dir = crate::run::resolve_model(args.model.clone(), cache_dir)?;
+    let dir = resolve(args.model.clone(), cache_dir)?;
     let model = arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
     let vocab = model.info().vocab_size;
     let max = args.streams.iter().copied().max().unwrap_or(1).max(1);
