@@ -70,24 +70,6 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
     Ok(dir)
 }
 
-/// Stop ids: the config's EOS, generation_config.json's EOS, and the tokenizer's EOS.
-fn stop_ids(dir: &Path, model: &dyn arch::Model, tok: &Tokenizer) -> Vec<u32> {
-    let mut ids = model.info().eos_token_ids.clone();
-    if let Ok(text) = std::fs::read(dir.join("generation_config.json"))
-        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text)
-    {
-        match &v["eos_token_id"] {
-            serde_json::Value::Number(n) => ids.extend(n.as_u64().map(|n| n as u32)),
-            serde_json::Value::Array(a) => ids.extend(a.iter().filter_map(|n| n.as_u64().map(|n| n as u32))),
-            _ => {}
-        }
-    }
-    ids.extend(tok.eos_id());
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
 pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model, cache_dir)?;
     let load_start = Instant::now();
@@ -110,7 +92,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let opts = GenerateOptions {
         max_new_tokens: args.max_new,
         sampling: Sampling::new(args.temperature, args.top_p, args.top_k, args.seed)?,
-        stop_ids: stop_ids(&dir, model.as_ref(), &tok),
+        stop_ids: deltafin_server::model::stop_ids(&dir, model.info(), &tok),
         prefill_chunk: args.prefill_chunk,
     };
     let mut state = model.new_state();
