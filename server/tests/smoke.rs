@@ -117,6 +117,38 @@ fn the_real_server_answers_over_http() {
         assert_eq!(status, want, "{path}: {text}");
         assert!(json_body(&text)["error"]["message"].is_string(), "{text}");
     }
+    // The server's greedy completion equals `deltafin run` on the same prompt.
+    let run = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "--threads",
+            "2",
+            "run",
+            "--json",
+            "--max-new",
+            "12",
+            "--prompt",
+            "abc",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let run: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let tok = deltafin_engine::tokenizer::Tokenizer::from_dir(&model).unwrap();
+    let ids: Vec<u32> = run["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let visible: Vec<u32> = ids.iter().copied().filter(|&id| !tok.is_special(id)).collect();
+    let body = json!({"prompt": "abc", "max_tokens": ids.len(), "temperature": 0});
+    let (_, text) = request(&s, "POST", "/v1/completions", body.to_string().as_bytes());
+    assert_eq!(
+        json_body(&text)["choices"][0]["text"],
+        tok.decode(&visible),
+        "{text}"
+    );
     let (_, metrics) = request(&s, "GET", "/metrics", b"");
     assert!(
         metrics.contains("deltafin_requests_total{endpoint=\"chat_completions\",outcome=\"success\"} 2"),
