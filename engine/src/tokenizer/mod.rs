@@ -15,6 +15,22 @@
 //!   control tokens in the input its ids are those of the whole rendered string.
 //! * Decoding is byte-exact ([`Tokenizer::decode_bytes`]); [`Tokenizer::decode`] is lossy UTF-8.
 //! * No input panics; malformed files are [`Error::Tokenizer`] naming the file.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
+//!
+//! let tok = Tokenizer::from_dir(Path::new("/models/kimi-k2"))?;
+//! let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+//! let prompt = tok.encode_chat(&[ChatMessage::new("user", "Hello!")], &opts)?;
+//! let mut stream = IncrementalDecoder::new(&tok);
+//! for id in prompt {
+//!     if let Some(text) = stream.push(id) {
+//!         print!("{text}");
+//!     }
+//! }
+//! # Ok::<(), deltafin_engine::Error>(())
+//! ```
 
 mod bpe;
 mod bytes;
@@ -198,6 +214,10 @@ impl Tokenizer {
     }
 
     /// Encode plain text: special-token strings are encoded as ordinary text. Never adds BOS/EOS.
+    ///
+    /// For tokenizer.json, other added tokens are still recognised (transformers'
+    /// `split_special_tokens=True`). The `tokenizers` crate's encode is fallible in principle;
+    /// the load-time checks exclude its known failure causes, and a failure would give no ids.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match &self.backend {
             Backend::Tiktoken(t) => t.encode_plain(text),
