@@ -303,7 +303,7 @@ mod tests {
         let plain = JsonOptions::new(false, None, None, false);
         assert_eq!(
             dumps(&v, &plain).unwrap(),
-            r#"{"a": "é\u0001", "b": [1, 2.0, null]}"#
+            r#"{"b": [1, 2.0, null], "a": "é\u0001"}"#
         );
         let ascii = JsonOptions::new(true, Some("  ".into()), None, true);
         assert_eq!(
