@@ -103,6 +103,12 @@ impl Quantization {
         if let Some(order) = w.opt_str("actorder")? {
             return Err(w.err("actorder", format!("`{order}` activation ordering is not supported")));
         }
+        if let Some(scale) = w.opt_str("scale_dtype")?
+            && format == "mxfp4-pack-quantized"
+            && scale != "torch.uint8"
+        {
+            return Err(w.err("scale_dtype", format!("`{scale}` is not supported for MXFP4 (supported: torch.uint8, E8M0)")));
+        }
         let ignore = parse_ignore(f)?;
         match (format, kind) {
             ("pack-quantized", "int") => Ok(Quantization::Int4PackQuantized { group_size, ignore }),

@@ -6,4 +6,4 @@ mod state;
 
 pub use run::{FinishReason, Flow, Generation, GenerateOptions, GenerationStats, generate};
 pub use sampling::{Sampling, sample, uniform};
-pub use state::{LayerState, MlaCache, SeqState};
+pub use state::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
