@@ -12,7 +12,7 @@
 
 use std::path::PathBuf;
 
-use deltafin_engine::arch::{self, LogitRows, Loader, SeqInput, Trace};
+use deltafin_engine::arch::{self, Loader, LogitRows, SeqInput, Trace};
 use deltafin_engine::config::ModelSpec;
 use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
 use deltafin_engine::kernels::reference::decode_row;
@@ -23,7 +23,9 @@ use serde_json::Value;
 const REL_TOL: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn golden(name: &str) -> Value {
@@ -39,13 +41,21 @@ fn floats(v: &Value) -> Vec<f32> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn compare(name: &str, ours: &[f32], oracle: &[f32]) -> f32 {
     assert_eq!(ours.len(), oracle.len(), "{name}: length");
     let scale = oracle.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    let err = ours.iter().zip(oracle).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = ours
+        .iter()
+        .zip(oracle)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     assert!(err <= REL_TOL, "{name}: relative max error {err:e} > {REL_TOL:e}");
     err
 }
@@ -58,25 +68,61 @@ fn check(name: &str) {
     let mut state = model.new_state();
     let mut trace = Trace::default();
     let logits = model
-        .forward(&mut [SeqInput { state: &mut state, tokens: &prompt, logits: LogitRows::All }], Some(&mut trace))
+        .forward(
+            &mut [SeqInput {
+                state: &mut state,
+                tokens: &prompt,
+                logits: LogitRows::All,
+            }],
+            Some(&mut trace),
+        )
         .unwrap();
     let hidden = golden["hidden_states"].as_object().unwrap();
-    assert_eq!(hidden.len(), trace.tensors.len(), "{name}: traced tensors {:?}", trace.tensors.keys());
+    assert_eq!(
+        hidden.len(),
+        trace.tensors.len(),
+        "{name}: traced tensors {:?}",
+        trace.tensors.keys()
+    );
     let mut report = Vec::new();
     for (key, value) in hidden {
-        let ours = trace.tensors.get(key).unwrap_or_else(|| panic!("{name}: no traced tensor `{key}`"));
-        report.push(format!("{key} {:.1e}", compare(&format!("{name} {key}"), ours, &floats(value))));
+        let ours = trace
+            .tensors
+            .get(key)
+            .unwrap_or_else(|| panic!("{name}: no traced tensor `{key}`"));
+        report.push(format!(
+            "{key} {:.1e}",
+            compare(&format!("{name} {key}"), ours, &floats(value))
+        ));
     }
-    report.push(format!("logits {:.1e}", compare(&format!("{name} logits"), &logits, &floats(&golden["logits"]))));
+    report.push(format!(
+        "logits {:.1e}",
+        compare(&format!("{name} logits"), &logits, &floats(&golden["logits"]))
+    ));
     eprintln!("{name}: {}", report.join(", "));
 
     let greedy = &golden["greedy"];
     let want = ids(&greedy["output_ids"]);
     assert!(want.len() >= 16, "{name}: oracle path too short");
-    let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 5 };
+    let opts = GenerateOptions {
+        max_new_tokens: want.len(),
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 5,
+    };
     let mut state = model.new_state();
-    let got = generate(model.as_ref(), &mut state, &ids(&greedy["prompt_ids"]), &opts, |_| Flow::Continue).unwrap();
-    assert_eq!(got.output_ids, want, "{name}: greedy tokens differ from the oracle");
+    let got = generate(
+        model.as_ref(),
+        &mut state,
+        &ids(&greedy["prompt_ids"]),
+        &opts,
+        |_| Flow::Continue,
+    )
+    .unwrap();
+    assert_eq!(
+        got.output_ids, want,
+        "{name}: greedy tokens differ from the oracle"
+    );
 }
 
 #[test]

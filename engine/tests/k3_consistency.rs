@@ -33,7 +33,15 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 fn run(m: &dyn Model, s: &mut SeqState, tokens: &[u32], logits: LogitRows) -> Vec<f32> {
-    m.forward(&mut [SeqInput { state: s, tokens, logits }], None).unwrap()
+    m.forward(
+        &mut [SeqInput {
+            state: s,
+            tokens,
+            logits,
+        }],
+        None,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -42,7 +50,9 @@ fn checkpoints_load_as_the_intended_architectures() {
     assert_eq!(m.info().arch, "kimi_k3");
     let spec = ModelSpec::load(dir.path()).unwrap();
     assert_eq!(spec.tensor_prefix, "language_model.");
-    assert!(matches!(spec.arch, ArchConfig::KimiK3(ref c) if c.attn_res_block_size == 2 && c.num_blocks() == 3));
+    assert!(
+        matches!(spec.arch, ArchConfig::KimiK3(ref c) if c.attn_res_block_size == 2 && c.num_blocks() == 3)
+    );
     let (_dir, m) = model_of(&KimiSynth::linear_tiny());
     assert_eq!(m.info().arch, "kimi_linear");
 }
@@ -60,7 +70,12 @@ fn prefill_equals_token_by_token_decode() {
         let mut s = m.new_state();
         for (i, t) in tokens.iter().enumerate() {
             let one = run(m.as_ref(), &mut s, &[*t], LogitRows::Last);
-            assert_eq!(bits(&one), bits(&all[i * v..(i + 1) * v]), "{:?}: position {i}", synth.variant);
+            assert_eq!(
+                bits(&one),
+                bits(&all[i * v..(i + 1) * v]),
+                "{:?}: position {i}",
+                synth.variant
+            );
         }
         // Chunked prefill (uneven chunks) equals both.
         let mut s = m.new_state();
@@ -68,7 +83,12 @@ fn prefill_equals_token_by_token_decode() {
         for chunk in tokens.chunks(5) {
             last = run(m.as_ref(), &mut s, chunk, LogitRows::Last);
         }
-        assert_eq!(bits(&last), bits(&all[(tokens.len() - 1) * v..]), "{:?}: chunked", synth.variant);
+        assert_eq!(
+            bits(&last),
+            bits(&all[(tokens.len() - 1) * v..]),
+            "{:?}: chunked",
+            synth.variant
+        );
     }
 }
 
@@ -83,9 +103,21 @@ fn batched_sequences_match_running_alone() {
         let joint = m
             .forward(
                 &mut [
-                    SeqInput { state: &mut sa, tokens: &a, logits: LogitRows::All },
-                    SeqInput { state: &mut sb, tokens: &b, logits: LogitRows::All },
-                    SeqInput { state: &mut sc, tokens: &c, logits: LogitRows::All },
+                    SeqInput {
+                        state: &mut sa,
+                        tokens: &a,
+                        logits: LogitRows::All,
+                    },
+                    SeqInput {
+                        state: &mut sb,
+                        tokens: &b,
+                        logits: LogitRows::All,
+                    },
+                    SeqInput {
+                        state: &mut sc,
+                        tokens: &c,
+                        logits: LogitRows::All,
+                    },
                 ],
                 None,
             )
@@ -96,13 +128,26 @@ fn batched_sequences_match_running_alone() {
         let step = m
             .forward(
                 &mut [
-                    SeqInput { state: &mut sb, tokens: &[3, 4], logits: LogitRows::Last },
-                    SeqInput { state: &mut sa, tokens: &[7], logits: LogitRows::Last },
+                    SeqInput {
+                        state: &mut sb,
+                        tokens: &[3, 4],
+                        logits: LogitRows::Last,
+                    },
+                    SeqInput {
+                        state: &mut sa,
+                        tokens: &[7],
+                        logits: LogitRows::Last,
+                    },
                 ],
                 None,
             )
             .unwrap();
-        assert_eq!(bits(&step[m.info().vocab_size..]), bits(&want), "{:?}", synth.variant);
+        assert_eq!(
+            bits(&step[m.info().vocab_size..]),
+            bits(&want),
+            "{:?}",
+            synth.variant
+        );
     }
 }
 
@@ -127,12 +172,22 @@ fn commit_prefix_equals_sequential_run() {
             let mut seq = base.clone();
             for (i, &t) in pass[..=drafts].iter().enumerate() {
                 let one = run(m.as_ref(), &mut seq, &[t], LogitRows::Last);
-                assert_eq!(bits(&one), bits(&rows[i * v..(i + 1) * v]), "{:?}: verify row {i}", synth.variant);
+                assert_eq!(
+                    bits(&one),
+                    bits(&rows[i * v..(i + 1) * v]),
+                    "{:?}: verify row {i}",
+                    synth.variant
+                );
             }
             for (step, &x) in [42u32, 7, 300].iter().enumerate() {
                 let a = run(m.as_ref(), &mut staged, &[x], LogitRows::Last);
                 let b = run(m.as_ref(), &mut seq, &[x], LogitRows::Last);
-                assert_eq!(bits(&a), bits(&b), "{:?}: m = {drafts}, step {step} after commit", synth.variant);
+                assert_eq!(
+                    bits(&a),
+                    bits(&b),
+                    "{:?}: m = {drafts}, step {step} after commit",
+                    synth.variant
+                );
             }
         }
         // Keeping nothing (and rollback) is the state before the pass.
@@ -145,7 +200,10 @@ fn commit_prefix_equals_sequential_run() {
         let b = run(m.as_ref(), &mut plain, &[42, 43], LogitRows::All);
         assert_eq!(bits(&a), bits(&b), "{:?}: rollback", synth.variant);
         let err = staged.commit(3).unwrap_err();
-        assert!(matches!(err, Error::InvalidArgument { field: "commit", .. }), "{err}");
+        assert!(
+            matches!(err, Error::InvalidArgument { field: "commit", .. }),
+            "{err}"
+        );
     }
 }
 
@@ -160,7 +218,12 @@ fn speculative_commits_reproduce_plain_greedy_decoding() {
     let mut plain_state = m.new_state();
     let mut plain = vec![argmax(&run(m.as_ref(), &mut plain_state, &p, LogitRows::Last))];
     while plain.len() < 24 {
-        let next = argmax(&run(m.as_ref(), &mut plain_state, &[*plain.last().unwrap()], LogitRows::Last));
+        let next = argmax(&run(
+            m.as_ref(),
+            &mut plain_state,
+            &[*plain.last().unwrap()],
+            LogitRows::Last,
+        ));
         plain.push(next);
     }
     let mut s = m.new_state();
@@ -171,7 +234,11 @@ fn speculative_commits_reproduce_plain_greedy_decoding() {
         let pending = *out.last().unwrap();
         let depth = step % 4;
         let truth = &plain[out.len()..plain.len().min(out.len() + 3)];
-        let drafts: Vec<u32> = truth.iter().enumerate().map(|(i, &t)| if i == depth { (t + 1) % 500 } else { t }).collect();
+        let drafts: Vec<u32> = truth
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| if i == depth { (t + 1) % 500 } else { t })
+            .collect();
         let tokens: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
         let logits = run(m.as_ref(), &mut s, &tokens, LogitRows::All);
         let preds: Vec<u32> = logits.chunks(v).map(argmax).collect();
@@ -195,11 +262,27 @@ fn truncate_rewinds_only_what_it_can() {
     s.truncate(6).unwrap();
     assert_eq!((s.committed_len(), s.len()), (6, 6));
     let err = s.truncate(4).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { field: "truncate", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                field: "truncate",
+                ..
+            }
+        ),
+        "{err}"
+    );
     // A state from another model is refused, not misused.
     let (_dir2, other) = model_of(&KimiSynth::linear_tiny());
     let mut foreign = other.new_state();
-    let err = m.forward(&mut [SeqInput { state: &mut foreign, tokens: &[1], logits: LogitRows::Last }], None);
+    let err = m.forward(
+        &mut [SeqInput {
+            state: &mut foreign,
+            tokens: &[1],
+            logits: LogitRows::Last,
+        }],
+        None,
+    );
     assert!(matches!(err, Err(Error::InvalidArgument { field: "state", .. })));
 }
 
@@ -215,7 +298,11 @@ fn sixteen_k_token_context() {
     let mut logits = Vec::new();
     let start = std::time::Instant::now();
     for (i, chunk) in tokens.chunks(1024).enumerate() {
-        let rows = if (i + 1) * 1024 >= tokens.len() { LogitRows::Last } else { LogitRows::None };
+        let rows = if (i + 1) * 1024 >= tokens.len() {
+            LogitRows::Last
+        } else {
+            LogitRows::None
+        };
         logits = run(m.as_ref(), &mut s, chunk, rows);
     }
     for _ in 0..4 {
@@ -259,22 +346,28 @@ fn field_err(v: &Value) -> String {
 #[test]
 fn layer_lists_must_partition_the_layers() {
     let cases = [
-        (json!([1, 2, 4, 5]), json!([3, 6, 6])),   // duplicate
-        (json!([1, 2, 4]), json!([3, 6])),         // layer 5 missing
-        (json!([1, 2, 3, 4, 5]), json!([3, 6])),   // in both
-        (json!([0, 1, 2, 4, 5]), json!([3, 6])),   // zero-based entry
-        (json!([1, 2, 4, 5]), json!([3, 6, 7])),   // out of range
-        (json!("1,2,4,5"), json!([3, 6])),         // not a list
+        (json!([1, 2, 4, 5]), json!([3, 6, 6])), // duplicate
+        (json!([1, 2, 4]), json!([3, 6])),       // layer 5 missing
+        (json!([1, 2, 3, 4, 5]), json!([3, 6])), // in both
+        (json!([0, 1, 2, 4, 5]), json!([3, 6])), // zero-based entry
+        (json!([1, 2, 4, 5]), json!([3, 6, 7])), // out of range
+        (json!("1,2,4,5"), json!([3, 6])),       // not a list
     ];
     for (kda, full) in cases {
         let mut v = k3_config();
         v["text_config"]["linear_attn_config"]["kda_layers"] = kda.clone();
         v["text_config"]["linear_attn_config"]["full_attn_layers"] = full.clone();
         let field = field_err(&v);
-        assert!(field.starts_with("text_config.linear_attn_config."), "{kda} {full}: {field}");
+        assert!(
+            field.starts_with("text_config.linear_attn_config."),
+            "{kda} {full}: {field}"
+        );
     }
     let mut v = k3_config();
-    v["text_config"]["linear_attn_config"].as_object_mut().unwrap().remove("kda_layers");
+    v["text_config"]["linear_attn_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kda_layers");
     assert_eq!(field_err(&v), "text_config.linear_attn_config.kda_layers");
 }
 
@@ -293,13 +386,33 @@ fn unknown_or_inconsistent_fields_are_refused() {
         ("hidden_act", json!("silu"), "text_config.hidden_act"),
         ("mla_use_nope", json!(false), "text_config.mla_use_nope"),
         ("attn_res_block_size", json!(0), "text_config.attn_res_block_size"),
-        ("activation_situ_beta", json!(-1.0), "text_config.activation_situ_beta"),
-        ("moe_router_activation_func", json!("softmax"), "text_config.moe_router_activation_func"),
-        ("num_experts_per_token", json!(99), "text_config.num_experts_per_token"),
+        (
+            "activation_situ_beta",
+            json!(-1.0),
+            "text_config.activation_situ_beta",
+        ),
+        (
+            "moe_router_activation_func",
+            json!("softmax"),
+            "text_config.moe_router_activation_func",
+        ),
+        (
+            "num_experts_per_token",
+            json!(99),
+            "text_config.num_experts_per_token",
+        ),
         ("num_experts_per_tok", json!(2), "text_config.num_experts_per_tok"),
         ("moe_layer_freq", json!(2), "text_config.moe_layer_freq"),
-        ("layer_types", json!(["full_attention"]), "text_config.layer_types"),
-        ("latent_moe_use_norm", Value::Null, "text_config.latent_moe_use_norm"),
+        (
+            "layer_types",
+            json!(["full_attention"]),
+            "text_config.layer_types",
+        ),
+        (
+            "latent_moe_use_norm",
+            Value::Null,
+            "text_config.latent_moe_use_norm",
+        ),
     ];
     for (field, value, want) in edits {
         let mut v = k3_config();
@@ -313,7 +426,8 @@ fn unknown_or_inconsistent_fields_are_refused() {
     v["text_config"]["linear_attn_config"]["gate_lower_bound"] = json!(1.0);
     assert_eq!(field_err(&v), "text_config.linear_attn_config.gate_lower_bound");
     let mut v = k3_config();
-    v["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["scale_dtype"] = json!("torch.float32");
+    v["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["scale_dtype"] =
+        json!("torch.float32");
     assert!(field_err(&v).ends_with("scale_dtype"));
     // K3-only fields in a Kimi-Linear config are not understood there.
     let mut v = KimiSynth::linear_tiny().config();
@@ -328,17 +442,37 @@ fn unknown_or_inconsistent_fields_are_refused() {
 fn hf_spellings_and_derived_fields_are_understood() {
     let mut v = KimiSynth::linear_tiny().config();
     let o = v.as_object_mut().unwrap();
-    for (kimi, hf) in [("num_experts", "num_local_experts"), ("moe_renormalize", "norm_topk_prob"), ("model_max_length", "max_position_embeddings")] {
+    for (kimi, hf) in [
+        ("num_experts", "num_local_experts"),
+        ("moe_renormalize", "norm_topk_prob"),
+        ("model_max_length", "max_position_embeddings"),
+    ] {
         let value = o.remove(kimi).unwrap();
         o.insert(hf.into(), value);
     }
     o.remove("first_k_dense_replace");
-    o.insert("mlp_layer_types".into(), json!(["dense", "sparse", "sparse", "sparse"]));
-    o.insert("layer_types".into(), json!(["linear_attention", "full_attention", "linear_attention", "full_attention"]));
+    o.insert(
+        "mlp_layer_types".into(),
+        json!(["dense", "sparse", "sparse", "sparse"]),
+    );
+    o.insert(
+        "layer_types".into(),
+        json!([
+            "linear_attention",
+            "full_attention",
+            "linear_attention",
+            "full_attention"
+        ]),
+    );
     o.insert("linear_head_dim".into(), json!(16));
     o.insert("head_dim".into(), json!(8));
-    let ArchConfig::KimiLinear(c) = parse(&v).unwrap().arch else { panic!() };
-    assert_eq!((c.num_experts, c.moe_layers[0], c.moe_layers[1]), (8, false, true));
+    let ArchConfig::KimiLinear(c) = parse(&v).unwrap().arch else {
+        panic!()
+    };
+    assert_eq!(
+        (c.num_experts, c.moe_layers[0], c.moe_layers[1]),
+        (8, false, true)
+    );
     v["linear_head_dim"] = json!(32);
     assert_eq!(field_err(&v), "linear_head_dim");
 }
@@ -357,5 +491,8 @@ fn a_log_that_does_not_broadcast_is_a_shape_error() {
     v["text_config"]["linear_attn_config"]["num_heads"] = json!(4);
     std::fs::write(&path, v.to_string()).unwrap();
     let err = arch::load(dir.path()).unwrap_err();
-    assert!(err.to_string().contains("A_log") || err.to_string().contains("conv1d"), "{err}");
+    assert!(
+        err.to_string().contains("A_log") || err.to_string().contains("conv1d"),
+        "{err}"
+    );
 }

@@ -15,8 +15,8 @@
 //! `layers.{ℓ}` (= `h` after layer ℓ) and `norm` (= `RMSNorm(z)` of the logit rows).
 
 use super::kimi_linear::{
-    Attn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn, model_info, new_layer_states,
-    norm_rows, run_attn,
+    Attn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn, model_info,
+    new_layer_states, norm_rows, run_attn,
 };
 use super::layers::attn_res::AttnRes;
 use super::layers::kda::L2Norm;
@@ -65,7 +65,10 @@ impl KimiK3 {
     pub fn load(cfg: KimiK3Config, ld: &Loader<'_>) -> Result<Self> {
         let t = &cfg.text;
         let v = Variant {
-            act: Activation::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
+            act: Activation::Situ {
+                beta: cfg.situ_beta,
+                linear_beta: cfg.situ_linear_beta,
+            },
             l2: L2Norm::EpsFloor(L2_FLOOR),
             mla_norm_eps: t.rms_norm_eps,
             mla_gate: cfg.mla_use_output_gate,
@@ -137,14 +140,24 @@ impl Model for KimiK3 {
         }
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.cfg.num_blocks());
         for (l, layer) in self.layers.iter().enumerate() {
-            let u = if anchors.is_empty() { run.clone() } else { mix_rows(&layer.attn_res, &anchors, &run, &all, h) };
+            let u = if anchors.is_empty() {
+                run.clone()
+            } else {
+                mix_rows(&layer.attn_res, &anchors, &run, &all, h)
+            };
             let partial = if l % block == 0 {
                 anchors.push(run);
                 None
             } else {
                 Some(run)
             };
-            let a = run_attn(&layer.attn, &norm_rows(&u, &layer.input_norm, eps), &plan, batch, l);
+            let a = run_attn(
+                &layer.attn,
+                &norm_rows(&u, &layer.input_norm, eps),
+                &plan,
+                batch,
+                l,
+            );
             let p = match partial {
                 None => a,
                 Some(mut p) => {
@@ -163,7 +176,7 @@ impl Model for KimiK3 {
         let logit_rows = plan.logit_rows(batch);
         let z = mix_rows(&self.output_res, &anchors, &run, &logit_rows, h);
         let normed = norm_rows(&z, &self.norm, eps);
-        if let Some(tr) = trace.as_deref_mut() {
+        if let Some(tr) = trace {
             tr.record("norm", &normed);
         }
         Ok(head(&self.lm_head, &normed, logit_rows.len()))

@@ -45,15 +45,15 @@ pub(crate) struct Variant {
 /// The attention of one layer.
 #[derive(Debug)]
 pub(crate) enum Attn {
-    Kda(Kda),
-    Mla(Mla),
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
 }
 
 /// The FFN of one layer.
 #[derive(Debug)]
 pub(crate) enum Ffn {
-    Dense(Mlp),
-    Moe(Moe),
+    Dense(Box<Mlp>),
+    Moe(Box<Moe>),
 }
 
 impl Ffn {
@@ -85,7 +85,14 @@ pub struct KimiLinear {
 }
 
 /// A gated MLP `{prefix}.{gate,up,down}` (names given) from `input` to `width` and back.
-pub(crate) fn load_mlp(ld: &Loader<'_>, p: &str, names: [&str; 3], input: usize, width: usize, act: Activation) -> Result<Mlp> {
+pub(crate) fn load_mlp(
+    ld: &Loader<'_>,
+    p: &str,
+    names: [&str; 3],
+    input: usize,
+    width: usize,
+    act: Activation,
+) -> Result<Mlp> {
     Ok(Mlp {
         gate: ld.linear(&format!("{p}.{}", names[0]), width, input)?,
         up: ld.linear(&format!("{p}.{}", names[1]), width, input)?,
@@ -164,12 +171,24 @@ pub(crate) fn load_mla(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Var
         eps: v.mla_norm_eps,
         scale: (qk as f64).powf(-0.5) as f32,
     };
-    let out_gate = if v.mla_gate { Some(ld.linear(&format!("{a}.g_proj"), heads * cfg.v_head_dim, h)?) } else { None };
+    let out_gate = if v.mla_gate {
+        Some(ld.linear(&format!("{a}.g_proj"), heads * cfg.v_head_dim, h)?)
+    } else {
+        None
+    };
     Ok(Mla {
         q,
-        kv_a: ld.linear(&format!("{a}.kv_a_proj_with_mqa"), cfg.kv_lora_rank + cfg.qk_rope_head_dim, h)?,
+        kv_a: ld.linear(
+            &format!("{a}.kv_a_proj_with_mqa"),
+            cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            h,
+        )?,
         kv_a_norm: ld.vector(&format!("{a}.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
-        kv_b: ld.linear(&format!("{a}.kv_b_proj"), heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)?,
+        kv_b: ld.linear(
+            &format!("{a}.kv_b_proj"),
+            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+            cfg.kv_lora_rank,
+        )?,
         o: ld.linear(&format!("{a}.o_proj"), h, heads * cfg.v_head_dim)?,
         rotary: None,
         out_gate,
@@ -182,28 +201,55 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
     let (h, p) = (cfg.hidden_size, format!("model.layers.{i}"));
     let proj = ["gate_proj", "up_proj", "down_proj"];
     if !cfg.moe_layers[i] {
-        return Ok(Ffn::Dense(load_mlp(ld, &format!("{p}.mlp"), proj, h, cfg.intermediate_size, v.act)?));
+        return Ok(Ffn::Dense(Box::new(load_mlp(
+            ld,
+            &format!("{p}.mlp"),
+            proj,
+            h,
+            cfg.intermediate_size,
+            v.act,
+        )?)));
     }
     let m = format!("{p}.block_sparse_moe");
     let e = cfg.num_experts;
     let expert_in = v.latent.map_or(h, |(width, _)| width);
     let experts = (0..e)
-        .map(|x| load_mlp(ld, &format!("{m}.experts.{x}"), ["w1", "w3", "w2"], expert_in, cfg.moe_intermediate_size, v.act))
+        .map(|x| {
+            load_mlp(
+                ld,
+                &format!("{m}.experts.{x}"),
+                ["w1", "w3", "w2"],
+                expert_in,
+                cfg.moe_intermediate_size,
+                v.act,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
     let shared = match cfg.num_shared_experts {
         0 => None,
-        s => Some(load_mlp(ld, &format!("{m}.shared_experts"), proj, h, cfg.moe_intermediate_size * s, v.act)?),
+        s => Some(load_mlp(
+            ld,
+            &format!("{m}.shared_experts"),
+            proj,
+            h,
+            cfg.moe_intermediate_size * s,
+            v.act,
+        )?),
     };
     let latent = match v.latent {
         None => None,
         Some((width, use_norm)) => Some(Latent {
             down: ld.linear(&format!("{m}.routed_expert_down_proj"), width, h)?,
-            norm: if use_norm { Some(ld.vector(&format!("{m}.routed_expert_norm.weight"), width)?) } else { None },
+            norm: if use_norm {
+                Some(ld.vector(&format!("{m}.routed_expert_norm.weight"), width)?)
+            } else {
+                None
+            },
             eps: cfg.rms_norm_eps,
             up: ld.linear(&format!("{m}.routed_expert_up_proj"), h, width)?,
         }),
     };
-    Ok(Ffn::Moe(Moe {
+    Ok(Ffn::Moe(Box::new(Moe {
         gate: ld.dense(&format!("{m}.gate.weight"), e, h)?,
         bias: ld.vector(&format!("{m}.gate.e_score_correction_bias"), e)?,
         router: RouterConfig {
@@ -217,22 +263,26 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
         shared,
         latent,
         combine: v.combine,
-    }))
+    })))
 }
 
 /// Attention of layer `i` by the config's schedule.
 pub(crate) fn load_attn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Attn> {
     let p = format!("model.layers.{i}");
     Ok(match cfg.layer_kinds[i] {
-        AttnKind::Kda => Attn::Kda(load_kda(cfg, ld, &p, v)?),
-        AttnKind::Mla => Attn::Mla(load_mla(cfg, ld, &p, v)?),
+        AttnKind::Kda => Attn::Kda(Box::new(load_kda(cfg, ld, &p, v)?)),
+        AttnKind::Mla => Attn::Mla(Box::new(load_mla(cfg, ld, &p, v)?)),
     })
 }
 
 /// The KDA state shape of a config.
 fn kda_shape(cfg: &KimiLinearConfig) -> KdaShape {
     let k = &cfg.kda;
-    KdaShape { heads: k.num_heads, head_dim: k.head_dim, kernel: k.short_conv_kernel_size }
+    KdaShape {
+        heads: k.num_heads,
+        head_dim: k.head_dim,
+        kernel: k.short_conv_kernel_size,
+    }
 }
 
 /// Fresh per-layer states for a schedule.
@@ -253,25 +303,50 @@ pub(crate) fn new_layer_states(cfg: &KimiLinearConfig) -> SeqState {
 pub(crate) fn check_state(cfg: &KimiLinearConfig, state: &SeqState) -> Result<()> {
     let shape = kda_shape(cfg);
     let ok = state.layers.len() == cfg.layer_kinds.len()
-        && state.layers.iter().zip(&cfg.layer_kinds).all(|(s, kind)| match (s, kind) {
-            (LayerState::Kda(c), AttnKind::Kda) => c.shape() == shape,
-            (LayerState::Mla(_), AttnKind::Mla) => true,
-            _ => false,
-        });
+        && state
+            .layers
+            .iter()
+            .zip(&cfg.layer_kinds)
+            .all(|(s, kind)| match (s, kind) {
+                (LayerState::Kda(c), AttnKind::Kda) => c.shape() == shape,
+                (LayerState::Mla(_), AttnKind::Mla) => true,
+                _ => false,
+            });
     if ok { Ok(()) } else { Err(super::foreign_state()) }
 }
 
 /// Run layer `l`'s attention over the pass's rows.
-pub(crate) fn run_attn(attn: &Attn, xn: &[f32], plan: &RowPlan, batch: &mut [SeqInput<'_>], l: usize) -> Vec<f32> {
+pub(crate) fn run_attn(
+    attn: &Attn,
+    xn: &[f32],
+    plan: &RowPlan,
+    batch: &mut [SeqInput<'_>],
+    l: usize,
+) -> Vec<f32> {
     let n = plan.len();
     match attn {
         Attn::Kda(k) => {
             let mut caches = kda_caches(batch, l);
-            k.forward(xn, n, &mut KdaRows { caches: &mut caches, seq: &plan.seq })
+            k.forward(
+                xn,
+                n,
+                &mut KdaRows {
+                    caches: &mut caches,
+                    seq: &plan.seq,
+                },
+            )
         }
         Attn::Mla(m) => {
             let mut caches = mla_caches(batch, l);
-            m.forward(xn, n, &mut MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos })
+            m.forward(
+                xn,
+                n,
+                &mut MlaRows {
+                    caches: &mut caches,
+                    seq: &plan.seq,
+                    pos: &plan.pos,
+                },
+            )
         }
     }
 }
@@ -314,7 +389,12 @@ pub(crate) fn model_info(arch: &'static str, cfg: &KimiLinearConfig, ld: &Loader
         max_context: cfg.max_position_embeddings,
         bos_token_id: cfg.bos_token_id,
         eos_token_ids: cfg.eos_token_ids.clone(),
-        weight_bytes: ld.index.names().filter_map(|n| ld.index.info(n).ok()).map(|i| i.len).sum(),
+        weight_bytes: ld
+            .index
+            .names()
+            .filter_map(|n| ld.index.info(n).ok())
+            .map(|i| i.len)
+            .sum(),
     }
 }
 
@@ -354,7 +434,14 @@ impl KimiLinear {
             })
             .collect::<Result<Vec<_>>>()?;
         let info = model_info("kimi_linear", &cfg, ld);
-        Ok(KimiLinear { norm: ld.vector("model.norm.weight", h)?, embed, layers, lm_head, info, cfg })
+        Ok(KimiLinear {
+            norm: ld.vector("model.norm.weight", h)?,
+            embed,
+            layers,
+            lm_head,
+            info,
+            cfg,
+        })
     }
 }
 
@@ -391,9 +478,12 @@ impl Model for KimiLinear {
                 t.record(format!("layers.{l}"), &x);
             }
         }
-        let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+        let selected: Vec<f32> = logit_rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
         let normed = norm_rows(&selected, &self.norm, eps);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.record("norm", &normed);
         }
         Ok(head(&self.lm_head, &normed, logit_rows.len()))

@@ -41,8 +41,16 @@ const K3_TEXT_FIELDS: &[&str] = &[
 /// Root fields of a K3 config. `vision_config`/`media_placeholder_token_id` describe the
 /// vision tower, which text-only inference never runs.
 const K3_ROOT_FIELDS: &[&str] = &[
-    "model_type", "text_config", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
-    "quantization_config", "vision_config", "media_placeholder_token_id", "ignore_index",
+    "model_type",
+    "text_config",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "quantization_config",
+    "vision_config",
+    "media_placeholder_token_id",
+    "ignore_index",
 ];
 
 impl KimiK3Config {
@@ -56,10 +64,13 @@ impl KimiK3Config {
                 None => Ok(None),
             }
         };
-        let required_bool =
-            |field: &str| text.opt_bool(field)?.ok_or_else(|| text.err(field, "missing (a K3 architecture field)"));
+        let required_bool = |field: &str| {
+            text.opt_bool(field)?
+                .ok_or_else(|| text.err(field, "missing (a K3 architecture field)"))
+        };
         let c = KimiK3Config {
-            situ_beta: beta("activation_situ_beta")?.ok_or_else(|| text.err("activation_situ_beta", "missing"))?,
+            situ_beta: beta("activation_situ_beta")?
+                .ok_or_else(|| text.err("activation_situ_beta", "missing"))?,
             situ_linear_beta: beta("activation_situ_linear_beta")?,
             attn_res_block_size: text.usize("attn_res_block_size")?,
             routed_expert_hidden_size: text.usize("routed_expert_hidden_size")?,
@@ -94,14 +105,20 @@ fn check_root_copies(root: Fields<'_>, text: &KimiLinearConfig) -> Result<()> {
         if root.get(field).is_some() {
             let got = root.opt_token_ids(field)?;
             if got != want {
-                return Err(root.err(field, format!("{got:?} disagrees with text_config.{field} = {want:?}")));
+                return Err(root.err(
+                    field,
+                    format!("{got:?} disagrees with text_config.{field} = {want:?}"),
+                ));
             }
         }
     }
     if let Some(tie) = root.opt_bool("tie_word_embeddings")?
         && tie != text.tie_word_embeddings
     {
-        return Err(root.err("tie_word_embeddings", "disagrees with text_config.tie_word_embeddings"));
+        return Err(root.err(
+            "tie_word_embeddings",
+            "disagrees with text_config.tie_word_embeddings",
+        ));
     }
     Ok(())
 }

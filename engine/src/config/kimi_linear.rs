@@ -93,16 +93,56 @@ pub struct KimiLinearConfig {
 
 /// Fields the Kimi-Linear parser reads (both dialects).
 const COMMON_FIELDS: &[&str] = &[
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mla_use_nope", "num_experts", "num_local_experts",
-    "num_experts_per_token", "num_experts_per_tok", "num_shared_experts", "n_shared_experts", "num_expert_group",
-    "n_group", "topk_group", "use_grouped_topk", "topk_method", "moe_renormalize", "norm_topk_prob",
-    "moe_router_activation_func", "routed_scaling_factor", "first_k_dense_replace", "moe_layer_freq",
-    "mlp_layer_types", "layer_types", "rms_norm_eps", "model_max_length", "max_position_embeddings",
-    "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_act", "linear_attn_config",
-    "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim", "qk_head_dim", "head_dim",
-    "num_nextn_predict_layers", "attention_bias", "quantization_config",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "mla_use_nope",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_token",
+    "num_experts_per_tok",
+    "num_shared_experts",
+    "n_shared_experts",
+    "num_expert_group",
+    "n_group",
+    "topk_group",
+    "use_grouped_topk",
+    "topk_method",
+    "moe_renormalize",
+    "norm_topk_prob",
+    "moe_router_activation_func",
+    "routed_scaling_factor",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "mlp_layer_types",
+    "layer_types",
+    "rms_norm_eps",
+    "model_max_length",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "hidden_act",
+    "linear_attn_config",
+    "linear_head_dim",
+    "linear_num_heads",
+    "linear_conv_kernel_dim",
+    "qk_head_dim",
+    "head_dim",
+    "num_nextn_predict_layers",
+    "attention_bias",
+    "quantization_config",
 ];
 
 /// Extra fields a flat Kimi-Linear config may carry: RoPE settings, unused because its MLA is NoPE.
@@ -110,14 +150,37 @@ const LINEAR_ONLY_FIELDS: &[&str] = &["rope_theta", "rope_scaling", "rope_parame
 
 /// Fields that never change the computation: metadata, training-only and HF bookkeeping.
 pub(crate) const BENIGN_FIELDS: &[&str] = &[
-    "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
-    "initializer_range", "use_cache", "attention_dropout", "output_router_logits", "pretraining_tp",
-    "chunk_size_feed_forward", "id2label", "label2id", "is_encoder_decoder", "output_attentions",
-    "output_hidden_states", "problem_type", "return_dict", "router_aux_loss_coef", "aux_loss_alpha",
+    "architectures",
+    "auto_map",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "_name_or_path",
+    "initializer_range",
+    "use_cache",
+    "attention_dropout",
+    "output_router_logits",
+    "pretraining_tp",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "is_encoder_decoder",
+    "output_attentions",
+    "output_hidden_states",
+    "problem_type",
+    "return_dict",
+    "router_aux_loss_coef",
+    "aux_loss_alpha",
     "deltafin_synthetic",
 ];
 
-const KDA_FIELDS: &[&str] = &["num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers"];
+const KDA_FIELDS: &[&str] = &[
+    "num_heads",
+    "head_dim",
+    "short_conv_kernel_size",
+    "kda_layers",
+    "full_attn_layers",
+];
 const KDA_K3_FIELDS: &[&str] = &["use_full_rank_gate", "gate_lower_bound"];
 
 /// Error on the first field of `f` (sorted) that is in none of `lists`.
@@ -126,7 +189,10 @@ pub(crate) fn reject_unknown(f: Fields<'_>, lists: &[&[&str]]) -> Result<()> {
     keys.sort();
     for key in keys {
         if !lists.iter().any(|l| l.contains(&key.as_str())) {
-            return Err(f.err(key, "not understood by this implementation (unknown fields are refused)"));
+            return Err(f.err(
+                key,
+                "not understood by this implementation (unknown fields are refused)",
+            ));
         }
     }
     Ok(())
@@ -214,10 +280,16 @@ impl KimiLinearConfig {
             && kv != self.num_attention_heads
         {
             let want = self.num_attention_heads;
-            return Err(f.err("num_key_value_heads", format!("MLA needs {want} (= num_attention_heads), found {kv}")));
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("MLA needs {want} (= num_attention_heads), found {kv}"),
+            ));
         }
         if f.opt_bool("mla_use_nope")? == Some(false) {
-            return Err(f.err("mla_use_nope", "rotary MLA is not part of this architecture (supported: true)"));
+            return Err(f.err(
+                "mla_use_nope",
+                "rotary MLA is not part of this architecture (supported: true)",
+            ));
         }
         if dialect == Dialect::K3 && f.opt_bool("mla_use_nope")?.is_none() {
             return Err(f.err("mla_use_nope", "missing (K3 requires true)"));
@@ -230,7 +302,12 @@ impl KimiLinearConfig {
         let want_act = if dialect == Dialect::K3 { "situ" } else { "silu" };
         match f.opt_str("hidden_act")? {
             Some(a) if a == want_act => {}
-            Some(a) => return Err(f.err("hidden_act", format!("`{a}` is not supported here (supported: {want_act})"))),
+            Some(a) => {
+                return Err(f.err(
+                    "hidden_act",
+                    format!("`{a}` is not supported here (supported: {want_act})"),
+                ));
+            }
             None => return Err(f.err("hidden_act", "missing")),
         }
         Ok(())
@@ -252,15 +329,27 @@ impl KimiLinearConfig {
         }
         let per_group = e / self.num_expert_group;
         if self.num_expert_group > 1 && per_group < 2 {
-            return Err(f.err("num_expert_group", "group-limited routing needs at least 2 experts per group"));
+            return Err(f.err(
+                "num_expert_group",
+                "group-limited routing needs at least 2 experts per group",
+            ));
         }
         if self.topk_group * per_group < k {
-            return Err(f.err("topk_group", "the kept groups hold fewer experts than num_experts_per_token"));
+            return Err(f.err(
+                "topk_group",
+                "the kept groups hold fewer experts than num_experts_per_token",
+            ));
         }
         if f.opt_bool("use_grouped_topk")? == Some(false) && self.num_expert_group != 1 {
-            return Err(f.err("use_grouped_topk", "false with num_expert_group > 1 is not supported"));
+            return Err(f.err(
+                "use_grouped_topk",
+                "false with num_expert_group > 1 is not supported",
+            ));
         }
-        let checks = [("moe_router_activation_func", "sigmoid"), ("topk_method", "noaux_tc")];
+        let checks = [
+            ("moe_router_activation_func", "sigmoid"),
+            ("topk_method", "noaux_tc"),
+        ];
         for (field, want) in checks {
             if let Some(v) = f.opt_str(field)?
                 && v != want
@@ -288,13 +377,19 @@ impl KimiLinearConfig {
             if let Some(v) = f.opt_usize(field)?
                 && v != want
             {
-                return Err(f.err(field, format!("{v} disagrees with the value derived from the config ({want})")));
+                return Err(f.err(
+                    field,
+                    format!("{v} disagrees with the value derived from the config ({want})"),
+                ));
             }
         }
         if let Some(moe_freq) = f.opt_usize("moe_layer_freq")?
             && moe_freq != 1
         {
-            return Err(f.err("moe_layer_freq", format!("{moe_freq} is not supported (supported: 1)")));
+            return Err(f.err(
+                "moe_layer_freq",
+                format!("{moe_freq} is not supported (supported: 1)"),
+            ));
         }
         Ok(())
     }
@@ -317,16 +412,29 @@ fn parse_kda(f: Fields<'_>, dialect: Dialect) -> Result<KdaConfig> {
         None => return Err(f.err("linear_attn_config", "missing")),
     };
     let scope = format!("{}linear_attn_config.", f.scope);
-    let l = Fields { map, path: f.path, scope: &scope };
-    let extra: &[&str] = if dialect == Dialect::K3 { KDA_K3_FIELDS } else { &[] };
+    let l = Fields {
+        map,
+        path: f.path,
+        scope: &scope,
+    };
+    let extra: &[&str] = if dialect == Dialect::K3 {
+        KDA_K3_FIELDS
+    } else {
+        &[]
+    };
     reject_unknown(l, &[KDA_FIELDS, extra])?;
     let (use_full_rank_gate, decay) = match dialect {
         Dialect::Linear => (false, KdaDecay::Softplus),
         Dialect::K3 => {
-            let full = l.opt_bool("use_full_rank_gate")?.ok_or_else(|| l.err("use_full_rank_gate", "missing"))?;
+            let full = l
+                .opt_bool("use_full_rank_gate")?
+                .ok_or_else(|| l.err("use_full_rank_gate", "missing"))?;
             let bound = l.f64("gate_lower_bound")?;
             if !(bound.is_finite() && bound < 0.0) {
-                return Err(l.err("gate_lower_bound", format!("must be a finite negative number, found {bound}")));
+                return Err(l.err(
+                    "gate_lower_bound",
+                    format!("must be a finite negative number, found {bound}"),
+                ));
             }
             (full, KdaDecay::LowerBound(bound as f32))
         }
@@ -338,7 +446,11 @@ fn parse_kda(f: Fields<'_>, dialect: Dialect) -> Result<KdaConfig> {
         use_full_rank_gate,
         decay,
     };
-    for (field, v) in [("num_heads", c.num_heads), ("head_dim", c.head_dim), ("short_conv_kernel_size", c.short_conv_kernel_size)] {
+    for (field, v) in [
+        ("num_heads", c.num_heads),
+        ("head_dim", c.head_dim),
+        ("short_conv_kernel_size", c.short_conv_kernel_size),
+    ] {
         if v == 0 {
             return Err(l.err(field, "must be positive"));
         }
@@ -349,12 +461,17 @@ fn parse_kda(f: Fields<'_>, dialect: Dialect) -> Result<KdaConfig> {
 /// A one-based layer list, each entry in `1..=layers`.
 fn layer_list(l: Fields<'_>, field: &str, layers: usize) -> Result<Vec<usize>> {
     let list = l.get(field).ok_or_else(|| l.err(field, "missing"))?;
-    let items = list.as_array().ok_or_else(|| l.err(field, "expected a list of one-based layer numbers"))?;
+    let items = list
+        .as_array()
+        .ok_or_else(|| l.err(field, "expected a list of one-based layer numbers"))?;
     items
         .iter()
         .map(|v| match v.as_u64() {
             Some(n) if n >= 1 && n as usize <= layers => Ok(n as usize),
-            _ => Err(l.err(field, format!("entry {v} is not a one-based layer number in 1..={layers}"))),
+            _ => Err(l.err(
+                field,
+                format!("entry {v} is not a one-based layer number in 1..={layers}"),
+            )),
         })
         .collect()
 }
@@ -364,30 +481,55 @@ fn parse_layer_kinds(f: Fields<'_>, layers: usize) -> Result<Vec<AttnKind>> {
         return Err(f.err("linear_attn_config", "missing"));
     };
     let scope = format!("{}linear_attn_config.", f.scope);
-    let l = Fields { map, path: f.path, scope: &scope };
+    let l = Fields {
+        map,
+        path: f.path,
+        scope: &scope,
+    };
     let mut kinds: Vec<Option<AttnKind>> = vec![None; layers];
     for (field, kind) in [("kda_layers", AttnKind::Kda), ("full_attn_layers", AttnKind::Mla)] {
         for n in layer_list(l, field, layers)? {
             if let Some(prev) = kinds[n - 1] {
-                let what = if prev == kind { "twice" } else { "in both kda_layers and full_attn_layers" };
-                return Err(l.err(field, format!("layer {n} is listed {what}: the lists must partition the layers")));
+                let what = if prev == kind {
+                    "twice"
+                } else {
+                    "in both kda_layers and full_attn_layers"
+                };
+                return Err(l.err(
+                    field,
+                    format!("layer {n} is listed {what}: the lists must partition the layers"),
+                ));
             }
             kinds[n - 1] = Some(kind);
         }
     }
     if let Some(missing) = kinds.iter().position(Option::is_none) {
         let n = missing + 1;
-        return Err(l.err("kda_layers", format!("layer {n} is in neither list: the lists must partition 1..={layers}")));
+        return Err(l.err(
+            "kda_layers",
+            format!("layer {n} is in neither list: the lists must partition 1..={layers}"),
+        ));
     }
     let kinds: Vec<AttnKind> = kinds.into_iter().map(|k| k.expect("checked")).collect();
     if let Some(types) = f.get("layer_types") {
         let names: Vec<&str> = kinds
             .iter()
-            .map(|k| if *k == AttnKind::Kda { "linear_attention" } else { "full_attention" })
+            .map(|k| {
+                if *k == AttnKind::Kda {
+                    "linear_attention"
+                } else {
+                    "full_attention"
+                }
+            })
             .collect();
-        let given: Option<Vec<&str>> = types.as_array().and_then(|a| a.iter().map(Value::as_str).collect());
+        let given: Option<Vec<&str>> = types
+            .as_array()
+            .and_then(|a| a.iter().map(Value::as_str).collect());
         if given.as_deref() != Some(&names[..]) {
-            return Err(f.err("layer_types", "disagrees with linear_attn_config's kda_layers/full_attn_layers"));
+            return Err(f.err(
+                "layer_types",
+                "disagrees with linear_attn_config's kda_layers/full_attn_layers",
+            ));
         }
     }
     Ok(kinds)
@@ -407,7 +549,12 @@ fn parse_moe_layers(f: Fields<'_>, layers: usize) -> Result<Vec<bool>> {
                     })
                     .collect()
             });
-            Some(kinds.ok_or_else(|| f.err("mlp_layer_types", format!("expected {layers} entries of \"dense\"/\"sparse\"")))?)
+            Some(kinds.ok_or_else(|| {
+                f.err(
+                    "mlp_layer_types",
+                    format!("expected {layers} entries of \"dense\"/\"sparse\""),
+                )
+            })?)
         }
     };
     let from_k = match f.opt_usize("first_k_dense_replace")? {

@@ -136,7 +136,11 @@ impl KdaCache {
 
     /// Rows staged in the current pass.
     fn staged_rows(&self) -> usize {
-        if self.staged { self.inputs.len() / self.shape.record_len() } else { 0 }
+        if self.staged {
+            self.inputs.len() / self.shape.record_len()
+        } else {
+            0
+        }
     }
 
     /// Keep the first `keep` staged rows (see the module docs).
@@ -211,7 +215,11 @@ pub struct SeqState {
 impl SeqState {
     /// A fresh state with the given layer states.
     pub fn new(layers: Vec<LayerState>) -> Self {
-        SeqState { layers, len: 0, staged: 0 }
+        SeqState {
+            layers,
+            len: 0,
+            staged: 0,
+        }
     }
 
     /// Number of positions processed, including a staged (not yet committed) pass: the next
@@ -258,7 +266,8 @@ impl SeqState {
 
     /// Keep every staged row.
     pub fn commit_all(&mut self) {
-        self.commit(self.staged).expect("keeping every staged row is always valid");
+        self.commit(self.staged)
+            .expect("keeping every staged row is always valid");
     }
 
     /// Drop the whole staged pass.
@@ -273,6 +282,12 @@ impl SeqState {
         self.staged = rows;
     }
 
+    /// Whether [`SeqState::truncate`]`(len)` would succeed: always within the staged pass, and
+    /// for committed positions only when no layer holds a recurrent (KDA) state.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len >= self.committed_len() || !self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+    }
+
     /// Forget every position at or after `len` (no-op if `len >= self.len()`). Positions of
     /// the staged pass can always be dropped; committed positions only when every layer is an
     /// MLA cache (a recurrent state cannot be rewound past its pass).
@@ -283,7 +298,7 @@ impl SeqState {
         if len >= self.committed_len() {
             return self.commit(len - self.committed_len());
         }
-        if self.layers.iter().any(|l| matches!(l, LayerState::Kda(_))) {
+        if !self.can_truncate(len) {
             return Err(Error::InvalidArgument {
                 field: "truncate",
                 reason: format!(
@@ -332,7 +347,10 @@ impl SeqState {
 
     /// Number of MLA layers.
     pub fn mla_layers(&self) -> usize {
-        self.layers.iter().filter(|l| matches!(l, LayerState::Mla(_))).count()
+        self.layers
+            .iter()
+            .filter(|l| matches!(l, LayerState::Mla(_)))
+            .count()
     }
 }
 

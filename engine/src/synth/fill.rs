@@ -11,7 +11,12 @@ use crate::weights::{Dtype, TensorSpec, write_atomic, write_safetensors};
 
 /// Write `tensors` into `shards` safetensors files in `dir` (with an index when more than one),
 /// filling each tensor deterministically from `seed` and its name.
-pub(crate) fn write_shards(dir: &Path, tensors: &[(TensorSpec, Fill)], shards: usize, seed: u64) -> Result<()> {
+pub(crate) fn write_shards(
+    dir: &Path,
+    tensors: &[(TensorSpec, Fill)],
+    shards: usize,
+    seed: u64,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let shards = shards.max(1);
     let per = tensors.len().div_ceil(shards);
@@ -33,7 +38,10 @@ pub(crate) fn write_shards(dir: &Path, tensors: &[(TensorSpec, Fill)], shards: u
     }
     if shards > 1 {
         let index = json!({"metadata": {}, "weight_map": weight_map});
-        write_atomic(&dir.join("model.safetensors.index.json"), index.to_string().as_bytes())?;
+        write_atomic(
+            &dir.join("model.safetensors.index.json"),
+            index.to_string().as_bytes(),
+        )?;
     }
     Ok(())
 }
@@ -66,7 +74,10 @@ pub(crate) enum Fill {
 }
 
 pub(crate) fn dense(name: &str, rows: usize, cols: usize, gain: f32) -> (TensorSpec, Fill) {
-    (TensorSpec::new(name, Dtype::BF16, &[rows, cols]), Fill::Dense(gain))
+    (
+        TensorSpec::new(name, Dtype::BF16, &[rows, cols]),
+        Fill::Dense(gain),
+    )
 }
 
 pub(crate) fn norm(name: &str, len: usize) -> (TensorSpec, Fill) {
@@ -93,10 +104,16 @@ impl Fill {
                 buf.extend_from_slice(&(c as i64).to_le_bytes());
             }
             _ => {
-                let count = if matches!(self, Fill::Bytes) { spec.nbytes() } else { n };
+                let count = if matches!(self, Fill::Bytes) {
+                    spec.nbytes()
+                } else {
+                    n
+                };
                 for _ in 0..count {
                     match self {
-                        Fill::Dense(g) => buf.extend_from_slice(&bf16(rng.symmetric(g * (3.0 / cols as f32).sqrt()))),
+                        Fill::Dense(g) => {
+                            buf.extend_from_slice(&bf16(rng.symmetric(g * (3.0 / cols as f32).sqrt())))
+                        }
                         Fill::Norm => buf.extend_from_slice(&bf16(1.0 + rng.symmetric(0.1))),
                         Fill::Bias => buf.extend_from_slice(&rng.symmetric(0.05).to_le_bytes()),
                         Fill::Fp8 => {
@@ -107,7 +124,9 @@ impl Fill {
                         Fill::Scale(s) => buf.extend_from_slice(&(s * (0.5 + rng.unit())).to_le_bytes()),
                         Fill::Bytes => buf.push(rng.next_u64() as u8),
                         Fill::Uniform(lo, hi) => buf.extend_from_slice(&bf16(lo + (hi - lo) * rng.unit())),
-                        Fill::F32Uniform(lo, hi) => buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).to_le_bytes()),
+                        Fill::F32Uniform(lo, hi) => {
+                            buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).to_le_bytes())
+                        }
                         Fill::F32LogUniform(lo, hi) => {
                             buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).ln().to_le_bytes())
                         }

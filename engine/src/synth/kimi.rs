@@ -145,7 +145,9 @@ impl KimiSynth {
     }
 
     fn kda_layers(&self) -> Vec<usize> {
-        (1..=self.layers).filter(|l| !self.full_attn_layers.contains(l)).collect()
+        (1..=self.layers)
+            .filter(|l| !self.full_attn_layers.contains(l))
+            .collect()
     }
 
     /// The `config.json` contents.
@@ -244,19 +246,33 @@ impl KimiSynth {
 
     /// `(gate, up, down)` names and shapes of a gated MLP of `width` over `input`.
     fn mlp_shapes(&self, width: usize, input: usize) -> [(&'static str, usize, usize); 3] {
-        [("gate_proj", width, input), ("up_proj", width, input), ("down_proj", input, width)]
+        [
+            ("gate_proj", width, input),
+            ("up_proj", width, input),
+            ("down_proj", input, width),
+        ]
     }
 
     fn kda(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str) {
         let (h, d, heads) = (self.hidden, self.kda_head_dim, self.kda_heads);
         let pw = heads * d;
         let a = format!("{p}.self_attn");
-        let f32_tensor = |name: &str, shape: &[usize], fill: Fill| (TensorSpec::new(format!("{a}.{name}"), Dtype::F32, shape), fill);
-        let a_log_shape: Vec<usize> = if self.variant == KimiVariant::K3 { vec![d] } else { vec![1, 1, heads, 1] };
+        let f32_tensor = |name: &str, shape: &[usize], fill: Fill| {
+            (TensorSpec::new(format!("{a}.{name}"), Dtype::F32, shape), fill)
+        };
+        let a_log_shape: Vec<usize> = if self.variant == KimiVariant::K3 {
+            vec![d]
+        } else {
+            vec![1, 1, heads, 1]
+        };
         t.push(f32_tensor("A_log", &a_log_shape, Fill::F32LogUniform(1.0, 16.0)));
         t.push(f32_tensor("dt_bias", &[pw], Fill::F32Uniform(-1.0, 1.0)));
         for s in ["q", "k", "v"] {
-            t.push(f32_tensor(&format!("{s}_conv1d.weight"), &[pw, 1, self.conv], Fill::F32Uniform(-0.6, 0.6)));
+            t.push(f32_tensor(
+                &format!("{s}_conv1d.weight"),
+                &[pw, 1, self.conv],
+                Fill::F32Uniform(-0.6, 0.6),
+            ));
         }
         t.push(f32_tensor("o_norm.weight", &[d], Fill::F32Uniform(0.8, 1.2)));
         for s in ["q_proj", "k_proj", "v_proj"] {
@@ -285,9 +301,19 @@ impl KimiSynth {
             }
             None => t.push(dense(&format!("{a}.q_proj.weight"), self.heads * qk, h, 1.0)),
         }
-        t.push(dense(&format!("{a}.kv_a_proj_with_mqa.weight"), self.kv_lora + self.rope, h, 1.0));
+        t.push(dense(
+            &format!("{a}.kv_a_proj_with_mqa.weight"),
+            self.kv_lora + self.rope,
+            h,
+            1.0,
+        ));
         t.push(norm(&format!("{a}.kv_a_layernorm.weight"), self.kv_lora));
-        t.push(dense(&format!("{a}.kv_b_proj.weight"), self.heads * (self.nope + self.v), self.kv_lora, 1.0));
+        t.push(dense(
+            &format!("{a}.kv_b_proj.weight"),
+            self.heads * (self.nope + self.v),
+            self.kv_lora,
+            1.0,
+        ));
         if self.variant == KimiVariant::K3 {
             t.push(dense(&format!("{a}.g_proj.weight"), self.heads * self.v, h, 1.0));
         }
@@ -297,24 +323,51 @@ impl KimiSynth {
     fn moe(&self, t: &mut Vec<(TensorSpec, Fill)>, m: &str) {
         let h = self.hidden;
         t.push(dense(&format!("{m}.gate.weight"), self.experts, h, 1.0));
-        let bias = TensorSpec::new(format!("{m}.gate.e_score_correction_bias"), Dtype::F32, &[self.experts]);
+        let bias = TensorSpec::new(
+            format!("{m}.gate.e_score_correction_bias"),
+            Dtype::F32,
+            &[self.experts],
+        );
         t.push((bias, Fill::Bias));
         if self.variant == KimiVariant::K3 {
-            t.push(dense(&format!("{m}.routed_expert_down_proj.weight"), self.latent, h, 1.0));
-            t.push(dense(&format!("{m}.routed_expert_up_proj.weight"), h, self.latent, 1.0));
+            t.push(dense(
+                &format!("{m}.routed_expert_down_proj.weight"),
+                self.latent,
+                h,
+                1.0,
+            ));
+            t.push(dense(
+                &format!("{m}.routed_expert_up_proj.weight"),
+                h,
+                self.latent,
+                1.0,
+            ));
             t.push(norm(&format!("{m}.routed_expert_norm.weight"), self.latent));
         }
         for (name, rows, cols) in self.mlp_shapes(self.moe_intermediate * self.shared, h) {
-            t.push(dense(&format!("{m}.shared_experts.{name}.weight"), rows, cols, 1.0));
+            t.push(dense(
+                &format!("{m}.shared_experts.{name}.weight"),
+                rows,
+                cols,
+                1.0,
+            ));
         }
-        let input = if self.variant == KimiVariant::K3 { self.latent } else { h };
+        let input = if self.variant == KimiVariant::K3 {
+            self.latent
+        } else {
+            h
+        };
         let width = self.moe_intermediate;
         for e in 0..self.experts {
             for (w, rows, cols) in [("w1", width, input), ("w2", input, width), ("w3", width, input)] {
                 let module = format!("{m}.experts.{e}.{w}");
                 if self.variant == KimiVariant::K3 {
-                    t.push((TensorSpec::new(format!("{module}.weight_packed"), Dtype::U8, &[rows, cols / 2]), Fill::Bytes));
-                    let scale = TensorSpec::new(format!("{module}.weight_scale"), Dtype::U8, &[rows, cols / 32]);
+                    t.push((
+                        TensorSpec::new(format!("{module}.weight_packed"), Dtype::U8, &[rows, cols / 2]),
+                        Fill::Bytes,
+                    ));
+                    let scale =
+                        TensorSpec::new(format!("{module}.weight_scale"), Dtype::U8, &[rows, cols / 32]);
                     t.push((scale, Fill::E8m0(e8m0_center(cols))));
                 } else {
                     t.push(dense(&format!("{module}.weight"), rows, cols, 1.0));
@@ -327,19 +380,33 @@ impl KimiSynth {
     pub fn write(&self, dir: &Path) -> Result<()> {
         self.check()?;
         write_shards(dir, &self.tensors(), self.shards, self.seed)?;
-        let flavor = if self.variant == KimiVariant::K3 { TokenizerFlavor::K3 } else { TokenizerFlavor::K2 };
+        let flavor = if self.variant == KimiVariant::K3 {
+            TokenizerFlavor::K3
+        } else {
+            TokenizerFlavor::K2
+        };
         write_byte_tokenizer_flavor(dir, flavor)?;
         let config = serde_json::to_string_pretty(&self.config()).expect("json");
         write_atomic(&dir.join("config.json"), config.as_bytes())
     }
 
     fn check(&self) -> Result<()> {
-        let bad = |reason: String| Err(Error::InvalidArgument { field: "synth", reason });
-        if self.variant == KimiVariant::K3 && (self.latent % 32 != 0 || self.moe_intermediate % 32 != 0) {
+        let bad = |reason: String| {
+            Err(Error::InvalidArgument {
+                field: "synth",
+                reason,
+            })
+        };
+        if self.variant == KimiVariant::K3
+            && (!self.latent.is_multiple_of(32) || !self.moe_intermediate.is_multiple_of(32))
+        {
             return bad("MXFP4 experts need latent and moe_intermediate divisible by 32".into());
         }
         if self.full_attn_layers.iter().any(|&l| l == 0 || l > self.layers) {
-            return bad(format!("full_attn_layers {:?} must be one-based layers of 1..={}", self.full_attn_layers, self.layers));
+            return bad(format!(
+                "full_attn_layers {:?} must be one-based layers of 1..={}",
+                self.full_attn_layers, self.layers
+            ));
         }
         Ok(())
     }

@@ -21,7 +21,10 @@ impl AttnRes {
     /// The pseudo-query from the norm weight and the `[1, H]` projection row.
     pub fn new(norm: &[f32], proj: &[f32], eps: f32) -> Self {
         debug_assert_eq!(norm.len(), proj.len());
-        AttnRes { query: norm.iter().zip(proj).map(|(n, p)| n * p).collect(), eps }
+        AttnRes {
+            query: norm.iter().zip(proj).map(|(n, p)| n * p).collect(),
+            eps,
+        }
     }
 
     /// Mix one row: `anchors[a]` is anchor `a`'s row (each `H` values), `last` the partial sum.
@@ -65,7 +68,10 @@ mod tests {
         assert_eq!(out, [3.0, -1.0]);
         // Two values with the same RMS-normalised direction get equal weight.
         r.mix(&[&[2.0, 2.0]], &[4.0, 4.0], &mut out);
-        assert!((out[0] - 3.0).abs() < 1e-6 && (out[1] - 3.0).abs() < 1e-6, "{out:?}");
+        assert!(
+            (out[0] - 3.0).abs() < 1e-6 && (out[1] - 3.0).abs() < 1e-6,
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -83,20 +83,29 @@ pub struct Kda {
 /// Broadcast a stored `A_log` to `[heads, head_dim]` by numpy rules: leading unit dims are
 /// dropped, then the trailing two dims must each be 1 or the matching size (`[1,1,H,1]` is per
 /// head, `[head_dim]` per key channel shared by all heads). Returns `exp(A_log)` per channel.
-pub fn broadcast_decay_rate(shape: &[usize], a_log: &[f32], heads: usize, head_dim: usize) -> Result<Vec<f32>, String> {
+pub fn broadcast_decay_rate(
+    shape: &[usize],
+    a_log: &[f32],
+    heads: usize,
+    head_dim: usize,
+) -> Result<Vec<f32>, String> {
     let mut dims: Vec<usize> = shape.to_vec();
     while dims.len() > 2 && dims[0] == 1 {
         dims.remove(0);
     }
     if dims.len() > 2 {
-        return Err(format!("shape {shape:?} does not broadcast to [{heads}, {head_dim}]"));
+        return Err(format!(
+            "shape {shape:?} does not broadcast to [{heads}, {head_dim}]"
+        ));
     }
     while dims.len() < 2 {
         dims.insert(0, 1);
     }
     let (rows, cols) = (dims[0], dims[1]);
     if !(rows == 1 || rows == heads) || !(cols == 1 || cols == head_dim) {
-        return Err(format!("shape {shape:?} does not broadcast to [{heads}, {head_dim}]"));
+        return Err(format!(
+            "shape {shape:?} does not broadcast to [{heads}, {head_dim}]"
+        ));
     }
     let mut out = Vec::with_capacity(heads * head_dim);
     for h in 0..heads {
@@ -147,7 +156,12 @@ impl Kda {
             OutputGate::LowRank { a, b } => mm(b, &mm(a, x)),
             OutputGate::Full(g) => mm(g, x),
         };
-        Projections { qkv, f, beta: mm(&self.b, x), gate }
+        Projections {
+            qkv,
+            f,
+            beta: mm(&self.b, x),
+            gate,
+        }
     }
 
     /// Attention output `[n, hidden]` for normalised rows `x`, advancing each row's sequence
@@ -253,7 +267,11 @@ pub fn delta_rule_step(state: &mut [f32], k: &[f32], v: &[f32], g: &[f32], beta:
     let mut delta = vec![0.0f32; d];
     for h in 0..shape.heads {
         let s = &mut state[h * d * d..(h + 1) * d * d];
-        let (kh, vh, gh) = (&k[h * d..(h + 1) * d], &v[h * d..(h + 1) * d], &g[h * d..(h + 1) * d]);
+        let (kh, vh, gh) = (
+            &k[h * d..(h + 1) * d],
+            &v[h * d..(h + 1) * d],
+            &g[h * d..(h + 1) * d],
+        );
         for (row, &gi) in s.chunks_mut(d).zip(gh) {
             let decay = gi.exp();
             row.iter_mut().for_each(|x| *x *= decay);
@@ -301,14 +319,21 @@ mod tests {
         let per_channel = broadcast_decay_rate(&[3], &[0.0, 1.0, 2.0], 2, 3).unwrap();
         assert_eq!(per_channel[..3], per_channel[3..]);
         assert_eq!(per_channel[2], 2f32.exp());
-        assert!(broadcast_decay_rate(&[2], &[0.0, 1.0], 2, 3).is_err(), "[H] with H != head_dim");
+        assert!(
+            broadcast_decay_rate(&[2], &[0.0, 1.0], 2, 3).is_err(),
+            "[H] with H != head_dim"
+        );
         assert!(broadcast_decay_rate(&[2, 2, 3], &[0.0; 12], 2, 3).is_err());
     }
 
     #[test]
     fn delta_rule_writes_the_value_for_a_unit_key() {
         // One head, d = 2, no decay (g = 0), beta = 1, k = e0: S row 0 becomes v exactly.
-        let shape = KdaShape { heads: 1, head_dim: 2, kernel: 1 };
+        let shape = KdaShape {
+            heads: 1,
+            head_dim: 2,
+            kernel: 1,
+        };
         let mut s = vec![0.5, -1.0, 2.0, 3.0];
         delta_rule_step(&mut s, &[1.0, 0.0], &[4.0, 5.0], &[0.0, 0.0], &[1.0], shape);
         assert_eq!(s, vec![4.0, 5.0, 2.0, 3.0]);
