@@ -57,6 +57,61 @@ fn checkpoints_load_as_the_intended_architectures() {
     assert_eq!(m.info().arch, "kimi_linear");
 }
 
+/// The built-in default model is a K3-architecture checkpoint with MXFP4 experts and a
+/// tokenizer carrying K3's special tokens and chat format.
+#[test]
+fn builtin_default_is_a_k3_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("builtin");
+    assert!(deltafin_engine::synth::ensure_builtin(&target).unwrap());
+    assert!(
+        !deltafin_engine::synth::ensure_builtin(&target).unwrap(),
+        "second call reuses it"
+    );
+    let spec = ModelSpec::load(&target).unwrap();
+    assert!(matches!(spec.arch, ArchConfig::KimiK3(_)));
+    assert!(matches!(
+        spec.quant,
+        deltafin_engine::config::Quantization::Mxfp4PackQuantized { group_size: 32, .. }
+    ));
+    let index = deltafin_engine::weights::WeightIndex::open(&target).unwrap();
+    let packed = index
+        .info("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed")
+        .unwrap();
+    assert_eq!(packed.dtype, deltafin_engine::weights::Dtype::U8);
+    let m = arch::load(&target).unwrap();
+    assert_eq!(m.info().eos_token_ids, vec![258]);
+    let logits = run(m.as_ref(), &mut m.new_state(), &prompt(8, 3), LogitRows::Last);
+    assert!(logits.iter().all(|x| x.is_finite()));
+    let tok: Value =
+        serde_json::from_slice(&std::fs::read(target.join("tokenizer_config.json")).unwrap()).unwrap();
+    let added = &tok["added_tokens_decoder"];
+    let names: Vec<(&str, &str)> = [
+        ("256", "[BOS]"),
+        ("257", "[EOS]"),
+        ("258", "<|end_of_msg|>"),
+        ("259", "<|open|>"),
+    ]
+    .into_iter()
+    .chain([
+        ("260", "<|close|>"),
+        ("261", "<|sep|>"),
+        ("510", "[UNK]"),
+        ("511", "[PAD]"),
+    ])
+    .collect();
+    for (id, name) in names {
+        assert_eq!(added[id]["content"], name, "{id}");
+    }
+    assert_eq!(tok["eos_token"], "<|end_of_msg|>");
+    assert!(
+        tok["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|open|>message role=")
+    );
+}
+
 #[test]
 fn prefill_equals_token_by_token_decode() {
     for synth in variants() {
@@ -419,6 +474,9 @@ fn unknown_or_inconsistent_fields_are_refused() {
         v["text_config"][field] = value;
         assert_eq!(field_err(&v), want, "{field}");
     }
+    let mut v = k3_config();
+    v["text_config"]["quantization_config"]["kv_cache_scheme"] = json!({"num_bits": 8});
+    assert!(field_err(&v).ends_with("quantization_config.kv_cache_scheme"));
     let mut v = k3_config();
     v["eos_token_id"] = json!(257);
     assert_eq!(field_err(&v), "eos_token_id");
