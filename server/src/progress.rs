@@ -44,6 +44,9 @@ struct Lines {
 
 impl ProgressSink for Lines {
     fn event(&self, e: &ProgressEvent) {
+        if e.phase == Phase::Error {
+            return; // main prints the error itself, as the last line
+        }
         let mut last = self.last.lock().expect("lock");
         let changed = last.0 != Some(e.phase);
         if !changed && e.phase == Phase::Download && last.1.elapsed() < Duration::from_secs(10) {

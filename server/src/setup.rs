@@ -160,12 +160,12 @@ pub fn draft_dir(dir: &Path, name: &str) -> PathBuf {
 
 fn run_jobs(jobs: &[Job], net: &NetArgs, progress_file: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let file_sink = progress_file.map(JsonLinesFile::create).transpose()?;
+    let file_sink = progress_file.map(JsonLinesFile::create).transpose()?.map(std::sync::Arc::new);
     let mut reports = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let mut sinks: Vec<Box<dyn ProgressSink>> = vec![human_sink(&job.label)];
         if let Some(f) = &file_sink {
-            sinks.push(Box::new(FileRef(f)));
+            sinks.push(Box::new(FileRef(f.clone())));
         }
         let fan = Fanout(sinks);
         let last = i + 1 == jobs.len();
@@ -188,9 +188,9 @@ fn run_jobs(jobs: &[Job], net: &NetArgs, progress_file: Option<&Path>, json: boo
     Ok(ExitCode::SUCCESS)
 }
 
-struct FileRef<'a>(&'a JsonLinesFile);
+struct FileRef(std::sync::Arc<JsonLinesFile>);
 
-impl ProgressSink for FileRef<'_> {
+impl ProgressSink for FileRef {
     fn event(&self, e: &deltafin_fetch::progress::ProgressEvent) {
         self.0.event(e);
     }

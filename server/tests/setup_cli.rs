@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// The binary under test (`DELTAFIN_TEST_BIN` overrides it, for shared target directories where
+/// another checkout may rebuild `target/debug/deltafin` concurrently).
 fn deltafin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    let bin = std::env::var("DELTAFIN_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_deltafin").to_string());
+    let mut c = Command::new(bin);
     c.env_remove("HF_TOKEN").env_remove("HF_ENDPOINT").env("DELTAFIN_RETRY_BASE_MS", "20").env("DELTAFIN_HEADROOM_MIB", "0");
     c
 }
@@ -28,8 +31,13 @@ fn ok(out: &Output) -> &Output {
     out
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+/// The one `error: ...` line, which must be the last line on stderr (progress lines may precede it).
+fn error_line(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert_eq!(text.lines().last(), Some(errors[0]), "{text}");
+    errors[0].to_string()
 }
 
 /// Tiny model + 4 MiB payload, and a second tiny repo posing as the Qwen drafter.
@@ -158,17 +166,16 @@ fn failures_exit_1_with_one_line() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let e = stderr(&out);
-    assert_eq!(e.lines().count(), 1, "{e}");
-    assert!(e.starts_with("error: ") && e.contains("not found (HTTP 404)") && e.contains("HF_TOKEN"), "{e}");
+    let e = error_line(&out);
+    assert!(e.contains("not found (HTTP 404)") && e.contains("HF_TOKEN"), "{e}");
     // Usage errors exit 2: a mode is required.
     let out = deltafin().args(["setup", "--source", "hf://org/tiny", "--dir", "x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     if let Some(tmpfs) = Tmpfs::mount("1m") {
         let out = setup_cmd(&nginx.url(), &tmpfs.path.join("m")).output().unwrap();
         assert_eq!(out.status.code(), Some(1));
-        let e = stderr(&out);
-        assert!(e.contains("not enough free space") && e.lines().count() == 1, "{e}");
+        let e = error_line(&out);
+        assert!(e.contains("not enough free space"), "{e}");
         assert!(!tmpfs.path.join("m/payload.bin").exists());
     }
     // doctor on an empty directory: not usable.
