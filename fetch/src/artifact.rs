@@ -22,7 +22,14 @@ pub fn push_plan(dir: &Path) -> Result<(Vec<PushFile>, ArtifactConfig)> {
         source: m.as_ref().map(|m| m.source.clone()),
         revision: m.as_ref().map(|m| m.revision.clone()),
         pinned: m.as_ref().map(|m| m.pinned.clone()),
-        files: files.iter().map(|f| ArtifactFile { path: f.path.clone(), size: f.size, sha256: f.sha256.clone() }).collect(),
+        files: files
+            .iter()
+            .map(|f| ArtifactFile {
+                path: f.path.clone(),
+                size: f.size,
+                sha256: f.sha256.clone(),
+            })
+            .collect(),
     };
     Ok((files, config))
 }
@@ -33,19 +40,29 @@ fn from_manifest(dir: &Path, m: &Manifest) -> Result<Vec<PushFile>> {
         if f.state != FileState::Published {
             return Err(Error::NotReady {
                 dir: dir.into(),
-                reason: format!("{} is not complete (mode {:?}); run `deltafin setup --full` first", f.path, m.mode),
+                reason: format!(
+                    "{} is not complete (mode {:?}); run `deltafin setup --full` first",
+                    f.path, m.mode
+                ),
             });
         }
         let path = dir.join(&f.path);
         let len = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
         if len != f.size {
-            return Err(Error::NotReady { dir: dir.into(), reason: format!("{} is {len} bytes, the manifest says {}", f.path, f.size) });
+            return Err(Error::NotReady {
+                dir: dir.into(),
+                reason: format!("{} is {len} bytes, the manifest says {}", f.path, f.size),
+            });
         }
         let sha256 = match &f.sha256 {
             Some(h) => h.clone(),
             None => hash_file(&path, false)?.sha256,
         };
-        out.push(PushFile { path: f.path.clone(), size: f.size, sha256 });
+        out.push(PushFile {
+            path: f.path.clone(),
+            size: f.size,
+            sha256,
+        });
     }
     Ok(out)
 }
@@ -57,10 +74,17 @@ fn from_tree(dir: &Path) -> Result<Vec<PushFile>> {
     let mut out = Vec::new();
     for rel in rels {
         let h = hash_file(&dir.join(&rel), false)?;
-        out.push(PushFile { path: rel, size: h.size, sha256: h.sha256 });
+        out.push(PushFile {
+            path: rel,
+            size: h.size,
+            sha256: h.sha256,
+        });
     }
     if out.is_empty() {
-        return Err(Error::NotReady { dir: dir.into(), reason: "no files to push".into() });
+        return Err(Error::NotReady {
+            dir: dir.into(),
+            reason: "no files to push".into(),
+        });
     }
     Ok(out)
 }
@@ -73,7 +97,11 @@ fn walk(root: &Path, prefix: &str, out: &mut Vec<String>) -> Result<()> {
         if prefix.is_empty() && name == STATE_DIR {
             continue;
         }
-        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+        let rel = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
         let ty = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
         if ty.is_dir() {
             walk(root, &rel, out)?;

@@ -44,7 +44,11 @@ pub async fn fetch_range(ctx: &FetchCtx<'_>, staged: &StagedFile, range: Range<u
             Ok(()) => AttemptError::retry(
                 "",
                 Failure::BodyCut,
-                format!("body ended after {} of {} bytes", pos - range.start, range.end - range.start),
+                format!(
+                    "body ended after {} of {} bytes",
+                    pos - range.start,
+                    range.end - range.start
+                ),
             ),
             Err(e) => e,
         };
@@ -79,19 +83,26 @@ async fn copy_attempt(
     pos: &mut u64,
     committed: &mut u64,
 ) -> Result<(), AttemptError> {
-    let mut body = ctx.remote.open_range(ctx.pinned, &staged.remote, want.clone()).await?;
+    let mut body = ctx
+        .remote
+        .open_range(ctx.pinned, &staged.remote, want.clone())
+        .await?;
     while let Some(chunk) = body.next().await {
         let chunk = chunk?;
         let room = (want.end - *pos) as usize;
         let take = chunk.len().min(room);
-        staged.write_at(*pos, &chunk[..take]).map_err(|e| AttemptError::fatal("", e))?;
+        staged
+            .write_at(*pos, &chunk[..take])
+            .map_err(|e| AttemptError::fatal("", e))?;
         *pos += take as u64;
         ctx.received.fetch_add(take as u64, Ordering::Relaxed);
         if let Some(p) = ctx.progress {
             p.add_bytes(take as u64, &staged.remote.path);
         }
         if *pos - *committed >= COMMIT_EVERY {
-            staged.commit(*committed..*pos).map_err(|e| AttemptError::fatal("", e))?;
+            staged
+                .commit(*committed..*pos)
+                .map_err(|e| AttemptError::fatal("", e))?;
             *committed = *pos;
         }
         if *pos == want.end {

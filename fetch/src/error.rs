@@ -13,7 +13,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A `hf://` / `oci://` source or another argument could not be parsed.
     #[error("invalid {what} `{input}`: {reason}")]
-    InvalidArgument { what: &'static str, input: String, reason: String },
+    InvalidArgument {
+        what: &'static str,
+        input: String,
+        reason: String,
+    },
     /// HTTP 404 (not retried).
     #[error("{url}: not found (HTTP 404){hint}")]
     NotFound { url: String, hint: String },
@@ -25,7 +29,11 @@ pub enum Error {
     HttpStatus { url: String, status: u16, attempts: u32 },
     /// Connection refused/reset/timed out, or a body cut short, after the last attempt.
     #[error("{url}: network failure after {attempts} attempt(s): {reason}")]
-    Network { url: String, attempts: u32, reason: String },
+    Network {
+        url: String,
+        attempts: u32,
+        reason: String,
+    },
     /// A response that breaks the protocol (wrong Content-Range, body too long, bad JSON, ...).
     #[error("{url}: unexpected response: {reason}")]
     Protocol { url: String, reason: String },
@@ -34,22 +42,43 @@ pub enum Error {
         "{path}: checksum mismatch ({algo}): expected {expected}, got {actual}; the download was discarded and \
          nothing was published"
     )]
-    ChecksumMismatch { path: String, algo: &'static str, expected: String, actual: String },
+    ChecksumMismatch {
+        path: String,
+        algo: &'static str,
+        expected: String,
+        actual: String,
+    },
     /// Not enough free space for what remains to be downloaded.
     #[error(
         "not enough free space in {dir}: {need} bytes ({need_h}) still to download plus {headroom_h} headroom, \
          but only {free} bytes ({free_h}) are free"
     )]
-    InsufficientSpace { dir: PathBuf, need: u64, need_h: String, headroom_h: String, free: u64, free_h: String },
+    InsufficientSpace {
+        dir: PathBuf,
+        need: u64,
+        need_h: String,
+        headroom_h: String,
+        free: u64,
+        free_h: String,
+    },
     /// The source's revision now points elsewhere than the commit this install is pinned to.
     #[error(
         "{source_id}: revision `{revision}` moved from {was} to {now} during the install; the local files belong \
          to {was}. Rerun with `@{was}` to finish that commit, or use a new --dir for {now}"
     )]
-    RevisionMoved { source_id: String, revision: String, was: String, now: String },
+    RevisionMoved {
+        source_id: String,
+        revision: String,
+        was: String,
+        now: String,
+    },
     /// The directory already holds an install of something else.
     #[error("{dir} already holds an install of {existing}, not {requested}; use another --dir")]
-    OtherInstall { dir: PathBuf, existing: String, requested: String },
+    OtherInstall {
+        dir: PathBuf,
+        existing: String,
+        requested: String,
+    },
     /// Another process holds the directory's lock.
     #[error("{dir} is in use by another deltafin process (lock {lock})")]
     Locked { dir: PathBuf, lock: PathBuf },
@@ -64,10 +93,19 @@ pub enum Error {
     Format { path: String, reason: String },
     /// An OCI registry operation failed.
     #[error("OCI {op} {reference}: {reason}")]
-    Oci { op: &'static str, reference: String, reason: String },
+    Oci {
+        op: &'static str,
+        reference: String,
+        reason: String,
+    },
     /// A range fetch that another caller was performing failed (stream mode coalescing).
     #[error("{file}: fetching bytes {start}..{end} failed: {reason}")]
-    RangeFailed { file: String, start: u64, end: u64, reason: String },
+    RangeFailed {
+        file: String,
+        start: u64,
+        end: u64,
+        reason: String,
+    },
     /// The install is not in a state that allows the operation.
     #[error("{dir}: {reason}")]
     NotReady { dir: PathBuf, reason: String },
@@ -76,7 +114,10 @@ pub enum Error {
 impl Error {
     /// Wrap an I/O error with the path it concerns.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// Stable short label (metrics, progress stream).
@@ -112,7 +153,11 @@ pub fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 #[cfg(test)]

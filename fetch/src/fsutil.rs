@@ -32,10 +32,18 @@ impl DirLock {
     pub fn acquire(dir: &Path, state_dir: &Path) -> Result<DirLock> {
         std::fs::create_dir_all(state_dir).map_err(|e| Error::io(state_dir, e))?;
         let path = state_dir.join("lock");
-        let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| Error::io(&path, e))?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(DirLock { _file: file, path }),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(Error::Locked { dir: dir.to_path_buf(), lock: path }),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(Error::Locked {
+                dir: dir.to_path_buf(),
+                lock: path,
+            }),
             Err(e) => Err(Error::io(&path, e.into())),
         }
     }
@@ -56,7 +64,9 @@ pub fn sync_dir(dir: &Path) {
 /// Publish `staged` as `dest`: fsync the data, create `dest`'s parent, rename (atomic on one file
 /// system), fsync both directories. A reader sees either no `dest` or the complete file.
 pub fn publish(staged: &Path, dest: &Path) -> Result<()> {
-    File::open(staged).and_then(|f| f.sync_all()).map_err(|e| Error::io(staged, e))?;
+    File::open(staged)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(staged, e))?;
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
@@ -79,14 +89,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
 /// Check a relative path from a remote listing: non-empty, relative, no `..`, no `.deltafin`
 /// state directory, no NUL or backslash. Returns it unchanged when safe.
 pub fn safe_relative_path(name: &str) -> Result<&str> {
-    let bad = |reason| Err(Error::UnsafePath { name: name.to_string(), reason });
+    let bad = |reason| {
+        Err(Error::UnsafePath {
+            name: name.to_string(),
+            reason,
+        })
+    };
     if name.is_empty() || name.len() > 4096 {
         return bad("empty or too long");
     }
@@ -116,7 +133,16 @@ mod tests {
         for ok in ["config.json", "original/model-00001.safetensors", "a b/c.json"] {
             assert!(safe_relative_path(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/etc/passwd", "../x", "a/../../x", "./x", ".deltafin/manifest.json", "a\\b", "dir/"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "./x",
+            ".deltafin/manifest.json",
+            "a\\b",
+            "dir/",
+        ] {
             assert!(safe_relative_path(bad).is_err(), "{bad}");
         }
     }
@@ -126,7 +152,10 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let state = t.path().join(".deltafin");
         let a = DirLock::acquire(t.path(), &state).unwrap();
-        assert!(matches!(DirLock::acquire(t.path(), &state), Err(Error::Locked { .. })));
+        assert!(matches!(
+            DirLock::acquire(t.path(), &state),
+            Err(Error::Locked { .. })
+        ));
         drop(a);
         DirLock::acquire(t.path(), &state).unwrap();
     }

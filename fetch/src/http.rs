@@ -48,14 +48,18 @@ pub fn build_client(cfg: &HttpConfig) -> Result<Client> {
         .user_agent(cfg.user_agent.clone())
         .redirect(reqwest::redirect::Policy::limited(10))
         .build()
-        .map_err(|e| Error::InvalidArgument { what: "HTTP client", input: String::new(), reason: e.to_string() })
+        .map_err(|e| Error::InvalidArgument {
+            what: "HTTP client",
+            input: String::new(),
+            reason: e.to_string(),
+        })
 }
 
 /// Why one attempt failed: retryable (with its classification) or fatal.
 #[derive(Debug)]
 pub enum AttemptKind {
     Retry(Failure, String),
-    Fatal(Error),
+    Fatal(Box<Error>),
 }
 
 /// The failure of one attempt at `url`.
@@ -68,20 +72,34 @@ pub struct AttemptError {
 impl AttemptError {
     /// A retryable failure.
     pub fn retry(url: &str, failure: Failure, reason: impl Into<String>) -> Self {
-        AttemptError { url: url.to_string(), kind: AttemptKind::Retry(failure, reason.into()) }
+        AttemptError {
+            url: url.to_string(),
+            kind: AttemptKind::Retry(failure, reason.into()),
+        }
     }
 
     /// A fatal failure.
     pub fn fatal(url: &str, e: Error) -> Self {
-        AttemptError { url: url.to_string(), kind: AttemptKind::Fatal(e) }
+        AttemptError {
+            url: url.to_string(),
+            kind: AttemptKind::Fatal(Box::new(e)),
+        }
     }
 
     /// The error to report after `attempts` attempts.
     pub fn into_error(self, attempts: u32) -> Error {
         match self.kind {
-            AttemptKind::Fatal(e) => e,
-            AttemptKind::Retry(Failure::Status { status, .. }, _) => Error::HttpStatus { url: self.url, status, attempts },
-            AttemptKind::Retry(_, reason) => Error::Network { url: self.url, attempts, reason },
+            AttemptKind::Fatal(e) => *e,
+            AttemptKind::Retry(Failure::Status { status, .. }, _) => Error::HttpStatus {
+                url: self.url,
+                status,
+                attempts,
+            },
+            AttemptKind::Retry(_, reason) => Error::Network {
+                url: self.url,
+                attempts,
+                reason,
+            },
         }
     }
 }
@@ -113,32 +131,63 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub fn status_failure(url: &str, status: StatusCode, headers: &HeaderMap, hint: &str) -> AttemptError {
     let code = status.as_u16();
     match code {
-        404 => AttemptError::fatal(url, Error::NotFound { url: url.into(), hint: hint_suffix(hint) }),
+        404 => AttemptError::fatal(
+            url,
+            Error::NotFound {
+                url: url.into(),
+                hint: hint_suffix(hint),
+            },
+        ),
         401 | 403 => AttemptError::fatal(
             url,
             Error::Unauthorized {
                 url: url.into(),
                 status: code,
-                hint: if hint.is_empty() { "check the credentials".into() } else { hint.into() },
+                hint: if hint.is_empty() {
+                    "check the credentials".into()
+                } else {
+                    hint.into()
+                },
             },
         ),
         _ => {
-            let failure = Failure::Status { status: code, retry_after: retry_after(headers) };
+            let failure = Failure::Status {
+                status: code,
+                retry_after: retry_after(headers),
+            };
             if failure.is_retryable() {
                 AttemptError::retry(url, failure, format!("HTTP {code}"))
             } else {
-                AttemptError::fatal(url, Error::HttpStatus { url: url.into(), status: code, attempts: 1 })
+                AttemptError::fatal(
+                    url,
+                    Error::HttpStatus {
+                        url: url.into(),
+                        status: code,
+                        attempts: 1,
+                    },
+                )
             }
         }
     }
 }
 
 fn hint_suffix(hint: &str) -> String {
-    if hint.is_empty() { String::new() } else { format!("; {hint}") }
+    if hint.is_empty() {
+        String::new()
+    } else {
+        format!("; {hint}")
+    }
 }
 
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok().map(Duration::from_secs)
+    headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 /// Parse `bytes START-END/TOTAL` (pure).
@@ -146,7 +195,11 @@ pub fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
     let rest = v.trim().strip_prefix("bytes ")?;
     let (span, total) = rest.split_once('/')?;
     let (a, b) = span.split_once('-')?;
-    let total = if total == "*" { None } else { Some(total.parse().ok()?) };
+    let total = if total == "*" {
+        None
+    } else {
+        Some(total.parse().ok()?)
+    };
     Some((a.parse().ok()?, b.parse().ok()?, total))
 }
 
@@ -161,22 +214,38 @@ pub async fn get_range(
     hint: &str,
     pinned_header: Option<(&str, &str)>,
 ) -> Result<ByteStream, AttemptError> {
-    let mut req = client.get(url).header(RANGE, format!("bytes={}-{}", range.start, range.end - 1));
+    let mut req = client
+        .get(url)
+        .header(RANGE, format!("bytes={}-{}", range.start, range.end - 1));
     if let Some(t) = bearer {
         req = req.bearer_auth(t);
     }
     let resp = req.send().await.map_err(|e| transport_failure(url, &e))?;
     let status = resp.status();
-    let protocol = |reason: String| AttemptError::fatal(url, Error::Protocol { url: url.into(), reason });
+    let protocol = |reason: String| {
+        AttemptError::fatal(
+            url,
+            Error::Protocol {
+                url: url.into(),
+                reason,
+            },
+        )
+    };
     if let Some((name, want)) = pinned_header
         && let Some(got) = resp.headers().get(name).and_then(|v| v.to_str().ok())
         && got != want
     {
-        return Err(protocol(format!("{name} is {got}, but this install is pinned to {want}: the source changed")));
+        return Err(protocol(format!(
+            "{name} is {got}, but this install is pinned to {want}: the source changed"
+        )));
     }
     match status {
         StatusCode::PARTIAL_CONTENT => {
-            let cr = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let cr = resp
+                .headers()
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
             let want = (range.start, range.end - 1, Some(total));
             if parse_content_range(cr) != Some(want) {
                 return Err(protocol(format!(
@@ -188,12 +257,18 @@ pub async fn get_range(
         }
         StatusCode::OK if range.start == 0 => {
             if resp.content_length().is_some_and(|n| n != total) {
-                return Err(protocol(format!("expected {total} bytes, server announced {:?}", resp.content_length())));
+                return Err(protocol(format!(
+                    "expected {total} bytes, server announced {:?}",
+                    resp.content_length()
+                )));
             }
         }
         StatusCode::OK => return Err(protocol("the server ignored the Range header".into())),
         StatusCode::RANGE_NOT_SATISFIABLE => {
-            return Err(protocol(format!("range {}-{} not satisfiable: the file is not {total} bytes", range.start, range.end)));
+            return Err(protocol(format!(
+                "range {}-{} not satisfiable: the file is not {total} bytes",
+                range.start, range.end
+            )));
         }
         _ => return Err(status_failure(url, status, resp.headers(), hint)),
     }
@@ -204,13 +279,16 @@ pub async fn get_range(
 fn limit_stream(url: &str, resp: reqwest::Response, len: u64) -> ByteStream {
     let url = url.to_string();
     let mut left = len;
-    let s = resp.bytes_stream().map(move |r| r.map_err(|e| transport_failure(&url, &e))).take_while(move |r| {
-        let keep = left > 0;
-        if let Ok(b) = r {
-            left = left.saturating_sub(b.len() as u64);
-        }
-        futures_util::future::ready(keep)
-    });
+    let s = resp
+        .bytes_stream()
+        .map(move |r| r.map_err(|e| transport_failure(&url, &e)))
+        .take_while(move |r| {
+            let keep = left > 0;
+            if let Ok(b) = r {
+                left = left.saturating_sub(b.len() as u64);
+            }
+            futures_util::future::ready(keep)
+        });
     Box::pin(s)
 }
 
@@ -271,15 +349,20 @@ mod tests {
     fn statuses_map_to_fatal_or_retry() {
         let h = HeaderMap::new();
         let k = |s: u16| status_failure("u", StatusCode::from_u16(s).unwrap(), &h, "set HF_TOKEN").kind;
-        assert!(matches!(k(404), AttemptKind::Fatal(Error::NotFound { .. })));
-        assert!(matches!(k(401), AttemptKind::Fatal(Error::Unauthorized { .. })));
-        assert!(matches!(k(403), AttemptKind::Fatal(Error::Unauthorized { .. })));
-        assert!(matches!(k(400), AttemptKind::Fatal(Error::HttpStatus { .. })));
-        assert!(matches!(k(429), AttemptKind::Retry(Failure::Status { status: 429, .. }, _)));
+        assert!(matches!(k(404), AttemptKind::Fatal(e) if matches!(*e, Error::NotFound { .. })));
+        assert!(matches!(k(401), AttemptKind::Fatal(e) if matches!(*e, Error::Unauthorized { .. })));
+        assert!(matches!(k(403), AttemptKind::Fatal(e) if matches!(*e, Error::Unauthorized { .. })));
+        assert!(matches!(k(400), AttemptKind::Fatal(e) if matches!(*e, Error::HttpStatus { .. })));
+        assert!(matches!(
+            k(429),
+            AttemptKind::Retry(Failure::Status { status: 429, .. }, _)
+        ));
         assert!(matches!(k(503), AttemptKind::Retry(..)));
         let mut h = HeaderMap::new();
         h.insert(RETRY_AFTER, "12".parse().unwrap());
         let e = status_failure("u", StatusCode::TOO_MANY_REQUESTS, &h, "");
-        assert!(matches!(e.kind, AttemptKind::Retry(Failure::Status { retry_after: Some(d), .. }, _) if d.as_secs() == 12));
+        assert!(
+            matches!(e.kind, AttemptKind::Retry(Failure::Status { retry_after: Some(d), .. }, _) if d.as_secs() == 12)
+        );
     }
 }

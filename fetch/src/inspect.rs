@@ -47,17 +47,29 @@ pub struct InstallStatus {
 
 /// Inspect `dir`; `Ok(None)` when it has no manifest (not installed by `deltafin setup`).
 pub fn inspect(dir: &Path, verify: bool) -> Result<Option<InstallStatus>> {
-    let Some(m) = Manifest::load(dir)? else { return Ok(None) };
+    let Some(m) = Manifest::load(dir)? else {
+        return Ok(None);
+    };
     let state_dir = dir.join(STATE_DIR);
     let mut problems = Vec::new();
     let mut files = Vec::new();
     let mut remote_expert_bytes = 0;
     for e in &m.files {
-        let rf = RemoteFile { path: e.path.clone(), size: e.size, expected: e.expected.clone(), locator: e.locator.clone() };
+        let rf = RemoteFile {
+            path: e.path.clone(),
+            size: e.size,
+            expected: e.expected.clone(),
+            locator: e.locator.clone(),
+        };
         let dest = dir.join(&e.path);
         let (state, local, verified) = if let Ok(meta) = std::fs::metadata(&dest) {
             if meta.len() != e.size {
-                problems.push(format!("{}: {} bytes on disk, {} expected", e.path, meta.len(), e.size));
+                problems.push(format!(
+                    "{}: {} bytes on disk, {} expected",
+                    e.path,
+                    meta.len(),
+                    e.size
+                ));
             }
             let verified = verify.then(|| match verify_file(&dest, &e.path, e.size, &e.expected) {
                 Ok(_) => true,
@@ -69,19 +81,43 @@ pub fn inspect(dir: &Path, verify: bool) -> Result<Option<InstallStatus>> {
             (FileState::Published, meta.len().min(e.size), verified)
         } else {
             let present = present_on_disk(&state_dir, &rf, &m.pinned);
-            let experts = RangeSet::from_ranges(m.experts.iter().filter(|x| x.file == e.path).map(|x| x.start..x.end));
-            let missing_resident = RangeSet::from_range(0..e.size).minus(&experts).minus(&present).len();
+            let experts = RangeSet::from_ranges(
+                m.experts
+                    .iter()
+                    .filter(|x| x.file == e.path)
+                    .map(|x| x.start..x.end),
+            );
+            let missing_resident = RangeSet::from_range(0..e.size)
+                .minus(&experts)
+                .minus(&present)
+                .len();
             remote_expert_bytes += experts.minus(&present).len();
             if m.mode == Mode::Full || missing_resident > 0 {
-                problems.push(format!("{}: {} of {} bytes still missing", e.path, e.size - present.len(), e.size));
+                problems.push(format!(
+                    "{}: {} of {} bytes still missing",
+                    e.path,
+                    e.size - present.len(),
+                    e.size
+                ));
             }
-            let state = if present.is_empty() { FileState::Missing } else { FileState::Staged };
+            let state = if present.is_empty() {
+                FileState::Missing
+            } else {
+                FileState::Staged
+            };
             (state, present.len(), None)
         };
-        files.push(FileStatus { path: e.path.clone(), size: e.size, state, local_bytes: local, verified });
+        files.push(FileStatus {
+            path: e.path.clone(),
+            size: e.size,
+            state,
+            local_bytes: local,
+            verified,
+        });
     }
     if !m.complete {
-        problems.push("the last setup did not finish: rerun the same `deltafin setup` command to resume".into());
+        problems
+            .push("the last setup did not finish: rerun the same `deltafin setup` command to resume".into());
     }
     let bytes_total = m.total_bytes();
     let bytes_local: u64 = files.iter().map(|f| f.local_bytes).sum();
@@ -93,7 +129,11 @@ pub fn inspect(dir: &Path, verify: bool) -> Result<Option<InstallStatus>> {
         complete: m.complete,
         bytes_total,
         bytes_local,
-        percent_local: if bytes_total == 0 { 100.0 } else { 100.0 * bytes_local as f64 / bytes_total as f64 },
+        percent_local: if bytes_total == 0 {
+            100.0
+        } else {
+            100.0 * bytes_local as f64 / bytes_total as f64
+        },
         remote_expert_bytes,
         files,
         problems,

@@ -90,11 +90,19 @@ enum FilePlan {
 }
 
 /// Run a setup. Emits `resolve`, `download`, `verify`, then `done` or `error` events.
-pub async fn install(remote: &Remote, opts: &InstallOptions, sink: &dyn ProgressSink) -> Result<InstallReport> {
+pub async fn install(
+    remote: &Remote,
+    opts: &InstallOptions,
+    sink: &dyn ProgressSink,
+) -> Result<InstallReport> {
     let progress = Progress::new(sink, opts.progress_interval);
     match install_inner(remote, opts, &progress).await {
         Ok(r) => {
-            let msg = if r.complete { format!("{} {} installed ({:?})", r.source, r.pinned, r.mode) } else { "incomplete".into() };
+            let msg = if r.complete {
+                format!("{} {} installed ({:?})", r.source, r.pinned, r.mode)
+            } else {
+                "incomplete".into()
+            };
             progress.emit(Phase::Done, &msg);
             Ok(r)
         }
@@ -105,7 +113,11 @@ pub async fn install(remote: &Remote, opts: &InstallOptions, sink: &dyn Progress
     }
 }
 
-async fn install_inner(remote: &Remote, opts: &InstallOptions, progress: &Progress<'_>) -> Result<InstallReport> {
+async fn install_inner(
+    remote: &Remote,
+    opts: &InstallOptions,
+    progress: &Progress<'_>,
+) -> Result<InstallReport> {
     let dir = opts.dir.as_path();
     progress.emit(Phase::Resolve, &format!("resolving {}", remote.id()));
     let listing = remote.resolve().await?;
@@ -119,7 +131,13 @@ async fn install_inner(remote: &Remote, opts: &InstallOptions, progress: &Progre
         plans.push(plan_file(dir, &state_dir, f, &listing.pinned, prior.as_ref())?);
     }
     let received = AtomicU64::new(0);
-    let ctx = FetchCtx { remote, pinned: &listing.pinned, policy: opts.retry, progress: None, received: &received };
+    let ctx = FetchCtx {
+        remote,
+        pinned: &listing.pinned,
+        policy: opts.retry,
+        progress: None,
+        received: &received,
+    };
     let experts = match (opts.mode, prior.as_ref()) {
         (Mode::Stream, _) => stream_catalog(&ctx, &plans).await?,
         (Mode::Full, Some(p)) => p.experts.clone(),
@@ -130,25 +148,50 @@ async fn install_inner(remote: &Remote, opts: &InstallOptions, progress: &Progre
     let todo = wanted_ranges(&plans, &manifest.lock().expect("lock").experts, opts.mode);
     check_space(dir, &todo, opts.headroom)?;
     init_progress(progress, &listing, &plans, &todo);
-    progress.emit(Phase::Download, &format!("{} to download", human_bytes(todo.iter().map(|(_, r)| r.len()).sum())));
+    progress.emit(
+        Phase::Download,
+        &format!(
+            "{} to download",
+            human_bytes(todo.iter().map(|(_, r)| r.len()).sum())
+        ),
+    );
     let started = Instant::now();
     let verify_nanos = AtomicU64::new(0);
-    let run = Run { dir, opts, progress, manifest: &manifest, verify_nanos: &verify_nanos };
-    let ctx = FetchCtx { progress: Some(progress), ..ctx };
+    let run = Run {
+        dir,
+        opts,
+        progress,
+        manifest: &manifest,
+        verify_nanos: &verify_nanos,
+    };
+    let ctx = FetchCtx {
+        progress: Some(progress),
+        ..ctx
+    };
     run.download_all(&ctx, todo).await?;
     let download_seconds = started.elapsed().as_secs_f64();
     recheck_pin(remote, &listing).await?;
     let mut m = manifest.into_inner().expect("lock");
     finalize_manifest(&mut m, &plans, opts.mode);
     m.save(dir)?;
-    Ok(report(&m, &plans, received.load(Ordering::Relaxed), download_seconds, verify_nanos.load(Ordering::Relaxed)))
+    Ok(report(
+        &m,
+        &plans,
+        received.load(Ordering::Relaxed),
+        download_seconds,
+        verify_nanos.load(Ordering::Relaxed),
+    ))
 }
 
 /// The directory must hold nothing, or this source at the same pinned revision.
 fn check_prior(prior: Option<&Manifest>, listing: &Listing, dir: &Path) -> Result<()> {
     let Some(p) = prior else { return Ok(()) };
     if p.source != listing.source_id {
-        return Err(Error::OtherInstall { dir: dir.into(), existing: p.source.clone(), requested: listing.source_id.clone() });
+        return Err(Error::OtherInstall {
+            dir: dir.into(),
+            existing: p.source.clone(),
+            requested: listing.source_id.clone(),
+        });
     }
     if p.pinned != listing.pinned {
         return Err(Error::RevisionMoved {
@@ -162,7 +205,13 @@ fn check_prior(prior: Option<&Manifest>, listing: &Listing, dir: &Path) -> Resul
 }
 
 /// Published (verified earlier, or an existing file that verifies now) or staged.
-fn plan_file(dir: &Path, state_dir: &Path, f: &RemoteFile, pinned: &str, prior: Option<&Manifest>) -> Result<FilePlan> {
+fn plan_file(
+    dir: &Path,
+    state_dir: &Path,
+    f: &RemoteFile,
+    pinned: &str,
+    prior: Option<&Manifest>,
+) -> Result<FilePlan> {
     let dest = dir.join(&f.path);
     if let Ok(meta) = std::fs::metadata(&dest) {
         let known = prior
@@ -173,8 +222,16 @@ fn plan_file(dir: &Path, state_dir: &Path, f: &RemoteFile, pinned: &str, prior: 
         }
         // A file we did not publish: adopt it only if it verifies.
         verify_file(&dest, &f.path, f.size, &f.expected).map_err(|e| match e {
-            Error::ChecksumMismatch { path, algo, expected, actual } => Error::ChecksumMismatch {
-                path: format!("{path} (already in {} but not from this source; remove it)", dir.display()),
+            Error::ChecksumMismatch {
+                path,
+                algo,
+                expected,
+                actual,
+            } => Error::ChecksumMismatch {
+                path: format!(
+                    "{path} (already in {} but not from this source; remove it)",
+                    dir.display()
+                ),
                 algo,
                 expected,
                 actual,
@@ -183,7 +240,9 @@ fn plan_file(dir: &Path, state_dir: &Path, f: &RemoteFile, pinned: &str, prior: 
         })?;
         return Ok(FilePlan::Published);
     }
-    Ok(FilePlan::Staged(Arc::new(StagedFile::open(state_dir, f, pinned)?)))
+    Ok(FilePlan::Staged(Arc::new(StagedFile::open(
+        state_dir, f, pinned,
+    )?)))
 }
 
 /// Stream mode: fetch every staged safetensors header and list its routed-expert ranges.
@@ -200,7 +259,10 @@ async fn stream_catalog(ctx: &FetchCtx<'_>, plans: &[FilePlan]) -> Result<Vec<Ex
         }
         let mut first = [0u8; 8];
         s.read_at(0, &mut first)?;
-        let bad = |reason: String| Error::Format { path: s.remote.path.clone(), reason };
+        let bad = |reason: String| Error::Format {
+            path: s.remote.path.clone(),
+            reason,
+        };
         let hlen = header_len(&first, size).map_err(bad)?;
         let hdr = 8..8 + hlen;
         if !s.covers(&hdr) {
@@ -215,13 +277,22 @@ async fn stream_catalog(ctx: &FetchCtx<'_>, plans: &[FilePlan]) -> Result<Vec<Ex
 }
 
 /// Per staged file, the ranges this run must fetch.
-fn wanted_ranges(plans: &[FilePlan], experts: &[ExpertRange], mode: Mode) -> Vec<(Arc<StagedFile>, RangeSet)> {
+fn wanted_ranges(
+    plans: &[FilePlan],
+    experts: &[ExpertRange],
+    mode: Mode,
+) -> Vec<(Arc<StagedFile>, RangeSet)> {
     let mut out = Vec::new();
     for p in plans {
         let FilePlan::Staged(s) = p else { continue };
         let mut want = RangeSet::from_range(0..s.remote.size);
         if mode == Mode::Stream {
-            let remote = RangeSet::from_ranges(experts.iter().filter(|e| e.file == s.remote.path).map(|e| e.start..e.end));
+            let remote = RangeSet::from_ranges(
+                experts
+                    .iter()
+                    .filter(|e| e.file == s.remote.path)
+                    .map(|e| e.start..e.end),
+            );
             want = want.minus(&remote);
         }
         out.push((s.clone(), want.minus(&s.present())));
@@ -245,7 +316,12 @@ fn check_space(dir: &Path, todo: &[(Arc<StagedFile>, RangeSet)], headroom: u64) 
     Ok(())
 }
 
-fn init_progress(progress: &Progress<'_>, listing: &Listing, plans: &[FilePlan], todo: &[(Arc<StagedFile>, RangeSet)]) {
+fn init_progress(
+    progress: &Progress<'_>,
+    listing: &Listing,
+    plans: &[FilePlan],
+    todo: &[(Arc<StagedFile>, RangeSet)],
+) {
     let remaining: u64 = todo.iter().map(|(_, r)| r.len()).sum();
     let mut total = 0;
     let mut done_files = 0;
@@ -342,8 +418,11 @@ impl Run<'_> {
         let dest = self.dir.join(&path);
         let s = staged.clone();
         let t = Instant::now();
-        let hashes = tokio::task::spawn_blocking(move || s.finish(&dest)).await.expect("verify task")?;
-        self.verify_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let hashes = tokio::task::spawn_blocking(move || s.finish(&dest))
+            .await
+            .expect("verify task")?;
+        self.verify_nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.set_state(&path, FileState::Published, Some(hashes.sha256))?;
         self.progress.file_done();
         Ok(())
@@ -387,7 +466,11 @@ fn finalize_manifest(m: &mut Manifest, plans: &[FilePlan], requested: Mode) {
         if let FilePlan::Staged(s) = p
             && s.data_path().exists()
         {
-            e.state = if s.present().is_empty() { FileState::Missing } else { FileState::Staged };
+            e.state = if s.present().is_empty() {
+                FileState::Missing
+            } else {
+                FileState::Staged
+            };
         }
     }
     m.mode = if all_published { Mode::Full } else { requested };
@@ -397,7 +480,13 @@ fn finalize_manifest(m: &mut Manifest, plans: &[FilePlan], requested: Mode) {
     m.complete = all_published || requested == Mode::Stream;
 }
 
-fn report(m: &Manifest, plans: &[FilePlan], downloaded: u64, download_seconds: f64, verify_nanos: u64) -> InstallReport {
+fn report(
+    m: &Manifest,
+    plans: &[FilePlan],
+    downloaded: u64,
+    download_seconds: f64,
+    verify_nanos: u64,
+) -> InstallReport {
     let local: u64 = m
         .files
         .iter()

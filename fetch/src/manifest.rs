@@ -89,10 +89,15 @@ impl Manifest {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let m: Manifest = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Format { path: path.display().to_string(), reason: format!("not a valid manifest: {e}") })?;
+        let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+            path: path.display().to_string(),
+            reason: format!("not a valid manifest: {e}"),
+        })?;
         if m.format != MANIFEST_FORMAT {
-            return Err(Error::Format { path: path.display().to_string(), reason: format!("unsupported format {}", m.format) });
+            return Err(Error::Format {
+                path: path.display().to_string(),
+                reason: format!("unsupported format {}", m.format),
+            });
         }
         Ok(Some(m))
     }
@@ -141,12 +146,21 @@ mod tests {
                 state: FileState::Published,
                 sha256: None,
             }],
-            experts: vec![ExpertRange { layer: 1, expert: 2, file: "m.safetensors".into(), start: 10, end: 20 }],
+            experts: vec![ExpertRange {
+                layer: 1,
+                expert: 2,
+                file: "m.safetensors".into(),
+                start: 10,
+                end: 20,
+            }],
         };
         m.save(t.path()).unwrap();
         assert_eq!(Manifest::load(t.path()).unwrap(), Some(m.clone()));
         let text = std::fs::read_to_string(Manifest::path(t.path())).unwrap();
-        assert!(text.contains(r#""mode": "stream""#) && text.contains(r#""state": "published""#), "{text}");
+        assert!(
+            text.contains(r#""mode": "stream""#) && text.contains(r#""state": "published""#),
+            "{text}"
+        );
         std::fs::write(Manifest::path(t.path()), b"{").unwrap();
         assert!(Manifest::load(t.path()).is_err());
     }

@@ -60,7 +60,9 @@ impl JsonLinesFile {
     /// Create (truncate) `path`.
     pub fn create(path: &Path) -> Result<Self> {
         let file = File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(JsonLinesFile { file: Mutex::new(file) })
+        Ok(JsonLinesFile {
+            file: Mutex::new(file),
+        })
     }
 }
 
@@ -103,7 +105,10 @@ pub struct Progress<'a> {
 
 impl std::fmt::Debug for Progress<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress").field("bytes_done", &self.bytes_done).field("bytes_total", &self.bytes_total).finish()
+        f.debug_struct("Progress")
+            .field("bytes_done", &self.bytes_done)
+            .field("bytes_total", &self.bytes_total)
+            .finish()
     }
 }
 
@@ -169,12 +174,24 @@ mod tests {
 
     #[test]
     fn json_shape_is_the_operator_contract() {
-        let e = ProgressEvent { phase: Phase::Download, bytes_done: 1, bytes_total: 2, files_done: 3, files_total: 4, message: "m".into() };
+        let e = ProgressEvent {
+            phase: Phase::Download,
+            bytes_done: 1,
+            bytes_total: 2,
+            files_done: 3,
+            files_total: 4,
+            message: "m".into(),
+        };
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
             r#"{"phase":"download","bytes_done":1,"bytes_total":2,"files_done":3,"files_total":4,"message":"m"}"#
         );
-        for (p, s) in [(Phase::Resolve, "resolve"), (Phase::Verify, "verify"), (Phase::Done, "done"), (Phase::Error, "error")] {
+        for (p, s) in [
+            (Phase::Resolve, "resolve"),
+            (Phase::Verify, "verify"),
+            (Phase::Done, "done"),
+            (Phase::Error, "error"),
+        ] {
             assert_eq!(serde_json::to_value(p).unwrap(), s);
         }
     }
@@ -193,6 +210,10 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
-        assert!(lines[1].starts_with(r#"{"phase":"done","bytes_done":10,"bytes_total":10,"files_done":1"#), "{}", lines[1]);
+        assert!(
+            lines[1].starts_with(r#"{"phase":"done","bytes_done":10,"bytes_total":10,"files_done":1"#),
+            "{}",
+            lines[1]
+        );
     }
 }

@@ -114,7 +114,10 @@ impl RangeSet {
 
     /// Bytes of `r` that are in the set.
     pub fn overlap(&self, r: &Range<u64>) -> u64 {
-        self.ranges.iter().map(|&(a, b)| b.min(r.end).saturating_sub(a.max(r.start))).sum()
+        self.ranges
+            .iter()
+            .map(|&(a, b)| b.min(r.end).saturating_sub(a.max(r.start)))
+            .sum()
     }
 }
 

@@ -15,7 +15,10 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// The server answered with this status (and maybe a `Retry-After`).
-    Status { status: u16, retry_after: Option<Duration> },
+    Status {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
     /// Could not connect, or the connection broke before a status arrived.
     Connect,
     /// The connection stalled past the read timeout.
@@ -47,7 +50,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 8, base: Duration::from_millis(500), cap: Duration::from_secs(30) }
+        RetryPolicy {
+            max_attempts: 8,
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(30),
+        }
     }
 }
 
@@ -63,7 +70,10 @@ impl RetryPolicy {
         let jitter = jitter.clamp(0.0, 1.0);
         let wait = raw.mul_f64(0.5 + 0.5 * jitter);
         match failure {
-            Failure::Status { retry_after: Some(ra), .. } => Some(wait.max((*ra).min(MAX_RETRY_AFTER))),
+            Failure::Status {
+                retry_after: Some(ra),
+                ..
+            } => Some(wait.max((*ra).min(MAX_RETRY_AFTER))),
             _ => Some(wait),
         }
     }
@@ -73,7 +83,9 @@ impl RetryPolicy {
 pub fn jitter_sample() -> f64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let mut z = nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -86,7 +98,10 @@ mod tests {
     use super::*;
 
     fn st(status: u16) -> Failure {
-        Failure::Status { status, retry_after: None }
+        Failure::Status {
+            status,
+            retry_after: None,
+        }
     }
 
     #[test]
@@ -97,13 +112,23 @@ mod tests {
         for s in [400, 401, 403, 404, 410, 416] {
             assert!(!st(s).is_retryable(), "{s}");
         }
-        assert!(Failure::Connect.is_retryable() && Failure::Timeout.is_retryable() && Failure::BodyCut.is_retryable());
+        assert!(
+            Failure::Connect.is_retryable()
+                && Failure::Timeout.is_retryable()
+                && Failure::BodyCut.is_retryable()
+        );
     }
 
     #[test]
     fn backoff_grows_caps_and_stops() {
-        let p = RetryPolicy { max_attempts: 5, base: Duration::from_millis(100), cap: Duration::from_millis(500) };
-        let d: Vec<_> = (1..5).map(|n| p.delay(n, &Failure::Connect, 0.999_999).unwrap().as_millis()).collect();
+        let p = RetryPolicy {
+            max_attempts: 5,
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(500),
+        };
+        let d: Vec<_> = (1..5)
+            .map(|n| p.delay(n, &Failure::Connect, 0.999_999).unwrap().as_millis())
+            .collect();
         assert_eq!(d, vec![99, 199, 399, 499]);
         let lo = p.delay(3, &Failure::Connect, 0.0).unwrap();
         assert_eq!(lo, Duration::from_millis(200));
@@ -114,9 +139,15 @@ mod tests {
     #[test]
     fn retry_after_is_honoured_but_bounded() {
         let p = RetryPolicy::default();
-        let f = Failure::Status { status: 429, retry_after: Some(Duration::from_secs(7)) };
+        let f = Failure::Status {
+            status: 429,
+            retry_after: Some(Duration::from_secs(7)),
+        };
         assert_eq!(p.delay(1, &f, 0.0), Some(Duration::from_secs(7)));
-        let f = Failure::Status { status: 503, retry_after: Some(Duration::from_secs(3600)) };
+        let f = Failure::Status {
+            status: 503,
+            retry_after: Some(Duration::from_secs(3600)),
+        };
         assert_eq!(p.delay(1, &f, 0.0), Some(MAX_RETRY_AFTER));
     }
 

@@ -66,7 +66,9 @@ pub fn parse_header(json: &[u8], file_size: u64) -> Result<Vec<TensorRange>, Str
         let [a, b] = e.data_offsets;
         let (start, end) = (data_start + a, data_start + b);
         if a > b || end > file_size {
-            return Err(format!("tensor `{name}`: data_offsets {a}..{b} outside the {file_size}-byte file"));
+            return Err(format!(
+                "tensor `{name}`: data_offsets {a}..{b} outside the {file_size}-byte file"
+            ));
         }
         out.push(TensorRange { name, start, end });
     }
@@ -110,7 +112,13 @@ pub fn expert_ranges(file: &str, tensors: &[TensorRange]) -> Vec<ExpertRange> {
             last.end = t.end;
             continue;
         }
-        out.push(ExpertRange { layer: key.layer, expert: key.expert, file: file.to_string(), start: t.start, end: t.end });
+        out.push(ExpertRange {
+            layer: key.layer,
+            expert: key.expert,
+            file: file.to_string(),
+            start: t.start,
+            end: t.end,
+        });
     }
     out
 }
@@ -122,9 +130,18 @@ mod tests {
     #[test]
     fn expert_names() {
         let k = |l, e| Some(ExpertKey { layer: l, expert: e });
-        assert_eq!(expert_key("model.layers.3.mlp.experts.17.gate_proj.weight"), k(3, 17));
-        assert_eq!(expert_key("language_model.model.layers.12.block_sparse_moe.experts.895.w1.weight_packed"), k(12, 895));
-        assert_eq!(expert_key("model.layers.3.mlp.shared_experts.gate_proj.weight"), None);
+        assert_eq!(
+            expert_key("model.layers.3.mlp.experts.17.gate_proj.weight"),
+            k(3, 17)
+        );
+        assert_eq!(
+            expert_key("language_model.model.layers.12.block_sparse_moe.experts.895.w1.weight_packed"),
+            k(12, 895)
+        );
+        assert_eq!(
+            expert_key("model.layers.3.mlp.shared_experts.gate_proj.weight"),
+            None
+        );
         assert_eq!(expert_key("model.layers.3.mlp.experts.gate_up_proj"), None);
         assert_eq!(expert_key("model.layers.3.mlp.gate.weight"), None);
         assert_eq!(expert_key("model.embed_tokens.weight"), None);
@@ -147,7 +164,11 @@ mod tests {
 
     #[test]
     fn experts_coalesce_when_contiguous() {
-        let t = |name: &str, s, e| TensorRange { name: name.into(), start: s, end: e };
+        let t = |name: &str, s, e| TensorRange {
+            name: name.into(),
+            start: s,
+            end: e,
+        };
         let tensors = vec![
             t("model.layers.1.mlp.experts.0.down_proj.weight", 0, 10),
             t("model.layers.1.mlp.experts.0.gate_proj.weight", 10, 20),

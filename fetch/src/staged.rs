@@ -70,7 +70,9 @@ impl StagedFile {
             pinned: pinned.to_string(),
             present: RangeSet::new(),
         };
-        let prior = std::fs::read(&sidecar_path).ok().and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok());
+        let prior = std::fs::read(&sidecar_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok());
         let len = std::fs::metadata(&data_path).map(|m| m.len()).ok();
         let present = match prior {
             Some(p) if same_identity(&p, &want) && p.present.is_normalized() && len == Some(remote.size) => {
@@ -78,12 +80,27 @@ impl StagedFile {
             }
             _ => RangeSet::new(),
         };
-        let file = File::options().create(true).truncate(false).read(true).write(true).open(&data_path).map_err(|e| Error::io(&data_path, e))?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&data_path)
+            .map_err(|e| Error::io(&data_path, e))?;
         if present.is_empty() {
             // Start over: an empty sparse file of the final size.
-            file.set_len(0).and_then(|_| file.set_len(remote.size)).map_err(|e| Error::io(&data_path, e))?;
+            file.set_len(0)
+                .and_then(|_| file.set_len(remote.size))
+                .map_err(|e| Error::io(&data_path, e))?;
         }
-        let staged = StagedFile { remote: remote.clone(), data_path, sidecar_path, file, pinned: pinned.to_string(), present: Mutex::new(present) };
+        let staged = StagedFile {
+            remote: remote.clone(),
+            data_path,
+            sidecar_path,
+            file,
+            pinned: pinned.to_string(),
+            present: Mutex::new(present),
+        };
         staged.write_sidecar(&staged.present.lock().expect("lock").clone())?;
         Ok(staged)
     }
@@ -95,12 +112,16 @@ impl StagedFile {
 
     /// Write `bytes` at `offset` (not yet durable nor recorded).
     pub fn write_at(&self, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.file.write_all_at(bytes, offset).map_err(|e| Error::io(&self.data_path, e))
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.data_path, e))
     }
 
     /// Read `buf.len()` bytes at `offset` (only meaningful for present ranges).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(buf, offset).map_err(|e| Error::io(&self.data_path, e))
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| Error::io(&self.data_path, e))
     }
 
     /// Make `range` durable and record it as present.
@@ -145,10 +166,18 @@ impl StagedFile {
     /// are deleted and the error names the file.
     pub fn finish(&self, dest: &Path) -> Result<FileHashes> {
         if !self.is_complete() {
-            return Err(Error::NotReady { dir: self.data_path.clone(), reason: "not every byte is present yet".into() });
+            return Err(Error::NotReady {
+                dir: self.data_path.clone(),
+                reason: "not every byte is present yet".into(),
+            });
         }
         self.file.sync_all().map_err(|e| Error::io(&self.data_path, e))?;
-        match verify_file(&self.data_path, &self.remote.path, self.remote.size, &self.remote.expected) {
+        match verify_file(
+            &self.data_path,
+            &self.remote.path,
+            self.remote.size,
+            &self.remote.expected,
+        ) {
             Ok(h) => {
                 publish(&self.data_path, dest)?;
                 let _ = std::fs::remove_file(&self.sidecar_path);
@@ -169,15 +198,31 @@ impl StagedFile {
 }
 
 fn same_identity(a: &Sidecar, b: &Sidecar) -> bool {
-    a.format == b.format && a.path == b.path && a.size == b.size && a.expected == b.expected && a.pinned == b.pinned
+    a.format == b.format
+        && a.path == b.path
+        && a.size == b.size
+        && a.expected == b.expected
+        && a.pinned == b.pinned
 }
 
 /// Bytes recorded present for `remote` in an existing sidecar (read-only; for planning and doctor).
 pub fn present_on_disk(state_dir: &Path, remote: &RemoteFile, pinned: &str) -> RangeSet {
     let (data, side) = staged_paths(state_dir, &remote.path);
     let len = std::fs::metadata(&data).map(|m| m.len()).ok();
-    match std::fs::read(&side).ok().and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok()) {
-        Some(s) if s.path == remote.path && s.size == remote.size && s.expected == remote.expected && s.pinned == pinned && len == Some(remote.size) && s.present.is_normalized() => s.present,
+    match std::fs::read(&side)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok())
+    {
+        Some(s)
+            if s.path == remote.path
+                && s.size == remote.size
+                && s.expected == remote.expected
+                && s.pinned == pinned
+                && len == Some(remote.size)
+                && s.present.is_normalized() =>
+        {
+            s.present
+        }
         _ => RangeSet::new(),
     }
 }
@@ -231,7 +276,10 @@ mod tests {
         s.commit(0..10).unwrap();
         let dest = t.path().join("f.bin");
         let e = s.finish(&dest).unwrap_err();
-        assert!(matches!(e, Error::ChecksumMismatch { ref path, .. } if path == "sub/f.bin"), "{e}");
+        assert!(
+            matches!(e, Error::ChecksumMismatch { ref path, .. } if path == "sub/f.bin"),
+            "{e}"
+        );
         assert!(!dest.exists());
         let (data, side) = staged_paths(t.path(), "sub/f.bin");
         assert!(!data.exists() && !side.exists());

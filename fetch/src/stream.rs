@@ -98,13 +98,24 @@ pub struct StreamStore {
 impl StreamStore {
     /// Open the install in `dir` (made by `setup --stream`). `remote` must be the install's source;
     /// fetches run on `handle`'s runtime (multi-threaded), driven from the calling thread.
-    pub fn open(dir: &Path, remote: Remote, handle: tokio::runtime::Handle, policy: RetryPolicy) -> Result<StreamStore> {
+    pub fn open(
+        dir: &Path,
+        remote: Remote,
+        handle: tokio::runtime::Handle,
+        policy: RetryPolicy,
+    ) -> Result<StreamStore> {
         let state_dir = dir.join(STATE_DIR);
         let lock = DirLock::acquire(dir, &state_dir)?;
-        let manifest = Manifest::load(dir)?
-            .ok_or_else(|| Error::NotReady { dir: dir.into(), reason: "no install manifest: run `deltafin setup` first".into() })?;
+        let manifest = Manifest::load(dir)?.ok_or_else(|| Error::NotReady {
+            dir: dir.into(),
+            reason: "no install manifest: run `deltafin setup` first".into(),
+        })?;
         if manifest.source != remote.id() {
-            return Err(Error::OtherInstall { dir: dir.into(), existing: manifest.source.clone(), requested: remote.id() });
+            return Err(Error::OtherInstall {
+                dir: dir.into(),
+                existing: manifest.source.clone(),
+                requested: remote.id(),
+            });
         }
         let mut files = HashMap::new();
         for e in &manifest.files {
@@ -112,14 +123,31 @@ impl StreamStore {
             let staged = if published {
                 None
             } else {
-                let rf = RemoteFile { path: e.path.clone(), size: e.size, expected: e.expected.clone(), locator: e.locator.clone() };
+                let rf = RemoteFile {
+                    path: e.path.clone(),
+                    size: e.size,
+                    expected: e.expected.clone(),
+                    locator: e.locator.clone(),
+                };
                 Some(Arc::new(StagedFile::open(&state_dir, &rf, &manifest.pinned)?))
             };
-            files.insert(e.path.clone(), FileSlot { staged, published: Mutex::new(published) });
+            files.insert(
+                e.path.clone(),
+                FileSlot {
+                    staged,
+                    published: Mutex::new(published),
+                },
+            );
         }
         let mut experts: HashMap<ExpertKey, Vec<ExpertRange>> = HashMap::new();
         for r in &manifest.experts {
-            experts.entry(ExpertKey { layer: r.layer, expert: r.expert }).or_default().push(r.clone());
+            experts
+                .entry(ExpertKey {
+                    layer: r.layer,
+                    expert: r.expert,
+                })
+                .or_default()
+                .push(r.clone());
         }
         Ok(StreamStore {
             dir: dir.into(),
@@ -152,7 +180,9 @@ impl StreamStore {
     /// Whether `range` of `file` is local.
     pub fn is_local(&self, file: &str, range: &Range<u64>) -> bool {
         match self.files.get(file) {
-            Some(slot) => *slot.published.lock().expect("lock") || slot.staged.as_ref().is_some_and(|s| s.covers(range)),
+            Some(slot) => {
+                *slot.published.lock().expect("lock") || slot.staged.as_ref().is_some_and(|s| s.covers(range))
+            }
             None => false,
         }
     }
@@ -187,10 +217,17 @@ impl StreamStore {
 
     fn fetch_as_leader(&self, staged: &StagedFile, range: Range<u64>) -> Result<()> {
         let received = AtomicU64::new(0);
-        let ctx = FetchCtx { remote: &self.remote, pinned: &self.pinned, policy: self.policy, progress: None, received: &received };
+        let ctx = FetchCtx {
+            remote: &self.remote,
+            pinned: &self.pinned,
+            policy: self.policy,
+            progress: None,
+            received: &received,
+        };
         let r = self.handle.block_on(fetch_range(&ctx, staged, range));
         self.fetches.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(received.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.bytes
+            .fetch_add(received.load(Ordering::Relaxed), Ordering::Relaxed);
         r
     }
 
@@ -250,7 +287,12 @@ impl ExpertSource for StreamStore {
             return flight
                 .wait()
                 .map(|()| self.path_of(file, slot))
-                .map_err(|reason| Error::RangeFailed { file: file.into(), start: range.start, end: range.end, reason });
+                .map_err(|reason| Error::RangeFailed {
+                    file: file.into(),
+                    start: range.start,
+                    end: range.end,
+                    reason,
+                });
         }
         let mut result = self.fetch_as_leader(&staged, range.clone());
         if result.is_ok() && staged.is_complete() {
@@ -269,7 +311,11 @@ impl ExpertSource for StreamStore {
             return if full {
                 Ok(())
             } else {
-                Err(Error::InvalidArgument { what: "expert", input: format!("layer {layer} expert {expert}"), reason: "not in the stream catalog".into() })
+                Err(Error::InvalidArgument {
+                    what: "expert",
+                    input: format!("layer {layer} expert {expert}"),
+                    reason: "not in the stream catalog".into(),
+                })
             };
         };
         for r in ranges {

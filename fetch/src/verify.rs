@@ -100,9 +100,19 @@ pub fn verify_file(path: &Path, name: &str, size: u64, expected: &Expected) -> R
         return Err(mismatch("size", &size.to_string(), h.size.to_string()));
     }
     match expected {
-        Expected::Sha256(want) if !want.eq_ignore_ascii_case(&h.sha256) => Err(mismatch("sha256", want, h.sha256)),
-        Expected::GitBlobSha1(want) if h.git_blob_sha1.as_deref().is_none_or(|g| !want.eq_ignore_ascii_case(g)) => {
-            Err(mismatch("git-blob-sha1", want, h.git_blob_sha1.unwrap_or_default()))
+        Expected::Sha256(want) if !want.eq_ignore_ascii_case(&h.sha256) => {
+            Err(mismatch("sha256", want, h.sha256))
+        }
+        Expected::GitBlobSha1(want)
+            if h.git_blob_sha1
+                .as_deref()
+                .is_none_or(|g| !want.eq_ignore_ascii_case(g)) =>
+        {
+            Err(mismatch(
+                "git-blob-sha1",
+                want,
+                h.git_blob_sha1.unwrap_or_default(),
+            ))
         }
         _ => Ok(h),
     }
@@ -123,9 +133,15 @@ mod tests {
         let p = t.path().join("f");
         std::fs::write(&p, b"hello\n").unwrap();
         let h = hash_file(&p, true).unwrap();
-        assert_eq!(h.sha256, "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03");
+        assert_eq!(
+            h.sha256,
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
         // `git hash-object` of "hello\n".
-        assert_eq!(h.git_blob_sha1.as_deref(), Some("ce013625030ba8dba906f756967f9e9ca394464a"));
+        assert_eq!(
+            h.git_blob_sha1.as_deref(),
+            Some("ce013625030ba8dba906f756967f9e9ca394464a")
+        );
         let ok = Expected::GitBlobSha1("ce013625030ba8dba906f756967f9e9ca394464a".into());
         verify_file(&p, "f", 6, &ok).unwrap();
         let bad = Expected::Sha256("00".repeat(32));

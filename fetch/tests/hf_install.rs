@@ -17,16 +17,29 @@ use deltafin_fetch::{ExpertSource, InstallOptions, Remote, StreamStore, install}
 
 fn remote(endpoint: &str, source: &str) -> Remote {
     let client = deltafin_fetch::http::build_client(&Default::default()).unwrap();
-    let policy = RetryPolicy { max_attempts: 5, base: Duration::from_millis(20), cap: Duration::from_millis(200) };
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        base: Duration::from_millis(20),
+        cap: Duration::from_millis(200),
+    };
     Remote::Hf(HfRepo::new(client, endpoint, &source.parse().unwrap(), None, policy).unwrap())
 }
 
 fn opts(dir: &Path, mode: Mode) -> InstallOptions {
-    InstallOptions { workers: 4, chunk_size: 64 << 10, headroom: 0, ..InstallOptions::new(dir, mode) }
+    InstallOptions {
+        workers: 4,
+        chunk_size: 64 << 10,
+        headroom: 0,
+        ..InstallOptions::new(dir, mode)
+    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 struct Fixture {
@@ -45,7 +58,12 @@ fn fixture(limit_rate: Option<u64>) -> Option<Fixture> {
     let root = tempfile::tempdir().unwrap();
     let sha = serve_hf(root.path(), "org/tiny", "main", model.path());
     let nginx = Nginx::start(root.path(), limit_rate);
-    Some(Fixture { model, root, nginx, sha })
+    Some(Fixture {
+        model,
+        root,
+        nginx,
+        sha,
+    })
 }
 
 #[test]
@@ -53,7 +71,13 @@ fn full_install_is_byte_identical_and_generates_the_same_tokens() {
     let Some(fx) = fixture(None) else { return };
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
-    let r = rt.block_on(install(&remote(&fx.nginx.url(), "hf://org/tiny"), &opts(dir.path(), Mode::Full), &NoProgress)).unwrap();
+    let r = rt
+        .block_on(install(
+            &remote(&fx.nginx.url(), "hf://org/tiny"),
+            &opts(dir.path(), Mode::Full),
+            &NoProgress,
+        ))
+        .unwrap();
     assert!(r.complete && r.mode == Mode::Full, "{r:?}");
     assert_eq!(r.pinned, fx.sha);
     assert_eq!(r.bytes_downloaded, r.bytes_total);
@@ -62,7 +86,13 @@ fn full_install_is_byte_identical_and_generates_the_same_tokens() {
     let m = Manifest::load(dir.path()).unwrap().unwrap();
     assert!(m.files.iter().all(|f| f.state == FileState::Published));
     // A rerun downloads nothing.
-    let r = rt.block_on(install(&remote(&fx.nginx.url(), "hf://org/tiny"), &opts(dir.path(), Mode::Full), &NoProgress)).unwrap();
+    let r = rt
+        .block_on(install(
+            &remote(&fx.nginx.url(), "hf://org/tiny"),
+            &opts(dir.path(), Mode::Full),
+            &NoProgress,
+        ))
+        .unwrap();
     assert_eq!(r.bytes_downloaded, 0);
 }
 
@@ -72,7 +102,9 @@ fn stream_install_fetches_experts_on_demand_and_matches_full() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let src = remote(&fx.nginx.url(), "hf://org/tiny");
-    let r = rt.block_on(install(&src, &opts(dir.path(), Mode::Stream), &NoProgress)).unwrap();
+    let r = rt
+        .block_on(install(&src, &opts(dir.path(), Mode::Stream), &NoProgress))
+        .unwrap();
     assert!(r.complete && r.mode == Mode::Stream, "{r:?}");
     assert!(r.bytes_local < r.bytes_total, "experts must stay remote: {r:?}");
     let m = Manifest::load(dir.path()).unwrap().unwrap();
@@ -81,7 +113,13 @@ fn stream_install_fetches_experts_on_demand_and_matches_full() {
     assert!(deltafin_engine::weights::WeightIndex::open(dir.path()).is_err());
     assert!(dir.path().join("config.json").exists());
 
-    let store = StreamStore::open(dir.path(), remote(&fx.nginx.url(), "hf://org/tiny"), rt.handle().clone(), RetryPolicy::default()).unwrap();
+    let store = StreamStore::open(
+        dir.path(),
+        remote(&fx.nginx.url(), "hf://org/tiny"),
+        rt.handle().clone(),
+        RetryPolicy::default(),
+    )
+    .unwrap();
     let (local0, total) = store.completeness();
     let keys: Vec<(u32, u32)> = m.experts.iter().map(|e| (e.layer, e.expert)).collect();
     let first = keys[0];
@@ -108,17 +146,31 @@ fn full_setup_completes_a_stream_install_without_redownloading() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
     let src = remote(&fx.nginx.url(), "hf://org/tiny");
-    let s = rt.block_on(install(&src, &opts(dir.path(), Mode::Stream), &NoProgress)).unwrap();
+    let s = rt
+        .block_on(install(&src, &opts(dir.path(), Mode::Stream), &NoProgress))
+        .unwrap();
     // Fetch one expert through the store first: it must not be fetched again either.
     let m = Manifest::load(dir.path()).unwrap().unwrap();
     let e = m.experts[0].clone();
-    let store = StreamStore::open(dir.path(), remote(&fx.nginx.url(), "hf://org/tiny"), rt.handle().clone(), RetryPolicy::default()).unwrap();
+    let store = StreamStore::open(
+        dir.path(),
+        remote(&fx.nginx.url(), "hf://org/tiny"),
+        rt.handle().clone(),
+        RetryPolicy::default(),
+    )
+    .unwrap();
     store.ensure_expert(e.layer, e.expert).unwrap();
     let fetched = store.stats().bytes;
     drop(store);
-    let f = rt.block_on(install(&src, &opts(dir.path(), Mode::Full), &NoProgress)).unwrap();
+    let f = rt
+        .block_on(install(&src, &opts(dir.path(), Mode::Full), &NoProgress))
+        .unwrap();
     assert!(f.complete && f.mode == Mode::Full);
-    assert_eq!(f.bytes_downloaded, s.bytes_total - s.bytes_local - fetched, "stream {s:?} full {f:?}");
+    assert_eq!(
+        f.bytes_downloaded,
+        s.bytes_total - s.bytes_local - fetched,
+        "stream {s:?} full {f:?}"
+    );
     assert_same_tree(fx.model.path(), dir.path());
 }
 
@@ -130,10 +182,28 @@ fn concurrent_fetches_of_one_expert_coalesce() {
     let proxy = FaultProxy::start(slow.port);
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
-    rt.block_on(install(&remote(&fx.nginx.url(), "hf://org/tiny"), &opts(dir.path(), Mode::Stream), &NoProgress)).unwrap();
+    rt.block_on(install(
+        &remote(&fx.nginx.url(), "hf://org/tiny"),
+        &opts(dir.path(), Mode::Stream),
+        &NoProgress,
+    ))
+    .unwrap();
     let m = Manifest::load(dir.path()).unwrap().unwrap();
-    let e = m.experts.iter().find(|e| e.end - e.start >= 4096).expect("an expert of at least 4 KiB").clone();
-    let store = Arc::new(StreamStore::open(dir.path(), remote(&proxy.url(), "hf://org/tiny"), rt.handle().clone(), RetryPolicy::default()).unwrap());
+    let e = m
+        .experts
+        .iter()
+        .find(|e| e.end - e.start >= 4096)
+        .expect("an expert of at least 4 KiB")
+        .clone();
+    let store = Arc::new(
+        StreamStore::open(
+            dir.path(),
+            remote(&proxy.url(), "hf://org/tiny"),
+            rt.handle().clone(),
+            RetryPolicy::default(),
+        )
+        .unwrap(),
+    );
     let n = 6;
     let barrier = Arc::new(Barrier::new(n));
     let before = proxy.requests().len();
@@ -150,12 +220,19 @@ fn concurrent_fetches_of_one_expert_coalesce() {
     assert!(paths.windows(2).all(|w| w[0] == w[1]));
     let reqs = proxy.requests()[before..].to_vec();
     let wanted = format!("bytes={}-{}", e.start, e.end - 1);
-    assert_eq!(reqs.iter().filter(|r| r.ends_with(&wanted)).count(), 1, "{reqs:?}");
+    assert_eq!(
+        reqs.iter().filter(|r| r.ends_with(&wanted)).count(),
+        1,
+        "{reqs:?}"
+    );
     let stats = store.stats();
     assert_eq!(stats.fetches, 1);
     assert_eq!(stats.coalesced, (n - 1) as u64, "{stats:?}");
     // The bytes are the source's.
     let src = std::fs::read(fx.model.path().join(&e.file)).unwrap();
     let got = std::fs::read(&paths[0]).unwrap();
-    assert_eq!(&got[e.start as usize..e.end as usize], &src[e.start as usize..e.end as usize]);
+    assert_eq!(
+        &got[e.start as usize..e.end as usize],
+        &src[e.start as usize..e.end as usize]
+    );
 }

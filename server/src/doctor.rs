@@ -67,7 +67,11 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     } else {
         print_human(&report);
     }
-    Ok(if report.usable { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.usable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
@@ -78,20 +82,50 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
     match &install {
         Some(s) => {
             let detail = if s.problems.is_empty() {
-                format!("{} @ {} ({} files{})", s.source, s.pinned, s.files.len(), if verify { ", hashes verified" } else { "" })
+                format!(
+                    "{} @ {} ({} files{})",
+                    s.source,
+                    s.pinned,
+                    s.files.len(),
+                    if verify { ", hashes verified" } else { "" }
+                )
             } else {
                 s.problems.join("; ")
             };
-            checks.push(Check { name: "files", ok: s.problems.is_empty(), detail });
+            checks.push(Check {
+                name: "files",
+                ok: s.problems.is_empty(),
+                detail,
+            });
             let missing = s.bytes_total - s.bytes_local;
-            let detail = format!("{} free; {} more needed for a full install", human_bytes(free), human_bytes(missing));
-            checks.push(Check { name: "free space", ok: s.mode == Mode::Full || free >= missing, detail });
+            let detail = format!(
+                "{} free; {} more needed for a full install",
+                human_bytes(free),
+                human_bytes(missing)
+            );
+            checks.push(Check {
+                name: "free space",
+                ok: s.mode == Mode::Full || free >= missing,
+                detail,
+            });
         }
-        None => checks.push(Check { name: "manifest", ok: true, detail: "none (not installed by `deltafin setup`); checking files only".into() }),
+        None => checks.push(Check {
+            name: "manifest",
+            ok: true,
+            detail: "none (not installed by `deltafin setup`); checking files only".into(),
+        }),
     }
     checks.push(match ModelSpec::load(dir) {
-        Ok(spec) => Check { name: "config", ok: true, detail: format!("model_type {}", spec.model_type) },
-        Err(e) => Check { name: "config", ok: false, detail: e.to_string() },
+        Ok(spec) => Check {
+            name: "config",
+            ok: true,
+            detail: format!("model_type {}", spec.model_type),
+        },
+        Err(e) => Check {
+            name: "config",
+            ok: false,
+            detail: e.to_string(),
+        },
     });
     let streaming = install.as_ref().is_some_and(|s| s.mode == Mode::Stream);
     checks.push(if streaming {
@@ -99,12 +133,24 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
         Check {
             name: "weights",
             ok: true,
-            detail: format!("stream mode: {:.1}% local, {} of experts fetched on first use", s.percent_local, human_bytes(s.remote_expert_bytes)),
+            detail: format!(
+                "stream mode: {:.1}% local, {} of experts fetched on first use",
+                s.percent_local,
+                human_bytes(s.remote_expert_bytes)
+            ),
         }
     } else {
         match WeightIndex::open(dir) {
-            Ok(ix) => Check { name: "weights", ok: true, detail: format!("{} tensors indexed", ix.names().count()) },
-            Err(e) => Check { name: "weights", ok: false, detail: e.to_string() },
+            Ok(ix) => Check {
+                name: "weights",
+                ok: true,
+                detail: format!("{} tensors indexed", ix.names().count()),
+            },
+            Err(e) => Check {
+                name: "weights",
+                ok: false,
+                detail: e.to_string(),
+            },
         }
     });
     let drafts = drafts(dir)?;
@@ -137,7 +183,9 @@ fn verdict(usable: bool, install: Option<&InstallStatus>, checks: &[Check]) -> S
 
 fn drafts(dir: &Path) -> anyhow::Result<Vec<Draft>> {
     let root = dir.join("drafts");
-    let Ok(entries) = std::fs::read_dir(&root) else { return Ok(Vec::new()) };
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
     let mut out = Vec::new();
     for e in entries.flatten() {
         if !e.path().is_dir() {
@@ -145,11 +193,17 @@ fn drafts(dir: &Path) -> anyhow::Result<Vec<Draft>> {
         }
         let name = e.file_name().to_string_lossy().into_owned();
         let (complete, detail) = match inspect(&e.path(), false)? {
-            Some(s) if s.problems.is_empty() && s.mode == Mode::Full => (true, format!("{} @ {}", s.source, s.pinned)),
+            Some(s) if s.problems.is_empty() && s.mode == Mode::Full => {
+                (true, format!("{} @ {}", s.source, s.pinned))
+            }
             Some(s) => (false, s.problems.join("; ")),
             None => (e.path().join("config.json").is_file(), "no manifest".into()),
         };
-        out.push(Draft { name, complete, detail });
+        out.push(Draft {
+            name,
+            complete,
+            detail,
+        });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -158,10 +212,20 @@ fn drafts(dir: &Path) -> anyhow::Result<Vec<Draft>> {
 fn print_human(r: &Report) {
     println!("deltafin doctor: {}", r.dir.display());
     for c in &r.checks {
-        println!("  [{}] {:<10} {}", if c.ok { " ok " } else { "FAIL" }, c.name, c.detail);
+        println!(
+            "  [{}] {:<10} {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
     }
     for d in &r.drafts {
-        println!("  [{}] draft {:<5} {}", if d.complete { " ok " } else { "part" }, d.name, d.detail);
+        println!(
+            "  [{}] draft {:<5} {}",
+            if d.complete { " ok " } else { "part" },
+            d.name,
+            d.detail
+        );
     }
     println!("verdict: {}", r.verdict);
 }

@@ -14,13 +14,18 @@ pub fn human_sink(label: &str) -> Box<dyn ProgressSink> {
     if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{prefix} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_msg}")
-                .expect("template"),
+            ProgressStyle::with_template(
+                "{prefix} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_msg}",
+            )
+            .expect("template"),
         );
         bar.set_prefix(label.to_string());
         Box::new(Bar(bar))
     } else {
-        Box::new(Lines { label: label.to_string(), last: Mutex::new((None, Instant::now())) })
+        Box::new(Lines {
+            label: label.to_string(),
+            last: Mutex::new((None, Instant::now())),
+        })
     }
 }
 
@@ -30,7 +35,8 @@ impl ProgressSink for Bar {
     fn event(&self, e: &ProgressEvent) {
         self.0.set_length(e.bytes_total);
         self.0.set_position(e.bytes_done);
-        self.0.set_message(format!("{}/{} files {}", e.files_done, e.files_total, e.message));
+        self.0
+            .set_message(format!("{}/{} files {}", e.files_done, e.files_total, e.message));
         if matches!(e.phase, Phase::Done | Phase::Error) {
             self.0.finish();
         }
@@ -66,7 +72,10 @@ pub struct NotFinal<'a>(pub &'a dyn ProgressSink);
 impl ProgressSink for NotFinal<'_> {
     fn event(&self, e: &ProgressEvent) {
         if e.phase == Phase::Done {
-            self.0.event(&ProgressEvent { phase: Phase::Download, ..e.clone() });
+            self.0.event(&ProgressEvent {
+                phase: Phase::Download,
+                ..e.clone()
+            });
         } else {
             self.0.event(e);
         }

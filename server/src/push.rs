@@ -30,13 +30,25 @@ pub struct PushArgs {
 /// Run `deltafin push`.
 pub fn push(args: PushArgs) -> anyhow::Result<ExitCode> {
     let Some(reference) = args.destination.strip_prefix("oci://") else {
-        bail!("destination `{}`: expected oci://REGISTRY/REPO:TAG", args.destination);
+        bail!(
+            "destination `{}`: expected oci://REGISTRY/REPO:TAG",
+            args.destination
+        );
     };
     let (files, config) = push_plan(&args.dir)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let started = std::time::Instant::now();
     let report = rt
-        .block_on(deltafin_fetch::source::oci::push(&args.dir, reference, &files, &config, &oci_options(&args.net)))
+        .block_on(deltafin_fetch::source::oci::push(
+            &args.dir,
+            reference,
+            &files,
+            &config,
+            &oci_options(&args.net),
+        ))
         .with_context(|| format!("pushing {} to {}", args.dir.display(), args.destination))?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

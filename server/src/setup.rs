@@ -125,14 +125,28 @@ struct Job {
 pub fn setup(args: SetupArgs) -> anyhow::Result<ExitCode> {
     let spec: SourceSpec = args.source.parse()?;
     let mode = if args.stream { Mode::Stream } else { Mode::Full };
-    let mut jobs = vec![Job { label: "model".into(), spec, dir: args.dir.clone(), mode }];
-    let mut drafts: Vec<(String, String)> = args.drafts.iter().map(|d| parse_draft(d)).collect::<anyhow::Result<_>>()?;
+    let mut jobs = vec![Job {
+        label: "model".into(),
+        spec,
+        dir: args.dir.clone(),
+        mode,
+    }];
+    let mut drafts: Vec<(String, String)> = args
+        .drafts
+        .iter()
+        .map(|d| parse_draft(d))
+        .collect::<anyhow::Result<_>>()?;
     if args.include_qwen && !drafts.iter().any(|(n, _)| n == "qwen") {
         drafts.push(("qwen".into(), args.qwen_source.clone()));
     }
     for (name, source) in drafts {
         let spec = source.parse().with_context(|| format!("draft `{name}`"))?;
-        jobs.push(Job { label: format!("draft {name}"), spec, dir: draft_dir(&args.dir, &name), mode: Mode::Full });
+        jobs.push(Job {
+            label: format!("draft {name}"),
+            spec,
+            dir: draft_dir(&args.dir, &name),
+            mode: Mode::Full,
+        });
     }
     run_jobs(&jobs, &args.net, args.progress_file.as_deref(), args.json)
 }
@@ -140,14 +154,26 @@ pub fn setup(args: SetupArgs) -> anyhow::Result<ExitCode> {
 /// `deltafin setup-qwen`.
 pub fn setup_qwen(args: SetupQwenArgs) -> anyhow::Result<ExitCode> {
     let spec: SourceSpec = args.source.parse()?;
-    let jobs = [Job { label: "draft qwen".into(), spec, dir: draft_dir(&args.dir, "qwen"), mode: Mode::Full }];
+    let jobs = [Job {
+        label: "draft qwen".into(),
+        spec,
+        dir: draft_dir(&args.dir, "qwen"),
+        mode: Mode::Full,
+    }];
     run_jobs(&jobs, &args.net, args.progress_file.as_deref(), args.json)
 }
 
 /// `NAME=SOURCE` with a plain NAME.
 fn parse_draft(s: &str) -> anyhow::Result<(String, String)> {
-    let Some((name, source)) = s.split_once('=') else { bail!("--draft `{s}`: expected NAME=SOURCE") };
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) || name.starts_with('.') {
+    let Some((name, source)) = s.split_once('=') else {
+        bail!("--draft `{s}`: expected NAME=SOURCE")
+    };
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        || name.starts_with('.')
+    {
         bail!("--draft `{s}`: NAME must be letters, digits, `-`, `_` or `.`");
     }
     Ok((name.to_string(), source.to_string()))
@@ -158,9 +184,20 @@ pub fn draft_dir(dir: &Path, name: &str) -> PathBuf {
     dir.join("drafts").join(name)
 }
 
-fn run_jobs(jobs: &[Job], net: &NetArgs, progress_file: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let file_sink = progress_file.map(JsonLinesFile::create).transpose()?.map(std::sync::Arc::new);
+fn run_jobs(
+    jobs: &[Job],
+    net: &NetArgs,
+    progress_file: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let file_sink = progress_file
+        .map(JsonLinesFile::create)
+        .transpose()?
+        .map(std::sync::Arc::new);
     let mut reports = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let mut sinks: Vec<Box<dyn ProgressSink>> = vec![human_sink(&job.label)];
@@ -174,15 +211,19 @@ fn run_jobs(jobs: &[Job], net: &NetArgs, progress_file: Option<&Path>, json: boo
         let sink: &dyn ProgressSink = if last { sink } else { &not_final };
         let remote = remote_for(&job.spec, net)?;
         let opts = install_options(&job.dir, job.mode, net);
-        let report = rt.block_on(deltafin_fetch::install(&remote, &opts, sink)).with_context(|| format!("{} ({})", job.label, job.spec.id()))?;
+        let report = rt
+            .block_on(deltafin_fetch::install(&remote, &opts, sink))
+            .with_context(|| format!("{} ({})", job.label, job.spec.id()))?;
         if !json {
             eprintln!("{}", summary_line(&job.label, &report));
         }
         reports.push((job.label.clone(), report));
     }
     if json {
-        let out: serde_json::Map<String, serde_json::Value> =
-            reports.iter().map(|(l, r)| (l.clone(), serde_json::to_value(r).expect("json"))).collect();
+        let out: serde_json::Map<String, serde_json::Value> = reports
+            .iter()
+            .map(|(l, r)| (l.clone(), serde_json::to_value(r).expect("json")))
+            .collect();
         println!("{}", json!(out));
     }
     Ok(ExitCode::SUCCESS)
@@ -201,7 +242,13 @@ pub fn remote_for(spec: &SourceSpec, net: &NetArgs) -> anyhow::Result<Remote> {
     Ok(match spec {
         SourceSpec::Hf { .. } => {
             let client = deltafin_fetch::http::build_client(&Default::default())?;
-            Remote::Hf(HfRepo::new(client, &net.endpoint, spec, net.hf_token.clone(), retry_policy(net))?)
+            Remote::Hf(HfRepo::new(
+                client,
+                &net.endpoint,
+                spec,
+                net.hf_token.clone(),
+                retry_policy(net),
+            )?)
         }
         SourceSpec::Oci { .. } => Remote::Oci(OciSource::new(spec, &oci_options(net))?),
     })
@@ -209,11 +256,18 @@ pub fn remote_for(spec: &SourceSpec, net: &NetArgs) -> anyhow::Result<Remote> {
 
 /// OCI connection options from the flags.
 pub fn oci_options(net: &NetArgs) -> OciOptions {
-    OciOptions { plain_http: net.plain_http, auth: registry_auth(net.oci_username.clone(), net.oci_password.clone()) }
+    OciOptions {
+        plain_http: net.plain_http,
+        auth: registry_auth(net.oci_username.clone(), net.oci_password.clone()),
+    }
 }
 
 fn retry_policy(net: &NetArgs) -> RetryPolicy {
-    RetryPolicy { max_attempts: net.retries.max(1), base: Duration::from_millis(net.retry_base_ms), cap: Duration::from_secs(30) }
+    RetryPolicy {
+        max_attempts: net.retries.max(1),
+        base: Duration::from_millis(net.retry_base_ms),
+        cap: Duration::from_secs(30),
+    }
 }
 
 fn install_options(dir: &Path, mode: Mode, net: &NetArgs) -> InstallOptions {
@@ -227,7 +281,11 @@ fn install_options(dir: &Path, mode: Mode, net: &NetArgs) -> InstallOptions {
 }
 
 fn summary_line(label: &str, r: &InstallReport) -> String {
-    let rate = if r.download_seconds > 0.0 { r.bytes_downloaded as f64 / r.download_seconds } else { 0.0 };
+    let rate = if r.download_seconds > 0.0 {
+        r.bytes_downloaded as f64 / r.download_seconds
+    } else {
+        0.0
+    };
     format!(
         "{label}: {} @ {} {:?}{}: {}/{} files published, {} local of {}, {} downloaded in {:.1} s ({}/s), verification {:.1} s",
         r.source,

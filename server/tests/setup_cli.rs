@@ -14,9 +14,13 @@ use common::*;
 /// The binary under test (`DELTAFIN_TEST_BIN` overrides it, for shared target directories where
 /// another checkout may rebuild `target/debug/deltafin` concurrently).
 fn deltafin() -> Command {
-    let bin = std::env::var("DELTAFIN_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_deltafin").to_string());
+    let bin =
+        std::env::var("DELTAFIN_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_deltafin").to_string());
     let mut c = Command::new(bin);
-    c.env_remove("HF_TOKEN").env_remove("HF_ENDPOINT").env("DELTAFIN_RETRY_BASE_MS", "20").env("DELTAFIN_HEADROOM_MIB", "0");
+    c.env_remove("HF_TOKEN")
+        .env_remove("HF_ENDPOINT")
+        .env("DELTAFIN_RETRY_BASE_MS", "20")
+        .env("DELTAFIN_HEADROOM_MIB", "0");
     c
 }
 
@@ -47,7 +51,9 @@ fn served() -> Option<(tempfile::TempDir, tempfile::TempDir)> {
     }
     let model = tempfile::tempdir().unwrap();
     write_tiny(model.path());
-    let payload: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2246822519) >> 11) as u8).collect();
+    let payload: Vec<u8> = (0..4u32 << 20)
+        .map(|i| (i.wrapping_mul(2246822519) >> 11) as u8)
+        .collect();
     std::fs::write(model.path().join("payload.bin"), payload).unwrap();
     let root = tempfile::tempdir().unwrap();
     serve_hf(root.path(), "org/tiny", "main", model.path());
@@ -59,7 +65,16 @@ fn served() -> Option<(tempfile::TempDir, tempfile::TempDir)> {
 
 fn setup_cmd(endpoint: &str, dir: &Path) -> Command {
     let mut c = deltafin();
-    c.args(["setup", "--source", "hf://org/tiny", "--full", "--endpoint", endpoint]).arg("--dir").arg(dir);
+    c.args([
+        "setup",
+        "--source",
+        "hf://org/tiny",
+        "--full",
+        "--endpoint",
+        endpoint,
+    ])
+    .arg("--dir")
+    .arg(dir);
     c
 }
 
@@ -70,7 +85,14 @@ fn setup_with_drafts_progress_file_and_doctor() {
     let dir = tempfile::tempdir().unwrap();
     let progress = dir.path().join("progress.jsonl");
     let out = setup_cmd(&nginx.url(), &dir.path().join("m"))
-        .args(["--include-qwen", "--qwen-source", "hf://qwen/draft", "--draft", "dspark=hf://qwen/draft", "--json"])
+        .args([
+            "--include-qwen",
+            "--qwen-source",
+            "hf://qwen/draft",
+            "--draft",
+            "dspark=hf://qwen/draft",
+            "--json",
+        ])
         .arg("--progress-file")
         .arg(&progress)
         .output()
@@ -81,7 +103,11 @@ fn setup_with_drafts_progress_file_and_doctor() {
     assert_eq!(summary["draft qwen"]["mode"], "full");
     let m = dir.path().join("m");
     for f in files_under(model.path()) {
-        assert_eq!(std::fs::read(model.path().join(&f)).unwrap(), std::fs::read(m.join(&f)).unwrap(), "{f}");
+        assert_eq!(
+            std::fs::read(model.path().join(&f)).unwrap(),
+            std::fs::read(m.join(&f)).unwrap(),
+            "{f}"
+        );
     }
     assert!(m.join("drafts/qwen/config.json").exists() && m.join("drafts/dspark/config.json").exists());
     // The progress contract: exact keys in order, phases from the set, one final `done`.
@@ -90,15 +116,33 @@ fn setup_with_drafts_progress_file_and_doctor() {
     for l in &lines {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         assert_eq!(v.as_object().unwrap().len(), 6, "{l}");
-        assert!(l.starts_with(r#"{"phase":""#) && l.contains(r#","bytes_done":"#), "{l}");
-        assert!(l.contains(r#","bytes_total":"#) && l.contains(r#","files_done":"#) && l.contains(r#","files_total":"#), "{l}");
+        assert!(
+            l.starts_with(r#"{"phase":""#) && l.contains(r#","bytes_done":"#),
+            "{l}"
+        );
+        assert!(
+            l.contains(r#","bytes_total":"#)
+                && l.contains(r#","files_done":"#)
+                && l.contains(r#","files_total":"#),
+            "{l}"
+        );
         assert!(l.contains(r#","message":""#), "{l}");
-        assert!(["resolve", "download", "verify", "done"].contains(&v["phase"].as_str().unwrap()), "{l}");
+        assert!(
+            ["resolve", "download", "verify", "done"].contains(&v["phase"].as_str().unwrap()),
+            "{l}"
+        );
     }
-    assert_eq!(lines.iter().filter(|l| l.contains(r#""phase":"done""#)).count(), 1);
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(r#""phase":"done""#)).count(),
+        1
+    );
     assert!(lines.last().unwrap().contains(r#""phase":"done""#));
 
-    let out = deltafin().args(["doctor", "--verify", "--json", "--dir"]).arg(&m).output().unwrap();
+    let out = deltafin()
+        .args(["doctor", "--verify", "--json", "--dir"])
+        .arg(&m)
+        .output()
+        .unwrap();
     ok(&out);
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(d["usable"], true, "{d}");
@@ -109,10 +153,17 @@ fn setup_with_drafts_progress_file_and_doctor() {
     let mut b = std::fs::read(&f).unwrap();
     b[10] ^= 0xff;
     std::fs::write(&f, b).unwrap();
-    let out = deltafin().args(["doctor", "--verify", "--dir"]).arg(&m).output().unwrap();
+    let out = deltafin()
+        .args(["doctor", "--verify", "--dir"])
+        .arg(&m)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("NOT USABLE") && text.contains("payload.bin: checksum mismatch"), "{text}");
+    assert!(
+        text.contains("NOT USABLE") && text.contains("payload.bin: checksum mismatch"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -131,12 +182,17 @@ fn kill_9_mid_transfer_then_rerun_completes_and_verifies() {
     let sidecar = m.join(".deltafin/partial/payload.bin.partial.json");
     let t = Instant::now();
     loop {
-        let side = std::fs::read_to_string(&sidecar).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+        let side = std::fs::read_to_string(&sidecar)
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
         if side.is_some_and(|v| v["present"].as_array().is_some_and(|a| !a.is_empty())) {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(60), "no progress recorded");
-        assert!(child.try_wait().unwrap().is_none(), "setup finished before it could be killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "setup finished before it could be killed"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap(); // SIGKILL
@@ -146,12 +202,23 @@ fn kill_9_mid_transfer_then_rerun_completes_and_verifies() {
     let out = setup_cmd(&fast.url(), &m).arg("--json").output().unwrap();
     ok(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (downloaded, total) = (r["model"]["bytes_downloaded"].as_u64().unwrap(), r["model"]["bytes_total"].as_u64().unwrap());
+    let (downloaded, total) = (
+        r["model"]["bytes_downloaded"].as_u64().unwrap(),
+        r["model"]["bytes_total"].as_u64().unwrap(),
+    );
     assert!(downloaded < total, "the rerun started over: {r}");
     for f in files_under(model.path()) {
-        assert_eq!(std::fs::read(model.path().join(&f)).unwrap(), std::fs::read(m.join(&f)).unwrap(), "{f}");
+        assert_eq!(
+            std::fs::read(model.path().join(&f)).unwrap(),
+            std::fs::read(m.join(&f)).unwrap(),
+            "{f}"
+        );
     }
-    ok(&deltafin().args(["doctor", "--verify", "--dir"]).arg(&m).output().unwrap());
+    ok(&deltafin()
+        .args(["doctor", "--verify", "--dir"])
+        .arg(&m)
+        .output()
+        .unwrap());
 }
 
 #[test]
@@ -160,16 +227,29 @@ fn failures_exit_1_with_one_line() {
     let nginx = Nginx::start(root.path(), None);
     let dir = tempfile::tempdir().unwrap();
     let out = deltafin()
-        .args(["setup", "--source", "hf://org/nope", "--full", "--endpoint", &nginx.url()])
+        .args([
+            "setup",
+            "--source",
+            "hf://org/nope",
+            "--full",
+            "--endpoint",
+            &nginx.url(),
+        ])
         .arg("--dir")
         .arg(dir.path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let e = error_line(&out);
-    assert!(e.contains("not found (HTTP 404)") && e.contains("HF_TOKEN"), "{e}");
+    assert!(
+        e.contains("not found (HTTP 404)") && e.contains("HF_TOKEN"),
+        "{e}"
+    );
     // Usage errors exit 2: a mode is required.
-    let out = deltafin().args(["setup", "--source", "hf://org/tiny", "--dir", "x"]).output().unwrap();
+    let out = deltafin()
+        .args(["setup", "--source", "hf://org/tiny", "--dir", "x"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     if let Some(tmpfs) = Tmpfs::mount("1m") {
         let out = setup_cmd(&nginx.url(), &tmpfs.path.join("m")).output().unwrap();
@@ -179,7 +259,11 @@ fn failures_exit_1_with_one_line() {
         assert!(!tmpfs.path.join("m/payload.bin").exists());
     }
     // doctor on an empty directory: not usable.
-    let out = deltafin().args(["doctor", "--dir"]).arg(dir.path()).output().unwrap();
+    let out = deltafin()
+        .args(["doctor", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -189,19 +273,41 @@ fn stream_setup_then_doctor_then_full() {
     let nginx = Nginx::start(root.path(), None);
     let dir = tempfile::tempdir().unwrap();
     let mut c = deltafin();
-    c.args(["setup", "--source", "hf://org/tiny", "--stream", "--json", "--endpoint", &nginx.url()]).arg("--dir").arg(dir.path());
+    c.args([
+        "setup",
+        "--source",
+        "hf://org/tiny",
+        "--stream",
+        "--json",
+        "--endpoint",
+        &nginx.url(),
+    ])
+    .arg("--dir")
+    .arg(dir.path());
     ok(&c.output().unwrap());
-    let out = deltafin().args(["doctor", "--json", "--dir"]).arg(dir.path()).output().unwrap();
+    let out = deltafin()
+        .args(["doctor", "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     ok(&out);
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(d["mode"], "stream", "{d}");
     let pct = d["percent_local"].as_f64().unwrap();
     assert!(pct > 0.0 && pct < 100.0, "{d}");
     ok(&setup_cmd(&nginx.url(), dir.path()).output().unwrap());
-    let out = deltafin().args(["doctor", "--json", "--verify", "--dir"]).arg(dir.path()).output().unwrap();
+    let out = deltafin()
+        .args(["doctor", "--json", "--verify", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     ok(&out);
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((d["mode"].as_str(), d["percent_local"].as_f64()), (Some("full"), Some(100.0)), "{d}");
+    assert_eq!(
+        (d["mode"].as_str(), d["percent_local"].as_f64()),
+        (Some("full"), Some(100.0)),
+        "{d}"
+    );
     assert_eq!(generate_ids(dir.path()), generate_ids(model.path()));
 }
 
@@ -214,9 +320,23 @@ fn cli_push_then_setup_from_oci() {
     let model = tempfile::tempdir().unwrap();
     write_tiny(model.path());
     let dest = format!("oci://127.0.0.1:{}/models/tiny:v1", registry.port);
-    ok(&deltafin().arg("push").arg(model.path()).arg(&dest).output().unwrap());
+    ok(&deltafin()
+        .arg("push")
+        .arg(model.path())
+        .arg(&dest)
+        .output()
+        .unwrap());
     let dir = tempfile::tempdir().unwrap();
-    ok(&deltafin().args(["setup", "--full", "--source", &dest]).arg("--dir").arg(dir.path()).output().unwrap());
+    ok(&deltafin()
+        .args(["setup", "--full", "--source", &dest])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap());
     assert_same_tree(model.path(), dir.path());
-    ok(&deltafin().args(["doctor", "--verify", "--dir"]).arg(dir.path()).output().unwrap());
+    ok(&deltafin()
+        .args(["doctor", "--verify", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap());
 }

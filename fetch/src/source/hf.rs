@@ -55,9 +55,19 @@ struct ApiLfs {
 
 impl HfRepo {
     /// `endpoint` like `https://huggingface.co` (a path prefix is kept).
-    pub fn new(client: Client, endpoint: &str, spec: &SourceSpec, token: Option<String>, policy: RetryPolicy) -> Result<Self> {
+    pub fn new(
+        client: Client,
+        endpoint: &str,
+        spec: &SourceSpec,
+        token: Option<String>,
+        policy: RetryPolicy,
+    ) -> Result<Self> {
         let SourceSpec::Hf { repo, revision } = spec else {
-            return Err(Error::InvalidArgument { what: "source", input: format!("{spec:?}"), reason: "not hf://".into() });
+            return Err(Error::InvalidArgument {
+                what: "source",
+                input: format!("{spec:?}"),
+                reason: "not hf://".into(),
+            });
         };
         let endpoint = Url::parse(endpoint.trim_end_matches('/'))
             .ok()
@@ -67,12 +77,22 @@ impl HfRepo {
                 input: endpoint.into(),
                 reason: "expected an http(s) URL".into(),
             })?;
-        Ok(HfRepo { client, endpoint, repo: repo.clone(), revision: revision.clone(), token, policy })
+        Ok(HfRepo {
+            client,
+            endpoint,
+            repo: repo.clone(),
+            revision: revision.clone(),
+            token,
+            policy,
+        })
     }
 
     /// The source this repo was built from.
     pub fn spec(&self) -> SourceSpec {
-        SourceSpec::Hf { repo: self.repo.clone(), revision: self.revision.clone() }
+        SourceSpec::Hf {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+        }
     }
 
     fn url(&self, segments: &[&str]) -> Url {
@@ -105,7 +125,10 @@ impl HfRepo {
 
     fn hint(&self) -> String {
         if self.token.is_some() {
-            format!("check that {} exists at revision `{}` and that the token may read it", self.repo, self.revision)
+            format!(
+                "check that {} exists at revision `{}` and that the token may read it",
+                self.repo, self.revision
+            )
         } else {
             format!(
                 "check that {} exists at revision `{}`; private or gated repositories need HF_TOKEN",
@@ -117,10 +140,22 @@ impl HfRepo {
     /// Resolve the revision to a commit and list every file with its size and digest.
     pub async fn resolve(&self) -> Result<Listing> {
         let url = self.api_url();
-        let (body, _) = get_small(&self.client, url.as_str(), self.token.as_deref(), &self.policy, &self.hint()).await?;
-        let api: ApiRevision = serde_json::from_slice(&body)
-            .map_err(|e| Error::Protocol { url: url.to_string(), reason: format!("revision listing is not the expected JSON: {e}") })?;
-        let bad = |reason: String| Error::Protocol { url: url.to_string(), reason };
+        let (body, _) = get_small(
+            &self.client,
+            url.as_str(),
+            self.token.as_deref(),
+            &self.policy,
+            &self.hint(),
+        )
+        .await?;
+        let api: ApiRevision = serde_json::from_slice(&body).map_err(|e| Error::Protocol {
+            url: url.to_string(),
+            reason: format!("revision listing is not the expected JSON: {e}"),
+        })?;
+        let bad = |reason: String| Error::Protocol {
+            url: url.to_string(),
+            reason,
+        };
         if api.sha.is_empty() || !api.sha.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(bad(format!("commit sha `{}` is malformed", api.sha)));
         }
@@ -130,14 +165,33 @@ impl HfRepo {
             files.push(sibling_file(path, s).map_err(bad)?);
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(Listing { source_id: self.spec().id(), revision: self.revision.clone(), pinned: api.sha, files })
+        Ok(Listing {
+            source_id: self.spec().id(),
+            revision: self.revision.clone(),
+            pinned: api.sha,
+            files,
+        })
     }
 
     /// One ranged GET of `file` at `commit`.
-    pub async fn open_range(&self, commit: &str, file: &RemoteFile, range: Range<u64>) -> Result<ByteStream, AttemptError> {
+    pub async fn open_range(
+        &self,
+        commit: &str,
+        file: &RemoteFile,
+        range: Range<u64>,
+    ) -> Result<ByteStream, AttemptError> {
         let url = self.file_url(commit, &file.locator);
         let pin = Some(("x-repo-commit", commit));
-        get_range(&self.client, url.as_str(), self.token.as_deref(), range, file.size, &self.hint(), pin).await
+        get_range(
+            &self.client,
+            url.as_str(),
+            self.token.as_deref(),
+            range,
+            file.size,
+            &self.hint(),
+            pin,
+        )
+        .await
     }
 }
 
@@ -147,7 +201,10 @@ fn sibling_file(path: String, s: ApiSibling) -> Result<RemoteFile, String> {
     let (size, expected) = match (&s.lfs, s.size) {
         (Some(lfs), _) => {
             if !is_hex(&lfs.sha256, 64) {
-                return Err(format!("{path}: lfs.sha256 `{}` is not 64 hex digits", lfs.sha256));
+                return Err(format!(
+                    "{path}: lfs.sha256 `{}` is not 64 hex digits",
+                    lfs.sha256
+                ));
             }
             (lfs.size, Expected::Sha256(lfs.sha256.to_ascii_lowercase()))
         }
@@ -155,9 +212,18 @@ fn sibling_file(path: String, s: ApiSibling) -> Result<RemoteFile, String> {
             Some(b) if is_hex(b, 40) => (size, Expected::GitBlobSha1(b.to_ascii_lowercase())),
             _ => (size, Expected::SizeOnly),
         },
-        (None, None) => return Err(format!("{path}: the listing has no size (was ?blobs=true honoured?)")),
+        (None, None) => {
+            return Err(format!(
+                "{path}: the listing has no size (was ?blobs=true honoured?)"
+            ));
+        }
     };
-    Ok(RemoteFile { locator: path.clone(), path, size, expected })
+    Ok(RemoteFile {
+        locator: path.clone(),
+        path,
+        size,
+        expected,
+    })
 }
 
 #[cfg(test)]
@@ -169,22 +235,55 @@ mod tests {
         crate::http::install_tls_provider();
         let spec: SourceSpec = "hf://org/my.repo@refs/pr/1".parse().unwrap();
         let c = Client::new();
-        let r = HfRepo::new(c, "http://127.0.0.1:8080/mirror/", &spec, None, RetryPolicy::default()).unwrap();
-        assert_eq!(r.api_url().as_str(), "http://127.0.0.1:8080/mirror/api/models/org/my.repo/revision/refs%2Fpr%2F1?blobs=true");
-        assert_eq!(r.file_url("abc", "sub dir/x.json").as_str(), "http://127.0.0.1:8080/mirror/org/my.repo/resolve/abc/sub%20dir/x.json");
+        let r = HfRepo::new(
+            c,
+            "http://127.0.0.1:8080/mirror/",
+            &spec,
+            None,
+            RetryPolicy::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            r.api_url().as_str(),
+            "http://127.0.0.1:8080/mirror/api/models/org/my.repo/revision/refs%2Fpr%2F1?blobs=true"
+        );
+        assert_eq!(
+            r.file_url("abc", "sub dir/x.json").as_str(),
+            "http://127.0.0.1:8080/mirror/org/my.repo/resolve/abc/sub%20dir/x.json"
+        );
         assert!(HfRepo::new(Client::new(), "ftp://x", &spec, None, RetryPolicy::default()).is_err());
     }
 
     #[test]
     fn siblings_choose_the_strongest_check() {
         let sib = |json: &str| serde_json::from_str::<ApiSibling>(json).unwrap();
-        let f = sibling_file("a".into(), sib(&format!(r#"{{"rfilename":"a","size":135,"lfs":{{"sha256":"{}","size":999}}}}"#, "Ab".repeat(32)))).unwrap();
+        let f = sibling_file(
+            "a".into(),
+            sib(&format!(
+                r#"{{"rfilename":"a","size":135,"lfs":{{"sha256":"{}","size":999}}}}"#,
+                "Ab".repeat(32)
+            )),
+        )
+        .unwrap();
         assert_eq!((f.size, f.expected), (999, Expected::Sha256("ab".repeat(32))));
-        let f = sibling_file("b".into(), sib(&format!(r#"{{"rfilename":"b","size":5,"blobId":"{}"}}"#, "c".repeat(40)))).unwrap();
+        let f = sibling_file(
+            "b".into(),
+            sib(&format!(
+                r#"{{"rfilename":"b","size":5,"blobId":"{}"}}"#,
+                "c".repeat(40)
+            )),
+        )
+        .unwrap();
         assert_eq!(f.expected, Expected::GitBlobSha1("c".repeat(40)));
         let f = sibling_file("c".into(), sib(r#"{"rfilename":"c","size":5}"#)).unwrap();
         assert_eq!(f.expected, Expected::SizeOnly);
         assert!(sibling_file("d".into(), sib(r#"{"rfilename":"d"}"#)).is_err());
-        assert!(sibling_file("e".into(), sib(r#"{"rfilename":"e","lfs":{"sha256":"zz","size":1}}"#)).is_err());
+        assert!(
+            sibling_file(
+                "e".into(),
+                sib(r#"{"rfilename":"e","lfs":{"sha256":"zz","size":1}}"#)
+            )
+            .is_err()
+        );
     }
 }

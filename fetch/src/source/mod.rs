@@ -30,7 +30,11 @@ impl FromStr for SourceSpec {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |reason: &str| Error::InvalidArgument { what: "source", input: s.to_string(), reason: reason.into() };
+        let bad = |reason: &str| Error::InvalidArgument {
+            what: "source",
+            input: s.to_string(),
+            reason: reason.into(),
+        };
         if let Some(rest) = s.strip_prefix("hf://") {
             let (repo, revision) = match rest.split_once('@') {
                 Some((r, rev)) => (r, rev),
@@ -38,7 +42,10 @@ impl FromStr for SourceSpec {
             };
             let parts: Vec<&str> = repo.split('/').collect();
             let ok_part = |p: &&str| {
-                !p.is_empty() && !p.starts_with('.') && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                !p.is_empty()
+                    && !p.starts_with('.')
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
             };
             if parts.len() != 2 || !parts.iter().all(ok_part) {
                 return Err(bad("expected hf://ORG/REPO[@REVISION]"));
@@ -46,16 +53,23 @@ impl FromStr for SourceSpec {
             if revision.is_empty() || revision.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(bad("empty or malformed revision after `@`"));
             }
-            return Ok(SourceSpec::Hf { repo: repo.to_string(), revision: revision.to_string() });
+            return Ok(SourceSpec::Hf {
+                repo: repo.to_string(),
+                revision: revision.to_string(),
+            });
         }
         if let Some(rest) = s.strip_prefix("oci://") {
             oci_client::Reference::from_str(rest).map_err(|e| bad(&format!("bad OCI reference: {e}")))?;
             if !rest.contains('/') {
                 return Err(bad("expected oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]"));
             }
-            return Ok(SourceSpec::Oci { reference: rest.to_string() });
+            return Ok(SourceSpec::Oci {
+                reference: rest.to_string(),
+            });
         }
-        Err(bad("expected hf://ORG/REPO[@REVISION] or oci://REGISTRY/REPO:TAG"))
+        Err(bad(
+            "expected hf://ORG/REPO[@REVISION] or oci://REGISTRY/REPO:TAG",
+        ))
     }
 }
 
@@ -136,7 +150,12 @@ impl Remote {
     }
 
     /// Open bytes `range` of `file` at the pinned revision (one attempt; the caller retries).
-    pub async fn open_range(&self, pinned: &str, file: &RemoteFile, range: Range<u64>) -> Result<ByteStream, AttemptError> {
+    pub async fn open_range(
+        &self,
+        pinned: &str,
+        file: &RemoteFile,
+        range: Range<u64>,
+    ) -> Result<ByteStream, AttemptError> {
         match self {
             Remote::Hf(r) => r.open_range(pinned, file, range).await,
             Remote::Oci(r) => r.open_range(pinned, file, range).await,
@@ -159,13 +178,28 @@ mod tests {
     #[test]
     fn parse_sources() {
         let s: SourceSpec = "hf://moonshotai/Kimi-K3".parse().unwrap();
-        assert_eq!(s, SourceSpec::Hf { repo: "moonshotai/Kimi-K3".into(), revision: "main".into() });
+        assert_eq!(
+            s,
+            SourceSpec::Hf {
+                repo: "moonshotai/Kimi-K3".into(),
+                revision: "main".into()
+            }
+        );
         assert_eq!(s.id(), "hf://moonshotai/Kimi-K3");
-        let s: SourceSpec = "hf://org/repo@c5d1dd4c428bd1ce8b88c5044f3b6ccde9e3b721".parse().unwrap();
+        let s: SourceSpec = "hf://org/repo@c5d1dd4c428bd1ce8b88c5044f3b6ccde9e3b721"
+            .parse()
+            .unwrap();
         assert_eq!(s.revision(), "c5d1dd4c428bd1ce8b88c5044f3b6ccde9e3b721");
         let s: SourceSpec = "hf://org/repo@refs/pr/1".parse().unwrap();
         assert_eq!(s.revision(), "refs/pr/1");
-        for bad in ["hf://org", "hf://a/b/c", "hf://../x", "hf://org/repo@", "s3://x/y", "hf://o/r@a b"] {
+        for bad in [
+            "hf://org",
+            "hf://a/b/c",
+            "hf://../x",
+            "hf://org/repo@",
+            "s3://x/y",
+            "hf://o/r@a b",
+        ] {
             assert!(bad.parse::<SourceSpec>().is_err(), "{bad}");
         }
         let s: SourceSpec = "oci://127.0.0.1:5000/models/tiny:v1".parse().unwrap();
