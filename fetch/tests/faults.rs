@@ -141,6 +141,35 @@ fn not_found_and_auth_errors_are_not_retried() {
 }
 
 #[test]
+fn the_token_is_sent_as_bearer() {
+    let Some((model, root, _)) = served() else { return };
+    let nginx = Nginx::start(root.path(), None);
+    let endpoint = format!("{}/private", nginx.url());
+    let dir = tempfile::tempdir().unwrap();
+    let e = run(&endpoint, dir.path()).unwrap_err();
+    assert!(matches!(e, Error::Unauthorized { status: 401, .. }), "{e}");
+    let client = deltafin_fetch::http::build_client(&Default::default()).unwrap();
+    let spec = "hf://org/tiny".parse().unwrap();
+    let remote = Remote::Hf(
+        HfRepo::new(
+            client,
+            &endpoint,
+            &spec,
+            Some("s3cret".into()),
+            RetryPolicy::default(),
+        )
+        .unwrap(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(install(&remote, &opts(dir.path()), &NoProgress))
+        .unwrap();
+    assert_same_tree(model.path(), dir.path());
+}
+
+#[test]
 fn server_errors_are_retried_then_reported() {
     let Some((_model, root, _)) = served() else { return };
     let nginx = Nginx::start(root.path(), None);

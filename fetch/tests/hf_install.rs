@@ -178,7 +178,7 @@ fn full_setup_completes_a_stream_install_without_redownloading() {
 fn concurrent_fetches_of_one_expert_coalesce() {
     // The store reads through a slow server so that the callers overlap; the proxy counts requests.
     let Some(fx) = fixture(None) else { return };
-    let slow = Nginx::start(fx.root.path(), Some(20_000));
+    let slow = Nginx::start(fx.root.path(), Some(4_000));
     let proxy = FaultProxy::start(slow.port);
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();

@@ -81,6 +81,37 @@ fn push_then_pull_is_byte_identical() {
         .unwrap();
     assert_eq!(r2.skipped, files2.len());
 
+    // Pulling through connections cut mid-blob resumes and still verifies.
+    let proxy = FaultProxy::start(registry.port);
+    proxy.cut(8, 40 << 10);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("oci://127.0.0.1:{}/deltafin/tiny:v1", proxy.port)
+        .parse()
+        .unwrap();
+    let remote = Remote::Oci(OciSource::new(&spec, &oci_opts()).unwrap());
+    let opts = InstallOptions {
+        workers: 1,
+        ..InstallOptions {
+            dir: dir.path().into(),
+            ..opts
+        }
+    };
+    rt.block_on(install(&remote, &opts, &NoProgress)).unwrap();
+    assert_same_tree(model.path(), dir.path());
+    let resumed = proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/blobs/"))
+        .filter_map(|r| {
+            let span = r.split("bytes=").nth(1)?.to_string();
+            span.split('-').next()?.parse::<u64>().ok()
+        });
+    assert!(
+        resumed.into_iter().any(|start| !start.is_multiple_of(32 << 10)),
+        "{:#?}",
+        proxy.requests()
+    );
+
     // A missing tag is a clear error.
     let spec = format!("oci://127.0.0.1:{}/deltafin/tiny:nope", registry.port)
         .parse()

@@ -94,6 +94,10 @@ http {{
     location /denied/ {{ return 401; }}
     location /forbidden/ {{ return 403; }}
     location /flaky/ {{ return 503; }}
+    location /private/ {{
+      if ($http_authorization != "Bearer s3cret") {{ return 401; }}
+      rewrite ^/private/(.*)$ /$1 break;
+    }}
   }}
 }}
 "#,
@@ -304,9 +308,11 @@ fn proxy_conn(client: TcpStream, upstream: u16, st: &Arc<ProxyState>) {
         let mut buf = [0u8; 16384];
         let mut head = Vec::new();
         while let Ok(n) = c_read.read(&mut buf) {
-            if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+            if n == 0 {
                 break;
             }
+            // Record request heads before forwarding them, so a test that sees the response
+            // also sees the request.
             head.extend_from_slice(&buf[..n]);
             while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
                 let text = String::from_utf8_lossy(&head[..end]).into_owned();
@@ -314,11 +320,11 @@ fn proxy_conn(client: TcpStream, upstream: u16, st: &Arc<ProxyState>) {
                 let range = text
                     .lines()
                     .find_map(|l| l.to_ascii_lowercase().strip_prefix("range: ").map(str::to_string));
-                st2.requests
-                    .lock()
-                    .unwrap()
-                    .push(format!("{first} {}", range.unwrap_or_default()));
+                st2.requests.lock().unwrap().push(format!("{first} {}", range.unwrap_or_default()));
                 head.drain(..end + 4);
+            }
+            if s_write.write_all(&buf[..n]).is_err() {
+                break;
             }
         }
         let _ = s_write.shutdown(Shutdown::Write);
