@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::manifest::{FileState, Manifest, Mode, STATE_DIR};
+use crate::manifest::{FileEntry, FileState, Manifest, Mode, STATE_DIR};
 use crate::ranges::RangeSet;
 use crate::source::RemoteFile;
 use crate::staged::present_on_disk;
@@ -55,65 +55,9 @@ pub fn inspect(dir: &Path, verify: bool) -> Result<Option<InstallStatus>> {
     let mut files = Vec::new();
     let mut remote_expert_bytes = 0;
     for e in &m.files {
-        let rf = RemoteFile {
-            path: e.path.clone(),
-            size: e.size,
-            expected: e.expected.clone(),
-            locator: e.locator.clone(),
-        };
-        let dest = dir.join(&e.path);
-        let (state, local, verified) = if let Ok(meta) = std::fs::metadata(&dest) {
-            if meta.len() != e.size {
-                problems.push(format!(
-                    "{}: {} bytes on disk, {} expected",
-                    e.path,
-                    meta.len(),
-                    e.size
-                ));
-            }
-            let verified = verify.then(|| match verify_file(&dest, &e.path, e.size, &e.expected) {
-                Ok(_) => true,
-                Err(err) => {
-                    problems.push(err.to_string());
-                    false
-                }
-            });
-            (FileState::Published, meta.len().min(e.size), verified)
-        } else {
-            let present = present_on_disk(&state_dir, &rf, &m.pinned);
-            let experts = RangeSet::from_ranges(
-                m.experts
-                    .iter()
-                    .filter(|x| x.file == e.path)
-                    .map(|x| x.start..x.end),
-            );
-            let missing_resident = RangeSet::from_range(0..e.size)
-                .minus(&experts)
-                .minus(&present)
-                .len();
-            remote_expert_bytes += experts.minus(&present).len();
-            if m.mode == Mode::Full || missing_resident > 0 {
-                problems.push(format!(
-                    "{}: {} of {} bytes still missing",
-                    e.path,
-                    e.size - present.len(),
-                    e.size
-                ));
-            }
-            let state = if present.is_empty() {
-                FileState::Missing
-            } else {
-                FileState::Staged
-            };
-            (state, present.len(), None)
-        };
-        files.push(FileStatus {
-            path: e.path.clone(),
-            size: e.size,
-            state,
-            local_bytes: local,
-            verified,
-        });
+        let (status, remote) = file_status(dir, &state_dir, &m, e, verify, &mut problems);
+        files.push(status);
+        remote_expert_bytes += remote;
     }
     if !m.complete {
         problems
@@ -138,4 +82,72 @@ pub fn inspect(dir: &Path, verify: bool) -> Result<Option<InstallStatus>> {
         files,
         problems,
     }))
+}
+
+/// One file's status and its still-remote expert bytes; problems are appended to `problems`.
+fn file_status(
+    dir: &Path,
+    state_dir: &Path,
+    m: &Manifest,
+    e: &FileEntry,
+    verify: bool,
+    problems: &mut Vec<String>,
+) -> (FileStatus, u64) {
+    let dest = dir.join(&e.path);
+    let status = |state, local_bytes, verified| FileStatus {
+        path: e.path.clone(),
+        size: e.size,
+        state,
+        local_bytes,
+        verified,
+    };
+    if let Ok(meta) = std::fs::metadata(&dest) {
+        if meta.len() != e.size {
+            problems.push(format!(
+                "{}: {} bytes on disk, {} expected",
+                e.path,
+                meta.len(),
+                e.size
+            ));
+        }
+        let verified = verify.then(|| match verify_file(&dest, &e.path, e.size, &e.expected) {
+            Ok(_) => true,
+            Err(err) => {
+                problems.push(err.to_string());
+                false
+            }
+        });
+        return (status(FileState::Published, meta.len().min(e.size), verified), 0);
+    }
+    let rf = RemoteFile {
+        path: e.path.clone(),
+        size: e.size,
+        expected: e.expected.clone(),
+        locator: e.locator.clone(),
+    };
+    let present = present_on_disk(state_dir, &rf, &m.pinned);
+    let experts = RangeSet::from_ranges(
+        m.experts
+            .iter()
+            .filter(|x| x.file == e.path)
+            .map(|x| x.start..x.end),
+    );
+    let missing_resident = RangeSet::from_range(0..e.size)
+        .minus(&experts)
+        .minus(&present)
+        .len();
+    if m.mode == Mode::Full || missing_resident > 0 {
+        problems.push(format!(
+            "{}: {} of {} bytes still missing",
+            e.path,
+            e.size - present.len(),
+            e.size
+        ));
+    }
+    let state = if present.is_empty() {
+        FileState::Missing
+    } else {
+        FileState::Staged
+    };
+    (status(state, present.len(), None), experts.minus(&present).len())
 }

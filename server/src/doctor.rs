@@ -23,10 +23,10 @@ pub struct DoctorArgs {
     #[arg(long, env = "DELTAFIN_DIR", default_value = ".")]
     pub dir: PathBuf,
     /// Re-hash every complete file against the source's digests.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_VERIFY")]
     pub verify: bool,
     /// Print one JSON object on stdout.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
 }
 
@@ -76,45 +76,9 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
 
 fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-    let mut checks = Vec::new();
     let install = inspect(dir, verify)?;
     let free = free_space(dir)?;
-    match &install {
-        Some(s) => {
-            let detail = if s.problems.is_empty() {
-                format!(
-                    "{} @ {} ({} files{})",
-                    s.source,
-                    s.pinned,
-                    s.files.len(),
-                    if verify { ", hashes verified" } else { "" }
-                )
-            } else {
-                s.problems.join("; ")
-            };
-            checks.push(Check {
-                name: "files",
-                ok: s.problems.is_empty(),
-                detail,
-            });
-            let missing = s.bytes_total - s.bytes_local;
-            let detail = format!(
-                "{} free; {} more needed for a full install",
-                human_bytes(free),
-                human_bytes(missing)
-            );
-            checks.push(Check {
-                name: "free space",
-                ok: s.mode == Mode::Full || free >= missing,
-                detail,
-            });
-        }
-        None => checks.push(Check {
-            name: "manifest",
-            ok: true,
-            detail: "none (not installed by `deltafin setup`); checking files only".into(),
-        }),
-    }
+    let mut checks = install_checks(install.as_ref(), free, verify);
     checks.push(match ModelSpec::load(dir) {
         Ok(spec) => Check {
             name: "config",
@@ -127,32 +91,7 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
             detail: e.to_string(),
         },
     });
-    let streaming = install.as_ref().is_some_and(|s| s.mode == Mode::Stream);
-    checks.push(if streaming {
-        let s = install.as_ref().expect("install");
-        Check {
-            name: "weights",
-            ok: true,
-            detail: format!(
-                "stream mode: {:.1}% local, {} of experts fetched on first use",
-                s.percent_local,
-                human_bytes(s.remote_expert_bytes)
-            ),
-        }
-    } else {
-        match WeightIndex::open(dir) {
-            Ok(ix) => Check {
-                name: "weights",
-                ok: true,
-                detail: format!("{} tensors indexed", ix.names().count()),
-            },
-            Err(e) => Check {
-                name: "weights",
-                ok: false,
-                detail: e.to_string(),
-            },
-        }
-    });
+    checks.push(weights_check(dir, install.as_ref()));
     let drafts = drafts(dir)?;
     let usable = checks.iter().all(|c| c.ok);
     let verdict = verdict(usable, install.as_ref(), &checks);
@@ -167,6 +106,70 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
         drafts,
         install,
     })
+}
+
+/// Manifest-level checks: files (sizes, hashes, completeness) and free space.
+fn install_checks(install: Option<&InstallStatus>, free: u64, verify: bool) -> Vec<Check> {
+    let Some(s) = install else {
+        let detail = "none (not installed by `deltafin setup`); checking files only".into();
+        return vec![Check {
+            name: "manifest",
+            ok: true,
+            detail,
+        }];
+    };
+    let detail = if s.problems.is_empty() {
+        let hashed = if verify { ", hashes verified" } else { "" };
+        format!("{} @ {} ({} files{hashed})", s.source, s.pinned, s.files.len())
+    } else {
+        s.problems.join("; ")
+    };
+    let missing = s.bytes_total - s.bytes_local;
+    let space = format!(
+        "{} free; {} more needed for a full install",
+        human_bytes(free),
+        human_bytes(missing)
+    );
+    vec![
+        Check {
+            name: "files",
+            ok: s.problems.is_empty(),
+            detail,
+        },
+        Check {
+            name: "free space",
+            ok: s.mode == Mode::Full || free >= missing,
+            detail: space,
+        },
+    ]
+}
+
+/// The engine's safetensors index over the shards (stream installs: what is local so far).
+fn weights_check(dir: &Path, install: Option<&InstallStatus>) -> Check {
+    if let Some(s) = install.filter(|s| s.mode == Mode::Stream) {
+        let detail = format!(
+            "stream mode: {:.1}% local, {} of experts fetched on first use",
+            s.percent_local,
+            human_bytes(s.remote_expert_bytes)
+        );
+        return Check {
+            name: "weights",
+            ok: true,
+            detail,
+        };
+    }
+    match WeightIndex::open(dir) {
+        Ok(ix) => Check {
+            name: "weights",
+            ok: true,
+            detail: format!("{} tensors indexed", ix.names().count()),
+        },
+        Err(e) => Check {
+            name: "weights",
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
 }
 
 fn verdict(usable: bool, install: Option<&InstallStatus>, checks: &[Check]) -> String {

@@ -21,7 +21,7 @@ pub struct PushArgs {
     /// Destination, `oci://REGISTRY/REPO:TAG`.
     pub destination: String,
     /// Print one JSON summary object on stdout.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
     #[command(flatten)]
     pub net: NetArgs,

@@ -70,10 +70,10 @@ pub struct SetupArgs {
     #[arg(long, env = "DELTAFIN_DIR")]
     pub dir: PathBuf,
     /// Download every file (completes a streamed install without re-downloading).
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_FULL")]
     pub full: bool,
     /// Download every non-expert byte; routed experts are fetched on first use.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_STREAM")]
     pub stream: bool,
     /// A draft model, `NAME=SOURCE`, installed in full under DIR/drafts/NAME (repeatable).
     #[arg(long = "draft", value_name = "NAME=SOURCE")]
@@ -88,7 +88,7 @@ pub struct SetupArgs {
     #[arg(long, env = "DELTAFIN_PROGRESS_FILE")]
     pub progress_file: Option<PathBuf>,
     /// Print one JSON summary object on stdout.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
     #[command(flatten)]
     pub net: NetArgs,
@@ -107,7 +107,7 @@ pub struct SetupQwenArgs {
     #[arg(long, env = "DELTAFIN_PROGRESS_FILE")]
     pub progress_file: Option<PathBuf>,
     /// Print one JSON summary object on stdout.
-    #[arg(long)]
+    #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
     #[command(flatten)]
     pub net: NetArgs,

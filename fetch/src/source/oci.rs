@@ -380,36 +380,11 @@ pub async fn push(
         });
     }
     let config_bytes = serde_json::to_vec(config).expect("json");
-    let config_digest = format!(
-        "sha256:{}",
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&config_bytes))
-    );
-    let config_desc = OciDescriptor {
-        media_type: CONFIG_MEDIA_TYPE.into(),
-        digest: config_digest.clone(),
-        size: config_bytes.len() as i64,
-        ..Default::default()
-    };
+    let manifest = artifact_manifest(config, &config_bytes, layers);
     client
-        .push_blob(&image, config_bytes, &config_digest)
+        .push_blob(&image, config_bytes, &manifest.config.digest)
         .await
         .map_err(|e| err("push config", e))?;
-    let mut annotations = BTreeMap::new();
-    if let Some(s) = &config.source {
-        annotations.insert("org.opencontainers.image.source".to_string(), s.clone());
-    }
-    if let Some(p) = &config.pinned {
-        annotations.insert("org.opencontainers.image.revision".to_string(), p.clone());
-    }
-    let manifest = OciImageManifest {
-        schema_version: 2,
-        media_type: Some("application/vnd.oci.image.manifest.v1+json".into()),
-        config: config_desc,
-        layers,
-        subject: None,
-        artifact_type: Some(ARTIFACT_TYPE.into()),
-        annotations: (!annotations.is_empty()).then_some(annotations),
-    };
     let manifest_url = client
         .push_manifest(&image, &OciManifest::Image(manifest))
         .await
@@ -421,6 +396,39 @@ pub async fn push(
         bytes: files.iter().map(|f| f.size).sum(),
         skipped,
     })
+}
+
+/// The artifact manifest for `layers` and the serialized config blob (pure).
+fn artifact_manifest(
+    config: &ArtifactConfig,
+    config_bytes: &[u8],
+    layers: Vec<OciDescriptor>,
+) -> OciImageManifest {
+    let config_desc = OciDescriptor {
+        media_type: CONFIG_MEDIA_TYPE.into(),
+        digest: format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(config_bytes))
+        ),
+        size: config_bytes.len() as i64,
+        ..Default::default()
+    };
+    let mut annotations = BTreeMap::new();
+    if let Some(s) = &config.source {
+        annotations.insert("org.opencontainers.image.source".to_string(), s.clone());
+    }
+    if let Some(p) = &config.pinned {
+        annotations.insert("org.opencontainers.image.revision".to_string(), p.clone());
+    }
+    OciImageManifest {
+        schema_version: 2,
+        media_type: Some("application/vnd.oci.image.manifest.v1+json".into()),
+        config: config_desc,
+        layers,
+        subject: None,
+        artifact_type: Some(ARTIFACT_TYPE.into()),
+        annotations: (!annotations.is_empty()).then_some(annotations),
+    }
 }
 
 /// Read a file as a stream of 8 MiB chunks (for chunked blob uploads).
