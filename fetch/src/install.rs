@@ -285,19 +285,24 @@ fn wanted_ranges(
     let mut out = Vec::new();
     for p in plans {
         let FilePlan::Staged(s) = p else { continue };
-        let mut want = RangeSet::from_range(0..s.remote.size);
-        if mode == Mode::Stream {
-            let remote = RangeSet::from_ranges(
-                experts
-                    .iter()
-                    .filter(|e| e.file == s.remote.path)
-                    .map(|e| e.start..e.end),
-            );
-            want = want.minus(&remote);
-        }
-        out.push((s.clone(), want.minus(&s.present())));
+        out.push((
+            s.clone(),
+            to_fetch(&s.remote.path, s.remote.size, experts, mode, &s.present()),
+        ));
     }
     out
+}
+
+/// What to fetch of one file (pure): all of it in full mode, everything but its routed experts in
+/// stream mode, minus what is already present.
+fn to_fetch(path: &str, size: u64, experts: &[ExpertRange], mode: Mode, present: &RangeSet) -> RangeSet {
+    let mut want = RangeSet::from_range(0..size);
+    if mode == Mode::Stream {
+        want = want.minus(&RangeSet::from_ranges(
+            experts.iter().filter(|e| e.file == path).map(|e| e.start..e.end),
+        ));
+    }
+    want.minus(present)
 }
 
 fn check_space(dir: &Path, todo: &[(Arc<StagedFile>, RangeSet)], headroom: u64) -> Result<()> {
@@ -510,5 +515,62 @@ fn report(
         bytes_downloaded: downloaded,
         download_seconds,
         verify_seconds: verify_nanos as f64 / 1e9,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(pinned: &str) -> Listing {
+        Listing {
+            source_id: "hf://o/r".into(),
+            revision: "main".into(),
+            pinned: pinned.into(),
+            files: Vec::new(),
+        }
+    }
+
+    fn manifest(source: &str, pinned: &str) -> Manifest {
+        let mut m = new_manifest(&listing(pinned), Mode::Full, &[], Vec::new());
+        m.source = source.into();
+        m
+    }
+
+    #[test]
+    fn prior_install_must_match_source_and_pin() {
+        let dir = Path::new("/d");
+        assert!(check_prior(None, &listing("a"), dir).is_ok());
+        assert!(check_prior(Some(&manifest("hf://o/r", "a")), &listing("a"), dir).is_ok());
+        let e = check_prior(Some(&manifest("hf://o/r", "a")), &listing("b"), dir).unwrap_err();
+        assert!(
+            matches!(e, Error::RevisionMoved { ref was, ref now, .. } if was == "a" && now == "b"),
+            "{e}"
+        );
+        let e = check_prior(Some(&manifest("hf://x/y", "a")), &listing("a"), dir).unwrap_err();
+        assert!(matches!(e, Error::OtherInstall { .. }), "{e}");
+    }
+
+    #[test]
+    fn fetch_plan_skips_experts_in_stream_mode_and_present_bytes_always() {
+        let ex = |file: &str, start, end| ExpertRange {
+            layer: 1,
+            expert: 0,
+            file: file.into(),
+            start,
+            end,
+        };
+        let experts = vec![ex("a", 10, 20), ex("a", 30, 40), ex("b", 0, 5)];
+        let present = RangeSet::from_range(0..5);
+        let v = |s: RangeSet| s.iter().collect::<Vec<_>>();
+        assert_eq!(
+            v(to_fetch("a", 50, &experts, Mode::Stream, &present)),
+            vec![5..10, 20..30, 40..50]
+        );
+        assert_eq!(v(to_fetch("a", 50, &experts, Mode::Full, &present)), vec![5..50]);
+        assert_eq!(
+            v(to_fetch("c", 8, &experts, Mode::Stream, &RangeSet::new())),
+            vec![0..8]
+        );
     }
 }

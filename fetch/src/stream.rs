@@ -207,6 +207,12 @@ impl StreamStore {
         self.experts.get(&ExpertKey { layer, expert }).map(Vec::as_slice)
     }
 
+    /// Where `file` can be read now (its staged shard, or the published file once complete); the
+    /// engine builds its tensor index over these paths.
+    pub fn local_path(&self, file: &str) -> Option<PathBuf> {
+        self.files.get(file).map(|slot| self.path_of(file, slot))
+    }
+
     fn path_of(&self, file: &str, slot: &FileSlot) -> PathBuf {
         if *slot.published.lock().expect("lock") {
             self.dir.join(file)

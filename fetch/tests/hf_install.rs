@@ -126,6 +126,8 @@ fn stream_install_fetches_experts_on_demand_and_matches_full() {
     store.ensure_expert(first.0, first.1).unwrap();
     let e = &m.experts[0];
     assert!(store.is_local(&e.file, &(e.start..e.end)));
+    let staged = store.local_path(&e.file).unwrap();
+    assert!(staged.to_string_lossy().contains(".deltafin/partial/"), "{}", staged.display());
     assert!(store.completeness().0 > local0);
     for (l, x) in &keys {
         store.ensure_expert(*l, *x).unwrap();
