@@ -112,6 +112,47 @@ fn builtin_default_is_a_k3_checkpoint() {
     );
 }
 
+/// The built-in tokenizer's chat template renders K3's XTML exactly as the K3 golden fixture
+/// records it for a two-turn conversation plus generation prompt (text level; the ids depend on
+/// the tokenizer module).
+#[test]
+fn builtin_chat_template_renders_k3_xtml() {
+    let dir = tempfile::tempdir().unwrap();
+    deltafin_engine::synth::write_byte_tokenizer_flavor(
+        dir.path(),
+        deltafin_engine::synth::TokenizerFlavor::K3,
+    )
+    .unwrap();
+    let tok: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("tokenizer_config.json")).unwrap()).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/k3/golden.json");
+    let golden: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let chat = &golden["tokenizer"]["chat"];
+    let mut env = minijinja::Environment::new();
+    env.add_template("chat", tok["chat_template"].as_str().unwrap())
+        .unwrap();
+    let rendered = env
+        .get_template("chat")
+        .unwrap()
+        .render(minijinja::context! {
+            messages => jinja_value(&chat["messages"]),
+            add_generation_prompt => chat["add_generation_prompt"].as_bool().unwrap(),
+        })
+        .unwrap();
+    assert_eq!(rendered, chat["rendered"].as_str().unwrap());
+}
+
+fn jinja_value(v: &Value) -> minijinja::Value {
+    match v {
+        Value::Null => minijinja::Value::from(()),
+        Value::Bool(b) => minijinja::Value::from(*b),
+        Value::Number(n) => minijinja::Value::from(n.as_f64().unwrap()),
+        Value::String(s) => minijinja::Value::from(s.as_str()),
+        Value::Array(a) => minijinja::Value::from(a.iter().map(jinja_value).collect::<Vec<_>>()),
+        Value::Object(o) => minijinja::Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), jinja_value(v)))),
+    }
+}
+
 #[test]
 fn prefill_equals_token_by_token_decode() {
     for synth in variants() {
