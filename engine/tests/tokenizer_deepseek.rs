@@ -26,9 +26,15 @@ fn metadata_matches_transformers() {
         assert!(t.is_special(id), "{id}");
     }
     let fim_hole = t.token_to_id("<｜fim▁hole｜>").unwrap();
-    assert!(t.is_special(fim_hole), "added tokens flagged special in tokenizer.json are special");
+    assert!(
+        t.is_special(fim_hole),
+        "added tokens flagged special in tokenizer.json are special"
+    );
     let user = t.token_to_id("<｜User｜>").unwrap();
-    assert!(!t.is_special(user), "<｜User｜> is a non-special added token, as in DeepSeek-V3");
+    assert!(
+        !t.is_special(user),
+        "<｜User｜> is a non-special added token, as in DeepSeek-V3"
+    );
     assert!(!t.is_special(300));
 }
 
@@ -50,7 +56,11 @@ fn encode_matches_transformers() {
     for case in g["encode"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         assert_ids(&format!("plain {text:?}"), &t.encode(text), &ids(&case["plain"]));
-        assert_ids(&format!("special {text:?}"), &t.encode_with_special(text), &ids(&case["special"]));
+        assert_ids(
+            &format!("special {text:?}"),
+            &t.encode_with_special(text),
+            &ids(&case["special"]),
+        );
     }
 }
 
@@ -62,11 +72,19 @@ fn long_inputs_match_transformers() {
         let name = case["name"].as_str().unwrap();
         let text = build_text(&case["recipe"]);
         let plain = t.encode(&text);
-        assert_ids(&format!("{name} plain head"), &plain[..plain.len().min(16)], &ids(&case["plain_head"]));
+        assert_ids(
+            &format!("{name} plain head"),
+            &plain[..plain.len().min(16)],
+            &ids(&case["plain_head"]),
+        );
         assert_eq!(plain.len() as u64, case["plain_len"].as_u64().unwrap(), "{name}");
         assert_eq!(fnv1a64_ids(&plain), case["plain_fnv"].as_str().unwrap(), "{name}");
         let special = t.encode_with_special(&text);
-        assert_eq!(fnv1a64_ids(&special), case["special_fnv"].as_str().unwrap(), "{name}");
+        assert_eq!(
+            fnv1a64_ids(&special),
+            case["special_fnv"].as_str().unwrap(),
+            "{name}"
+        );
     }
 }
 
@@ -76,7 +94,10 @@ fn plain_encode_splits_special_tokens_only() {
     let text = format!("a{EOS}b<｜User｜>c");
     let plain = t.encode(&text);
     assert!(!plain.contains(&1), "special tokens are text in plain encode");
-    assert!(plain.contains(&t.token_to_id("<｜User｜>").unwrap()), "non-special added tokens stay tokens");
+    assert!(
+        plain.contains(&t.token_to_id("<｜User｜>").unwrap()),
+        "non-special added tokens stay tokens"
+    );
     assert!(t.encode_with_special(&text).contains(&1));
     assert!(!t.encode("hello").contains(&0), "encode never adds BOS");
 }
@@ -118,12 +139,20 @@ fn chat_matches_transformers() {
     for case in g["chat"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let (messages, opts) = chat_inputs(case);
-        let rendered = t.render_chat(&messages, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let rendered = t
+            .render_chat(&messages, &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(rendered, case["rendered"].as_str().unwrap(), "{name} rendered");
-        let got = t.encode_chat(&messages, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = t
+            .encode_chat(&messages, &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_ids(&format!("{name} sanitised ids"), &got, &ids(&case["ids"]));
         if case["ids"] == case["unsanitized_ids"] {
-            assert_ids(&format!("{name} whole string"), &t.encode_with_special(&rendered), &got);
+            assert_ids(
+                &format!("{name} whole string"),
+                &t.encode_with_special(&rendered),
+                &got,
+            );
         }
     }
 }
@@ -133,12 +162,23 @@ fn user_text_never_becomes_special_tokens() {
     let t = tok();
     let user = format!("x{EOS}<｜Assistant｜>y{BOS}");
     let messages = vec![ChatMessage::new("user", user.clone())];
-    let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
     let ids = t.encode_chat(&messages, &opts).unwrap();
-    assert_eq!(ids.iter().filter(|&&i| i == 0).count(), 1, "only the template's BOS");
+    assert_eq!(
+        ids.iter().filter(|&&i| i == 0).count(),
+        1,
+        "only the template's BOS"
+    );
     assert!(!ids.contains(&1), "no EOS from user text");
     let assistant = t.token_to_id("<｜Assistant｜>").unwrap();
-    assert_eq!(ids.iter().filter(|&&i| i == assistant).count(), 1, "only the generation prompt's");
+    assert_eq!(
+        ids.iter().filter(|&&i| i == assistant).count(),
+        1,
+        "only the generation prompt's"
+    );
     assert!(t.encode_with_special(&user).contains(&1));
     assert_eq!(t.decode(&ids), t.render_chat(&messages, &opts).unwrap());
 }

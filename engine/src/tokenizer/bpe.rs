@@ -51,8 +51,16 @@ pub(crate) fn encode_piece(ranks: &RankMap, piece: &[u8], out: &mut Vec<u32>) {
         out.push(r);
         return;
     }
-    let bounds = if piece.len() > HEAP_THRESHOLD { merge_heap(ranks, piece) } else { merge_scan(ranks, piece) };
-    out.extend(bounds.windows(2).filter_map(|w| ranks.get(&piece[w[0]..w[1]]).copied()));
+    let bounds = if piece.len() > HEAP_THRESHOLD {
+        merge_heap(ranks, piece)
+    } else {
+        merge_scan(ranks, piece)
+    };
+    out.extend(
+        bounds
+            .windows(2)
+            .filter_map(|w| ranks.get(&piece[w[0]..w[1]]).copied()),
+    );
 }
 
 fn rank_of(ranks: &RankMap, bytes: &[u8]) -> u32 {
@@ -62,7 +70,9 @@ fn rank_of(ranks: &RankMap, bytes: &[u8]) -> u32 {
 /// Quadratic merge: `bounds` holds part starts plus the end; `pair[i]` the rank of parts i, i+1.
 pub(crate) fn merge_scan(ranks: &RankMap, piece: &[u8]) -> Vec<usize> {
     let mut bounds: Vec<usize> = (0..=piece.len()).collect();
-    let mut pair: Vec<u32> = (0..piece.len().saturating_sub(1)).map(|i| rank_of(ranks, &piece[i..i + 2])).collect();
+    let mut pair: Vec<u32> = (0..piece.len().saturating_sub(1))
+        .map(|i| rank_of(ranks, &piece[i..i + 2]))
+        .collect();
     loop {
         let mut best = (u32::MAX, 0usize);
         for (i, &r) in pair.iter().enumerate() {
@@ -150,7 +160,9 @@ mod tests {
 
     #[test]
     fn scan_and_heap_agree() {
-        let ranks = table(&[b"ab", b"aa", b"bb", b"aab", b"abab", b"ba", b"aaaa", b"bab", b"abb"]);
+        let ranks = table(&[
+            b"ab", b"aa", b"bb", b"aab", b"abab", b"ba", b"aaaa", b"bab", b"abb",
+        ]);
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for len in 1..300 {
             let piece: Vec<u8> = (0..len)
@@ -158,10 +170,14 @@ mod tests {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
-                    if seed % 3 == 0 { b'b' } else { b'a' }
+                    if seed.is_multiple_of(3) { b'b' } else { b'a' }
                 })
                 .collect();
-            assert_eq!(merge_scan(&ranks, &piece), merge_heap(&ranks, &piece), "len {len}");
+            assert_eq!(
+                merge_scan(&ranks, &piece),
+                merge_heap(&ranks, &piece),
+                "len {len}"
+            );
         }
     }
 

@@ -49,7 +49,11 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with only a role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into(), ..Default::default() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -80,7 +84,11 @@ impl ControlTokens {
 
     /// Remove markers from `s` and wrap every control token in START/END.
     pub(crate) fn mark<'s>(&self, s: &'s str) -> Cow<'s, str> {
-        let cleaned: Cow<'s, str> = if s.contains([START, END]) { Cow::Owned(s.replace([START, END], "")) } else { Cow::Borrowed(s) };
+        let cleaned: Cow<'s, str> = if s.contains([START, END]) {
+            Cow::Owned(s.replace([START, END], ""))
+        } else {
+            Cow::Borrowed(s)
+        };
         if !self.set.is_match(&cleaned) {
             return cleaned;
         }
@@ -101,7 +109,9 @@ impl ControlTokens {
     pub(crate) fn mark_json(&self, v: &serde_json::Value) -> serde_json::Value {
         match v {
             serde_json::Value::String(s) => serde_json::Value::String(self.mark(s).into_owned()),
-            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(|x| self.mark_json(x)).collect()),
+            serde_json::Value::Array(a) => {
+                serde_json::Value::Array(a.iter().map(|x| self.mark_json(x)).collect())
+            }
             serde_json::Value::Object(o) => {
                 serde_json::Value::Object(o.iter().map(|(k, x)| (k.clone(), self.mark_json(x))).collect())
             }
@@ -142,7 +152,10 @@ pub(crate) fn template_vars(
     control: Option<&ControlTokens>,
 ) -> Result<BTreeMap<String, Value>> {
     if let Some(key) = RESERVED.iter().find(|k| opts.extra.contains_key(**k)) {
-        return Err(Error::InvalidArgument { field: "extra", reason: format!("`{key}` is set by encode_chat itself") });
+        return Err(Error::InvalidArgument {
+            field: "extra",
+            reason: format!("`{key}` is set by encode_chat itself"),
+        });
     }
     let mark = |s: &str| -> String { control.map_or_else(|| s.to_owned(), |c| c.mark(s).into_owned()) };
     let mark_json = |v: &serde_json::Value| control.map_or_else(|| v.clone(), |c| c.mark_json(v));
@@ -159,7 +172,10 @@ pub(crate) fn template_vars(
             role: mark(&m.role),
             content: mark(&m.content),
             reasoning_content: m.reasoning_content.as_deref().map(mark),
-            tool_calls: m.tool_calls.as_ref().map(|calls| calls.iter().map(mark_json).collect()),
+            tool_calls: m
+                .tool_calls
+                .as_ref()
+                .map(|calls| calls.iter().map(mark_json).collect()),
             tool_call_id: m.tool_call_id.as_deref().map(mark),
             name: m.name.as_deref().map(mark),
         })
@@ -178,11 +194,23 @@ pub(crate) fn template_vars(
         .collect();
     vars.insert("messages".into(), to_value(&template_messages));
     let tools = opts.tools.as_ref().map(|tools| {
-        tools.iter().map(|t| if sort_tools { deep_sorted(&mark_json(t)) } else { mark_json(t) }).collect::<Vec<_>>()
+        tools
+            .iter()
+            .map(|t| {
+                if sort_tools {
+                    deep_sorted(&mark_json(t))
+                } else {
+                    mark_json(t)
+                }
+            })
+            .collect::<Vec<_>>()
     });
     vars.insert("tools".into(), to_value(&tools));
     vars.insert("documents".into(), Value::from(()));
-    vars.insert("add_generation_prompt".into(), Value::from(opts.add_generation_prompt));
+    vars.insert(
+        "add_generation_prompt".into(),
+        Value::from(opts.add_generation_prompt),
+    );
     Ok(vars)
 }
 
@@ -198,7 +226,12 @@ fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
         serde_json::Value::Object(o) => {
             let mut entries: Vec<_> = o.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
-            serde_json::Value::Object(entries.into_iter().map(|(k, x)| (k.clone(), deep_sorted(x))).collect())
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, x)| (k.clone(), deep_sorted(x)))
+                    .collect(),
+            )
         }
         serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(deep_sorted).collect()),
         other => other.clone(),

@@ -29,26 +29,44 @@ pub(crate) struct TokenizerConfig {
 }
 
 /// transformers' special-token attributes (`SPECIAL_TOKENS_ATTRIBUTES`).
-const SPECIAL_ATTRIBUTES: [&str; 7] =
-    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+const SPECIAL_ATTRIBUTES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 impl TokenizerConfig {
     /// Read and validate `path`.
     pub(crate) fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let value: Value =
-            serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), source: e })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| Error::Json {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
         Self::from_value(path, &value)
     }
 
     fn from_value(path: &Path, value: &Value) -> Result<Self> {
-        let bad = |reason: String| Error::Tokenizer { path: path.to_path_buf(), reason };
-        let obj = value.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
+        let bad = |reason: String| Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let obj = value
+            .as_object()
+            .ok_or_else(|| bad("expected a JSON object".into()))?;
         let mut added_tokens = Vec::new();
         if let Some(decoder) = obj.get("added_tokens_decoder").filter(|v| !v.is_null()) {
-            let decoder = decoder.as_object().ok_or_else(|| bad("`added_tokens_decoder` must be an object".into()))?;
+            let decoder = decoder
+                .as_object()
+                .ok_or_else(|| bad("`added_tokens_decoder` must be an object".into()))?;
             for (key, entry) in decoder {
-                let id: u32 = key.parse().map_err(|_| bad(format!("`added_tokens_decoder` key `{key}` is not an id")))?;
+                let id: u32 = key
+                    .parse()
+                    .map_err(|_| bad(format!("`added_tokens_decoder` key `{key}` is not an id")))?;
                 let content = token_content(entry)
                     .ok_or_else(|| bad(format!("`added_tokens_decoder[{key}]` has no string `content`")))?;
                 let special = entry.get("special").and_then(Value::as_bool).unwrap_or(false);
@@ -61,7 +79,8 @@ impl TokenizerConfig {
             match obj.get(attr) {
                 None | Some(Value::Null) => {}
                 Some(v) => {
-                    let token = token_content(v).ok_or_else(|| bad(format!("`{attr}` must be a string or token object")))?;
+                    let token = token_content(v)
+                        .ok_or_else(|| bad(format!("`{attr}` must be a string or token object")))?;
                     special_attributes.push((attr.to_owned(), token));
                 }
             }
@@ -70,7 +89,11 @@ impl TokenizerConfig {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
             Some(Value::Array(list)) => Some(default_named_template(list).map_err(bad)?),
-            Some(_) => return Err(bad("`chat_template` must be a string or a list of named templates".into())),
+            Some(_) => {
+                return Err(bad(
+                    "`chat_template` must be a string or a list of named templates".into(),
+                ));
+            }
         };
         let chat_control_tokens = match obj.get("chat_control_tokens") {
             None | Some(Value::Null) => None,
@@ -82,12 +105,21 @@ impl TokenizerConfig {
             ),
             Some(_) => return Err(bad("`chat_control_tokens` must be a list of strings".into())),
         };
-        Ok(TokenizerConfig { path: path.to_path_buf(), added_tokens, special_attributes, chat_template, chat_control_tokens })
+        Ok(TokenizerConfig {
+            path: path.to_path_buf(),
+            added_tokens,
+            special_attributes,
+            chat_template,
+            chat_control_tokens,
+        })
     }
 
     /// The token string of a special-token attribute such as `bos_token`.
     pub(crate) fn attribute(&self, name: &str) -> Option<&str> {
-        self.special_attributes.iter().find(|(a, _)| a == name).map(|(_, t)| t.as_str())
+        self.special_attributes
+            .iter()
+            .find(|(a, _)| a == name)
+            .map(|(_, t)| t.as_str())
     }
 }
 
@@ -128,13 +160,22 @@ mod tests {
             "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
         });
         let c = TokenizerConfig::from_value(Path::new("cfg.json"), &v).unwrap();
-        assert_eq!(c.added_tokens, vec![AddedTokenEntry { id: 5, content: "<x>".into(), special: true }]);
+        assert_eq!(
+            c.added_tokens,
+            vec![AddedTokenEntry {
+                id: 5,
+                content: "<x>".into(),
+                special: true
+            }]
+        );
         assert_eq!(c.attribute("bos_token"), Some("<s>"));
         assert_eq!(c.attribute("eos_token"), Some("</s>"));
         assert_eq!(c.attribute("unk_token"), None);
         assert_eq!(c.chat_template.as_deref(), Some("D"));
         let bad = serde_json::json!({"added_tokens_decoder": {"x": {"content": "a"}}});
-        let err = TokenizerConfig::from_value(Path::new("cfg.json"), &bad).unwrap_err().to_string();
+        let err = TokenizerConfig::from_value(Path::new("cfg.json"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cfg.json") && err.contains("not an id"), "{err}");
     }
 }

@@ -40,32 +40,60 @@ impl std::fmt::Debug for HfBackend {
 impl HfBackend {
     /// Load and validate `path`.
     pub(crate) fn load(path: &Path) -> Result<Self> {
-        let bad = |reason: String| Error::Tokenizer { path: path.to_path_buf(), reason };
+        let bad = |reason: String| Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let mut with_added =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| bad(format!("cannot load tokenizer.json: {e}")))?;
+        let mut with_added = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| bad(format!("cannot load tokenizer.json: {e}")))?;
         match with_added.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => {}
             other => {
                 let name = other.map_or_else(|| "none".to_owned(), |d| format!("{d:?}"));
-                return Err(bad(format!("unsupported decoder {name}; only byte-level BPE (ByteLevel decoder) is supported")));
+                return Err(bad(format!(
+                    "unsupported decoder {name}; only byte-level BPE (ByteLevel decoder) is supported"
+                )));
             }
         }
         with_added.with_truncation(None).map_err(|e| bad(e.to_string()))?;
         with_added.with_padding(None);
         let map = ByteMap::get();
-        if let Some(b) = (0..=255u8).find(|&b| with_added.get_model().token_to_id(&map.char_of(b).to_string()).is_none()) {
-            return Err(bad(format!("the byte-level token for byte 0x{b:02x} is missing from the vocabulary")));
+        if let Some(b) = (0..=255u8).find(|&b| {
+            with_added
+                .get_model()
+                .token_to_id(&map.char_of(b).to_string())
+                .is_none()
+        }) {
+            return Err(bad(format!(
+                "the byte-level token for byte 0x{b:02x} is missing from the vocabulary"
+            )));
         }
         let mut split_special = with_added.clone();
         split_special.set_encode_special_tokens(true);
-        let mut added: Vec<(String, u32, bool)> =
-            with_added.get_added_tokens_decoder().into_iter().map(|(id, t)| (t.content, id, t.special)).collect();
+        let mut added: Vec<(String, u32, bool)> = with_added
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (t.content, id, t.special))
+            .collect();
         added.sort_by_key(|a| a.1);
         let special_ids: HashSet<u32> = added.iter().filter(|a| a.2).map(|a| a.1).collect();
-        let vocab_size = with_added.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0);
+        let vocab_size = with_added
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
         let (token_bytes, offsets, present) = byte_table(&with_added, vocab_size).map_err(bad)?;
-        Ok(HfBackend { with_added, split_special, token_bytes, offsets, present, special_ids, added })
+        Ok(HfBackend {
+            with_added,
+            split_special,
+            token_bytes,
+            offsets,
+            present,
+            special_ids,
+            added,
+        })
     }
 
     /// One past the largest id.
@@ -121,8 +149,11 @@ impl HfBackend {
         if let Some(p) = tk.get_pre_tokenizer() {
             p.pre_tokenize(&mut pre).map_err(|e| e.to_string())?;
         }
-        pre.tokenize(|n| tk.get_model().tokenize(n.get())).map_err(|e| e.to_string())?;
-        let encoding = pre.into_encoding(None, 0, OffsetType::None).map_err(|e| e.to_string())?;
+        pre.tokenize(|n| tk.get_model().tokenize(n.get()))
+            .map_err(|e| e.to_string())?;
+        let encoding = pre
+            .into_encoding(None, 0, OffsetType::None)
+            .map_err(|e| e.to_string())?;
         Ok(encoding.get_ids().to_vec())
     }
 }

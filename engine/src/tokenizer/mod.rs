@@ -15,6 +15,22 @@
 //!   control tokens in the input its ids are those of the whole rendered string.
 //! * Decoding is byte-exact ([`Tokenizer::decode_bytes`]); [`Tokenizer::decode`] is lossy UTF-8.
 //! * No input panics; malformed files are [`Error::Tokenizer`] naming the file.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
+//!
+//! let tok = Tokenizer::from_dir(Path::new("/models/kimi-k2"))?;
+//! let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+//! let prompt = tok.encode_chat(&[ChatMessage::new("user", "Hello!")], &opts)?;
+//! let mut stream = IncrementalDecoder::new(&tok);
+//! for id in prompt {
+//!     if let Some(text) = stream.push(id) {
+//!         print!("{text}");
+//!     }
+//! }
+//! # Ok::<(), deltafin_engine::Error>(())
+//! ```
 
 mod bpe;
 mod bytes;
@@ -48,7 +64,9 @@ const TOKENIZER_JSON: &str = "tokenizer.json";
 const CONFIG_FILE: &str = "tokenizer_config.json";
 const TEMPLATE_FILE: &str = "chat_template.jinja";
 
+/// One per loaded tokenizer, so the variants' size difference does not matter.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Tiktoken(TiktokenBpe),
     Hf(HfBackend),
@@ -89,7 +107,11 @@ impl Tokenizer {
     /// Load the tokenizer of a model directory (see the module docs for the files used).
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let config_path = dir.join(CONFIG_FILE);
-        let config = if config_path.is_file() { Some(TokenizerConfig::load(&config_path)?) } else { None };
+        let config = if config_path.is_file() {
+            Some(TokenizerConfig::load(&config_path)?)
+        } else {
+            None
+        };
         let tiktoken_path = dir.join(TIKTOKEN_FILE);
         let json_path = dir.join(TOKENIZER_JSON);
         let backend = if tiktoken_path.is_file() {
@@ -97,7 +119,11 @@ impl Tokenizer {
         } else if json_path.is_file() {
             Backend::Hf(HfBackend::load(&json_path)?)
         } else {
-            let what = if dir.is_dir() { "no tokenizer found" } else { "not a directory" };
+            let what = if dir.is_dir() {
+                "no tokenizer found"
+            } else {
+                "not a directory"
+            };
             return Err(Error::Tokenizer {
                 path: dir.to_path_buf(),
                 reason: format!("{what}: expected {TIKTOKEN_FILE} (with {CONFIG_FILE}) or {TOKENIZER_JSON}"),
@@ -107,7 +133,11 @@ impl Tokenizer {
         Self::assemble(backend, config.as_ref(), template)
     }
 
-    fn assemble(backend: Backend, config: Option<&TokenizerConfig>, template: Option<ChatTemplate>) -> Result<Self> {
+    fn assemble(
+        backend: Backend,
+        config: Option<&TokenizerConfig>,
+        template: Option<ChatTemplate>,
+    ) -> Result<Self> {
         let mut tokenizer = Tokenizer {
             backend,
             bos_id: None,
@@ -128,7 +158,9 @@ impl Tokenizer {
 
     /// The id of a special-token attribute (`None` if unset; an error if not in the vocabulary).
     fn attribute_id(&self, config: &TokenizerConfig, attr: &str) -> Result<Option<u32>> {
-        let Some(token) = config.attribute(attr) else { return Ok(None) };
+        let Some(token) = config.attribute(attr) else {
+            return Ok(None);
+        };
         self.token_to_id(token).map(Some).ok_or_else(|| Error::Tokenizer {
             path: config.path.clone(),
             reason: format!("`{attr}` `{token}` is not a token of this tokenizer"),
@@ -140,7 +172,11 @@ impl Tokenizer {
     /// rule, with the template source standing in for its literal strings).
     fn control_tokens(&self, config: Option<&TokenizerConfig>) -> Result<ControlTokens> {
         let items: Vec<(&str, u32)> = match &self.backend {
-            Backend::Tiktoken(t) => t.specials().strings().filter_map(|s| t.specials().get(s).map(|id| (s, id))).collect(),
+            Backend::Tiktoken(t) => t
+                .specials()
+                .strings()
+                .filter_map(|s| t.specials().get(s).map(|id| (s, id)))
+                .collect(),
             Backend::Hf(h) => {
                 let listed = config.and_then(|c| c.chat_control_tokens.as_ref());
                 let source = self.template.as_ref().map_or("", |t| t.source());
@@ -150,15 +186,23 @@ impl Tokenizer {
                         *special
                             || match listed {
                                 Some(list) => list.iter().any(|l| l == content),
-                                None => source.contains(content.as_str()) && !content.chars().all(pretok::py_isspace),
+                                None => {
+                                    source.contains(content.as_str())
+                                        && !content.chars().all(pretok::py_isspace)
+                                }
                             }
                     })
                     .map(|(content, id, _)| (content.as_str(), *id))
                     .collect()
             }
         };
-        let items = items.into_iter().filter(|(s, _)| !s.contains([chat::START, chat::END]));
-        let set = LiteralSet::new(items).map_err(|reason| Error::Tokenizer { path: self.source_name().into(), reason })?;
+        let items = items
+            .into_iter()
+            .filter(|(s, _)| !s.contains([chat::START, chat::END]));
+        let set = LiteralSet::new(items).map_err(|reason| Error::Tokenizer {
+            path: self.source_name().into(),
+            reason,
+        })?;
         Ok(ControlTokens::new(set))
     }
 
@@ -170,6 +214,10 @@ impl Tokenizer {
     }
 
     /// Encode plain text: special-token strings are encoded as ordinary text. Never adds BOS/EOS.
+    ///
+    /// For tokenizer.json, other added tokens are still recognised (transformers'
+    /// `split_special_tokens=True`). The `tokenizers` crate's encode is fallible in principle;
+    /// the load-time checks exclude its known failure causes, and a failure would give no ids.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match &self.backend {
             Backend::Tiktoken(t) => t.encode_plain(text),
@@ -276,10 +324,21 @@ impl Tokenizer {
         self.encode_marked(&rendered)
     }
 
-    fn render(&self, messages: &[ChatMessage], opts: &ChatOptions, control: Option<&ControlTokens>) -> Result<String> {
-        let template = self.template.as_ref().ok_or_else(|| Error::Template("the tokenizer has no chat template".into()))?;
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        opts: &ChatOptions,
+        control: Option<&ControlTokens>,
+    ) -> Result<String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| Error::Template("the tokenizer has no chat template".into()))?;
         if messages.is_empty() {
-            return Err(Error::InvalidArgument { field: "messages", reason: "a chat needs at least one message".into() });
+            return Err(Error::InvalidArgument {
+                field: "messages",
+                reason: "a chat needs at least one message".into(),
+            });
         }
         let sort_tools = matches!(self.backend, Backend::Tiktoken(_));
         let vars = chat::template_vars(messages, opts, &self.special_attributes, sort_tools, control)?;
@@ -289,14 +348,20 @@ impl Tokenizer {
     /// Encode a rendered chat whose user-supplied control tokens are marked.
     fn encode_marked(&self, rendered: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
-        for (i, piece) in chat::split_marked(rendered, &self.control).into_iter().enumerate() {
+        for (i, piece) in chat::split_marked(rendered, &self.control)
+            .into_iter()
+            .enumerate()
+        {
             match piece {
                 Piece::Text(text) if i == 0 => ids.extend(self.encode_with_special(text)),
                 Piece::Text(text) if !text.is_empty() => {
-                    ids.extend(chat::encode_mid_piece(text, &self.newline_ids, |s| self.encode_with_special(s)));
+                    ids.extend(chat::encode_mid_piece(text, &self.newline_ids, |s| {
+                        self.encode_with_special(s)
+                    }));
                 }
                 Piece::Marked(token) => {
-                    let piece_ids = chat::encode_mid_piece(token, &self.newline_ids, |s| self.encode_no_added(s));
+                    let piece_ids =
+                        chat::encode_mid_piece(token, &self.newline_ids, |s| self.encode_no_added(s));
                     if self.control.id(token).is_some_and(|id| piece_ids.contains(&id)) {
                         return Err(Error::Template(format!(
                             "cannot encode the control token `{token}` in user text as text: plain encoding yields the token itself"
@@ -315,13 +380,17 @@ impl Tokenizer {
 fn load_template(dir: &Path, config: Option<&TokenizerConfig>) -> Result<Option<ChatTemplate>> {
     let jinja_path = dir.join(TEMPLATE_FILE);
     let (source, path) = if jinja_path.is_file() {
-        (std::fs::read_to_string(&jinja_path).map_err(|e| Error::io(&jinja_path, e))?, jinja_path)
+        (
+            std::fs::read_to_string(&jinja_path).map_err(|e| Error::io(&jinja_path, e))?,
+            jinja_path,
+        )
     } else if let Some(source) = config.and_then(|c| c.chat_template.clone()) {
         (source, dir.join(CONFIG_FILE))
     } else {
         return Ok(None);
     };
-    ChatTemplate::new(source)
-        .map(Some)
-        .map_err(|e| Error::Tokenizer { path, reason: format!("chat template does not compile: {e}") })
+    ChatTemplate::new(source).map(Some).map_err(|e| Error::Tokenizer {
+        path,
+        reason: format!("chat template does not compile: {e}"),
+    })
 }

@@ -44,14 +44,16 @@ impl KimiSplitter {
     pub(crate) fn split<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
         let mut pos = 0;
         while pos < text.len() {
-            let Some(m) = self.re.find_at(text, pos) else { break };
+            let Some(m) = self.re.find_at(text, pos) else {
+                break;
+            };
             let (start, mut end) = (m.start(), m.end());
             if end < text.len() && is_plain_space_run(m.as_str()) {
                 // `\s+(?!\S)`: give the last whitespace char back to the following piece.
-                if let Some((last, _)) = m.as_str().char_indices().last() {
-                    if last > 0 {
-                        end = start + last;
-                    }
+                if let Some((last, _)) = m.as_str().char_indices().last()
+                    && last > 0
+                {
+                    end = start + last;
                 }
             }
             f(&text[start..end]);
@@ -126,7 +128,10 @@ mod tests {
         assert_eq!(pieces("a b"), vec!["a", " b"]);
         assert_eq!(pieces("a  "), vec!["a", "  "]);
         assert_eq!(pieces("x \n y"), vec!["x", " \n", " y"]);
-        assert_eq!(pieces("I'm 我们 12345"), vec!["I'm", " ", "我们", " ", "123", "45"]);
+        assert_eq!(
+            pieces("I'm 我们 12345"),
+            vec!["I'm", " ", "我们", " ", "123", "45"]
+        );
     }
 
     #[test]

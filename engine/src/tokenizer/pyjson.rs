@@ -19,12 +19,23 @@ pub(crate) struct JsonOptions {
 
 impl JsonOptions {
     /// `separators=None` resolves to `(", ", ": ")` without indent and `(",", ": ")` with it.
-    pub(crate) fn new(ensure_ascii: bool, indent: Option<String>, separators: Option<(String, String)>, sort_keys: bool) -> Self {
+    pub(crate) fn new(
+        ensure_ascii: bool,
+        indent: Option<String>,
+        separators: Option<(String, String)>,
+        sort_keys: bool,
+    ) -> Self {
         let (item_separator, key_separator) = separators.unwrap_or_else(|| {
             let item = if indent.is_some() { "," } else { ", " };
             (item.to_owned(), ": ".to_owned())
         });
-        JsonOptions { ensure_ascii, indent, item_separator, key_separator, sort_keys }
+        JsonOptions {
+            ensure_ascii,
+            indent,
+            item_separator,
+            key_separator,
+            sort_keys,
+        }
     }
 }
 
@@ -43,7 +54,9 @@ fn write_json(out: &mut String, value: &Value, opts: &JsonOptions, level: usize)
         ValueKind::String => write_json_string(out, value.as_str().unwrap_or_default(), opts.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, opts, level, '[', ']', items.len(), |out, i| write_json(out, &items[i], opts, level + 1))?;
+            write_container(out, opts, level, '[', ']', items.len(), |out, i| {
+                write_json(out, &items[i], opts, level + 1)
+            })?;
         }
         ValueKind::Map => {
             let mut entries = Vec::new();
@@ -109,7 +122,10 @@ fn json_key(key: &Value) -> Result<String, JinjaError> {
         ValueKind::Number => Ok(number_text(key, true)),
         ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.to_owned()),
         ValueKind::None => Ok("null".to_owned()),
-        kind => Err(JinjaError::new(ErrorKind::InvalidOperation, format!("keys must be str, int, float, bool or None, not {kind}"))),
+        kind => Err(JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("keys must be str, int, float, bool or None, not {kind}"),
+        )),
     }
 }
 
@@ -181,7 +197,11 @@ pub(crate) fn py_float_repr(f: f64) -> String {
         return format!("{sign}{body}");
     }
     let (first, rest) = digits.split_at(1.min(digits.len()));
-    let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+    let frac = if rest.is_empty() {
+        String::new()
+    } else {
+        format!(".{rest}")
+    };
     let esign = if exp < 0 { '-' } else { '+' };
     format!("{sign}{first}{frac}e{esign}{:02}", exp.unsigned_abs())
 }
@@ -221,7 +241,11 @@ fn py_repr(value: &Value) -> Option<String> {
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`; control characters
 /// escaped (other non-printable characters are left as they are: an approximation).
 fn py_repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -252,10 +276,21 @@ mod tests {
     fn float_repr_matches_python() {
         // Expected strings are Python 3.11 `repr(float)`.
         let cases = [
-            (0.1, "0.1"), (1.0, "1.0"), (-0.0, "-0.0"), (1e16, "1e+16"), (1e15, "1000000000000000.0"),
-            (1.5e-5, "1.5e-05"), (0.0001, "0.0001"), (123.456, "123.456"), (1e22, "1e+22"),
-            (2.5e-300, "2.5e-300"), (0.30000000000000004, "0.30000000000000004"), (1e-7, "1e-07"),
-            (100.0, "100.0"), (1.2345678901234567e17, "1.2345678901234566e+17"), (5e-324, "5e-324"),
+            (0.1, "0.1"),
+            (1.0, "1.0"),
+            (-0.0, "-0.0"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (1.5e-5, "1.5e-05"),
+            (0.0001, "0.0001"),
+            (123.456, "123.456"),
+            (1e22, "1e+22"),
+            (2.5e-300, "2.5e-300"),
+            (0.30000000000000004, "0.30000000000000004"),
+            (1e-7, "1e-07"),
+            (100.0, "100.0"),
+            (1.2345678901234567e17, "1.2345678901234566e+17"),
+            (5e-324, "5e-324"),
         ];
         for (f, want) in cases {
             assert_eq!(py_float_repr(f), want, "{f:e}");
@@ -266,8 +301,14 @@ mod tests {
     fn dumps_defaults_and_options() {
         let v = crate::tokenizer::chat::to_value(serde_json::json!({"b": [1, 2.0, null], "a": "é\u{1}"}));
         let plain = JsonOptions::new(false, None, None, false);
-        assert_eq!(dumps(&v, &plain).unwrap(), r#"{"a": "é\u0001", "b": [1, 2.0, null]}"#);
+        assert_eq!(
+            dumps(&v, &plain).unwrap(),
+            r#"{"b": [1, 2.0, null], "a": "é\u0001"}"#
+        );
         let ascii = JsonOptions::new(true, Some("  ".into()), None, true);
-        assert_eq!(dumps(&v, &ascii).unwrap(), "{\n  \"a\": \"\\u00e9\\u0001\",\n  \"b\": [\n    1,\n    2.0,\n    null\n  ]\n}");
+        assert_eq!(
+            dumps(&v, &ascii).unwrap(),
+            "{\n  \"a\": \"\\u00e9\\u0001\",\n  \"b\": [\n    1,\n    2.0,\n    null\n  ]\n}"
+        );
     }
 }

@@ -23,20 +23,30 @@ pub(crate) struct Found {
 impl LiteralSet {
     /// The empty set.
     pub(crate) fn empty() -> Self {
-        LiteralSet { re: None, ids: HashMap::new() }
+        LiteralSet {
+            re: None,
+            ids: HashMap::new(),
+        }
     }
 
     /// Build from `(text, id)` pairs; empty strings are ignored. Fails only if the alternation
     /// exceeds the regex size limit (reported as a string for the caller to wrap).
     pub(crate) fn new<'a>(items: impl IntoIterator<Item = (&'a str, u32)>) -> Result<Self, String> {
-        let ids: HashMap<String, u32> =
-            items.into_iter().filter(|(s, _)| !s.is_empty()).map(|(s, id)| (s.to_owned(), id)).collect();
+        let ids: HashMap<String, u32> = items
+            .into_iter()
+            .filter(|(s, _)| !s.is_empty())
+            .map(|(s, id)| (s.to_owned(), id))
+            .collect();
         if ids.is_empty() {
             return Ok(LiteralSet { re: None, ids });
         }
         let mut keys: Vec<&str> = ids.keys().map(String::as_str).collect();
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
-        let pattern = keys.iter().map(|k| regex::escape(k)).collect::<Vec<_>>().join("|");
+        let pattern = keys
+            .iter()
+            .map(|k| regex::escape(k))
+            .collect::<Vec<_>>()
+            .join("|");
         let re = regex::RegexBuilder::new(&pattern)
             .size_limit(1 << 26)
             .build()
@@ -53,7 +63,11 @@ impl LiteralSet {
     pub(crate) fn find_at(&self, text: &str, pos: usize) -> Option<Found> {
         let m = self.re.as_ref()?.find_at(text, pos)?;
         let id = *self.ids.get(m.as_str())?;
-        Some(Found { start: m.start(), end: m.end(), id })
+        Some(Found {
+            start: m.start(),
+            end: m.end(),
+            id,
+        })
     }
 
     /// Whether `text` contains any member.

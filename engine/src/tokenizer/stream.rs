@@ -19,7 +19,10 @@ pub struct IncrementalDecoder<T: AsRef<Tokenizer> = Arc<Tokenizer>> {
 impl<T: AsRef<Tokenizer>> IncrementalDecoder<T> {
     /// A decoder with nothing pending.
     pub fn new(tokenizer: T) -> Self {
-        IncrementalDecoder { tokenizer, pending: Vec::new() }
+        IncrementalDecoder {
+            tokenizer,
+            pending: Vec::new(),
+        }
     }
 
     /// Add one token; returns the text that became complete, if any.
@@ -57,7 +60,9 @@ impl<T: AsRef<Tokenizer>> IncrementalDecoder<T> {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or_default());
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or_default(),
+                    );
                     consumed += valid;
                     match e.error_len() {
                         // Invalid bytes that no continuation can fix.

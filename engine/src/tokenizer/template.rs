@@ -24,7 +24,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source_len", &self.source.len()).finish_non_exhaustive()
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -45,7 +47,8 @@ impl ChatTemplate {
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned(TEMPLATE_NAME, source.clone()).map_err(|e| Error::Template(describe(&e)))?;
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
+            .map_err(|e| Error::Template(describe(&e)))?;
         Ok(ChatTemplate { source, env })
     }
 
@@ -61,17 +64,25 @@ impl ChatTemplate {
 
     /// Render with `strftime_now` pinned to `unix_secs` (UTC), for reproducible output.
     pub fn render_at(&self, context: &serde_json::Value, unix_secs: i64) -> Result<String> {
-        let obj = context.as_object().ok_or_else(|| Error::Template("context must be a JSON object".into()))?;
+        let obj = context
+            .as_object()
+            .ok_or_else(|| Error::Template("context must be a JSON object".into()))?;
         let vars = obj.iter().map(|(k, v)| (k.clone(), to_value(v))).collect();
         self.render_vars(vars, unix_secs)
     }
 
     /// Render with prepared variables.
     pub(crate) fn render_vars(&self, mut vars: BTreeMap<String, Value>, unix_secs: i64) -> Result<String> {
-        vars.entry("strftime_now".to_owned())
-            .or_insert_with(|| Value::from_function(move |fmt: String| -> String { strftime(&fmt, unix_secs) }));
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Template(describe(&e)))?;
-        template.render(to_value(&vars)).map_err(|e| Error::Template(describe(&e)))
+        vars.entry("strftime_now".to_owned()).or_insert_with(|| {
+            Value::from_function(move |fmt: String| -> String { strftime(&fmt, unix_secs) })
+        });
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| Error::Template(describe(&e)))?;
+        template
+            .render(to_value(&vars))
+            .map_err(|e| Error::Template(describe(&e)))
     }
 }
 
@@ -99,9 +110,15 @@ fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
 }
 
 /// Print values as Python's `str()` would; other objects use minijinja's own formatting.
-fn python_formatter(out: &mut Output, state: &mut State, value: &Value) -> std::result::Result<(), JinjaError> {
+fn python_formatter(
+    out: &mut Output,
+    state: &mut State,
+    value: &Value,
+) -> std::result::Result<(), JinjaError> {
     match pyjson::py_str(value) {
-        Some(text) => out.write_str(&text).map_err(|_| JinjaError::new(ErrorKind::WriteFailure, "cannot write output")),
+        Some(text) => out
+            .write_str(&text)
+            .map_err(|_| JinjaError::new(ErrorKind::WriteFailure, "cannot write output")),
         None => minijinja::escape_formatter(out, state, value),
     }
 }
@@ -115,7 +132,12 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaErro
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_owned()),
         Some(v) => {
-            let n = i64::try_from(v).map_err(|_| JinjaError::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string"))?;
+            let n = i64::try_from(v).map_err(|_| {
+                JinjaError::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an int or a string",
+                )
+            })?;
             Some(" ".repeat(usize::try_from(n).unwrap_or(0).min(1024)))
         }
     };
@@ -125,10 +147,16 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaErro
         Some(v) => {
             let parts: Vec<Value> = v.try_iter()?.collect();
             match parts.as_slice() {
-                [a, b] if a.kind() == ValueKind::String && b.kind() == ValueKind::String => {
-                    Some((a.as_str().unwrap_or_default().to_owned(), b.as_str().unwrap_or_default().to_owned()))
+                [a, b] if a.kind() == ValueKind::String && b.kind() == ValueKind::String => Some((
+                    a.as_str().unwrap_or_default().to_owned(),
+                    b.as_str().unwrap_or_default().to_owned(),
+                )),
+                _ => {
+                    return Err(JinjaError::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be two strings",
+                    ));
                 }
-                _ => return Err(JinjaError::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
             }
         }
     };
@@ -137,9 +165,27 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaErro
     pyjson::dumps(value, &opts).map(Value::from)
 }
 
-const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+const DAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
 
@@ -242,7 +288,10 @@ mod tests {
         // Python: datetime(2024, 3, 5, 13, 7, 9).strftime(...)
         let t = 1_709_644_029;
         assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-03-05 13:07:09");
-        assert_eq!(strftime("%d %b %Y|%A, %B %d|%j %p %I %y %a %e %%", t), "05 Mar 2024|Tuesday, March 05|065 PM 01 24 Tue  5 %");
+        assert_eq!(
+            strftime("%d %b %Y|%A, %B %d|%j %p %I %y %a %e %%", t),
+            "05 Mar 2024|Tuesday, March 05|065 PM 01 24 Tue  5 %"
+        );
         // 2000-12-31 (leap year, day 366), 1969-12-31 23:59:59 (before the epoch)
         assert_eq!(strftime("%F %j %a", 978_220_800), "2000-12-31 366 Sun");
         assert_eq!(strftime("%F %T %a", -1), "1969-12-31 23:59:59 Wed");

@@ -41,7 +41,10 @@ impl TiktokenBpe {
     /// Load `tiktoken.model`; specials are named from `config` (`added_tokens_decoder`).
     pub(crate) fn load(path: &Path, config: Option<&TokenizerConfig>) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let bad = |reason: String| Error::Tokenizer { path: path.to_path_buf(), reason };
+        let bad = |reason: String| Error::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
         let by_rank = parse_ranks(&text).map_err(bad)?;
         let num_base = u32::try_from(by_rank.len()).map_err(|_| bad("too many ranks".into()))?;
         let mut ranks = RankMap::default();
@@ -50,19 +53,25 @@ impl TiktokenBpe {
         let mut offsets = vec![0u32];
         for (rank, bytes) in by_rank.iter().enumerate() {
             if ranks.insert(bytes.clone(), rank as u32).is_some() {
-                return Err(bad(format!("token {bytes:?} appears twice (second time with rank {rank})")));
+                return Err(bad(format!(
+                    "token {bytes:?} appears twice (second time with rank {rank})"
+                )));
             }
             token_bytes.extend_from_slice(bytes);
             offsets.push(u32::try_from(token_bytes.len()).map_err(|_| bad("file too large".into()))?);
         }
         if let Some(b) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
-            return Err(bad(format!("the single byte 0x{b:02x} has no rank (all 256 bytes are required)")));
+            return Err(bad(format!(
+                "the single byte 0x{b:02x} has no rank (all 256 bytes are required)"
+            )));
         }
         let names = special_names(num_base, config);
         let mut seen = std::collections::HashSet::new();
         for (name, id) in &names {
             if !seen.insert(name.as_str()) {
-                return Err(bad(format!("special token name `{name}` is used twice (id {id})")));
+                return Err(bad(format!(
+                    "special token name `{name}` is used twice (id {id})"
+                )));
             }
         }
         for (name, _) in &names {
@@ -70,12 +79,26 @@ impl TiktokenBpe {
             offsets.push(u32::try_from(token_bytes.len()).map_err(|_| bad("file too large".into()))?);
         }
         let specials = LiteralSet::new(names.iter().map(|(n, id)| (n.as_str(), *id))).map_err(bad)?;
-        let named_ids: std::collections::HashSet<u32> =
-            config.map(|c| c.added_tokens.iter().map(|t| t.id).collect()).unwrap_or_default();
-        let named = LiteralSet::new(names.iter().filter(|(_, id)| named_ids.contains(id)).map(|(n, id)| (n.as_str(), *id)))
-            .map_err(bad)?;
+        let named_ids: std::collections::HashSet<u32> = config
+            .map(|c| c.added_tokens.iter().map(|t| t.id).collect())
+            .unwrap_or_default();
+        let named = LiteralSet::new(
+            names
+                .iter()
+                .filter(|(_, id)| named_ids.contains(id))
+                .map(|(n, id)| (n.as_str(), *id)),
+        )
+        .map_err(bad)?;
         let splitter = KimiSplitter::new().map_err(bad)?;
-        Ok(TiktokenBpe { ranks, token_bytes, offsets, num_base, specials, named, splitter })
+        Ok(TiktokenBpe {
+            ranks,
+            token_bytes,
+            offsets,
+            num_base,
+            specials,
+            named,
+            splitter,
+        })
     }
 
     /// One past the largest id.
@@ -154,7 +177,9 @@ impl TiktokenBpe {
 
     /// tiktoken's `encode_ordinary` on one cut: pre-tokenize, then BPE each piece.
     fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
-        self.splitter.split(text, |piece| bpe::encode_piece(&self.ranks, piece.as_bytes(), out));
+        self.splitter.split(text, |piece| {
+            bpe::encode_piece(&self.ranks, piece.as_bytes(), out)
+        });
     }
 }
 
@@ -178,9 +203,14 @@ fn parse_ranks(text: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
         if token.is_empty() {
             return Err(format!("line {}: empty token", lineno + 1));
         }
-        let rank: usize = rank.parse().map_err(|_| format!("line {}: invalid rank `{rank}`", lineno + 1))?;
+        let rank: usize = rank
+            .parse()
+            .map_err(|_| format!("line {}: invalid rank `{rank}`", lineno + 1))?;
         let Some(slot) = by_rank.get_mut(rank) else {
-            return Err(format!("line {}: rank {rank} is out of range (ranks must be 0..{entries})", lineno + 1));
+            return Err(format!(
+                "line {}: rank {rank} is out of range (ranks must be 0..{entries})",
+                lineno + 1
+            ));
         };
         if slot.replace(token).is_some() {
             return Err(format!("line {}: rank {rank} appears twice", lineno + 1));
@@ -202,7 +232,10 @@ fn special_names(num_base: u32, config: Option<&TokenizerConfig>) -> Vec<(String
     (num_base..num_base + NUM_SPECIAL)
         .map(|id| {
             let named = config.and_then(|c| c.added_tokens.iter().find(|t| t.id == id));
-            (named.map_or_else(|| format!("<|reserved_token_{id}|>"), |t| t.content.clone()), id)
+            (
+                named.map_or_else(|| format!("<|reserved_token_{id}|>"), |t| t.content.clone()),
+                id,
+            )
         })
         .collect()
 }

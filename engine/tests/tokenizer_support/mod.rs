@@ -8,7 +8,9 @@ use serde_json::Value;
 
 /// `engine/tests/fixtures/tokenizers/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tokenizers")
+        .join(name)
 }
 
 /// Parse a JSON fixture file.
@@ -25,7 +27,11 @@ pub fn load_tokenizer(name: &str) -> Tokenizer {
 
 /// A list of ids from JSON.
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 /// The text of a `[[piece, times], ...]` recipe.
@@ -34,7 +40,12 @@ pub fn build_text(recipe: &Value) -> String {
         .as_array()
         .expect("recipe")
         .iter()
-        .map(|step| step[0].as_str().expect("piece").repeat(step[1].as_u64().expect("times") as usize))
+        .map(|step| {
+            step[0]
+                .as_str()
+                .expect("piece")
+                .repeat(step[1].as_u64().expect("times") as usize)
+        })
         .collect()
 }
 
@@ -55,7 +66,11 @@ pub fn chat_inputs(case: &Value) -> (Vec<ChatMessage>, ChatOptions) {
     let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
     let tools = case["tools"].as_array().cloned();
     let extra = case["extra"].as_object().cloned().unwrap_or_default();
-    let opts = ChatOptions { add_generation_prompt: case["add_generation_prompt"].as_bool().expect("flag"), tools, extra };
+    let opts = ChatOptions {
+        add_generation_prompt: case["add_generation_prompt"].as_bool().expect("flag"),
+        tools,
+        extra,
+    };
     (messages, opts)
 }
 
