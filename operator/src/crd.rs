@@ -250,7 +250,9 @@ pub struct DsparkDraft {
     /// Install the DSpark draft with the weights.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Where the draft comes from (`hf://ORG/REPO[@REV]`); unset: the default of `deltafin setup`.
+    /// Where the draft comes from (`hf://ORG/REPO[@REV]` or `oci://...`). Required to install
+    /// it: `deltafin setup` has no built-in DSpark source, so without one nothing is installed
+    /// and `status.drafts` reports `NoSource`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^(hf|oci)://"))]
     pub source: Option<String>,
@@ -693,7 +695,7 @@ pub struct WeightsStatus {
 pub struct DraftStatus {
     /// `dspark` or `qwen`.
     pub name: String,
-    /// `Disabled`, `Pending` or `Ready` (drafts are installed by the setup Job).
+    /// `Disabled`, `NoSource`, `Pending` or `Ready` (drafts are installed by the setup Job).
     pub state: String,
 }
 

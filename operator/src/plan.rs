@@ -405,10 +405,15 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
             "Pending"
         }
     };
+    let dspark = &m.cr.spec.drafts.dspark;
     b.status.drafts = vec![
         DraftStatus {
             name: "dspark".into(),
-            state: draft_state(m.cr.spec.drafts.dspark.enabled).into(),
+            state: if dspark.enabled && dspark.source.is_none() {
+                "NoSource".into()
+            } else {
+                draft_state(dspark.enabled).into()
+            },
         },
         DraftStatus {
             name: "qwen".into(),

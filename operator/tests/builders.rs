@@ -17,7 +17,8 @@ const NEW_IMAGE: &str = "ghcr.io/deltafin/deltafin:0.2.0";
 
 fn yaml<T: Serialize>(docs: &[T]) -> String {
     docs.iter()
-        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .map(|d| resources::canonical(serde_json::to_value(d).unwrap()))
+        .map(|d| format!("---\n{}", serde_yaml::to_string(&d).unwrap()))
         .collect()
 }
 

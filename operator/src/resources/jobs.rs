@@ -23,8 +23,14 @@ pub const PREFLIGHT_TIMEOUT_SECONDS: i64 = 900;
 /// Arguments of the setup container.
 pub fn setup_args(m: &Model<'_>) -> Vec<String> {
     let Some(source) = &m.source_uri else {
-        // Preloaded weights: check them, never download.
-        return vec!["doctor".into(), "--dir".into(), m.dir.clone(), "--json".into()];
+        // Preloaded weights: check them (hashes included, once), never download.
+        return vec![
+            "doctor".into(),
+            "--dir".into(),
+            m.dir.clone(),
+            "--verify".into(),
+            "--json".into(),
+        ];
     };
     let mut a = vec![
         "setup".into(),

@@ -195,10 +195,24 @@ pub fn with_spec_hash<K: Resource + Serialize>(mut obj: K) -> K {
     obj
 }
 
-/// Hash of an object's JSON form.
+/// Hash of an object's JSON form with sorted keys (independent of serde_json's `preserve_order`).
 pub fn spec_hash<K: Serialize>(obj: &K) -> String {
-    let json = serde_json::to_vec(obj).unwrap_or_default();
+    let value = serde_json::to_value(obj).map(canonical).unwrap_or_default();
+    let json = serde_json::to_vec(&value).unwrap_or_default();
     names::short_hash(&json, 16)
+}
+
+/// A JSON value with object keys sorted recursively.
+pub fn canonical(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let sorted: BTreeMap<String, Value> = m.into_iter().map(|(k, v)| (k, canonical(v))).collect();
+            Value::Object(sorted.into_iter().collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(canonical).collect()),
+        other => other,
+    }
 }
 
 /// The owner references of an object (for tests and invariants).
