@@ -3,11 +3,13 @@
 //! Exact-weights inference for mixture-of-experts language models: checkpoint indexing
 //! ([`weights`]), typed configs ([`config`]), format-decoding batch-invariant kernels
 //! ([`kernels`]), one module per architecture ([`arch`]), generation and sampling
-//! ([`generate`]) and tokenizers with chat templates ([`tokenizer`]).
+//! ([`generate`]) and tokenizers with chat templates ([`tokenizer`]); models larger than memory
+//! run through the out-of-core weight store ([`cache`]).
 //!
 //! Nothing in this crate reads environment variables or talks to the network.
 
 pub mod arch;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod generate;

@@ -2,10 +2,30 @@
 //! group-limited top-k, optional renormalisation and scaling, experts run over the union of a
 //! batch's selections (each expert's weights read once for all rows that chose it), contributions
 //! added per row in ascending expert order, then the shared experts.
+//!
+//! Routed experts come from an [`ExpertProvider`]: the MoE's own `experts` when they are in
+//! memory, or an out-of-core cache that hands them out in whatever order they become available.
+//! Each expert's output is kept until all are done and then combined in ascending expert order,
+//! so the result does not depend on that order.
 
 use super::mlp::Mlp;
+use crate::error::Result;
 use crate::kernels::ops::sigmoid;
 use crate::kernels::{Matrix, matmul};
+
+/// Serves a layer's routed experts to [`Moe::forward_with`].
+pub trait ExpertProvider {
+    /// Call `run(id, expert)` exactly once for every id of `ids` (ascending, distinct), in any
+    /// order (e.g. cached experts first, the others as their reads complete).
+    fn for_each_expert(&self, ids: &[usize], run: &mut dyn FnMut(usize, &Mlp)) -> Result<()>;
+}
+
+impl ExpertProvider for Vec<Mlp> {
+    fn for_each_expert(&self, ids: &[usize], run: &mut dyn FnMut(usize, &Mlp)) -> Result<()> {
+        ids.iter().for_each(|&id| run(id, &self[id]));
+        Ok(())
+    }
+}
 
 /// Router hyperparameters.
 #[derive(Debug, Clone)]
@@ -79,13 +99,24 @@ impl Moe {
         routed
     }
 
-    /// MoE output for `n` rows of `x` (already normalised).
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let h = self.gate.cols;
+    /// Routes of `n` rows of `x` (already normalised): per row, `(expert, weight)` by expert id.
+    pub fn routes(&self, x: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let e = self.gate.rows;
         let mut logits = vec![0.0f32; n * e];
         matmul(&self.gate, x, n, &mut logits);
-        let routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| self.route(l)).collect();
+        logits.chunks(e).map(|l| self.route(l)).collect()
+    }
+
+    /// MoE output for `n` rows of `x` (already normalised), with the in-memory experts.
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.forward_with(x, n, &self.experts).expect("in-memory experts cannot fail")
+    }
+
+    /// MoE output for `n` rows of `x` (already normalised), experts served by `provider`.
+    pub fn forward_with(&self, x: &[f32], n: usize, provider: &dyn ExpertProvider) -> Result<Vec<f32>> {
+        let h = self.gate.cols;
+        let e = self.gate.rows;
+        let routes = self.routes(x, n);
         // Rows that chose each expert, in row order.
         let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
         for (row, route) in routes.iter().enumerate() {
@@ -93,15 +124,20 @@ impl Moe {
                 users[expert].push((row, w));
             }
         }
-        let mut out = vec![0.0f32; n * h];
+        let ids: Vec<usize> = (0..e).filter(|&i| !users[i].is_empty()).collect();
+        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; e];
         let mut gathered = Vec::new();
-        for (expert, rows) in users.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+        provider.for_each_expert(&ids, &mut |expert, mlp| {
             gathered.clear();
-            for &(row, _) in rows {
+            for &(row, _) in &users[expert] {
                 gathered.extend_from_slice(&x[row * h..(row + 1) * h]);
             }
-            let y = self.experts[expert].forward(&gathered, rows.len());
-            for (k, &(row, w)) in rows.iter().enumerate() {
+            outputs[expert] = Some(mlp.forward(&gathered, users[expert].len()));
+        })?;
+        let mut out = vec![0.0f32; n * h];
+        for &expert in &ids {
+            let y = outputs[expert].as_ref().expect("the provider ran every selected expert");
+            for (k, &(row, w)) in users[expert].iter().enumerate() {
                 for (o, v) in out[row * h..(row + 1) * h].iter_mut().zip(&y[k * h..(k + 1) * h]) {
                     *o += v * w;
                 }
@@ -111,7 +147,7 @@ impl Moe {
             let s = shared.forward(x, n);
             out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
         }
-        out
+        Ok(out)
     }
 }
 
