@@ -97,12 +97,12 @@ mod tests {
         // 100..110 is far from 5000 only with gap 0: 110 -> 5000 needs a gap of 4890.
         assert_eq!(l.segments.len(), 2);
         assert_eq!(l.segments[0], Segment { shard: 0, offset: 0, len: 4096, dest: 0 });
-        assert_eq!(l.segments[1], Segment { shard: 0, offset: 4096, len: 8192, dest: 4096 });
+        assert_eq!(l.segments[1], Segment { shard: 0, offset: 4096, len: 4096, dest: 4096 });
         assert_eq!(l.place(&t(0, 5000, 3000)), Some(4096 + 904..4096 + 904 + 3000));
         assert_eq!(l.place(&t(0, 8000, 100)), Some(4096 + 3904..4096 + 4004));
         assert_eq!(l.place(&t(0, 100, 10)), Some(100..110));
         assert_eq!(l.payload, 3110);
-        assert_eq!(l.total, 12288);
+        assert_eq!(l.total, 8192);
     }
 
     #[test]
