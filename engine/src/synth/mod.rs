@@ -7,7 +7,7 @@ mod deepseek;
 mod rng;
 mod tokenizer;
 
-pub use deepseek::{DeepseekSynth, ExpertFormat};
+pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
 pub use rng::Rng;
 pub use tokenizer::write_byte_tokenizer;
 
