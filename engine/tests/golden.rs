@@ -75,3 +75,13 @@ fn check(name: &str) {
 fn deepseek_v3_bf16_sharded_yarn_group_limited() {
     check("dsv3-bf16");
 }
+
+#[test]
+fn kimi_k25_nested_int4_experts() {
+    check("k2-int4");
+}
+
+#[test]
+fn kimi_k2_instruct_block_fp8_partial_blocks() {
+    check("k2-fp8");
+}
