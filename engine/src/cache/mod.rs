@@ -11,7 +11,7 @@
 //!   cancels losers, records the persistent [`heat`] histogram used to pre-warm.
 //! * [`layers`]: the spine store — a resident prefix of layers plus double-buffered streaming.
 //! * [`spans`], [`source`], [`buffer`]: read layouts, blob sources over read buffers, aligned
-//!   memory.
+//!   memory; [`probe`]: disk probes with the same read pattern (`deltafin bench disk`).
 //!
 //! Invariant: none of this changes a single bit of any result. Layers and experts are built by
 //! the architecture's own loading code over buffers holding the checkpoint's exact bytes, and
@@ -23,6 +23,7 @@ pub mod layers;
 pub mod plan;
 pub mod policy;
 pub mod prefetch;
+pub mod probe;
 pub mod reader;
 pub mod slots;
 pub mod source;

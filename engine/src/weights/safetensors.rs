@@ -190,6 +190,11 @@ impl WeightIndex {
         self.shards.iter().map(|s| s.path.clone()).collect()
     }
 
+    /// Length in bytes of shard `shard`'s file.
+    pub fn file_len(&self, shard: usize) -> u64 {
+        self.shards[shard].map.len() as u64
+    }
+
     /// Path of the shard holding a tensor.
     pub fn shard_path(&self, info: &TensorInfo) -> &Path {
         &self.shards[info.shard].path
