@@ -12,6 +12,11 @@ use deltafin_engine::cache::{OocOptions, OocRuntime, PolicyKind, ReadMode};
 use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 
+/// The tiny test model with enough layers that streaming some is cheaper than keeping all.
+fn tiny(format: ExpertFormat) -> DeepseekSynth {
+    DeepseekSynth { layers: 6, ..DeepseekSynth::tiny(format) }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -78,7 +83,7 @@ fn budgets(dir: &Path) -> Vec<u64> {
 
 fn check_matrix(format: ExpertFormat, full: bool) {
     let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth::tiny(format).write(dir.path()).unwrap();
+    tiny(format).write(dir.path()).unwrap();
     let want = run(arch::load(dir.path()).unwrap().as_ref());
     for budget in budgets(dir.path()) {
         for policy in [PolicyKind::Lru, PolicyKind::Lfu] {
@@ -113,7 +118,7 @@ fn fp8_and_int4_exact_under_every_budget() {
 #[test]
 fn the_smallest_budget_streams_the_spine_and_uses_one_or_two_slots() {
     let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
     let floor = budgets(dir.path())[0];
     let (m, rt) = load(dir.path(), &options(floor, PolicyKind::Lru, ReadMode::Auto, true));
     assert!(rt.plan.expert_slots <= 2, "{:?}", rt.plan);
@@ -131,7 +136,7 @@ fn the_smallest_budget_streams_the_spine_and_uses_one_or_two_slots() {
 #[test]
 fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
     let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
     let want = run(arch::load(dir.path()).unwrap().as_ref());
     let heat_path = dir.path().join("heat.bin");
     let mut o = options(budgets(dir.path())[2], PolicyKind::Lfu, ReadMode::Auto, true);
@@ -142,7 +147,7 @@ fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
         assert_eq!(run(m.as_ref()), want);
         rt.flush_heat().unwrap();
     }
-    let (heat, why) = Heat::load(&heat_path, 3, 8);
+    let (heat, why) = Heat::load(&heat_path, 6, 8);
     assert!(why.is_none(), "{why:?}");
     assert!(heat.passes > 0 && !heat.ranked().is_empty());
     let (m, rt) = load(dir.path(), &o);
@@ -169,7 +174,7 @@ fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
         }
         assert_eq!(run(m.as_ref()), want, "{what}");
         rt.flush_heat().unwrap();
-        let (_, why) = Heat::load(&heat_path, 3, 8);
+        let (_, why) = Heat::load(&heat_path, 6, 8);
         assert!(why.is_none(), "{what}: the next flush writes a valid file again ({why:?})");
     }
 }
@@ -177,7 +182,7 @@ fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
 #[test]
 fn prefetch_and_policies_report_consistent_counters() {
     let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
     let budget = budgets(dir.path())[1];
     for prefetch in [false, true] {
         let (m, rt) = load(dir.path(), &options(budget, PolicyKind::Lru, ReadMode::Auto, prefetch));

@@ -70,6 +70,8 @@ pub struct OocOptions {
     pub min_expert_slots: u64,
     /// Bytes reserved for sequence state, activations and scratch.
     pub reserve_bytes: u64,
+    /// Threads computing routed experts at once.
+    pub compute_threads: usize,
 }
 
 impl OocOptions {
@@ -84,6 +86,7 @@ impl OocOptions {
             prewarm: true,
             min_expert_slots: 1,
             reserve_bytes: 32 << 20,
+            compute_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -202,7 +205,12 @@ pub fn assemble<L: Send + Sync + 'static>(
         plan.resident_layers,
     )?);
     let cache = slots::ExpertCache::new(plan.expert_slots as usize, slot_bytes as usize, options.policy.build(plan.expert_slots as usize))?;
-    let config = store::ExpertStoreConfig { prefetch: options.prefetch, gate_threshold: 0.1, heat_flush_passes: 64 };
+    let config = store::ExpertStoreConfig {
+        prefetch: options.prefetch,
+        gate_threshold: 0.1,
+        heat_flush_passes: 64,
+        compute_threads: options.compute_threads.max(1),
+    };
     let n_layers = parts.expert_layouts.len();
     let n_experts = parts.expert_layouts.iter().map(Vec::len).max().unwrap_or(0);
     let store = Arc::new(ExpertStore::new(

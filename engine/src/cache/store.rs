@@ -84,6 +84,8 @@ pub struct ExpertStoreConfig {
     pub gate_threshold: f32,
     /// Heat flush period in passes.
     pub heat_flush_passes: u64,
+    /// Threads computing ready experts at once (the caller's thread included).
+    pub compute_threads: usize,
 }
 
 struct Pass {
@@ -382,7 +384,40 @@ impl LayerExperts<'_> {
 }
 
 impl ExpertProvider for LayerExperts<'_> {
-    fn for_each_expert(&self, ids: &[usize], run: &mut dyn FnMut(usize, &Mlp)) -> Result<()> {
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()> {
+        let helpers = self.store.config.compute_threads.saturating_sub(1).min(ids.len().saturating_sub(1));
+        if helpers == 0 {
+            return self.dispatch(ids, &mut |e, mlp| run(e, &mlp));
+        }
+        // The calling thread waits for reads and hands ready experts to helper threads; once
+        // everything is handed out it computes too.
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Mlp)>();
+        let rx = Mutex::new(rx);
+        let next = || rx.lock().unwrap().recv().ok();
+        std::thread::scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|| {
+                    while let Some((e, mlp)) = next() {
+                        run(e, &mlp);
+                    }
+                });
+            }
+            let result = self.dispatch(ids, &mut |e, mlp| {
+                let _ = tx.send((e, mlp));
+            });
+            drop(tx);
+            while let Some((e, mlp)) = next() {
+                run(e, &mlp);
+            }
+            result
+        })
+    }
+}
+
+impl LayerExperts<'_> {
+    /// Acquire every expert of `ids` (hits first, misses as their reads land) and pass each,
+    /// ready, to `ready`.
+    fn dispatch(&self, ids: &[usize], ready: &mut dyn FnMut(usize, Mlp)) -> Result<()> {
         let st = self.store;
         if st.layouts[self.layer].is_empty() {
             return Err(Error::InvalidArgument { field: "layer", reason: format!("layer {} has no routed experts", self.layer) });
@@ -420,7 +455,7 @@ impl ExpertProvider for LayerExperts<'_> {
                 waited += blocked.as_secs_f64();
                 let (e, slot) = inflight.swap_remove(i);
                 let mlp = st.build_mlp(self.layer, e, st.cache.handle(slot))?;
-                run(e, &mlp);
+                ready(e, mlp);
             }
         })();
         for (_, slot) in inflight {

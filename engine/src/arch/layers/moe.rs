@@ -16,13 +16,15 @@ use crate::kernels::{Matrix, matmul};
 /// Serves a layer's routed experts to [`Moe::forward_with`].
 pub trait ExpertProvider {
     /// Call `run(id, expert)` exactly once for every id of `ids` (ascending, distinct), in any
-    /// order (e.g. cached experts first, the others as their reads complete).
-    fn for_each_expert(&self, ids: &[usize], run: &mut dyn FnMut(usize, &Mlp)) -> Result<()>;
+    /// order and possibly on several threads at once (e.g. cached experts first, the others as
+    /// their reads complete).
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()>;
 }
 
 impl ExpertProvider for Vec<Mlp> {
-    fn for_each_expert(&self, ids: &[usize], run: &mut dyn FnMut(usize, &Mlp)) -> Result<()> {
-        ids.iter().for_each(|&id| run(id, &self[id]));
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()> {
+        use rayon::prelude::*;
+        ids.par_iter().for_each(|&id| run(id, &self[id]));
         Ok(())
     }
 }
@@ -125,15 +127,16 @@ impl Moe {
             }
         }
         let ids: Vec<usize> = (0..e).filter(|&i| !users[i].is_empty()).collect();
-        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; e];
-        let mut gathered = Vec::new();
-        provider.for_each_expert(&ids, &mut |expert, mlp| {
-            gathered.clear();
+        let outputs: Vec<std::sync::Mutex<Option<Vec<f32>>>> = (0..e).map(|_| Default::default()).collect();
+        provider.for_each_expert(&ids, &|expert, mlp| {
+            let mut gathered = Vec::with_capacity(users[expert].len() * h);
             for &(row, _) in &users[expert] {
                 gathered.extend_from_slice(&x[row * h..(row + 1) * h]);
             }
-            outputs[expert] = Some(mlp.forward(&gathered, users[expert].len()));
+            let y = mlp.forward(&gathered, users[expert].len());
+            *outputs[expert].lock().unwrap() = Some(y);
         })?;
+        let outputs: Vec<Option<Vec<f32>>> = outputs.into_iter().map(|m| m.into_inner().unwrap()).collect();
         let mut out = vec![0.0f32; n * h];
         for &expert in &ids {
             let y = outputs[expert].as_ref().expect("the provider ran every selected expert");
