@@ -13,6 +13,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use deltafin_engine::arch::{self, LogitRows, SeqInput};
 use deltafin_engine::cache::OocStats;
+use deltafin_engine::cache::store::TraceStep;
 use deltafin_engine::synth::Rng;
 use serde::Serialize;
 
@@ -37,6 +38,10 @@ pub struct BenchRunArgs {
     pub disk_gib_s: Option<f64>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Afterwards, replay the recorded expert demand stream on a fresh cache with no compute:
+    /// the I/O path's own tokens/s.
+    #[arg(long)]
+    pub io_replay: bool,
     /// A label copied into the output.
     #[arg(long, default_value = "")]
     pub label: String,
@@ -92,6 +97,15 @@ struct Decode {
     prefetch_wasted: u64,
 }
 
+/// The compute-free replay of the decode's expert stream.
+#[derive(Debug, Serialize)]
+struct Replay {
+    tokens_per_second: f64,
+    read_bytes_per_token: f64,
+    hit_rate: f64,
+    ratio_to_io_bound: Option<f64>,
+}
+
 /// Bounds and ratios.
 #[derive(Debug, Serialize)]
 struct Bound {
@@ -114,6 +128,7 @@ struct Report {
     prefill_tokens_per_second: f64,
     decode: Decode,
     bound: Option<Bound>,
+    io_replay: Option<Replay>,
     peak_rss_bytes: u64,
     stats: OocStats,
 }
@@ -129,6 +144,7 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     let vocab = model.info().vocab_size as u64;
     let mut rng = Rng::new(a.seed);
     let mut token = move || (rng.next_u64() % vocab) as u32;
+    rt.experts.start_trace();
     let mut state = model.new_state();
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1)).map(|_| token()).collect();
     let t = Instant::now();
@@ -149,6 +165,10 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     rt.flush_heat()?;
     let decode = decode_figures(&s0, &s1, io0, io1, a.decode_tokens.max(1), seconds);
     let bound = a.disk_gib_s.map(|bw| bound(&s1, &decode, bw));
+    let steps = rt.experts.take_trace();
+    drop(step);
+    drop((state, model, rt));
+    let io_replay = if a.io_replay { Some(replay(&a, &options, &steps, bound.as_ref())?) } else { None };
     let report = Report {
         label: a.label.clone(),
         model: a.model.clone(),
@@ -157,6 +177,7 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
         prefill_tokens_per_second,
         decode,
         bound,
+        io_replay,
         peak_rss_bytes: peak_rss(),
         stats: s1,
     };
@@ -166,6 +187,32 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
         print_table(&report);
     }
     Ok(())
+}
+
+fn replay(a: &BenchRunArgs, options: &deltafin_engine::cache::OocOptions, steps: &[TraceStep], bound: Option<&Bound>) -> Result<Replay> {
+    use deltafin_engine::cache::store::TraceStep as T;
+    let n = a.decode_tokens.max(1);
+    let ends: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s, T::EndPass)).map(|(i, _)| i).collect();
+    if ends.len() <= n {
+        bail!("trace too short for replay");
+    }
+    let split = ends[ends.len() - n - 1] + 1;
+    let (_model, rt) = arch::load_budgeted(&a.model, options)?;
+    rt.experts.replay(&steps[..split])?;
+    let s0 = rt.stats();
+    let t = Instant::now();
+    rt.experts.replay(&steps[split..])?;
+    let secs = t.elapsed().as_secs_f64();
+    let s1 = rt.stats();
+    let (e0, e1) = (&s0.experts, &s1.experts);
+    let used = (e1.use_bytes - e0.use_bytes) as f64;
+    let tps = n as f64 / secs;
+    Ok(Replay {
+        tokens_per_second: tps,
+        read_bytes_per_token: (s1.read.bytes - s0.read.bytes) as f64 / n as f64,
+        hit_rate: if used > 0.0 { ((e1.hit_bytes - e0.hit_bytes) + (e1.prefetch_hit_bytes - e0.prefetch_hit_bytes)) as f64 / used } else { 0.0 },
+        ratio_to_io_bound: bound.map(|b| tps / b.io_bound_tokens_per_second),
+    })
 }
 
 fn decode_figures(s0: &OocStats, s1: &OocStats, io0: ProcIo, io1: ProcIo, n: usize, seconds: f64) -> Decode {
@@ -240,6 +287,10 @@ fn print_table(r: &Report) {
     if let Some(b) = &r.bound {
         println!("{:<34} {:.2} tok/s at {:.2} GiB/s ({:.2}x achieved)", "I/O bound", b.io_bound_tokens_per_second, b.disk_gib_per_second, b.ratio_to_io_bound);
         println!("{:<34} {:.1} MiB ({:.2}x read)", "ideal MiB/token for the cache", mb(b.ideal_bytes_per_token), b.bytes_over_ideal);
+    }
+    if let Some(x) = &r.io_replay {
+        let ratio = x.ratio_to_io_bound.map_or(String::new(), |v| format!(" ({v:.2}x the I/O bound)"));
+        println!("{:<34} {:.2} tok/s{ratio}, {:.1} MiB/token read", "I/O replay (no compute)", x.tokens_per_second, mb(x.read_bytes_per_token));
     }
     println!("{:<34} {:.0} MiB", "peak RSS", mb(r.peak_rss_bytes as f64));
 }

@@ -76,6 +76,15 @@ impl ExpertStats {
     }
 }
 
+/// One recorded step of the expert demand stream (see [`ExpertStore::start_trace`]).
+#[derive(Debug, Clone)]
+pub enum TraceStep {
+    /// A MoE layer selected `ids`; `lookahead` is what the predictor had forecast for it.
+    Layer { layer: usize, ids: Vec<usize>, lookahead: Vec<usize> },
+    /// A pass ended.
+    EndPass,
+}
+
 /// Settings of the store.
 #[derive(Debug, Clone)]
 pub struct ExpertStoreConfig {
@@ -115,6 +124,7 @@ pub struct ExpertStore {
     pass: Mutex<Pass>,
     heat: Mutex<Option<HeatRecorder>>,
     stats: Mutex<ExpertStats>,
+    trace: Mutex<Option<Vec<TraceStep>>>,
 }
 
 impl std::fmt::Debug for ExpertStore {
@@ -164,6 +174,7 @@ impl ExpertStore {
             pass: Mutex::new(pass),
             heat: Mutex::new(None),
             stats: Mutex::new(ExpertStats::default()),
+            trace: Mutex::new(None),
         }
     }
 
@@ -224,7 +235,6 @@ impl ExpertStore {
         if !self.config.prefetch || next >= self.layouts.len() || self.layouts[next].is_empty() {
             return;
         }
-        let mut pass = self.pass.lock().unwrap();
         let lookahead = match &self.lookahead[next] {
             Some(la) => {
                 let h = la.norm.len();
@@ -236,6 +246,12 @@ impl ExpertStore {
             }
             None => Vec::new(),
         };
+        self.plan_hint(layer, next, lookahead);
+    }
+
+    /// Plan the prefetch of layer `next` from a look-ahead forecast, made while at `layer`.
+    fn plan_hint(&self, layer: usize, next: usize, lookahead: Vec<usize>) {
+        let mut pass = self.pass.lock().unwrap();
         pass.predicted[next] = lookahead.clone();
         if !pass.gate.allow(next) {
             return;
@@ -291,12 +307,50 @@ impl ExpertStore {
             self.submit_pending(p);
         }
         drop(pass);
+        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+            t.push(TraceStep::EndPass);
+        }
         self.stats.lock().unwrap().passes += 1;
         let mut heat = self.heat.lock().unwrap();
         if let Some(h) = heat.as_mut() {
             h.end_pass();
             if h.pending_passes() >= self.config.heat_flush_passes {
                 h.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record every layer's selections and forecasts from now on.
+    pub fn start_trace(&self) {
+        *self.trace.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// The recorded steps (recording stops).
+    pub fn take_trace(&self) -> Vec<TraceStep> {
+        self.trace.lock().unwrap().take().unwrap_or_default()
+    }
+
+    /// Serve a recorded demand stream with no compute at all: the same selections, forecasts,
+    /// prefetches, cancellations and evictions as the run that recorded it, so the time it
+    /// takes is what this store's I/O path needs when compute is free.
+    pub fn replay(&self, steps: &[TraceStep]) -> Result<()> {
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                TraceStep::EndPass => self.end_pass()?,
+                TraceStep::Layer { layer, ids, lookahead } => {
+                    let l = *layer;
+                    if self.config.prefetch && l > 0 && self.layouts[l - 1].is_empty() {
+                        self.plan_hint(l - 1, l, lookahead.clone()); // a dense layer's hint goes out at once
+                    }
+                    if self.config.prefetch
+                        && let Some(TraceStep::Layer { layer: n, lookahead: la, .. }) = steps.get(i + 1)
+                        && *n == l + 1
+                    {
+                        self.plan_hint(l, *n, la.clone());
+                    }
+                    self.layer(l).for_each_expert(ids, &|_, _| {})?;
+                }
             }
         }
         Ok(())
@@ -311,6 +365,9 @@ impl ExpertStore {
         }
         let mut pass = self.pass.lock().unwrap();
         let p = &mut *pass;
+        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+            t.push(TraceStep::Layer { layer, ids: ids.to_vec(), lookahead: p.predicted[layer].clone() });
+        }
         p.current[layer] = ids.to_vec();
         if self.config.prefetch {
             p.gate.observe(layer, &p.predicted[layer], &p.previous[layer], ids);
