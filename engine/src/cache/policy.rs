@@ -55,6 +55,8 @@ pub trait EvictionPolicy: Send + std::fmt::Debug {
     fn on_remove(&mut self, slot: usize);
     /// A pass ended.
     fn on_pass_end(&mut self);
+    /// `slot` holds a useless speculative read: evict it before anything else.
+    fn demote(&mut self, slot: usize);
     /// Seed the hotness of `key` (from the persistent heat histogram); ignored by LRU.
     fn seed(&mut self, _key: ExpertKey, _hotness: f32) {}
     /// The slot to evict among `candidates` (unpinned, loaded), or `None` if empty.
@@ -87,6 +89,9 @@ impl EvictionPolicy for Lru {
         self.last[slot] = 0;
     }
     fn on_pass_end(&mut self) {}
+    fn demote(&mut self, slot: usize) {
+        self.last[slot] = 0;
+    }
     fn victim(&self, candidates: &[usize]) -> Option<usize> {
         candidates.iter().copied().min_by_key(|&s| (self.last[s], s))
     }
@@ -137,6 +142,9 @@ impl EvictionPolicy for Lfu {
                 *h >= 1e-3
             });
         }
+    }
+    fn demote(&mut self, slot: usize) {
+        self.lru.demote(slot);
     }
     fn seed(&mut self, key: ExpertKey, hotness: f32) {
         let h = self.hot.entry(key).or_insert(0.0);

@@ -42,6 +42,9 @@ pub fn recall(predicted: &[usize], actual: &[usize]) -> f32 {
     actual.iter().filter(|e| predicted.contains(e)).count() as f32 / actual.len() as f32
 }
 
+/// Recall the weaker predictor needs before its experts are read too.
+pub const SECONDARY_RECALL: f32 = 0.3;
+
 /// Per-layer exponential moving averages of each predictor's recall; speculation at a layer
 /// stops while the better predictor's average is below `threshold` (after `warmup` samples),
 /// and resumes when it recovers (scoring continues either way).
@@ -73,6 +76,19 @@ impl RecallGate {
     /// Whether to prefetch for `layer`.
     pub fn allow(&self, layer: usize) -> bool {
         self.samples[layer] < self.warmup || self.lookahead[layer].max(self.previous[layer]) >= self.threshold
+    }
+
+    /// Which predictors to follow at `layer`: `(look-ahead, previous pass)`. Warming up: the
+    /// look-ahead only. Then each predictor whose recall clears the threshold, the weaker one
+    /// only if it also clears [`SECONDARY_RECALL`] (reading a second, mostly wrong list of
+    /// experts costs more than the hits it adds).
+    pub fn predictors(&self, layer: usize) -> (bool, bool) {
+        if self.samples[layer] < self.warmup {
+            return (true, false);
+        }
+        let (la, prev) = (self.lookahead[layer], self.previous[layer]);
+        let ok = |r: f32, other: f32| r >= self.threshold && (r >= other || r >= SECONDARY_RECALL);
+        (ok(la, prev), ok(prev, la))
     }
 
     /// `(look-ahead, previous-pass)` recall averages of `layer`.
@@ -110,6 +126,10 @@ mod tests {
         g.observe(1, &[1, 2], &[], &[1, 2]);
         assert_eq!(g.recalls(1).0, 0.5);
         assert!(g.allow(1));
+        assert_eq!(g.predictors(1), (true, false), "the previous-pass predictor is useless here");
+        let mut w = RecallGate::new(1, 1.0, 0.1, 0);
+        w.observe(0, &[1, 2, 3], &[1, 9, 8], &[1, 2, 3]);
+        assert_eq!(w.predictors(0), (true, true), "a third of the experts is worth reading too");
         assert_eq!(recall(&[1], &[1, 2]), 0.5);
     }
 }

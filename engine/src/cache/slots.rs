@@ -262,6 +262,14 @@ impl ExpertCache {
         self.shared.cv.notify_all();
     }
 
+    /// Make `key` (a prefetch the router did not select) the policy's next victim.
+    pub fn demote(&self, key: ExpertKey) {
+        let mut st = self.lock();
+        if let Some(&slot) = st.map.get(&key) {
+            st.policy.demote(slot);
+        }
+    }
+
     /// Cancel an unpinned prefetch of `key` whose read has not started; frees its slot.
     pub fn cancel_prefetch(&self, key: ExpertKey, cancel: impl FnOnce(&Ticket) -> bool) -> bool {
         let mut st = self.lock();

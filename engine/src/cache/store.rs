@@ -257,7 +257,10 @@ impl ExpertStore {
             return;
         }
         let max = self.cache.slots().saturating_sub(pass.current[layer].len().max(1));
-        let plan = plan_prefetch(&lookahead, &pass.previous[next], |e| self.cache.contains(key(next, e)), max);
+        let (use_la, use_prev) = pass.gate.predictors(next);
+        let la: &[usize] = if use_la { &lookahead } else { &[] };
+        let prev: &[usize] = if use_prev { &pass.previous[next] } else { &[] };
+        let plan = plan_prefetch(la, prev, |e| self.cache.contains(key(next, e)), max);
         let now = self.layouts[layer].is_empty(); // a dense layer has no demand reads to go first
         pass.pending = Some((next, plan));
         if now {
@@ -378,8 +381,13 @@ impl ExpertStore {
         }
         let mut cancelled = 0;
         for e in std::mem::take(&mut p.issued[layer]) {
-            if !ids.contains(&e) && self.cache.cancel_prefetch(key(layer, e), |t| self.reader.cancel(t)) {
+            if ids.contains(&e) {
+                continue;
+            }
+            if self.cache.cancel_prefetch(key(layer, e), |t| self.reader.cancel(t)) {
                 cancelled += 1;
+            } else {
+                self.cache.demote(key(layer, e)); // a loser that landed goes first
             }
         }
         self.stats.lock().unwrap().prefetch_cancelled += cancelled;
