@@ -1,12 +1,14 @@
-//! Page-aligned heap buffers: the memory of resident weights, streamed spine arenas and expert
-//! cache slots. Aligned so that `O_DIRECT` reads can land in them directly.
+//! Page-aligned buffers: the memory of resident weights, streamed spine arenas and expert
+//! cache slots. Aligned so that `O_DIRECT` reads can land in them directly. Each is its own
+//! anonymous private mapping: zero pages are supplied lazily by the kernel (allocating a
+//! large cache costs nothing until slots are filled) and dropping a buffer returns its memory
+//! to the system at once (no allocator keeps it).
 //!
 //! Invariant (upheld by the owners, not by this type): bytes are written through
 //! [`AlignedBuf::write_ptr`] only while no `&[u8]` view of the same buffer exists. The reader
 //! pool writes only into buffers whose owner has handed out no view (a loading cache slot, an
 //! arena slot with no outstanding `Blob`), and views are created only after the write finished.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -25,7 +27,7 @@ pub fn align_down(n: u64) -> u64 {
     n / ALIGN as u64 * ALIGN as u64
 }
 
-/// A zero-initialised, [`ALIGN`]-aligned heap buffer of fixed length.
+/// A zero-initialised, [`ALIGN`]-aligned buffer of fixed length (an anonymous mapping).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -45,11 +47,23 @@ impl AlignedBuf {
     /// A buffer of `len` bytes (rounded up to [`ALIGN`]). Pages are allocated lazily by the OS.
     pub fn new(len: usize) -> Result<Self> {
         let len = (align_up(len.max(1) as u64)) as usize;
-        let layout = Layout::from_size_align(len, ALIGN).map_err(|e| Error::Budget(format!("buffer of {len} bytes: {e}")))?;
-        // SAFETY: `layout` has a non-zero size (len >= ALIGN).
+        // SAFETY: an anonymous private mapping with no address hint and no file; the result is
+        // checked against MAP_FAILED before use.
         #[allow(unsafe_code)]
-        let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| Error::Budget(format!("could not allocate {len} bytes")))?;
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(Error::Budget(format!("could not map {len} bytes: {}", std::io::Error::last_os_error())));
+        }
+        let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| Error::Budget(format!("could not map {len} bytes")))?;
         Ok(AlignedBuf { ptr, len })
     }
 
@@ -82,11 +96,11 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len, ALIGN).expect("layout was valid at allocation");
-        // SAFETY: allocated in `new` with exactly this layout, freed once.
+        // SAFETY: mapped in `new` with exactly this length, unmapped once; no view outlives
+        // `self` (views borrow it).
         #[allow(unsafe_code)]
         unsafe {
-            dealloc(self.ptr.as_ptr(), layout)
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
     }
 }
