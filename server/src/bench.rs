@@ -292,5 +292,9 @@ fn print_table(r: &Report) {
         let ratio = x.ratio_to_io_bound.map_or(String::new(), |v| format!(" ({v:.2}x the I/O bound)"));
         println!("{:<34} {:.2} tok/s{ratio}, {:.1} MiB/token read", "I/O replay (no compute)", x.tokens_per_second, mb(x.read_bytes_per_token));
     }
+    if let Some(c) = &r.stats.read_choice {
+        let mode = if c.direct { "O_DIRECT" } else { "buffered" };
+        println!("{:<34} {mode} (probe: direct {:.2} / buffered {:.2} GiB/s)", "read mode (auto)", c.direct_gib_per_second, c.buffered_gib_per_second);
+    }
     println!("{:<34} {:.0} MiB", "peak RSS", mb(r.peak_rss_bytes as f64));
 }

@@ -97,6 +97,7 @@ pub struct OocStats {
     pub plan: ResidencyPlan,
     pub policy: PolicyKind,
     pub read_mode: ReadMode,
+    pub read_choice: Option<probe::ReadChoice>,
     pub prefetch: bool,
     pub read: ReadStats,
     pub spine: SpineStats,
@@ -114,6 +115,8 @@ pub struct OocRuntime {
     pub heat_note: Option<String>,
     /// Pre-warm reads submitted at load.
     pub prewarmed: usize,
+    /// The measurement behind `ReadMode::Auto`'s choice.
+    pub read_choice: Option<probe::ReadChoice>,
 }
 
 impl std::fmt::Debug for OocRuntime {
@@ -129,6 +132,7 @@ impl OocRuntime {
             plan: self.plan.clone(),
             policy: self.options.policy,
             read_mode: self.reader.mode(),
+            read_choice: self.read_choice.clone(),
             prefetch: self.options.prefetch,
             read: self.reader.stats(),
             spine: (self.spine)(),
@@ -196,6 +200,12 @@ pub fn assemble<L: Send + Sync + 'static>(
         min_expert_slots: options.min_expert_slots,
     };
     let plan = plan::plan(&input)?;
+    let read_choice = if options.reader.mode == ReadMode::Auto && reader.supports_direct() {
+        let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
+        Some(probe::choose_read_mode(&reader, &index.shard_paths(), &experts, 2 * reader.threads())?)
+    } else {
+        None
+    };
     let layers = Arc::new(LayerStore::load(
         index.clone(),
         spec.clone(),
@@ -242,6 +252,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         spine: Box::new(move || spine_layers.stats()),
         heat_note,
         prewarmed,
+        read_choice,
     };
     Ok((layers, runtime))
 }

@@ -64,27 +64,57 @@ pub fn pick(layouts: usize, skip: usize, count: usize, seed: u64) -> Vec<usize> 
 pub fn read_probe(paths: &[PathBuf], layouts: &[SpanLayout], chosen: &[usize], mode: ReadMode, threads: usize) -> Result<ProbeResult> {
     let config = ReaderConfig { mode, threads, chunk_bytes: 64 << 20 };
     let pool = ReaderPool::new(paths, &config)?;
-    let slot = layouts.iter().map(|l| l.total).max().unwrap_or(4096);
-    let bufs = (0..threads).map(|_| AlignedBuf::new(slot).map(Arc::new)).collect::<Result<Vec<_>>>()?;
-    let start = Instant::now();
-    let mut inflight = std::collections::VecDeque::new();
-    let mut bytes = 0;
-    for (i, &l) in chosen.iter().enumerate() {
-        if inflight.len() == threads {
-            let t: super::reader::Ticket = inflight.pop_front().expect("non-empty");
-            t.wait().map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)))?;
-        }
-        bytes += layouts[l].read_bytes();
-        inflight.push_back(pool.submit(bufs[i % threads].clone(), &layouts[l].segments, Priority::Demand, None));
-    }
-    for t in inflight {
-        t.wait().map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)))?;
-    }
+    let (bytes, seconds) = timed_reads(&pool, layouts, chosen, threads)?;
     let method = match (mode, pool.stats().direct_bytes > 0) {
         (ReadMode::Buffered, _) | (_, false) => "buffered",
         _ => "direct",
     };
-    Ok(result(method, threads, chosen.len(), bytes, start.elapsed().as_secs_f64()))
+    Ok(result(method, threads, chosen.len(), bytes, seconds))
+}
+
+/// Read the chosen layouts through `pool`, `inflight` at a time; `(bytes, seconds)`.
+pub fn timed_reads(pool: &ReaderPool, layouts: &[SpanLayout], chosen: &[usize], inflight: usize) -> Result<(u64, f64)> {
+    let slot = layouts.iter().map(|l| l.total).max().unwrap_or(4096);
+    let inflight = inflight.max(1);
+    let bufs = (0..inflight).map(|_| AlignedBuf::new(slot).map(Arc::new)).collect::<Result<Vec<_>>>()?;
+    let start = Instant::now();
+    let mut pending = std::collections::VecDeque::new();
+    let mut bytes = 0;
+    let wait = |t: super::reader::Ticket| t.wait().map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)));
+    for (i, &l) in chosen.iter().enumerate() {
+        if pending.len() == inflight {
+            wait(pending.pop_front().expect("non-empty"))?;
+        }
+        bytes += layouts[l].read_bytes();
+        pending.push_back(pool.submit(bufs[i % inflight].clone(), &layouts[l].segments, Priority::Demand, None));
+    }
+    for t in pending {
+        wait(t)?;
+    }
+    Ok((bytes, start.elapsed().as_secs_f64()))
+}
+
+/// How `ReadMode::Auto` chose between `O_DIRECT` and buffered reads.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadChoice {
+    pub direct_gib_per_second: f64,
+    pub buffered_gib_per_second: f64,
+    pub direct: bool,
+}
+
+/// Time `reads` random expert reads each way through `pool` (distinct experts, the shards'
+/// page cache dropped after the buffered round) and keep the faster mode.
+pub fn choose_read_mode(pool: &ReaderPool, paths: &[PathBuf], layouts: &[SpanLayout], reads: usize) -> Result<ReadChoice> {
+    let per = reads.min(layouts.len() / 2).max(1);
+    let gibs = |(b, s): (u64, f64)| if s > 0.0 { b as f64 / s / (1u64 << 30) as f64 } else { 0.0 };
+    pool.set_direct(true);
+    let direct = gibs(timed_reads(pool, layouts, &pick(layouts.len(), 0, per, 0xA070), pool.threads())?);
+    pool.set_direct(false);
+    let buffered = gibs(timed_reads(pool, layouts, &pick(layouts.len(), per, per, 0xA070), pool.threads())?);
+    evict_page_cache(paths);
+    let choice = direct >= buffered;
+    pool.set_direct(choice);
+    Ok(ReadChoice { direct_gib_per_second: direct, buffered_gib_per_second: buffered, direct: choice })
 }
 
 /// Touch one byte per page of the chosen layouts through the index's memory maps, from

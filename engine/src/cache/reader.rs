@@ -252,6 +252,23 @@ impl ReaderPool {
         self.inner.mode
     }
 
+    /// Whether every shard could be opened with `O_DIRECT`.
+    pub fn supports_direct(&self) -> bool {
+        self.inner.files.iter().all(|f| f.direct.is_some())
+    }
+
+    /// Use (or stop using) `O_DIRECT` for every shard that supports it.
+    pub fn set_direct(&self, on: bool) {
+        for f in &self.inner.files {
+            f.direct_ok.store(on && f.direct.is_some(), Ordering::Relaxed);
+        }
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.workers.len()
+    }
+
     /// Whether reads of shard `shard` currently bypass the page cache.
     pub fn is_direct(&self, shard: usize) -> bool {
         self.inner.files[shard].direct_ok.load(Ordering::Relaxed)
