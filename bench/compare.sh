@@ -19,8 +19,8 @@ MODEL=${MODEL:-$CACHE/dsv3-bench}
 GGUF=${GGUF:-$MODEL-bf16.gguf}
 LIMITS=${LIMITS:-"8 4 2"}
 ARMS=${ARMS:-"lru lru-noprefetch lfu"}
-DECODE=${DECODE:-24}
-WARMUP=${WARMUP:-8}
+DECODE=${DECODE:-16}
+WARMUP=${WARMUP:-6}
 LLAMA_N=${LLAMA_N:-8}
 DELTAFIN=${DELTAFIN:-target/release/deltafin}
 LLAMA=${LLAMA:-$CACHE/llama_cpp_python-0.3.36/vendor/llama.cpp}
@@ -51,7 +51,7 @@ for g in $LIMITS; do
     # shellcheck disable=SC2086
     bench/cgrun.sh "$limit" "ours-$g-$arm" "$DELTAFIN" bench run --model "$MODEL" --memory-budget auto $flags \
       --prompt-tokens 16 --warmup-tokens "$WARMUP" --decode-tokens "$DECODE" --disk-gib-s "$DISK" \
-      --label "deltafin $arm ${g}GiB" --json >> "$OUT/ours.jsonl" 2>> "$OUT/ours.err" || echo "ours $g $arm failed" >&2
+      --io-replay --label "deltafin $arm ${g}GiB" --json >> "$OUT/ours.jsonl" 2>> "$OUT/ours.err" || echo "ours $g $arm failed" >&2
   done
   if [ -f "$GGUF" ]; then
     for n in 2 $((2 + LLAMA_N)); do

@@ -32,14 +32,16 @@ if "before" in disk:
 ours = [json.loads(l) for l in open(os.path.join(out, "ours.jsonl"))] if os.path.exists(os.path.join(out, "ours.jsonl")) else []
 cg = cg_lines(os.path.join(out, "ours.err"))
 print("\n## deltafin (decode, uniform routing, 1 token per pass)\n")
-print("| run | cache slots (fraction) | tok/s | I/O bound tok/s | **ratio** | hit rate (no-read hits) | MiB/token read | ideal MiB/token | **read / ideal** | read GiB/s busy | compute / I-O wait s/token | look-ahead / prev recall | peak charged MiB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| run | cache slots (fraction) | tok/s | I/O bound tok/s | **ratio** | I/O replay tok/s (ratio) | hit rate (no-read hits) | MiB/token read | ideal MiB/token | **read / ideal** | read GiB/s busy | compute / I-O wait s/token | look-ahead / prev recall | peak charged MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in ours:
     d, b, p = r["decode"], r.get("bound") or {}, r["stats"]["plan"]
     name = "ours-" + r["label"].split()[-1].replace("GiB", "") + "-" + r["label"].split()[1]
     peak = int(cg.get(name, {}).get("max_usage", 0)) / MIB
+    rep = r.get("io_replay") or {}
+    rep_s = f"{rep['tokens_per_second']:.2f} ({rep.get('ratio_to_io_bound') or float('nan'):.2f})" if rep else "-"
     print(f"| {r['label']} | {p['expert_slots']} ({100*p['cache_fraction']:.1f}%) | {d['tokens_per_second']:.3f} | "
-          f"{b.get('io_bound_tokens_per_second', float('nan')):.2f} | **{b.get('ratio_to_io_bound', float('nan')):.2f}** | "
+          f"{b.get('io_bound_tokens_per_second', float('nan')):.2f} | **{b.get('ratio_to_io_bound', float('nan')):.2f}** | {rep_s} | "
           f"{100*d['hit_rate']:.1f}% ({100*d['cached_hit_rate']:.1f}%) | {d['read_bytes']/MIB:.0f} | "
           f"{b.get('ideal_bytes_per_token', 0)/MIB:.0f} | **{b.get('bytes_over_ideal', float('nan')):.2f}** | "
           f"{d['read_gib_per_second']:.2f} | {d['compute_seconds_per_token']:.3f} / {d['io_wait_seconds_per_token']:.3f} | "
