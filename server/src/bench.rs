@@ -166,7 +166,6 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     let decode = decode_figures(&s0, &s1, io0, io1, a.decode_tokens.max(1), seconds);
     let bound = a.disk_gib_s.map(|bw| bound(&s1, &decode, bw));
     let steps = rt.experts.take_trace();
-    drop(step);
     drop((state, model, rt));
     let io_replay = if a.io_replay { Some(replay(&a, &options, &steps, bound.as_ref())?) } else { None };
     let report = Report {

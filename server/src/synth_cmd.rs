@@ -101,7 +101,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     }
     if let Some(size) = &a.size {
         let want = deltafin_engine::cache::plan::parse_size(size).map_err(anyhow::Error::msg)?;
-        if want < 1 << 20 || want > 200 << 30 {
+        if !(1 << 20..=200 << 30).contains(&want) {
             bail!("--size {size}: choose between 1M and 200G");
         }
         while s.data_bytes() < want {

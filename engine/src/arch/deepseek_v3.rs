@@ -285,7 +285,7 @@ impl Model for DeepseekV3 {
         }
         let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
         let normed = self.norm_rows(&selected, &self.norm);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.record("norm", &normed);
         }
         let mut logits = vec![0.0f32; logit_rows.len() * self.cfg.vocab_size];

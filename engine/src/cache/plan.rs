@@ -133,7 +133,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "t" | "tb" | "tib" => 1 << 40,
         other => return Err(format!("unknown size unit `{other}` in `{s}`")),
     };
-    if !(value >= 0.0) {
+    if value.is_nan() || value < 0.0 {
         return Err(format!("`{s}` is negative"));
     }
     Ok((value * mult as f64) as u64)

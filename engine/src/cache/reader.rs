@@ -473,7 +473,7 @@ mod tests {
         let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let (_d, path) = file_with(&data);
         for mode in [ReadMode::Auto, ReadMode::Buffered] {
-            let pool = ReaderPool::new(&[path.clone()], &ReaderConfig { mode, threads: 3, chunk_bytes: 4096 }).unwrap();
+            let pool = ReaderPool::new(std::slice::from_ref(&path), &ReaderConfig { mode, threads: 3, chunk_bytes: 4096 }).unwrap();
             let buf = Arc::new(AlignedBuf::new(3 * 4096 + 40_960).unwrap());
             let segs = [Segment { shard: 0, offset: 8192, len: 12288, dest: 0 }, Segment { shard: 0, offset: 0, len: 40960, dest: 12288 }];
             pool.read_now(buf.clone(), &segs).unwrap();

@@ -271,7 +271,7 @@ impl DeepseekSynth {
 
     /// Write the checkpoint (config, shards, index, tokenizer) into `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        if self.format == ExpertFormat::Int4 && (self.hidden % 32 != 0 || self.moe_intermediate % 32 != 0) {
+        if self.format == ExpertFormat::Int4 && (!self.hidden.is_multiple_of(32) || !self.moe_intermediate.is_multiple_of(32)) {
             return Err(Error::InvalidArgument { field: "synth", reason: "INT4 experts need widths divisible by 32".into() });
         }
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
