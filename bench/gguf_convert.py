@@ -40,6 +40,13 @@ def main():
     cfg = json.load(open(os.path.join(model, "tokenizer_config.json")))
     byte_chars = bytes_to_unicode()
     vocab = {byte_chars[b]: b for b in range(256)}
+    # llama.cpp refuses a BPE vocabulary without merges: add one merge ("e" + "r") whose
+    # result takes the first id that is neither a byte nor a special token. The engine never
+    # merges (its ranks are single bytes); llama-bench feeds token ids, so this is inert.
+    taken = {int(i) for i in cfg["added_tokens_decoder"]}
+    free = next(i for i in range(256, 100000) if i not in taken)
+    vocab["er"] = free
+    merges = ["e r"]
     added = [
         {"id": int(i), "content": t["content"], "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True}
@@ -52,7 +59,7 @@ def main():
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
+                  "vocab": vocab, "merges": merges},
     }
     json.dump(tokenizer, open(os.path.join(conv, "tokenizer.json"), "w"))
     json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": cfg.get("bos_token"),
