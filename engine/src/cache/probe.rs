@@ -102,8 +102,14 @@ pub struct ReadChoice {
     pub direct: bool,
 }
 
+/// Buffered reads must beat `O_DIRECT` by this factor to be chosen: they also fill the page
+/// cache, memory the budget does not account for (under a cgroup limit it is charged too and
+/// its reclaim costs CPU), so a tie on bandwidth goes to `O_DIRECT`.
+pub const BUFFERED_MARGIN: f64 = 1.25;
+
 /// Time `reads` random expert reads each way through `pool` (distinct experts, the shards'
-/// page cache dropped after the buffered round) and keep the faster mode.
+/// page cache dropped after the buffered round) and keep `O_DIRECT` unless buffered reads are
+/// clearly faster ([`BUFFERED_MARGIN`]).
 pub fn choose_read_mode(pool: &ReaderPool, paths: &[PathBuf], layouts: &[SpanLayout], reads: usize) -> Result<ReadChoice> {
     let per = reads.min(layouts.len() / 2).max(1);
     let gibs = |(b, s): (u64, f64)| if s > 0.0 { b as f64 / s / (1u64 << 30) as f64 } else { 0.0 };
@@ -112,7 +118,7 @@ pub fn choose_read_mode(pool: &ReaderPool, paths: &[PathBuf], layouts: &[SpanLay
     pool.set_direct(false);
     let buffered = gibs(timed_reads(pool, layouts, &pick(layouts.len(), per, per, 0xA070), pool.threads())?);
     evict_page_cache(paths);
-    let choice = direct >= buffered;
+    let choice = buffered < BUFFERED_MARGIN * direct;
     pool.set_direct(choice);
     Ok(ReadChoice { direct_gib_per_second: direct, buffered_gib_per_second: buffered, direct: choice })
 }
