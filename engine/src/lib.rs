@@ -3,8 +3,9 @@
 //! Exact-weights inference for mixture-of-experts language models: checkpoint indexing
 //! ([`weights`]), typed configs ([`config`]), format-decoding batch-invariant kernels
 //! ([`kernels`]), one module per architecture ([`arch`]), generation and sampling
-//! ([`generate`]) and tokenizers with chat templates ([`tokenizer`]); models larger than memory
-//! run through the out-of-core weight store ([`cache`]).
+//! ([`generate`]), tokenizers with chat templates ([`tokenizer`]) and the single engine loop
+//! that batches concurrent requests ([`scheduler`]); models larger than memory run through the
+//! out-of-core weight store ([`cache`]).
 //!
 //! Nothing in this crate reads environment variables or talks to the network.
 
@@ -14,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod kernels;
+pub mod scheduler;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

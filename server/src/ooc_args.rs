@@ -35,6 +35,11 @@ pub struct OocArgs {
 }
 
 impl OocArgs {
+    /// Whether the budget was given explicitly (not `auto`).
+    pub fn explicit(&self) -> bool {
+        self.memory_budget != "auto"
+    }
+
     /// `None` for `off`, else the options with the resolved budget.
     pub fn options(&self) -> Result<Option<OocOptions>> {
         let budget = match self.memory_budget.as_str() {

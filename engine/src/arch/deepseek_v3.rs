@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Moe, RouterConfig};
+use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, mla_caches};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source};
 use crate::config::{DeepseekV3Config, ModelSpec};
@@ -185,6 +185,8 @@ impl DeepseekV3 {
             },
             experts,
             shared,
+            latent: None,
+            combine: Combine::Ascending,
         })
     }
 
@@ -221,6 +223,7 @@ impl DeepseekV3 {
             )?,
             o: ld.linear(&format!("{p}.self_attn.o_proj"), h, heads * cfg.v_head_dim)?,
             rotary: Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave)),
+            out_gate: None,
             dims,
         };
         let ffn = if cfg.is_moe_layer(i) {
@@ -254,6 +257,12 @@ impl DeepseekV3 {
     }
 }
 
+/// Every layer of a DeepSeek-V3 state is an MLA cache.
+fn check_state(state: &SeqState, layers: usize) -> Result<()> {
+    let ok = state.layers.len() == layers && state.layers.iter().all(|l| matches!(l, LayerState::Mla(_)));
+    if ok { Ok(()) } else { Err(super::foreign_state()) }
+}
+
 impl Model for DeepseekV3 {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -266,6 +275,10 @@ impl Model for DeepseekV3 {
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
         let h = self.cfg.hidden_size;
         let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
+        for b in batch.iter_mut() {
+            check_state(b.state, self.layers.len())?;
+        }
+        begin_pass(batch);
         let n = plan.len();
         let logit_rows = plan.logit_rows(batch);
         let mut x = vec![0.0f32; n * h];
@@ -277,11 +290,8 @@ impl Model for DeepseekV3 {
             t.record("embed", &x);
         }
         if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
-            rollback(batch, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim);
+            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
             return Err(e);
-        }
-        for b in batch.iter_mut() {
-            b.state.len += b.tokens.len();
         }
         let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
         let normed = self.norm_rows(&selected, &self.norm);
@@ -294,19 +304,6 @@ impl Model for DeepseekV3 {
     }
 }
 
-/// Undo a failed pass: drop cache entries appended past each sequence's committed length.
-fn rollback(batch: &mut [SeqInput<'_>], kv_lora: usize, rope: usize) {
-    for b in batch.iter_mut() {
-        let len = b.state.len;
-        for layer in &mut b.state.layers {
-            #[allow(irrefutable_let_patterns)]
-            let LayerState::Mla(c) = layer else { continue };
-            c.latent.truncate(len * kv_lora);
-            c.k_rope.truncate(len * rope);
-        }
-    }
-}
-
 impl DeepseekV3 {
     /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
     fn run_layers(&self, batch: &mut [SeqInput<'_>], plan: &RowPlan, x: &mut [f32], mut trace: Option<&mut Trace>) -> Result<()> {
@@ -314,12 +311,7 @@ impl DeepseekV3 {
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
-            let mut caches: Vec<&mut MlaCache> = batch
-                .iter_mut()
-                .map(|b| match &mut b.state.layers[l] {
-                    LayerState::Mla(c) => c,
-                })
-                .collect();
+            let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
             let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
             let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);

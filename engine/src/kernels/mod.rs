@@ -16,10 +16,13 @@
 //! and the multi-row kernel all produce bit-identical results: row `i` of a multi-row call equals
 //! the single-row call, on any thread count.
 
+pub mod bench;
+pub mod cpu;
 pub mod format;
 pub mod ops;
 pub mod reference;
 
+pub use cpu::{Isa, matmul_with};
 pub use format::{Format, Matrix, ScaleDtype};
 
 /// Lanes of the canonical accumulator.
@@ -28,7 +31,8 @@ pub const LANES: usize = 16;
 /// `y[i * m.rows + r] = dot(W[r, :], x[i * m.cols ..][.. m.cols])` for `i < n`.
 ///
 /// `x` holds `n` rows of `m.cols` f32 values and `y` receives `n` rows of `m.rows` values.
-/// Reads each weight once for all `n` rows. Bit-identical to [`reference::matmul`].
+/// Reads each weight once for all `n` rows. Bit-identical to [`reference::matmul`]. Runs the
+/// best detected ISA ([`Isa::detected`]) over the current rayon pool; see [`cpu::matmul_with`].
 pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    reference::matmul(m, x, n, y)
+    cpu::matmul(m, x, n, y)
 }

@@ -1,0 +1,343 @@
+//! The loop structure shared by every CPU kernel, written once against the [`Simd`] trait that
+//! each ISA file implements (a 16-lane canonical accumulator plus the per-format chunk decoders).
+//!
+//! * `n == 1`: a fused decode + dot over [`Simd::TILE_ROWS`] weight rows at once (independent
+//!   accumulator chains for ILP), streaming each weight byte exactly once.
+//! * `n >= 2`: per group of weight rows and per k-block of [`KB_CHUNKS`] chunks, the rows are
+//!   decoded once into an L1-resident f32 panel, then register tiles of
+//!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
+//!   small buffer between k-blocks.
+//!
+//! Both paths perform, for every `(weight row, input row)` pair, exactly the canonical sequence
+//! `acc[k % 16] = acc[k % 16] + w[k] * x[k]` in increasing `k` followed by the fixed reduction
+//! tree, so the result never depends on `n`, tiling or threads. Zero-padded tail lanes add `+0.0`,
+//! which never changes an accumulator (an accumulator that starts at `+0.0` can never be `-0.0`).
+
+use std::array::from_fn;
+use std::cell::RefCell;
+
+use super::plan::{Kind, Plan};
+use crate::kernels::LANES;
+
+/// Canonical chunks per k-block of the multi-row path (512 columns: 4 rows x 2 KiB in L1).
+pub(crate) const KB_CHUNKS: usize = 32;
+
+/// 16 f32 values, 64-byte aligned: one canonical chunk of an input row, a decoded weight row or
+/// a saved accumulator.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+pub(crate) struct Chunk(pub [f32; LANES]);
+
+/// The operations an ISA provides. `V` holds 16 canonical lanes (one zmm, two ymm, four NEON
+/// registers, or an array). `add`/`mul` round each result to f32 (never fused).
+pub(crate) trait Simd: Copy {
+    type V: Copy;
+    /// Weight rows per register tile (and per fused n = 1 step).
+    const TILE_ROWS: usize;
+    /// Input rows per register tile of the multi-row path.
+    const TILE_XS: usize;
+
+    fn zero(self) -> Self::V;
+    fn splat(self, v: f32) -> Self::V;
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    fn load(self, c: &Chunk) -> Self::V;
+    fn store(self, c: &mut Chunk, v: Self::V);
+    /// `v` with lanes `len..16` set to `+0.0`.
+    fn keep_first(self, v: Self::V, len: usize) -> Self::V;
+    /// The fixed tree `acc[l] += acc[l + s]`, `s = 8, 4, 2, 1`; returns lane 0.
+    fn reduce(self, v: Self::V) -> f32;
+
+    /// 16 little-endian f32 from the first 64 bytes of `b`.
+    fn dec_f32(self, b: &[u8]) -> Self::V;
+    /// 16 bf16 from the first 32 bytes of `b`.
+    fn dec_bf16(self, b: &[u8]) -> Self::V;
+    /// 16 E4M3 bytes: `(e4m3 / 256) * s256`; codes `0x7F`/`0xFF` give `f32::NAN`.
+    fn dec_fp8(self, b: &[u8], s256: Self::V) -> Self::V;
+    /// 16 INT4 nibbles (8 bytes, low nibble first): `(u - 8) * s`.
+    fn dec_int4(self, b: &[u8], s: Self::V) -> Self::V;
+    /// 16 E2M1 nibbles (8 bytes, low nibble first): `e2m1 * s`.
+    fn dec_mxfp4(self, b: &[u8], s: Self::V) -> Self::V;
+}
+
+/// A stored element format: bytes per canonical chunk and its chunk decoder.
+pub(crate) trait Elem {
+    const BYTES: usize;
+    fn decode<S: Simd>(s: S, b: &[u8], scale: S::V) -> S::V;
+}
+
+macro_rules! elem {
+    ($name:ident, $bytes:expr, |$s:ident, $b:ident, $sc:ident| $body:expr) => {
+        #[derive(Debug)]
+        pub(crate) struct $name;
+        impl Elem for $name {
+            const BYTES: usize = $bytes;
+            #[inline(always)]
+            #[allow(unused_variables)]
+            fn decode<S: Simd>($s: S, $b: &[u8], $sc: S::V) -> S::V {
+                $body
+            }
+        }
+    };
+}
+elem!(F32E, 64, |s, b, sc| s.dec_f32(b));
+elem!(Bf16E, 32, |s, b, sc| s.dec_bf16(b));
+elem!(Fp8E, 16, |s, b, sc| s.dec_fp8(b, sc));
+elem!(Int4E, 8, |s, b, sc| s.dec_int4(b, sc));
+elem!(Mxfp4E, 8, |s, b, sc| s.dec_mxfp4(b, sc));
+
+/// Where a task's results go: `out[i][r - r0]` is `y[i, r]`.
+pub(crate) type Outs<'o, 'y> = &'o mut [&'y mut [f32]];
+
+/// The task interface every ISA entry point forwards to: rows `r0..r1` of `p` against the
+/// padded inputs `x` (`n` rows of `ceil(cols / 16)` chunks).
+#[inline(always)]
+pub(crate) fn run_rows<S: Simd>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
+    match p.kind {
+        Kind::F32 => rows_elem::<S, F32E>(s, p, x, n, r0, r1, out),
+        Kind::Bf16 => rows_elem::<S, Bf16E>(s, p, x, n, r0, r1, out),
+        Kind::Fp8 => rows_elem::<S, Fp8E>(s, p, x, n, r0, r1, out),
+        Kind::Int4 => rows_elem::<S, Int4E>(s, p, x, n, r0, r1, out),
+        Kind::Mxfp4 => rows_elem::<S, Mxfp4E>(s, p, x, n, r0, r1, out),
+        Kind::Generic => panel_rows(s, p, x, n, r0, r1, out, decode_generic),
+    }
+}
+
+#[inline(always)]
+fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
+    if n == 1 {
+        let out = &mut *out[0];
+        let mut r = r0;
+        while r + S::TILE_ROWS <= r1 {
+            if S::TILE_ROWS == 4 {
+                fused::<S, E, 4>(s, p, r, x, &mut out[r - r0..r - r0 + 4]);
+            } else {
+                fused::<S, E, 2>(s, p, r, x, &mut out[r - r0..r - r0 + 2]);
+            }
+            r += S::TILE_ROWS;
+        }
+        for r in r..r1 {
+            fused::<S, E, 1>(s, p, r, x, &mut out[r - r0..r - r0 + 1]);
+        }
+    } else {
+        panel_rows(s, p, x, n, r0, r1, out, decode_elem::<S, E>);
+    }
+}
+
+/// Fused n = 1 dot of rows `r0..r0 + R` against the single input row `x`.
+#[inline(always)]
+fn fused<S: Simd, E: Elem, const R: usize>(s: S, p: &Plan, r0: usize, x: &[Chunk], out: &mut [f32]) {
+    let cols = p.m.cols;
+    let (full, tail) = (cols / LANES, cols % LANES);
+    let rows: [&[u8]; R] = from_fn(|j| p.row_bytes(r0 + j, E::BYTES));
+    let x = &x[..cols.div_ceil(LANES)];
+    let mut acc = [s.zero(); R];
+    let mut c0 = 0;
+    let mut seg = 0;
+    while c0 < full {
+        let c1 = (c0 + p.seg_chunks).min(full);
+        let sc: [S::V; R] = from_fn(|j| s.splat(p.scale(r0 + j, seg)));
+        for c in c0..c1 {
+            let xv = s.load(&x[c]);
+            for j in 0..R {
+                let w = E::decode(s, &rows[j][c * E::BYTES..(c + 1) * E::BYTES], sc[j]);
+                acc[j] = s.add(acc[j], s.mul(w, xv));
+            }
+        }
+        c0 = c1;
+        seg += 1;
+    }
+    if tail > 0 {
+        let seg = full / p.seg_chunks;
+        let xv = s.load(&x[full]);
+        for j in 0..R {
+            let w = decode_tail::<S, E>(s, rows[j], full, tail, s.splat(p.scale(r0 + j, seg)));
+            acc[j] = s.add(acc[j], s.mul(w, xv));
+        }
+    }
+    for j in 0..R {
+        out[j] = s.reduce(acc[j]);
+    }
+}
+
+/// Decode the partial chunk `c` (`len < 16` valid columns) of a row, zero-padded.
+#[inline(always)]
+fn decode_tail<S: Simd, E: Elem>(s: S, row: &[u8], c: usize, len: usize, scale: S::V) -> S::V {
+    let mut buf = [0u8; 64];
+    let start = c * E::BYTES;
+    let nb = row.len() - start;
+    buf[..nb].copy_from_slice(&row[start..]);
+    s.keep_first(E::decode(s, &buf, scale), len)
+}
+
+/// Decode chunks `c0..c0 + out.len()` of row `r` into `out` (the panel of the multi-row path).
+#[inline(always)]
+fn decode_elem<S: Simd, E: Elem>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+    let cols = p.m.cols;
+    let (full, tail) = (cols / LANES, cols % LANES);
+    let row = p.row_bytes(r, E::BYTES);
+    let mut c = c0;
+    let end = c0 + out.len();
+    while c < end {
+        let seg = c / p.seg_chunks;
+        let seg_end = ((seg + 1) * p.seg_chunks).min(end);
+        let sc = s.splat(p.scale(r, seg));
+        for c in c..seg_end.min(full) {
+            let w = E::decode(s, &row[c * E::BYTES..(c + 1) * E::BYTES], sc);
+            s.store(&mut out[c - c0], w);
+        }
+        if tail > 0 && seg_end > full {
+            s.store(&mut out[full - c0], decode_tail::<S, E>(s, row, full, tail, sc));
+        }
+        c = seg_end;
+    }
+}
+
+/// The generic fallback's panel decoder: the whole row through the scalar reference.
+fn decode_generic<S: Simd>(_s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+    let cols = p.m.cols;
+    let mut row = vec![0.0f32; cols];
+    p.decode_generic(r, &mut row);
+    for (o, src) in out.iter_mut().zip(row[c0 * LANES..].chunks(LANES)) {
+        o.0 = [0.0; LANES];
+        o.0[..src.len()].copy_from_slice(src);
+    }
+}
+
+thread_local! {
+    /// Per-thread (panel, accumulators) scratch of the multi-row path.
+    static SCRATCH: RefCell<(Vec<Chunk>, Vec<Chunk>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Multi-row path over rows `r0..r1`. `decode(s, p, r, c0, out)` fills `out` with chunks
+/// `c0..c0 + out.len()` of weight row `r`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn panel_rows<S: Simd>(
+    s: S,
+    p: &Plan,
+    x: &[Chunk],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    out: Outs,
+    decode: impl Fn(S, &Plan, usize, usize, &mut [Chunk]) + Copy,
+) {
+    let cpr = p.m.cols.div_ceil(LANES);
+    let kb = if p.kind == Kind::Generic {
+        cpr
+    } else {
+        KB_CHUNKS.min(cpr)
+    };
+    SCRATCH.with_borrow_mut(|(panel, accs)| {
+        panel.clear();
+        panel.resize(S::TILE_ROWS * kb, Chunk::default());
+        let mut r = r0;
+        while r < r1 {
+            let rr = if r + S::TILE_ROWS <= r1 { S::TILE_ROWS } else { 1 };
+            accs.clear();
+            accs.resize(rr * n, Chunk::default());
+            let mut c0 = 0;
+            while c0 < cpr {
+                let kc = kb.min(cpr - c0);
+                for j in 0..rr {
+                    decode(s, p, r + j, c0, &mut panel[j * kb..j * kb + kc]);
+                }
+                let blk = Block {
+                    w: panel,
+                    stride: kb,
+                    x,
+                    cpr,
+                    c0,
+                    kc,
+                    n,
+                };
+                sweep_xs(s, rr, &blk, accs);
+                c0 += kc;
+            }
+            for j in 0..rr {
+                for (i, o) in out.iter_mut().enumerate() {
+                    o[r + j - r0] = s.reduce(s.load(&accs[j * n + i]));
+                }
+            }
+            r += rr;
+        }
+    });
+}
+
+/// One k-block of the multi-row path: a decoded panel and the input rows it meets.
+struct Block<'a> {
+    /// `rows x stride` decoded chunks (`kc` used per row).
+    w: &'a [Chunk],
+    stride: usize,
+    /// All `n` padded input rows (`cpr` chunks each).
+    x: &'a [Chunk],
+    cpr: usize,
+    /// First chunk of the block and its length.
+    c0: usize,
+    kc: usize,
+    n: usize,
+}
+
+/// All input rows against the panel's `rr` weight rows, in register tiles.
+#[inline(always)]
+fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, accs: &mut [Chunk]) {
+    let mut i = 0;
+    while i < b.n {
+        let nt = (b.n - i).min(S::TILE_XS);
+        i += match (rr, nt) {
+            (4, 4..) => tile::<S, 4, 4>(s, b, i, accs),
+            (4, 3) => tile::<S, 4, 3>(s, b, i, accs),
+            (4, 2) => tile::<S, 4, 2>(s, b, i, accs),
+            (4, _) => tile::<S, 4, 1>(s, b, i, accs),
+            (2, 2..) => tile::<S, 2, 2>(s, b, i, accs),
+            (2, _) => tile::<S, 2, 1>(s, b, i, accs),
+            (_, 4..) => tile::<S, 1, 4>(s, b, i, accs),
+            (_, 3) => tile::<S, 1, 3>(s, b, i, accs),
+            (_, 2) => tile::<S, 1, 2>(s, b, i, accs),
+            (_, _) => tile::<S, 1, 1>(s, b, i, accs),
+        };
+    }
+}
+
+/// Register tile: weight rows `0..R` of the panel x input rows `i0..i0 + N` over the block.
+/// Returns `N` (the input rows consumed).
+#[inline(always)]
+fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, accs: &mut [Chunk]) -> usize {
+    let n = b.n;
+    let w: [&[Chunk]; R] = from_fn(|j| &b.w[j * b.stride..j * b.stride + b.kc]);
+    let x: [&[Chunk]; N] = from_fn(|i| {
+        let start = (i0 + i) * b.cpr + b.c0;
+        &b.x[start..start + b.kc]
+    });
+    let mut acc: [[S::V; N]; R] = from_fn(|j| from_fn(|i| s.load(&accs[j * n + i0 + i])));
+    for c in 0..b.kc {
+        let wv: [S::V; R] = from_fn(|j| s.load(&w[j][c]));
+        for i in 0..N {
+            let xv = s.load(&x[i][c]);
+            for j in 0..R {
+                acc[j][i] = s.add(acc[j][i], s.mul(wv[j], xv));
+            }
+        }
+    }
+    for j in 0..R {
+        for i in 0..N {
+            s.store(&mut accs[j * n + i0 + i], acc[j][i]);
+        }
+    }
+    N
+}
+
+/// Sum of `data` read as f32 through the ISA's widest loads (the bandwidth probe's inner loop).
+#[inline(always)]
+pub(crate) fn read_sum<S: Simd>(s: S, data: &[u8]) -> f32 {
+    let mut acc = [s.zero(); 4];
+    let mut it = data.chunks_exact(256);
+    for blk in &mut it {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = s.add(*a, s.dec_f32(&blk[64 * j..64 * j + 64]));
+        }
+    }
+    let v = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
+    s.reduce(v)
+}

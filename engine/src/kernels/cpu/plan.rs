@@ -1,0 +1,156 @@
+//! Per-call classification of a [`Matrix`] for the optimised kernels: which chunk decoder runs
+//! (or the generic decode-a-row fallback), how the per-row scale changes along a row ("scale
+//! segments"), and the byte slice of each weight row.
+//!
+//! Invariant: a fast [`Kind`] is chosen only when every 16-column canonical chunk lies inside one
+//! scale segment and the SIMD decode rule reproduces the reference element value bit for bit;
+//! anything else (odd group sizes, FP8 scales so large that `256 * s` would overflow) is
+//! [`Kind::Generic`], which decodes rows with [`reference::decode_row`].
+
+use crate::kernels::LANES;
+use crate::kernels::format::{Format, Matrix, ScaleDtype, e8m0_to_f32};
+use crate::kernels::reference;
+
+/// Which decoder a plan uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    F32,
+    Bf16,
+    Fp8,
+    Int4,
+    Mxfp4,
+    /// Rows are decoded by the scalar reference into f32 first.
+    Generic,
+}
+
+/// How the scale of segment `seg` of row `r` is found.
+#[derive(Debug, Clone, Copy)]
+enum ScaleRule {
+    /// Unscaled formats: the scale operand is unused.
+    One,
+    /// f32 block scales, pre-multiplied by 256 (the FP8 decoders produce `e4m3 / 256`).
+    Fp8 { block_rows: usize, scale_cols: usize },
+    /// One scale per `group` columns of each row.
+    Int4 { per_row: usize, dtype: ScaleDtype },
+    /// One E8M0 byte per `group` columns of each row.
+    Mxfp4 { per_row: usize },
+}
+
+/// A matrix prepared for the optimised kernels (cheap to build; borrowed per call).
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    pub m: &'a Matrix,
+    pub kind: Kind,
+    data: &'a [u8],
+    scales: &'a [u8],
+    /// Canonical chunks per scale segment (a whole padded row for unscaled formats).
+    pub seg_chunks: usize,
+    rule: ScaleRule,
+}
+
+/// `2^119`: FP8 scales at or above this magnitude would overflow when pre-multiplied by 256.
+const FP8_PRESCALE_LIMIT: f32 = 6.646_139_978_924_579e35;
+
+impl<'a> Plan<'a> {
+    /// Classify `m`.
+    pub fn new(m: &'a Matrix) -> Plan<'a> {
+        let data = &m.data[..];
+        let scales = m.scales.as_deref().unwrap_or(&[]);
+        let whole_row = m.cols.div_ceil(LANES).max(1);
+        let (kind, seg_cols, rule) = match m.format {
+            Format::F32 => (Kind::F32, whole_row * LANES, ScaleRule::One),
+            Format::Bf16 => (Kind::Bf16, whole_row * LANES, ScaleRule::One),
+            Format::Fp8Block {
+                block_rows,
+                block_cols,
+            } => {
+                let ok = block_cols % LANES == 0 && fp8_scales_prescalable(scales);
+                let rule = ScaleRule::Fp8 {
+                    block_rows,
+                    scale_cols: m.cols.div_ceil(block_cols),
+                };
+                (if ok { Kind::Fp8 } else { Kind::Generic }, block_cols, rule)
+            }
+            Format::Int4Group { group, scale } => {
+                let rule = ScaleRule::Int4 {
+                    per_row: m.cols / group,
+                    dtype: scale,
+                };
+                (
+                    if group % LANES == 0 {
+                        Kind::Int4
+                    } else {
+                        Kind::Generic
+                    },
+                    group,
+                    rule,
+                )
+            }
+            Format::Mxfp4 { group } => {
+                let rule = ScaleRule::Mxfp4 {
+                    per_row: m.cols / group,
+                };
+                (
+                    if group % LANES == 0 {
+                        Kind::Mxfp4
+                    } else {
+                        Kind::Generic
+                    },
+                    group,
+                    rule,
+                )
+            }
+        };
+        let seg_chunks = if kind == Kind::Generic {
+            whole_row
+        } else {
+            seg_cols / LANES
+        };
+        Plan {
+            m,
+            kind,
+            data,
+            scales,
+            seg_chunks,
+            rule,
+        }
+    }
+
+    /// The stored bytes of weight row `r` (`bytes_per_chunk` bytes per 16 elements).
+    #[inline(always)]
+    pub fn row_bytes(&self, r: usize, bytes_per_chunk: usize) -> &'a [u8] {
+        let len = self.m.cols * bytes_per_chunk / LANES;
+        &self.data[r * len..(r + 1) * len]
+    }
+
+    /// The scale operand of segment `seg` (columns `seg * seg_chunks * 16 ..`) of row `r`.
+    #[inline(always)]
+    pub fn scale(&self, r: usize, seg: usize) -> f32 {
+        match self.rule {
+            ScaleRule::One => 1.0,
+            ScaleRule::Fp8 {
+                block_rows,
+                scale_cols,
+            } => {
+                let i = 4 * ((r / block_rows) * scale_cols + seg);
+                let b = &self.scales[i..i + 4];
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * 256.0
+            }
+            ScaleRule::Int4 { per_row, dtype } => dtype.get(self.scales, r * per_row + seg),
+            ScaleRule::Mxfp4 { per_row } => e8m0_to_f32(self.scales[r * per_row + seg]),
+        }
+    }
+
+    /// Decode row `r` with the reference rule (the [`Kind::Generic`] path).
+    pub fn decode_generic(&self, r: usize, out: &mut [f32]) {
+        reference::decode_row(self.m, r, out);
+    }
+}
+
+/// True when `256 * s` is exact for every f32 scale in `bytes` (no finite scale overflows).
+fn fp8_scales_prescalable(bytes: &[u8]) -> bool {
+    bytes.chunks_exact(4).all(|b| {
+        let s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        !s.is_finite() || s.abs() < FP8_PRESCALE_LIMIT
+    })
+}

@@ -1,0 +1,303 @@
+//! The single engine loop: one thread owns the model; callers submit validated requests through
+//! a [`SchedulerHandle`] and receive [`Event`]s through an [`EventSink`].
+//!
+//! * **Continuous batching.** Every step runs one batched pass over all running sequences:
+//!   decoding ones contribute their pending token, prefilling ones a chunk of their prompt
+//!   ([`plan`]). Requests join and leave between steps. The kernels are batch-invariant, so each
+//!   request's tokens are exactly those it would get alone.
+//! * **Bounded admission.** At most `max_batch` run and `max_queue` wait; beyond that
+//!   [`SchedulerHandle::submit`] fails at once with [`SubmitError::Busy`] (the caller's 429).
+//! * **Cancellation.** A sink whose receiver is gone ([`EventSink::is_closed`], or a failed
+//!   send) is dropped before the next step: a disconnected client costs at most one more step.
+//! * **State reuse.** Finished sequences commit their state to a small LRU ([`reuse`]); a new
+//!   prompt sharing a prefix with a committed one starts from it instead of re-running prefill.
+//!
+//! Token selection is `Sampling::pick(logits, position)`, exactly as in
+//! [`crate::generate::generate`], so the server, `deltafin run` and every batch composition agree.
+
+mod plan;
+mod reuse;
+mod stats;
+mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use stats::{ExpertIoStats, ExpertSource, SchedulerStats, StatsSnapshot};
+
+use crate::arch::Model;
+use crate::error::Error;
+pub use crate::generate::FinishReason;
+use crate::generate::Sampling;
+
+/// A validated generation request, in token ids.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    /// Prompt ids (non-empty, within the context limit, inside the vocabulary).
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens (>= 1); the context limit may end generation earlier.
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Ids that end generation (included in the output, like [`crate::generate::generate`]).
+    pub stop_ids: Vec<u32>,
+    /// Whether the request may start from (and commit to) the state-reuse cache.
+    pub reuse_state: bool,
+}
+
+/// How a finished request went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// `Stop` (a stop id) or `Length` (max tokens or context limit).
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Prompt tokens taken from a reused state instead of being computed.
+    pub cached_tokens: usize,
+}
+
+/// What a request's sink receives, in order: `Started` (when it joins the batch), `Token`*,
+/// then exactly one `Done` or `Failed` (a request failed or shut down while queued gets only
+/// `Failed`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The request left the queue; `cached_tokens` prompt tokens come from a reused state.
+    Started {
+        cached_tokens: usize,
+    },
+    Token(u32),
+    Done(Completion),
+    /// The pass failed or the engine is shutting down. `kind` is a stable label.
+    Failed {
+        kind: &'static str,
+        message: String,
+    },
+}
+
+/// Where a request's events go. Implemented by the server over its async channels.
+pub trait EventSink: Send + 'static {
+    /// Deliver an event; `false` means the receiver is gone (the request is cancelled).
+    fn send(&self, event: Event) -> bool;
+    /// Whether the receiver is gone.
+    fn is_closed(&self) -> bool;
+}
+
+impl EventSink for mpsc::Sender<Event> {
+    fn send(&self, event: Event) -> bool {
+        mpsc::Sender::send(self, event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+/// Settings of the engine loop.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Sequences per batched pass.
+    pub max_batch: usize,
+    /// Accepted requests that may wait for a batch slot.
+    pub max_queue: usize,
+    /// Prompt tokens per pass, shared by all prefilling sequences.
+    pub prefill_chunk: usize,
+    /// Context limit (capped by the model's); `None` = the model's.
+    pub context_limit: Option<usize>,
+    /// Committed states kept for reuse (0 disables reuse).
+    pub state_cache_entries: usize,
+    /// Bytes the kept states may hold.
+    pub state_cache_bytes: usize,
+    /// Shortest shared prefix worth reusing.
+    pub min_reuse_tokens: usize,
+    /// Sleep after every pass (testing and demonstrations only: simulates a slow model).
+    pub step_delay: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch: 8,
+            max_queue: 32,
+            prefill_chunk: 256,
+            context_limit: None,
+            state_cache_entries: 4,
+            state_cache_bytes: 1 << 30,
+            min_reuse_tokens: 16,
+            step_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Every batch slot and queue slot is taken.
+    #[error("the server is busy: {in_flight} requests in flight (capacity {capacity}); retry later")]
+    Busy { in_flight: u64, capacity: u64 },
+    /// The engine loop is gone.
+    #[error("the engine is not running")]
+    Stopped,
+    /// The request breaks a limit (context, vocabulary, empty prompt).
+    #[error(transparent)]
+    Invalid(#[from] Error),
+}
+
+impl SubmitError {
+    /// A stable label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SubmitError::Busy { .. } => "busy",
+            SubmitError::Stopped => "stopped",
+            SubmitError::Invalid(e) => e.kind(),
+        }
+    }
+}
+
+/// Counts a request as in flight until dropped (queued, running, or finished).
+#[derive(Debug)]
+struct Slot(Arc<SchedulerStats>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct Job {
+    req: GenRequest,
+    sink: Box<dyn EventSink>,
+    _slot: Slot,
+}
+
+enum Command {
+    Submit(Job),
+    CancelAll,
+}
+
+/// The callers' side of the engine loop. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    tx: mpsc::Sender<Command>,
+    stats: Arc<SchedulerStats>,
+    capacity: u64,
+    context_limit: usize,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Submit(_) => "Submit",
+            Command::CancelAll => "CancelAll",
+        })
+    }
+}
+
+impl SchedulerHandle {
+    /// Queue `req`; its events go to `sink`. Fails at once when full or invalid.
+    pub fn submit(&self, req: GenRequest, sink: Box<dyn EventSink>) -> Result<(), SubmitError> {
+        self.check(&req)?;
+        let taken = self
+            .stats
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        if let Err(in_flight) = taken {
+            return Err(SubmitError::Busy {
+                in_flight,
+                capacity: self.capacity,
+            });
+        }
+        let job = Job {
+            req,
+            sink,
+            _slot: Slot(self.stats.clone()),
+        };
+        self.tx
+            .send(Command::Submit(job))
+            .map_err(|_| SubmitError::Stopped)
+    }
+
+    fn check(&self, req: &GenRequest) -> Result<(), Error> {
+        if req.prompt.is_empty() {
+            return Err(Error::InvalidArgument {
+                field: "prompt",
+                reason: "must contain at least one token".into(),
+            });
+        }
+        if req.max_new_tokens == 0 {
+            return Err(Error::InvalidArgument {
+                field: "max_tokens",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if req.prompt.len() > self.context_limit {
+            return Err(Error::ContextOverflow {
+                needed: req.prompt.len(),
+                limit: self.context_limit,
+            });
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(Error::InvalidArgument {
+                field: "prompt",
+                reason: format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    self.vocab_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fail every queued and running request (shutdown past its deadline).
+    pub fn cancel_all(&self) {
+        let _ = self.tx.send(Command::CancelAll);
+    }
+
+    /// The loop's live counters.
+    pub fn stats(&self) -> &Arc<SchedulerStats> {
+        &self.stats
+    }
+
+    /// Longest sequence (prompt + generated) a request may reach.
+    pub fn context_limit(&self) -> usize {
+        self.context_limit
+    }
+
+    /// Requests that may be in flight at once (batch + queue).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+}
+
+/// Start the engine loop on its own thread. It ends when every handle is dropped and its work
+/// is done.
+pub fn start(
+    model: Box<dyn Model>,
+    cfg: SchedulerConfig,
+) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(SchedulerStats::default());
+    let info = model.info();
+    let context_limit = cfg
+        .context_limit
+        .map_or(info.max_context, |l| l.min(info.max_context))
+        .max(1);
+    let handle = SchedulerHandle {
+        tx,
+        stats: stats.clone(),
+        capacity: (cfg.max_batch.max(1) + cfg.max_queue) as u64,
+        context_limit,
+        vocab_size: info.vocab_size,
+    };
+    let worker = worker::Worker::new(model, cfg, rx, stats, context_limit);
+    let thread = std::thread::Builder::new()
+        .name("deltafin-engine".into())
+        .spawn(move || worker.run())?;
+    Ok((handle, thread))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+//! Conversation state reuse: a small LRU of committed sequence states keyed by the token ids
+//! they hold. A new prompt reuses the entry sharing its longest common prefix (rolled back to
+//! that prefix, and always leaving at least one prompt token to run so the pass yields logits).
+//! A state's rows depend only on the tokens before them, so a reused prefix is bit-identical to
+//! recomputing it: output never changes, only prefill work.
+//!
+//! Pure bookkeeping, generic over the state type so it is tested without a model.
+
+use std::collections::VecDeque;
+
+use crate::generate::SeqState;
+
+/// What the cache needs from a state.
+pub(crate) trait Reusable: Clone {
+    /// Roll back to the first `len` positions.
+    fn truncate(&mut self, len: usize);
+    /// Bytes held (for the byte budget).
+    fn bytes(&self) -> usize;
+}
+
+impl Reusable for SeqState {
+    fn truncate(&mut self, len: usize) {
+        SeqState::truncate(self, len)
+    }
+    fn bytes(&self) -> usize {
+        self.cache_bytes()
+    }
+}
+
+#[derive(Debug)]
+struct Entry<S> {
+    ids: Vec<u32>,
+    state: S,
+}
+
+/// LRU of committed states (front = most recently used).
+#[derive(Debug)]
+pub(crate) struct StateCache<S> {
+    entries: VecDeque<Entry<S>>,
+    max_entries: usize,
+    max_bytes: usize,
+    /// Shortest prefix worth reusing.
+    min_prefix: usize,
+}
+
+/// A reused state: `state` holds the first `len` prompt tokens.
+#[derive(Debug)]
+pub(crate) struct Reused<S> {
+    pub state: S,
+    pub len: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl<S: Reusable> StateCache<S> {
+    pub(crate) fn new(max_entries: usize, max_bytes: usize, min_prefix: usize) -> Self {
+        StateCache {
+            entries: VecDeque::new(),
+            max_entries,
+            max_bytes,
+            min_prefix: min_prefix.max(1),
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The best reusable state for `prompt` (a copy, rolled back to the shared prefix), or
+    /// `None` when no entry shares at least `min_prefix` tokens. The entry stays cached.
+    pub(crate) fn lookup(&mut self, prompt: &[u32]) -> Option<Reused<S>> {
+        let (best, lcp) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(&e.ids, prompt)))
+            .max_by_key(|&(i, lcp)| (lcp, std::cmp::Reverse(i)))?;
+        // Keep one prompt token to run: its pass produces the first logits.
+        let len = lcp.min(prompt.len().saturating_sub(1));
+        if len < self.min_prefix {
+            return None;
+        }
+        let entry = self.entries.remove(best)?;
+        let mut state = entry.state.clone();
+        state.truncate(len);
+        self.entries.push_front(entry);
+        Some(Reused { state, len })
+    }
+
+    /// Commit `state`, which holds exactly `ids`. Entries that are prefixes of `ids` are
+    /// superseded; the least recently used entries are evicted to fit the budgets.
+    pub(crate) fn insert(&mut self, ids: Vec<u32>, state: S) {
+        if self.max_entries == 0 || ids.len() < self.min_prefix || state.bytes() > self.max_bytes {
+            return;
+        }
+        self.entries.retain(|e| !ids.starts_with(&e.ids));
+        self.entries.push_front(Entry { ids, state });
+        while self.entries.len() > self.max_entries || self.bytes() > self.max_bytes {
+            self.entries.pop_back();
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.state.bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in state: the ids it holds.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Ids(Vec<u32>);
+
+    impl Reusable for Ids {
+        fn truncate(&mut self, len: usize) {
+            self.0.truncate(len)
+        }
+        fn bytes(&self) -> usize {
+            self.0.len() * 4
+        }
+    }
+
+    fn commit(c: &mut StateCache<Ids>, ids: &[u32]) {
+        c.insert(ids.to_vec(), Ids(ids.to_vec()));
+    }
+
+    #[test]
+    fn an_extension_reuses_the_whole_committed_prefix() {
+        let mut c = StateCache::new(4, 1 << 20, 2);
+        commit(&mut c, &[1, 2, 3, 4]);
+        let r = c.lookup(&[1, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!((r.len, r.state), (4, Ids(vec![1, 2, 3, 4])));
+    }
+
+    #[test]
+    fn a_divergent_prompt_rolls_back_to_the_common_prefix() {
+        let mut c = StateCache::new(4, 1 << 20, 2);
+        commit(&mut c, &[1, 2, 3, 4]);
+        let r = c.lookup(&[1, 2, 9]).unwrap();
+        assert_eq!((r.len, r.state), (2, Ids(vec![1, 2])));
+        // The entry itself is untouched.
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 0]).unwrap().len, 4);
+    }
+
+    #[test]
+    fn an_identical_prompt_leaves_one_token_to_run() {
+        let mut c = StateCache::new(4, 1 << 20, 1);
+        commit(&mut c, &[1, 2, 3]);
+        assert_eq!(c.lookup(&[1, 2, 3]).unwrap().len, 2);
+        assert!(c.lookup(&[1]).is_none());
+    }
+
+    #[test]
+    fn short_or_missing_prefixes_miss() {
+        let mut c = StateCache::new(4, 1 << 20, 3);
+        assert!(c.lookup(&[1, 2, 3]).is_none());
+        commit(&mut c, &[1, 2, 3, 4]);
+        assert!(c.lookup(&[1, 2, 7, 7]).is_none());
+        assert!(c.lookup(&[5, 2, 3, 4, 5]).is_none());
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_extensions_supersede() {
+        let mut c = StateCache::new(4, 1 << 20, 1);
+        commit(&mut c, &[1, 2]);
+        commit(&mut c, &[1, 2, 3, 4]);
+        assert_eq!(c.len(), 1, "the shorter prefix is superseded");
+        commit(&mut c, &[1, 5, 6]);
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 8]).unwrap().len, 4);
+        assert_eq!(c.lookup(&[1, 5, 6, 8]).unwrap().len, 3);
+    }
+
+    #[test]
+    fn lru_and_byte_budgets_evict_the_oldest() {
+        let mut c = StateCache::new(2, 1 << 20, 1);
+        commit(&mut c, &[1, 1]);
+        commit(&mut c, &[2, 2]);
+        assert!(c.lookup(&[1, 1, 0]).is_some()); // touch [1, 1]
+        commit(&mut c, &[3, 3]);
+        assert!(
+            c.lookup(&[2, 2, 0]).is_none(),
+            "least recently used entry evicted"
+        );
+        assert!(c.lookup(&[1, 1, 0]).is_some());
+        let mut c = StateCache::new(8, 16, 1);
+        commit(&mut c, &[1, 1, 1]);
+        commit(&mut c, &[2, 2, 2]);
+        assert_eq!(c.len(), 1);
+        commit(&mut c, &[9; 5]);
+        assert_eq!(c.len(), 1, "a state over the byte budget is not kept");
+        let mut c = StateCache::new(0, 1 << 20, 1);
+        commit(&mut c, &[1, 2]);
+        assert_eq!(c.len(), 0, "zero entries disables reuse");
+    }
+}

@@ -1,0 +1,138 @@
+//! Live counters of the engine loop, shared with whoever exports metrics. Plain atomics: the
+//! loop writes, readers take snapshots; nothing here blocks the loop.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters and gauges of one scheduler.
+#[derive(Debug, Default)]
+pub struct SchedulerStats {
+    /// Requests accepted and not yet finished (queued + running).
+    pub(crate) in_flight: AtomicU64,
+    /// Requests in the running batch.
+    pub(crate) running: AtomicU64,
+    /// Batched passes run.
+    pub(crate) steps: AtomicU64,
+    /// Rows (tokens) computed over all passes.
+    pub(crate) rows: AtomicU64,
+    /// Tokens sampled.
+    pub(crate) generated: AtomicU64,
+    /// Prompt tokens computed by prefill (reused ones excluded).
+    pub(crate) prefilled: AtomicU64,
+    /// Prompt tokens taken from a reused state.
+    pub(crate) reused_tokens: AtomicU64,
+    pub(crate) reuse_hits: AtomicU64,
+    pub(crate) reuse_misses: AtomicU64,
+    /// Requests dropped because their receiver went away.
+    pub(crate) cancelled: AtomicU64,
+    /// Nanoseconds spent inside model passes.
+    pub(crate) forward_nanos: AtomicU64,
+}
+
+/// A point-in-time copy of [`SchedulerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub in_flight: u64,
+    pub running: u64,
+    /// Accepted requests not yet running.
+    pub waiting: u64,
+    pub steps: u64,
+    pub rows: u64,
+    pub generated: u64,
+    pub prefilled: u64,
+    pub reused_tokens: u64,
+    pub reuse_hits: u64,
+    pub reuse_misses: u64,
+    pub cancelled: u64,
+    pub forward_seconds_x1e9: u64,
+}
+
+impl SchedulerStats {
+    /// Read every counter.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let in_flight = get(&self.in_flight);
+        let running = get(&self.running);
+        StatsSnapshot {
+            in_flight,
+            running,
+            waiting: in_flight.saturating_sub(running),
+            steps: get(&self.steps),
+            rows: get(&self.rows),
+            generated: get(&self.generated),
+            prefilled: get(&self.prefilled),
+            reused_tokens: get(&self.reused_tokens),
+            reuse_hits: get(&self.reuse_hits),
+            reuse_misses: get(&self.reuse_misses),
+            cancelled: get(&self.cancelled),
+            forward_seconds_x1e9: get(&self.forward_nanos),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Where an expert's weights came from when a pass needed them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertSource {
+    /// Pinned in RAM/VRAM by the heat policy.
+    Pinned,
+    /// Served from the OS page cache (or an already-resident slot).
+    PageCache,
+    /// Read from local disk.
+    Disk,
+    /// Fetched over the network (stream mode).
+    Network,
+}
+
+impl ExpertSource {
+    /// Every source, in label order.
+    pub const ALL: [ExpertSource; 4] = [
+        ExpertSource::Pinned,
+        ExpertSource::PageCache,
+        ExpertSource::Disk,
+        ExpertSource::Network,
+    ];
+
+    /// The `source` metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ExpertSource::Pinned => "pinned",
+            ExpertSource::PageCache => "page_cache",
+            ExpertSource::Disk => "disk",
+            ExpertSource::Network => "network",
+        }
+    }
+}
+
+/// Expert reads and bytes by source. The expert cache (out-of-core streaming) records into it;
+/// metrics and benchmarks read it. Until a cache feeds it, every counter stays zero.
+#[derive(Debug, Default)]
+pub struct ExpertIoStats {
+    reads: [AtomicU64; 4],
+    bytes: [AtomicU64; 4],
+}
+
+impl ExpertIoStats {
+    /// Count one expert read of `bytes` from `source`.
+    pub fn record(&self, source: ExpertSource, bytes: u64) {
+        self.reads[source as usize].fetch_add(1, Ordering::Relaxed);
+        self.bytes[source as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `(reads, bytes)` from `source`.
+    pub fn get(&self, source: ExpertSource) -> (u64, u64) {
+        (
+            self.reads[source as usize].load(Ordering::Relaxed),
+            self.bytes[source as usize].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Fraction of reads served without touching disk or network (`None` before any read).
+    pub fn hit_ratio(&self) -> Option<f64> {
+        let reads: Vec<u64> = ExpertSource::ALL.iter().map(|&s| self.get(s).0).collect();
+        let total: u64 = reads.iter().sum();
+        (total > 0).then(|| (reads[0] + reads[1]) as f64 / total as f64)
+    }
+}

@@ -1,0 +1,296 @@
+//! Scheduler tests on a tiny synthetic model: batching, chunked prefill, reuse and cancellation
+//! never change a request's tokens.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::*;
+use crate::arch;
+use crate::generate::{GenerateOptions, Sampling, generate};
+use crate::synth::{DeepseekSynth, ExpertFormat};
+
+fn model_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    dir
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 31 + salt * 7 + 3) % 250).collect()
+}
+
+fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
+    GenRequest {
+        prompt,
+        max_new_tokens: max_new,
+        sampling,
+        stop_ids: vec![],
+        reuse_state: true,
+    }
+}
+
+/// Tokens `generate` gives for `req` alone.
+fn alone(dir: &std::path::Path, req: &GenRequest) -> Vec<u32> {
+    let m = arch::load(dir).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: req.max_new_tokens,
+        sampling: req.sampling,
+        stop_ids: req.stop_ids.clone(),
+        prefill_chunk: 64,
+    };
+    generate(m.as_ref(), &mut m.new_state(), &req.prompt, &opts, |_| {
+        crate::generate::Flow::Continue
+    })
+    .unwrap()
+    .output_ids
+}
+
+/// Collect a request's events until Done/Failed.
+fn drain(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Option<Completion>) {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("event") {
+            Event::Started { .. } => {}
+            Event::Token(t) => tokens.push(t),
+            Event::Done(c) => return (tokens, Some(c)),
+            Event::Failed { .. } => return (tokens, None),
+        }
+    }
+}
+
+fn start_with(dir: &std::path::Path, cfg: SchedulerConfig) -> SchedulerHandle {
+    start(arch::load(dir).unwrap(), cfg).unwrap().0
+}
+
+#[test]
+fn concurrent_requests_get_the_tokens_they_get_alone() {
+    let dir = model_dir();
+    let reqs = vec![
+        request(prompt(5, 1), 12, Sampling::Greedy),
+        request(prompt(40, 2), 7, Sampling::new(0.9, 0.95, 20, 11).unwrap()),
+        request(prompt(17, 3), 20, Sampling::new(1.3, 1.0, 0, 5).unwrap()),
+        request(prompt(1, 4), 9, Sampling::Greedy),
+        request(prompt(63, 5), 15, Sampling::new(0.7, 0.5, 0, 99).unwrap()),
+    ];
+    // A small prefill budget forces chunked prefill interleaved with decode.
+    let cfg = SchedulerConfig {
+        max_batch: 4,
+        prefill_chunk: 8,
+        state_cache_entries: 0,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let receivers: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            handle.submit(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    for (req, rx) in reqs.iter().zip(&receivers) {
+        let (tokens, done) = drain(rx);
+        assert_eq!(
+            tokens,
+            alone(dir.path(), req),
+            "prompt of {} tokens",
+            req.prompt.len()
+        );
+        let done = done.unwrap();
+        assert_eq!(
+            (done.prompt_tokens, done.generated_tokens),
+            (req.prompt.len(), tokens.len())
+        );
+    }
+    let s = handle.stats().snapshot();
+    assert_eq!(
+        s.generated,
+        reqs.iter().map(|r| r.max_new_tokens as u64).sum::<u64>()
+    );
+    assert!(
+        s.steps < s.generated,
+        "requests shared passes ({} steps, {} tokens)",
+        s.steps,
+        s.generated
+    );
+}
+
+#[test]
+fn reused_state_gives_identical_output_and_skips_prefill() {
+    let dir = model_dir();
+    let cfg = SchedulerConfig {
+        min_reuse_tokens: 4,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let first = request(prompt(30, 6), 10, Sampling::Greedy);
+    let (tx, rx) = mpsc::channel();
+    handle.submit(first.clone(), Box::new(tx)).unwrap();
+    let (out, _) = drain(&rx);
+    // The next turn: the previous prompt, the answer, and more.
+    let mut next_prompt = first.prompt.clone();
+    next_prompt.extend(&out);
+    next_prompt.extend(prompt(6, 7));
+    let next = request(next_prompt, 10, Sampling::new(0.8, 0.9, 0, 3).unwrap());
+    let (tx, rx) = mpsc::channel();
+    handle.submit(next.clone(), Box::new(tx)).unwrap();
+    let (tokens, done) = drain(&rx);
+    assert_eq!(tokens, alone(dir.path(), &next));
+    assert_eq!(done.unwrap().cached_tokens, first.prompt.len() + out.len() - 1);
+    // A divergent prompt reuses the common prefix only.
+    let mut fork = first.prompt[..20].to_vec();
+    fork.extend(prompt(5, 8));
+    let fork = request(fork, 6, Sampling::Greedy);
+    let (tx, rx) = mpsc::channel();
+    handle.submit(fork.clone(), Box::new(tx)).unwrap();
+    let (tokens, done) = drain(&rx);
+    assert_eq!(tokens, alone(dir.path(), &fork));
+    assert_eq!(done.unwrap().cached_tokens, 20);
+    let s = handle.stats().snapshot();
+    assert_eq!((s.reuse_hits, s.reuse_misses), (2, 1));
+}
+
+/// A sink whose receiver "disconnects" after `limit` tokens.
+struct Flaky {
+    tx: mpsc::Sender<Event>,
+    seen: Arc<std::sync::atomic::AtomicUsize>,
+    limit: usize,
+    closed: Arc<AtomicBool>,
+}
+
+impl EventSink for Flaky {
+    fn send(&self, event: Event) -> bool {
+        if self.seen.fetch_add(1, Ordering::SeqCst) + 1 >= self.limit {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+        self.tx.send(event).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_closed_sink_cancels_within_one_step_and_frees_its_slot() {
+    let dir = model_dir();
+    let cfg = SchedulerConfig {
+        max_batch: 1,
+        max_queue: 0,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let (tx, rx) = mpsc::channel();
+    let closed = Arc::new(AtomicBool::new(false));
+    let sink = Flaky {
+        tx,
+        seen: Default::default(),
+        limit: 3,
+        closed: closed.clone(),
+    };
+    handle
+        .submit(request(prompt(8, 9), 500, Sampling::Greedy), Box::new(sink))
+        .unwrap();
+    // Capacity is 1: a second request is refused while the first runs.
+    let (tx2, _rx2) = mpsc::channel();
+    let busy = handle.submit(request(prompt(8, 9), 5, Sampling::Greedy), Box::new(tx2));
+    assert!(matches!(busy, Err(SubmitError::Busy { .. })) || closed.load(Ordering::SeqCst));
+    let mut tokens = 0;
+    assert!(matches!(rx.recv().unwrap(), Event::Started { cached_tokens: 0 }));
+    while let Ok(ev) = rx.recv_timeout(Duration::from_secs(5)) {
+        assert!(
+            matches!(ev, Event::Token(_)),
+            "no completion after cancellation: {ev:?}"
+        );
+        tokens += 1;
+    }
+    assert!(tokens <= 3, "at most one step after the close ({tokens} tokens)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while handle.stats().snapshot().in_flight > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = handle.stats().snapshot();
+    assert_eq!((s.in_flight, s.cancelled), (0, 1));
+    let (tx, rx) = mpsc::channel();
+    handle
+        .submit(request(prompt(4, 1), 3, Sampling::Greedy), Box::new(tx))
+        .unwrap();
+    assert_eq!(drain(&rx).0.len(), 3);
+}
+
+#[test]
+fn invalid_requests_are_refused_before_queueing() {
+    let dir = model_dir();
+    let cfg = SchedulerConfig {
+        context_limit: Some(32),
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    assert_eq!(handle.context_limit(), 32);
+    let (tx, _rx) = mpsc::channel::<Event>();
+    let bad = [
+        request(vec![], 4, Sampling::Greedy),
+        request(prompt(33, 1), 4, Sampling::Greedy),
+        request(vec![1, 100_000], 4, Sampling::Greedy),
+        request(prompt(3, 1), 0, Sampling::Greedy),
+    ];
+    for r in bad {
+        assert!(matches!(
+            handle.submit(r, Box::new(tx.clone())),
+            Err(SubmitError::Invalid(_))
+        ));
+    }
+    assert_eq!(handle.stats().snapshot().in_flight, 0);
+}
+
+#[test]
+fn the_context_limit_ends_generation_with_length() {
+    let dir = model_dir();
+    let handle = start_with(
+        dir.path(),
+        SchedulerConfig {
+            context_limit: Some(12),
+            ..Default::default()
+        },
+    );
+    let (tx, rx) = mpsc::channel();
+    handle
+        .submit(request(prompt(10, 2), 100, Sampling::Greedy), Box::new(tx))
+        .unwrap();
+    let (tokens, done) = drain(&rx);
+    // Positions 10, 11 and 12 are sampled; the last is never run.
+    assert_eq!(tokens.len(), 3);
+    assert_eq!(done.unwrap().finish_reason, FinishReason::Length);
+}
+
+#[test]
+fn stop_ids_end_generation_and_cancel_all_fails_the_rest() {
+    let dir = model_dir();
+    let probe = request(prompt(6, 3), 8, Sampling::Greedy);
+    let expected = alone(dir.path(), &probe);
+    let handle = start_with(
+        dir.path(),
+        SchedulerConfig {
+            step_delay: Duration::from_millis(2),
+            ..Default::default()
+        },
+    );
+    let mut stopping = probe.clone();
+    stopping.stop_ids = vec![expected[2]];
+    let (tx, rx) = mpsc::channel();
+    handle.submit(stopping, Box::new(tx)).unwrap();
+    let (tokens, done) = drain(&rx);
+    let cut = expected.iter().position(|&t| t == expected[2]).unwrap();
+    assert_eq!(tokens, expected[..=cut]);
+    assert_eq!(done.unwrap().finish_reason, FinishReason::Stop);
+    let (tx, rx) = mpsc::channel();
+    handle
+        .submit(request(prompt(6, 3), 100_000, Sampling::Greedy), Box::new(tx))
+        .unwrap();
+    assert!(matches!(rx.recv().unwrap(), Event::Started { .. }));
+    assert!(matches!(rx.recv().unwrap(), Event::Token(_)));
+    handle.cancel_all();
+    let (_, done) = drain(&rx);
+    assert!(done.is_none());
+}

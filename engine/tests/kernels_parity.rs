@@ -1,0 +1,362 @@
+//! Optimised CPU kernels versus the scalar reference, bit for bit: every format x every ISA this
+//! CPU can run x shapes with tails, partial FP8 blocks, odd group sizes (the generic path) and
+//! n = 1..9, 33 input rows; plus batch invariance under rayon pools of 1, 2 and 3 threads.
+//!
+//! NaN results are compared as "both NaN": Rust does not specify NaN sign/payload of arithmetic
+//! results, so only NaN-ness is a contract. Every other value is compared with `to_bits()`.
+
+use deltafin_engine::kernels::{self, Format, Isa, Matrix, ScaleDtype, matmul_with, reference};
+use deltafin_engine::weights::Blob;
+
+/// splitmix64: deterministic test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+}
+
+/// Values of either sign around 1 (so every sum is sensitive to the accumulation order), with
+/// zeros, negative zeros, f32 subnormals, tiny and occasional large values mixed in.
+fn patterned(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..len)
+        .map(|_| {
+            let u = rng.unit();
+            match rng.next() % 64 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => u * 1e-39,
+                3 => u * 1e-20,
+                4 => u * 3e4,
+                5..=8 => u * 1e-3,
+                _ => u * 4.0,
+            }
+        })
+        .collect()
+}
+
+fn scale_bytes(values: &[f32], dtype: ScaleDtype) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match dtype {
+            ScaleDtype::F32 => v.to_le_bytes().to_vec(),
+            ScaleDtype::Bf16 => ((v.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+            ScaleDtype::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn f32_matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
+    let data: Vec<u8> = patterned(rows * cols, seed)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    Matrix::new(Format::F32, rows, cols, Blob::from_vec(data), None).unwrap()
+}
+
+fn bf16_matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
+    let data: Vec<u8> = patterned(rows * cols, seed)
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    Matrix::new(Format::Bf16, rows, cols, Blob::from_vec(data), None).unwrap()
+}
+
+/// FP8 with valid codes (no NaN) unless `nan_codes`, scales of either sign around 1e-2.
+fn fp8_matrix(rows: usize, cols: usize, block: (usize, usize), seed: u64, nan_codes: bool) -> Matrix {
+    let mut rng = Rng(seed);
+    let data: Vec<u8> = (0..rows * cols)
+        .map(|_| {
+            let b = rng.byte();
+            if !nan_codes && b & 0x7F == 0x7F {
+                b & 0xFE
+            } else {
+                b
+            }
+        })
+        .collect();
+    let n_scales = rows.div_ceil(block.0) * cols.div_ceil(block.1);
+    let scales: Vec<f32> = (0..n_scales).map(|_| rng.unit() * 2e-2).collect();
+    let format = Format::Fp8Block {
+        block_rows: block.0,
+        block_cols: block.1,
+    };
+    let scales = Blob::from_vec(scale_bytes(&scales, ScaleDtype::F32));
+    Matrix::new(format, rows, cols, Blob::from_vec(data), Some(scales)).unwrap()
+}
+
+fn int4_matrix(rows: usize, cols: usize, group: usize, dtype: ScaleDtype, seed: u64) -> Matrix {
+    let mut rng = Rng(seed);
+    let data: Vec<u8> = (0..rows * cols / 2).map(|_| rng.byte()).collect();
+    let scales: Vec<f32> = (0..rows * cols / group).map(|_| rng.unit() * 1e-2).collect();
+    let scales = Blob::from_vec(scale_bytes(&scales, dtype));
+    let format = Format::Int4Group { group, scale: dtype };
+    Matrix::new(format, rows, cols, Blob::from_vec(data), Some(scales)).unwrap()
+}
+
+fn mxfp4_matrix(rows: usize, cols: usize, group: usize, seed: u64) -> Matrix {
+    let mut rng = Rng(seed);
+    let data: Vec<u8> = (0..rows * cols / 2).map(|_| rng.byte()).collect();
+    let scales: Vec<u8> = (0..rows * cols / group)
+        .map(|_| 120 + (rng.next() % 15) as u8)
+        .collect();
+    let format = Format::Mxfp4 { group };
+    Matrix::new(
+        format,
+        rows,
+        cols,
+        Blob::from_vec(data),
+        Some(Blob::from_vec(scales)),
+    )
+    .unwrap()
+}
+
+fn assert_same(want: &[f32], got: &[f32], what: &str) {
+    assert_eq!(want.len(), got.len());
+    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+        let same = w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan());
+        assert!(
+            same,
+            "{what}: element {i}: reference {w:e} ({:#010x}) vs {g:e} ({:#010x})",
+            w.to_bits(),
+            g.to_bits()
+        );
+    }
+}
+
+/// Every available ISA (and the default dispatcher) against the reference for each `n`.
+fn check(m: &Matrix, ns: &[usize], label: &str) {
+    for &n in ns {
+        let x = patterned(n * m.cols, 1000 + n as u64);
+        let mut want = vec![0.0; n * m.rows];
+        reference::matmul(m, &x, n, &mut want);
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; n * m.rows];
+            matmul_with(isa, m, &x, n, &mut got);
+            assert_same(&want, &got, &format!("{label} {}x{} n={n} {isa}", m.rows, m.cols));
+        }
+        let mut got = vec![f32::NAN; n * m.rows];
+        kernels::matmul(m, &x, n, &mut got);
+        assert_same(
+            &want,
+            &got,
+            &format!("{label} {}x{} n={n} default", m.rows, m.cols),
+        );
+    }
+}
+
+const ALL_N: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 33];
+const FEW_N: [usize; 4] = [1, 2, 5, 9];
+
+#[test]
+fn isa_detection_is_consistent() {
+    let avail = Isa::available();
+    assert_eq!(avail.first(), Some(&Isa::detected()));
+    assert_eq!(avail.last(), Some(&Isa::Scalar));
+    assert!(avail.iter().all(|i| i.is_available()));
+    eprintln!("available ISAs: {avail:?}");
+}
+
+#[test]
+fn f32_matches_reference() {
+    for (i, &(rows, cols)) in [(1, 1), (3, 15), (5, 16), (4, 17), (7, 33), (37, 300), (9, 513)]
+        .iter()
+        .enumerate()
+    {
+        check(&f32_matrix(rows, cols, i as u64), &ALL_N, "f32");
+    }
+    check(&f32_matrix(200, 1100, 99), &FEW_N, "f32");
+}
+
+#[test]
+fn bf16_matches_reference() {
+    for (i, &(rows, cols)) in [(1, 1), (3, 15), (5, 16), (4, 17), (7, 33), (37, 300), (9, 513)]
+        .iter()
+        .enumerate()
+    {
+        check(&bf16_matrix(rows, cols, 10 + i as u64), &ALL_N, "bf16");
+    }
+    check(&bf16_matrix(200, 1100, 98), &FEW_N, "bf16");
+}
+
+#[test]
+fn fp8_matches_reference_with_partial_blocks() {
+    check(&fp8_matrix(200, 300, (128, 128), 1, false), &ALL_N, "fp8 128x128");
+    check(&fp8_matrix(13, 45, (4, 16), 2, false), &ALL_N, "fp8 4x16");
+    check(&fp8_matrix(9, 1100, (128, 128), 3, false), &FEW_N, "fp8 wide");
+}
+
+#[test]
+fn fp8_nan_codes_match_reference() {
+    check(
+        &fp8_matrix(37, 300, (16, 32), 4, true),
+        &FEW_N,
+        "fp8 with NaN codes",
+    );
+}
+
+#[test]
+fn fp8_special_scales_match_reference() {
+    // Infinite / NaN / zero / subnormal block scales, including on partial tail chunks (a zero
+    // padding lane times an infinite scale would be NaN if the kernel did not zero it).
+    let specials = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, 3e-3];
+    for (i, cols) in [40usize, 44, 300].into_iter().enumerate() {
+        let m = fp8_matrix(9, cols, (4, 16), 20 + i as u64, false);
+        let scales: Vec<u8> = m
+            .scales
+            .as_deref()
+            .unwrap()
+            .chunks(4)
+            .enumerate()
+            .flat_map(|(k, _)| specials[k % specials.len()].to_le_bytes())
+            .collect();
+        let m = Matrix::new(m.format, 9, cols, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+        check(&m, &FEW_N, "fp8 special scales");
+    }
+}
+
+#[test]
+fn fp8_generic_paths_match_reference() {
+    // block_cols not a multiple of 16: chunks straddle scale blocks.
+    check(&fp8_matrix(11, 100, (3, 24), 5, false), &FEW_N, "fp8 3x24");
+    // A scale too large to pre-multiply by 256 (2^125).
+    let m = fp8_matrix(8, 64, (8, 32), 6, false);
+    let mut scales = m.scales.as_deref().unwrap().to_vec();
+    scales[..4].copy_from_slice(&(2.0f32.powi(125)).to_le_bytes());
+    let m = Matrix::new(m.format, 8, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    check(&m, &FEW_N, "fp8 huge scale");
+}
+
+#[test]
+fn int4_matches_reference() {
+    for (i, dtype) in [ScaleDtype::F32, ScaleDtype::Bf16, ScaleDtype::F16]
+        .into_iter()
+        .enumerate()
+    {
+        let s = i as u64;
+        check(&int4_matrix(5, 32, 32, dtype, s), &ALL_N, "int4 g32");
+        check(&int4_matrix(37, 320, 32, dtype, s + 10), &ALL_N, "int4 g32");
+        check(&int4_matrix(6, 256, 128, dtype, s + 20), &FEW_N, "int4 g128");
+        // Groups that are not a multiple of 16 take the generic path (tails included).
+        check(&int4_matrix(7, 40, 8, dtype, s + 30), &FEW_N, "int4 g8");
+        check(&int4_matrix(5, 72, 24, dtype, s + 40), &FEW_N, "int4 g24");
+    }
+    check(
+        &int4_matrix(200, 1088, 32, ScaleDtype::Bf16, 77),
+        &FEW_N,
+        "int4 big",
+    );
+}
+
+#[test]
+fn mxfp4_matches_reference() {
+    check(&mxfp4_matrix(5, 32, 32, 1), &ALL_N, "mxfp4 g32");
+    check(&mxfp4_matrix(37, 320, 32, 2), &ALL_N, "mxfp4 g32");
+    check(&mxfp4_matrix(6, 256, 64, 3), &FEW_N, "mxfp4 g64");
+    check(&mxfp4_matrix(7, 30, 2, 4), &FEW_N, "mxfp4 g2");
+    check(&mxfp4_matrix(200, 1088, 32, 5), &FEW_N, "mxfp4 big");
+}
+
+#[test]
+fn mxfp4_special_scales_match_reference() {
+    let mut m = mxfp4_matrix(9, 64, 32, 6);
+    let mut scales = m.scales.as_deref().unwrap().to_vec();
+    scales[0] = 0; // 2^-127 (an f32 subnormal)
+    scales[3] = 255; // NaN
+    scales[5] = 254;
+    scales[7] = 1;
+    m = Matrix::new(m.format, 9, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    check(&m, &ALL_N, "mxfp4 special scales");
+}
+
+#[test]
+fn special_float_weights_match_reference() {
+    let specials = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -0.0,
+        0.0,
+    ];
+    let mut vals = patterned(21 * 40, 5);
+    for (i, v) in vals.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
+        *v = specials[i % specials.len()];
+    }
+    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let m = Matrix::new(Format::F32, 21, 40, Blob::from_vec(data), None).unwrap();
+    check(&m, &FEW_N, "f32 specials");
+}
+
+#[test]
+fn zero_sized_shapes() {
+    for isa in Isa::available() {
+        let m = f32_matrix(4, 0, 1);
+        let mut y = vec![f32::NAN; 8];
+        matmul_with(isa, &m, &[], 2, &mut y);
+        assert!(
+            y.iter().all(|v| v.to_bits() == 0),
+            "{isa}: empty rows must dot to +0.0"
+        );
+        let m = f32_matrix(0, 8, 1);
+        matmul_with(isa, &m, &[0.0; 16], 2, &mut []);
+        let m = f32_matrix(3, 8, 1);
+        matmul_with(isa, &m, &[], 0, &mut []);
+    }
+}
+
+/// Matrices big enough that the dispatcher splits rows over threads even at n = 1.
+fn invariance_cases() -> Vec<(&'static str, Matrix)> {
+    vec![
+        ("f32", f32_matrix(512, 530, 1)),
+        ("bf16", bf16_matrix(512, 530, 2)),
+        ("fp8", fp8_matrix(520, 530, (128, 128), 3, false)),
+        ("int4", int4_matrix(512, 544, 32, ScaleDtype::Bf16, 4)),
+        ("mxfp4", mxfp4_matrix(512, 544, 32, 5)),
+        ("int4 generic", int4_matrix(512, 520, 8, ScaleDtype::F32, 6)),
+    ]
+}
+
+#[test]
+fn batch_invariance_across_n_and_pools() {
+    let n = 9;
+    for (label, m) in invariance_cases() {
+        let x = patterned(n * m.cols, 7);
+        let mut first: Option<Vec<f32>> = None;
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for isa in Isa::available() {
+                let mut batch = vec![0.0; n * m.rows];
+                pool.install(|| matmul_with(isa, &m, &x, n, &mut batch));
+                for i in 0..n {
+                    let mut single = vec![0.0; m.rows];
+                    pool.install(|| matmul_with(isa, &m, &x[i * m.cols..(i + 1) * m.cols], 1, &mut single));
+                    let what = format!("{label} {isa} threads={threads} row {i}");
+                    assert_same(&single, &batch[i * m.rows..(i + 1) * m.rows], &what);
+                }
+                match &first {
+                    None => first = Some(batch),
+                    Some(f) => assert_same(f, &batch, &format!("{label} {isa} threads={threads} vs first")),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `deltafin bench serve`: decode throughput of the engine loop at several numbers of concurrent
+//! streams. Each level submits that many greedy requests with distinct prompts to one scheduler
+//! and times the window in which all of them are decoding; batching shares every weight read
+//! among the streams, so aggregate tokens/s should rise with concurrency.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use deltafin_engine::arch;
+use deltafin_engine::generate::Sampling;
+use deltafin_engine::scheduler::{self, Event, EventSink, GenRequest, SchedulerConfig};
+use deltafin_engine::synth::DeepseekSynth;
+use serde::Serialize;
+
+/// Arguments of `deltafin bench serve`.
+#[derive(Debug, Args)]
+pub struct ServeBenchArgs {
+    /// Model directory (default: a synthetic MoE checkpoint generated into the cache directory:
+    /// 6 layers, 64 experts of 0.75 MiB, top-6; about 250 MB).
+    #[arg(long, env = "DELTAFIN_MODEL")]
+    model: Option<PathBuf>,
+    /// Concurrency levels to measure.
+    #[arg(
+        long,
+        default_value = "1,2,4,8",
+        value_delimiter = ',',
+        env = "DELTAFIN_STREAMS"
+    )]
+    streams: Vec<usize>,
+    /// Tokens generated per stream.
+    #[arg(long, default_value_t = 48, env = "DELTAFIN_TOKENS")]
+    tokens: usize,
+    /// Prompt length per stream.
+    #[arg(long, default_value_t = 16, env = "DELTAFIN_PROMPT_TOKENS")]
+    prompt_tokens: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long, env = "DELTAFIN_JSON")]
+    json: bool,
+}
+
+/// One concurrency level's result.
+#[derive(Debug, Serialize)]
+struct Level {
+    streams: usize,
+    /// Generated tokens per second over all streams while all were decoding.
+    aggregate_tokens_per_second: f64,
+    per_stream_tokens_per_second: f64,
+    /// Mean rows per batched pass over the whole level.
+    mean_batch_rows: f64,
+    passes: u64,
+}
+
+/// Timestamps each event when the engine loop emits it.
+struct TimedSink(mpsc::Sender<(Instant, Event)>);
+
+impl EventSink for TimedSink {
+    fn send(&self, event: Event) -> bool {
+        self.0.send((Instant::now(), event)).is_ok()
+    }
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+fn prompt(len: usize, salt: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| ((i * 31 + salt * 97 + 7) % vocab.min(256)) as u32)
+        .collect()
+}
+
+/// Run `streams` requests at once; returns the token timestamps of each.
+fn run_level(
+    handle: &scheduler::SchedulerHandle,
+    streams: usize,
+    args: &ServeBenchArgs,
+    vocab: usize,
+) -> Result<Vec<Vec<Instant>>> {
+    let mut receivers = Vec::new();
+    for s in 0..streams {
+        let (tx, rx) = mpsc::channel();
+        let req = GenRequest {
+            prompt: prompt(args.prompt_tokens.max(1), s, vocab),
+            max_new_tokens: args.tokens.max(2),
+            sampling: Sampling::Greedy,
+            stop_ids: Vec::new(),
+            reuse_state: false,
+        };
+        handle
+            .submit(req, Box::new(TimedSink(tx)))
+            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+        receivers.push(rx);
+    }
+    let mut times = Vec::new();
+    for rx in receivers {
+        let mut t = Vec::new();
+        loop {
+            match rx
+                .recv_timeout(Duration::from_secs(600))
+                .context("waiting for tokens")?
+            {
+                (at, Event::Token(_)) => t.push(at),
+                (_, Event::Done(_)) => break,
+                (_, Event::Failed { message, .. }) => anyhow::bail!("generation failed: {message}"),
+                (_, Event::Started { .. }) => {}
+            }
+        }
+        times.push(t);
+    }
+    Ok(times)
+}
+
+/// Tokens per second inside the window where every stream was past its first token.
+fn window_rate(times: &[Vec<Instant>]) -> f64 {
+    let (Some(start), Some(end)) = (
+        times.iter().filter_map(|t| t.first()).max(),
+        times.iter().filter_map(|t| t.last()).min(),
+    ) else {
+        return 0.0;
+    };
+    let tokens = times
+        .iter()
+        .flatten()
+        .filter(|&&t| t > *start && t <= *end)
+        .count();
+    let secs = end.saturating_duration_since(*start).as_secs_f64();
+    if secs > 0.0 { tokens as f64 / secs } else { 0.0 }
+}
+
+/// The default benchmark model: big enough that expert reads dominate a decode pass.
+fn bench_synth() -> DeepseekSynth {
+    DeepseekSynth {
+        hidden: 512,
+        intermediate: 1024,
+        moe_intermediate: 256,
+        layers: 6,
+        experts: 64,
+        top_k: 6,
+        n_group: 8,
+        topk_group: 4,
+        seed: 0xBE4C,
+        ..DeepseekSynth::builtin()
+    }
+}
+
+fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+    if let Some(dir) = model {
+        return Ok(dir);
+    }
+    let dir = cache_dir.join(format!("bench-moe-{}", env!("CARGO_PKG_VERSION")));
+    if !dir.join("config.json").is_file() {
+        let tmp = cache_dir.join(format!(".bench-moe.partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        bench_synth()
+            .write(&tmp)
+            .with_context(|| format!("writing the benchmark model to {}", tmp.display()))?;
+        std::fs::rename(&tmp, &dir).with_context(|| format!("moving it to {}", dir.display()))?;
+        eprintln!("generated the synthetic benchmark model in {}", dir.display());
+    }
+    Ok(dir)
+}
+
+pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
+    let dir = resolve(args.model.clone(), cache_dir)?;
+    let model = arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let vocab = model.info().vocab_size;
+    let max = args.streams.iter().copied().max().unwrap_or(1).max(1);
+    let cfg = SchedulerConfig {
+        max_batch: max,
+        max_queue: max,
+        state_cache_entries: 0,
+        ..Default::default()
+    };
+    let (handle, _thread) = scheduler::start(model, cfg)?;
+    run_level(&handle, 1, &args, vocab)?; // warm-up
+    let mut levels = Vec::new();
+    for &streams in &args.streams {
+        let before = handle.stats().snapshot();
+        let times = run_level(&handle, streams.max(1), &args, vocab)?;
+        let after = handle.stats().snapshot();
+        let rate = window_rate(&times);
+        let passes = after.steps - before.steps;
+        levels.push(Level {
+            streams,
+            aggregate_tokens_per_second: rate,
+            per_stream_tokens_per_second: rate / streams.max(1) as f64,
+            mean_batch_rows: (after.rows - before.rows) as f64 / passes.max(1) as f64,
+            passes,
+        });
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"model": dir, "tokens_per_stream": args.tokens, "levels": levels})
+        );
+    } else {
+        println!("model: {}", dir.display());
+        println!(
+            "{:>8} {:>14} {:>14} {:>10}",
+            "streams", "aggregate t/s", "per-stream t/s", "rows/pass"
+        );
+        for l in &levels {
+            println!(
+                "{:>8} {:>14.1} {:>14.1} {:>10.2}",
+                l.streams, l.aggregate_tokens_per_second, l.per_stream_tokens_per_second, l.mean_batch_rows
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! Probes and the metrics endpoint. `/livez` answers whenever the process can serve HTTP (never
+//! behind the engine); `/readyz` is 503 until the model is loaded and again while draining, and
+//! stays 200 while busy (a full queue answers 429, it does not make the pod unready).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::state::AppState;
+
+/// `GET /livez`.
+pub async fn livez() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`.
+pub async fn readyz(State(app): State<AppState>) -> Response {
+    match app.loaded() {
+        Ok(_) => Json(json!({"status": "ready"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "reason": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics` (Prometheus text format 0.0.4).
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    let engine = app.loaded_any().map(|l| l.engine.stats().snapshot());
+    let text = app.metrics().render(engine, app.expert_io());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,92 @@
+//! Loading what the server serves: the model (handed to a new engine loop), its tokenizer, and
+//! the token facts requests need (stop ids, end-of-turn ids, thinking markers, BOS).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use deltafin_engine::arch::{self, ModelInfo};
+use deltafin_engine::scheduler::{self, SchedulerConfig};
+use deltafin_engine::tokenizer::Tokenizer;
+
+use crate::openai::output::think_markers;
+use crate::state::Loaded;
+
+/// Special tokens that end an assistant turn in the chat formats we know.
+const END_OF_TURN: [&str; 4] = [
+    "<|im_end|>",
+    "<|end_of_msg|>",
+    "<|eot_id|>",
+    "<|end▁of▁sentence|>",
+];
+
+/// Why the model could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the model: {0}")]
+    Model(#[source] deltafin_engine::Error),
+    #[error("loading the tokenizer: {0}")]
+    Tokenizer(#[source] deltafin_engine::Error),
+    #[error("starting the engine thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Load `dir` and start its engine loop.
+pub fn load(
+    dir: &Path,
+    model_id: String,
+    cfg: SchedulerConfig,
+) -> Result<(Loaded, JoinHandle<()>), LoadError> {
+    let model = arch::load(dir).map_err(LoadError::Model)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir(dir).map_err(LoadError::Tokenizer)?);
+    let stop_ids = stop_ids(dir, model.info(), &tokenizer);
+    let chat_stop_ids = END_OF_TURN
+        .iter()
+        .filter_map(|t| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id)))
+        .filter(|id| !stop_ids.contains(id))
+        .collect();
+    let bos = model.info().bos_token_id.or(tokenizer.bos_id());
+    let think = think_markers(&tokenizer);
+    let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let loaded = Loaded {
+        tokenizer,
+        engine,
+        model_id,
+        created,
+        stop_ids,
+        chat_stop_ids,
+        think,
+        bos,
+    };
+    Ok((loaded, thread))
+}
+
+/// EOS ids: config.json's, generation_config.json's and the tokenizer's.
+pub fn stop_ids(dir: &Path, info: &ModelInfo, tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids = info.eos_token_ids.clone();
+    if let Ok(text) = std::fs::read(dir.join("generation_config.json"))
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text)
+    {
+        match &v["eos_token_id"] {
+            serde_json::Value::Number(n) => ids.extend(n.as_u64().map(|n| n as u32)),
+            serde_json::Value::Array(a) => ids.extend(a.iter().filter_map(|n| n.as_u64().map(|n| n as u32))),
+            _ => {}
+        }
+    }
+    ids.extend(tokenizer.eos_id());
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The served model id for `dir`: its directory name.
+pub fn default_model_id(dir: &Path) -> String {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("deltafin")
+        .to_string()
+}

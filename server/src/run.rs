@@ -1,0 +1,174 @@
+//! `deltafin run`: load a model (or the built-in default), tokenize the prompt (optionally
+//! through the chat template), generate, stream text to stdout, and report statistics.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use deltafin_engine::arch;
+use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
+use deltafin_engine::synth;
+use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
+use serde_json::json;
+
+use crate::ooc_args::{OocArgs, describe_plan};
+
+/// Arguments of `deltafin run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Model directory (a Hugging Face checkpoint). Default: the built-in synthetic model.
+    #[arg(long, env = "DELTAFIN_MODEL")]
+    model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(long, env = "DELTAFIN_PROMPT")]
+    prompt: String,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long, env = "DELTAFIN_CHAT")]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, env = "DELTAFIN_SYSTEM")]
+    system: Option<String>,
+    /// Maximum new tokens.
+    #[arg(long, default_value_t = 64, env = "DELTAFIN_MAX_NEW")]
+    max_new: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0, env = "DELTAFIN_TEMPERATURE")]
+    temperature: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0, env = "DELTAFIN_TOP_P")]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0, env = "DELTAFIN_TOP_K")]
+    top_k: usize,
+    /// Seed of the sampling random stream.
+    #[arg(long, default_value_t = 0, env = "DELTAFIN_SEED")]
+    seed: u64,
+    /// Prompt tokens per prefill pass.
+    #[arg(long, default_value_t = 256, env = "DELTAFIN_PREFILL_CHUNK")]
+    prefill_chunk: usize,
+    /// Print prefill/decode throughput on stderr.
+    #[arg(long, env = "DELTAFIN_STATS")]
+    stats: bool,
+    /// Print one JSON object on stdout instead of streaming text.
+    #[command(flatten)]
+    ooc: OocArgs,
+    #[arg(long, env = "DELTAFIN_JSON")]
+    json: bool,
+}
+
+/// The model directory to use, generating the built-in default if needed.
+pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+    if let Some(dir) = model {
+        return Ok(dir);
+    }
+    let dir = cache_dir.join(format!("builtin-deepseek-v3-{}", env!("CARGO_PKG_VERSION")));
+    if synth::ensure_builtin(&dir).with_context(|| format!("generating the built-in model in {}", dir.display()))? {
+        eprintln!("generated the built-in default model in {}", dir.display());
+    }
+    eprintln!(
+        "note: no --model given; using the built-in default model at {} — its weights are SYNTHETIC (random), so its text is meaningless",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
+    let dir = resolve_model(args.model, cache_dir)?;
+    let load_start = Instant::now();
+    // `auto` falls back to the in-memory loader for architectures without out-of-core support.
+    let budgeted = args.ooc.explicit() || arch::supports_budget(&dir)?;
+    let (model, ooc) = match args.ooc.options()?.filter(|_| budgeted) {
+        None => (arch::load(&dir).with_context(|| format!("loading model {}", dir.display()))?, None),
+        Some(o) => {
+            let (m, rt) = arch::load_budgeted(&dir, &o).with_context(|| format!("loading model {}", dir.display()))?;
+            if args.stats {
+                eprintln!("{}", describe_plan(&rt.plan));
+            }
+            if let Some(note) = &rt.heat_note {
+                eprintln!("heat: {note}");
+            }
+            (m, Some(rt))
+        }
+    };
+    let tok = Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?;
+    let load_seconds = load_start.elapsed().as_secs_f64();
+    let prompt_ids = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = args.system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", args.prompt));
+        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+        tok.encode_chat(&messages, &opts).context("rendering the chat template")?
+    } else {
+        let mut ids: Vec<u32> = model.info().bos_token_id.into_iter().collect();
+        ids.extend(tok.encode(&args.prompt));
+        ids
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: args.max_new,
+        sampling: Sampling::new(args.temperature, args.top_p, args.top_k, args.seed)?,
+        stop_ids: deltafin_server::model::stop_ids(&dir, model.info(), &tok),
+        prefill_chunk: args.prefill_chunk,
+    };
+    let mut state = model.new_state();
+    let mut decoder = IncrementalDecoder::new(&tok);
+    let mut stdout = std::io::stdout().lock();
+    let streaming = !args.json;
+    let generation = generate(model.as_ref(), &mut state, &prompt_ids, &opts, |id| {
+        if streaming && let Some(text) = decoder.push(id) {
+            // A closed stdout (e.g. `| head`) stops generation instead of failing it.
+            if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    })?;
+    if let Some(rt) = &ooc {
+        rt.flush_heat()?;
+    }
+    let ooc_stats = ooc.as_ref().map(|rt| rt.stats());
+    let text_ids: Vec<u32> =
+        generation.output_ids.iter().copied().filter(|id| !opts.stop_ids.contains(id)).collect();
+    let text = tok.decode(&text_ids);
+    let s = &generation.stats;
+    if args.json {
+        let out = json!({
+            "model": dir,
+            "prompt_ids": prompt_ids,
+            "output_ids": generation.output_ids,
+            "text": text,
+            "finish_reason": generation.finish_reason,
+            "stats": { "load_seconds": load_seconds, "prompt_tokens": s.prompt_tokens,
+                "generated_tokens": s.generated_tokens, "prefill_seconds": s.prefill_seconds,
+                "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
+                "decode_tokens_per_second": s.decode_tokens_per_second },
+            "out_of_core": ooc_stats,
+        });
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    } else {
+        if let Some(rest) = decoder.flush() {
+            stdout.write_all(rest.as_bytes())?;
+        }
+        writeln!(stdout)?;
+    }
+    if args.stats {
+        eprintln!(
+            "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.1} tok/s); load {:.2} s; finish: {:?}",
+            s.prompt_tokens,
+            s.prefill_seconds,
+            s.prefill_tokens_per_second,
+            s.generated_tokens,
+            s.decode_seconds,
+            s.decode_tokens_per_second,
+            load_seconds,
+            generation.finish_reason
+        );
+        if let Some(st) = &ooc_stats {
+            eprintln!("out of core: {}", serde_json::to_string(st)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! Shared server state: configuration, metrics, the loaded model (set once loading finishes,
+//! which is what `/readyz` reports) and the draining flag of a graceful shutdown.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
+use deltafin_engine::tokenizer::Tokenizer;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::reasoning::ThinkMarkers;
+use crate::openai::request::Limits;
+
+/// Process-level server settings (built from the command line in `main`).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Request bounds applied during validation.
+    pub limits: Limits,
+    /// Largest accepted request body (413 above).
+    pub max_request_bytes: usize,
+    /// Bearer key required on `/v1/*` (`None`: no authentication).
+    pub api_key: Option<String>,
+    /// Interval of SSE keep-alive comments while a stream has nothing to send.
+    pub keep_alive: Duration,
+    /// Log prompt text (off by default: prompts never reach the log).
+    pub log_prompts: bool,
+}
+
+/// Everything a request needs once the model is loaded.
+#[derive(Debug)]
+pub struct Loaded {
+    pub tokenizer: Arc<Tokenizer>,
+    pub engine: SchedulerHandle,
+    /// The served model id (`GET /v1/models`; a request's `model` must match).
+    pub model_id: String,
+    /// Unix time the model finished loading.
+    pub created: u64,
+    /// Ids that end any generation (EOS).
+    pub stop_ids: Vec<u32>,
+    /// Extra ids that end a chat turn (`<|im_end|>` and the like).
+    pub chat_stop_ids: Vec<u32>,
+    /// The chat format's thinking markers, if it has them.
+    pub think: Option<ThinkMarkers>,
+    /// BOS, prepended to completions prompts given as text.
+    pub bos: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: ServerConfig,
+    metrics: Arc<Metrics>,
+    expert_io: Arc<ExpertIoStats>,
+    loaded: OnceLock<Arc<Loaded>>,
+    draining: AtomicBool,
+}
+
+/// The state every handler receives. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(config: ServerConfig, metrics: Arc<Metrics>, expert_io: Arc<ExpertIoStats>) -> Self {
+        AppState(Arc::new(Shared {
+            config,
+            metrics,
+            expert_io,
+            loaded: OnceLock::new(),
+            draining: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.0.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.0.metrics
+    }
+
+    pub fn expert_io(&self) -> &ExpertIoStats {
+        &self.0.expert_io
+    }
+
+    /// Publish the loaded model (readiness turns true). Later calls are ignored.
+    pub fn set_loaded(&self, loaded: Loaded) {
+        let _ = self.0.loaded.set(Arc::new(loaded));
+    }
+
+    /// The loaded model, or why requests cannot run now.
+    pub fn loaded(&self) -> Result<Arc<Loaded>, ApiError> {
+        if self.0.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::ShuttingDown);
+        }
+        self.0.loaded.get().cloned().ok_or(ApiError::Loading)
+    }
+
+    /// The loaded model even while draining (metrics, shutdown).
+    pub fn loaded_any(&self) -> Option<Arc<Loaded>> {
+        self.0.loaded.get().cloned()
+    }
+
+    /// Ready: loaded and not shutting down. Busy does not make a server unready.
+    pub fn ready(&self) -> bool {
+        self.loaded().is_ok()
+    }
+
+    /// Start a graceful shutdown: readiness goes false, new requests get 503.
+    pub fn begin_drain(&self) {
+        self.0.draining.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,34 @@
+//! Runs the pytest suite in `tests/python/` (the official `openai` client against the real
+//! `deltafin serve` binary on loopback) on a tiny synthetic model. The suite needs a Python with
+//! `openai`, `httpx` and `pytest`: `scripts/test-server` installs one and points
+//! `DELTAFIN_TEST_PYTHON` at it. Without that variable this test says so and passes.
+
+use std::path::Path;
+use std::process::Command;
+
+use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
+
+#[test]
+fn openai_client_suite() {
+    let Some(python) = std::env::var_os("DELTAFIN_TEST_PYTHON") else {
+        eprintln!("skipped: DELTAFIN_TEST_PYTHON is not set (run scripts/test-server)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-deepseek");
+    DeepseekSynth::tiny(ExpertFormat::Bf16).write(&model).unwrap();
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
+    let mut cmd = Command::new(python);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(
+            std::env::var("DELTAFIN_PYTEST_ARGS")
+                .ok()
+                .iter()
+                .flat_map(|a| a.split_whitespace()),
+        )
+        .current_dir(&suite)
+        .env("DELTAFIN_BIN", env!("CARGO_BIN_EXE_deltafin"))
+        .env("DELTAFIN_TEST_MODEL", &model);
+    let status = cmd.status().expect("running pytest");
+    assert!(status.success(), "the pytest suite failed");
+}
