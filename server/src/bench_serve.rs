@@ -51,6 +51,8 @@ struct Level {
     /// Mean rows per batched pass over the whole level.
     mean_batch_rows: f64,
     passes: u64,
+    /// Mean milliseconds of one batched model pass.
+    mean_pass_ms: f64,
 }
 
 /// Timestamps each event when the engine loop emits it.
@@ -188,6 +190,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             per_stream_tokens_per_second: rate / streams.max(1) as f64,
             mean_batch_rows: (after.rows - before.rows) as f64 / passes.max(1) as f64,
             passes,
+            mean_pass_ms: (after.forward_seconds_x1e9 - before.forward_seconds_x1e9) as f64 / 1e6 / passes.max(1) as f64,
         });
     }
     if args.json {
