@@ -190,7 +190,9 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             per_stream_tokens_per_second: rate / streams.max(1) as f64,
             mean_batch_rows: (after.rows - before.rows) as f64 / passes.max(1) as f64,
             passes,
-            mean_pass_ms: (after.forward_seconds_x1e9 - before.forward_seconds_x1e9) as f64 / 1e6 / passes.max(1) as f64,
+            mean_pass_ms: (after.forward_seconds_x1e9 - before.forward_seconds_x1e9) as f64
+                / 1e6
+                / passes.max(1) as f64,
         });
     }
     if args.json {
@@ -201,13 +203,17 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     } else {
         println!("model: {}", dir.display());
         println!(
-            "{:>8} {:>14} {:>14} {:>10}",
-            "streams", "aggregate t/s", "per-stream t/s", "rows/pass"
+            "{:>8} {:>14} {:>14} {:>10} {:>10}",
+            "streams", "aggregate t/s", "per-stream t/s", "rows/pass", "ms/pass"
         );
         for l in &levels {
             println!(
-                "{:>8} {:>14.1} {:>14.1} {:>10.2}",
-                l.streams, l.aggregate_tokens_per_second, l.per_stream_tokens_per_second, l.mean_batch_rows
+                "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2}",
+                l.streams,
+                l.aggregate_tokens_per_second,
+                l.per_stream_tokens_per_second,
+                l.mean_batch_rows,
+                l.mean_pass_ms
             );
         }
     }
