@@ -104,7 +104,7 @@ fn rollback_restores_the_exact_state() {
     m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens[..6], logits: LogitRows::None }], None).unwrap();
     let mut branch = s.clone();
     m.forward(&mut [SeqInput { state: &mut s, tokens: &[1, 2, 3], logits: LogitRows::None }], None).unwrap();
-    s.truncate(6);
+    s.truncate(6).unwrap();
     let a = m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens[6..], logits: LogitRows::All }], None).unwrap();
     let b = m.forward(&mut [SeqInput { state: &mut branch, tokens: &tokens[6..], logits: LogitRows::All }], None).unwrap();
     assert_eq!(bits(&a), bits(&b));

@@ -1,9 +1,11 @@
 //! `deltafin bench`: measurement programs (kernels and memory bandwidth, serving throughput).
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use deltafin_engine::kernels::bench::{self as kernel_bench, BenchFormat, BenchOptions};
 
 /// Arguments of `deltafin bench`.
 #[derive(Debug, Args)]
@@ -20,6 +22,15 @@ enum BenchWhat {
         /// Print one JSON object instead of a table.
         #[arg(long, env = "DELTAFIN_JSON")]
         json: bool,
+        /// Formats to measure (comma-separated: f32, bf16, fp8, int4, mxfp4; default all).
+        #[arg(long, value_delimiter = ',', env = "DELTAFIN_FORMATS")]
+        formats: Vec<String>,
+        /// Minimum measuring time per point, in milliseconds.
+        #[arg(long, default_value_t = 500, env = "DELTAFIN_MIN_TIME_MS")]
+        min_time_ms: u64,
+        /// Bytes of the memory-bandwidth probe buffer (far larger than the L3 cache).
+        #[arg(long, default_value_t = 512 << 20, env = "DELTAFIN_PROBE_BYTES")]
+        probe_bytes: usize,
     },
     /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
     Serve(crate::bench_serve::ServeBenchArgs),
@@ -28,9 +39,26 @@ enum BenchWhat {
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
-        BenchWhat::Kernels { json } => {
-            let _ = json;
-            anyhow::bail!("kernel benchmark not wired yet")
+        BenchWhat::Kernels { json, formats, min_time_ms, probe_bytes } => {
+            let mut opts = BenchOptions {
+                threads: rayon::current_num_threads(),
+                min_time: Duration::from_millis(min_time_ms),
+                probe_bytes,
+                ..BenchOptions::default()
+            };
+            if !formats.is_empty() {
+                opts.formats = formats
+                    .iter()
+                    .map(|f| BenchFormat::parse(f).ok_or_else(|| anyhow::anyhow!("unknown format `{f}`")))
+                    .collect::<Result<_>>()?;
+            }
+            let report = kernel_bench::run(&opts);
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
         }
     }
 }

@@ -1,12 +1,17 @@
 //! The `deltafin` command: parses the command line (every flag also reads a `DELTAFIN_<FLAG>`
-//! environment variable), resolves process-level settings such as the cache directory and the
-//! thread count, and dispatches to a subcommand. Errors print one line on stderr and exit 1;
+//! environment variable; `HF_TOKEN` and `HF_ENDPOINT` are read here too, through clap), resolves
+//! process-level settings such as the cache directory and the thread count, and dispatches to a
+//! subcommand. Errors print one line on stderr and exit 1;
 //! usage errors exit 2.
 
 mod bench;
 mod bench_serve;
+mod doctor;
+mod progress;
+mod push;
 mod run;
 mod serve;
+mod setup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +41,14 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Download a model (Hugging Face or OCI), resumable and verified.
+    Setup(setup::SetupArgs),
+    /// Add the Qwen raw-completion drafter to an install (DIR/drafts/qwen).
+    SetupQwen(setup::SetupQwenArgs),
+    /// Push an install to an OCI registry as a model artifact.
+    Push(push::PushArgs),
+    /// Check an install (read-only) and print a verdict.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,13 +58,19 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let cache_dir = cli.cache_dir.unwrap_or_else(default_cache_dir);
+    deltafin_fetch::install_tls_provider();
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let result = match cli.command {
-        Command::Run(args) => run::run(args, &cache_dir),
-        Command::Bench(args) => bench::bench(args, &cache_dir),
-        Command::Serve(args) => serve::serve(args, &cache_dir),
+        Command::Run(args) => done(run::run(args, &cache_dir)),
+        Command::Bench(args) => done(bench::bench(args, &cache_dir)),
+        Command::Serve(args) => done(serve::serve(args, &cache_dir)),
+        Command::Setup(args) => setup::setup(args),
+        Command::SetupQwen(args) => setup::setup_qwen(args),
+        Command::Push(args) => push::push(args),
+        Command::Doctor(args) => doctor::doctor(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)

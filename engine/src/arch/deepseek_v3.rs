@@ -6,9 +6,9 @@
 
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Moe, RouterConfig};
+use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, mla_caches};
 use crate::config::DeepseekV3Config;
 use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
@@ -107,6 +107,7 @@ impl DeepseekV3 {
             )?,
             o: ld.linear(&format!("{p}.self_attn.o_proj"), h, heads * cfg.v_head_dim)?,
             rotary: Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave)),
+            out_gate: None,
             dims,
         };
         let ffn = if cfg.is_moe_layer(i) {
@@ -130,6 +131,8 @@ impl DeepseekV3 {
                 },
                 experts,
                 shared,
+                latent: None,
+                combine: Combine::Ascending,
             })
         } else {
             Ffn::Dense(mlp(ld, &format!("{p}.mlp"), h, cfg.intermediate_size)?)
@@ -152,6 +155,12 @@ impl DeepseekV3 {
     }
 }
 
+/// Every layer of a DeepSeek-V3 state is an MLA cache.
+fn check_state(state: &SeqState, layers: usize) -> Result<()> {
+    let ok = state.layers.len() == layers && state.layers.iter().all(|l| matches!(l, LayerState::Mla(_)));
+    if ok { Ok(()) } else { Err(super::foreign_state()) }
+}
+
 impl Model for DeepseekV3 {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -164,6 +173,10 @@ impl Model for DeepseekV3 {
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
         let h = self.cfg.hidden_size;
         let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
+        for b in batch.iter_mut() {
+            check_state(b.state, self.layers.len())?;
+        }
+        begin_pass(batch);
         let n = plan.len();
         let logit_rows = plan.logit_rows(batch);
         let mut x = vec![0.0f32; n * h];
@@ -176,12 +189,7 @@ impl Model for DeepseekV3 {
         }
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = self.norm_rows(&x, &layer.input_norm);
-            let mut caches: Vec<&mut MlaCache> = batch
-                .iter_mut()
-                .map(|b| match &mut b.state.layers[l] {
-                    LayerState::Mla(c) => c,
-                })
-                .collect();
+            let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
             let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
             let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
@@ -194,9 +202,6 @@ impl Model for DeepseekV3 {
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("layers.{l}"), &x);
             }
-        }
-        for b in batch.iter_mut() {
-            b.state.len += b.tokens.len();
         }
         let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
         let normed = self.norm_rows(&selected, &self.norm);

@@ -33,6 +33,28 @@ impl<'a> Loader<'a> {
         self.index.f32_vec(&self.name(name), &[len])
     }
 
+    /// A float tensor of exactly `shape` (e.g. `[C, 1, K]` conv weights) widened to f32.
+    pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.index.f32_vec(&self.name(name), shape)
+    }
+
+    /// A float tensor of any shape, with its stored shape (for weights that broadcast).
+    pub fn floats_any_shape(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let shape = self.index.info(&self.name(name))?.shape.clone();
+        Ok((shape.clone(), self.floats(name, &shape)?))
+    }
+
+    /// The shard path holding `name` (for error messages).
+    pub fn path_of(&self, name: &str) -> std::path::PathBuf {
+        let full = self.name(name);
+        self.index.info(&full).map(|i| self.index.shard_path(i).to_path_buf()).unwrap_or_default()
+    }
+
+    /// `name` with the checkpoint's tensor prefix (for error messages).
+    pub fn full_name(&self, name: &str) -> String {
+        self.name(name)
+    }
+
     /// A plain (unquantised) BF16/F32 matrix, e.g. embeddings and routers.
     pub fn dense(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let full = self.name(name);

@@ -6,6 +6,8 @@
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
 pub mod deepseek_v3;
+pub mod kimi_k3;
+pub mod kimi_linear;
 pub mod layers;
 mod loader;
 
@@ -17,7 +19,7 @@ pub use loader::Loader;
 
 use crate::config::{ArchConfig, ModelSpec};
 use crate::error::{Error, Result};
-use crate::generate::SeqState;
+use crate::generate::{KdaCache, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 /// Facts about a loaded model that generation and serving need.
@@ -92,7 +94,32 @@ pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>
     let loader = Loader::new(index, spec);
     match &spec.arch {
         ArchConfig::DeepseekV3(cfg) => Ok(Box::new(deepseek_v3::DeepseekV3::load(cfg.clone(), &loader)?)),
+        ArchConfig::KimiLinear(cfg) => Ok(Box::new(kimi_linear::KimiLinear::load(cfg.clone(), &loader)?)),
+        ArchConfig::KimiK3(cfg) => Ok(Box::new(kimi_k3::KimiK3::load(cfg.clone(), &loader)?)),
     }
+}
+
+/// Stage a new pass over every sequence of a validated batch (commits each one's previous
+/// pass; see `generate::state`).
+pub(crate) fn begin_pass(batch: &mut [SeqInput<'_>]) {
+    for b in batch.iter_mut() {
+        b.state.begin_pass(b.tokens.len());
+    }
+}
+
+/// The error for a state made by another model.
+pub(crate) fn foreign_state() -> Error {
+    Error::InvalidArgument { field: "state", reason: "the sequence state was not created by this model".into() }
+}
+
+/// Layer `l`'s MLA cache of every sequence (states were checked against the model).
+pub(crate) fn mla_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a mut MlaCache> {
+    batch.iter_mut().map(|b| b.state.layers[l].mla_mut().expect("state checked: MLA layer")).collect()
+}
+
+/// Layer `l`'s KDA state of every sequence (states were checked against the model).
+pub(crate) fn kda_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a mut KdaCache> {
+    batch.iter_mut().map(|b| b.state.layers[l].kda_mut().expect("state checked: KDA layer")).collect()
 }
 
 /// Per-row bookkeeping of a batched pass: which sequence each row belongs to and its position.

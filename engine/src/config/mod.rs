@@ -6,6 +6,8 @@
 //! unknown `model_type` or an inconsistent field is a typed error naming the field.
 
 mod deepseek_v3;
+mod kimi_k3;
+mod kimi_linear;
 mod quant;
 mod rope;
 
@@ -14,6 +16,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 pub use deepseek_v3::DeepseekV3Config;
+pub use kimi_k3::KimiK3Config;
+pub use kimi_linear::{AttnKind, KdaConfig, KdaDecay, KimiLinearConfig};
 pub use quant::{IgnoreRule, Quantization};
 pub use rope::{RopeConfig, RopeScaling};
 
@@ -25,6 +29,10 @@ use crate::error::{Error, Result};
 pub enum ArchConfig {
     /// DeepSeek-V3 and the Kimi-K2 family (`deepseek_v3`, `kimi_k2`).
     DeepseekV3(DeepseekV3Config),
+    /// Kimi-Linear (`kimi_linear`): KDA + NoPE MLA layers, MoE.
+    KimiLinear(KimiLinearConfig),
+    /// Kimi K3 (`kimi_k3` with a `kimi_linear` text config).
+    KimiK3(KimiK3Config),
 }
 
 /// Everything `config.json` says about a checkpoint.
@@ -43,7 +51,8 @@ pub struct ModelSpec {
 }
 
 /// Model types accepted at the top level, listed in errors.
-pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2)";
+pub const SUPPORTED_MODEL_TYPES: &str =
+    "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear)";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +156,12 @@ impl ModelSpec {
         let nested_ok = matches!(model_type.as_str(), "kimi_k25" | "kimi_k2_5" | "kimi_vl" | "deepseek_v3" | "kimi_k2");
         let arch = match inner_type.as_str() {
             "deepseek_v3" | "kimi_k2" if nested_ok => ArchConfig::DeepseekV3(DeepseekV3Config::parse(fields)?),
+            "kimi_linear" if model_type == "kimi_linear" && scope.is_empty() => {
+                ArchConfig::KimiLinear(KimiLinearConfig::parse(fields, kimi_linear::Dialect::Linear, &[])?)
+            }
+            "kimi_linear" if model_type == "kimi_k3" && !scope.is_empty() => {
+                ArchConfig::KimiK3(KimiK3Config::parse(top, fields)?)
+            }
             _ => {
                 return Err(Error::UnknownModelType {
                     path: path.to_path_buf(),

@@ -79,10 +79,13 @@ impl Quantization {
         let scope = format!("quantization_config.config_groups.{name}.weights.");
         let weights = group.get("weights").and_then(Value::as_object).ok_or_else(|| f.err("config_groups", "group has no `weights`"))?;
         let w = Fields { map: weights, path: f.path, scope: &scope };
-        if let Some(acts) = group.get("input_activations")
-            && !acts.is_null()
-        {
-            return Err(f.err("config_groups", "activation quantisation is not supported (weights only, exact)"));
+        for key in ["input_activations", "output_activations"] {
+            if group.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(f.err("config_groups", format!("{key} quantisation is not supported (weights only, exact)")));
+            }
+        }
+        if f.get("kv_cache_scheme").is_some() {
+            return Err(f.err("kv_cache_scheme", "KV-cache quantisation is not supported (the cache is kept in f32)"));
         }
         let num_bits = w.usize("num_bits")?;
         let kind = w.opt_str("type")?.unwrap_or("int");
@@ -102,6 +105,12 @@ impl Quantization {
         }
         if let Some(order) = w.opt_str("actorder")? {
             return Err(w.err("actorder", format!("`{order}` activation ordering is not supported")));
+        }
+        if let Some(scale) = w.opt_str("scale_dtype")?
+            && format == "mxfp4-pack-quantized"
+            && scale != "torch.uint8"
+        {
+            return Err(w.err("scale_dtype", format!("`{scale}` is not supported for MXFP4 (supported: torch.uint8, E8M0)")));
         }
         let ignore = parse_ignore(f)?;
         match (format, kind) {

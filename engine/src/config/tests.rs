@@ -24,6 +24,7 @@ fn parse(v: &Value) -> crate::Result<ModelSpec> {
 fn dsv3(v: &Value) -> DeepseekV3Config {
     match parse(v).unwrap().arch {
         ArchConfig::DeepseekV3(c) => c,
+        other => panic!("{other:?}"),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Generation: per-sequence state, sampling, chunked prefill and decode with token streaming.
+//! Generation: per-sequence state with staged passes that can be committed to a prefix or
+//! rolled back (see [`SeqState`]), sampling, chunked prefill and decode with token streaming.
 
 mod run;
 mod sampling;
@@ -6,4 +7,4 @@ mod state;
 
 pub use run::{FinishReason, Flow, Generation, GenerateOptions, GenerationStats, generate};
 pub use sampling::{Sampling, sample, uniform};
-pub use state::{LayerState, MlaCache, SeqState};
+pub use state::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};

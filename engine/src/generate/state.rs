@@ -1,8 +1,36 @@
-//! Per-sequence model state: one entry per layer (the MLA latent cache for attention layers).
-//! The state only grows by committed rows; `truncate` rolls back to an earlier length.
+//! Per-sequence model state and its transactions.
+//!
+//! A [`SeqState`] holds one entry per layer: the compressed MLA cache ([`MlaCache`]: the
+//! normalised latent and the shared key part of every position) or the KDA recurrent state
+//! ([`KdaCache`]: short-convolution history and the delta-rule matrix per head).
+//!
+//! ## Transactions
+//! Every forward pass over `rows` new tokens of a sequence is **staged**: afterwards
+//! [`SeqState::len`] includes those rows and the next pass continues after them, but the pass
+//! can still be cut back:
+//! * [`SeqState::commit`]`(m)` keeps the first `m` rows of the staged pass (`0 ≤ m ≤ rows`) and
+//!   drops the rest; the state is then exactly the state of having run only those `m` rows, one
+//!   at a time (bit-identical: see below). [`SeqState::commit_all`] keeps every row and
+//!   [`SeqState::rollback`] none.
+//! * Starting another pass commits the previous one entirely, so callers that never use
+//!   transactions (plain generation) see the old "a pass appends" behaviour.
+//!
+//! Speculative decoding runs `[t, d1 … dk]` in one pass, compares predictions, and commits the
+//! accepted prefix `m + 1`.
+//!
+//! How it is done: MLA caches only append, so committing `m` rows truncates them. A KDA layer
+//! keeps **one** snapshot of its pre-pass state (copied when the pass first touches it, into a
+//! reused buffer) and each row's recurrence inputs (the raw q/k/v projections, the normalised
+//! `k`, `v`, the log-decay `g` and `β`: `6·P + heads` floats, far less than a state copy per
+//! row). `commit(m)` with `m` equal to the pass length keeps the live state; otherwise it swaps
+//! the snapshot back in and replays `m` rows with the same two functions the forward pass uses
+//! ([`kda::conv_push`], [`kda::delta_rule_step`]), so the result is bit-identical by construction.
 
-/// The compressed MLA cache of one layer: the normalised latent `c_kv` and the rotated shared
-/// key `k_rope` of every position (never expanded per head).
+use crate::arch::layers::kda;
+use crate::error::{Error, Result};
+
+/// The compressed MLA cache of one layer: the normalised latent `c_kv` and the shared key part
+/// `k_rope` (rotated, or raw for NoPE attention) of every position (never expanded per head).
 #[derive(Debug, Clone, Default)]
 pub struct MlaCache {
     /// `len × kv_lora_rank` values.
@@ -11,27 +39,191 @@ pub struct MlaCache {
     pub k_rope: Vec<f32>,
 }
 
+/// Shape of a KDA layer's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KdaShape {
+    pub heads: usize,
+    /// Key and value width per head.
+    pub head_dim: usize,
+    /// Short-convolution width `K` (the history keeps `K - 1` rows).
+    pub kernel: usize,
+}
+
+impl KdaShape {
+    /// Channels of one of q/k/v (`heads * head_dim`).
+    pub fn channels(self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Floats of convolution history (`(K - 1)` rows of the `3P` raw projections).
+    pub fn conv_len(self) -> usize {
+        3 * self.channels() * self.kernel.saturating_sub(1)
+    }
+
+    /// Floats of the delta-rule state (`heads × head_dim × head_dim`).
+    pub fn state_len(self) -> usize {
+        self.heads * self.head_dim * self.head_dim
+    }
+
+    /// Floats recorded per staged row: raw q/k/v (3P), k, v, g (P each), β (heads).
+    pub fn record_len(self) -> usize {
+        6 * self.channels() + self.heads
+    }
+}
+
+/// The recurrent state of one KDA layer, with its staged pass.
+#[derive(Debug, Clone)]
+pub struct KdaCache {
+    shape: KdaShape,
+    /// Raw projections of the last `K - 1` positions, oldest first, `[K-1, 3P]`.
+    conv: Vec<f32>,
+    /// Delta-rule state `[heads, dk, dv]`.
+    recurrent: Vec<f32>,
+    /// Pre-pass copies while a pass is staged (buffers kept between passes).
+    snapshot_conv: Vec<f32>,
+    snapshot_recurrent: Vec<f32>,
+    /// Recurrence inputs of the staged rows, `record_len` floats each.
+    inputs: Vec<f32>,
+    staged: bool,
+}
+
+impl KdaCache {
+    /// A zero state.
+    pub fn new(shape: KdaShape) -> Self {
+        KdaCache {
+            shape,
+            conv: vec![0.0; shape.conv_len()],
+            recurrent: vec![0.0; shape.state_len()],
+            snapshot_conv: Vec::new(),
+            snapshot_recurrent: Vec::new(),
+            inputs: Vec::new(),
+            staged: false,
+        }
+    }
+
+    /// The state's shape.
+    pub fn shape(&self) -> KdaShape {
+        self.shape
+    }
+
+    /// Start (or continue) the staged pass: the first call of a pass snapshots the state.
+    pub(crate) fn begin_rows(&mut self) {
+        if !self.staged {
+            self.snapshot_conv.clone_from(&self.conv);
+            self.snapshot_recurrent.clone_from(&self.recurrent);
+            self.inputs.clear();
+            self.staged = true;
+        }
+    }
+
+    pub(crate) fn conv_history(&self) -> &[f32] {
+        &self.conv
+    }
+
+    pub(crate) fn conv_history_mut(&mut self) -> &mut [f32] {
+        &mut self.conv
+    }
+
+    pub(crate) fn recurrent_mut(&mut self) -> &mut [f32] {
+        &mut self.recurrent
+    }
+
+    /// Append one staged row's recurrence inputs.
+    pub(crate) fn record(&mut self, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.shape.record_len());
+        self.inputs.extend_from_slice(row);
+    }
+
+    /// Rows staged in the current pass.
+    fn staged_rows(&self) -> usize {
+        if self.staged {
+            self.inputs.len() / self.shape.record_len()
+        } else {
+            0
+        }
+    }
+
+    /// Keep the first `keep` staged rows (see the module docs).
+    fn commit(&mut self, keep: usize) {
+        if !self.staged {
+            return;
+        }
+        let rows = self.staged_rows();
+        debug_assert!(keep <= rows);
+        if keep < rows {
+            std::mem::swap(&mut self.conv, &mut self.snapshot_conv);
+            std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
+            let s = self.shape;
+            let p = s.channels();
+            for row in self.inputs.chunks(s.record_len()).take(keep) {
+                let (raw, rest) = row.split_at(3 * p);
+                let (k, rest) = rest.split_at(p);
+                let (v, rest) = rest.split_at(p);
+                let (g, beta) = rest.split_at(p);
+                kda::conv_push(&mut self.conv, raw, s);
+                kda::delta_rule_step(&mut self.recurrent, k, v, g, beta, s);
+            }
+        }
+        self.inputs.clear();
+        self.staged = false;
+    }
+
+    /// Bytes of live state (convolution history and recurrent matrix).
+    pub fn state_bytes(&self) -> usize {
+        4 * (self.conv.len() + self.recurrent.len())
+    }
+}
+
 /// State of one layer.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LayerState {
+    /// Softmax attention over the compressed latent cache.
     Mla(MlaCache),
+    /// Kimi Delta Attention's recurrent state.
+    Kda(KdaCache),
+}
+
+impl LayerState {
+    /// The MLA cache, if this is an MLA layer.
+    pub fn mla_mut(&mut self) -> Option<&mut MlaCache> {
+        match self {
+            LayerState::Mla(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The KDA state, if this is a KDA layer.
+    pub fn kda_mut(&mut self) -> Option<&mut KdaCache> {
+        match self {
+            LayerState::Kda(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 /// Everything a sequence carries between passes.
 #[derive(Debug, Clone)]
 pub struct SeqState {
     pub(crate) layers: Vec<LayerState>,
+    /// Positions processed, including the staged pass.
     pub(crate) len: usize,
+    /// Rows of the last pass that are not committed yet.
+    pub(crate) staged: usize,
 }
 
 impl SeqState {
     /// A fresh state with the given layer states.
     pub fn new(layers: Vec<LayerState>) -> Self {
-        SeqState { layers, len: 0 }
+        SeqState {
+            layers,
+            len: 0,
+            staged: 0,
+        }
     }
 
-    /// Number of positions already processed.
+    /// Number of positions processed, including a staged (not yet committed) pass: the next
+    /// pass starts at this position.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -41,31 +233,134 @@ impl SeqState {
         self.len == 0
     }
 
-    /// Forget every position at or after `len` (no-op if `len >= self.len()`).
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
+    /// Positions that are committed (excluding the staged pass).
+    pub fn committed_len(&self) -> usize {
+        self.len - self.staged
+    }
+
+    /// Rows of the last pass that can still be cut back (0 when nothing is staged).
+    pub fn staged_rows(&self) -> usize {
+        self.staged
+    }
+
+    /// Keep the first `keep` rows of the staged pass and drop the rest.
+    pub fn commit(&mut self, keep: usize) -> Result<()> {
+        if keep > self.staged {
+            return Err(Error::InvalidArgument {
+                field: "commit",
+                reason: format!("cannot keep {keep} rows: the staged pass has {}", self.staged),
+            });
         }
+        let new_len = self.committed_len() + keep;
+        let old_len = self.len;
         for layer in &mut self.layers {
             match layer {
-                LayerState::Mla(c) => {
-                    let kv = c.latent.len() / self.len;
-                    let rope = c.k_rope.len() / self.len;
-                    c.latent.truncate(len * kv);
-                    c.k_rope.truncate(len * rope);
-                }
+                LayerState::Mla(c) => truncate_mla(c, old_len, new_len),
+                LayerState::Kda(c) => c.commit(keep),
+            }
+        }
+        self.len = new_len;
+        self.staged = 0;
+        Ok(())
+    }
+
+    /// Keep every staged row.
+    pub fn commit_all(&mut self) {
+        self.commit(self.staged)
+            .expect("keeping every staged row is always valid");
+    }
+
+    /// Drop the whole staged pass.
+    pub fn rollback(&mut self) {
+        self.commit(0).expect("keeping no row is always valid");
+    }
+
+    /// Start a pass over `rows` new positions: commits the previous pass, then stages these.
+    pub(crate) fn begin_pass(&mut self, rows: usize) {
+        self.commit_all();
+        self.len += rows;
+        self.staged = rows;
+    }
+
+    /// Whether [`SeqState::truncate`]`(len)` would succeed: always within the staged pass, and
+    /// for committed positions only when no layer holds a recurrent (KDA) state.
+    pub fn can_truncate(&self, len: usize) -> bool {
+        len >= self.committed_len() || !self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+    }
+
+    /// Forget every position at or after `len` (no-op if `len >= self.len()`). Positions of
+    /// the staged pass can always be dropped; committed positions only when every layer is an
+    /// MLA cache (a recurrent state cannot be rewound past its pass).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len >= self.len {
+            return Ok(());
+        }
+        if len >= self.committed_len() {
+            return self.commit(len - self.committed_len());
+        }
+        if !self.can_truncate(len) {
+            return Err(Error::InvalidArgument {
+                field: "truncate",
+                reason: format!(
+                    "recurrent (KDA) state can only be rewound within the staged pass (to >= {}), not to {len}",
+                    self.committed_len()
+                ),
+            });
+        }
+        self.commit_all();
+        let old_len = self.len;
+        for layer in &mut self.layers {
+            if let LayerState::Mla(c) = layer {
+                truncate_mla(c, old_len, len);
             }
         }
         self.len = len;
+        Ok(())
     }
 
-    /// Bytes held by caches.
+    /// Bytes held by caches and recurrent states.
     pub fn cache_bytes(&self) -> usize {
+        self.mla_cache_bytes() + self.kda_state_bytes()
+    }
+
+    /// Bytes held by the MLA caches (grows with the context).
+    pub fn mla_cache_bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|l| match l {
                 LayerState::Mla(c) => 4 * (c.latent.len() + c.k_rope.len()),
+                LayerState::Kda(_) => 0,
             })
             .sum()
     }
+
+    /// Bytes of KDA recurrent state (constant in the context length).
+    pub fn kda_state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(c) => c.state_bytes(),
+                LayerState::Mla(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Number of MLA layers.
+    pub fn mla_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l, LayerState::Mla(_)))
+            .count()
+    }
+}
+
+/// Cut an MLA cache holding `old_len` positions down to `new_len`.
+fn truncate_mla(c: &mut MlaCache, old_len: usize, new_len: usize) {
+    if old_len == 0 || new_len >= old_len {
+        return;
+    }
+    let kv = c.latent.len() / old_len;
+    let rope = c.k_rope.len() / old_len;
+    c.latent.truncate(new_len * kv);
+    c.k_rope.truncate(new_len * rope);
 }

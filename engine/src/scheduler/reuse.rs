@@ -12,15 +12,23 @@ use crate::generate::SeqState;
 
 /// What the cache needs from a state.
 pub(crate) trait Reusable: Clone {
-    /// Roll back to the first `len` positions.
+    /// Whether the state can be rolled back to its first `len` positions (a recurrent state
+    /// cannot be rewound past its last committed pass).
+    fn can_truncate(&self, len: usize) -> bool;
+    /// Roll back to the first `len` positions (only called when `can_truncate(len)`).
     fn truncate(&mut self, len: usize);
     /// Bytes held (for the byte budget).
     fn bytes(&self) -> usize;
 }
 
 impl Reusable for SeqState {
+    fn can_truncate(&self, len: usize) -> bool {
+        SeqState::can_truncate(self, len)
+    }
     fn truncate(&mut self, len: usize) {
-        SeqState::truncate(self, len)
+        // `lookup` only asks for lengths `can_truncate` accepts, so this cannot fail; if it
+        // somehow did, the state is left as it was and the caller re-runs the prompt.
+        let _ = SeqState::truncate(self, len);
     }
     fn bytes(&self) -> usize {
         self.cache_bytes()
@@ -72,14 +80,17 @@ impl<S: Reusable> StateCache<S> {
     /// The best reusable state for `prompt` (a copy, rolled back to the shared prefix), or
     /// `None` when no entry shares at least `min_prefix` tokens. The entry stays cached.
     pub(crate) fn lookup(&mut self, prompt: &[u32]) -> Option<Reused<S>> {
-        let (best, lcp) = self
+        // Keep one prompt token to run: its pass produces the first logits.
+        let usable = |e: &Entry<S>| {
+            let len = common_prefix(&e.ids, prompt).min(prompt.len().saturating_sub(1));
+            if e.state.can_truncate(len) { len } else { 0 }
+        };
+        let (best, len) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, common_prefix(&e.ids, prompt)))
-            .max_by_key(|&(i, lcp)| (lcp, std::cmp::Reverse(i)))?;
-        // Keep one prompt token to run: its pass produces the first logits.
-        let len = lcp.min(prompt.len().saturating_sub(1));
+            .map(|(i, e)| (i, usable(e)))
+            .max_by_key(|&(i, len)| (len, std::cmp::Reverse(i)))?;
         if len < self.min_prefix {
             return None;
         }
@@ -117,6 +128,9 @@ mod tests {
     struct Ids(Vec<u32>);
 
     impl Reusable for Ids {
+        fn can_truncate(&self, _len: usize) -> bool {
+            true
+        }
         fn truncate(&mut self, len: usize) {
             self.0.truncate(len)
         }

@@ -4,21 +4,25 @@
 //! text they produce is meaningless, but every code path is the one real checkpoints take.
 
 mod deepseek;
+mod fill;
+mod kimi;
 mod rng;
 mod tokenizer;
 
 pub use deepseek::{DeepseekSynth, ExpertFormat};
+pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
 pub use rng::Rng;
-pub use tokenizer::write_byte_tokenizer;
+pub use tokenizer::{K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor};
 
 use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// The built-in default model: a small DeepSeek-V3-architecture checkpoint with synthetic
-/// weights and a byte-level Kimi-style tokenizer.
-pub fn builtin_default() -> DeepseekSynth {
-    DeepseekSynth::builtin()
+/// The built-in default model: a small Kimi-K3-architecture checkpoint in the real K3 on-disk
+/// format (MXFP4 experts, `language_model.` prefix) with synthetic weights and a byte-level
+/// tokenizer with K3's special tokens and chat format.
+pub fn builtin_default() -> KimiK3Synth {
+    KimiK3Synth::k3_builtin()
 }
 
 /// Make sure the built-in default model exists in `dir`, generating it (atomically: into a

@@ -1,5 +1,8 @@
-//! A byte-level tokenizer in Kimi's `tiktoken.model` format: 256 single-byte ranks, the Kimi
-//! special tokens at their K2 offsets, and a K2-style chat template.
+//! A byte-level tokenizer in Kimi's `tiktoken.model` format: 256 single-byte ranks and the
+//! Kimi special tokens at their offsets after the ranks, with a chat template. Two flavours:
+//! K2 (the `<|im_*|>` specials and template) and K3 (the XTML structural specials of
+//! `kimi-k3.md` §6: `[BOS]` +0, `[EOS]` +1, `<|end_of_msg|>` +2 = EOS, `<|open|>` +3,
+//! `<|close|>` +4, `<|sep|>` +5, `[UNK]` +254, `[PAD]` +255, and the XTML message format).
 
 use std::path::Path;
 
@@ -29,24 +32,70 @@ pub const KIMI_SPECIALS: &[(usize, &str)] = &[
 
 const CHAT_TEMPLATE: &str = "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>{%- endif -%}{%- for message in messages -%}<|im_{{ message['role'] }}|>{{ message['role'] }}<|im_middle|>{{ message['content'] }}<|im_end|>{%- endfor -%}{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}";
 
-/// Write `tiktoken.model` and `tokenizer_config.json` into `dir`. Returns the vocabulary size
-/// (256 ranks + 256 special slots).
+/// K3 special tokens as offsets from the number of ranks (`163584 + offset` in the real
+/// tokenizer). `<|end_of_msg|>` is the generation EOS.
+pub const K3_SPECIALS: &[(usize, &str)] = &[
+    (0, "[BOS]"),
+    (1, "[EOS]"),
+    (2, "<|end_of_msg|>"),
+    (3, "<|open|>"),
+    (4, "<|close|>"),
+    (5, "<|sep|>"),
+    (254, "[UNK]"),
+    (255, "[PAD]"),
+];
+
+/// K3's XTML chat format: a message is `<|open|>message role="…"<|sep|>…<|close|>message<|sep|>
+/// <|end_of_msg|>`; assistant turns wrap reasoning and answer in `think` / `response`
+/// elements; the generation prompt opens an assistant message and its `think` element.
+const K3_CHAT_TEMPLATE: &str = concat!(
+    "{%- for message in messages -%}",
+    "<|open|>message role=\"{{ message['role'] }}\"<|sep|>",
+    "{%- if message['role'] == 'assistant' -%}",
+    "<|open|>think<|sep|>{{ message['reasoning_content'] if message['reasoning_content'] is defined else '' }}",
+    "<|close|>think<|sep|><|open|>response<|sep|>{{ message['content'] }}<|close|>response<|sep|>",
+    "{%- else -%}{{ message['content'] }}{%- endif -%}",
+    "<|close|>message<|sep|><|end_of_msg|>",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>{%- endif -%}",
+);
+
+/// Which special tokens and chat format to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenizerFlavor {
+    /// Kimi K2 (`<|im_*|>` chat format).
+    K2,
+    /// Kimi K3 (XTML chat format).
+    K3,
+}
+
+/// Write `tiktoken.model` and `tokenizer_config.json` (K2 flavour) into `dir`. Returns the
+/// vocabulary size (256 ranks + 256 special slots).
 pub fn write_byte_tokenizer(dir: &Path) -> Result<usize> {
+    write_byte_tokenizer_flavor(dir, TokenizerFlavor::K2)
+}
+
+/// Write a byte-level tokenizer of the given flavour into `dir`; returns the vocabulary size.
+pub fn write_byte_tokenizer_flavor(dir: &Path, flavor: TokenizerFlavor) -> Result<usize> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let ranks: String = (0u8..=255).map(|b| format!("{} {}\n", b64.encode([b]), b)).collect();
     write_atomic(&dir.join("tiktoken.model"), ranks.as_bytes())?;
+    let (specials, template, eos) = match flavor {
+        TokenizerFlavor::K2 => (KIMI_SPECIALS, CHAT_TEMPLATE, "[EOS]"),
+        TokenizerFlavor::K3 => (K3_SPECIALS, K3_CHAT_TEMPLATE, "<|end_of_msg|>"),
+    };
     let mut added = Map::new();
-    for &(offset, name) in KIMI_SPECIALS {
+    for &(offset, name) in specials {
         added.insert((256 + offset).to_string(), json!({"content": name, "special": true}));
     }
     let config = json!({
         "tokenizer_class": "TikTokenTokenizer",
         "bos_token": "[BOS]",
-        "eos_token": "[EOS]",
+        "eos_token": eos,
         "pad_token": "[PAD]",
         "unk_token": "[UNK]",
         "added_tokens_decoder": added,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
     });
     write_atomic(&dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
     Ok(512)

@@ -4,10 +4,13 @@
 //! computation with a different (f32) rounding order, and lets the context grow without per-head
 //! keys and values. Every row attends over its own sequence's cache only, in position order, so
 //! results do not depend on the batch.
+//!
+//! Variants: NoPE attention (Kimi-Linear, K3: `rotary: None`, the shared key channels are used
+//! unrotated) and K3's gated MLA (`out_gate`: `attn ← attn ⊙ σ(W_g x)` before `o_proj`).
 
 use super::rope::Rope;
 use crate::generate::MlaCache;
-use crate::kernels::ops::rms_norm_inplace;
+use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::reference::{decode_row, dot};
 use crate::kernels::{Matrix, matmul};
 
@@ -44,6 +47,8 @@ pub struct Mla {
     pub o: Matrix,
     /// `None` for NoPE attention (the rope channels are used unrotated).
     pub rotary: Option<Rope>,
+    /// Sigmoid output gate `g_proj` `[heads * v, hidden]` (K3), applied before `o_proj`.
+    pub out_gate: Option<Matrix>,
 }
 
 /// Where each row of a pass goes: its cache and position.
@@ -118,6 +123,11 @@ impl Mla {
                     *o = dot(w, &ctx);
                 }
             }
+        }
+        if let Some(gate) = &self.out_gate {
+            let mut g = vec![0.0f32; n * gate.rows];
+            matmul(gate, x, n, &mut g);
+            attn.iter_mut().zip(&g).for_each(|(a, g)| *a *= sigmoid(*g));
         }
         let mut y = vec![0.0; n * self.o.rows];
         matmul(&self.o, &attn, n, &mut y);

@@ -1,12 +1,35 @@
-//! The gated MLP `down(act(gate(x)) * up(x))` used as dense FFN, shared expert and routed expert.
+//! The gated MLP `down(act(gate(x), up(x)))` used as dense FFN, shared expert and routed expert:
+//! SwiGLU (`silu(g) * u`) or K3's SiTU (`kimi-k3.md` §1.5).
 
+use crate::kernels::ops::sigmoid;
 use crate::kernels::{Matrix, matmul};
 
 /// Gate activation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
-    /// `x * sigmoid(x)` (computed as `x / (1 + e^-x)`, as torch does).
+    /// `silu(g) * u`, with `silu(x) = x / (1 + e^-x)` as torch computes it.
     Silu,
+    /// SiTU: `(β·tanh(g/β))·σ(g) · U` with `U = β_l·tanh(u/β_l)` (or `u` when `linear_beta` is
+    /// `None`), in exactly this f32 order.
+    Situ { beta: f32, linear_beta: Option<f32> },
+}
+
+impl Activation {
+    /// The gated activation of one (gate, up) pair.
+    #[inline]
+    pub fn apply(self, g: f32, u: f32) -> f32 {
+        match self {
+            Activation::Silu => g / (1.0 + (-g).exp()) * u,
+            Activation::Situ { beta, linear_beta } => {
+                let gate = (beta * (g / beta).tanh()) * sigmoid(g);
+                let up = match linear_beta {
+                    Some(b) => b * (u / b).tanh(),
+                    None => u,
+                };
+                gate * up
+            }
+        }
+    }
 }
 
 /// A gated MLP.
@@ -31,10 +54,8 @@ impl Mlp {
         let mut u = vec![0.0f32; n * width];
         matmul(&self.gate, x, n, &mut g);
         matmul(&self.up, x, n, &mut u);
-        for (g, u) in g.iter_mut().zip(&u) {
-            *g = match self.act {
-                Activation::Silu => *g / (1.0 + (-*g).exp()),
-            } * u;
+        for (g, &u) in g.iter_mut().zip(&u) {
+            *g = self.act.apply(*g, u);
         }
         let mut out = vec![0.0f32; n * self.down.rows];
         matmul(&self.down, &g, n, &mut out);

@@ -1,5 +1,8 @@
-//! Layers shared by architectures: MLA attention, RoPE, the gated MLP and the routed MoE.
+//! Layers shared by architectures: MLA attention, KDA linear attention, Block Attention
+//! Residuals, RoPE, the gated MLP (SiLU / SiTU) and the routed (optionally latent) MoE.
 
+pub mod attn_res;
+pub mod kda;
 pub mod mla;
 pub mod mlp;
 pub mod moe;

@@ -1,10 +1,16 @@
 //! The routed mixture of experts: sigmoid router with a selection-only correction bias,
 //! group-limited top-k, optional renormalisation and scaling, experts run over the union of a
-//! batch's selections (each expert's weights read once for all rows that chose it), contributions
-//! added per row in ascending expert order, then the shared experts.
+//! batch's selections (each expert's weights read once for all rows that chose it), then the
+//! shared experts.
+//!
+//! The weighted expert outputs are added per row, starting from zero, in the configured
+//! [`Combine`] order: ascending expert id (HF `index_add_` over experts, DeepSeek-V3 and
+//! Kimi-Linear) or router order (K3, `kimi-k3.md` §1.6). K3's *latent* MoE ([`Latent`]) runs
+//! the experts at a smaller width: `r = W_down y`, experts on `r`, then
+//! `W_up · RMSNorm(Σ w_i o_i)`; the shared experts always see the un-projected input.
 
 use super::mlp::Mlp;
-use crate::kernels::ops::sigmoid;
+use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::{Matrix, matmul};
 
 /// Router hyperparameters.
@@ -17,6 +23,27 @@ pub struct RouterConfig {
     pub scaling: f32,
 }
 
+/// Order in which a row's weighted expert outputs are summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// Ascending expert id.
+    Ascending,
+    /// The router's order (descending selection score).
+    RouteOrder,
+}
+
+/// K3's latent projection around the routed experts.
+#[derive(Debug, Clone)]
+pub struct Latent {
+    /// `routed_expert_down_proj` `[latent, hidden]`.
+    pub down: Matrix,
+    /// `routed_expert_norm` on the expert sum (`latent_moe_use_norm`).
+    pub norm: Option<Vec<f32>>,
+    pub eps: f32,
+    /// `routed_expert_up_proj` `[hidden, latent]`.
+    pub up: Matrix,
+}
+
 /// A routed MoE block.
 #[derive(Debug, Clone)]
 pub struct Moe {
@@ -27,6 +54,8 @@ pub struct Moe {
     pub router: RouterConfig,
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
+    pub latent: Option<Latent>,
+    pub combine: Combine,
 }
 
 /// Pick `top_k` experts from `choice` scores, limited to the best `topk_group` of `n_group`
@@ -63,7 +92,8 @@ pub fn select_experts(choice: &[f32], n_group: usize, topk_group: usize, top_k: 
 }
 
 impl Moe {
-    /// Routing of one row from its router logits: `(expert, weight)` sorted by expert id.
+    /// Routing of one row from its router logits: `(expert, weight)` in router order
+    /// (descending selection score, lower id first on ties).
     pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
         let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
         let choice: Vec<f32> = scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
@@ -74,9 +104,7 @@ impl Moe {
             let denom = weights.iter().sum::<f32>() + 1e-20;
             weights.iter_mut().for_each(|w| *w /= denom);
         }
-        let mut routed: Vec<(usize, f32)> = ids.into_iter().zip(weights).map(|(i, w)| (i, w * r.scaling)).collect();
-        routed.sort_by_key(|&(i, _)| i);
-        routed
+        ids.into_iter().zip(weights).map(|(i, w)| (i, w * r.scaling)).collect()
     }
 
     /// MoE output for `n` rows of `x` (already normalised).
@@ -85,31 +113,74 @@ impl Moe {
         let e = self.gate.rows;
         let mut logits = vec![0.0f32; n * e];
         matmul(&self.gate, x, n, &mut logits);
-        let routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| self.route(l)).collect();
-        // Rows that chose each expert, in row order.
-        let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
-        for (row, route) in routes.iter().enumerate() {
-            for &(expert, w) in route {
-                users[expert].push((row, w));
-            }
+        let mut routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| self.route(l)).collect();
+        if self.combine == Combine::Ascending {
+            routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
         }
-        let mut out = vec![0.0f32; n * h];
-        let mut gathered = Vec::new();
-        for (expert, rows) in users.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            gathered.clear();
-            for &(row, _) in rows {
-                gathered.extend_from_slice(&x[row * h..(row + 1) * h]);
+        let input = match &self.latent {
+            Some(l) => {
+                let mut r = vec![0.0f32; n * l.down.rows];
+                matmul(&l.down, x, n, &mut r);
+                r
             }
-            let y = self.experts[expert].forward(&gathered, rows.len());
-            for (k, &(row, w)) in rows.iter().enumerate() {
-                for (o, v) in out[row * h..(row + 1) * h].iter_mut().zip(&y[k * h..(k + 1) * h]) {
-                    *o += v * w;
-                }
+            None => x.to_vec(),
+        };
+        let width = input.len() / n.max(1);
+        let mut out = self.routed(&input, width, &routes);
+        if let Some(l) = &self.latent {
+            if let Some(norm) = &l.norm {
+                out.chunks_mut(width).for_each(|row| rms_norm_inplace(row, norm, l.eps));
             }
+            let mut up = vec![0.0f32; n * h];
+            matmul(&l.up, &out, n, &mut up);
+            out = up;
         }
         if let Some(shared) = &self.shared {
             let s = shared.forward(x, n);
             out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
+        }
+        out
+    }
+
+    /// `Σ_i w_i · expert_i(input)` per row, summed from zero in each route's order. Each expert
+    /// runs once over all rows that selected it.
+    fn routed(&self, input: &[f32], width: usize, routes: &[Vec<(usize, f32)>]) -> Vec<f32> {
+        let n = routes.len();
+        // (row, slot in the row's route) per expert, in row order.
+        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.experts.len()];
+        for (row, route) in routes.iter().enumerate() {
+            for (slot, &(expert, _)) in route.iter().enumerate() {
+                users[expert].push((row, slot));
+            }
+        }
+        let mut offsets = Vec::with_capacity(n);
+        let mut total = 0;
+        for route in routes {
+            offsets.push(total);
+            total += route.len();
+        }
+        let mut results = vec![0.0f32; total * width];
+        let mut gathered = Vec::new();
+        for (expert, rows) in users.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            gathered.clear();
+            for &(row, _) in rows {
+                gathered.extend_from_slice(&input[row * width..(row + 1) * width]);
+            }
+            let y = self.experts[expert].forward(&gathered, rows.len());
+            for (k, &(row, slot)) in rows.iter().enumerate() {
+                let at = (offsets[row] + slot) * width;
+                results[at..at + width].copy_from_slice(&y[k * width..(k + 1) * width]);
+            }
+        }
+        let mut out = vec![0.0f32; n * width];
+        for (row, route) in routes.iter().enumerate() {
+            let o = &mut out[row * width..(row + 1) * width];
+            for (slot, &(_, w)) in route.iter().enumerate() {
+                let at = (offsets[row] + slot) * width;
+                for (o, v) in o.iter_mut().zip(&results[at..at + width]) {
+                    *o += v * w;
+                }
+            }
         }
         out
     }

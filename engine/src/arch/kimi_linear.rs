@@ -1,0 +1,491 @@
+//! Kimi-Linear: KDA and NoPE-MLA layers as listed in `linear_attn_config`, a dense first
+//! FFN, then sigmoid-routed MoE with shared experts; untied head. Reference: HF transformers
+//! `models/kimi_linear/modeling_kimi_linear.py` (float32 path) and `model-formats.md` §3.
+//!
+//! Layer `i`: `x += Attn_i(RMSNorm_in(x)); x += FFN_i(RMSNorm_post(x))`; logits
+//! `lm_head(RMSNorm(x))`. Tensor names are the released checkpoint's (pre-HF-conversion):
+//! `self_attn.{q,k,v}_conv1d`, `self_attn.{f_a_proj,f_b_proj,dt_bias,A_log}`,
+//! `block_sparse_moe.{gate,experts.{e}.w1/w2/w3,shared_experts}`.
+//!
+//! The loaders for KDA, MLA and the MoE are shared with Kimi K3 ([`super::kimi_k3`]), which
+//! passes its own variant choices ([`Variant`]).
+
+use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
+use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
+use super::layers::mlp::{Activation, Mlp};
+use super::layers::moe::{Combine, Latent, Moe, RouterConfig};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, kda_caches, mla_caches};
+use crate::config::{AttnKind, KimiLinearConfig};
+use crate::error::{Error, Result};
+use crate::generate::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
+use crate::kernels::ops::rms_norm;
+use crate::kernels::reference::decode_row;
+use crate::kernels::{Matrix, matmul};
+
+/// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for
+/// `q_a_layernorm` and `kv_a_layernorm` (it does not pass `rms_norm_eps`).
+const HF_MLA_NORM_EPS: f32 = 1e-6;
+
+/// Architecture choices that differ between Kimi-Linear and K3.
+#[derive(Debug, Clone)]
+pub(crate) struct Variant {
+    /// FFN activation (dense, shared and routed experts).
+    pub act: Activation,
+    /// q/k normalisation in KDA.
+    pub l2: L2Norm,
+    /// Epsilon of the MLA `q_a_layernorm` / `kv_a_layernorm`.
+    pub mla_norm_eps: f32,
+    /// Sigmoid output gate on MLA.
+    pub mla_gate: bool,
+    /// Latent MoE width and whether the expert sum is normalised.
+    pub latent: Option<(usize, bool)>,
+    pub combine: Combine,
+}
+
+/// The attention of one layer.
+#[derive(Debug)]
+pub(crate) enum Attn {
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
+}
+
+/// The FFN of one layer.
+#[derive(Debug)]
+pub(crate) enum Ffn {
+    Dense(Box<Mlp>),
+    Moe(Box<Moe>),
+}
+
+impl Ffn {
+    pub(crate) fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        match self {
+            Ffn::Dense(m) => m.forward(x, n),
+            Ffn::Moe(m) => m.forward(x, n),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attn: Attn,
+    ffn: Ffn,
+}
+
+/// A loaded Kimi-Linear model.
+#[derive(Debug)]
+pub struct KimiLinear {
+    cfg: KimiLinearConfig,
+    info: ModelInfo,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+}
+
+/// A gated MLP `{prefix}.{gate,up,down}` (names given) from `input` to `width` and back.
+pub(crate) fn load_mlp(
+    ld: &Loader<'_>,
+    p: &str,
+    names: [&str; 3],
+    input: usize,
+    width: usize,
+    act: Activation,
+) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: ld.linear(&format!("{p}.{}", names[0]), width, input)?,
+        up: ld.linear(&format!("{p}.{}", names[1]), width, input)?,
+        down: ld.linear(&format!("{p}.{}", names[2]), input, width)?,
+        act,
+    })
+}
+
+/// A KDA layer `{p}.self_attn`.
+pub(crate) fn load_kda(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Kda> {
+    let (h, k) = (cfg.hidden_size, &cfg.kda);
+    let shape = kda_shape(cfg);
+    let pw = shape.channels();
+    let a = format!("{p}.self_attn");
+    let mut conv = Vec::with_capacity(3 * pw * shape.kernel);
+    for s in ["q", "k", "v"] {
+        conv.extend(ld.floats(&format!("{a}.{s}_conv1d.weight"), &[pw, 1, shape.kernel])?);
+    }
+    let a_log_name = format!("{a}.A_log");
+    let (a_shape, a_log) = ld.floats_any_shape(&a_log_name)?;
+    let decay_rate = broadcast_decay_rate(&a_shape, &a_log, k.num_heads, k.head_dim).map_err(|reason| {
+        Error::TensorShape {
+            path: ld.path_of(&a_log_name),
+            name: format!("{} ({reason})", ld.full_name(&a_log_name)),
+            expected: vec![k.head_dim],
+            found: a_shape.clone(),
+        }
+    })?;
+    let gate = if k.use_full_rank_gate {
+        OutputGate::Full(ld.linear(&format!("{a}.g_proj"), pw, h)?)
+    } else {
+        OutputGate::LowRank {
+            a: ld.linear(&format!("{a}.g_a_proj"), k.head_dim, h)?,
+            b: ld.linear(&format!("{a}.g_b_proj"), pw, k.head_dim)?,
+        }
+    };
+    Ok(Kda {
+        shape,
+        q: ld.linear(&format!("{a}.q_proj"), pw, h)?,
+        k: ld.linear(&format!("{a}.k_proj"), pw, h)?,
+        v: ld.linear(&format!("{a}.v_proj"), pw, h)?,
+        conv,
+        f_a: ld.linear(&format!("{a}.f_a_proj"), k.head_dim, h)?,
+        f_b: ld.linear(&format!("{a}.f_b_proj"), pw, k.head_dim)?,
+        dt_bias: ld.vector(&format!("{a}.dt_bias"), pw)?,
+        decay_rate,
+        decay: k.decay,
+        b: ld.linear(&format!("{a}.b_proj"), k.num_heads, h)?,
+        o_norm: ld.vector(&format!("{a}.o_norm.weight"), k.head_dim)?,
+        eps: cfg.rms_norm_eps,
+        gate,
+        o: ld.linear(&format!("{a}.o_proj"), h, pw)?,
+        l2: v.l2,
+        q_scale: (1.0 / (k.head_dim as f64).sqrt()) as f32,
+    })
+}
+
+/// A NoPE MLA layer `{p}.self_attn` (optionally with the output gate).
+pub(crate) fn load_mla(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Mla> {
+    let (h, heads, qk) = (cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim());
+    let a = format!("{p}.self_attn");
+    let q = match cfg.q_lora_rank {
+        None => QProj::Full(ld.linear(&format!("{a}.q_proj"), heads * qk, h)?),
+        Some(r) => QProj::LowRank {
+            a: ld.linear(&format!("{a}.q_a_proj"), r, h)?,
+            norm: ld.vector(&format!("{a}.q_a_layernorm.weight"), r)?,
+            b: ld.linear(&format!("{a}.q_b_proj"), heads * qk, r)?,
+        },
+    };
+    let dims = MlaDims {
+        heads,
+        nope: cfg.qk_nope_head_dim,
+        rope: cfg.qk_rope_head_dim,
+        v: cfg.v_head_dim,
+        kv_lora: cfg.kv_lora_rank,
+        eps: v.mla_norm_eps,
+        scale: (qk as f64).powf(-0.5) as f32,
+    };
+    let out_gate = if v.mla_gate {
+        Some(ld.linear(&format!("{a}.g_proj"), heads * cfg.v_head_dim, h)?)
+    } else {
+        None
+    };
+    Ok(Mla {
+        q,
+        kv_a: ld.linear(
+            &format!("{a}.kv_a_proj_with_mqa"),
+            cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            h,
+        )?,
+        kv_a_norm: ld.vector(&format!("{a}.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
+        kv_b: ld.linear(
+            &format!("{a}.kv_b_proj"),
+            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+            cfg.kv_lora_rank,
+        )?,
+        o: ld.linear(&format!("{a}.o_proj"), h, heads * cfg.v_head_dim)?,
+        rotary: None,
+        out_gate,
+        dims,
+    })
+}
+
+/// The FFN of layer `i` (`mlp.*` dense, or `block_sparse_moe.*`).
+pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Ffn> {
+    let (h, p) = (cfg.hidden_size, format!("model.layers.{i}"));
+    let proj = ["gate_proj", "up_proj", "down_proj"];
+    if !cfg.moe_layers[i] {
+        return Ok(Ffn::Dense(Box::new(load_mlp(
+            ld,
+            &format!("{p}.mlp"),
+            proj,
+            h,
+            cfg.intermediate_size,
+            v.act,
+        )?)));
+    }
+    let m = format!("{p}.block_sparse_moe");
+    let e = cfg.num_experts;
+    let expert_in = v.latent.map_or(h, |(width, _)| width);
+    let experts = (0..e)
+        .map(|x| {
+            load_mlp(
+                ld,
+                &format!("{m}.experts.{x}"),
+                ["w1", "w3", "w2"],
+                expert_in,
+                cfg.moe_intermediate_size,
+                v.act,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let shared = match cfg.num_shared_experts {
+        0 => None,
+        s => Some(load_mlp(
+            ld,
+            &format!("{m}.shared_experts"),
+            proj,
+            h,
+            cfg.moe_intermediate_size * s,
+            v.act,
+        )?),
+    };
+    let latent = match v.latent {
+        None => None,
+        Some((width, use_norm)) => Some(Latent {
+            down: ld.linear(&format!("{m}.routed_expert_down_proj"), width, h)?,
+            norm: if use_norm {
+                Some(ld.vector(&format!("{m}.routed_expert_norm.weight"), width)?)
+            } else {
+                None
+            },
+            eps: cfg.rms_norm_eps,
+            up: ld.linear(&format!("{m}.routed_expert_up_proj"), h, width)?,
+        }),
+    };
+    Ok(Ffn::Moe(Box::new(Moe {
+        gate: ld.dense(&format!("{m}.gate.weight"), e, h)?,
+        bias: ld.vector(&format!("{m}.gate.e_score_correction_bias"), e)?,
+        router: RouterConfig {
+            top_k: cfg.num_experts_per_token,
+            n_group: cfg.num_expert_group,
+            topk_group: cfg.topk_group,
+            norm_topk_prob: cfg.moe_renormalize,
+            scaling: cfg.routed_scaling_factor,
+        },
+        experts,
+        shared,
+        latent,
+        combine: v.combine,
+    })))
+}
+
+/// Attention of layer `i` by the config's schedule.
+pub(crate) fn load_attn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Attn> {
+    let p = format!("model.layers.{i}");
+    Ok(match cfg.layer_kinds[i] {
+        AttnKind::Kda => Attn::Kda(Box::new(load_kda(cfg, ld, &p, v)?)),
+        AttnKind::Mla => Attn::Mla(Box::new(load_mla(cfg, ld, &p, v)?)),
+    })
+}
+
+/// The KDA state shape of a config.
+fn kda_shape(cfg: &KimiLinearConfig) -> KdaShape {
+    let k = &cfg.kda;
+    KdaShape {
+        heads: k.num_heads,
+        head_dim: k.head_dim,
+        kernel: k.short_conv_kernel_size,
+    }
+}
+
+/// Fresh per-layer states for a schedule.
+pub(crate) fn new_layer_states(cfg: &KimiLinearConfig) -> SeqState {
+    let shape = kda_shape(cfg);
+    SeqState::new(
+        cfg.layer_kinds
+            .iter()
+            .map(|kind| match kind {
+                AttnKind::Kda => LayerState::Kda(KdaCache::new(shape)),
+                AttnKind::Mla => LayerState::Mla(MlaCache::default()),
+            })
+            .collect(),
+    )
+}
+
+/// Whether `state` has this schedule's layer kinds and KDA shapes.
+pub(crate) fn check_state(cfg: &KimiLinearConfig, state: &SeqState) -> Result<()> {
+    let shape = kda_shape(cfg);
+    let ok = state.layers.len() == cfg.layer_kinds.len()
+        && state
+            .layers
+            .iter()
+            .zip(&cfg.layer_kinds)
+            .all(|(s, kind)| match (s, kind) {
+                (LayerState::Kda(c), AttnKind::Kda) => c.shape() == shape,
+                (LayerState::Mla(_), AttnKind::Mla) => true,
+                _ => false,
+            });
+    if ok { Ok(()) } else { Err(super::foreign_state()) }
+}
+
+/// Run layer `l`'s attention over the pass's rows.
+pub(crate) fn run_attn(
+    attn: &Attn,
+    xn: &[f32],
+    plan: &RowPlan,
+    batch: &mut [SeqInput<'_>],
+    l: usize,
+) -> Vec<f32> {
+    let n = plan.len();
+    match attn {
+        Attn::Kda(k) => {
+            let mut caches = kda_caches(batch, l);
+            k.forward(
+                xn,
+                n,
+                &mut KdaRows {
+                    caches: &mut caches,
+                    seq: &plan.seq,
+                },
+            )
+        }
+        Attn::Mla(m) => {
+            let mut caches = mla_caches(batch, l);
+            m.forward(
+                xn,
+                n,
+                &mut MlaRows {
+                    caches: &mut caches,
+                    seq: &plan.seq,
+                    pos: &plan.pos,
+                },
+            )
+        }
+    }
+}
+
+/// RMSNorm of every `h`-wide row.
+pub(crate) fn norm_rows(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let h = weight.len();
+    let mut out = vec![0.0; x.len()];
+    for (src, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
+        rms_norm(src, weight, eps, dst);
+    }
+    out
+}
+
+/// Embedding rows of the batch's tokens.
+pub(crate) fn embed_rows(embed: &Matrix, batch: &[SeqInput<'_>], n: usize) -> Vec<f32> {
+    let h = embed.cols;
+    let mut x = vec![0.0f32; n * h];
+    let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+    for (row, t) in x.chunks_mut(h).zip(tokens) {
+        decode_row(embed, t as usize, row);
+    }
+    x
+}
+
+/// `lm_head` over the selected rows (already normalised).
+pub(crate) fn head(lm_head: &Matrix, normed: &[f32], rows: usize) -> Vec<f32> {
+    let mut logits = vec![0.0f32; rows * lm_head.rows];
+    matmul(lm_head, normed, rows, &mut logits);
+    logits
+}
+
+/// Model facts shared by the Kimi architectures.
+pub(crate) fn model_info(arch: &'static str, cfg: &KimiLinearConfig, ld: &Loader<'_>) -> ModelInfo {
+    ModelInfo {
+        arch,
+        vocab_size: cfg.vocab_size,
+        hidden_size: cfg.hidden_size,
+        num_layers: cfg.num_hidden_layers,
+        max_context: cfg.max_position_embeddings,
+        bos_token_id: cfg.bos_token_id,
+        eos_token_ids: cfg.eos_token_ids.clone(),
+        weight_bytes: ld
+            .index
+            .names()
+            .filter_map(|n| ld.index.info(n).ok())
+            .map(|i| i.len)
+            .sum(),
+    }
+}
+
+/// Embedding and (possibly tied) head.
+pub(crate) fn load_embed_head(cfg: &KimiLinearConfig, ld: &Loader<'_>) -> Result<(Matrix, Matrix)> {
+    let embed = ld.dense("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?;
+    let lm_head = if cfg.tie_word_embeddings && !ld.has("lm_head.weight") {
+        embed.clone()
+    } else {
+        ld.dense("lm_head.weight", cfg.vocab_size, cfg.hidden_size)?
+    };
+    Ok((embed, lm_head))
+}
+
+impl KimiLinear {
+    /// Load and shape-check every tensor.
+    pub fn load(cfg: KimiLinearConfig, ld: &Loader<'_>) -> Result<Self> {
+        let v = Variant {
+            act: Activation::Silu,
+            l2: L2Norm::EpsInside(1e-6),
+            mla_norm_eps: HF_MLA_NORM_EPS,
+            mla_gate: false,
+            latent: None,
+            combine: Combine::Ascending,
+        };
+        let (embed, lm_head) = load_embed_head(&cfg, ld)?;
+        let h = cfg.hidden_size;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Layer {
+                    input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                    post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                    attn: load_attn(&cfg, ld, i, &v)?,
+                    ffn: load_ffn(&cfg, ld, i, &v)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let info = model_info("kimi_linear", &cfg, ld);
+        Ok(KimiLinear {
+            norm: ld.vector("model.norm.weight", h)?,
+            embed,
+            layers,
+            lm_head,
+            info,
+            cfg,
+        })
+    }
+}
+
+impl Model for KimiLinear {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> SeqState {
+        new_layer_states(&self.cfg)
+    }
+
+    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
+        for b in batch.iter_mut() {
+            check_state(&self.cfg, b.state)?;
+        }
+        begin_pass(batch);
+        let n = plan.len();
+        let logit_rows = plan.logit_rows(batch);
+        let mut x = embed_rows(&self.embed, batch, n);
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("embed", &x);
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            let xn = norm_rows(&x, &layer.input_norm, eps);
+            let a = run_attn(&layer.attn, &xn, &plan, batch, l);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = norm_rows(&x, &layer.post_norm, eps);
+            let f = layer.ffn.forward(&xn, n);
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), &x);
+            }
+        }
+        let selected: Vec<f32> = logit_rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
+        let normed = norm_rows(&selected, &self.norm, eps);
+        if let Some(t) = trace {
+            t.record("norm", &normed);
+        }
+        Ok(head(&self.lm_head, &normed, logit_rows.len()))
+    }
+}

@@ -1,0 +1,433 @@
+//! Test harness shared by the fetch and CLI tests: real servers on loopback only.
+//!
+//! * [`Nginx`]: Debian's nginx serving a directory (Range support built in), optionally
+//!   rate-limited per connection; the Hugging Face API answers are static JSON files.
+//! * [`serve_hf`]: lays out a model directory in Hugging Face's URL layout.
+//! * [`FaultProxy`]: a loopback TCP proxy in front of nginx that records requests and can cut
+//!   connections after N response bytes.
+//! * [`Registry`]: Debian's `docker-registry` with filesystem storage in a temp dir.
+//!
+//! When a service binary is missing the test is skipped with a printed reason, unless
+//! `DELTAFIN_REQUIRE_SERVICES=1` (set by `scripts/test-setup`), which turns the skip into a failure.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
+
+/// Skip (return `false`) or fail when `binary` is unavailable.
+pub fn have(binary: &str) -> bool {
+    let found = ["/usr/sbin", "/usr/bin", "/usr/local/bin", "/sbin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(binary).exists());
+    if !found {
+        let msg = format!("SKIP: `{binary}` is not installed (scripts/test-setup installs it)");
+        if std::env::var("DELTAFIN_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+            panic!("{msg}, and DELTAFIN_REQUIRE_SERVICES=1");
+        }
+        eprintln!("{msg}");
+    }
+    found
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16, child: &mut Child, what: &str) {
+    let t = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited early: {status}");
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what} did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// nginx serving `root` on a loopback port.
+pub struct Nginx {
+    pub port: u16,
+    child: Child,
+    _prefix: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// Serve `root`; `limit_rate` (bytes/s per connection) slows transfers down.
+    pub fn start(root: &Path, limit_rate: Option<u64>) -> Nginx {
+        let prefix = tempfile::tempdir().unwrap();
+        let p = prefix.path();
+        std::fs::create_dir_all(p.join("tmp")).unwrap();
+        let port = free_port();
+        let limit = limit_rate.map_or(String::new(), |r| format!("limit_rate {r};"));
+        let conf = format!(
+            r#"worker_processes 1;
+user root root;
+pid {p}/nginx.pid;
+error_log {p}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log {p}/access.log;
+  client_body_temp_path {p}/tmp/body; proxy_temp_path {p}/tmp/proxy; fastcgi_temp_path {p}/tmp/fcgi;
+  uwsgi_temp_path {p}/tmp/uwsgi; scgi_temp_path {p}/tmp/scgi;
+  default_type application/octet-stream;
+  sendfile on;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root};
+    {limit}
+    location /api/ {{ default_type application/json; }}
+    location /denied/ {{ return 401; }}
+    location /forbidden/ {{ return 403; }}
+    location /flaky/ {{ return 503; }}
+    location /private/ {{
+      if ($http_authorization != "Bearer s3cret") {{ return 401; }}
+      rewrite ^/private/(.*)$ /$1 break;
+    }}
+  }}
+}}
+"#,
+            p = p.display(),
+            root = root.display(),
+        );
+        std::fs::write(p.join("nginx.conf"), conf).unwrap();
+        let mut child = Command::new("nginx")
+            .args([
+                "-p",
+                &p.display().to_string(),
+                "-c",
+                &p.join("nginx.conf").display().to_string(),
+                "-g",
+                "daemon off;",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nginx");
+        wait_port(port, &mut child, "nginx");
+        Nginx {
+            port,
+            child,
+            _prefix: prefix,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Write the tiny BF16 DeepSeek-V3 checkpoint into `dir`.
+pub fn write_tiny(dir: &Path) {
+    use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
+    DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir).unwrap();
+}
+
+/// Greedy token ids generated by the model in `dir` from a fixed prompt.
+pub fn generate_ids(dir: &Path) -> Vec<u32> {
+    use deltafin_engine::generate::{Flow, GenerateOptions, generate};
+    let model = deltafin_engine::arch::load(dir).unwrap();
+    let mut state = model.new_state();
+    let opts = GenerateOptions {
+        max_new_tokens: 12,
+        ..Default::default()
+    };
+    generate(model.as_ref(), &mut state, &[1, 5, 9, 42, 7], &opts, |_| {
+        Flow::Continue
+    })
+    .unwrap()
+    .output_ids
+}
+
+/// Relative paths of every regular file under `dir` (skipping `.deltafin`).
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, rel: &str, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(root.join(rel)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if rel.is_empty() && name == ".deltafin" {
+                continue;
+            }
+            let r = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if e.file_type().unwrap().is_dir() {
+                walk(root, &r, out);
+            } else {
+                out.push(r);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, "", &mut out);
+    out.sort();
+    out
+}
+
+/// Assert that every file of `src` exists byte-identical in `dst` and nothing else does.
+pub fn assert_same_tree(src: &Path, dst: &Path) {
+    let a = files_under(src);
+    assert_eq!(a, files_under(dst), "file lists differ");
+    for f in a {
+        assert!(
+            std::fs::read(src.join(&f)).unwrap() == std::fs::read(dst.join(&f)).unwrap(),
+            "{f} differs"
+        );
+    }
+}
+
+/// Git blob id of `bytes`.
+pub fn git_blob(bytes: &[u8]) -> String {
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {}\0", bytes.len()).as_bytes());
+    h.update(bytes);
+    hex::encode(h.finalize())
+}
+
+/// Lay `model` out under `root` as Hugging Face serves `repo` at `revision`; returns the commit
+/// sha. `*.safetensors` and `*.bin` are LFS files (SHA-256), the rest plain git blobs.
+pub fn serve_hf(root: &Path, repo: &str, revision: &str, model: &Path) -> String {
+    let files = files_under(model);
+    let mut siblings = Vec::new();
+    let mut all = sha2::Sha256::new();
+    for f in &files {
+        let bytes = std::fs::read(model.join(f)).unwrap();
+        all.update(f.as_bytes());
+        all.update(&bytes);
+        let lfs = f.ends_with(".safetensors") || f.ends_with(".bin");
+        siblings.push(if lfs {
+            serde_json::json!({"rfilename": f, "size": 135, "blobId": "0".repeat(40),
+                "lfs": {"sha256": hex::encode(sha2::Sha256::digest(&bytes)), "size": bytes.len(), "pointerSize": 135}})
+        } else {
+            serde_json::json!({"rfilename": f, "size": bytes.len(), "blobId": git_blob(&bytes)})
+        });
+    }
+    let sha = hex::encode(&all.finalize()[..20]);
+    for f in &files {
+        let dst = root.join(repo).join("resolve").join(&sha).join(f);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(model.join(f), dst).unwrap();
+    }
+    let api = serde_json::json!({"id": repo, "sha": sha, "siblings": siblings});
+    let dir = root.join("api/models").join(repo).join("revision");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(revision), api.to_string()).unwrap();
+    std::fs::write(dir.join(&sha), api.to_string()).unwrap();
+    sha
+}
+
+/// Shared state of a [`FaultProxy`].
+#[derive(Default)]
+pub struct ProxyState {
+    /// Request lines with their Range header, e.g. `GET /x bytes=0-99`.
+    pub requests: Mutex<Vec<String>>,
+    /// Cut a connection after this many response bytes (0: never).
+    pub cut_after: AtomicU64,
+    /// How many more connections to cut.
+    pub cuts_left: AtomicU32,
+    stop: AtomicBool,
+}
+
+/// A loopback TCP proxy to `127.0.0.1:upstream`.
+pub struct FaultProxy {
+    pub port: u16,
+    pub state: Arc<ProxyState>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream: u16) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(ProxyState::default());
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if st.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let st = st.clone();
+                std::thread::spawn(move || proxy_conn(client, upstream, &st));
+            }
+        });
+        FaultProxy { port, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Cut the next `n` connections after `bytes` response bytes.
+    pub fn cut(&self, n: u32, bytes: u64) {
+        self.state.cut_after.store(bytes, Ordering::Relaxed);
+        self.state.cuts_left.store(n, Ordering::Relaxed);
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.state.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn proxy_conn(client: TcpStream, upstream: u16, st: &Arc<ProxyState>) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let st2 = st.clone();
+    let up = std::thread::spawn(move || {
+        let mut buf = [0u8; 16384];
+        let mut head = Vec::new();
+        while let Ok(n) = c_read.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            // Record request heads before forwarding them, so a test that sees the response
+            // also sees the request.
+            head.extend_from_slice(&buf[..n]);
+            while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                let text = String::from_utf8_lossy(&head[..end]).into_owned();
+                let first = text.lines().next().unwrap_or("").to_string();
+                let range = text
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("range: ").map(str::to_string));
+                st2.requests.lock().unwrap().push(format!("{first} {}", range.unwrap_or_default()));
+                head.drain(..end + 4);
+            }
+            if s_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = s_write.shutdown(Shutdown::Write);
+    });
+    let (mut s_read, mut c_write) = (server, client);
+    let cut = st.cuts_left.load(Ordering::Relaxed) > 0 && st.cuts_left.fetch_sub(1, Ordering::Relaxed) > 0;
+    let limit = if cut {
+        st.cut_after.load(Ordering::Relaxed)
+    } else {
+        u64::MAX
+    };
+    let mut sent = 0u64;
+    let mut buf = [0u8; 16384];
+    while let Ok(n) = s_read.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let n = n.min((limit - sent) as usize);
+        if c_write.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        sent += n as u64;
+        if sent >= limit {
+            break;
+        }
+    }
+    let _ = c_write.shutdown(Shutdown::Both);
+    let _ = s_read.shutdown(Shutdown::Both);
+    let _ = up.join();
+}
+
+/// Debian's docker-registry on a loopback port with storage in a temp dir.
+pub struct Registry {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    pub fn start() -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        let cfg = dir.path().join("config.yml");
+        std::fs::write(&cfg, conf).unwrap();
+        let mut child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        wait_port(port, &mut child, "docker-registry");
+        Registry {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A small tmpfs mounted at a temp dir (root only); `None` (with a printed reason) when mounting
+/// is impossible here. Unmounted on drop.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs { path, _dir: dir }),
+            other => {
+                let msg = format!("SKIP: cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {other:?}");
+                if std::env::var("DELTAFIN_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+                    panic!("{msg}, and DELTAFIN_REQUIRE_SERVICES=1");
+                }
+                eprintln!("{msg}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}

@@ -1,0 +1,234 @@
+//! `deltafin doctor [--dir DIR] [--json] [--verify]`: a read-only check of an install: the install
+//! manifest and what is on disk (sizes, and hashes with `--verify`), `config.json` through the
+//! engine's typed config, the safetensors headers through the engine's weight index, free space,
+//! the mode (full, or stream with the share already local) and the drafts under `drafts/`. Prints a
+//! verdict; exits 0 only when the install is usable.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use deltafin_engine::config::ModelSpec;
+use deltafin_engine::weights::WeightIndex;
+use deltafin_fetch::error::human_bytes;
+use deltafin_fetch::fsutil::free_space;
+use deltafin_fetch::inspect::{InstallStatus, inspect};
+use deltafin_fetch::manifest::Mode;
+use serde::Serialize;
+
+/// `deltafin doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Install directory.
+    #[arg(long, env = "DELTAFIN_DIR", default_value = ".")]
+    pub dir: PathBuf,
+    /// Re-hash every complete file against the source's digests.
+    #[arg(long, env = "DELTAFIN_VERIFY")]
+    pub verify: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long, env = "DELTAFIN_JSON")]
+    pub json: bool,
+}
+
+/// One check and its outcome.
+#[derive(Debug, Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+/// A draft under `drafts/`.
+#[derive(Debug, Serialize)]
+struct Draft {
+    name: String,
+    complete: bool,
+    detail: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    dir: PathBuf,
+    usable: bool,
+    verdict: String,
+    mode: Option<Mode>,
+    percent_local: Option<f64>,
+    free_bytes: u64,
+    checks: Vec<Check>,
+    drafts: Vec<Draft>,
+    install: Option<InstallStatus>,
+}
+
+/// Run `deltafin doctor`.
+pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let report = examine(&args.dir, args.verify)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_human(&report);
+    }
+    Ok(if report.usable {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let install = inspect(dir, verify)?;
+    let free = free_space(dir)?;
+    let mut checks = install_checks(install.as_ref(), free, verify);
+    checks.push(match ModelSpec::load(dir) {
+        Ok(spec) => Check {
+            name: "config",
+            ok: true,
+            detail: format!("model_type {}", spec.model_type),
+        },
+        Err(e) => Check {
+            name: "config",
+            ok: false,
+            detail: e.to_string(),
+        },
+    });
+    checks.push(weights_check(dir, install.as_ref()));
+    let drafts = drafts(dir)?;
+    let usable = checks.iter().all(|c| c.ok);
+    let verdict = verdict(usable, install.as_ref(), &checks);
+    Ok(Report {
+        dir: dir.into(),
+        usable,
+        verdict,
+        mode: install.as_ref().map(|s| s.mode),
+        percent_local: install.as_ref().map(|s| s.percent_local),
+        free_bytes: free,
+        checks,
+        drafts,
+        install,
+    })
+}
+
+/// Manifest-level checks: files (sizes, hashes, completeness) and free space.
+fn install_checks(install: Option<&InstallStatus>, free: u64, verify: bool) -> Vec<Check> {
+    let Some(s) = install else {
+        let detail = "none (not installed by `deltafin setup`); checking files only".into();
+        return vec![Check {
+            name: "manifest",
+            ok: true,
+            detail,
+        }];
+    };
+    let detail = if s.problems.is_empty() {
+        let hashed = if verify { ", hashes verified" } else { "" };
+        format!("{} @ {} ({} files{hashed})", s.source, s.pinned, s.files.len())
+    } else {
+        s.problems.join("; ")
+    };
+    let missing = s.bytes_total - s.bytes_local;
+    let space = format!(
+        "{} free; {} more needed for a full install",
+        human_bytes(free),
+        human_bytes(missing)
+    );
+    vec![
+        Check {
+            name: "files",
+            ok: s.problems.is_empty(),
+            detail,
+        },
+        Check {
+            name: "free space",
+            ok: s.mode == Mode::Full || free >= missing,
+            detail: space,
+        },
+    ]
+}
+
+/// The engine's safetensors index over the shards (stream installs: what is local so far).
+fn weights_check(dir: &Path, install: Option<&InstallStatus>) -> Check {
+    if let Some(s) = install.filter(|s| s.mode == Mode::Stream) {
+        let detail = format!(
+            "stream mode: {:.1}% local, {} of experts fetched on first use",
+            s.percent_local,
+            human_bytes(s.remote_expert_bytes)
+        );
+        return Check {
+            name: "weights",
+            ok: true,
+            detail,
+        };
+    }
+    match WeightIndex::open(dir) {
+        Ok(ix) => Check {
+            name: "weights",
+            ok: true,
+            detail: format!("{} tensors indexed", ix.names().count()),
+        },
+        Err(e) => Check {
+            name: "weights",
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
+}
+
+fn verdict(usable: bool, install: Option<&InstallStatus>, checks: &[Check]) -> String {
+    if !usable {
+        let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.name).collect();
+        return format!("NOT USABLE: failed {}", failed.join(", "));
+    }
+    match install {
+        Some(s) if s.mode == Mode::Stream => format!("usable (stream mode, {:.1}% local)", s.percent_local),
+        Some(_) => "usable (full install)".into(),
+        None => "usable (plain model directory)".into(),
+    }
+}
+
+fn drafts(dir: &Path) -> anyhow::Result<Vec<Draft>> {
+    let root = dir.join("drafts");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        if !e.path().is_dir() {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let (complete, detail) = match inspect(&e.path(), false)? {
+            Some(s) if s.problems.is_empty() && s.mode == Mode::Full => {
+                (true, format!("{} @ {}", s.source, s.pinned))
+            }
+            Some(s) => (false, s.problems.join("; ")),
+            None => (e.path().join("config.json").is_file(), "no manifest".into()),
+        };
+        out.push(Draft {
+            name,
+            complete,
+            detail,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn print_human(r: &Report) {
+    println!("deltafin doctor: {}", r.dir.display());
+    for c in &r.checks {
+        println!(
+            "  [{}] {:<10} {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    for d in &r.drafts {
+        println!(
+            "  [{}] draft {:<5} {}",
+            if d.complete { " ok " } else { "part" },
+            d.name,
+            d.detail
+        );
+    }
+    println!("verdict: {}", r.verdict);
+}
