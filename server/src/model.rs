@@ -9,7 +9,7 @@ use deltafin_engine::arch::{self, ModelInfo};
 use deltafin_engine::scheduler::{self, SchedulerConfig};
 use deltafin_engine::tokenizer::Tokenizer;
 
-use crate::openai::output::think_markers;
+use crate::openai::output::reasoning_markers;
 use crate::state::Loaded;
 
 /// Special tokens that end an assistant turn in the chat formats we know.
@@ -46,7 +46,7 @@ pub fn load(
         .filter(|id| !stop_ids.contains(id))
         .collect();
     let bos = model.info().bos_token_id.or(tokenizer.bos_id());
-    let think = think_markers(&tokenizer);
+    let markers = reasoning_markers(&tokenizer);
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -58,7 +58,7 @@ pub fn load(
         created,
         stop_ids,
         chat_stop_ids,
-        think,
+        markers,
         bos,
     };
     Ok((loaded, thread))

@@ -113,9 +113,11 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
 }
 
 pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(ansi)
         .try_init();
     let config = server_config(&args)?;
     let deadline = seconds(args.shutdown_timeout, "shutdown-timeout")?;

@@ -10,7 +10,7 @@ use deltafin_engine::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::openai::reasoning::ThinkMarkers;
+use crate::openai::reasoning::Markers;
 use crate::openai::request::Limits;
 
 /// Process-level server settings (built from the command line in `main`).
@@ -41,8 +41,8 @@ pub struct Loaded {
     pub stop_ids: Vec<u32>,
     /// Extra ids that end a chat turn (`<|im_end|>` and the like).
     pub chat_stop_ids: Vec<u32>,
-    /// The chat format's thinking markers, if it has them.
-    pub think: Option<ThinkMarkers>,
+    /// How the chat format marks thinking, if it does.
+    pub markers: Option<Markers>,
     /// BOS, prepended to completions prompts given as text.
     pub bos: Option<u32>,
 }
