@@ -59,6 +59,10 @@ pub enum Error {
     #[error("invalid argument `{field}`: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
 
+    /// A memory budget too small for what must be resident, or an invalid cache setting.
+    #[error("memory budget: {0}")]
+    Budget(String),
+
     /// The sequence would exceed the model's (or the configured) context length.
     #[error("context length exceeded: {needed} tokens needed, limit is {limit}")]
     ContextOverflow { needed: usize, limit: usize },
@@ -78,6 +82,7 @@ impl Error {
             Error::Tokenizer { .. } | Error::Template(_) => "tokenizer",
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::ContextOverflow { .. } => "context_overflow",
+            Error::Budget(_) => "budget",
         }
     }
 

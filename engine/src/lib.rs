@@ -4,11 +4,13 @@
 //! ([`weights`]), typed configs ([`config`]), format-decoding batch-invariant kernels
 //! ([`kernels`]), one module per architecture ([`arch`]), generation and sampling
 //! ([`generate`]), tokenizers with chat templates ([`tokenizer`]) and the single engine loop
-//! that batches concurrent requests ([`scheduler`]).
+//! that batches concurrent requests ([`scheduler`]); models larger than memory run through the
+//! out-of-core weight store ([`cache`]).
 //!
 //! Nothing in this crate reads environment variables or talks to the network.
 
 pub mod arch;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod generate;

@@ -112,6 +112,47 @@ fn builtin_default_is_a_k3_checkpoint() {
     );
 }
 
+/// The built-in tokenizer's chat template renders K3's XTML exactly as the K3 golden fixture
+/// records it for a two-turn conversation plus generation prompt (text level; the ids depend on
+/// the tokenizer module).
+#[test]
+fn builtin_chat_template_renders_k3_xtml() {
+    let dir = tempfile::tempdir().unwrap();
+    deltafin_engine::synth::write_byte_tokenizer_flavor(
+        dir.path(),
+        deltafin_engine::synth::TokenizerFlavor::K3,
+    )
+    .unwrap();
+    let tok: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("tokenizer_config.json")).unwrap()).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/k3/golden.json");
+    let golden: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    let chat = &golden["tokenizer"]["chat"];
+    let mut env = minijinja::Environment::new();
+    env.add_template("chat", tok["chat_template"].as_str().unwrap())
+        .unwrap();
+    let rendered = env
+        .get_template("chat")
+        .unwrap()
+        .render(minijinja::context! {
+            messages => jinja_value(&chat["messages"]),
+            add_generation_prompt => chat["add_generation_prompt"].as_bool().unwrap(),
+        })
+        .unwrap();
+    assert_eq!(rendered, chat["rendered"].as_str().unwrap());
+}
+
+fn jinja_value(v: &Value) -> minijinja::Value {
+    match v {
+        Value::Null => minijinja::Value::from(()),
+        Value::Bool(b) => minijinja::Value::from(*b),
+        Value::Number(n) => minijinja::Value::from(n.as_f64().unwrap()),
+        Value::String(s) => minijinja::Value::from(s.as_str()),
+        Value::Array(a) => minijinja::Value::from(a.iter().map(jinja_value).collect::<Vec<_>>()),
+        Value::Object(o) => minijinja::Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), jinja_value(v)))),
+    }
+}
+
 #[test]
 fn prefill_equals_token_by_token_decode() {
     for synth in variants() {
@@ -553,4 +594,46 @@ fn a_log_that_does_not_broadcast_is_a_shape_error() {
         err.to_string().contains("A_log") || err.to_string().contains("conv1d"),
         "{err}"
     );
+}
+
+/// K3's chat format end to end at the id level: the K3 fixture's tokenizer (tiktoken ranks and
+/// K3 specials) with the built-in XTML chat template encodes the fixture's two-turn conversation
+/// (a user text containing `<|open|>` included) to exactly the oracle's ids: special tokens come
+/// only from the renderer, user text is never turned into special tokens.
+#[test]
+fn k3_chat_ids_match_the_fixture() {
+    use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/k3");
+    let golden: Value = serde_json::from_slice(&std::fs::read(fixture.join("golden.json")).unwrap()).unwrap();
+    let chat = &golden["tokenizer"]["chat"];
+    let dir = tempfile::tempdir().unwrap();
+    deltafin_engine::synth::write_byte_tokenizer_flavor(
+        dir.path(),
+        deltafin_engine::synth::TokenizerFlavor::K3,
+    )
+    .unwrap();
+    let builtin: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("tokenizer_config.json")).unwrap()).unwrap();
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("tokenizer_config.json")).unwrap()).unwrap();
+    config["chat_template"] = builtin["chat_template"].clone();
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::copy(fixture.join("tiktoken.model"), dir.path().join("tiktoken.model")).unwrap();
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    let messages: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
+    let opts = ChatOptions {
+        add_generation_prompt: chat["add_generation_prompt"].as_bool().unwrap(),
+        ..Default::default()
+    };
+    assert_eq!(
+        tok.render_chat(&messages, &opts).unwrap(),
+        chat["rendered"].as_str().unwrap()
+    );
+    let want: Vec<u32> = chat["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(tok.encode_chat(&messages, &opts).unwrap(), want);
 }

@@ -1,4 +1,5 @@
-//! `deltafin bench`: measurement programs (kernels and memory bandwidth, serving throughput).
+//! `deltafin bench`: measurement programs (kernels and memory bandwidth, serving throughput, a
+//! model under a memory budget, the disk with the engine's read pattern).
 
 use std::path::Path;
 use std::time::Duration;
@@ -34,11 +35,19 @@ enum BenchWhat {
     },
     /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// A model under a memory budget: prefill/decode tokens/s, bytes per token by source, hit
+    /// rate, read bandwidth, compute vs I/O wait, ratio to the I/O bound.
+    #[command(alias = "model")]
+    Run(crate::bench_model::BenchRunArgs),
+    /// Read bandwidth of the model's own expert reads: O_DIRECT, buffered and mmap.
+    Disk(crate::bench_disk::BenchDiskArgs),
 }
 
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
+        BenchWhat::Run(a) => crate::bench_model::run(a),
+        BenchWhat::Disk(a) => crate::bench_disk::run(a),
         BenchWhat::Kernels { json, formats, min_time_ms, probe_bytes } => {
             let mut opts = BenchOptions {
                 threads: rayon::current_num_threads(),

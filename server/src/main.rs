@@ -5,13 +5,17 @@
 //! usage errors exit 2.
 
 mod bench;
+mod bench_disk;
+mod bench_model;
 mod bench_serve;
 mod doctor;
+mod ooc_args;
 mod progress;
 mod push;
 mod run;
 mod serve;
 mod setup;
+mod synth_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +53,8 @@ enum Command {
     Push(push::PushArgs),
     /// Check an install (read-only) and print a verdict.
     Doctor(doctor::DoctorArgs),
+    /// Write a deterministic synthetic checkpoint (any size, routing skew and locality knobs).
+    Synth(synth_cmd::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +74,7 @@ fn main() -> ExitCode {
         Command::SetupQwen(args) => setup::setup_qwen(args),
         Command::Push(args) => push::push(args),
         Command::Doctor(args) => doctor::doctor(args),
+        Command::Synth(args) => done(synth_cmd::run(args)),
     };
     match result {
         Ok(code) => code,

@@ -13,6 +13,8 @@ use deltafin_engine::synth;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
 use serde_json::json;
 
+use crate::ooc_args::{OocArgs, describe_plan};
+
 /// Arguments of `deltafin run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -50,6 +52,8 @@ pub struct RunArgs {
     #[arg(long, env = "DELTAFIN_STATS")]
     stats: bool,
     /// Print one JSON object on stdout instead of streaming text.
+    #[command(flatten)]
+    ooc: OocArgs,
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
 }
@@ -73,7 +77,21 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
 pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model, cache_dir)?;
     let load_start = Instant::now();
-    let model = arch::load(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    // `auto` falls back to the in-memory loader for architectures without out-of-core support.
+    let budgeted = args.ooc.explicit() || arch::supports_budget(&dir)?;
+    let (model, ooc) = match args.ooc.options()?.filter(|_| budgeted) {
+        None => (arch::load(&dir).with_context(|| format!("loading model {}", dir.display()))?, None),
+        Some(o) => {
+            let (m, rt) = arch::load_budgeted(&dir, &o).with_context(|| format!("loading model {}", dir.display()))?;
+            if args.stats {
+                eprintln!("{}", describe_plan(&rt.plan));
+            }
+            if let Some(note) = &rt.heat_note {
+                eprintln!("heat: {note}");
+            }
+            (m, Some(rt))
+        }
+    };
     let tok = Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?;
     let load_seconds = load_start.elapsed().as_secs_f64();
     let prompt_ids = if args.chat {
@@ -108,6 +126,10 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         }
         Flow::Continue
     })?;
+    if let Some(rt) = &ooc {
+        rt.flush_heat()?;
+    }
+    let ooc_stats = ooc.as_ref().map(|rt| rt.stats());
     let text_ids: Vec<u32> =
         generation.output_ids.iter().copied().filter(|id| !opts.stop_ids.contains(id)).collect();
     let text = tok.decode(&text_ids);
@@ -123,6 +145,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
                 "generated_tokens": s.generated_tokens, "prefill_seconds": s.prefill_seconds,
                 "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
                 "decode_tokens_per_second": s.decode_tokens_per_second },
+            "out_of_core": ooc_stats,
         });
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
@@ -143,6 +166,9 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
             load_seconds,
             generation.finish_reason
         );
+        if let Some(st) = &ooc_stats {
+            eprintln!("out of core: {}", serde_json::to_string(st)?);
+        }
     }
     Ok(())
 }

@@ -3,13 +3,21 @@
 //!
 //! Layer `i`: `x += MLA(RMSNorm_in(x)); x += FFN(RMSNorm_post(x))`, FFN dense for
 //! `i < first_k_dense_replace`, MoE after. Logits: `lm_head(RMSNorm(x))`.
+//!
+//! Layers live in a [`LayerStore`]: all in memory ([`DeepseekV3::load`]), or, under a memory
+//! budget ([`DeepseekV3::load_budgeted`]), a resident prefix plus streamed layers, with routed
+//! experts served by the out-of-core [`ExpertStore`]. Both build layers with the same code.
+
+use std::sync::Arc;
 
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, mla_caches};
-use crate::config::DeepseekV3Config;
+use crate::cache::store::{ExpertBuilder, LookaheadLayer};
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source};
+use crate::config::{DeepseekV3Config, ModelSpec};
 use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
 use crate::kernels::ops::rms_norm;
@@ -36,9 +44,20 @@ pub struct DeepseekV3 {
     cfg: DeepseekV3Config,
     info: ModelInfo,
     embed: Matrix,
-    layers: Vec<Layer>,
+    layers: Arc<LayerStore<Layer>>,
     norm: Vec<f32>,
     lm_head: Matrix,
+    /// Routed experts when they are not inside the layers (out-of-core mode).
+    experts: Option<Arc<ExpertStore>>,
+}
+
+/// The always-resident tensors: embeddings, head, final norm, and each MoE layer's FFN norm
+/// and router for the look-ahead predictor.
+struct Fixed {
+    embed: Matrix,
+    lm_head: Matrix,
+    norm: Vec<f32>,
+    lookahead: Vec<Option<LookaheadLayer>>,
 }
 
 fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
@@ -55,12 +74,31 @@ impl DeepseekV3 {
     pub fn load(cfg: DeepseekV3Config, ld: &Loader<'_>) -> Result<Self> {
         let h = cfg.hidden_size;
         let embed = ld.dense("model.embed_tokens.weight", cfg.vocab_size, h)?;
-        let lm_head = if cfg.tie_word_embeddings && !ld.has("lm_head.weight") {
-            embed.clone()
-        } else {
-            ld.dense("lm_head.weight", cfg.vocab_size, h)?
-        };
+        let lm_head = Self::load_head(&cfg, ld, &embed)?;
         let layers = (0..cfg.num_hidden_layers).map(|i| Self::load_layer(&cfg, ld, i)).collect::<Result<Vec<_>>>()?;
+        let norm = ld.vector("model.norm.weight", h)?;
+        let layers = Arc::new(LayerStore::resident(layers));
+        Ok(Self::assemble(cfg, ld, embed, layers, norm, lm_head, None))
+    }
+
+    fn load_head(cfg: &DeepseekV3Config, ld: &Loader<'_>, embed: &Matrix) -> Result<Matrix> {
+        if cfg.tie_word_embeddings && !ld.has("lm_head.weight") {
+            Ok(embed.clone())
+        } else {
+            ld.dense("lm_head.weight", cfg.vocab_size, cfg.hidden_size)
+        }
+    }
+
+    fn assemble(
+        cfg: DeepseekV3Config,
+        ld: &Loader<'_>,
+        embed: Matrix,
+        layers: Arc<LayerStore<Layer>>,
+        norm: Vec<f32>,
+        lm_head: Matrix,
+        experts: Option<Arc<ExpertStore>>,
+    ) -> Self {
+        let h = cfg.hidden_size;
         let info = ModelInfo {
             arch: "deepseek_v3",
             vocab_size: cfg.vocab_size,
@@ -71,7 +109,85 @@ impl DeepseekV3 {
             eos_token_ids: cfg.eos_token_ids.clone(),
             weight_bytes: ld.index.names().filter_map(|n| ld.index.info(n).ok()).map(|i| i.len).sum(),
         };
-        Ok(DeepseekV3 { norm: ld.vector("model.norm.weight", h)?, embed, layers, lm_head, info, cfg })
+        DeepseekV3 { norm, embed, layers, lm_head, info, cfg, experts }
+    }
+
+    /// Load under `options.budget`: the fixed tensors and a prefix of layers resident, the
+    /// other layers streamed each pass, routed experts through the expert cache.
+    pub fn load_budgeted(
+        cfg: DeepseekV3Config,
+        spec: &ModelSpec,
+        index: Arc<crate::weights::WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Self, OocRuntime)> {
+        let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
+        let (fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| Self::load_fixed(&cfg, ld))?;
+        let layer_layouts = (0..cfg.num_hidden_layers)
+            .map(|i| source::record(&index, spec, false, |ld| Self::load_layer(&cfg, ld, i)))
+            .collect::<Result<Vec<_>>>()?;
+        let (h, width) = (cfg.hidden_size, cfg.moe_intermediate_size);
+        let expert_builder: ExpertBuilder =
+            Arc::new(move |ld, l, e| mlp(ld, &format!("model.layers.{l}.mlp.experts.{e}"), h, width));
+        let expert_layouts = (0..cfg.num_hidden_layers)
+            .map(|l| match cfg.is_moe_layer(l) {
+                false => Ok(Vec::new()),
+                true => (0..cfg.n_routed_experts)
+                    .map(|e| source::record(&index, spec, true, |ld| expert_builder(ld, l, e)))
+                    .collect::<Result<Vec<_>>>(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let layer_cfg = cfg.clone();
+        let parts = OocParts {
+            layer_builder: Arc::new(move |ld, i| Self::load_layer(&layer_cfg, ld, i)),
+            layer_layouts,
+            expert_builder,
+            expert_layouts,
+            lookahead: fixed.lookahead,
+            fixed_bytes,
+        };
+        let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
+        let ld = Loader::new(&index, spec);
+        let model = Self::assemble(cfg, &ld, fixed.embed, layers, fixed.norm, fixed.lm_head, Some(runtime.experts.clone()));
+        Ok((model, runtime))
+    }
+
+    fn load_fixed(cfg: &DeepseekV3Config, ld: &Loader<'_>) -> Result<Fixed> {
+        let h = cfg.hidden_size;
+        let embed = ld.dense("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        let lm_head = Self::load_head(cfg, ld, &embed)?;
+        let lookahead = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                if !cfg.is_moe_layer(i) {
+                    return Ok(None);
+                }
+                let p = format!("model.layers.{i}");
+                Ok(Some(LookaheadLayer {
+                    norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                    eps: cfg.rms_norm_eps,
+                    router: Self::router(cfg, ld, &p, Vec::new(), None)?,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Fixed { embed, lm_head, norm: ld.vector("model.norm.weight", h)?, lookahead })
+    }
+
+    fn router(cfg: &DeepseekV3Config, ld: &Loader<'_>, p: &str, experts: Vec<Mlp>, shared: Option<Mlp>) -> Result<Moe> {
+        let e = cfg.n_routed_experts;
+        Ok(Moe {
+            gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, cfg.hidden_size)?,
+            bias: ld.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
+            router: RouterConfig {
+                top_k: cfg.num_experts_per_tok,
+                n_group: cfg.n_group,
+                topk_group: cfg.topk_group,
+                norm_topk_prob: cfg.norm_topk_prob,
+                scaling: cfg.routed_scaling_factor,
+            },
+            experts,
+            shared,
+            latent: None,
+            combine: Combine::Ascending,
+        })
     }
 
     fn load_layer(cfg: &DeepseekV3Config, ld: &Loader<'_>, i: usize) -> Result<Layer> {
@@ -111,7 +227,7 @@ impl DeepseekV3 {
             dims,
         };
         let ffn = if cfg.is_moe_layer(i) {
-            let e = cfg.n_routed_experts;
+            let e = if ld.routed_experts() { cfg.n_routed_experts } else { 0 };
             let experts = (0..e)
                 .map(|x| mlp(ld, &format!("{p}.mlp.experts.{x}"), h, cfg.moe_intermediate_size))
                 .collect::<Result<Vec<_>>>()?;
@@ -119,21 +235,7 @@ impl DeepseekV3 {
                 0 => None,
                 s => Some(mlp(ld, &format!("{p}.mlp.shared_experts"), h, cfg.moe_intermediate_size * s)?),
             };
-            Ffn::Moe(Moe {
-                gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, h)?,
-                bias: ld.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
-                router: RouterConfig {
-                    top_k: cfg.num_experts_per_tok,
-                    n_group: cfg.n_group,
-                    topk_group: cfg.topk_group,
-                    norm_topk_prob: cfg.norm_topk_prob,
-                    scaling: cfg.routed_scaling_factor,
-                },
-                experts,
-                shared,
-                latent: None,
-                combine: Combine::Ascending,
-            })
+            Ffn::Moe(Self::router(cfg, ld, &p, experts, shared)?)
         } else {
             Ffn::Dense(mlp(ld, &format!("{p}.mlp"), h, cfg.intermediate_size)?)
         };
@@ -167,7 +269,7 @@ impl Model for DeepseekV3 {
     }
 
     fn new_state(&self) -> SeqState {
-        SeqState::new(self.layers.iter().map(|_| LayerState::Mla(MlaCache::default())).collect())
+        SeqState::new((0..self.layers.len()).map(|_| LayerState::Mla(MlaCache::default())).collect())
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
@@ -187,29 +289,49 @@ impl Model for DeepseekV3 {
         if let Some(t) = trace.as_deref_mut() {
             t.record("embed", &x);
         }
-        for (l, layer) in self.layers.iter().enumerate() {
-            let xn = self.norm_rows(&x, &layer.input_norm);
-            let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
-            let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
-            let a = layer.attn.forward(&xn, n, &mut rows);
-            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let xn = self.norm_rows(&x, &layer.post_norm);
-            let f = match &layer.ffn {
-                Ffn::Dense(m) => m.forward(&xn, n),
-                Ffn::Moe(m) => m.forward(&xn, n),
-            };
-            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
-            if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("layers.{l}"), &x);
-            }
+        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
+            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
+            return Err(e);
         }
         let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
         let normed = self.norm_rows(&selected, &self.norm);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.record("norm", &normed);
         }
         let mut logits = vec![0.0f32; logit_rows.len() * self.cfg.vocab_size];
         matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
         Ok(logits)
+    }
+}
+
+impl DeepseekV3 {
+    /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
+    fn run_layers(&self, batch: &mut [SeqInput<'_>], plan: &RowPlan, x: &mut [f32], mut trace: Option<&mut Trace>) -> Result<()> {
+        let n = plan.len();
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let xn = self.norm_rows(x, &layer.input_norm);
+            let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
+            let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
+            let a = layer.attn.forward(&xn, n, &mut rows);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = self.norm_rows(x, &layer.post_norm);
+            if let Some(store) = &self.experts {
+                store.hint_next(l, x, n);
+            }
+            let f = match (&layer.ffn, &self.experts) {
+                (Ffn::Dense(m), _) => m.forward(&xn, n),
+                (Ffn::Moe(m), None) => m.forward(&xn, n),
+                (Ffn::Moe(m), Some(store)) => m.forward_with(&xn, n, &store.layer(l))?,
+            };
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), x);
+            }
+        }
+        if let Some(store) = &self.experts {
+            store.end_pass()?;
+        }
+        Ok(())
     }
 }

@@ -1,22 +1,55 @@
 //! Turning checkpoint tensors into typed weights: a Linear in whichever stored format the
 //! checkpoint uses (decided per tensor from its dtype and companion tensors, checked against the
 //! quantisation config), norm vectors, and embedding tables. Every shape is checked here.
+//!
+//! Bytes come from the index's memory maps unless a [`BlobSource`] is given (the out-of-core
+//! stores build the same layers over resident buffers, streamed arenas and cache slots), and
+//! an architecture skips its routed experts when [`Loader::routed_experts`] is false (they are
+//! then served by an expert provider instead).
 
 use crate::config::{ModelSpec, Quantization};
 use crate::error::{Error, Result};
 use crate::kernels::{Format, Matrix, ScaleDtype};
-use crate::weights::{Dtype, WeightIndex};
+use crate::weights::{Blob, BlobSource, Dtype, MappedSource, TensorInfo, WeightIndex};
 
 /// Typed access to one checkpoint's tensors.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Loader<'a> {
     pub index: &'a WeightIndex,
     pub spec: &'a ModelSpec,
+    source: &'a dyn BlobSource,
+    routed_experts: bool,
+}
+
+impl std::fmt::Debug for Loader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").field("dir", &self.index.dir()).field("routed_experts", &self.routed_experts).finish()
+    }
 }
 
 impl<'a> Loader<'a> {
     pub fn new(index: &'a WeightIndex, spec: &'a ModelSpec) -> Self {
-        Loader { index, spec }
+        Loader { index, spec, source: &MappedSource, routed_experts: true }
+    }
+
+    /// The same loader taking tensor bytes from `source`.
+    pub fn with_source(self, source: &'a dyn BlobSource) -> Self {
+        Loader { source, ..self }
+    }
+
+    /// The same loader, told whether layers should load their routed experts.
+    pub fn with_routed_experts(self, routed_experts: bool) -> Self {
+        Loader { routed_experts, ..self }
+    }
+
+    /// Whether architectures should load routed experts into their layers (false when an
+    /// expert provider serves them).
+    pub fn routed_experts(&self) -> bool {
+        self.routed_experts
+    }
+
+    fn blob(&self, info: &TensorInfo) -> Result<Blob> {
+        self.source.blob(self.index, info)
     }
 
     fn name(&self, name: &str) -> String {
@@ -30,7 +63,8 @@ impl<'a> Loader<'a> {
 
     /// A 1-D float vector (norm weights, biases) widened to f32.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        self.index.f32_vec(&self.name(name), &[len])
+        let info = self.index.expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], &[len])?;
+        Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
     }
 
     /// A float tensor of exactly `shape` (e.g. `[C, 1, K]` conv weights) widened to f32.
@@ -60,7 +94,7 @@ impl<'a> Loader<'a> {
         let full = self.name(name);
         let info = self.index.expect(&full, &[Dtype::BF16, Dtype::F32], &[rows, cols])?;
         let format = if info.dtype == Dtype::BF16 { Format::Bf16 } else { Format::F32 };
-        Matrix::new(format, rows, cols, self.index.blob(info), None)
+        Matrix::new(format, rows, cols, self.blob(info)?, None)
     }
 
     /// The Linear `module` (`out x in`) in its stored format.
@@ -80,10 +114,10 @@ impl<'a> Loader<'a> {
                 let scale_shape = [rows.div_ceil(block_rows), cols.div_ceil(block_cols)];
                 let scale = self.index.expect(&scale_name, &[Dtype::F32], &scale_shape)?;
                 let format = Format::Fp8Block { block_rows, block_cols };
-                Matrix::new(format, rows, cols, self.index.blob(info), Some(self.index.blob(scale)))
+                Matrix::new(format, rows, cols, self.blob(info)?, Some(self.blob(scale)?))
             }
-            Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.index.blob(info), None),
-            _ => Matrix::new(Format::F32, rows, cols, self.index.blob(info), None),
+            Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.blob(info)?, None),
+            _ => Matrix::new(Format::F32, rows, cols, self.blob(info)?, None),
         }
     }
 
@@ -104,7 +138,7 @@ impl<'a> Loader<'a> {
                     _ => ScaleDtype::F32,
                 };
                 let format = Format::Int4Group { group: group_size, scale: scale_dtype };
-                Matrix::new(format, rows, cols, self.index.blob(data), Some(self.index.blob(scale)))
+                Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
             Quantization::Mxfp4PackQuantized { group_size, .. } => {
                 if cols % group_size != 0 || group_size % 2 != 0 {
@@ -113,7 +147,7 @@ impl<'a> Loader<'a> {
                 let data = self.index.expect(packed, &[Dtype::U8], &[rows, cols / 2])?;
                 let scale = self.index.expect(&scale_name, &[Dtype::U8], &[rows, cols / group_size])?;
                 let format = Format::Mxfp4 { group: group_size };
-                Matrix::new(format, rows, cols, self.index.blob(data), Some(self.index.blob(scale)))
+                Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
             _ => Err(self.unexpected(packed, "packed weights need a compressed-tensors quantization_config")),
         }
@@ -126,7 +160,7 @@ impl<'a> Loader<'a> {
             return Ok(());
         }
         let info = self.index.expect(&name, &[Dtype::I64, Dtype::I32], &[2])?;
-        let blob = self.index.blob(info);
+        let blob = self.blob(info)?;
         let dims: Vec<i64> = match info.dtype {
             Dtype::I64 => blob.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
             _ => blob.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),

@@ -89,6 +89,29 @@ pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
     load_with(&spec, &index)
 }
 
+/// Load the model in `dir` under a memory budget: weights are read (not mapped), a prefix of
+/// layers stays resident, the rest streams, and routed experts go through the expert cache.
+/// Results are bit-identical to [`load`].
+pub fn load_budgeted(dir: &Path, options: &crate::cache::OocOptions) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
+    let spec = ModelSpec::load(dir)?;
+    let index = std::sync::Arc::new(WeightIndex::open(dir)?);
+    match &spec.arch {
+        ArchConfig::DeepseekV3(cfg) => {
+            let (model, runtime) = deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;
+            Ok((Box::new(model), runtime))
+        }
+        _ => Err(Error::Budget(format!(
+            "{}: out-of-core loading is implemented for DeepSeek-V3 / Kimi-K2 checkpoints only so far",
+            spec.model_type
+        ))),
+    }
+}
+
+/// Whether [`load_budgeted`] supports the model in `dir`.
+pub fn supports_budget(dir: &Path) -> Result<bool> {
+    Ok(matches!(ModelSpec::load(dir)?.arch, ArchConfig::DeepseekV3(_)))
+}
+
 /// Build the architecture for an already-parsed spec and index.
 pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>> {
     let loader = Loader::new(index, spec);

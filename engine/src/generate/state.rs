@@ -19,8 +19,9 @@
 //! accepted prefix `m + 1`.
 //!
 //! How it is done: MLA caches only append, so committing `m` rows truncates them. A KDA layer
-//! keeps **one** snapshot of its pre-pass state (copied when the pass first touches it, into a
-//! reused buffer) and each row's recurrence inputs (the raw q/k/v projections, the normalised
+//! keeps **one** snapshot of its pre-pass state (the convolution history is copied; the
+//! recurrent matrix is not: its buffer is swapped out and the pass's first step reads it out of
+//! place) and each row's recurrence inputs (the raw q/k/v projections, the normalised
 //! `k`, `v`, the log-decay `g` and `β`: `6·P + heads` floats, far less than a state copy per
 //! row). `commit(m)` with `m` equal to the pass length keeps the live state; otherwise it swaps
 //! the snapshot back in and replays `m` rows with the same two functions the forward pass uses
@@ -79,9 +80,13 @@ pub struct KdaCache {
     conv: Vec<f32>,
     /// Delta-rule state `[heads, dk, dv]`.
     recurrent: Vec<f32>,
-    /// Pre-pass copies while a pass is staged (buffers kept between passes).
+    /// The pre-pass state while a pass is staged (buffers kept between passes). The recurrent
+    /// matrix is not copied: the live and snapshot buffers are swapped and the pass's first step
+    /// reads the snapshot out of place.
     snapshot_conv: Vec<f32>,
     snapshot_recurrent: Vec<f32>,
+    /// The live `recurrent` buffer is stale until the pass's first step writes it.
+    first_step_pending: bool,
     /// Recurrence inputs of the staged rows, `record_len` floats each.
     inputs: Vec<f32>,
     staged: bool,
@@ -96,6 +101,7 @@ impl KdaCache {
             recurrent: vec![0.0; shape.state_len()],
             snapshot_conv: Vec::new(),
             snapshot_recurrent: Vec::new(),
+            first_step_pending: false,
             inputs: Vec::new(),
             staged: false,
         }
@@ -106,14 +112,34 @@ impl KdaCache {
         self.shape
     }
 
-    /// Start (or continue) the staged pass: the first call of a pass snapshots the state.
+    /// Start (or continue) the staged pass: the first call of a pass keeps the pre-pass state
+    /// (a copy of the small convolution history; the recurrent matrix by a buffer swap).
     pub(crate) fn begin_rows(&mut self) {
         if !self.staged {
             self.snapshot_conv.clone_from(&self.conv);
-            self.snapshot_recurrent.clone_from(&self.recurrent);
+            std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
+            self.recurrent.resize(self.shape.state_len(), 0.0);
+            self.first_step_pending = true;
             self.inputs.clear();
             self.staged = true;
         }
+    }
+
+    /// One delta-rule step of the staged pass.
+    pub(crate) fn step(&mut self, x: kda::StepInputs<'_>) {
+        debug_assert!(self.staged, "begin_rows first");
+        if self.first_step_pending {
+            let prev = Some(&self.snapshot_recurrent[..]);
+            kda::delta_rule_step_from(prev, &mut self.recurrent, x, self.shape);
+            self.first_step_pending = false;
+        } else {
+            kda::delta_rule_step(&mut self.recurrent, x, self.shape);
+        }
+    }
+
+    /// The live delta-rule state.
+    pub(crate) fn recurrent(&self) -> &[f32] {
+        &self.recurrent
     }
 
     pub(crate) fn conv_history(&self) -> &[f32] {
@@ -122,10 +148,6 @@ impl KdaCache {
 
     pub(crate) fn conv_history_mut(&mut self) -> &mut [f32] {
         &mut self.conv
-    }
-
-    pub(crate) fn recurrent_mut(&mut self) -> &mut [f32] {
-        &mut self.recurrent
     }
 
     /// Append one staged row's recurrence inputs.
@@ -150,7 +172,7 @@ impl KdaCache {
         }
         let rows = self.staged_rows();
         debug_assert!(keep <= rows);
-        if keep < rows {
+        if keep < rows || self.first_step_pending {
             std::mem::swap(&mut self.conv, &mut self.snapshot_conv);
             std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
             let s = self.shape;
@@ -161,11 +183,12 @@ impl KdaCache {
                 let (v, rest) = rest.split_at(p);
                 let (g, beta) = rest.split_at(p);
                 kda::conv_push(&mut self.conv, raw, s);
-                kda::delta_rule_step(&mut self.recurrent, k, v, g, beta, s);
+                kda::delta_rule_step(&mut self.recurrent, kda::StepInputs { k, v, g, beta }, s);
             }
         }
         self.inputs.clear();
         self.staged = false;
+        self.first_step_pending = false;
     }
 
     /// Bytes of live state (convolution history and recurrent matrix).

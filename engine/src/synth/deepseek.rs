@@ -1,4 +1,13 @@
 //! Synthetic DeepSeek-V3-architecture checkpoints (BF16 spine; BF16, block-FP8 or INT4 experts).
+//!
+//! Routing shape ([`RoutingShape`]): `skew` adds a per-expert offset drawn from N(0, skew²) to
+//! each MoE layer's `e_score_correction_bias` (selection only, like DeepSeek's balancing bias,
+//! so some experts win more often); `locality` sets the RMS of token embeddings to
+//! `8^(1 - 2·locality)` relative to the O(1) outputs of the attention and FFN blocks. A large
+//! embedding (locality 0) makes each token's own identity decide its routes (random tokens route
+//! almost independently), a small one (locality 1) lets the slowly-changing attention context
+//! decide (consecutive tokens share experts). `docs/performance.md` lists measured reuse and
+//! skew for the settings the benchmark uses.
 
 use std::path::Path;
 
@@ -42,6 +51,22 @@ pub struct DeepseekSynth {
     /// Number of safetensors shards (an index is written when > 1).
     pub shards: usize,
     pub seed: u64,
+    pub routing: RoutingShape,
+}
+
+/// Knobs shaping how the synthetic router behaves (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoutingShape {
+    /// Standard deviation of per-expert selection-bias offsets (0: balanced).
+    pub skew: f32,
+    /// 0: routes follow the token; 1: routes follow the context (more token-to-token reuse).
+    pub locality: f32,
+}
+
+impl Default for RoutingShape {
+    fn default() -> Self {
+        RoutingShape { skew: 0.0, locality: 0.5 }
+    }
 }
 
 impl DeepseekSynth {
@@ -67,6 +92,7 @@ impl DeepseekSynth {
             format: ExpertFormat::Bf16,
             shards: 1,
             seed: 0x5EED,
+            routing: RoutingShape::default(),
         }
     }
 
@@ -92,6 +118,7 @@ impl DeepseekSynth {
             format,
             shards: 2,
             seed: 7,
+            routing: RoutingShape::default(),
         }
     }
 
@@ -161,7 +188,8 @@ impl DeepseekSynth {
     fn tensors(&self) -> Vec<(TensorSpec, Fill)> {
         let mut t = Vec::new();
         let (h, v) = (self.hidden, self.vocab());
-        t.push(dense("model.embed_tokens.weight", v, h, 1.0));
+        let embed_rms = 8f32.powf(1.0 - 2.0 * self.routing.locality.clamp(0.0, 1.0));
+        t.push(dense("model.embed_tokens.weight", v, h, embed_rms * (h as f32).sqrt()));
         for l in 0..self.layers {
             let p = format!("model.layers.{l}");
             t.push(norm(&format!("{p}.input_layernorm.weight"), h));
@@ -183,7 +211,7 @@ impl DeepseekSynth {
                 self.mlp(&mut t, &format!("{p}.mlp"), self.intermediate, false);
             } else {
                 t.push(dense(&format!("{p}.mlp.gate.weight"), self.experts, h, 1.0));
-                t.push((TensorSpec::new(format!("{p}.mlp.gate.e_score_correction_bias"), Dtype::F32, &[self.experts]), Fill::Bias));
+                t.push((TensorSpec::new(format!("{p}.mlp.gate.e_score_correction_bias"), Dtype::F32, &[self.experts]), Fill::SkewedBias(self.routing.skew)));
                 for e in 0..self.experts {
                     self.mlp(&mut t, &format!("{p}.mlp.experts.{e}"), self.moe_intermediate, true);
                 }
@@ -219,9 +247,21 @@ impl DeepseekSynth {
         }
     }
 
+    /// Total bytes of tensor data.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors().iter().map(|(t, _)| t.nbytes() as u64).sum()
+    }
+
+    /// Bytes of one routed expert.
+    pub fn expert_bytes(&self) -> u64 {
+        let mut t = Vec::new();
+        self.mlp(&mut t, "x", self.moe_intermediate, true);
+        t.iter().map(|(t, _)| t.nbytes() as u64).sum()
+    }
+
     /// Write the checkpoint (config, shards, index, tokenizer) into `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        if self.format == ExpertFormat::Int4 && (self.hidden % 32 != 0 || self.moe_intermediate % 32 != 0) {
+        if self.format == ExpertFormat::Int4 && (!self.hidden.is_multiple_of(32) || !self.moe_intermediate.is_multiple_of(32)) {
             return Err(Error::InvalidArgument { field: "synth", reason: "INT4 experts need widths divisible by 32".into() });
         }
         write_shards(dir, &self.tensors(), self.shards, self.seed)?;

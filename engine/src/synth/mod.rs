@@ -9,7 +9,7 @@ mod kimi;
 mod rng;
 mod tokenizer;
 
-pub use deepseek::{DeepseekSynth, ExpertFormat};
+pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
 pub use rng::Rng;
 pub use tokenizer::{K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor};

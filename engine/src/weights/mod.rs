@@ -5,9 +5,11 @@
 mod blob;
 mod dtype;
 mod safetensors;
+mod source;
 mod writer;
 
 pub use blob::Blob;
 pub use dtype::Dtype;
 pub use safetensors::{TensorInfo, WeightIndex};
+pub use source::{BlobSource, MappedSource};
 pub use writer::{TensorSpec, write_atomic, write_safetensors};

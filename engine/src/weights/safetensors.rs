@@ -185,6 +185,16 @@ impl WeightIndex {
         self.tensors.keys().map(String::as_str)
     }
 
+    /// Paths of every shard, in shard-number order (`TensorInfo::shard` indexes this list).
+    pub fn shard_paths(&self) -> Vec<PathBuf> {
+        self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
+    /// Length in bytes of shard `shard`'s file.
+    pub fn file_len(&self, shard: usize) -> u64 {
+        self.shards[shard].map.len() as u64
+    }
+
     /// Path of the shard holding a tensor.
     pub fn shard_path(&self, info: &TensorInfo) -> &Path {
         &self.shards[info.shard].path
@@ -213,13 +223,17 @@ impl WeightIndex {
     /// A small tensor decoded to f32 (F32, BF16 or F16 storage), e.g. norms and biases.
     pub fn f32_vec(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let info = self.expect(name, &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
-        let blob = self.blob(info);
-        Ok(match info.dtype {
+        Ok(Self::decode_f32(info, &self.blob(info)))
+    }
+
+    /// Decode the bytes of a float tensor (F32, BF16 or F16 storage; checked by the caller) to f32.
+    pub fn decode_f32(info: &TensorInfo, blob: &[u8]) -> Vec<f32> {
+        match info.dtype {
             Dtype::F32 => blob.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
             Dtype::BF16 => {
                 blob.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
             }
             _ => blob.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        })
+        }
     }
 }

@@ -18,6 +18,8 @@
 //! Each row's recurrence inputs (raw projections, `k`, `v`, `g`, `β`) are recorded in the
 //! sequence's [`KdaCache`] so a pass can be committed to a prefix by replay (see
 //! `generate::state`); [`conv_push`] and [`delta_rule_step`] are the shared replay primitives.
+//! The first row of a pass reads the pre-pass state out of place ([`delta_rule_step_from`]), so
+//! keeping that state for a rollback costs no copy.
 
 use crate::config::KdaDecay;
 use crate::generate::{KdaCache, KdaShape};
@@ -200,9 +202,9 @@ impl Kda {
             for (b, &logit) in beta.iter_mut().zip(&proj.beta[i * heads..(i + 1) * heads]) {
                 *b = sigmoid(logit);
             }
-            delta_rule_step(cache.recurrent_mut(), k, v, g, beta, s);
+            cache.step(StepInputs { k, v, g, beta });
             let out = &mut o[i * p..(i + 1) * p];
-            readout(cache.recurrent_mut(), &q, s, out);
+            readout(cache.recurrent(), &q, s, out);
             self.gated_norm(out, &proj.gate[i * p..(i + 1) * p]);
             cache.record(&record);
         }
@@ -260,21 +262,45 @@ pub fn conv_push(history: &mut [f32], raw: &[f32], shape: KdaShape) {
     history[start..].copy_from_slice(raw);
 }
 
+/// One row's delta-rule inputs: normalised `k`, `v`, log-decay `g` (`[P]` each), `β` (`[heads]`).
+#[derive(Debug, Clone, Copy)]
+pub struct StepInputs<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
 /// One delta-rule step on the state `[heads, dk, dv]`: decay rows by `exp(g)`, then
 /// `δ = (v − kᵀS)·β` and `S ← S + k ⊗ δ`. Sums run over the key index in order.
-pub fn delta_rule_step(state: &mut [f32], k: &[f32], v: &[f32], g: &[f32], beta: &[f32], shape: KdaShape) {
+pub fn delta_rule_step(state: &mut [f32], x: StepInputs<'_>, shape: KdaShape) {
+    delta_rule_step_from(None, state, x, shape);
+}
+
+/// [`delta_rule_step`] reading the pre-step state from `prev` when given (out of place: `state`
+/// is overwritten), so a pass can keep the pre-pass state without copying it. Bit-identical to
+/// the in-place step.
+pub fn delta_rule_step_from(prev: Option<&[f32]>, state: &mut [f32], x: StepInputs<'_>, shape: KdaShape) {
+    let StepInputs { k, v, g, beta } = x;
     let d = shape.head_dim;
     let mut delta = vec![0.0f32; d];
     for h in 0..shape.heads {
         let s = &mut state[h * d * d..(h + 1) * d * d];
+        let src = prev.map(|p| &p[h * d * d..(h + 1) * d * d]);
         let (kh, vh, gh) = (
             &k[h * d..(h + 1) * d],
             &v[h * d..(h + 1) * d],
             &g[h * d..(h + 1) * d],
         );
-        for (row, &gi) in s.chunks_mut(d).zip(gh) {
+        for (i, (row, &gi)) in s.chunks_mut(d).zip(gh).enumerate() {
             let decay = gi.exp();
-            row.iter_mut().for_each(|x| *x *= decay);
+            match src {
+                Some(p) => row
+                    .iter_mut()
+                    .zip(&p[i * d..(i + 1) * d])
+                    .for_each(|(x, &y)| *x = y * decay),
+                None => row.iter_mut().for_each(|x| *x *= decay),
+            }
         }
         delta.iter_mut().for_each(|x| *x = 0.0);
         for (row, &ki) in s.chunks(d).zip(kh) {
@@ -335,11 +361,29 @@ mod tests {
             kernel: 1,
         };
         let mut s = vec![0.5, -1.0, 2.0, 3.0];
-        delta_rule_step(&mut s, &[1.0, 0.0], &[4.0, 5.0], &[0.0, 0.0], &[1.0], shape);
+        let x = StepInputs {
+            k: &[1.0, 0.0],
+            v: &[4.0, 5.0],
+            g: &[0.0, 0.0],
+            beta: &[1.0],
+        };
+        delta_rule_step(&mut s, x, shape);
         assert_eq!(s, vec![4.0, 5.0, 2.0, 3.0]);
         let mut o = vec![0.0; 2];
         readout(&s, &[0.0, 1.0], shape, &mut o);
         assert_eq!(o, vec![2.0, 3.0]);
+        // Out of place from a copy of the previous state gives the same bits as in place.
+        let x = StepInputs {
+            k: &[0.6, 0.8],
+            v: &[1.0, -2.0],
+            g: &[-0.3, -1.7],
+            beta: &[0.7],
+        };
+        let mut in_place = s.clone();
+        delta_rule_step(&mut in_place, x, shape);
+        let mut out_of_place = vec![f32::NAN; 4];
+        delta_rule_step_from(Some(&s), &mut out_of_place, x, shape);
+        assert_eq!(in_place, out_of_place);
     }
 
     #[test]

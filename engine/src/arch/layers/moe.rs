@@ -8,10 +8,32 @@
 //! Kimi-Linear) or router order (K3, `kimi-k3.md` §1.6). K3's *latent* MoE ([`Latent`]) runs
 //! the experts at a smaller width: `r = W_down y`, experts on `r`, then
 //! `W_up · RMSNorm(Σ w_i o_i)`; the shared experts always see the un-projected input.
+//!
+//! Routed experts come from an [`ExpertProvider`]: the MoE's own `experts` when they are in
+//! memory, or an out-of-core cache that hands them out in whatever order (and on whichever
+//! thread) they become available. Each expert's output is kept until all are done and then
+//! combined in the configured order, so the result does not depend on that order.
 
 use super::mlp::Mlp;
+use crate::error::Result;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::{Matrix, matmul};
+
+/// Serves a layer's routed experts to [`Moe::forward_with`].
+pub trait ExpertProvider {
+    /// Call `run(id, expert)` exactly once for every id of `ids` (ascending, distinct), in any
+    /// order and possibly on several threads at once (e.g. cached experts first, the others as
+    /// their reads complete).
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()>;
+}
+
+impl ExpertProvider for Vec<Mlp> {
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()> {
+        use rayon::prelude::*;
+        ids.par_iter().for_each(|&id| run(id, &self[id]));
+        Ok(())
+    }
+}
 
 /// Router hyperparameters.
 #[derive(Debug, Clone)]
@@ -107,13 +129,24 @@ impl Moe {
         ids.into_iter().zip(weights).map(|(i, w)| (i, w * r.scaling)).collect()
     }
 
-    /// MoE output for `n` rows of `x` (already normalised).
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let h = self.gate.cols;
+    /// Routes of `n` rows of `x` (already normalised): per row, `(expert, weight)` in router
+    /// order.
+    pub fn routes(&self, x: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let e = self.gate.rows;
         let mut logits = vec![0.0f32; n * e];
         matmul(&self.gate, x, n, &mut logits);
-        let mut routes: Vec<Vec<(usize, f32)>> = logits.chunks(e).map(|l| self.route(l)).collect();
+        logits.chunks(e).map(|l| self.route(l)).collect()
+    }
+
+    /// MoE output for `n` rows of `x` (already normalised), with the in-memory experts.
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.forward_with(x, n, &self.experts).expect("in-memory experts cannot fail")
+    }
+
+    /// MoE output for `n` rows of `x` (already normalised), experts served by `provider`.
+    pub fn forward_with(&self, x: &[f32], n: usize, provider: &dyn ExpertProvider) -> Result<Vec<f32>> {
+        let h = self.gate.cols;
+        let mut routes = self.routes(x, n);
         if self.combine == Combine::Ascending {
             routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
         }
@@ -126,7 +159,7 @@ impl Moe {
             None => x.to_vec(),
         };
         let width = input.len() / n.max(1);
-        let mut out = self.routed(&input, width, &routes);
+        let mut out = self.routed(&input, width, &routes, provider)?;
         if let Some(l) = &self.latent {
             if let Some(norm) = &l.norm {
                 out.chunks_mut(width).for_each(|row| rms_norm_inplace(row, norm, l.eps));
@@ -139,15 +172,21 @@ impl Moe {
             let s = shared.forward(x, n);
             out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
         }
-        out
+        Ok(out)
     }
 
     /// `Σ_i w_i · expert_i(input)` per row, summed from zero in each route's order. Each expert
     /// runs once over all rows that selected it.
-    fn routed(&self, input: &[f32], width: usize, routes: &[Vec<(usize, f32)>]) -> Vec<f32> {
+    fn routed(
+        &self,
+        input: &[f32],
+        width: usize,
+        routes: &[Vec<(usize, f32)>],
+        provider: &dyn ExpertProvider,
+    ) -> Result<Vec<f32>> {
         let n = routes.len();
         // (row, slot in the row's route) per expert, in row order.
-        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.experts.len()];
+        let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.gate.rows];
         for (row, route) in routes.iter().enumerate() {
             for (slot, &(expert, _)) in route.iter().enumerate() {
                 users[expert].push((row, slot));
@@ -159,15 +198,20 @@ impl Moe {
             offsets.push(total);
             total += route.len();
         }
-        let mut results = vec![0.0f32; total * width];
-        let mut gathered = Vec::new();
-        for (expert, rows) in users.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            gathered.clear();
+        let ids: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
+        let outputs: Vec<std::sync::Mutex<Option<Vec<f32>>>> = (0..users.len()).map(|_| Default::default()).collect();
+        provider.for_each_expert(&ids, &|expert, mlp| {
+            let rows = &users[expert];
+            let mut gathered = Vec::with_capacity(rows.len() * width);
             for &(row, _) in rows {
                 gathered.extend_from_slice(&input[row * width..(row + 1) * width]);
             }
-            let y = self.experts[expert].forward(&gathered, rows.len());
-            for (k, &(row, slot)) in rows.iter().enumerate() {
+            *outputs[expert].lock().unwrap() = Some(mlp.forward(&gathered, rows.len()));
+        })?;
+        let mut results = vec![0.0f32; total * width];
+        for &expert in &ids {
+            let y = outputs[expert].lock().unwrap().take().expect("the provider ran every selected expert");
+            for (k, &(row, slot)) in users[expert].iter().enumerate() {
                 let at = (offsets[row] + slot) * width;
                 results[at..at + width].copy_from_slice(&y[k * width..(k + 1) * width]);
             }
@@ -182,7 +226,7 @@ impl Moe {
                 }
             }
         }
-        out
+        Ok(out)
     }
 }
 

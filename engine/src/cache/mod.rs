@@ -1,0 +1,258 @@
+//! Out-of-core weights: models larger than memory run with a bounded footprint and exactly the
+//! same results.
+//!
+//! * [`plan`]: the residency plan (pure): what stays resident, which spine layers stream each
+//!   pass, how many expert slots the budget leaves; the default budget probe.
+//! * [`reader`]: a pool of threads issuing aligned positional reads, `O_DIRECT` or buffered.
+//! * [`slots`]: the expert cache — equal-size slots, pluggable [`policy`] (LRU, decayed LFU),
+//!   RAII handles that pin a slot while its expert computes.
+//! * [`store`]: serves MoE layers their experts through the cache (hits compute while misses
+//!   load), pre-reads the next layer's predicted experts ([`prefetch`], pure planning) and
+//!   cancels losers, records the persistent [`heat`] histogram used to pre-warm.
+//! * [`layers`]: the spine store — a resident prefix of layers plus double-buffered streaming.
+//! * [`spans`], [`source`], [`buffer`]: read layouts, blob sources over read buffers, aligned
+//!   memory; [`probe`]: disk probes with the same read pattern (`deltafin bench disk`).
+//!
+//! Invariant: none of this changes a single bit of any result. Layers and experts are built by
+//! the architecture's own loading code over buffers holding the checkpoint's exact bytes, and
+//! the MoE combines expert outputs in a fixed order whatever order they arrive in.
+
+pub mod buffer;
+pub mod heat;
+pub mod layers;
+pub mod plan;
+pub mod policy;
+pub mod prefetch;
+pub mod probe;
+pub mod reader;
+pub mod slots;
+pub mod source;
+pub mod spans;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub use layers::{LayerStore, SpineStats};
+pub use plan::ResidencyPlan;
+pub use policy::PolicyKind;
+pub use reader::{ReadMode, ReadStats, ReaderConfig, ReaderPool};
+pub use store::{ExpertStats, ExpertStore};
+
+use crate::arch::Loader;
+use crate::config::ModelSpec;
+use crate::error::Result;
+use crate::weights::WeightIndex;
+
+/// Identifies one routed expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ExpertKey {
+    pub layer: u32,
+    pub expert: u32,
+}
+
+/// How to run a model out of core.
+#[derive(Debug, Clone)]
+pub struct OocOptions {
+    /// Bytes for weights, caches and state (see [`plan::default_budget`]).
+    pub budget: u64,
+    pub policy: PolicyKind,
+    pub reader: ReaderConfig,
+    /// Read the next layer's predicted experts ahead.
+    pub prefetch: bool,
+    /// Persistent heat histogram (`None`: not recorded, no pre-warm).
+    pub heat_file: Option<PathBuf>,
+    /// Pre-warm the cache from the heat file at load.
+    pub prewarm: bool,
+    /// Fewest expert slots accepted.
+    pub min_expert_slots: u64,
+    /// Bytes reserved for sequence state, activations and scratch.
+    pub reserve_bytes: u64,
+    /// Threads computing routed experts at once.
+    pub compute_threads: usize,
+}
+
+impl OocOptions {
+    /// Defaults for a budget.
+    pub fn with_budget(budget: u64) -> Self {
+        OocOptions {
+            budget,
+            policy: PolicyKind::Lru,
+            reader: ReaderConfig::default(),
+            prefetch: true,
+            heat_file: None,
+            prewarm: true,
+            min_expert_slots: 1,
+            reserve_bytes: 32 << 20,
+            compute_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// Everything measured so far by an out-of-core model.
+#[derive(Debug, Clone, Serialize)]
+pub struct OocStats {
+    pub plan: ResidencyPlan,
+    pub policy: PolicyKind,
+    pub read_mode: ReadMode,
+    pub read_choice: Option<probe::ReadChoice>,
+    pub prefetch: bool,
+    pub read: ReadStats,
+    pub spine: SpineStats,
+    pub experts: ExpertStats,
+}
+
+/// Handle on an out-of-core model's machinery, for stats and heat.
+pub struct OocRuntime {
+    pub plan: ResidencyPlan,
+    pub options: OocOptions,
+    pub reader: Arc<ReaderPool>,
+    pub experts: Arc<ExpertStore>,
+    spine: Box<dyn Fn() -> SpineStats + Send + Sync>,
+    /// Why the heat file was ignored, if it was.
+    pub heat_note: Option<String>,
+    /// Pre-warm reads submitted at load.
+    pub prewarmed: usize,
+    /// The measurement behind `ReadMode::Auto`'s choice.
+    pub read_choice: Option<probe::ReadChoice>,
+}
+
+impl std::fmt::Debug for OocRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OocRuntime").field("plan", &self.plan).field("experts", &self.experts).finish()
+    }
+}
+
+impl OocRuntime {
+    /// Counters so far.
+    pub fn stats(&self) -> OocStats {
+        OocStats {
+            plan: self.plan.clone(),
+            policy: self.options.policy,
+            read_mode: self.reader.mode(),
+            read_choice: self.read_choice.clone(),
+            prefetch: self.options.prefetch,
+            read: self.reader.stats(),
+            spine: (self.spine)(),
+            experts: self.experts.stats(),
+        }
+    }
+
+    /// Write the heat histogram now.
+    pub fn flush_heat(&self) -> Result<()> {
+        self.experts.flush_heat()
+    }
+}
+
+/// Pieces an architecture hands to [`assemble`].
+pub struct OocParts<L: Send + Sync + 'static> {
+    pub layer_builder: layers::LayerBuilder<L>,
+    pub layer_layouts: Vec<spans::SpanLayout>,
+    pub expert_builder: store::ExpertBuilder,
+    /// `[layer][expert]`, empty for dense layers.
+    pub expert_layouts: Vec<Vec<spans::SpanLayout>>,
+    pub lookahead: Vec<Option<store::LookaheadLayer>>,
+    /// Bytes of the always-resident set (already loaded by the architecture).
+    pub fixed_bytes: u64,
+}
+
+impl<L: Send + Sync + 'static> std::fmt::Debug for OocParts<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OocParts({} layers)", self.layer_layouts.len())
+    }
+}
+
+/// Load a group of tensors into one resident buffer and build `R` over it. Returns `R` and
+/// the bytes read.
+pub fn load_resident<R>(
+    index: &WeightIndex,
+    spec: &ModelSpec,
+    reader: &ReaderPool,
+    build: impl Fn(&Loader<'_>) -> Result<R>,
+) -> Result<(R, u64)> {
+    let layout = source::record(index, spec, false, &build)?;
+    let buf = Arc::new(buffer::AlignedBuf::new(layout.total)?);
+    reader.read_now(buf.clone(), &layout.segments)?;
+    let src = source::BufferSource { owner: buf, layout: &layout };
+    let r = build(&Loader::new(index, spec).with_source(&src).with_routed_experts(false))?;
+    Ok((r, layout.total as u64))
+}
+
+/// Plan residency from `parts` and build the spine store and the expert store.
+pub fn assemble<L: Send + Sync + 'static>(
+    index: Arc<WeightIndex>,
+    spec: &ModelSpec,
+    reader: Arc<ReaderPool>,
+    parts: OocParts<L>,
+    options: &OocOptions,
+) -> Result<(Arc<LayerStore<L>>, OocRuntime)> {
+    let slot_bytes = parts.expert_layouts.iter().flatten().map(|l| l.total as u64).max().unwrap_or(buffer::ALIGN as u64);
+    let experts = parts.expert_layouts.iter().map(|l| l.len() as u64).sum();
+    let input = plan::PlanInput {
+        budget: options.budget,
+        fixed_bytes: parts.fixed_bytes,
+        reserve_bytes: options.reserve_bytes,
+        layer_bytes: parts.layer_layouts.iter().map(|l| l.total as u64).collect(),
+        slot_bytes,
+        experts,
+        min_expert_slots: options.min_expert_slots,
+    };
+    let plan = plan::plan(&input)?;
+    let read_choice = if options.reader.mode == ReadMode::Auto && reader.supports_direct() {
+        let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
+        Some(probe::choose_read_mode(&reader, &index.shard_paths(), &experts, 2 * reader.threads())?)
+    } else {
+        None
+    };
+    let layers = Arc::new(LayerStore::load(
+        index.clone(),
+        spec.clone(),
+        parts.layer_builder,
+        reader.clone(),
+        parts.layer_layouts,
+        plan.resident_layers,
+    )?);
+    let cache = slots::ExpertCache::new(plan.expert_slots as usize, slot_bytes as usize, options.policy.build(plan.expert_slots as usize))?;
+    let config = store::ExpertStoreConfig {
+        prefetch: options.prefetch,
+        gate_threshold: 0.1,
+        heat_flush_passes: 64,
+        compute_threads: options.compute_threads.max(1),
+    };
+    let n_layers = parts.expert_layouts.len();
+    let n_experts = parts.expert_layouts.iter().map(Vec::len).max().unwrap_or(0);
+    let store = Arc::new(ExpertStore::new(
+        index,
+        spec.clone(),
+        parts.expert_builder,
+        parts.expert_layouts,
+        parts.lookahead,
+        cache,
+        reader.clone(),
+        config,
+    ));
+    let mut heat_note = None;
+    let mut prewarmed = 0;
+    if let Some(path) = &options.heat_file {
+        let (heat, why) = heat::Heat::load(path, n_layers, n_experts);
+        heat_note = why;
+        if options.prewarm {
+            prewarmed = store.prewarm(&heat);
+        }
+        store.set_heat(heat::HeatRecorder::new(path.clone(), n_layers, n_experts, 8192));
+    }
+    let spine_layers = layers.clone();
+    let runtime = OocRuntime {
+        plan,
+        options: options.clone(),
+        reader,
+        experts: store,
+        spine: Box::new(move || spine_layers.stats()),
+        heat_note,
+        prewarmed,
+        read_choice,
+    };
+    Ok((layers, runtime))
+}

@@ -1,0 +1,215 @@
+//! Eviction policies of the expert cache: pure bookkeeping over slot numbers, no I/O and no
+//! locking (the cache calls them under its lock).
+//!
+//! * [`Lru`]: evict the slot used least recently (the baseline).
+//! * [`Lfu`]: decayed *selection hotness* — every time the router selects an expert (hit or
+//!   miss) its hotness grows by one, and all hotness halves every `half_life` passes; evict the
+//!   coldest, least recently used on ties. Counting selections rather than hits lets an expert
+//!   that keeps missing earn its way in; the decay lets the set follow a drifting workload.
+//!   Hotness can be seeded from the persistent heat histogram.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::ExpertKey;
+
+/// Which policy a cache uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    Lru,
+    Lfu,
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lru" => Ok(PolicyKind::Lru),
+            "lfu" => Ok(PolicyKind::Lfu),
+            _ => Err(format!("unknown cache policy `{s}` (lru, lfu)")),
+        }
+    }
+}
+
+impl PolicyKind {
+    /// A fresh policy of this kind for `slots` slots.
+    pub fn build(self, slots: usize) -> Box<dyn EvictionPolicy> {
+        match self {
+            PolicyKind::Lru => Box::new(Lru::new(slots)),
+            PolicyKind::Lfu => Box::new(Lfu::new(slots, 16)),
+        }
+    }
+}
+
+/// Decision logic of an eviction policy.
+pub trait EvictionPolicy: Send + std::fmt::Debug {
+    /// The policy's name.
+    fn kind(&self) -> PolicyKind;
+    /// The router selected `key` in this pass (called once per selected expert, hit or miss).
+    fn on_select(&mut self, key: ExpertKey);
+    /// `slot` now holds `key` (insert) or was used again (hit).
+    fn on_access(&mut self, slot: usize, key: ExpertKey);
+    /// `slot` was emptied.
+    fn on_remove(&mut self, slot: usize);
+    /// A pass ended.
+    fn on_pass_end(&mut self);
+    /// `slot` holds a useless speculative read: evict it before anything else.
+    fn demote(&mut self, slot: usize);
+    /// Seed the hotness of `key` (from the persistent heat histogram); ignored by LRU.
+    fn seed(&mut self, _key: ExpertKey, _hotness: f32) {}
+    /// The slot to evict among `candidates` (unpinned, loaded), or `None` if empty.
+    fn victim(&self, candidates: &[usize]) -> Option<usize>;
+}
+
+/// Least recently used.
+#[derive(Debug, Clone)]
+pub struct Lru {
+    tick: u64,
+    last: Vec<u64>,
+}
+
+impl Lru {
+    pub fn new(slots: usize) -> Self {
+        Lru { tick: 0, last: vec![0; slots] }
+    }
+}
+
+impl EvictionPolicy for Lru {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Lru
+    }
+    fn on_select(&mut self, _key: ExpertKey) {}
+    fn on_access(&mut self, slot: usize, _key: ExpertKey) {
+        self.tick += 1;
+        self.last[slot] = self.tick;
+    }
+    fn on_remove(&mut self, slot: usize) {
+        self.last[slot] = 0;
+    }
+    fn on_pass_end(&mut self) {}
+    fn demote(&mut self, slot: usize) {
+        self.last[slot] = 0;
+    }
+    fn victim(&self, candidates: &[usize]) -> Option<usize> {
+        candidates.iter().copied().min_by_key(|&s| (self.last[s], s))
+    }
+}
+
+/// Decayed selection-hotness LFU with LRU tie-break.
+#[derive(Debug, Clone)]
+pub struct Lfu {
+    lru: Lru,
+    half_life: u32,
+    passes: u32,
+    hot: HashMap<ExpertKey, f32>,
+    slot_key: Vec<Option<ExpertKey>>,
+}
+
+impl Lfu {
+    /// `half_life`: passes after which hotness halves.
+    pub fn new(slots: usize, half_life: u32) -> Self {
+        Lfu { lru: Lru::new(slots), half_life: half_life.max(1), passes: 0, hot: HashMap::new(), slot_key: vec![None; slots] }
+    }
+
+    /// Current hotness of `key`.
+    pub fn hotness(&self, key: ExpertKey) -> f32 {
+        self.hot.get(&key).copied().unwrap_or(0.0)
+    }
+}
+
+impl EvictionPolicy for Lfu {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Lfu
+    }
+    fn on_select(&mut self, key: ExpertKey) {
+        *self.hot.entry(key).or_insert(0.0) += 1.0;
+    }
+    fn on_access(&mut self, slot: usize, key: ExpertKey) {
+        self.lru.on_access(slot, key);
+        self.slot_key[slot] = Some(key);
+    }
+    fn on_remove(&mut self, slot: usize) {
+        self.lru.on_remove(slot);
+        self.slot_key[slot] = None;
+    }
+    fn on_pass_end(&mut self) {
+        self.passes += 1;
+        if self.passes.is_multiple_of(self.half_life) {
+            self.hot.retain(|_, h| {
+                *h *= 0.5;
+                *h >= 1e-3
+            });
+        }
+    }
+    fn demote(&mut self, slot: usize) {
+        self.lru.demote(slot);
+    }
+    fn seed(&mut self, key: ExpertKey, hotness: f32) {
+        let h = self.hot.entry(key).or_insert(0.0);
+        *h = h.max(hotness);
+    }
+    fn victim(&self, candidates: &[usize]) -> Option<usize> {
+        let score = |s: usize| self.slot_key[s].map_or(0.0, |k| self.hotness(k));
+        candidates.iter().copied().min_by(|&a, &b| {
+            score(a).total_cmp(&score(b)).then(self.lru.last[a].cmp(&self.lru.last[b])).then(a.cmp(&b))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(e: u32) -> ExpertKey {
+        ExpertKey { layer: 1, expert: e }
+    }
+
+    #[test]
+    fn lru_evicts_the_oldest_candidate() {
+        let mut p = Lru::new(3);
+        for (slot, e) in [(0, 10), (1, 11), (2, 12)] {
+            p.on_access(slot, k(e));
+        }
+        p.on_access(0, k(10));
+        assert_eq!(p.victim(&[0, 1, 2]), Some(1));
+        assert_eq!(p.victim(&[0, 2]), Some(2), "pinned slots are not candidates");
+        assert_eq!(p.victim(&[]), None);
+        p.on_remove(0);
+        assert_eq!(p.victim(&[0, 2]), Some(0), "an emptied slot is the first victim");
+    }
+
+    #[test]
+    fn lfu_keeps_frequently_selected_experts_over_recent_ones() {
+        let mut p = Lfu::new(3, 4);
+        for (slot, e) in [(0, 10), (1, 11), (2, 12)] {
+            p.on_access(slot, k(e));
+        }
+        for _ in 0..5 {
+            p.on_select(k(10));
+        }
+        p.on_select(k(11));
+        p.on_access(2, k(12)); // most recent, but never selected
+        assert_eq!(p.victim(&[0, 1, 2]), Some(2));
+        // Ties on hotness fall back to LRU.
+        p.on_select(k(12));
+        assert_eq!(p.victim(&[1, 2]), Some(1));
+    }
+
+    #[test]
+    fn lfu_hotness_decays_per_half_life() {
+        let mut p = Lfu::new(1, 2);
+        for _ in 0..8 {
+            p.on_select(k(1));
+        }
+        p.on_pass_end();
+        assert_eq!(p.hotness(k(1)), 8.0);
+        p.on_pass_end();
+        assert_eq!(p.hotness(k(1)), 4.0);
+        p.seed(k(2), 3.0);
+        assert_eq!(p.hotness(k(2)), 3.0);
+        assert_eq!("lfu".parse::<PolicyKind>().unwrap(), PolicyKind::Lfu);
+        assert!("mru".parse::<PolicyKind>().is_err());
+    }
+}

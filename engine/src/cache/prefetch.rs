@@ -1,0 +1,135 @@
+//! Prefetch planning (pure): which experts of the *next* MoE layer to read ahead, from two
+//! predictors — that layer's router applied to the current hidden state ("look-ahead") and the
+//! previous pass's routes at that layer — and a per-layer gate that stops speculating where a
+//! predictor has been useless.
+
+use std::collections::BTreeSet;
+
+/// Order the union of several rows' look-ahead routes: by summed routing weight, highest first
+/// (ties by expert id).
+pub fn rank_lookahead(routes: &[Vec<(usize, f32)>]) -> Vec<usize> {
+    let mut score: Vec<(usize, f32)> = Vec::new();
+    for route in routes {
+        for &(e, w) in route {
+            match score.iter_mut().find(|(x, _)| *x == e) {
+                Some(s) => s.1 += w,
+                None => score.push((e, w)),
+            }
+        }
+    }
+    score.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    score.into_iter().map(|(e, _)| e).collect()
+}
+
+/// The prefetch list: look-ahead experts first, then the previous pass's, skipping those
+/// already cached or being read, at most `max` (the slots the prefetcher may claim).
+pub fn plan_prefetch(lookahead: &[usize], previous: &[usize], present: impl Fn(usize) -> bool, max: usize) -> Vec<usize> {
+    let mut seen = BTreeSet::new();
+    lookahead
+        .iter()
+        .chain(previous)
+        .copied()
+        .filter(|&e| seen.insert(e) && !present(e))
+        .take(max)
+        .collect()
+}
+
+/// Recall of a predicted set against the experts actually selected.
+pub fn recall(predicted: &[usize], actual: &[usize]) -> f32 {
+    if actual.is_empty() {
+        return 1.0;
+    }
+    actual.iter().filter(|e| predicted.contains(e)).count() as f32 / actual.len() as f32
+}
+
+/// Recall the weaker predictor needs before its experts are read too.
+pub const SECONDARY_RECALL: f32 = 0.3;
+
+/// Per-layer exponential moving averages of each predictor's recall; speculation at a layer
+/// stops while the better predictor's average is below `threshold` (after `warmup` samples),
+/// and resumes when it recovers (scoring continues either way).
+#[derive(Debug, Clone)]
+pub struct RecallGate {
+    alpha: f32,
+    threshold: f32,
+    warmup: u32,
+    lookahead: Vec<f32>,
+    previous: Vec<f32>,
+    samples: Vec<u32>,
+}
+
+impl RecallGate {
+    pub fn new(layers: usize, alpha: f32, threshold: f32, warmup: u32) -> Self {
+        RecallGate { alpha, threshold, warmup, lookahead: vec![0.0; layers], previous: vec![0.0; layers], samples: vec![0; layers] }
+    }
+
+    /// Score both predictors for `layer` against its actual selection.
+    pub fn observe(&mut self, layer: usize, lookahead: &[usize], previous: &[usize], actual: &[usize]) {
+        let a = self.alpha;
+        let first = self.samples[layer] == 0;
+        let upd = |ema: &mut f32, r: f32| *ema = if first { r } else { (1.0 - a) * *ema + a * r };
+        upd(&mut self.lookahead[layer], recall(lookahead, actual));
+        upd(&mut self.previous[layer], recall(previous, actual));
+        self.samples[layer] += 1;
+    }
+
+    /// Whether to prefetch for `layer`.
+    pub fn allow(&self, layer: usize) -> bool {
+        self.samples[layer] < self.warmup || self.lookahead[layer].max(self.previous[layer]) >= self.threshold
+    }
+
+    /// Which predictors to follow at `layer`: `(look-ahead, previous pass)`. Warming up: the
+    /// look-ahead only. Then each predictor whose recall clears the threshold, the weaker one
+    /// only if it also clears [`SECONDARY_RECALL`] (reading a second, mostly wrong list of
+    /// experts costs more than the hits it adds).
+    pub fn predictors(&self, layer: usize) -> (bool, bool) {
+        if self.samples[layer] < self.warmup {
+            return (true, false);
+        }
+        let (la, prev) = (self.lookahead[layer], self.previous[layer]);
+        let ok = |r: f32, other: f32| r >= self.threshold && (r >= other || r >= SECONDARY_RECALL);
+        (ok(la, prev), ok(prev, la))
+    }
+
+    /// `(look-ahead, previous-pass)` recall averages of `layer`.
+    pub fn recalls(&self, layer: usize) -> (f32, f32) {
+        (self.lookahead[layer], self.previous[layer])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookahead_ranks_by_summed_weight() {
+        let routes = vec![vec![(3, 0.5), (1, 0.2)], vec![(1, 0.4), (7, 0.1)]];
+        assert_eq!(rank_lookahead(&routes), vec![1, 3, 7]);
+    }
+
+    #[test]
+    fn plan_skips_present_dedups_and_caps() {
+        let p = plan_prefetch(&[4, 2, 9], &[2, 5, 6], |e| e == 9, 4);
+        assert_eq!(p, vec![4, 2, 5, 6]);
+        assert_eq!(plan_prefetch(&[4, 2], &[5], |_| false, 2), vec![4, 2]);
+        assert!(plan_prefetch(&[1], &[], |_| true, 8).is_empty());
+    }
+
+    #[test]
+    fn gate_closes_on_useless_predictors_and_reopens() {
+        let mut g = RecallGate::new(2, 0.5, 0.2, 2);
+        assert!(g.allow(1));
+        g.observe(1, &[9], &[8], &[1, 2]);
+        assert!(g.allow(1), "still warming up");
+        g.observe(1, &[9], &[8], &[1, 2]);
+        assert!(!g.allow(1));
+        g.observe(1, &[1, 2], &[], &[1, 2]);
+        assert_eq!(g.recalls(1).0, 0.5);
+        assert!(g.allow(1));
+        assert_eq!(g.predictors(1), (true, false), "the previous-pass predictor is useless here");
+        let mut w = RecallGate::new(1, 1.0, 0.1, 0);
+        w.observe(0, &[1, 2, 3], &[1, 9, 8], &[1, 2, 3]);
+        assert_eq!(w.predictors(0), (true, true), "a third of the experts is worth reading too");
+        assert_eq!(recall(&[1], &[1, 2]), 0.5);
+    }
+}

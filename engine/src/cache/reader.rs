@@ -1,0 +1,519 @@
+//! The reader pool: worker threads issuing aligned positional reads (`pread`) into
+//! [`AlignedBuf`]s, many in flight (one per worker), from shard files opened with `O_DIRECT`
+//! where the filesystem allows it and buffered otherwise.
+//!
+//! A request is a list of [`Segment`]s split into chunks of at most `chunk_bytes`; workers take
+//! demand chunks before prefetch chunks. A request that no worker has started can be cancelled
+//! (prefetch losers); a started one always finishes into its buffer, which the requester keeps
+//! exclusive until the [`Ticket`] completes (see the invariant in [`super::buffer`]).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::buffer::AlignedBuf;
+use super::spans::Segment;
+use crate::error::{Error, Result};
+
+/// How shard files are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadMode {
+    /// `O_DIRECT` when the filesystem supports it, buffered otherwise (per file).
+    Auto,
+    /// `O_DIRECT` only; opening a file that does not support it is an error.
+    Direct,
+    /// Through the page cache.
+    Buffered,
+}
+
+impl std::str::FromStr for ReadMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(ReadMode::Auto),
+            "direct" => Ok(ReadMode::Direct),
+            "buffered" => Ok(ReadMode::Buffered),
+            _ => Err(format!("unknown read mode `{s}` (auto, direct, buffered)")),
+        }
+    }
+}
+
+/// Queue class of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Needed now by a pass.
+    Demand,
+    /// Speculative (prefetch, pre-warm); may be cancelled.
+    Prefetch,
+}
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct ReaderConfig {
+    pub mode: ReadMode,
+    /// Worker threads = reads in flight.
+    pub threads: usize,
+    /// Largest single read.
+    pub chunk_bytes: usize,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> Self {
+        ReaderConfig { mode: ReadMode::Auto, threads: 8, chunk_bytes: 16 << 20 }
+    }
+}
+
+/// Counters of a pool (monotonic).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReadStats {
+    pub requests: u64,
+    pub reads: u64,
+    pub bytes: u64,
+    pub direct_bytes: u64,
+    pub buffered_bytes: u64,
+    pub cancelled: u64,
+    /// Seconds during which at least one read was in flight.
+    pub busy_seconds: f64,
+}
+
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const CANCELLED: u8 = 2;
+
+type Callback = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+
+struct Job {
+    state: AtomicU8,
+    remaining: AtomicUsize,
+    error: Mutex<Option<String>>,
+    done: Mutex<Option<std::result::Result<(), String>>>,
+    cv: Condvar,
+    on_done: Mutex<Option<Callback>>,
+}
+
+impl Job {
+    fn finish(&self, result: std::result::Result<(), String>, call: bool) {
+        let callback = self.on_done.lock().unwrap().take();
+        if call && let Some(f) = callback {
+            f(result.clone());
+        }
+        *self.done.lock().unwrap() = Some(result);
+        self.cv.notify_all();
+    }
+}
+
+/// A submitted request.
+#[derive(Clone)]
+pub struct Ticket(Arc<Job>);
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ticket(state {})", self.0.state.load(Ordering::Relaxed))
+    }
+}
+
+impl Ticket {
+    /// Cancel if no worker has started it. On success the completion callback is dropped
+    /// unrun and the buffer is the requester's again.
+    pub fn cancel(&self) -> bool {
+        let ok = self.0.state.compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if ok {
+            self.0.finish(Err("cancelled".into()), false);
+        }
+        ok
+    }
+
+    /// Block until the request completed; the error names the file on failure.
+    pub fn wait(&self) -> std::result::Result<(), String> {
+        let mut done = self.0.done.lock().unwrap();
+        loop {
+            if let Some(r) = done.as_ref() {
+                return r.clone();
+            }
+            done = self.0.cv.wait(done).unwrap();
+        }
+    }
+
+    /// Whether the request has completed (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.0.done.lock().unwrap().is_some()
+    }
+}
+
+struct Chunk {
+    job: Arc<Job>,
+    buf: Arc<AlignedBuf>,
+    shard: usize,
+    offset: u64,
+    len: usize,
+    dest: usize,
+}
+
+struct ShardFile {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    direct_ok: AtomicBool,
+}
+
+#[derive(Default)]
+struct Queues {
+    demand: VecDeque<Chunk>,
+    prefetch: VecDeque<Chunk>,
+    shutdown: bool,
+}
+
+struct Inner {
+    files: Vec<ShardFile>,
+    mode: ReadMode,
+    chunk: usize,
+    queue: Mutex<Queues>,
+    cv: Condvar,
+    requests: AtomicU64,
+    reads: AtomicU64,
+    direct_bytes: AtomicU64,
+    buffered_bytes: AtomicU64,
+    cancelled: AtomicU64,
+    busy: Mutex<(usize, Option<Instant>, f64)>,
+}
+
+/// The pool of reader threads over one checkpoint's shard files.
+pub struct ReaderPool {
+    inner: Arc<Inner>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ReaderPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReaderPool({:?}, {} threads, {} files)", self.inner.mode, self.workers.len(), self.inner.files.len())
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn open_direct(path: &std::path::Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &std::path::Path) -> std::io::Result<File> {
+    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "O_DIRECT is Linux-only"))
+}
+
+impl ReaderPool {
+    /// Open every shard and start the workers.
+    pub fn new(paths: &[PathBuf], config: &ReaderConfig) -> Result<Self> {
+        let mut files = Vec::new();
+        for path in paths {
+            let buffered = File::open(path).map_err(|e| Error::io(path, e))?;
+            let direct = match config.mode {
+                ReadMode::Buffered => None,
+                ReadMode::Direct => Some(open_direct(path).map_err(|e| Error::io(path, e))?),
+                ReadMode::Auto => open_direct(path).ok(),
+            };
+            let direct_ok = AtomicBool::new(direct.is_some());
+            files.push(ShardFile { path: path.clone(), buffered, direct, direct_ok });
+        }
+        let inner = Arc::new(Inner {
+            files,
+            mode: config.mode,
+            chunk: super::buffer::align_up(config.chunk_bytes.max(1) as u64) as usize,
+            queue: Mutex::new(Queues::default()),
+            cv: Condvar::new(),
+            requests: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            direct_bytes: AtomicU64::new(0),
+            buffered_bytes: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            busy: Mutex::new((0, None, 0.0)),
+        });
+        let workers = (0..config.threads.max(1))
+            .map(|i| {
+                let inner = inner.clone();
+                std::thread::Builder::new()
+                    .name(format!("deltafin-read-{i}"))
+                    .spawn(move || inner.work())
+                    .map_err(|e| Error::io("reader thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ReaderPool { inner, workers })
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> ReadMode {
+        self.inner.mode
+    }
+
+    /// Whether every shard could be opened with `O_DIRECT`.
+    pub fn supports_direct(&self) -> bool {
+        self.inner.files.iter().all(|f| f.direct.is_some())
+    }
+
+    /// Use (or stop using) `O_DIRECT` for every shard that supports it.
+    pub fn set_direct(&self, on: bool) {
+        for f in &self.inner.files {
+            f.direct_ok.store(on && f.direct.is_some(), Ordering::Relaxed);
+        }
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether reads of shard `shard` currently bypass the page cache.
+    pub fn is_direct(&self, shard: usize) -> bool {
+        self.inner.files[shard].direct_ok.load(Ordering::Relaxed)
+    }
+
+    /// Read `segments` into `buf`. `on_done` runs on a worker thread when the last chunk is
+    /// read (not when the request is cancelled). The caller must not view the segments' buffer
+    /// ranges until the ticket completes.
+    pub fn submit(&self, buf: Arc<AlignedBuf>, segments: &[Segment], priority: Priority, on_done: Option<Callback>) -> Ticket {
+        let mut chunks = Vec::new();
+        let job = Arc::new(Job {
+            state: AtomicU8::new(QUEUED),
+            remaining: AtomicUsize::new(0),
+            error: Mutex::new(None),
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+            on_done: Mutex::new(on_done),
+        });
+        for s in segments {
+            assert!(s.dest + s.len <= buf.len(), "segment beyond its buffer");
+            let mut at = 0;
+            while at < s.len {
+                let len = self.inner.chunk.min(s.len - at);
+                chunks.push(Chunk { job: job.clone(), buf: buf.clone(), shard: s.shard, offset: s.offset + at as u64, len, dest: s.dest + at });
+                at += len;
+            }
+        }
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        if chunks.is_empty() {
+            job.state.store(STARTED, Ordering::Release);
+            job.finish(Ok(()), true);
+            return Ticket(job);
+        }
+        job.remaining.store(chunks.len(), Ordering::Release);
+        let mut q = self.inner.queue.lock().unwrap();
+        let target = if priority == Priority::Demand { &mut q.demand } else { &mut q.prefetch };
+        target.extend(chunks);
+        drop(q);
+        self.inner.cv.notify_all();
+        Ticket(job)
+    }
+
+    /// Move a still-queued prefetch request ahead of all other prefetches (it became demand).
+    pub fn promote(&self, ticket: &Ticket) {
+        let mut q = self.inner.queue.lock().unwrap();
+        let (mine, rest): (VecDeque<Chunk>, VecDeque<Chunk>) =
+            std::mem::take(&mut q.prefetch).into_iter().partition(|c| Arc::ptr_eq(&c.job, &ticket.0));
+        q.prefetch = rest;
+        q.demand.extend(mine);
+    }
+
+    /// Cancel a request and count it.
+    pub fn cancel(&self, ticket: &Ticket) -> bool {
+        let ok = ticket.cancel();
+        if ok {
+            self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Read synchronously (submit at demand priority and wait).
+    pub fn read_now(&self, buf: Arc<AlignedBuf>, segments: &[Segment]) -> Result<()> {
+        let t = self.submit(buf, segments, Priority::Demand, None);
+        t.wait().map_err(|reason| Error::io("weights", std::io::Error::other(reason)))
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ReadStats {
+        let i = &self.inner;
+        let busy = i.busy.lock().unwrap();
+        let live = busy.1.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let direct = i.direct_bytes.load(Ordering::Relaxed);
+        let buffered = i.buffered_bytes.load(Ordering::Relaxed);
+        ReadStats {
+            requests: i.requests.load(Ordering::Relaxed),
+            reads: i.reads.load(Ordering::Relaxed),
+            bytes: direct + buffered,
+            direct_bytes: direct,
+            buffered_bytes: buffered,
+            cancelled: i.cancelled.load(Ordering::Relaxed),
+            busy_seconds: busy.2 + live,
+        }
+    }
+}
+
+impl Drop for ReaderPool {
+    fn drop(&mut self) {
+        self.inner.queue.lock().unwrap().shutdown = true;
+        self.inner.cv.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Inner {
+    fn work(&self) {
+        loop {
+            let chunk = {
+                let mut q = self.queue.lock().unwrap();
+                loop {
+                    if let Some(c) = q.demand.pop_front().or_else(|| q.prefetch.pop_front()) {
+                        break c;
+                    }
+                    if q.shutdown {
+                        return;
+                    }
+                    q = self.cv.wait(q).unwrap();
+                }
+            };
+            match chunk.job.state.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) | Err(STARTED) => {}
+                Err(_) => continue, // cancelled: its owner already took the buffer back
+            }
+            self.busy_edge(true);
+            let result = self.read_chunk(&chunk);
+            self.busy_edge(false);
+            if let Err(e) = result {
+                chunk.job.error.lock().unwrap().get_or_insert(e);
+            }
+            if chunk.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let error = chunk.job.error.lock().unwrap().take();
+                chunk.job.finish(error.map_or(Ok(()), Err), true);
+            }
+        }
+    }
+
+    fn busy_edge(&self, start: bool) {
+        let mut b = self.busy.lock().unwrap();
+        if start {
+            if b.0 == 0 {
+                b.1 = Some(Instant::now());
+            }
+            b.0 += 1;
+        } else {
+            b.0 -= 1;
+            if b.0 == 0
+                && let Some(t) = b.1.take()
+            {
+                b.2 += t.elapsed().as_secs_f64();
+            }
+        }
+    }
+
+    fn read_chunk(&self, c: &Chunk) -> std::result::Result<(), String> {
+        let file = &self.files[c.shard];
+        // SAFETY: the requester keeps `c.buf[c.dest..c.dest + c.len]` exclusive until the
+        // ticket completes (module invariant of `buffer`), chunks of one request never overlap,
+        // and `submit` checked the range lies inside the buffer.
+        #[allow(unsafe_code)]
+        let dst = unsafe { std::slice::from_raw_parts_mut(c.buf.write_ptr().add(c.dest), c.len) };
+        if file.direct_ok.load(Ordering::Relaxed)
+            && let Some(direct) = &file.direct
+        {
+            match read_full(direct, dst, c.offset) {
+                Ok(()) => {
+                    self.reads.fetch_add(1, Ordering::Relaxed);
+                    self.direct_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.mode == ReadMode::Auto => {
+                    file.direct_ok.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(format!("{}: read at {}: {e}", file.path.display(), c.offset)),
+            }
+        }
+        read_full(&file.buffered, dst, c.offset).map_err(|e| format!("{}: read at {}: {e}", file.path.display(), c.offset))?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.buffered_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Fill `dst` from `offset`, stopping early only at end of file (aligned reads may extend past
+/// the last tensor; those bytes are never used).
+fn read_full(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        match file.read_at(&mut dst[done..], offset + done as u64) {
+            Ok(0) => return Ok(()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.bin");
+        std::fs::write(&path, bytes).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn reads_segments_in_chunks_in_every_mode() {
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let (_d, path) = file_with(&data);
+        for mode in [ReadMode::Auto, ReadMode::Buffered] {
+            let pool = ReaderPool::new(std::slice::from_ref(&path), &ReaderConfig { mode, threads: 3, chunk_bytes: 4096 }).unwrap();
+            let buf = Arc::new(AlignedBuf::new(3 * 4096 + 40_960).unwrap());
+            let segs = [Segment { shard: 0, offset: 8192, len: 12288, dest: 0 }, Segment { shard: 0, offset: 0, len: 40960, dest: 12288 }];
+            pool.read_now(buf.clone(), &segs).unwrap();
+            let b = (*buf).as_ref();
+            assert_eq!(&b[..12288], &data[8192..20480]);
+            assert_eq!(&b[12288..12288 + 40_000], &data[..]);
+            let s = pool.stats();
+            assert_eq!(s.reads, 3 + 10);
+            assert!(s.bytes >= 12288 + 40_000);
+        }
+    }
+
+    #[test]
+    fn queued_requests_can_be_cancelled_and_callbacks_run_once() {
+        let (_d, path) = file_with(&vec![1u8; 1 << 20]);
+        let pool = ReaderPool::new(&[path], &ReaderConfig { mode: ReadMode::Buffered, threads: 1, chunk_bytes: 4096 }).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut tickets = Vec::new();
+        for _ in 0..64 {
+            let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
+            let c = calls.clone();
+            let cb: Callback = Box::new(move |r| {
+                assert!(r.is_ok());
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+            tickets.push(pool.submit(buf, &[Segment { shard: 0, offset: 0, len: 1 << 20, dest: 0 }], Priority::Prefetch, Some(cb)));
+        }
+        let cancelled = tickets.iter().filter(|t| pool.cancel(t)).count();
+        assert!(cancelled > 0, "one worker cannot have started all 64 requests");
+        for t in &tickets {
+            let r = t.wait();
+            assert!(r.is_ok() || r == Err("cancelled".into()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 64 - cancelled);
+        assert_eq!(pool.stats().cancelled, cancelled as u64);
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error_naming_it() {
+        let err = ReaderPool::new(&[PathBuf::from("/nonexistent/x.safetensors")], &ReaderConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/x.safetensors"));
+    }
+}

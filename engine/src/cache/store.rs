@@ -1,0 +1,532 @@
+//! The expert store: serves routed experts to the MoE layers from the slot cache, reading
+//! misses through the reader pool, pre-reading the next layer's predicted experts, recording
+//! heat, and counting where every expert byte came from.
+//!
+//! Per MoE layer and pass ([`LayerExperts::for_each_expert`]): tell the policy and the heat
+//! recorder what the router selected; cancel this layer's prefetches that lost; pin hits and
+//! submit demand reads for misses (as many as there are free slots; more in waves); then submit
+//! the prefetch planned for the next layer; then run experts as they become ready (hits first).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::ExpertKey;
+use super::heat::{Heat, HeatRecorder};
+use super::prefetch::{RecallGate, plan_prefetch, rank_lookahead};
+use super::reader::{Priority, ReaderPool};
+use super::slots::{ExpertCache, ExpertHandle, Lookup};
+use super::source::BufferSource;
+use super::spans::SpanLayout;
+use crate::arch::Loader;
+use crate::arch::layers::mlp::Mlp;
+use crate::arch::layers::moe::{ExpertProvider, Moe};
+use crate::config::ModelSpec;
+use crate::error::{Error, Result};
+use crate::kernels::ops::rms_norm;
+use crate::weights::WeightIndex;
+
+/// Builds expert `(layer, expert)` from a loader.
+pub type ExpertBuilder = Arc<dyn Fn(&Loader<'_>, usize, usize) -> Result<Mlp> + Send + Sync>;
+
+/// What the look-ahead predictor needs of a MoE layer: its FFN input norm and its router.
+#[derive(Debug, Clone)]
+pub struct LookaheadLayer {
+    pub norm: Vec<f32>,
+    pub eps: f32,
+    /// The router (gate, bias, config); its `experts` are unused.
+    pub router: Moe,
+}
+
+/// Counters of the expert store.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExpertStats {
+    pub passes: u64,
+    /// Expert uses (one per selected expert per layer per pass) and their bytes.
+    pub uses: u64,
+    pub use_bytes: u64,
+    /// Served from a slot loaded earlier (by demand or pre-warm).
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Served from a slot filled by a prefetch of this layer (finished or still reading).
+    pub prefetch_hits: u64,
+    pub prefetch_hit_bytes: u64,
+    /// Read on demand.
+    pub misses: u64,
+    pub miss_bytes: u64,
+    pub prefetch_reads: u64,
+    pub prefetch_read_bytes: u64,
+    pub prefetch_cancelled: u64,
+    /// Prefetched experts evicted before any use.
+    pub prefetch_wasted: u64,
+    /// Seconds the compute thread was blocked on expert reads or free slots.
+    pub wait_seconds: f64,
+    /// Mean recall of the two predictors over the layers they were scored on.
+    pub lookahead_recall: f64,
+    pub previous_recall: f64,
+    #[serde(skip)]
+    recall_samples: u64,
+}
+
+impl ExpertStats {
+    /// Byte-weighted share of expert uses that needed no demand read.
+    pub fn hit_rate(&self) -> f64 {
+        if self.use_bytes == 0 { 0.0 } else { (self.hit_bytes + self.prefetch_hit_bytes) as f64 / self.use_bytes as f64 }
+    }
+}
+
+/// One recorded step of the expert demand stream (see [`ExpertStore::start_trace`]).
+#[derive(Debug, Clone)]
+pub enum TraceStep {
+    /// A MoE layer selected `ids`; `lookahead` is what the predictor had forecast for it.
+    Layer { layer: usize, ids: Vec<usize>, lookahead: Vec<usize> },
+    /// A pass ended.
+    EndPass,
+}
+
+/// Settings of the store.
+#[derive(Debug, Clone)]
+pub struct ExpertStoreConfig {
+    pub prefetch: bool,
+    /// Recall below which a layer's speculation pauses.
+    pub gate_threshold: f32,
+    /// Heat flush period in passes.
+    pub heat_flush_passes: u64,
+    /// Threads computing ready experts at once (the caller's thread included).
+    pub compute_threads: usize,
+}
+
+struct Pass {
+    /// Selections of the current pass per layer, becoming the previous pass's at its end.
+    current: Vec<Vec<usize>>,
+    previous: Vec<Vec<usize>>,
+    /// Look-ahead prediction made for each layer in this pass.
+    predicted: Vec<Vec<usize>>,
+    /// Prefetch planned for a layer, submitted after the current layer's demand reads.
+    pending: Option<(usize, Vec<usize>)>,
+    /// Prefetches in flight or landed, per layer (for cancelling losers).
+    issued: Vec<Vec<usize>>,
+    gate: RecallGate,
+}
+
+/// Routed experts of a model, served through the cache.
+pub struct ExpertStore {
+    index: Arc<WeightIndex>,
+    spec: ModelSpec,
+    build: ExpertBuilder,
+    /// `layouts[layer][expert]`; empty for dense layers.
+    layouts: Vec<Vec<SpanLayout>>,
+    lookahead: Vec<Option<LookaheadLayer>>,
+    cache: ExpertCache,
+    reader: Arc<ReaderPool>,
+    config: ExpertStoreConfig,
+    pass: Mutex<Pass>,
+    heat: Mutex<Option<HeatRecorder>>,
+    stats: Mutex<ExpertStats>,
+    trace: Mutex<Option<Vec<TraceStep>>>,
+}
+
+impl std::fmt::Debug for ExpertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExpertStore({} slots, prefetch {})", self.cache.slots(), self.config.prefetch)
+    }
+}
+
+/// The provider handed to one layer's MoE.
+#[derive(Debug)]
+pub struct LayerExperts<'a> {
+    store: &'a ExpertStore,
+    layer: usize,
+}
+
+impl ExpertStore {
+    /// A store over `cache`; `layouts[l]` lists layer `l`'s experts (empty for dense layers).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: Arc<WeightIndex>,
+        spec: ModelSpec,
+        build: ExpertBuilder,
+        layouts: Vec<Vec<SpanLayout>>,
+        lookahead: Vec<Option<LookaheadLayer>>,
+        cache: ExpertCache,
+        reader: Arc<ReaderPool>,
+        config: ExpertStoreConfig,
+    ) -> Self {
+        let layers = layouts.len();
+        let pass = Pass {
+            current: vec![Vec::new(); layers],
+            previous: vec![Vec::new(); layers],
+            predicted: vec![Vec::new(); layers],
+            pending: None,
+            issued: vec![Vec::new(); layers],
+            gate: RecallGate::new(layers, 0.2, config.gate_threshold, 16),
+        };
+        ExpertStore {
+            index,
+            spec,
+            build,
+            layouts,
+            lookahead,
+            cache,
+            reader,
+            config,
+            pass: Mutex::new(pass),
+            heat: Mutex::new(None),
+            stats: Mutex::new(ExpertStats::default()),
+            trace: Mutex::new(None),
+        }
+    }
+
+    /// Record heat into `recorder` from now on (flushed periodically and by [`Self::flush_heat`]).
+    pub fn set_heat(&self, recorder: HeatRecorder) {
+        *self.heat.lock().unwrap() = Some(recorder);
+    }
+
+    /// Pre-warm: seed the policy with `heat` and read the hottest experts (up to the slots) at
+    /// prefetch priority. Returns how many reads were submitted.
+    pub fn prewarm(&self, heat: &Heat) -> usize {
+        let mut n = 0;
+        for (key, h) in heat.ranked().into_iter().take(self.cache.slots()) {
+            if self.layouts.get(key.layer as usize).is_none_or(|l| l.len() <= key.expert as usize) {
+                continue;
+            }
+            self.cache.seed(key, h);
+            if self.prefetch_one(key) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Write recorded heat now.
+    pub fn flush_heat(&self) -> Result<()> {
+        match self.heat.lock().unwrap().as_mut() {
+            Some(h) => h.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// The provider for `layer`.
+    pub fn layer(&self, layer: usize) -> LayerExperts<'_> {
+        LayerExperts { store: self, layer }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ExpertStats {
+        let mut s = self.stats.lock().unwrap().clone();
+        s.prefetch_wasted = self.cache.wasted_prefetches();
+        if s.recall_samples > 0 {
+            s.lookahead_recall /= s.recall_samples as f64;
+            s.previous_recall /= s.recall_samples as f64;
+        }
+        s
+    }
+
+    /// Number of cache slots.
+    pub fn slots(&self) -> usize {
+        self.cache.slots()
+    }
+
+    /// Look-ahead hint, called with the residual stream `x` (`n` rows) right before layer
+    /// `layer`'s FFN: plans the prefetch of layer `layer + 1`'s experts.
+    pub fn hint_next(&self, layer: usize, x: &[f32], n: usize) {
+        let next = layer + 1;
+        if !self.config.prefetch || next >= self.layouts.len() || self.layouts[next].is_empty() {
+            return;
+        }
+        let lookahead = match &self.lookahead[next] {
+            Some(la) => {
+                let h = la.norm.len();
+                let mut xn = vec![0.0f32; x.len()];
+                for (src, dst) in x.chunks(h).zip(xn.chunks_mut(h)) {
+                    rms_norm(src, &la.norm, la.eps, dst);
+                }
+                rank_lookahead(&la.router.routes(&xn, n))
+            }
+            None => Vec::new(),
+        };
+        self.plan_hint(layer, next, lookahead);
+    }
+
+    /// Plan the prefetch of layer `next` from a look-ahead forecast, made while at `layer`.
+    fn plan_hint(&self, layer: usize, next: usize, lookahead: Vec<usize>) {
+        let mut pass = self.pass.lock().unwrap();
+        pass.predicted[next] = lookahead.clone();
+        if !pass.gate.allow(next) {
+            return;
+        }
+        let max = self.cache.slots().saturating_sub(pass.current[layer].len().max(1));
+        let (use_la, use_prev) = pass.gate.predictors(next);
+        let la: &[usize] = if use_la { &lookahead } else { &[] };
+        let prev: &[usize] = if use_prev { &pass.previous[next] } else { &[] };
+        let plan = plan_prefetch(la, prev, |e| self.cache.contains(key(next, e)), max);
+        let now = self.layouts[layer].is_empty(); // a dense layer has no demand reads to go first
+        pass.pending = Some((next, plan));
+        if now {
+            self.submit_pending(&mut pass);
+        }
+    }
+
+    fn submit_pending(&self, pass: &mut Pass) {
+        let Some((layer, plan)) = pass.pending.take() else { return };
+        for e in plan {
+            if self.prefetch_one(key(layer, e)) {
+                pass.issued[layer].push(e);
+            }
+        }
+    }
+
+    /// Claim a slot and submit a prefetch read; false if present or no slot is free.
+    fn prefetch_one(&self, k: ExpertKey) -> bool {
+        let Lookup::Miss { slot } = self.cache.claim_for_prefetch(k) else { return false };
+        let layout = &self.layouts[k.layer as usize][k.expert as usize];
+        let cache = self.cache.clone();
+        let done = Box::new(move |r| cache.complete(slot, k, r));
+        let ticket = self.reader.submit(self.cache.buffer(slot), &layout.segments, Priority::Prefetch, Some(done));
+        self.cache.set_ticket(slot, ticket);
+        let mut s = self.stats.lock().unwrap();
+        s.prefetch_reads += 1;
+        s.prefetch_read_bytes += layout.read_bytes();
+        true
+    }
+
+    /// A pass ended: previous routes, policy decay, heat, and the first MoE layer's prefetch
+    /// for the next pass from this pass's routes.
+    pub fn end_pass(&self) -> Result<()> {
+        self.cache.end_pass();
+        let mut pass = self.pass.lock().unwrap();
+        let p = &mut *pass;
+        std::mem::swap(&mut p.previous, &mut p.current);
+        p.current.iter_mut().for_each(Vec::clear);
+        p.predicted.iter_mut().for_each(Vec::clear);
+        p.pending = None;
+        if self.config.prefetch
+            && let Some(first) = self.layouts.iter().position(|l| !l.is_empty())
+            && p.gate.allow(first)
+        {
+            let plan = plan_prefetch(&[], &p.previous[first], |e| self.cache.contains(key(first, e)), self.cache.slots() / 2);
+            p.pending = Some((first, plan));
+            self.submit_pending(p);
+        }
+        drop(pass);
+        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+            t.push(TraceStep::EndPass);
+        }
+        self.stats.lock().unwrap().passes += 1;
+        let mut heat = self.heat.lock().unwrap();
+        if let Some(h) = heat.as_mut() {
+            h.end_pass();
+            if h.pending_passes() >= self.config.heat_flush_passes {
+                h.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record every layer's selections and forecasts from now on.
+    pub fn start_trace(&self) {
+        *self.trace.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// The recorded steps (recording stops).
+    pub fn take_trace(&self) -> Vec<TraceStep> {
+        self.trace.lock().unwrap().take().unwrap_or_default()
+    }
+
+    /// Serve a recorded demand stream with no compute at all: the same selections, forecasts,
+    /// prefetches, cancellations and evictions as the run that recorded it, so the time it
+    /// takes is what this store's I/O path needs when compute is free.
+    pub fn replay(&self, steps: &[TraceStep]) -> Result<()> {
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                TraceStep::EndPass => self.end_pass()?,
+                TraceStep::Layer { layer, ids, lookahead } => {
+                    let l = *layer;
+                    if self.config.prefetch && l > 0 && self.layouts[l - 1].is_empty() {
+                        self.plan_hint(l - 1, l, lookahead.clone()); // a dense layer's hint goes out at once
+                    }
+                    if self.config.prefetch
+                        && let Some(TraceStep::Layer { layer: n, lookahead: la, .. }) = steps.get(i + 1)
+                        && *n == l + 1
+                    {
+                        self.plan_hint(l, *n, la.clone());
+                    }
+                    self.layer(l).for_each_expert(ids, &|_, _| {})?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bookkeeping when layer `layer` selected `ids`: policy, heat, predictor scores, losers.
+    fn observe(&self, layer: usize, ids: &[usize]) {
+        let keys: Vec<ExpertKey> = ids.iter().map(|&e| key(layer, e)).collect();
+        self.cache.select(&keys);
+        if let Some(h) = self.heat.lock().unwrap().as_mut() {
+            h.record(layer, ids);
+        }
+        let mut pass = self.pass.lock().unwrap();
+        let p = &mut *pass;
+        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+            t.push(TraceStep::Layer { layer, ids: ids.to_vec(), lookahead: p.predicted[layer].clone() });
+        }
+        p.current[layer] = ids.to_vec();
+        if self.config.prefetch {
+            p.gate.observe(layer, &p.predicted[layer], &p.previous[layer], ids);
+            let mut s = self.stats.lock().unwrap();
+            s.lookahead_recall += super::prefetch::recall(&p.predicted[layer], ids) as f64;
+            s.previous_recall += super::prefetch::recall(&p.previous[layer], ids) as f64;
+            s.recall_samples += 1;
+        }
+        let mut cancelled = 0;
+        for e in std::mem::take(&mut p.issued[layer]) {
+            if ids.contains(&e) {
+                continue;
+            }
+            if self.cache.cancel_prefetch(key(layer, e), |t| self.reader.cancel(t)) {
+                cancelled += 1;
+            } else {
+                self.cache.demote(key(layer, e)); // a loser that landed goes first
+            }
+        }
+        self.stats.lock().unwrap().prefetch_cancelled += cancelled;
+    }
+
+    fn build_mlp(&self, layer: usize, expert: usize, handle: ExpertHandle) -> Result<Mlp> {
+        let layout = &self.layouts[layer][expert];
+        let source = BufferSource { owner: Arc::new(handle), layout };
+        let ld = Loader::new(&self.index, &self.spec).with_source(&source);
+        (self.build)(&ld, layer, expert)
+    }
+}
+
+fn key(layer: usize, expert: usize) -> ExpertKey {
+    ExpertKey { layer: layer as u32, expert: expert as u32 }
+}
+
+impl LayerExperts<'_> {
+    /// Pin or start reading one expert; `None` when no slot is free.
+    fn start(&self, e: usize) -> Option<usize> {
+        let st = self.store;
+        let k = key(self.layer, e);
+        let bytes = st.layouts[self.layer][e].payload;
+        let lookup = st.cache.acquire(k);
+        let mut s = st.stats.lock().unwrap();
+        match lookup {
+            Lookup::Hit { slot, speculative } => {
+                if speculative {
+                    s.prefetch_hits += 1;
+                    s.prefetch_hit_bytes += bytes;
+                } else {
+                    s.hits += 1;
+                    s.hit_bytes += bytes;
+                }
+                Some(slot)
+            }
+            Lookup::Loading { slot, ticket } => {
+                if let Some(t) = ticket {
+                    st.reader.promote(&t);
+                }
+                s.prefetch_hits += 1;
+                s.prefetch_hit_bytes += bytes;
+                Some(slot)
+            }
+            Lookup::Miss { slot } => {
+                s.misses += 1;
+                s.miss_bytes += bytes;
+                drop(s);
+                let layout = &st.layouts[self.layer][e];
+                let cache = st.cache.clone();
+                let done = Box::new(move |r| cache.complete(slot, k, r));
+                let ticket = st.reader.submit(st.cache.buffer(slot), &layout.segments, Priority::Demand, Some(done));
+                st.cache.set_ticket(slot, ticket);
+                Some(slot)
+            }
+            Lookup::Present | Lookup::NoSlot => None,
+        }
+    }
+}
+
+impl ExpertProvider for LayerExperts<'_> {
+    fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()> {
+        let helpers = self.store.config.compute_threads.saturating_sub(1).min(ids.len().saturating_sub(1));
+        if helpers == 0 {
+            return self.dispatch(ids, &mut |e, mlp| run(e, &mlp));
+        }
+        // The calling thread waits for reads and hands ready experts to helper threads; once
+        // everything is handed out it computes too.
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, Mlp)>();
+        let rx = Mutex::new(rx);
+        let next = || rx.lock().unwrap().recv().ok();
+        std::thread::scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|| {
+                    while let Some((e, mlp)) = next() {
+                        run(e, &mlp);
+                    }
+                });
+            }
+            let result = self.dispatch(ids, &mut |e, mlp| {
+                let _ = tx.send((e, mlp));
+            });
+            drop(tx);
+            while let Some((e, mlp)) = next() {
+                run(e, &mlp);
+            }
+            result
+        })
+    }
+}
+
+impl LayerExperts<'_> {
+    /// Acquire every expert of `ids` (hits first, misses as their reads land) and pass each,
+    /// ready, to `ready`.
+    fn dispatch(&self, ids: &[usize], ready: &mut dyn FnMut(usize, Mlp)) -> Result<()> {
+        let st = self.store;
+        if st.layouts[self.layer].is_empty() {
+            return Err(Error::InvalidArgument { field: "layer", reason: format!("layer {} has no routed experts", self.layer) });
+        }
+        st.observe(self.layer, ids);
+        {
+            let mut s = st.stats.lock().unwrap();
+            s.uses += ids.len() as u64;
+            s.use_bytes += ids.iter().map(|&e| st.layouts[self.layer][e].payload).sum::<u64>();
+        }
+        let mut pending: VecDeque<usize> = ids.iter().copied().collect();
+        let mut inflight: Vec<(usize, usize)> = Vec::new();
+        let mut hinted = false;
+        let mut waited = 0.0;
+        let result = (|| -> Result<()> {
+            loop {
+                while let Some(&e) = pending.front() {
+                    let Some(slot) = self.start(e) else { break };
+                    inflight.push((e, slot));
+                    pending.pop_front();
+                }
+                if !hinted {
+                    hinted = true;
+                    st.submit_pending(&mut st.pass.lock().unwrap());
+                }
+                if inflight.is_empty() {
+                    if pending.is_empty() {
+                        return Ok(());
+                    }
+                    waited += st.cache.wait_change().as_secs_f64();
+                    continue;
+                }
+                let slots: Vec<usize> = inflight.iter().map(|&(_, s)| s).collect();
+                let (i, blocked) = st.cache.wait_any(&slots)?;
+                waited += blocked.as_secs_f64();
+                let (e, slot) = inflight.swap_remove(i);
+                let mlp = st.build_mlp(self.layer, e, st.cache.handle(slot))?;
+                ready(e, mlp);
+            }
+        })();
+        for (_, slot) in inflight {
+            st.cache.unpin(slot);
+        }
+        st.stats.lock().unwrap().wait_seconds += waited;
+        result
+    }
+}

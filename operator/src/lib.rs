@@ -1,0 +1,23 @@
+//! Deltafin's Kubernetes operator: reconciles `DeltafinModel` resources (`deltafin.dev/v1alpha1`)
+//! into a weights volume, a resumable setup Job, a server Deployment (strategy Recreate) and a
+//! Service, and reports progress and conditions in status.
+//!
+//! Layout (controller-rs shape): [`crd`] holds the resource types (the source of the CRD YAML),
+//! [`model`] resolves a resource against the operator settings, [`resources`] are pure builders
+//! of child objects, [`plan`] is the pure decision core (observed state in; writes, status and
+//! events out), [`controller`] is the thin I/O shell and the kube-runtime wiring, [`metrics`] and
+//! [`web`] serve the operator's own `/metrics`, `/livez` and `/readyz`.
+
+pub mod conditions;
+pub mod controller;
+pub mod crd;
+mod error;
+pub mod metrics;
+pub mod model;
+pub mod names;
+pub mod plan;
+pub mod progress;
+pub mod resources;
+pub mod web;
+
+pub use error::{Error, Result};

@@ -1,0 +1,184 @@
+//! The operator's own Prometheus metrics (`deltafin_operator_*`), served on `/metrics`.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label of `deltafin_operator_reconcile_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// [`crate::Error::metric_label`].
+    pub error: String,
+}
+
+/// Label of `deltafin_operator_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// Object kind (or `status`, `event`).
+    pub kind: String,
+}
+
+/// Labels of `deltafin_operator_weights_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WeightsLabels {
+    /// DeltafinModel namespace.
+    pub namespace: String,
+    /// DeltafinModel name.
+    pub name: String,
+    /// `done` or `total`.
+    pub kind: String,
+}
+
+/// All operator metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// `deltafin_operator_reconciliations_total`.
+    pub reconciliations: Counter,
+    /// `deltafin_operator_reconcile_errors_total{error}`.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// `deltafin_operator_reconcile_duration_seconds`.
+    pub duration: Histogram,
+    /// `deltafin_operator_writes_total{kind}`: API writes (idempotent reconciles add none).
+    pub writes: Family<WriteLabels, Counter>,
+    /// `deltafin_operator_weights_bytes{namespace,name,kind}`: download progress.
+    pub weights_bytes: Family<WeightsLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("deltafin_operator");
+        let reconciliations = Counter::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let duration = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+        let writes = Family::<WriteLabels, Counter>::default();
+        let weights_bytes = Family::<WeightsLabels, Gauge>::default();
+        registry.register("reconciliations", "Reconciles started", reconciliations.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by error kind",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile",
+            duration.clone(),
+        );
+        registry.register("writes", "Writes to the Kubernetes API, by kind", writes.clone());
+        registry.register(
+            "weights_bytes",
+            "Weights install progress in bytes",
+            weights_bytes.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reconciliations,
+            errors,
+            duration,
+            writes,
+            weights_bytes,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts a reconcile and returns a guard that observes its duration when dropped (so an
+    /// early return cannot skip the sample).
+    pub fn reconcile(&self) -> ReconcileTimer<'_> {
+        self.reconciliations.inc();
+        ReconcileTimer {
+            metrics: self,
+            start: Instant::now(),
+        }
+    }
+
+    /// Counts a failed reconcile.
+    pub fn failure(&self, error: &crate::Error) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                error: error.metric_label().into(),
+            })
+            .inc();
+    }
+
+    /// Counts a write.
+    pub fn write(&self, kind: &str) {
+        self.writes
+            .get_or_create(&WriteLabels { kind: kind.into() })
+            .inc();
+    }
+
+    /// Sets download progress of one model.
+    pub fn set_weights(&self, namespace: &str, name: &str, done: Option<i64>, total: Option<i64>) {
+        for (kind, v) in [("done", done), ("total", total)] {
+            let l = WeightsLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                kind: kind.into(),
+            };
+            self.weights_bytes.get_or_create(&l).set(v.unwrap_or(0));
+        }
+    }
+
+    /// Forgets a deleted model's gauges.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        for kind in ["done", "total"] {
+            let l = WeightsLabels {
+                namespace: namespace.into(),
+                name: name.into(),
+                kind: kind.into(),
+            };
+            self.weights_bytes.remove(&l);
+        }
+    }
+
+    /// Text exposition (OpenMetrics).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+/// Observes the reconcile duration on drop.
+#[derive(Debug)]
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    start: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.duration.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_operator_metrics() {
+        let m = Metrics::default();
+        drop(m.reconcile());
+        m.write("Job");
+        m.set_weights("ai", "k2", Some(5), Some(10));
+        let text = m.render();
+        for needle in [
+            "deltafin_operator_reconciliations_total 1",
+            "deltafin_operator_reconcile_duration_seconds_count 1",
+            "deltafin_operator_writes_total{kind=\"Job\"} 1",
+            "deltafin_operator_weights_bytes{namespace=\"ai\",name=\"k2\",kind=\"total\"} 10",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Flags shared by commands that load a model under a memory budget.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
+use deltafin_engine::cache::{OocOptions, PolicyKind, ReadMode, ResidencyPlan};
+
+/// Out-of-core settings.
+#[derive(Debug, Clone, Args)]
+pub struct OocArgs {
+    /// Memory for weights, caches and state: a size (`4G`, `512M`), `auto` (the cgroup limit,
+    /// else available memory, minus headroom) or `off` (memory-map everything).
+    #[arg(long, default_value = "auto", env = "DELTAFIN_MEMORY_BUDGET")]
+    pub memory_budget: String,
+    /// Expert cache eviction policy: `lru` or `lfu` (decayed selection hotness).
+    #[arg(long, default_value = "lru", env = "DELTAFIN_CACHE_POLICY")]
+    pub cache_policy: PolicyKind,
+    /// `auto` (O_DIRECT where supported), `direct` or `buffered`.
+    #[arg(long, default_value = "auto", env = "DELTAFIN_READ_MODE")]
+    pub read_mode: ReadMode,
+    /// Disable next-layer expert prefetch (for A/B runs).
+    #[arg(long, env = "DELTAFIN_NO_PREFETCH")]
+    pub no_prefetch: bool,
+    /// Reader threads (reads in flight).
+    #[arg(long, default_value_t = 8, env = "DELTAFIN_READERS")]
+    pub readers: usize,
+    /// Largest single read, MiB.
+    #[arg(long, default_value_t = 16, env = "DELTAFIN_READ_CHUNK_MIB")]
+    pub read_chunk_mib: usize,
+    /// Persistent expert heat histogram (recorded, used to pre-warm the cache).
+    #[arg(long, env = "DELTAFIN_HEAT_FILE")]
+    pub heat_file: Option<PathBuf>,
+}
+
+impl OocArgs {
+    /// Whether the budget was given explicitly (not `auto`).
+    pub fn explicit(&self) -> bool {
+        self.memory_budget != "auto"
+    }
+
+    /// `None` for `off`, else the options with the resolved budget.
+    pub fn options(&self) -> Result<Option<OocOptions>> {
+        let budget = match self.memory_budget.as_str() {
+            "off" => return Ok(None),
+            "auto" => {
+                let (limit, usage, available) = probe_memory();
+                default_budget(limit, usage, available)
+            }
+            s => parse_size(s).map_err(anyhow::Error::msg).context("--memory-budget")?,
+        };
+        let mut o = OocOptions::with_budget(budget);
+        o.policy = self.cache_policy;
+        o.reader.mode = self.read_mode;
+        o.reader.threads = self.readers.max(1);
+        o.reader.chunk_bytes = self.read_chunk_mib.max(1) << 20;
+        o.prefetch = !self.no_prefetch;
+        o.heat_file = self.heat_file.clone();
+        Ok(Some(o))
+    }
+}
+
+/// The plan as printed at start.
+pub fn describe_plan(p: &ResidencyPlan) -> String {
+    format!(
+        "memory budget {}: fixed {} + reserve {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts)",
+        human(p.budget),
+        human(p.fixed_bytes),
+        human(p.reserve_bytes),
+        p.resident_layers,
+        human(p.resident_spine_bytes),
+        p.streamed_layers.len(),
+        human(p.streamed_bytes_per_pass),
+        human(p.arena_bytes),
+        p.expert_slots,
+        human(p.slot_bytes),
+        human(p.expert_cache_bytes),
+        100.0 * p.cache_fraction
+    )
+}
