@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::tokenizer::Tokenizer;
 
@@ -45,6 +46,8 @@ pub struct Loaded {
     pub markers: Option<Markers>,
     /// BOS, prepended to completions prompts given as text.
     pub bos: Option<u32>,
+    /// The out-of-core machinery when loaded under a memory budget (expert-read metrics).
+    pub ooc: Option<Arc<OocRuntime>>,
 }
 
 #[derive(Debug)]

@@ -304,7 +304,12 @@ fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
         request(prompt(30, 2), 8, Sampling::new(0.9, 0.95, 0, 4).unwrap()),
         request(prompt(3, 3), 12, Sampling::Greedy),
     ];
-    let cfg = SchedulerConfig { max_batch: 3, prefill_chunk: 7, min_reuse_tokens: 4, ..Default::default() };
+    let cfg = SchedulerConfig {
+        max_batch: 3,
+        prefill_chunk: 7,
+        min_reuse_tokens: 4,
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     let receivers: Vec<_> = reqs
         .iter()
@@ -317,7 +322,12 @@ fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
     let mut outputs = Vec::new();
     for (req, rx) in reqs.iter().zip(&receivers) {
         let (tokens, _) = drain(rx);
-        assert_eq!(tokens, alone(dir.path(), req), "prompt of {} tokens", req.prompt.len());
+        assert_eq!(
+            tokens,
+            alone(dir.path(), req),
+            "prompt of {} tokens",
+            req.prompt.len()
+        );
         outputs.push(tokens);
     }
     // Extending the first conversation: reused where the state allows it, identical either way.
