@@ -39,6 +39,8 @@ pub struct ServeBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
+    #[command(flatten)]
+    ooc: crate::ooc_args::OocArgs,
 }
 
 /// One concurrency level's result.
@@ -51,6 +53,12 @@ struct Level {
     /// Mean rows per batched pass over the whole level.
     mean_batch_rows: f64,
     passes: u64,
+    /// Mean milliseconds of one batched model pass.
+    mean_pass_ms: f64,
+    /// Routed-expert bytes the passes used, per generated token (out-of-core loads only).
+    expert_bytes_per_token: Option<f64>,
+    /// Of those, bytes read from disk (demand misses + prefetch), per generated token.
+    disk_bytes_per_token: Option<f64>,
 }
 
 /// Timestamps each event when the engine loop emits it.
@@ -164,7 +172,25 @@ fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
 
 pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve(args.model.clone(), cache_dir)?;
-    let model = arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let budgeted = args.ooc.explicit() || arch::supports_budget(&dir)?;
+    let (model, ooc) = match args.ooc.options()?.filter(|_| budgeted) {
+        None => (
+            arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?,
+            None,
+        ),
+        Some(o) => {
+            let (m, rt) =
+                arch::load_budgeted(&dir, &o).with_context(|| format!("loading {}", dir.display()))?;
+            eprintln!("{}", crate::ooc_args::describe_plan(&rt.plan));
+            (m, Some(rt))
+        }
+    };
+    let expert_bytes = || {
+        ooc.as_ref().map(|rt| {
+            let e = rt.stats().experts;
+            (e.use_bytes, e.miss_bytes + e.prefetch_read_bytes)
+        })
+    };
     let vocab = model.info().vocab_size;
     let max = args.streams.iter().copied().max().unwrap_or(1).max(1);
     let cfg = SchedulerConfig {
@@ -178,8 +204,15 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     let mut levels = Vec::new();
     for &streams in &args.streams {
         let before = handle.stats().snapshot();
+        let io_before = expert_bytes();
         let times = run_level(&handle, streams.max(1), &args, vocab)?;
         let after = handle.stats().snapshot();
+        let generated = (after.generated - before.generated).max(1) as f64;
+        let per_token = |f: fn((u64, u64)) -> u64| {
+            io_before
+                .zip(expert_bytes())
+                .map(|(b, a)| (f(a) - f(b)) as f64 / generated)
+        };
         let rate = window_rate(&times);
         let passes = after.steps - before.steps;
         levels.push(Level {
@@ -188,6 +221,11 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             per_stream_tokens_per_second: rate / streams.max(1) as f64,
             mean_batch_rows: (after.rows - before.rows) as f64 / passes.max(1) as f64,
             passes,
+            expert_bytes_per_token: per_token(|v| v.0),
+            disk_bytes_per_token: per_token(|v| v.1),
+            mean_pass_ms: (after.forward_seconds_x1e9 - before.forward_seconds_x1e9) as f64
+                / 1e6
+                / passes.max(1) as f64,
         });
     }
     if args.json {
@@ -198,15 +236,31 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     } else {
         println!("model: {}", dir.display());
         println!(
-            "{:>8} {:>14} {:>14} {:>10}",
-            "streams", "aggregate t/s", "per-stream t/s", "rows/pass"
+            "{:>8} {:>14} {:>14} {:>10} {:>10} {:>16} {:>14}",
+            "streams",
+            "aggregate t/s",
+            "per-stream t/s",
+            "rows/pass",
+            "ms/pass",
+            "expert MiB/tok",
+            "disk MiB/tok"
         );
         for l in &levels {
             println!(
-                "{:>8} {:>14.1} {:>14.1} {:>10.2}",
-                l.streams, l.aggregate_tokens_per_second, l.per_stream_tokens_per_second, l.mean_batch_rows
+                "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2} {:>16} {:>14}",
+                l.streams,
+                l.aggregate_tokens_per_second,
+                l.per_stream_tokens_per_second,
+                l.mean_batch_rows,
+                l.mean_pass_ms,
+                mib(l.expert_bytes_per_token),
+                mib(l.disk_bytes_per_token)
             );
         }
     }
     Ok(())
+}
+
+fn mib(v: Option<f64>) -> String {
+    v.map_or("-".into(), |b| format!("{:.2}", b / (1u64 << 20) as f64))
 }

@@ -29,8 +29,12 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 
 /// `GET /metrics` (Prometheus text format 0.0.4).
 pub async fn metrics(State(app): State<AppState>) -> Response {
-    let engine = app.loaded_any().map(|l| l.engine.stats().snapshot());
-    let text = app.metrics().render(engine, app.expert_io());
+    let loaded = app.loaded_any();
+    let engine = loaded.as_ref().map(|l| l.engine.stats().snapshot());
+    let text = match loaded.as_ref().and_then(|l| l.ooc.as_deref()) {
+        Some(rt) => app.metrics().render(engine, &crate::model::expert_io(rt)),
+        None => app.metrics().render(engine, app.expert_io()),
+    };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,

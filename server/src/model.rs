@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use deltafin_engine::arch::{self, ModelInfo};
+use deltafin_engine::cache::{OocOptions, OocRuntime};
 use deltafin_engine::scheduler::{self, SchedulerConfig};
+use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource};
 use deltafin_engine::tokenizer::Tokenizer;
 
-use crate::openai::output::think_markers;
+use crate::openai::output::reasoning_markers;
 use crate::state::Loaded;
 
 /// Special tokens that end an assistant turn in the chat formats we know.
@@ -31,13 +33,20 @@ pub enum LoadError {
     Thread(#[source] std::io::Error),
 }
 
-/// Load `dir` and start its engine loop.
+/// Load `dir` (under a memory budget when `ooc` is given) and start its engine loop.
 pub fn load(
     dir: &Path,
     model_id: String,
     cfg: SchedulerConfig,
+    ooc: Option<&OocOptions>,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
-    let model = arch::load(dir).map_err(LoadError::Model)?;
+    let (model, ooc) = match ooc {
+        None => (arch::load(dir).map_err(LoadError::Model)?, None),
+        Some(o) => {
+            let (m, rt) = arch::load_budgeted(dir, o).map_err(LoadError::Model)?;
+            (m, Some(Arc::new(rt)))
+        }
+    };
     let tokenizer = Arc::new(Tokenizer::from_dir(dir).map_err(LoadError::Tokenizer)?);
     let stop_ids = stop_ids(dir, model.info(), &tokenizer);
     let chat_stop_ids = END_OF_TURN
@@ -46,7 +55,7 @@ pub fn load(
         .filter(|id| !stop_ids.contains(id))
         .collect();
     let bos = model.info().bos_token_id.or(tokenizer.bos_id());
-    let think = think_markers(&tokenizer);
+    let markers = reasoning_markers(&tokenizer);
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -58,8 +67,9 @@ pub fn load(
         created,
         stop_ids,
         chat_stop_ids,
-        think,
+        markers,
         bos,
+        ooc,
     };
     Ok((loaded, thread))
 }
@@ -89,4 +99,22 @@ pub fn default_model_id(dir: &Path) -> String {
         .filter(|n| !n.is_empty())
         .unwrap_or("deltafin")
         .to_string()
+}
+
+/// Expert reads of an out-of-core model by source: cache hits (demand or prefetched slots) are
+/// `pinned` memory; demand misses and prefetch reads came from `disk`.
+pub fn expert_io(rt: &OocRuntime) -> ExpertIoStats {
+    let e = rt.stats().experts;
+    let io = ExpertIoStats::default();
+    io.add(
+        ExpertSource::Pinned,
+        e.hits + e.prefetch_hits,
+        e.hit_bytes + e.prefetch_hit_bytes,
+    );
+    io.add(
+        ExpertSource::Disk,
+        e.misses + e.prefetch_reads,
+        e.miss_bytes + e.prefetch_read_bytes,
+    );
+    io
 }

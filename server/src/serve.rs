@@ -62,6 +62,8 @@ pub struct ServeArgs {
     /// Log prompt text (never logged otherwise).
     #[arg(long, env = "DELTAFIN_LOG_PROMPTS")]
     log_prompts: bool,
+    #[command(flatten)]
+    ooc: crate::ooc_args::OocArgs,
     /// Testing aid: sleep this many milliseconds after every engine pass (a slow model).
     #[arg(long, default_value_t = 0, hide = true, env = "DELTAFIN_STEP_DELAY_MS")]
     step_delay_ms: u64,
@@ -113,9 +115,11 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
 }
 
 pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(ansi)
         .try_init();
     let config = server_config(&args)?;
     let deadline = seconds(args.shutdown_timeout, "shutdown-timeout")?;
@@ -144,11 +148,17 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!("deltafin: listening on {local}");
+        // `auto` falls back to the in-memory loader for architectures without out-of-core support.
+        let budgeted = args.ooc.explicit() || deltafin_engine::arch::supports_budget(&dir)?;
+        let ooc = args.ooc.options()?.filter(|_| budgeted);
         let loading = tokio::task::spawn_blocking({
             let (state, dir, sched) = (state.clone(), dir.clone(), scheduler_config(&args));
             move || -> Result<()> {
                 let started = Instant::now();
-                let (loaded, _thread) = model::load(&dir, model_id, sched)?;
+                let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref())?;
+                if let Some(rt) = &loaded.ooc {
+                    tracing::info!(plan = %crate::ooc_args::describe_plan(&rt.plan), "out-of-core");
+                }
                 metrics.set_model_load_seconds(started.elapsed().as_secs_f64());
                 tracing::info!(model = %loaded.model_id, dir = %dir.display(), seconds = started.elapsed().as_secs_f64(), "model loaded; ready");
                 state.set_loaded(loaded);

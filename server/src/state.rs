@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::tokenizer::Tokenizer;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::openai::reasoning::ThinkMarkers;
+use crate::openai::reasoning::Markers;
 use crate::openai::request::Limits;
 
 /// Process-level server settings (built from the command line in `main`).
@@ -41,10 +42,12 @@ pub struct Loaded {
     pub stop_ids: Vec<u32>,
     /// Extra ids that end a chat turn (`<|im_end|>` and the like).
     pub chat_stop_ids: Vec<u32>,
-    /// The chat format's thinking markers, if it has them.
-    pub think: Option<ThinkMarkers>,
+    /// How the chat format marks thinking, if it does.
+    pub markers: Option<Markers>,
     /// BOS, prepended to completions prompts given as text.
     pub bos: Option<u32>,
+    /// The out-of-core machinery when loaded under a memory budget (expert-read metrics).
+    pub ooc: Option<Arc<OocRuntime>>,
 }
 
 #[derive(Debug)]

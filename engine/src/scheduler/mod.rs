@@ -110,7 +110,7 @@ pub struct SchedulerConfig {
     pub state_cache_bytes: usize,
     /// Shortest shared prefix worth reusing.
     pub min_reuse_tokens: usize,
-    /// Sleep after every pass (testing and demonstrations only: simulates a slow model).
+    /// Sleep before every pass (testing and demonstrations only: simulates a slow model).
     pub step_delay: Duration,
 }
 

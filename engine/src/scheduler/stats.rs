@@ -121,6 +121,12 @@ impl ExpertIoStats {
         self.bytes[source as usize].fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Count `reads` expert reads totalling `bytes` from `source`.
+    pub fn add(&self, source: ExpertSource, reads: u64, bytes: u64) {
+        self.reads[source as usize].fetch_add(reads, Ordering::Relaxed);
+        self.bytes[source as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// `(reads, bytes)` from `source`.
     pub fn get(&self, source: ExpertSource) -> (u64, u64) {
         (

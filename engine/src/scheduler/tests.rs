@@ -294,3 +294,48 @@ fn stop_ids_end_generation_and_cancel_all_fails_the_rest() {
     let (_, done) = drain(&rx);
     assert!(done.is_none());
 }
+
+#[test]
+fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::synth::KimiK3Synth::k3_tiny().write(dir.path()).unwrap();
+    let reqs = vec![
+        request(prompt(9, 1), 10, Sampling::Greedy),
+        request(prompt(30, 2), 8, Sampling::new(0.9, 0.95, 0, 4).unwrap()),
+        request(prompt(3, 3), 12, Sampling::Greedy),
+    ];
+    let cfg = SchedulerConfig {
+        max_batch: 3,
+        prefill_chunk: 7,
+        min_reuse_tokens: 4,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let receivers: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            handle.submit(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for (req, rx) in reqs.iter().zip(&receivers) {
+        let (tokens, _) = drain(rx);
+        assert_eq!(
+            tokens,
+            alone(dir.path(), req),
+            "prompt of {} tokens",
+            req.prompt.len()
+        );
+        outputs.push(tokens);
+    }
+    // Extending the first conversation: reused where the state allows it, identical either way.
+    let mut next = reqs[0].prompt.clone();
+    next.extend(&outputs[0]);
+    next.extend(prompt(5, 9));
+    let next = request(next, 6, Sampling::Greedy);
+    let (tx, rx) = mpsc::channel();
+    handle.submit(next.clone(), Box::new(tx)).unwrap();
+    assert_eq!(drain(&rx).0, alone(dir.path(), &next));
+}

@@ -100,11 +100,13 @@ impl Worker {
             if self.running.is_empty() {
                 continue;
             }
-            self.step();
-            self.retire();
+            // A simulated slow model: the delay comes before the pass, so even the first token
+            // of a request waits for it.
             if !self.cfg.step_delay.is_zero() {
                 std::thread::sleep(self.cfg.step_delay);
             }
+            self.step();
+            self.retire();
         }
     }
 

@@ -186,8 +186,8 @@ fn start_chat(app: &AppState, body: Result<JsonBody, ApiError>, started: Instant
     }
     let parser = OutputParser::new(
         Arc::clone(&loaded.tokenizer),
-        loaded.think,
-        prompt.last().copied(),
+        loaded.markers.clone(),
+        &prompt,
         req.common.stop.clone(),
     );
     build(app, &loaded, Endpoint::Chat, &req.common, prompt, parser, started)
@@ -218,7 +218,7 @@ fn start_completion(
     if prompt.is_empty() {
         return Err(ApiError::field("prompt", "`prompt` must not be empty"));
     }
-    let parser = OutputParser::new(Arc::clone(&loaded.tokenizer), None, None, req.common.stop.clone());
+    let parser = OutputParser::new(Arc::clone(&loaded.tokenizer), None, &[], req.common.stop.clone());
     build(
         app,
         &loaded,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use deltafin_engine::tokenizer::{IncrementalDecoder, Tokenizer};
 
-use super::reasoning::{Channel, ReasoningSplit, Route, ThinkMarkers};
+use super::reasoning::{Channel, Markers, ReasoningSplit, Route, ThinkMarkers, XtmlMarkers};
 use super::stop::StopMatcher;
 
 /// Text produced by one step.
@@ -39,15 +39,15 @@ pub struct OutputParser {
 }
 
 impl OutputParser {
-    /// `markers`: the think markers (chat only); `prompt_tail`: the last prompt id.
+    /// `markers`: how the chat format marks thinking (chat only); `prompt`: the rendered prompt.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
-        markers: Option<ThinkMarkers>,
-        prompt_tail: Option<u32>,
+        markers: Option<Markers>,
+        prompt: &[u32],
         stops: Vec<String>,
     ) -> Self {
         OutputParser {
-            split: ReasoningSplit::new(markers, prompt_tail),
+            split: ReasoningSplit::new(markers, prompt),
             reasoning: IncrementalDecoder::new(tokenizer.clone()),
             content: IncrementalDecoder::new(tokenizer.clone()),
             stop: StopMatcher::new(stops),
@@ -97,13 +97,25 @@ impl OutputParser {
     }
 }
 
-/// The think markers of a tokenizer: `<think>` and `</think>` when both are special tokens.
-pub fn think_markers(tokenizer: &Tokenizer) -> Option<ThinkMarkers> {
+/// How a tokenizer's chat format marks thinking: XTML (`<|open|>`, `<|close|>`, `<|sep|>`
+/// specials, Kimi K3) or `<think>` / `</think>` specials (Kimi K2, DeepSeek-R1); `None` if
+/// neither.
+pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
     let id = |t: &str| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id));
-    Some(ThinkMarkers {
+    if let (Some(open), Some(close), Some(sep)) = (id("<|open|>"), id("<|close|>"), id("<|sep|>")) {
+        let (think, response) = (tokenizer.encode("think"), tokenizer.encode("response"));
+        return Some(Markers::Xtml(XtmlMarkers {
+            open,
+            close,
+            sep,
+            think,
+            response,
+        }));
+    }
+    Some(Markers::Think(ThinkMarkers {
         open: id("<think>")?,
         close: id("</think>")?,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -133,7 +145,9 @@ mod tests {
     #[test]
     fn thinking_goes_to_reasoning_and_specials_are_hidden() {
         let (_d, tok) = tokenizer();
-        let m = think_markers(&tok).expect("byte tokenizer has <think> markers");
+        let Some(Markers::Think(m)) = reasoning_markers(&tok) else {
+            panic!("K2 byte tokenizer has <think> markers")
+        };
         let eos = tok.eos_id().unwrap();
         let mut ids = vec![m.open];
         ids.extend(bytes("let me think é"));
@@ -141,7 +155,7 @@ mod tests {
         ids.extend(bytes("answer <think> literal"));
         ids.push(eos);
         let d = run(
-            &mut OutputParser::new(tok.clone(), Some(m), Some(1), vec![]),
+            &mut OutputParser::new(tok.clone(), Some(Markers::Think(m)), &[1], vec![]),
             &ids,
         );
         assert_eq!(d.reasoning, "let me think é");
@@ -151,13 +165,13 @@ mod tests {
         ids.push(m.close);
         ids.extend(bytes("c"));
         let d = run(
-            &mut OutputParser::new(tok.clone(), Some(m), Some(m.open), vec![]),
+            &mut OutputParser::new(tok.clone(), Some(Markers::Think(m)), &[m.open], vec![]),
             &ids,
         );
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("r", "c"));
         // Without markers everything is content.
         let d = run(
-            &mut OutputParser::new(tok, None, None, vec![]),
+            &mut OutputParser::new(tok, None, &[], vec![]),
             &[m.open, 104, 105],
         );
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("", "hi"));
@@ -166,12 +180,14 @@ mod tests {
     #[test]
     fn stop_strings_cut_the_answer_but_not_the_reasoning() {
         let (_d, tok) = tokenizer();
-        let m = think_markers(&tok).unwrap();
+        let Some(Markers::Think(m)) = reasoning_markers(&tok) else {
+            panic!("think markers")
+        };
         let mut ids = vec![m.open];
         ids.extend(bytes("STOP inside thinking"));
         ids.push(m.close);
         ids.extend(bytes("yes STOP no"));
-        let mut p = OutputParser::new(tok, Some(m), None, vec!["STOP".into()]);
+        let mut p = OutputParser::new(tok, Some(Markers::Think(m)), &[], vec!["STOP".into()]);
         let mut all = Delta::default();
         for &id in &ids {
             all.extend(p.push(id));
@@ -186,9 +202,36 @@ mod tests {
     }
 
     #[test]
+    fn kimi_k3_xtml_output_splits_into_reasoning_and_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        deltafin_engine::synth::write_byte_tokenizer_flavor(
+            dir.path(),
+            deltafin_engine::synth::TokenizerFlavor::K3,
+        )
+        .unwrap();
+        let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+        let markers = reasoning_markers(&tok);
+        assert!(matches!(markers, Some(Markers::Xtml(_))));
+        let messages = [deltafin_engine::tokenizer::ChatMessage::new("user", "hi")];
+        let opts = deltafin_engine::tokenizer::ChatOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let prompt = tok.encode_chat(&messages, &opts).unwrap();
+        let output =
+            "first I think<|close|>think<|sep|><|open|>response<|sep|>the answer<|close|>response<|sep|>";
+        let ids = tok.encode_with_special(output);
+        let d = run(&mut OutputParser::new(tok, markers, &prompt, vec![]), &ids);
+        assert_eq!(
+            (d.reasoning.as_str(), d.content.as_str()),
+            ("first I think", "the answer")
+        );
+    }
+
+    #[test]
     fn split_multibyte_characters_are_emitted_whole() {
         let (_d, tok) = tokenizer();
-        let mut p = OutputParser::new(tok, None, None, vec![]);
+        let mut p = OutputParser::new(tok, None, &[], vec![]);
         let ids = bytes("é");
         assert_eq!(p.push(ids[0]), Delta::default());
         assert_eq!(p.push(ids[1]).content, "é");

@@ -1,10 +1,40 @@
 //! The reasoning split (pure): which output tokens are thinking, which are the answer, and which
-//! are control tokens to hide. Kimi and DeepSeek chat formats wrap thinking in the special
-//! tokens `<think>` … `</think>`; when the rendered prompt already ends with the opening marker
-//! the output starts inside the thinking.
+//! are control tokens to hide. Two chat formats separate thinking:
 //!
-//! Markers are recognised only as special token ids, never as text the model spelled out, so a
-//! literal "<think>" in an answer stays in the answer.
+//! * **Think tags** (Kimi K2 thinking, DeepSeek-R1): the special tokens `<think>` … `</think>`.
+//! * **XTML** (Kimi K3): elements `<|open|>NAME<|sep|>` … `<|close|>NAME<|sep|>`, where the
+//!   special `<|open|>`/`<|close|>`/`<|sep|>` wrap a plain-text name; `think` holds the
+//!   reasoning and `response` the answer. Every tag (any name) is hidden, never partially shown.
+//!
+//! A rendered prompt that already opened the thinking (the generation prompt of thinking
+//! templates) starts the output inside it. Markers are recognised only by token ids: text the
+//! model spells out ("<think>") stays text.
+
+/// The `<think>` / `</think>` special token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinkMarkers {
+    pub open: u32,
+    pub close: u32,
+}
+
+/// XTML control tokens and the ids of the element names that switch channels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XtmlMarkers {
+    pub open: u32,
+    pub close: u32,
+    pub sep: u32,
+    /// Ids of the plain text `think`.
+    pub think: Vec<u32>,
+    /// Ids of the plain text `response`.
+    pub response: Vec<u32>,
+}
+
+/// How a chat format marks its thinking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Markers {
+    Think(ThinkMarkers),
+    Xtml(XtmlMarkers),
+}
 
 /// Where a piece of output text goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,41 +45,50 @@ pub enum Channel {
     Content,
 }
 
-/// The token ids that open and close thinking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThinkMarkers {
-    pub open: u32,
-    pub close: u32,
-}
-
 /// What to do with one output token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// Decode it into this channel.
     Text(Channel),
-    /// A marker or another special token: not shown.
+    /// A marker, part of a tag, or another special token: not shown.
     Hidden,
 }
+
+/// Longest XTML tag name (in tokens) held before the tag is given up as malformed.
+const MAX_TAG_TOKENS: usize = 64;
 
 /// The split state machine for one response.
 #[derive(Debug, Clone)]
 pub struct ReasoningSplit {
-    markers: Option<ThinkMarkers>,
+    markers: Option<Markers>,
     channel: Channel,
+    /// Inside an XTML tag: whether it opens an element, and the name's ids so far.
+    tag: Option<(bool, Vec<u32>)>,
 }
 
 impl ReasoningSplit {
-    /// A splitter; `markers: None` sends everything to `Content`. `prompt_tail` is the last
-    /// prompt id: a prompt ending in the open marker starts inside the thinking.
-    pub fn new(markers: Option<ThinkMarkers>, prompt_tail: Option<u32>) -> Self {
-        let thinking = matches!((markers, prompt_tail), (Some(m), Some(t)) if m.open == t);
+    /// A splitter; `markers: None` sends all text to `Content`. `prompt` is the rendered
+    /// prompt: one ending in an opened thinking element starts inside the thinking.
+    pub fn new(markers: Option<Markers>, prompt: &[u32]) -> Self {
+        let thinking = match &markers {
+            Some(Markers::Think(m)) => prompt.last() == Some(&m.open),
+            Some(Markers::Xtml(x)) => {
+                let mut opened = vec![x.open];
+                opened.extend(&x.think);
+                opened.push(x.sep);
+                prompt.ends_with(&opened)
+            }
+            None => false,
+        };
+        let channel = if thinking {
+            Channel::Reasoning
+        } else {
+            Channel::Content
+        };
         ReasoningSplit {
             markers,
-            channel: if thinking {
-                Channel::Reasoning
-            } else {
-                Channel::Content
-            },
+            channel,
+            tag: None,
         }
     }
 
@@ -60,21 +99,38 @@ impl ReasoningSplit {
 
     /// Route token `id`; `special` says whether it is a special (control) token.
     pub fn route(&mut self, id: u32, special: bool) -> Route {
-        if let Some(m) = self.markers {
-            if id == m.open {
-                self.channel = Channel::Reasoning;
-                return Route::Hidden;
+        match &self.markers {
+            Some(Markers::Think(m)) if id == m.open => self.channel = Channel::Reasoning,
+            Some(Markers::Think(m)) if id == m.close => self.channel = Channel::Content,
+            Some(Markers::Xtml(x)) => {
+                if let Some((opening, name)) = &mut self.tag {
+                    if id == x.sep {
+                        self.channel = match (*opening, name == &x.think, name == &x.response) {
+                            (true, true, _) => Channel::Reasoning,
+                            (false, true, _) | (true, _, true) => Channel::Content,
+                            _ => self.channel,
+                        };
+                        self.tag = None;
+                    } else if name.len() < MAX_TAG_TOKENS {
+                        name.push(id);
+                    } else {
+                        self.tag = None;
+                    }
+                    return Route::Hidden;
+                }
+                if id == x.open || id == x.close {
+                    self.tag = Some((id == x.open, Vec::new()));
+                    return Route::Hidden;
+                }
+                if special {
+                    return Route::Hidden;
+                }
+                return Route::Text(self.channel);
             }
-            if id == m.close {
-                self.channel = Channel::Content;
-                return Route::Hidden;
-            }
+            _ if special => {}
+            _ => return Route::Text(self.channel),
         }
-        if special {
-            Route::Hidden
-        } else {
-            Route::Text(self.channel)
-        }
+        Route::Hidden
     }
 }
 
@@ -87,15 +143,28 @@ mod tests {
         close: 101,
     };
 
+    fn xtml() -> Markers {
+        Markers::Xtml(XtmlMarkers {
+            open: 200,
+            close: 201,
+            sep: 202,
+            think: vec![1, 2],
+            response: vec![3, 4],
+        })
+    }
+
     fn routes(split: &mut ReasoningSplit, ids: &[(u32, bool)]) -> Vec<Route> {
         ids.iter()
             .map(|&(id, special)| split.route(id, special))
             .collect()
     }
 
+    use Channel::*;
+    use Route::*;
+
     #[test]
     fn thinking_then_answer() {
-        let mut s = ReasoningSplit::new(Some(M), Some(7));
+        let mut s = ReasoningSplit::new(Some(Markers::Think(M)), &[7]);
         let r = routes(
             &mut s,
             &[
@@ -107,8 +176,6 @@ mod tests {
                 (5, true),
             ],
         );
-        use Channel::*;
-        use Route::*;
         assert_eq!(
             r,
             vec![
@@ -124,17 +191,71 @@ mod tests {
 
     #[test]
     fn a_prompt_ending_in_the_open_marker_starts_in_reasoning() {
-        let mut s = ReasoningSplit::new(Some(M), Some(100));
-        assert_eq!(s.channel(), Channel::Reasoning);
-        assert_eq!(s.route(9, false), Route::Text(Channel::Reasoning));
-        assert_eq!(s.route(101, true), Route::Hidden);
-        assert_eq!(s.route(9, false), Route::Text(Channel::Content));
+        let mut s = ReasoningSplit::new(Some(Markers::Think(M)), &[5, 100]);
+        assert_eq!(s.channel(), Reasoning);
+        assert_eq!(s.route(9, false), Text(Reasoning));
+        assert_eq!(s.route(101, true), Hidden);
+        assert_eq!(s.route(9, false), Text(Content));
     }
 
     #[test]
     fn without_markers_everything_is_content_and_specials_hide() {
-        let mut s = ReasoningSplit::new(None, Some(100));
-        assert_eq!(s.route(100, true), Route::Hidden);
-        assert_eq!(s.route(4, false), Route::Text(Channel::Content));
+        let mut s = ReasoningSplit::new(None, &[100]);
+        assert_eq!(s.route(100, true), Hidden);
+        assert_eq!(s.route(4, false), Text(Content));
+    }
+
+    #[test]
+    fn xtml_elements_switch_channels_and_tags_are_hidden() {
+        // Prompt ends with <|open|>think<|sep|>.
+        let mut s = ReasoningSplit::new(Some(xtml()), &[9, 200, 1, 2, 202]);
+        assert_eq!(s.channel(), Reasoning);
+        let ids = [
+            (50, false), // thinking
+            (201, true),
+            (1, false),
+            (2, false),
+            (202, true), // </think>
+            (200, true),
+            (3, false),
+            (4, false),
+            (202, true), // <response>
+            (60, false), // answer
+            (201, true),
+            (3, false),
+            (4, false),
+            (202, true), // </response>
+            (200, true),
+            (9, false),
+            (202, true), // an unknown element: hidden, no switch
+            (61, false),
+        ];
+        let r = routes(&mut s, &ids);
+        let shown: Vec<(u32, Route)> = ids
+            .iter()
+            .map(|p| p.0)
+            .zip(r)
+            .filter(|(_, r)| *r != Hidden)
+            .collect();
+        assert_eq!(
+            shown,
+            vec![(50, Text(Reasoning)), (60, Text(Content)), (61, Text(Content))]
+        );
+        // A prompt that did not open the thinking starts in the answer.
+        assert_eq!(
+            ReasoningSplit::new(Some(xtml()), &[200, 3, 4, 202]).channel(),
+            Content
+        );
+    }
+
+    #[test]
+    fn a_runaway_tag_is_dropped_without_exposing_it() {
+        let mut s = ReasoningSplit::new(Some(xtml()), &[]);
+        assert_eq!(s.route(200, true), Hidden);
+        for _ in 0..MAX_TAG_TOKENS {
+            assert_eq!(s.route(7, false), Hidden);
+        }
+        assert_eq!(s.route(7, false), Hidden, "the tag is given up");
+        assert_eq!(s.route(7, false), Text(Content));
     }
 }

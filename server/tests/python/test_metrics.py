@@ -50,6 +50,10 @@ def test_counters_move_with_known_requests():
         assert s.metric("deltafin_inter_token_latency_seconds_count") == 6
         assert s.metric("deltafin_e2e_request_latency_seconds_count") == 1
         assert s.metric("deltafin_engine_prefill_tokens_total") == r.usage.prompt_tokens
+        # The DeepSeek test model loads out of core (auto budget): its expert store feeds these.
+        reads = s.metric("deltafin_expert_reads_total", source="pinned") + s.metric(
+            "deltafin_expert_reads_total", source="disk")
+        assert reads > 0 and s.metric("deltafin_expert_read_bytes_total", source="disk") > 0
         r2 = c.completions.create(model=m, prompt="abc", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
         assert s.metric("deltafin_requests_total", endpoint="completions", outcome="success") == 1
         assert s.metric("deltafin_generation_tokens_total", endpoint="completions") == 3

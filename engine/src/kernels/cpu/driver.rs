@@ -229,7 +229,11 @@ fn panel_rows<S: Simd>(
     } else {
         KB_CHUNKS.min(cpr)
     };
-    SCRATCH.with_borrow_mut(|(panel, accs)| {
+    // The scratch is taken out of the thread-local rather than used inside a closure: a
+    // closure is a separate function that does not inherit the caller's `target_feature`s, so
+    // the SIMD tiles inside it would compile to out-of-line intrinsic calls (~10x slower).
+    let (mut panel, mut accs) = SCRATCH.with_borrow_mut(std::mem::take);
+    {
         panel.clear();
         panel.resize(S::TILE_ROWS * kb, Chunk::default());
         let mut r = r0;
@@ -244,7 +248,7 @@ fn panel_rows<S: Simd>(
                     decode(s, p, r + j, c0, &mut panel[j * kb..j * kb + kc]);
                 }
                 let blk = Block {
-                    w: panel,
+                    w: &panel,
                     stride: kb,
                     x,
                     cpr,
@@ -252,7 +256,7 @@ fn panel_rows<S: Simd>(
                     kc,
                     n,
                 };
-                sweep_xs(s, rr, &blk, accs);
+                sweep_xs(s, rr, &blk, &mut accs);
                 c0 += kc;
             }
             for j in 0..rr {
@@ -262,7 +266,8 @@ fn panel_rows<S: Simd>(
             }
             r += rr;
         }
-    });
+    }
+    SCRATCH.with_borrow_mut(|scratch| *scratch = (panel, accs));
 }
 
 /// One k-block of the multi-row path: a decoded panel and the input rows it meets.
