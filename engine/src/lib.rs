@@ -16,6 +16,7 @@ pub mod error;
 pub mod generate;
 pub mod kernels;
 pub mod scheduler;
+pub mod spec;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

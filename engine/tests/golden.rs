@@ -85,3 +85,8 @@ fn kimi_k25_nested_int4_experts() {
 fn kimi_k2_instruct_block_fp8_partial_blocks() {
     check("k2-fp8");
 }
+
+#[test]
+fn qwen3_dense_drafter_tied_gqa() {
+    check("qwen3");
+}

@@ -95,6 +95,8 @@ fn run_level(
             sampling: Sampling::Greedy,
             stop_ids: Vec::new(),
             reuse_state: false,
+            kind: deltafin_engine::spec::RequestKind::Completion,
+            spec: deltafin_engine::spec::SpecMode::Off,
         };
         handle
             .submit(req, Box::new(TimedSink(tx)))

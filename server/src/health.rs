@@ -31,10 +31,12 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let loaded = app.loaded_any();
     let engine = loaded.as_ref().map(|l| l.engine.stats().snapshot());
-    let text = match loaded.as_ref().and_then(|l| l.ooc.as_deref()) {
+    let mut text = match loaded.as_ref().and_then(|l| l.ooc.as_deref()) {
         Some(rt) => app.metrics().render(engine, &crate::model::expert_io(rt)),
         None => app.metrics().render(engine, app.expert_io()),
     };
+    let spec = loaded.as_ref().map(|l| l.engine.stats().speculation()).unwrap_or_default();
+    text.push_str(&crate::metrics::render_spec(&spec));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod drafts;
 pub mod error;
 pub mod health;
 pub mod metrics;

@@ -15,6 +15,7 @@ mod push;
 mod run;
 mod serve;
 mod setup;
+mod spec_args;
 mod synth_cmd;
 
 use std::path::PathBuf;

@@ -11,6 +11,7 @@ use deltafin_engine::scheduler::{self, SchedulerConfig};
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource};
 use deltafin_engine::tokenizer::Tokenizer;
 
+use crate::drafts::{DraftError, DraftSources};
 use crate::openai::output::reasoning_markers;
 use crate::state::Loaded;
 
@@ -31,14 +32,18 @@ pub enum LoadError {
     Tokenizer(#[source] deltafin_engine::Error),
     #[error("starting the engine thread: {0}")]
     Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Drafts(#[from] DraftError),
 }
 
-/// Load `dir` (under a memory budget when `ooc` is given) and start its engine loop.
+/// Load `dir` (under a memory budget when `ooc` is given) and its drafts, and start its engine
+/// loop.
 pub fn load(
     dir: &Path,
     model_id: String,
-    cfg: SchedulerConfig,
+    mut cfg: SchedulerConfig,
     ooc: Option<&OocOptions>,
+    drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
     let (model, ooc) = match ooc {
         None => (arch::load(dir).map_err(LoadError::Model)?, None),
@@ -56,6 +61,8 @@ pub fn load(
         .collect();
     let bos = model.info().bos_token_id.or(tokenizer.bos_id());
     let markers = reasoning_markers(&tokenizer);
+    cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
+    tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

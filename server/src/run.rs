@@ -8,12 +8,14 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch;
-use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
+use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate_with};
+use deltafin_engine::spec::RequestKind;
 use deltafin_engine::synth;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
 use serde_json::json;
 
 use crate::ooc_args::{OocArgs, describe_plan};
+use crate::spec_args::SpecArgs;
 
 /// Arguments of `deltafin run`.
 #[derive(Debug, Args)]
@@ -54,6 +56,8 @@ pub struct RunArgs {
     /// Print one JSON object on stdout instead of streaming text.
     #[command(flatten)]
     ooc: OocArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
 }
@@ -92,7 +96,12 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
             (m, Some(rt))
         }
     };
-    let tok = Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?;
+    let tok = std::sync::Arc::new(
+        Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?,
+    );
+    let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
+    let kind = if args.chat { RequestKind::Chat } else { RequestKind::Completion };
+    let mut spec = drafts.speculator(kind, args.spec.spec, None);
     let load_seconds = load_start.elapsed().as_secs_f64();
     let prompt_ids = if args.chat {
         let mut messages = Vec::new();
@@ -117,7 +126,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let mut decoder = IncrementalDecoder::new(&tok);
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
-    let generation = generate(model.as_ref(), &mut state, &prompt_ids, &opts, |id| {
+    let generation = generate_with(model.as_ref(), &mut state, &prompt_ids, &opts, spec.as_mut(), |id| {
         if streaming && let Some(text) = decoder.push(id) {
             // A closed stdout (e.g. `| head`) stops generation instead of failing it.
             if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
@@ -146,6 +155,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
                 "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
                 "decode_tokens_per_second": s.decode_tokens_per_second },
             "out_of_core": ooc_stats,
+            "speculation": spec.as_ref().map(|s| s.summary()),
         });
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
@@ -168,6 +178,10 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         );
         if let Some(st) = &ooc_stats {
             eprintln!("out of core: {}", serde_json::to_string(st)?);
+        }
+        match &spec {
+            Some(s) => eprintln!("speculation ({}): {}", drafts.describe(), s.summary().describe()),
+            None => eprintln!("speculation: off"),
         }
     }
     Ok(())

@@ -64,6 +64,8 @@ pub struct ServeArgs {
     log_prompts: bool,
     #[command(flatten)]
     ooc: crate::ooc_args::OocArgs,
+    #[command(flatten)]
+    spec: crate::spec_args::SpecArgs,
     /// Testing aid: sleep this many milliseconds after every engine pass (a slow model).
     #[arg(long, default_value_t = 0, hide = true, env = "DELTAFIN_STEP_DELAY_MS")]
     step_delay_ms: u64,
@@ -99,6 +101,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
         api_key: args.api_key_file.as_deref().map(read_key).transpose()?,
         keep_alive,
         log_prompts: args.log_prompts,
+        spec: args.spec.spec,
     })
 }
 
@@ -153,9 +156,10 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         let ooc = args.ooc.options()?.filter(|_| budgeted);
         let loading = tokio::task::spawn_blocking({
             let (state, dir, sched) = (state.clone(), dir.clone(), scheduler_config(&args));
+            let drafts = args.spec.sources();
             move || -> Result<()> {
                 let started = Instant::now();
-                let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref())?;
+                let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), &drafts)?;
                 if let Some(rt) = &loaded.ooc {
                     tracing::info!(plan = %crate::ooc_args::describe_plan(&rt.plan), "out-of-core");
                 }

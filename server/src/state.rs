@@ -27,6 +27,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Log prompt text (off by default: prompts never reach the log).
     pub log_prompts: bool,
+    /// Whether requests draft (speculative decoding never changes their tokens).
+    pub spec: deltafin_engine::spec::SpecMode,
 }
 
 /// Everything a request needs once the model is loaded.

@@ -1,7 +1,8 @@
 //! Runs the pytest suite in `tests/python/` (the official `openai` client against the real
 //! `deltafin serve` binary on loopback) on a tiny synthetic model. The suite needs a Python with
 //! `openai`, `httpx` and `pytest`: `scripts/test-server` installs one and points
-//! `DELTAFIN_TEST_PYTHON` at it. Without that variable this test says so and passes.
+//! `DELTAFIN_TEST_PYTHON` at it. Without that variable this test says so and passes — unless
+//! `DELTAFIN_REQUIRE_SERVICES=1` (as `scripts/test-all` sets it), where it fails.
 
 use std::path::Path;
 use std::process::Command;
@@ -11,6 +12,8 @@ use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 #[test]
 fn openai_client_suite() {
     let Some(python) = std::env::var_os("DELTAFIN_TEST_PYTHON") else {
+        let required = std::env::var("DELTAFIN_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+        assert!(!required, "DELTAFIN_TEST_PYTHON is not set and DELTAFIN_REQUIRE_SERVICES=1 (run scripts/install-test-deps)");
         eprintln!("skipped: DELTAFIN_TEST_PYTHON is not set (run scripts/test-server)");
         return;
     };

@@ -264,6 +264,14 @@ fn check_state(state: &SeqState, layers: usize) -> Result<()> {
 }
 
 impl Model for DeepseekV3 {
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        super::embed_tokens(&self.embed, tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        super::head_logits(&self.lm_head, normed, rows)
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

@@ -116,6 +116,14 @@ fn mix_rows(res: &AttnRes, anchors: &[Vec<f32>], last: &[f32], rows: &[usize], h
 }
 
 impl Model for KimiK3 {
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        super::embed_tokens(&self.embed, tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        super::head_logits(&self.lm_head, normed, rows)
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

@@ -446,6 +446,14 @@ impl KimiLinear {
 }
 
 impl Model for KimiLinear {
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        super::embed_tokens(&self.embed, tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        super::head_logits(&self.lm_head, normed, rows)
+    }
+
     fn info(&self) -> &ModelInfo {
         &self.info
     }

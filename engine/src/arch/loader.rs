@@ -16,7 +16,8 @@ use crate::weights::{Blob, BlobSource, Dtype, MappedSource, TensorInfo, WeightIn
 #[derive(Clone, Copy)]
 pub struct Loader<'a> {
     pub index: &'a WeightIndex,
-    pub spec: &'a ModelSpec,
+    prefix: &'a str,
+    quant: &'a Quantization,
     source: &'a dyn BlobSource,
     routed_experts: bool,
 }
@@ -29,7 +30,13 @@ impl std::fmt::Debug for Loader<'_> {
 
 impl<'a> Loader<'a> {
     pub fn new(index: &'a WeightIndex, spec: &'a ModelSpec) -> Self {
-        Loader { index, spec, source: &MappedSource, routed_experts: true }
+        Self::with_layout(index, &spec.tensor_prefix, &spec.quant)
+    }
+
+    /// A loader for a checkpoint that is not a target model (a draft head): tensor names carry
+    /// `prefix`, quantised Linears follow `quant`.
+    pub fn with_layout(index: &'a WeightIndex, prefix: &'a str, quant: &'a Quantization) -> Self {
+        Loader { index, prefix, quant, source: &MappedSource, routed_experts: true }
     }
 
     /// The same loader taking tensor bytes from `source`.
@@ -53,7 +60,7 @@ impl<'a> Loader<'a> {
     }
 
     fn name(&self, name: &str) -> String {
-        format!("{}{name}", self.spec.tensor_prefix)
+        format!("{}{name}", self.prefix)
     }
 
     /// Whether `{prefix}{name}` exists.
@@ -107,7 +114,7 @@ impl<'a> Loader<'a> {
         let info = self.index.expect(&weight, &[Dtype::BF16, Dtype::F32, Dtype::F8E4M3], &[rows, cols])?;
         match info.dtype {
             Dtype::F8E4M3 => {
-                let Quantization::Fp8Block { block_rows, block_cols } = self.spec.quant else {
+                let Quantization::Fp8Block { block_rows, block_cols } = *self.quant else {
                     return Err(self.unexpected(&weight, "F8_E4M3 weights need quantization_config.quant_method fp8"));
                 };
                 let scale_name = self.name(&format!("{module}.weight_scale_inv"));
@@ -123,7 +130,7 @@ impl<'a> Loader<'a> {
 
     fn packed(&self, module: &str, packed: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let scale_name = self.name(&format!("{module}.weight_scale"));
-        match self.spec.quant {
+        match *self.quant {
             Quantization::Int4PackQuantized { group_size, .. } => {
                 if cols % group_size != 0 || group_size % 8 != 0 {
                     return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));

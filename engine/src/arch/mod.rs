@@ -10,6 +10,7 @@ pub mod kimi_k3;
 pub mod kimi_linear;
 pub mod layers;
 mod loader;
+pub mod qwen3;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -58,16 +59,44 @@ pub struct SeqInput<'a> {
     pub logits: LogitRows,
 }
 
-/// Named intermediate tensors recorded during a pass (rows concatenated), for golden tests.
+/// Named intermediate tensors recorded during a pass (rows concatenated): every tensor for
+/// golden tests, or only the named ones ([`Trace::capture`]) for draft heads that read the
+/// target's hidden rows. Every architecture records `embed`, `layers.{l}` (the hidden state
+/// after decoder layer `l`, all rows of the pass) and `norm` (the final-normed rows whose logits
+/// were requested).
 #[derive(Debug, Default, Clone)]
 pub struct Trace {
     pub tensors: BTreeMap<String, Vec<f32>>,
+    only: Option<Vec<String>>,
 }
 
 impl Trace {
-    /// Append `data` under `name`.
+    /// A trace that keeps only the tensors named in `names`.
+    pub fn capture(names: &[String]) -> Self {
+        Trace { tensors: BTreeMap::new(), only: Some(names.to_vec()) }
+    }
+
+    /// Append `data` under `name` (ignored when the trace keeps other tensors only).
     pub fn record(&mut self, name: impl Into<String>, data: &[f32]) {
-        self.tensors.entry(name.into()).or_default().extend_from_slice(data);
+        let name = name.into();
+        if self.only.as_ref().is_some_and(|only| !only.contains(&name)) {
+            return;
+        }
+        self.tensors.entry(name).or_default().extend_from_slice(data);
+    }
+
+    /// Rows `start..start + rows` (`width` values each) of every captured tensor, in `names`
+    /// order; a tensor that was not recorded yields an empty row set.
+    pub fn rows(&self, names: &[String], start: usize, rows: usize, width: usize) -> Vec<(String, Vec<f32>)> {
+        names
+            .iter()
+            .map(|n| {
+                let data = self.tensors.get(n).map(Vec::as_slice).unwrap_or(&[]);
+                let lo = (start * width).min(data.len());
+                let hi = ((start + rows) * width).min(data.len());
+                (n.clone(), data[lo..hi].to_vec())
+            })
+            .collect()
     }
 }
 
@@ -80,6 +109,48 @@ pub trait Model: Send + Sync + Debug {
     /// Run one pass over `batch`, appending every token to its sequence's state. Returns the
     /// requested logits rows (`vocab_size` each) in batch order.
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>>;
+
+    /// The input-embedding rows of `tokens` (`hidden_size` values each). Draft heads share the
+    /// target's embedding instead of loading a copy.
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let _ = tokens;
+        Err(Error::InvalidArgument { field: "embed", reason: format!("{} does not expose its embedding", self.info().arch) })
+    }
+
+    /// Logits of `rows` already-normalised hidden rows through the output head (`lm_head`).
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let _ = (normed, rows);
+        Err(Error::InvalidArgument { field: "head", reason: format!("{} does not expose its output head", self.info().arch) })
+    }
+}
+
+/// Embedding rows of `tokens` from an embedding matrix, checking the ids.
+pub(crate) fn embed_tokens(embed: &crate::kernels::Matrix, tokens: &[u32]) -> Result<Vec<f32>> {
+    let h = embed.cols;
+    let mut out = vec![0.0f32; tokens.len() * h];
+    for (row, &t) in out.chunks_mut(h).zip(tokens) {
+        if t as usize >= embed.rows {
+            return Err(Error::InvalidArgument {
+                field: "tokens",
+                reason: format!("token id {t} is outside the vocabulary (size {})", embed.rows),
+            });
+        }
+        crate::kernels::reference::decode_row(embed, t as usize, row);
+    }
+    Ok(out)
+}
+
+/// `rows` normalised hidden rows through an output head, checking the width.
+pub(crate) fn head_logits(lm_head: &crate::kernels::Matrix, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+    if normed.len() != rows * lm_head.cols {
+        return Err(Error::InvalidArgument {
+            field: "head",
+            reason: format!("{} values for {rows} rows of width {}", normed.len(), lm_head.cols),
+        });
+    }
+    let mut logits = vec![0.0f32; rows * lm_head.rows];
+    crate::kernels::matmul(lm_head, normed, rows, &mut logits);
+    Ok(logits)
 }
 
 /// Load the model in `dir` (config, weights index, architecture).
@@ -119,6 +190,7 @@ pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>
         ArchConfig::DeepseekV3(cfg) => Ok(Box::new(deepseek_v3::DeepseekV3::load(cfg.clone(), &loader)?)),
         ArchConfig::KimiLinear(cfg) => Ok(Box::new(kimi_linear::KimiLinear::load(cfg.clone(), &loader)?)),
         ArchConfig::KimiK3(cfg) => Ok(Box::new(kimi_k3::KimiK3::load(cfg.clone(), &loader)?)),
+        ArchConfig::Qwen3(cfg) => Ok(Box::new(qwen3::Qwen3::load(cfg.clone(), &loader)?)),
     }
 }
 

@@ -9,6 +9,7 @@ mod deepseek_v3;
 mod kimi_k3;
 mod kimi_linear;
 mod quant;
+mod qwen3;
 mod rope;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ pub use deepseek_v3::DeepseekV3Config;
 pub use kimi_k3::KimiK3Config;
 pub use kimi_linear::{AttnKind, KdaConfig, KdaDecay, KimiLinearConfig};
 pub use quant::{IgnoreRule, Quantization};
+pub use qwen3::Qwen3Config;
 pub use rope::{RopeConfig, RopeScaling};
 
 use crate::error::{Error, Result};
@@ -33,6 +35,8 @@ pub enum ArchConfig {
     KimiLinear(KimiLinearConfig),
     /// Kimi K3 (`kimi_k3` with a `kimi_linear` text config).
     KimiK3(KimiK3Config),
+    /// Qwen3 dense (`qwen3`), used as a raw-completion drafter.
+    Qwen3(Qwen3Config),
 }
 
 /// Everything `config.json` says about a checkpoint.
@@ -52,7 +56,7 @@ pub struct ModelSpec {
 
 /// Model types accepted at the top level, listed in errors.
 pub const SUPPORTED_MODEL_TYPES: &str =
-    "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear)";
+    "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -162,6 +166,7 @@ impl ModelSpec {
             "kimi_linear" if model_type == "kimi_k3" && !scope.is_empty() => {
                 ArchConfig::KimiK3(KimiK3Config::parse(top, fields)?)
             }
+            "qwen3" if scope.is_empty() => ArchConfig::Qwen3(Qwen3Config::parse(fields)?),
             _ => {
                 return Err(Error::UnknownModelType {
                     path: path.to_path_buf(),

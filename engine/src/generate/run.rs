@@ -1,13 +1,15 @@
-//! One generation: chunked multi-row prefill of the prompt, then token-by-token decode with
-//! sampling, stop conditions, and a per-token callback that can stop early.
+//! One generation: chunked multi-row prefill of the prompt, then decode with sampling, stop
+//! conditions, and a per-token callback that can stop early. Each decode step runs the pending
+//! token — plus, with a [`Speculator`], the drafts it proposes, verified in the same pass.
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::{Sampling, SeqState};
-use crate::arch::{LogitRows, Model, SeqInput};
+use crate::arch::{LogitRows, Model, SeqInput, Trace};
 use crate::error::{Error, Result};
+use crate::spec::{Observation, Speculator, draft_budget, verify};
 
 /// Settings of one generation.
 #[derive(Debug, Clone)]
@@ -73,6 +75,20 @@ pub fn generate(
     state: &mut SeqState,
     prompt: &[u32],
     opts: &GenerateOptions,
+    on_token: impl FnMut(u32) -> Flow,
+) -> Result<Generation> {
+    generate_with(model, state, prompt, opts, None, on_token)
+}
+
+/// [`generate`] with speculative decoding: each decode step runs the target over the pending
+/// token and the drafts `spec` proposes, and emits what verification accepts (the same tokens
+/// as without drafts; see [`crate::spec`]).
+pub fn generate_with(
+    model: &dyn Model,
+    state: &mut SeqState,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut spec: Option<&mut Speculator>,
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
     if prompt.is_empty() {
@@ -82,36 +98,26 @@ pub fn generate(
     if state.len() + prompt.len() > limit {
         return Err(Error::ContextOverflow { needed: state.len() + prompt.len(), limit });
     }
-    let chunk = opts.prefill_chunk.max(1);
     let start = Instant::now();
-    let mut logits = Vec::new();
-    for (i, part) in prompt.chunks(chunk).enumerate() {
-        let last = (i + 1) * chunk >= prompt.len();
-        let rows = if last { LogitRows::Last } else { LogitRows::None };
-        logits = model.forward(&mut [SeqInput { state, tokens: part, logits: rows }], None)?;
-    }
+    let logits = prefill(model, state, prompt, opts.prefill_chunk, spec.as_deref_mut())?;
     let prefill = start.elapsed();
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
-    let mut output = Vec::new();
-    let mut finish = FinishReason::Length;
     let decode_start = Instant::now();
-    let budget = opts.max_new_tokens.min(limit - state.len() + 1);
-    while output.len() < budget {
-        let token = opts.sampling.pick(&logits, state.len());
-        output.push(token);
-        if opts.stop_ids.contains(&token) {
-            finish = FinishReason::Stop;
-            break;
+    let mut history = prompt.to_vec();
+    let mut output = Vec::new();
+    let mut pending = vec![opts.sampling.pick(&logits, state.len())];
+    let finish = loop {
+        let (finish, emitted) = emit(&pending, opts, &mut output, &mut on_token);
+        history.extend_from_slice(&emitted);
+        if let Some(f) = finish {
+            break f;
         }
-        if on_token(token) == Flow::Stop {
-            finish = FinishReason::Cancelled;
-            break;
+        let budget = opts.max_new_tokens.saturating_sub(output.len()).min(limit - state.len());
+        if budget == 0 {
+            break FinishReason::Length;
         }
-        if output.len() == budget {
-            break;
-        }
-        logits = model.forward(&mut [SeqInput { state, tokens: &[token], logits: LogitRows::Last }], None)?;
-    }
+        pending = decode_step(model, state, &history, opts, budget, spec.as_deref_mut())?;
+    };
     let decode = decode_start.elapsed();
     stats.generated_tokens = output.len();
     stats.prefill_seconds = prefill.as_secs_f64();
@@ -119,6 +125,90 @@ pub fn generate(
     stats.prefill_tokens_per_second = rate(prompt.len(), prefill);
     stats.decode_tokens_per_second = rate(output.len().saturating_sub(1), decode);
     Ok(Generation { output_ids: output, finish_reason: finish, stats })
+}
+
+/// Chunked prefill; returns the logits of the last prompt row. Captured hidden rows go to the
+/// proposers.
+fn prefill(model: &dyn Model, state: &mut SeqState, prompt: &[u32], chunk: usize, mut spec: Option<&mut Speculator>) -> Result<Vec<f32>> {
+    let chunk = chunk.max(1);
+    let mut logits = Vec::new();
+    for (i, part) in prompt.chunks(chunk).enumerate() {
+        let last = (i + 1) * chunk >= prompt.len();
+        let rows = if last { LogitRows::Last } else { LogitRows::None };
+        let begin = state.len();
+        let mut trace = spec.as_deref().filter(|s| !s.captures().is_empty()).map(|s| Trace::capture(s.captures()));
+        logits = model.forward(&mut [SeqInput { state, tokens: part, logits: rows }], trace.as_mut())?;
+        state.commit_all();
+        if let Some(s) = spec.as_deref_mut() {
+            let hidden = trace.map(|t| t.rows(s.captures(), 0, part.len(), model.info().hidden_size)).unwrap_or_default();
+            s.observe(model, &Observation { start: begin, tokens: part, hidden: &hidden });
+        }
+    }
+    Ok(logits)
+}
+
+/// One decode step from the pending token (the last of `history`): propose, run the target
+/// over the pending token and the drafts, verify, commit. Returns the tokens to emit.
+fn decode_step(
+    model: &dyn Model,
+    state: &mut SeqState,
+    history: &[u32],
+    opts: &GenerateOptions,
+    budget: usize,
+    mut spec: Option<&mut Speculator>,
+) -> Result<Vec<u32>> {
+    let room = model.info().max_context - state.len();
+    let drafts = match spec.as_deref_mut() {
+        Some(s) => s.plan(model, history, draft_budget(usize::MAX, budget, room)).drafts,
+        None => Vec::new(),
+    };
+    let mut rows = Vec::with_capacity(drafts.len() + 1);
+    rows.push(*history.last().expect("history holds the pending token"));
+    rows.extend_from_slice(&drafts);
+    let begin = state.len();
+    let kind = if drafts.is_empty() { LogitRows::Last } else { LogitRows::All };
+    let mut trace = spec.as_deref().filter(|s| !s.captures().is_empty()).map(|s| Trace::capture(s.captures()));
+    let started = Instant::now();
+    let logits = model.forward(&mut [SeqInput { state, tokens: &rows, logits: kind }], trace.as_mut())?;
+    let verify_seconds = started.elapsed().as_secs_f64();
+    let vocab = model.info().vocab_size;
+    let picks: Vec<u32> =
+        logits.chunks_exact(vocab).enumerate().map(|(i, row)| opts.sampling.pick(row, begin + i + 1)).collect();
+    let verdict = verify(&drafts, &picks, &opts.stop_ids, budget);
+    state.commit(verdict.commit_rows)?;
+    if let Some(s) = spec {
+        s.finish(verdict.accepted, verify_seconds);
+        let committed = &rows[..verdict.commit_rows];
+        let hidden = trace.map(|t| t.rows(s.captures(), 0, committed.len(), model.info().hidden_size)).unwrap_or_default();
+        s.observe(model, &Observation { start: begin, tokens: committed, hidden: &hidden });
+    }
+    Ok(verdict.emitted)
+}
+
+/// Emit `tokens` in order until a stop id (kept in the output, not passed to the callback),
+/// the output limit, or the callback stops. Returns the finish reason, if reached, and the
+/// tokens emitted.
+fn emit(
+    tokens: &[u32],
+    opts: &GenerateOptions,
+    output: &mut Vec<u32>,
+    on_token: &mut impl FnMut(u32) -> Flow,
+) -> (Option<FinishReason>, Vec<u32>) {
+    let mut emitted = Vec::with_capacity(tokens.len());
+    for &token in tokens {
+        output.push(token);
+        emitted.push(token);
+        if opts.stop_ids.contains(&token) {
+            return (Some(FinishReason::Stop), emitted);
+        }
+        if on_token(token) == Flow::Stop {
+            return (Some(FinishReason::Cancelled), emitted);
+        }
+        if output.len() >= opts.max_new_tokens {
+            return (Some(FinishReason::Length), emitted);
+        }
+    }
+    (None, emitted)
 }
 
 fn rate(tokens: usize, time: Duration) -> f64 {

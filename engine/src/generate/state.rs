@@ -40,6 +40,14 @@ pub struct MlaCache {
     pub k_rope: Vec<f32>,
 }
 
+/// A standard per-head key/value cache (grouped-query attention, Qwen3): the rotated keys and
+/// the values of every position, `kv_heads * head_dim` values per position each.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
 /// Shape of a KDA layer's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KdaShape {
@@ -205,6 +213,8 @@ pub enum LayerState {
     Mla(MlaCache),
     /// Kimi Delta Attention's recurrent state.
     Kda(KdaCache),
+    /// Per-head keys and values (dense GQA models such as the Qwen3 drafter).
+    Kv(KvCache),
 }
 
 impl LayerState {
@@ -220,6 +230,14 @@ impl LayerState {
     pub fn kda_mut(&mut self) -> Option<&mut KdaCache> {
         match self {
             LayerState::Kda(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The key/value cache, if this is a GQA layer.
+    pub fn kv_mut(&mut self) -> Option<&mut KvCache> {
+        match self {
+            LayerState::Kv(c) => Some(c),
             _ => None,
         }
     }
@@ -280,6 +298,7 @@ impl SeqState {
             match layer {
                 LayerState::Mla(c) => truncate_mla(c, old_len, new_len),
                 LayerState::Kda(c) => c.commit(keep),
+                LayerState::Kv(c) => truncate_kv(c, old_len, new_len),
             }
         }
         self.len = new_len;
@@ -333,8 +352,10 @@ impl SeqState {
         self.commit_all();
         let old_len = self.len;
         for layer in &mut self.layers {
-            if let LayerState::Mla(c) = layer {
-                truncate_mla(c, old_len, len);
+            match layer {
+                LayerState::Mla(c) => truncate_mla(c, old_len, len),
+                LayerState::Kv(c) => truncate_kv(c, old_len, len),
+                LayerState::Kda(_) => {}
             }
         }
         self.len = len;
@@ -346,12 +367,14 @@ impl SeqState {
         self.mla_cache_bytes() + self.kda_state_bytes()
     }
 
-    /// Bytes held by the MLA caches (grows with the context).
+    /// Bytes held by the attention caches (MLA latents, per-head keys and values; grows with
+    /// the context).
     pub fn mla_cache_bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|l| match l {
                 LayerState::Mla(c) => 4 * (c.latent.len() + c.k_rope.len()),
+                LayerState::Kv(c) => 4 * (c.k.len() + c.v.len()),
                 LayerState::Kda(_) => 0,
             })
             .sum()
@@ -363,7 +386,7 @@ impl SeqState {
             .iter()
             .map(|l| match l {
                 LayerState::Kda(c) => c.state_bytes(),
-                LayerState::Mla(_) => 0,
+                LayerState::Mla(_) | LayerState::Kv(_) => 0,
             })
             .sum()
     }
@@ -375,6 +398,16 @@ impl SeqState {
             .filter(|l| matches!(l, LayerState::Mla(_)))
             .count()
     }
+}
+
+/// Cut a key/value cache holding `old_len` positions down to `new_len`.
+fn truncate_kv(c: &mut KvCache, old_len: usize, new_len: usize) {
+    if old_len == 0 || new_len >= old_len {
+        return;
+    }
+    let (wk, wv) = (c.k.len() / old_len, c.v.len() / old_len);
+    c.k.truncate(new_len * wk);
+    c.v.truncate(new_len * wv);
 }
 
 /// Cut an MLA cache holding `old_len` positions down to `new_len`.

@@ -12,8 +12,12 @@
 //! * **State reuse.** Finished sequences commit their state to a small LRU ([`reuse`]); a new
 //!   prompt sharing a prefix with a committed one starts from it instead of re-running prefill.
 //!
+//! * **Speculative decoding.** A decoding request may contribute its pending token plus drafts
+//!   from its proposers ([`crate::spec`]); the pass verifies them and commits the accepted rows.
+//!
 //! Token selection is `Sampling::pick(logits, position)`, exactly as in
-//! [`crate::generate::generate`], so the server, `deltafin run` and every batch composition agree.
+//! [`crate::generate::generate`], so the server, `deltafin run`, every batch composition and
+//! every draft agree.
 
 mod plan;
 mod reuse;
@@ -32,6 +36,7 @@ use crate::arch::Model;
 use crate::error::Error;
 pub use crate::generate::FinishReason;
 use crate::generate::Sampling;
+use crate::spec::{Drafts, RequestKind, SpecMode};
 
 /// A validated generation request, in token ids.
 #[derive(Debug, Clone)]
@@ -45,6 +50,10 @@ pub struct GenRequest {
     pub stop_ids: Vec<u32>,
     /// Whether the request may start from (and commit to) the state-reuse cache.
     pub reuse_state: bool,
+    /// Chat or raw completion (which draft proposer it prefers).
+    pub kind: RequestKind,
+    /// Whether it drafts (drafts never change its tokens).
+    pub spec: SpecMode,
 }
 
 /// How a finished request went.
@@ -112,6 +121,8 @@ pub struct SchedulerConfig {
     pub min_reuse_tokens: usize,
     /// Sleep before every pass (testing and demonstrations only: simulates a slow model).
     pub step_delay: Duration,
+    /// Draft models and drafting settings for speculative decoding.
+    pub drafts: Drafts,
 }
 
 impl Default for SchedulerConfig {
@@ -125,6 +136,7 @@ impl Default for SchedulerConfig {
             state_cache_bytes: 1 << 30,
             min_reuse_tokens: 16,
             step_delay: Duration::ZERO,
+            drafts: Drafts::default(),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! Live counters of the engine loop, shared with whoever exports metrics. Plain atomics: the
 //! loop writes, readers take snapshots; nothing here blocks the loop.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::spec::SpecStats;
 
 /// Counters and gauges of one scheduler.
 #[derive(Debug, Default)]
@@ -26,6 +29,8 @@ pub struct SchedulerStats {
     pub(crate) cancelled: AtomicU64,
     /// Nanoseconds spent inside model passes.
     pub(crate) forward_nanos: AtomicU64,
+    /// Speculative decoding figures of every request.
+    pub(crate) spec: Arc<SpecStats>,
 }
 
 /// A point-in-time copy of [`SchedulerStats`].
@@ -66,6 +71,11 @@ impl SchedulerStats {
             cancelled: get(&self.cancelled),
             forward_seconds_x1e9: get(&self.forward_nanos),
         }
+    }
+
+    /// Drafting figures summed over every request.
+    pub fn speculation(&self) -> crate::spec::SpecSummary {
+        self.spec.snapshot()
     }
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {

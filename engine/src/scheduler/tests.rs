@@ -28,6 +28,8 @@ fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
         sampling,
         stop_ids: vec![],
         reuse_state: true,
+        kind: crate::spec::RequestKind::Completion,
+        spec: crate::spec::SpecMode::Auto,
     }
 }
 

@@ -1,5 +1,6 @@
-//! The engine loop itself (the I/O shell around [`super::plan`] and [`super::reuse`]): take
-//! commands, drop cancelled requests, admit queued ones, run one batched pass, sample, stream,
+//! The engine loop itself (the I/O shell around [`super::plan`], [`super::reuse`] and
+//! [`crate::spec::verify`]): take commands, drop cancelled requests, admit queued ones, ask each
+//! decoding request's proposers for drafts, run one batched pass, verify and sample, stream,
 //! finish. Runs on one thread that owns the model.
 
 use std::collections::VecDeque;
@@ -12,8 +13,9 @@ use std::time::Instant;
 use super::plan::{Phase, Work, plan_step};
 use super::reuse::StateCache;
 use super::{Command, Completion, Event, FinishReason, Job, SchedulerConfig, SchedulerStats};
-use crate::arch::{LogitRows, Model, SeqInput};
+use crate::arch::{LogitRows, Model, SeqInput, Trace};
 use crate::generate::SeqState;
+use crate::spec::{Observation, Speculator, draft_budget, verify};
 
 /// One running request.
 struct Seq {
@@ -22,6 +24,11 @@ struct Seq {
     /// Prompt tokens already in `state`.
     fed: usize,
     output: Vec<u32>,
+    /// Prompt and output so far (the pending token last while decoding).
+    history: Vec<u32>,
+    /// The decode rows of the current step: the pending token, then the drafts.
+    rows: Vec<u32>,
+    spec: Option<Speculator>,
     cached: usize,
     /// Set when the request leaves the batch after this step.
     end: Option<End>,
@@ -194,11 +201,15 @@ impl Worker {
                 add(&self.stats.cancelled, 1);
                 continue;
             }
+            let spec = self.cfg.drafts.speculator(job.req.kind, job.req.spec, Some(self.stats.spec.clone()));
             self.running.push(Seq {
+                history: job.req.prompt.clone(),
                 job,
                 state,
                 fed: cached,
                 output: Vec::new(),
+                rows: Vec::new(),
+                spec,
                 cached,
                 end: None,
             });
@@ -208,10 +219,37 @@ impl Worker {
             .store(self.running.len() as u64, Ordering::Relaxed);
     }
 
-    /// One batched pass over every running sequence, then sampling.
+    /// Ask every decoding sequence's proposers for this step's drafts.
+    fn plan_drafts(&mut self, phases: &[Phase]) {
+        let model = self.model.as_ref();
+        for (seq, phase) in self.running.iter_mut().zip(phases) {
+            seq.rows.clear();
+            if *phase != Phase::Decode {
+                continue;
+            }
+            seq.rows.push(*seq.history.last().unwrap_or(&0));
+            let Some(spec) = seq.spec.as_mut() else { continue };
+            let room = self.limit.saturating_sub(seq.state.len());
+            let budget = seq.job.req.max_new_tokens.saturating_sub(seq.output.len()).min(room);
+            let plan = spec.plan(model, &seq.history, draft_budget(usize::MAX, budget, room));
+            seq.rows.extend_from_slice(&plan.drafts);
+        }
+    }
+
+    /// One batched pass over every running sequence, then verification and sampling.
     fn step(&mut self) {
         let phases: Vec<Phase> = self.running.iter().map(Seq::phase).collect();
         let works = plan_step(&phases, self.cfg.prefill_chunk);
+        self.plan_drafts(&phases);
+        let mut names: Vec<String> = Vec::new();
+        for w in &works {
+            for c in self.running[w.seq].spec.as_ref().map(Speculator::captures).unwrap_or(&[]) {
+                if !names.contains(c) {
+                    names.push(c.clone());
+                }
+            }
+        }
+        let mut trace = (!names.is_empty()).then(|| Trace::capture(&names));
         let started = Instant::now();
         let result = {
             let mut inputs = Vec::with_capacity(works.len());
@@ -220,32 +258,38 @@ impl Worker {
                 let Some(w) = next.next_if(|w| w.seq == i) else {
                     continue;
                 };
-                let tokens: &[u32] = match phases[i] {
-                    Phase::Prefill { .. } => &seq.job.req.prompt[w.start..w.start + w.len],
-                    Phase::Decode => std::slice::from_ref(seq.output.last().unwrap_or(&0)),
+                let (tokens, logits): (&[u32], LogitRows) = match phases[i] {
+                    Phase::Prefill { .. } => {
+                        let rows = if w.logits { LogitRows::Last } else { LogitRows::None };
+                        (&seq.job.req.prompt[w.start..w.start + w.len], rows)
+                    }
+                    Phase::Decode if seq.rows.len() > 1 => (&seq.rows, LogitRows::All),
+                    Phase::Decode => (&seq.rows, LogitRows::Last),
                 };
-                let logits = if w.logits {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
-                };
-                inputs.push(SeqInput {
-                    state: &mut seq.state,
-                    tokens,
-                    logits,
-                });
+                inputs.push(SeqInput { state: &mut seq.state, tokens, logits });
             }
             let model = &self.model;
+            let trace = trace.as_mut();
             // A panicking pass fails its batch, not the server.
-            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(&mut inputs, None)))
+            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(&mut inputs, trace)))
         };
-        add(&self.stats.forward_nanos, started.elapsed().as_nanos() as usize);
+        let elapsed = started.elapsed();
+        add(&self.stats.forward_nanos, elapsed.as_nanos() as usize);
         add(&self.stats.steps, 1);
-        add(&self.stats.rows, works.iter().map(|w| w.len).sum());
+        let rows: usize = works.iter().map(|w| self.pass_rows(w, &phases)).sum();
+        add(&self.stats.rows, rows);
         match result {
-            Ok(Ok(logits)) => self.advance(&works, &phases, &logits),
+            Ok(Ok(logits)) => self.advance(&works, &phases, &logits, trace.as_ref(), elapsed.as_secs_f64()),
             Ok(Err(e)) => self.fail(&works, e.kind(), &e.to_string()),
             Err(_) => self.fail(&works, "internal", "the model pass panicked"),
+        }
+    }
+
+    /// Rows a work contributed to the pass.
+    fn pass_rows(&self, w: &Work, phases: &[Phase]) -> usize {
+        match phases[w.seq] {
+            Phase::Prefill { .. } => w.len,
+            Phase::Decode => self.running[w.seq].rows.len(),
         }
     }
 
@@ -260,35 +304,70 @@ impl Worker {
         }
     }
 
-    fn advance(&mut self, works: &[Work], phases: &[Phase], logits: &[f32]) {
+    fn advance(&mut self, works: &[Work], phases: &[Phase], logits: &[f32], trace: Option<&Trace>, seconds: f64) {
         let vocab = self.model.info().vocab_size;
+        let width = self.model.info().hidden_size;
         let mut rows = logits.chunks_exact(vocab);
+        let mut offset = 0;
         for w in works {
+            let n = self.pass_rows(w, phases);
+            let first = offset;
+            offset += n;
+            let wanted = match phases[w.seq] {
+                Phase::Prefill { .. } => usize::from(w.logits),
+                Phase::Decode => n,
+            };
+            let got: Vec<&[f32]> = rows.by_ref().take(wanted).collect();
             let seq = &mut self.running[w.seq];
-            if let Phase::Prefill { .. } = phases[w.seq] {
-                seq.fed += w.len;
-                add(&self.stats.prefilled, w.len);
-            }
-            if !w.logits {
-                continue;
-            }
-            let Some(row) = rows.next() else {
-                seq.job.sink.send(Event::Failed {
-                    kind: "internal",
-                    message: "missing logits row".into(),
-                });
+            if got.len() < wanted {
+                seq.job.sink.send(Event::Failed { kind: "internal", message: "missing logits row".into() });
                 seq.end = Some(End::Failed);
                 continue;
+            }
+            let model = self.model.as_ref();
+            let capture = |spec: &Speculator, keep: usize| -> Vec<(String, Vec<f32>)> {
+                trace.map(|t| t.rows(spec.captures(), first, keep, width)).unwrap_or_default()
             };
-            let token = seq.job.req.sampling.pick(row, seq.state.len());
+            let tokens = match phases[w.seq] {
+                Phase::Prefill { .. } => {
+                    seq.fed += w.len;
+                    add(&self.stats.prefilled, w.len);
+                    seq.state.commit_all();
+                    if let Some(spec) = seq.spec.as_mut() {
+                        let hidden = capture(spec, w.len);
+                        let chunk = &seq.job.req.prompt[w.start..w.start + w.len];
+                        spec.observe(model, &Observation { start: seq.state.len() - w.len, tokens: chunk, hidden: &hidden });
+                    }
+                    match got.first() {
+                        Some(row) => vec![seq.job.req.sampling.pick(row, seq.state.len())],
+                        None => continue,
+                    }
+                }
+                Phase::Decode => verify_step(seq, &got, self.limit, seconds, model, &capture),
+            };
+            self.emit(w.seq, &tokens);
+        }
+    }
+
+    /// Stream `tokens` (made by one pass) to the sequence, ending it on a stop id, the output or
+    /// context limit, or a closed receiver.
+    fn emit(&mut self, i: usize, tokens: &[u32]) {
+        let seq = &mut self.running[i];
+        // The state holds every emitted token but the last (the new pending one).
+        let base = seq.state.len() + 1 - tokens.len();
+        for (j, &token) in tokens.iter().enumerate() {
             seq.output.push(token);
+            seq.history.push(token);
             add(&self.stats.generated, 1);
             if !seq.job.sink.send(Event::Token(token)) {
                 seq.end = Some(End::Cancelled);
             } else if seq.job.req.stop_ids.contains(&token) {
                 seq.end = Some(End::Finished(FinishReason::Stop));
-            } else if seq.output.len() >= seq.job.req.max_new_tokens || seq.state.len() >= self.limit {
+            } else if seq.output.len() >= seq.job.req.max_new_tokens || base + j >= self.limit {
                 seq.end = Some(End::Finished(FinishReason::Length));
+            }
+            if seq.end.is_some() {
+                break;
             }
         }
     }
@@ -331,4 +410,31 @@ impl Worker {
             }
         }
     }
+}
+
+/// Verify a decode step of `seq` (its pass's `picks` rows are `logits`): commit the accepted
+/// rows, tell its proposers, return the tokens to emit.
+fn verify_step(
+    seq: &mut Seq,
+    logits: &[&[f32]],
+    limit: usize,
+    seconds: f64,
+    model: &dyn Model,
+    capture: &dyn Fn(&Speculator, usize) -> Vec<(String, Vec<f32>)>,
+) -> Vec<u32> {
+    let n = seq.rows.len();
+    let begin = seq.state.len() - n;
+    let sampling = seq.job.req.sampling;
+    let picks: Vec<u32> = logits.iter().enumerate().map(|(i, row)| sampling.pick(row, begin + i + 1)).collect();
+    let budget = seq.job.req.max_new_tokens.saturating_sub(seq.output.len()).min(limit.saturating_sub(begin));
+    let verdict = verify(&seq.rows[1..], &picks, &seq.job.req.stop_ids, budget.max(1));
+    if let Err(e) = seq.state.commit(verdict.commit_rows) {
+        tracing::error!(error = %e, "commit of a verified pass failed");
+    }
+    if let Some(spec) = seq.spec.as_mut() {
+        spec.finish(verdict.accepted, seconds);
+        let hidden = capture(spec, verdict.commit_rows);
+        spec.observe(model, &Observation { start: begin, tokens: &seq.rows[..verdict.commit_rows], hidden: &hidden });
+    }
+    verdict.emitted
 }

@@ -4,12 +4,14 @@
 //! text they produce is meaningless, but every code path is the one real checkpoints take.
 
 mod deepseek;
+mod dspark;
 mod fill;
 mod kimi;
 mod rng;
 mod tokenizer;
 
 pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
+pub use dspark::DSparkSynth;
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
 pub use rng::Rng;
 pub use tokenizer::{K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor};

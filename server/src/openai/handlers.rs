@@ -11,6 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::GenRequest;
+use deltafin_engine::spec::RequestKind;
 use deltafin_engine::tokenizer::ChatOptions;
 use futures_util::Stream;
 
@@ -142,6 +143,8 @@ fn build(
         sampling: sampling(common)?,
         stop_ids,
         reuse_state: true,
+        kind: if endpoint == Endpoint::Chat { RequestKind::Chat } else { RequestKind::Completion },
+        spec: app.config().spec,
     };
     let generation = Generation::submit(app, loaded, endpoint, req, parser, started)?;
     let prefix = if endpoint == Endpoint::Chat {

@@ -80,50 +80,111 @@ impl Mla {
         }
     }
 
+    /// Latents and shared keys `[n, kv_lora + rope]` of normalised rows `x` at positions `pos`
+    /// (latent RMS-normalised, key rotated), and the rotated queries `[n, heads * (nope + rope)]`.
+    fn project(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> (Vec<f32>, Vec<f32>) {
+        let d = &self.dims;
+        let qk = d.nope + d.rope;
+        let mut q = self.queries(x, n);
+        let ckv = self.context_rows(x, n, pos);
+        if let Some(rope) = &self.rotary {
+            for i in 0..n {
+                for h in 0..d.heads {
+                    let start = i * d.heads * qk + h * qk + d.nope;
+                    rope.apply(&mut q[start..start + d.rope], pos(i));
+                }
+            }
+        }
+        (ckv, q)
+    }
+
+    /// Latents and shared keys `[n, kv_lora + rope]` of rows `x` at positions `pos`: the cache
+    /// entries those rows would add.
+    pub fn context_rows(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> Vec<f32> {
+        let d = &self.dims;
+        let mut ckv = vec![0.0; n * (d.kv_lora + d.rope)];
+        matmul(&self.kv_a, x, n, &mut ckv);
+        for (i, row) in ckv.chunks_mut(d.kv_lora + d.rope).enumerate() {
+            let (latent, k_rope) = row.split_at_mut(d.kv_lora);
+            rms_norm_inplace(latent, &self.kv_a_norm, d.eps);
+            if let Some(rope) = &self.rotary {
+                rope.apply(k_rope, pos(i));
+            }
+        }
+        ckv
+    }
+
+    /// Append rows made by [`Mla::context_rows`] to `cache`.
+    pub fn append(&self, cache: &mut MlaCache, ckv: &[f32]) {
+        let d = &self.dims;
+        for row in ckv.chunks(d.kv_lora + d.rope) {
+            let (latent, k_rope) = row.split_at(d.kv_lora);
+            cache.latent.extend_from_slice(latent);
+            cache.k_rope.extend_from_slice(k_rope);
+        }
+    }
+
     /// Attention output `[n, hidden]` for normalised rows `x`; appends every row's latent and
     /// rotated key to its cache first (rows of one sequence are consecutive positions).
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> Vec<f32> {
         let d = &self.dims;
-        let qk = d.nope + d.rope;
-        let mut q = self.queries(x, n);
-        let mut ckv = vec![0.0; n * (d.kv_lora + d.rope)];
-        matmul(&self.kv_a, x, n, &mut ckv);
-        for i in 0..n {
-            let row = &mut ckv[i * (d.kv_lora + d.rope)..(i + 1) * (d.kv_lora + d.rope)];
-            let (latent, k_rope) = row.split_at_mut(d.kv_lora);
-            rms_norm_inplace(latent, &self.kv_a_norm, d.eps);
-            if let Some(rope) = &self.rotary {
-                rope.apply(k_rope, rows.pos[i]);
-                for h in 0..d.heads {
-                    let start = i * d.heads * qk + h * qk + d.nope;
-                    rope.apply(&mut q[start..start + d.rope], rows.pos[i]);
-                }
-            }
+        let (ckv, q) = self.project(x, n, &|i| rows.pos[i]);
+        for (i, row) in ckv.chunks(d.kv_lora + d.rope).enumerate() {
             let cache = &mut rows.caches[rows.seq[i]];
             debug_assert_eq!(cache.latent.len(), rows.pos[i] * d.kv_lora, "rows must extend their cache in order");
-            cache.latent.extend_from_slice(latent);
-            cache.k_rope.extend_from_slice(k_rope);
+            self.append(cache, row);
         }
-        let wkv = self.decoded_kv_b();
         let mut attn = vec![0.0f32; n * d.heads * d.v];
-        let mut q_abs = vec![0.0f32; d.kv_lora];
-        let mut ctx = vec![0.0f32; d.kv_lora];
-        let mut scores = Vec::new();
+        let wkv = self.decoded_kv_b();
         for i in 0..n {
             let cache = &*rows.caches[rows.seq[i]];
             let len = rows.pos[i] + 1;
-            for h in 0..d.heads {
-                let qh = &q[i * d.heads * qk + h * qk..][..qk];
-                let head_rows = &wkv[h * (d.nope + d.v) * d.kv_lora..(h + 1) * (d.nope + d.v) * d.kv_lora];
-                absorb_query(&qh[..d.nope], &head_rows[..d.nope * d.kv_lora], &mut q_abs);
-                attend(cache, len, &q_abs, &qh[d.nope..], d, &mut scores, &mut ctx);
-                let out = &mut attn[(i * d.heads + h) * d.v..][..d.v];
-                for (e, o) in out.iter_mut().enumerate() {
-                    let w = &head_rows[(d.nope + e) * d.kv_lora..(d.nope + e + 1) * d.kv_lora];
-                    *o = dot(w, &ctx);
-                }
+            let sources = [(&cache.latent[..len * d.kv_lora], &cache.k_rope[..len * d.rope])];
+            self.attend_row(&q, i, &sources, &wkv, &mut attn);
+        }
+        self.output(x, n, attn)
+    }
+
+    /// Attention output `[n, hidden]` for `n` normalised rows `x` at positions
+    /// `base..base + n` that attend to every position of `cache` and to all `n` rows (no causal
+    /// mask inside the block, as a block draft head needs); nothing is cached.
+    pub fn forward_block(&self, x: &[f32], n: usize, cache: &MlaCache, base: usize) -> Vec<f32> {
+        let d = &self.dims;
+        let (ckv, q) = self.project(x, n, &|i| base + i);
+        let mut block = MlaCache::default();
+        self.append(&mut block, &ckv);
+        let sources = [(&cache.latent[..], &cache.k_rope[..]), (&block.latent[..], &block.k_rope[..])];
+        let mut attn = vec![0.0f32; n * d.heads * d.v];
+        let wkv = self.decoded_kv_b();
+        for i in 0..n {
+            self.attend_row(&q, i, &sources, &wkv, &mut attn);
+        }
+        self.output(x, n, attn)
+    }
+
+    /// Every head of query row `i` over the positions of `sources` (in order), written to
+    /// `attn[i]`.
+    fn attend_row(&self, q: &[f32], i: usize, sources: &[(&[f32], &[f32])], wkv: &[f32], attn: &mut [f32]) {
+        let d = &self.dims;
+        let qk = d.nope + d.rope;
+        let mut q_abs = vec![0.0f32; d.kv_lora];
+        let mut ctx = vec![0.0f32; d.kv_lora];
+        let mut scores = Vec::new();
+        for h in 0..d.heads {
+            let qh = &q[i * d.heads * qk + h * qk..][..qk];
+            let head_rows = &wkv[h * (d.nope + d.v) * d.kv_lora..(h + 1) * (d.nope + d.v) * d.kv_lora];
+            absorb_query(&qh[..d.nope], &head_rows[..d.nope * d.kv_lora], &mut q_abs);
+            attend(sources, &q_abs, &qh[d.nope..], d, &mut scores, &mut ctx);
+            let out = &mut attn[(i * d.heads + h) * d.v..][..d.v];
+            for (e, o) in out.iter_mut().enumerate() {
+                let w = &head_rows[(d.nope + e) * d.kv_lora..(d.nope + e + 1) * d.kv_lora];
+                *o = dot(w, &ctx);
             }
         }
+    }
+
+    /// Output gate (K3) and `o_proj`.
+    fn output(&self, x: &[f32], n: usize, mut attn: Vec<f32>) -> Vec<f32> {
         if let Some(gate) = &self.out_gate {
             let mut g = vec![0.0f32; n * gate.rows];
             matmul(gate, x, n, &mut g);
@@ -156,14 +217,17 @@ fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
     }
 }
 
-/// Softmax attention of one head over cache positions `0..len`, producing the latent context.
-fn attend(cache: &MlaCache, len: usize, q_abs: &[f32], q_rope: &[f32], d: &MlaDims, scores: &mut Vec<f32>, ctx: &mut [f32]) {
+/// Softmax attention of one head over the positions of `sources` (latent rows and shared-key
+/// rows, consecutive positions in order), producing the latent context.
+fn attend(sources: &[(&[f32], &[f32])], q_abs: &[f32], q_rope: &[f32], d: &MlaDims, scores: &mut Vec<f32>, ctx: &mut [f32]) {
     scores.clear();
-    for j in 0..len {
-        let latent = &cache.latent[j * d.kv_lora..(j + 1) * d.kv_lora];
-        let k_rope = &cache.k_rope[j * d.rope..(j + 1) * d.rope];
-        let s = seq_dot(q_abs, latent) + seq_dot(q_rope, k_rope);
-        scores.push(s * d.scale);
+    for (latents, k_ropes) in sources {
+        for j in 0..latents.len() / d.kv_lora {
+            let latent = &latents[j * d.kv_lora..(j + 1) * d.kv_lora];
+            let k_rope = &k_ropes[j * d.rope..(j + 1) * d.rope];
+            let s = seq_dot(q_abs, latent) + seq_dot(q_rope, k_rope);
+            scores.push(s * d.scale);
+        }
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
@@ -172,9 +236,10 @@ fn attend(cache: &MlaCache, len: usize, q_abs: &[f32], q_rope: &[f32], d: &MlaDi
         sum += *s;
     }
     ctx.iter_mut().for_each(|v| *v = 0.0);
-    for (j, s) in scores.iter().enumerate() {
+    let latents = sources.iter().flat_map(|(l, _)| l.chunks_exact(d.kv_lora));
+    for (s, latent) in scores.iter().zip(latents) {
         let p = s / sum;
-        for (c, &l) in ctx.iter_mut().zip(&cache.latent[j * d.kv_lora..(j + 1) * d.kv_lora]) {
+        for (c, &l) in ctx.iter_mut().zip(latent) {
             *c += p * l;
         }
     }

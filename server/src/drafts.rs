@@ -1,0 +1,72 @@
+//! Which draft models a command loads, from where: `--draft-dspark DIR` / `--draft-qwen DIR`,
+//! else the install's own `MODEL/drafts/dspark` and `MODEL/drafts/qwen` when present (where
+//! `deltafin setup --draft …` / `setup-qwen` put them). A draft that is present but broken, or
+//! that was made for another target, is an error naming it (`--spec off` runs without drafts).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use deltafin_engine::arch::Model;
+use deltafin_engine::spec::dspark::DSpark;
+use deltafin_engine::spec::ngram::NgramConfig;
+use deltafin_engine::spec::qwen::{QwenDraftConfig, QwenDrafter};
+use deltafin_engine::spec::{Drafts, EconomicsConfig, SpecMode};
+use deltafin_engine::tokenizer::Tokenizer;
+
+/// Where drafts come from and how they are used (validated command-line settings).
+#[derive(Debug, Clone)]
+pub struct DraftSources {
+    pub mode: SpecMode,
+    /// Explicit draft-head directory (else `MODEL/drafts/dspark` if it exists).
+    pub dspark: Option<PathBuf>,
+    /// Explicit Qwen drafter directory (else `MODEL/drafts/qwen` if it exists).
+    pub qwen: Option<PathBuf>,
+    pub ngram: bool,
+    pub max_width: usize,
+}
+
+impl Default for DraftSources {
+    fn default() -> Self {
+        DraftSources { mode: SpecMode::Auto, dspark: None, qwen: None, ngram: true, max_width: 8 }
+    }
+}
+
+/// Why a draft could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("draft {name} in {}: {source} (run with --spec off to serve without drafts)", dir.display())]
+pub struct DraftError {
+    pub name: &'static str,
+    pub dir: PathBuf,
+    #[source]
+    pub source: deltafin_engine::Error,
+}
+
+fn pick(explicit: &Option<PathBuf>, model_dir: &Path, name: &str) -> Option<PathBuf> {
+    explicit.clone().or_else(|| {
+        let d = model_dir.join("drafts").join(name);
+        d.join("config.json").is_file().then_some(d)
+    })
+}
+
+impl DraftSources {
+    /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`).
+    pub fn load(&self, model_dir: &Path, target: &dyn Model, tokenizer: &Arc<Tokenizer>) -> Result<Drafts, DraftError> {
+        let economics = EconomicsConfig { max_width: self.max_width.max(1), ..Default::default() };
+        let mut drafts = Drafts { ngram: self.ngram.then(NgramConfig::default), economics, ..Drafts::none() };
+        if self.mode == SpecMode::Off {
+            return Ok(drafts);
+        }
+        if let Some(dir) = pick(&self.dspark, model_dir, "dspark") {
+            let err = |source| DraftError { name: "dspark", dir: dir.clone(), source };
+            let head = DSpark::load(&dir).map_err(err)?;
+            head.check_target(target).map_err(err)?;
+            drafts.dspark = Some(Arc::new(head));
+        }
+        if let Some(dir) = pick(&self.qwen, model_dir, "qwen") {
+            let err = |source| DraftError { name: "qwen", dir: dir.clone(), source };
+            let q = QwenDrafter::load(&dir, tokenizer.clone(), QwenDraftConfig::default()).map_err(err)?;
+            drafts.qwen = Some(Arc::new(q));
+        }
+        Ok(drafts)
+    }
+}
