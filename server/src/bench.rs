@@ -41,6 +41,9 @@ enum BenchWhat {
     Run(crate::bench_model::BenchRunArgs),
     /// Read bandwidth of the model's own expert reads: O_DIRECT, buffered and mmap.
     Disk(crate::bench_disk::BenchDiskArgs),
+    /// Speculative decoding per proposer at controlled acceptance rates: tokens/s against
+    /// target-only, with the economics gate and with drafting forced on.
+    Spec(crate::bench_spec::SpecBenchArgs),
 }
 
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
@@ -48,6 +51,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
         BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
         BenchWhat::Run(a) => crate::bench_model::run(a),
         BenchWhat::Disk(a) => crate::bench_disk::run(a),
+        BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),
         BenchWhat::Kernels { json, formats, min_time_ms, probe_bytes } => {
             let mut opts = BenchOptions {
                 threads: rayon::current_num_threads(),

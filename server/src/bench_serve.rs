@@ -155,7 +155,7 @@ fn bench_synth() -> DeepseekSynth {
     }
 }
 
-fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+pub(crate) fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
     if let Some(dir) = model {
         return Ok(dir);
     }

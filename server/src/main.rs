@@ -8,6 +8,7 @@ mod bench;
 mod bench_disk;
 mod bench_model;
 mod bench_serve;
+mod bench_spec;
 mod doctor;
 mod ooc_args;
 mod progress;

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
+use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, ExpertFormat};
 
 #[test]
 fn openai_client_suite() {
@@ -20,6 +20,17 @@ fn openai_client_suite() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("tiny-deepseek");
     DeepseekSynth::tiny(ExpertFormat::Bf16).write(&model).unwrap();
+    // Drafts where `deltafin setup` installs them: a draft head made for this model and the
+    // Qwen3 drafter fixture (a different tokenizer: its drafts are translated through text).
+    let info = deltafin_engine::arch::load(&model).unwrap().info().clone();
+    DSparkSynth::for_target(&info, 9).write(&model.join("drafts/dspark")).unwrap();
+    let qwen = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/qwen3");
+    let qwen_dst = model.join("drafts/qwen");
+    std::fs::create_dir_all(&qwen_dst).unwrap();
+    for entry in std::fs::read_dir(&qwen).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, qwen_dst.join(path.file_name().unwrap())).unwrap();
+    }
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])

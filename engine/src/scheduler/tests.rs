@@ -341,3 +341,47 @@ fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
     handle.submit(next.clone(), Box::new(tx)).unwrap();
     assert_eq!(drain(&rx).0, alone(dir.path(), &next));
 }
+
+#[test]
+fn batched_requests_that_draft_get_the_tokens_they_get_alone() {
+    // Eight concurrent requests, each drafting every step (forced) with the draft head (chat)
+    // or n-gram (completions), verified together in shared passes, mixed with prefill chunks.
+    let dir = model_dir();
+    let head_dir = tempfile::tempdir().unwrap();
+    let info = arch::load(dir.path()).unwrap().info().clone();
+    crate::synth::DSparkSynth::for_target(&info, 3).write(head_dir.path()).unwrap();
+    let head = crate::spec::dspark::DSpark::load(head_dir.path()).unwrap();
+    let drafts = crate::spec::Drafts { dspark: Some(Arc::new(head)), ..Default::default() };
+    let cfg = SchedulerConfig { max_batch: 8, prefill_chunk: 16, state_cache_entries: 0, drafts, ..Default::default() };
+    let handle = start_with(dir.path(), cfg);
+    let reqs: Vec<GenRequest> = (0..8u32)
+        .map(|i| {
+            let sampling = if i % 2 == 0 { Sampling::Greedy } else { Sampling::new(0.8, 0.9, 0, i as u64).unwrap() };
+            // Repetitive prompts give n-gram something to propose.
+            let base = prompt(3 + i as usize, i);
+            let p: Vec<u32> = base.iter().cycle().take(6 + 5 * i as usize).copied().collect();
+            let mut r = request(p, 10 + 3 * i as usize, sampling);
+            r.kind = if i % 2 == 0 { crate::spec::RequestKind::Chat } else { crate::spec::RequestKind::Completion };
+            r.spec = crate::spec::SpecMode::On;
+            r
+        })
+        .collect();
+    let receivers: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            handle.submit(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    for (i, (req, rx)) in reqs.iter().zip(&receivers).enumerate() {
+        let (tokens, done) = drain(rx);
+        assert!(done.is_some(), "request {i} failed");
+        assert_eq!(tokens, alone(dir.path(), req), "request {i}");
+    }
+    let spec = handle.stats().speculation();
+    let dspark = spec.proposers.get("dspark").cloned().unwrap_or_default();
+    assert!(dspark.proposals > 0, "the draft head drafted in the batch: {spec:?}");
+    let s = handle.stats().snapshot();
+    assert!(s.rows > s.steps, "drafted rows were verified in shared passes");
+}
