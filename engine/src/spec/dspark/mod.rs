@@ -186,8 +186,9 @@ impl DSpark {
         Ok(())
     }
 
-    /// Up to `max` draft tokens after `anchor` at position `len`, given the context caches.
-    fn propose(&self, target: &dyn Model, caches: &[MlaCache], len: usize, anchor: u32, max: usize) -> Result<Vec<u32>> {
+    /// The block's first `rows` rows after `anchor` at position `len`: their logits with the
+    /// Markov bias added (`rows × vocab`) and the draft tokens (the argmax of each).
+    fn block(&self, target: &dyn Model, caches: &[MlaCache], len: usize, anchor: u32, rows: usize) -> Result<(Vec<f32>, Vec<u32>)> {
         let (h, b) = (self.cfg.hidden_size, self.cfg.block_size);
         let mut tokens = vec![self.cfg.mask_token_id; b];
         tokens[0] = anchor;
@@ -200,7 +201,7 @@ impl DSpark {
             let f = layer.mlp.forward(&xn, b);
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
         }
-        let rows = max.min(b);
+        let rows = rows.min(b);
         let normed = norm_rows(&x[..rows * h], &self.norm, self.cfg.eps, h);
         let mut logits = target.head(&normed, rows)?;
         let vocab = self.cfg.vocab_size;
@@ -215,7 +216,7 @@ impl DSpark {
             prev = argmax(row) as u32;
             out.push(prev);
         }
-        Ok(out)
+        Ok((logits, out))
     }
 }
 
@@ -234,6 +235,15 @@ pub struct DSparkSession {
     len: usize,
     /// Positions beyond which the head is not used (its trained context).
     max_context: usize,
+}
+
+impl DSparkSession {
+    /// The whole block after `anchor` (the pending token at the next position): every row's
+    /// logits with the Markov bias (`block_size × vocab`) and its draft token. For tests and
+    /// diagnostics; proposing uses the same computation.
+    pub fn block(&self, target: &dyn Model, anchor: u32) -> Result<(Vec<f32>, Vec<u32>)> {
+        self.head.block(target, &self.caches, self.len, anchor, self.head.cfg.block_size)
+    }
 }
 
 impl Proposer for DSparkSession {
@@ -256,7 +266,7 @@ impl Proposer for DSparkSession {
         if self.len + self.head.cfg.block_size > self.max_context {
             return Ok(Proposal::default());
         }
-        Ok(Proposal::new(self.head.propose(target, &self.caches, self.len, anchor, max)?))
+        Ok(Proposal::new(self.head.block(target, &self.caches, self.len, anchor, max)?.1))
     }
 
     fn observe(&mut self, _target: &dyn Model, obs: &Observation<'_>) -> Result<()> {
