@@ -51,6 +51,10 @@ pub struct SpecBenchArgs {
     /// Widest draft.
     #[arg(long, default_value_t = 8, env = "DELTAFIN_SPEC_MAX_WIDTH")]
     max_width: usize,
+    /// Repetitions of each configuration, each right after its own target-only run; the table
+    /// shows medians (the machines are shared and noisy: compare ratios from adjacent runs).
+    #[arg(long, default_value_t = 3, env = "DELTAFIN_REPEAT")]
+    repeat: usize,
     /// Print one JSON object instead of a table.
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
@@ -100,6 +104,9 @@ struct Row {
     rate: Option<f64>,
     mode: &'static str,
     decode_tokens_per_second: f64,
+    /// The adjacent target-only runs (median).
+    baseline_tokens_per_second: f64,
+    /// Median over the repetitions of (this run / the target-only run just before it).
     speedup: f64,
     drafts: u64,
     draft_tokens: u64,
@@ -132,7 +139,35 @@ impl Bench {
         }
     }
 
-    fn measure(&self, name: &str, rate: Option<f64>, forced: bool, baseline: f64) -> Result<Option<Row>> {
+    /// Target-only decode tokens/s.
+    fn plain(&self) -> Result<f64> {
+        let m = self.model.as_ref();
+        let g = generate_with(m, &mut m.new_state(), &self.prompt, &self.opts, None, |_| Flow::Continue)?;
+        ensure!(g.output_ids == *self.reference, "a target-only run changed its output");
+        Ok(g.stats.decode_tokens_per_second)
+    }
+
+    /// `repeat` runs of a configuration, each right after a target-only run; medians.
+    fn measure(&self, name: &str, rate: Option<f64>, forced: bool, repeat: usize) -> Result<Option<Row>> {
+        let (mut rows, mut bases) = (Vec::new(), Vec::new());
+        for _ in 0..repeat.max(1) {
+            let base = self.plain()?;
+            let Some(row) = self.once(name, rate, forced, base)? else { return Ok(None) };
+            bases.push(base);
+            rows.push(row);
+        }
+        let speedup = median(rows.iter().map(|r| r.speedup).collect());
+        let rate_tps = median(rows.iter().map(|r| r.decode_tokens_per_second).collect());
+        let identical = rows.iter().all(|r| r.identical);
+        let mut row = rows.pop().expect("at least one run");
+        row.speedup = speedup;
+        row.decode_tokens_per_second = rate_tps;
+        row.baseline_tokens_per_second = median(bases);
+        row.identical = identical;
+        Ok(Some(row))
+    }
+
+    fn once(&self, name: &str, rate: Option<f64>, forced: bool, baseline: f64) -> Result<Option<Row>> {
         let Some(inner) = self.proposer(name) else { return Ok(None) };
         let proposer: Box<dyn Proposer> = match rate {
             None => inner,
@@ -155,6 +190,7 @@ impl Bench {
             rate,
             mode: if forced { "on" } else { "auto" },
             decode_tokens_per_second: g.stats.decode_tokens_per_second,
+            baseline_tokens_per_second: baseline,
             speedup: g.stats.decode_tokens_per_second / baseline,
             drafts: p.proposals,
             draft_tokens: p.draft_tokens,
@@ -218,7 +254,7 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
         let rates = std::iter::once(None).chain(args.rates.iter().map(|&r| Some(r)));
         for rate in rates {
             for forced in [false, true] {
-                if let Some(row) = bench.measure(name, rate, forced, baseline)? {
+                if let Some(row) = bench.measure(name, rate, forced, args.repeat)? {
                     rows.push(row);
                 }
             }
@@ -228,6 +264,15 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
     report(&args, &dir, baseline, &rows)
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn report(args: &SpecBenchArgs, dir: &Path, baseline: f64, rows: &[Row]) -> Result<()> {
     if args.json {
         let out = serde_json::json!({"model": dir, "memory_budget": args.ooc.memory_budget, "tokens": args.tokens,
@@ -235,18 +280,24 @@ fn report(args: &SpecBenchArgs, dir: &Path, baseline: f64, rows: &[Row]) -> Resu
         println!("{out}");
         return Ok(());
     }
-    println!("model: {}  memory budget: {}  target-only: {baseline:.2} tok/s", dir.display(), args.ooc.memory_budget);
     println!(
-        "{:>8} {:>6} {:>5} {:>9} {:>8} {:>7} {:>9} {:>8} {:>9} {:>6} {:>8} {:>8}",
-        "proposer", "rate", "mode", "tok/s", "speedup", "drafts", "accepted", "mean acc", "plain st", "offs", "draft s", "verify s"
+        "model: {}  memory budget: {}  target-only: {baseline:.2} tok/s (first run; each row has its own adjacent baselines, {} repetitions, medians)",
+        dir.display(),
+        args.ooc.memory_budget,
+        args.repeat
+    );
+    println!(
+        "{:>8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>9} {:>6} {:>8} {:>8}",
+        "proposer", "rate", "mode", "tok/s", "base t/s", "speedup", "drafts", "accepted", "mean acc", "plain st", "offs", "draft s", "verify s"
     );
     for r in rows {
         println!(
-            "{:>8} {:>6} {:>5} {:>9.2} {:>7.2}x {:>7} {:>9} {:>8.2} {:>9} {:>6} {:>8.3} {:>8.3}",
+            "{:>8} {:>6} {:>5} {:>9.2} {:>9.2} {:>7.2}x {:>7} {:>9} {:>8.2} {:>9} {:>6} {:>8.3} {:>8.3}",
             r.proposer,
             r.rate.map_or("own".into(), |a| format!("{a:.1}")),
             r.mode,
             r.decode_tokens_per_second,
+            r.baseline_tokens_per_second,
             r.speedup,
             r.drafts,
             format!("{}/{}", r.accepted_tokens, r.draft_tokens),

@@ -5,6 +5,9 @@
 //! expected to emit would cost one at a time. Both sides are measured, never assumed:
 //! * the **baseline** `B`: seconds of a target-only step (refreshed every `refresh_every`
 //!   drafted steps, since it drifts with the context length and the cache);
+//!
+//! Timings are the median of the last [`WINDOW`] samples: interference on a shared machine only
+//! ever adds time, and a one-off cost (a drafter's first prefill) must not switch drafting off.
 //! * the **cost** `T(w)` of a step at draft width `w` (drafting plus the verify pass), kept per
 //!   width. On a model that streams experts from disk a wide pass reads the union of its rows'
 //!   experts, so `T(w)` grows much faster than on a model in memory; because it is measured,
@@ -35,7 +38,7 @@ pub struct EconomicsConfig {
     pub backoff_max: usize,
     /// Drafted steps between target-only steps that refresh the baseline.
     pub refresh_every: usize,
-    /// Weight of a new measurement in the running averages (0, 1].
+    /// Weight of a new step in the acceptance estimate (0, 1].
     pub smoothing: f64,
     /// Drafted steps before the gate judges a (re)started proposer.
     pub min_samples: usize,
@@ -53,7 +56,7 @@ impl Default for EconomicsConfig {
             backoff_max: 512,
             refresh_every: 64,
             smoothing: 0.25,
-            min_samples: 2,
+            min_samples: 3,
             forced: false,
         }
     }
@@ -70,13 +73,41 @@ pub struct Outcome {
     pub seconds: f64,
 }
 
+/// Timing samples kept per quantity.
+pub const WINDOW: usize = 5;
+
+/// The last [`WINDOW`] samples of a timing; its estimate is their median.
+#[derive(Debug, Clone, Default)]
+struct Window {
+    samples: std::collections::VecDeque<f64>,
+}
+
+impl Window {
+    fn push(&mut self, v: f64) {
+        if self.samples.len() == WINDOW {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(v);
+    }
+
+    fn median(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.samples.iter().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    }
+}
+
 /// The controller's state.
 #[derive(Debug, Clone)]
 pub struct Economics {
     cfg: EconomicsConfig,
-    baseline: Option<f64>,
-    /// `cost[w]`: running seconds of a step at width `w` (index 0 unused).
-    cost: Vec<Option<f64>>,
+    baseline: Window,
+    /// `cost[w]`: seconds of steps at width `w` (index 0 unused).
+    cost: Vec<Window>,
     accepted: f64,
     trials: f64,
     samples: usize,
@@ -98,11 +129,11 @@ pub fn expected_tokens(a: f64, width: usize) -> f64 {
 impl Economics {
     /// A fresh controller (nothing measured).
     pub fn new(cfg: EconomicsConfig) -> Self {
-        let cost = vec![None; cfg.max_width + 1];
+        let cost = vec![Window::default(); cfg.max_width + 1];
         let backoff = cfg.backoff_min.max(1);
         Economics {
             cfg,
-            baseline: None,
+            baseline: Window::default(),
             cost,
             accepted: 0.0,
             trials: 0.0,
@@ -118,7 +149,7 @@ impl Economics {
     /// target alone this step).
     pub fn width(&self, budget: usize) -> usize {
         let budget = budget.min(self.cfg.max_width);
-        if budget == 0 || self.baseline.is_none() || self.off > 0 {
+        if budget == 0 || self.baseline.median().is_none() || self.off > 0 {
             return 0;
         }
         if self.since_refresh >= self.cfg.refresh_every.max(1) {
@@ -133,13 +164,13 @@ impl Economics {
             return;
         }
         if o.width == 0 {
-            self.baseline = Some(self.ema(self.baseline, o.seconds));
+            self.baseline.push(o.seconds);
             self.since_refresh = 0;
             self.skip();
             return;
         }
         let w = o.width.min(self.cfg.max_width);
-        self.cost[w] = Some(self.ema(self.cost[w], o.seconds));
+        self.cost[w].push(o.seconds);
         let decay = 1.0 - self.cfg.smoothing.clamp(0.0, 1.0);
         let m = o.accepted.min(w) as f64;
         self.accepted = self.accepted * decay + m;
@@ -177,12 +208,12 @@ impl Economics {
 
     /// Measured seconds of a target-only step.
     pub fn baseline(&self) -> Option<f64> {
-        self.baseline
+        self.baseline.median()
     }
 
     /// Expected gain of the best width over target-only (`rate · B`), if it can be estimated.
     pub fn expected_gain(&self) -> Option<f64> {
-        let b = self.baseline?;
+        let b = self.baseline.median()?;
         self.best(self.cfg.max_width).map(|(_, rate)| rate * b)
     }
 
@@ -201,21 +232,14 @@ impl Economics {
         }
     }
 
-    fn ema(&self, old: Option<f64>, new: f64) -> f64 {
-        match old {
-            None => new,
-            Some(o) => o + self.cfg.smoothing.clamp(0.0, 1.0) * (new - o),
-        }
-    }
-
     /// The best width within `budget` and its expected tokens per second, once a drafted
     /// width has been measured. Candidates are the measured widths and each unmeasured width
     /// just above a measured one (or above target-only), estimated optimistically at the cost
     /// of that neighbour (a step never costs less than a narrower one): exploration moves one
     /// width at a time and stops where the measured cost outgrows the expected tokens.
     fn best(&self, budget: usize) -> Option<(usize, f64)> {
-        let b = self.baseline?;
-        if !self.cost.iter().any(Option::is_some) {
+        let b = self.baseline.median()?;
+        if self.cost.iter().all(|c| c.median().is_none()) {
             return None;
         }
         let a = self.acceptance();
@@ -233,15 +257,25 @@ impl Economics {
         best
     }
 
-    /// Seconds of a width-`w` step: measured, or for a width just above a measured one (or
-    /// above target-only, `T(0) = B`) that neighbour's cost; `None` for widths further out.
+    /// Seconds of a width-`w` step: its median once it has [`RELIABLE`] samples; before that the
+    /// lower of its median and the optimistic estimate — the narrower neighbour's cost (a step
+    /// never costs less than a narrower one; `T(0) = B`) — so one slow sample cannot hide a width
+    /// for good; `None` for an unmeasured width whose narrower neighbour is unmeasured too.
     fn cost_at(&self, w: usize, baseline: f64) -> Option<f64> {
-        if let Some(t) = self.cost[w] {
-            return Some(t);
+        let own = self.cost[w].median();
+        if own.is_some() && self.cost[w].samples.len() >= RELIABLE {
+            return own;
         }
-        if w == 1 { Some(baseline) } else { self.cost[w - 1] }
+        let neighbour = if w == 1 { Some(baseline) } else { self.cost[w - 1].median() };
+        match (own, neighbour) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
+
+/// Samples after which a width's measured cost is trusted over the optimistic estimate.
+const RELIABLE: usize = 3;
 
 #[cfg(test)]
 mod tests {
@@ -315,6 +349,22 @@ mod tests {
     }
 
     #[test]
+    fn one_slow_first_draft_does_not_switch_drafting_off() {
+        // A drafter's first proposal pays its prefill (here 20x a normal step): the median of
+        // the recent samples ignores it, so good drafts keep drafting.
+        let mut e = Economics::new(EconomicsConfig::default());
+        e.record(Outcome { width: 0, accepted: 0, seconds: 1.0 });
+        let mut first = true;
+        for _ in 0..30 {
+            let w = e.width(100);
+            let seconds = if std::mem::take(&mut first) { 20.0 } else { 1.0 + 0.05 * w as f64 };
+            e.record(Outcome { width: w, accepted: w, seconds });
+        }
+        assert_eq!(e.losses(), 0);
+        assert!(e.width(100) >= 4);
+    }
+
+    #[test]
     fn forced_mode_never_switches_off() {
         let cfg = EconomicsConfig { forced: true, ..Default::default() };
         let widths = drive(cfg, 50, |w| 1.0 + w as f64, |_| 0);
@@ -334,9 +384,13 @@ mod tests {
         e.record(Outcome { width: 0, accepted: 0, seconds: 1.0 });
         e.record(Outcome { width: 2, accepted: 2, seconds: 1.2 });
         assert_eq!(e.cost_at(1, 1.0), Some(1.0));
-        assert_eq!(e.cost_at(2, 1.0), Some(1.2));
+        assert_eq!(e.cost_at(2, 1.0), Some(1.2), "below the optimistic estimate");
         assert_eq!(e.cost_at(3, 1.0), Some(1.2));
         assert_eq!(e.cost_at(4, 1.0), None);
+        for _ in 0..3 {
+            e.record(Outcome { width: 3, accepted: 3, seconds: 2.0 });
+        }
+        assert_eq!(e.cost_at(3, 1.0), Some(2.0), "trusted after three samples");
     }
 
     #[test]
