@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
+use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
@@ -193,18 +193,9 @@ impl DeepseekV3 {
     fn load_layer(cfg: &DeepseekV3Config, ld: &Loader<'_>, i: usize) -> Result<Layer> {
         let h = cfg.hidden_size;
         let p = format!("model.layers.{i}");
-        let heads = cfg.num_attention_heads;
         let qk = cfg.qk_head_dim();
-        let q = match cfg.q_lora_rank {
-            None => QProj::Full(ld.linear(&format!("{p}.self_attn.q_proj"), heads * qk, h)?),
-            Some(r) => QProj::LowRank {
-                a: ld.linear(&format!("{p}.self_attn.q_a_proj"), r, h)?,
-                norm: ld.vector(&format!("{p}.self_attn.q_a_layernorm.weight"), r)?,
-                b: ld.linear(&format!("{p}.self_attn.q_b_proj"), heads * qk, r)?,
-            },
-        };
         let dims = MlaDims {
-            heads,
+            heads: cfg.num_attention_heads,
             nope: cfg.qk_nope_head_dim,
             rope: cfg.qk_rope_head_dim,
             v: cfg.v_head_dim,
@@ -212,20 +203,8 @@ impl DeepseekV3 {
             eps: cfg.rms_norm_eps,
             scale: ((qk as f64).powf(-0.5) * cfg.rope.softmax_scale_multiplier()) as f32,
         };
-        let attn = Mla {
-            q,
-            kv_a: ld.linear(&format!("{p}.self_attn.kv_a_proj_with_mqa"), cfg.kv_lora_rank + cfg.qk_rope_head_dim, h)?,
-            kv_a_norm: ld.vector(&format!("{p}.self_attn.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
-            kv_b: ld.linear(
-                &format!("{p}.self_attn.kv_b_proj"),
-                heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-                cfg.kv_lora_rank,
-            )?,
-            o: ld.linear(&format!("{p}.self_attn.o_proj"), h, heads * cfg.v_head_dim)?,
-            rotary: Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave)),
-            out_gate: None,
-            dims,
-        };
+        let rotary = Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave));
+        let attn = Mla::load(ld, &format!("{p}.self_attn"), h, cfg.q_lora_rank, dims, rotary, None)?;
         let ffn = if cfg.is_moe_layer(i) {
             let e = if ld.routed_experts() { cfg.n_routed_experts } else { 0 };
             let experts = (0..e)

@@ -61,6 +61,39 @@ pub struct MlaRows<'a, 'c> {
 }
 
 impl Mla {
+    /// Load the DeepSeek-named MLA block under `a` (`{a}.q_proj`, or `{a}.q_a_proj` +
+    /// `q_a_layernorm` + `q_b_proj` when `q_lora_rank` is set; `kv_a_proj_with_mqa`,
+    /// `kv_a_layernorm`, `kv_b_proj`, `o_proj`), every shape checked against `dims`.
+    pub fn load(
+        ld: &crate::arch::Loader<'_>,
+        a: &str,
+        hidden: usize,
+        q_lora_rank: Option<usize>,
+        dims: MlaDims,
+        rotary: Option<Rope>,
+        out_gate: Option<Matrix>,
+    ) -> crate::Result<Mla> {
+        let (heads, qk) = (dims.heads, dims.nope + dims.rope);
+        let q = match q_lora_rank {
+            None => QProj::Full(ld.linear(&format!("{a}.q_proj"), heads * qk, hidden)?),
+            Some(r) => QProj::LowRank {
+                a: ld.linear(&format!("{a}.q_a_proj"), r, hidden)?,
+                norm: ld.vector(&format!("{a}.q_a_layernorm.weight"), r)?,
+                b: ld.linear(&format!("{a}.q_b_proj"), heads * qk, r)?,
+            },
+        };
+        Ok(Mla {
+            q,
+            kv_a: ld.linear(&format!("{a}.kv_a_proj_with_mqa"), dims.kv_lora + dims.rope, hidden)?,
+            kv_a_norm: ld.vector(&format!("{a}.kv_a_layernorm.weight"), dims.kv_lora)?,
+            kv_b: ld.linear(&format!("{a}.kv_b_proj"), heads * (dims.nope + dims.v), dims.kv_lora)?,
+            o: ld.linear(&format!("{a}.o_proj"), hidden, heads * dims.v)?,
+            rotary,
+            out_gate,
+            dims,
+        })
+    }
+
     /// Queries `[n, heads * (nope + rope)]` for normalised input rows.
     fn queries(&self, x: &[f32], n: usize) -> Vec<f32> {
         match &self.q {

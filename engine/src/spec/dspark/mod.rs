@@ -28,7 +28,7 @@ use std::sync::Arc;
 pub use config::DSparkConfig;
 
 use super::{Observation, Proposal, Proposer, ProposerKind};
-use crate::arch::layers::mla::{Mla, MlaDims, QProj};
+use crate::arch::layers::mla::{Mla, MlaDims};
 use crate::arch::layers::mlp::{Activation, Mlp};
 use crate::arch::layers::rope::Rope;
 use crate::arch::{Loader, Model};
@@ -63,18 +63,10 @@ pub struct DSpark {
 }
 
 fn load_layer(cfg: &DSparkConfig, ld: &Loader<'_>, i: usize) -> Result<Layer> {
-    let (h, heads, qk) = (cfg.hidden_size, cfg.heads, cfg.qk_head_dim());
+    let (h, qk) = (cfg.hidden_size, cfg.qk_head_dim());
     let p = format!("layers.{i}");
-    let q = match cfg.q_lora_rank {
-        None => QProj::Full(ld.linear(&format!("{p}.self_attn.q_proj"), heads * qk, h)?),
-        Some(r) => QProj::LowRank {
-            a: ld.linear(&format!("{p}.self_attn.q_a_proj"), r, h)?,
-            norm: ld.vector(&format!("{p}.self_attn.q_a_layernorm.weight"), r)?,
-            b: ld.linear(&format!("{p}.self_attn.q_b_proj"), heads * qk, r)?,
-        },
-    };
     let dims = MlaDims {
-        heads,
+        heads: cfg.heads,
         nope: cfg.nope,
         rope: cfg.rope,
         v: cfg.v,
@@ -82,16 +74,8 @@ fn load_layer(cfg: &DSparkConfig, ld: &Loader<'_>, i: usize) -> Result<Layer> {
         eps: cfg.eps,
         scale: ((qk as f64).powf(-0.5) * cfg.rope_config.softmax_scale_multiplier()) as f32,
     };
-    let attn = Mla {
-        q,
-        kv_a: ld.linear(&format!("{p}.self_attn.kv_a_proj_with_mqa"), cfg.kv_lora_rank + cfg.rope, h)?,
-        kv_a_norm: ld.vector(&format!("{p}.self_attn.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
-        kv_b: ld.linear(&format!("{p}.self_attn.kv_b_proj"), heads * (cfg.nope + cfg.v), cfg.kv_lora_rank)?,
-        o: ld.linear(&format!("{p}.self_attn.o_proj"), h, heads * cfg.v)?,
-        rotary: Some(Rope::new(&cfg.rope_config, cfg.rope, cfg.rope_interleave)),
-        out_gate: None,
-        dims,
-    };
+    let rotary = Some(Rope::new(&cfg.rope_config, cfg.rope, cfg.rope_interleave));
+    let attn = Mla::load(ld, &format!("{p}.self_attn"), h, cfg.q_lora_rank, dims, rotary, None)?;
     let mlp = Mlp {
         gate: ld.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?,
         up: ld.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?,
