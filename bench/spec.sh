@@ -22,6 +22,8 @@ uptime > "$OUT/uptime.txt"
 echo "== in memory" | tee "$OUT/memory.txt"
 "$DELTAFIN" "${common[@]}" --memory-budget off | tee -a "$OUT/memory.txt"
 "$DELTAFIN" "${common[@]}" --memory-budget off --json > "$OUT/memory.json"
+echo "== in memory, routing locality 1 (the rows of a verify pass share experts, as real text's do)" | tee "$OUT/memory-local.txt"
+"$DELTAFIN" "${common[@]}" --memory-budget off --route-locality 1 | tee -a "$OUT/memory-local.txt"
 echo "== experts streaming from disk (budget $BUDGET)" | tee "$OUT/disk.txt"
 run=("$DELTAFIN" "${common[@]}" --memory-budget "$BUDGET" --read-mode direct)
 if [ "$(id -u)" = 0 ] && [ -d /sys/fs/cgroup/memory ]; then

@@ -156,14 +156,27 @@ fn bench_synth() -> DeepseekSynth {
 }
 
 pub(crate) fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
+    resolve_with(model, cache_dir, None)
+}
+
+/// [`resolve`], with the default model's routing locality overridden (a separate directory).
+pub(crate) fn resolve_with(model: Option<PathBuf>, cache_dir: &Path, locality: Option<f32>) -> Result<PathBuf> {
     if let Some(dir) = model {
         return Ok(dir);
     }
-    let dir = cache_dir.join(format!("bench-moe-{}", env!("CARGO_PKG_VERSION")));
+    let mut synth = bench_synth();
+    let suffix = match locality {
+        Some(l) => {
+            synth.routing.locality = l;
+            format!("-locality{:.0}", 100.0 * l)
+        }
+        None => String::new(),
+    };
+    let dir = cache_dir.join(format!("bench-moe{suffix}-{}", env!("CARGO_PKG_VERSION")));
     if !dir.join("config.json").is_file() {
-        let tmp = cache_dir.join(format!(".bench-moe.partial-{}", std::process::id()));
+        let tmp = cache_dir.join(format!(".bench-moe{suffix}.partial-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        bench_synth()
+        synth
             .write(&tmp)
             .with_context(|| format!("writing the benchmark model to {}", tmp.display()))?;
         std::fs::rename(&tmp, &dir).with_context(|| format!("moving it to {}", dir.display()))?;

@@ -33,6 +33,10 @@ pub struct SpecBenchArgs {
     /// Target model (default: the synthetic MoE of `deltafin bench serve`).
     #[arg(long, env = "DELTAFIN_MODEL")]
     model: Option<PathBuf>,
+    /// Routing locality of the default model (0 = routes follow the token, 1 = the context;
+    /// default 0.5): with more locality, the rows of a verify pass share more experts.
+    #[arg(long, env = "DELTAFIN_ROUTE_LOCALITY")]
+    route_locality: Option<f32>,
     /// Qwen3 drafter directory (default MODEL/drafts/qwen; the proposer is skipped without one).
     #[arg(long, env = "DELTAFIN_DRAFT_QWEN")]
     draft_qwen: Option<PathBuf>,
@@ -218,7 +222,7 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
 }
 
 pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
-    let dir = crate::bench_serve::resolve(args.model.clone(), cache_dir)?;
+    let dir = crate::bench_serve::resolve_with(args.model.clone(), cache_dir, args.route_locality)?;
     let (model, _ooc) = load(&dir, &args)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?);
     let vocab = model.info().vocab_size;
