@@ -38,7 +38,7 @@ pub struct DraftError {
     pub name: &'static str,
     pub dir: PathBuf,
     #[source]
-    pub source: deltafin_engine::Error,
+    pub source: Box<deltafin_engine::Error>,
 }
 
 fn pick(explicit: &Option<PathBuf>, model_dir: &Path, name: &str) -> Option<PathBuf> {
@@ -57,13 +57,13 @@ impl DraftSources {
             return Ok(drafts);
         }
         if let Some(dir) = pick(&self.dspark, model_dir, "dspark") {
-            let err = |source| DraftError { name: "dspark", dir: dir.clone(), source };
+            let err = |source| DraftError { name: "dspark", dir: dir.clone(), source: Box::new(source) };
             let head = DSpark::load(&dir).map_err(err)?;
             head.check_target(target).map_err(err)?;
             drafts.dspark = Some(Arc::new(head));
         }
         if let Some(dir) = pick(&self.qwen, model_dir, "qwen") {
-            let err = |source| DraftError { name: "qwen", dir: dir.clone(), source };
+            let err = |source| DraftError { name: "qwen", dir: dir.clone(), source: Box::new(source) };
             let q = QwenDrafter::load(&dir, tokenizer.clone(), QwenDraftConfig::default()).map_err(err)?;
             drafts.qwen = Some(Arc::new(q));
         }

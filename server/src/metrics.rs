@@ -327,7 +327,7 @@ pub fn render_spec(s: &SpecSummary) -> String {
     let kinds = [ProposerKind::Dspark, ProposerKind::Qwen, ProposerKind::Ngram];
     let empty = ProposerStats::default();
     let get = |k: ProposerKind| s.proposers.get(k.label()).unwrap_or(&empty);
-    let counters: [(&str, &str, fn(&ProposerStats) -> u64); 5] = [
+    let counters: [SpecCounter; 5] = [
         ("deltafin_spec_decode_drafts_total", "Verify passes that carried drafts.", |p| p.proposals),
         ("deltafin_spec_decode_draft_tokens_total", "Draft tokens verified.", |p| p.draft_tokens),
         ("deltafin_spec_decode_accepted_tokens_total", "Draft tokens accepted.", |p| p.accepted_tokens),
@@ -363,6 +363,9 @@ pub fn render_spec(s: &SpecSummary) -> String {
     let _ = writeln!(out, "deltafin_spec_decode_target_only_steps_total {}", s.target_only_steps);
     out
 }
+
+/// A per-proposer counter: name, help, and how to read it.
+type SpecCounter = (&'static str, &'static str, fn(&ProposerStats) -> u64);
 
 /// Buckets `0 ..= N` of the accepted-length histogram.
 const SPEC_LENGTH_BUCKETS: usize = 8;

@@ -64,10 +64,10 @@ impl Qwen3Config {
                 return Err(f.err(field, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(f.err("num_key_value_heads", format!("must divide num_attention_heads ({})", self.num_attention_heads)));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
         }
         if let Some(act) = f.opt_str("hidden_act")?

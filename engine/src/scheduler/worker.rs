@@ -412,6 +412,9 @@ impl Worker {
     }
 }
 
+/// Captured hidden rows of a sequence's first `n` rows in the pass, for its proposers.
+type Capture<'a> = dyn Fn(&Speculator, usize) -> Vec<(String, Vec<f32>)> + 'a;
+
 /// Verify a decode step of `seq` (its pass's `picks` rows are `logits`): commit the accepted
 /// rows, tell its proposers, return the tokens to emit.
 fn verify_step(
@@ -420,7 +423,7 @@ fn verify_step(
     limit: usize,
     seconds: f64,
     model: &dyn Model,
-    capture: &dyn Fn(&Speculator, usize) -> Vec<(String, Vec<f32>)>,
+    capture: &Capture<'_>,
 ) -> Vec<u32> {
     let n = seq.rows.len();
     let begin = seq.state.len() - n;

@@ -149,7 +149,7 @@ impl DSparkConfig {
         if cfg.block_size < 2 {
             return Err(f.err("block_size", "must be at least 2 (the anchor and one mask row)"));
         }
-        if cfg.rope % 2 != 0 {
+        if !cfg.rope.is_multiple_of(2) {
             return Err(f.err("qk_rope_head_dim", "must be even"));
         }
         Ok(cfg)
