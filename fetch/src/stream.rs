@@ -324,7 +324,9 @@ impl ExpertSource for StreamStore {
                 file: file.into(),
                 start: range.start,
                 end: range.end,
-                reason: format!("the shard failed verification earlier ({why}); rerun `deltafin setup --stream` for this directory"),
+                reason: format!(
+                    "the shard failed verification earlier ({why}); rerun `deltafin setup --stream` for this directory"
+                ),
             });
         }
         let staged = slot.staged.clone().expect("staged");

@@ -58,7 +58,9 @@ pub fn coalesce(mut ranges: Vec<(String, Range<u64>)>, max_run: u64) -> Vec<(Str
     let mut out: Vec<(String, Range<u64>)> = Vec::new();
     for (file, r) in ranges {
         match out.last_mut() {
-            Some((f, last)) if *f == file && r.start <= last.end && r.end.max(last.end) - last.start <= max_run => {
+            Some((f, last))
+                if *f == file && r.start <= last.end && r.end.max(last.end) - last.start <= max_run =>
+            {
                 last.end = last.end.max(r.end);
             }
             _ => out.push((file, r)),
@@ -84,7 +86,8 @@ pub fn plan_warm(
         let ranges = catalog(k).ok_or_else(|| Error::InvalidArgument {
             what: "route trace",
             input: format!("layer {} expert {}", k.layer, k.expert),
-            reason: "this install has no such routed expert (was the trace recorded with another model?)".into(),
+            reason: "this install has no such routed expert (was the trace recorded with another model?)"
+                .into(),
         })?;
         let before = missing.len();
         missing.extend(
@@ -104,7 +107,13 @@ pub fn plan_warm(
 
 /// Plan against `store` and fetch with `workers` threads. A complete (`full`) install needs
 /// nothing.
-pub fn warm(store: &StreamStore, ranked: &[ExpertKey], top: usize, max_run: u64, workers: usize) -> Result<WarmReport> {
+pub fn warm(
+    store: &StreamStore,
+    ranked: &[ExpertKey],
+    top: usize,
+    max_run: u64,
+    workers: usize,
+) -> Result<WarmReport> {
     let started = Instant::now();
     let before = store.stats();
     if store.mode() == Mode::Full {
@@ -118,7 +127,11 @@ pub fn warm(store: &StreamStore, ranked: &[ExpertKey], top: usize, max_run: u64,
         ranked,
         top,
         max_run,
-        |k| store.expert_ranges(k.layer, k.expert).map(<[ExpertRange]>::to_vec),
+        |k| {
+            store
+                .expert_ranges(k.layer, k.expert)
+                .map(<[ExpertRange]>::to_vec)
+        },
         |f, r| store.is_local(f, r),
     )?;
     let next = AtomicUsize::new(0);
@@ -127,7 +140,9 @@ pub fn warm(store: &StreamStore, ranked: &[ExpertKey], top: usize, max_run: u64,
         for _ in 0..workers.clamp(1, plan.runs.len().max(1)) {
             s.spawn(|| {
                 while first_error.lock().expect("lock").is_none() {
-                    let Some((file, r)) = plan.runs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
+                    let Some((file, r)) = plan.runs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return;
+                    };
                     if let Err(e) = store.ensure_range(file, r.clone()) {
                         first_error.lock().expect("lock").get_or_insert(e);
                     }
@@ -172,8 +187,20 @@ mod tests {
     #[test]
     fn touching_ranges_merge_up_to_the_cap_and_files_stay_apart() {
         let r = |f: &str, a, b| (f.to_string(), a..b);
-        let got = coalesce(vec![r("b", 0, 10), r("a", 20, 30), r("a", 10, 20), r("a", 40, 50), r("a", 30, 35)], 20);
-        assert_eq!(got, vec![r("a", 10, 30), r("a", 30, 35), r("a", 40, 50), r("b", 0, 10)]);
+        let got = coalesce(
+            vec![
+                r("b", 0, 10),
+                r("a", 20, 30),
+                r("a", 10, 20),
+                r("a", 40, 50),
+                r("a", 30, 35),
+            ],
+            20,
+        );
+        assert_eq!(
+            got,
+            vec![r("a", 10, 30), r("a", 30, 35), r("a", 40, 50), r("b", 0, 10)]
+        );
         assert_eq!(coalesce(vec![r("a", 0, 100)], 10), vec![r("a", 0, 100)]);
     }
 
@@ -188,7 +215,11 @@ mod tests {
         let p = plan_warm(&ranked, 3, 1 << 20, catalog, local).unwrap();
         assert_eq!(p.selected, vec![key(1, 2), key(1, 1), key(1, 3)]);
         assert_eq!(p.already_local, 1);
-        assert_eq!(p.runs, vec![("s".to_string(), 200..400)], "experts 2 and 3 touch: one request");
+        assert_eq!(
+            p.runs,
+            vec![("s".to_string(), 200..400)],
+            "experts 2 and 3 touch: one request"
+        );
         let e = plan_warm(&[key(9, 9)], 1, 1 << 20, catalog, local).unwrap_err();
         assert!(e.to_string().contains("layer 9 expert 9"), "{e}");
     }

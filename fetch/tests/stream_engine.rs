@@ -28,16 +28,32 @@ const PROMPT: [u32; 4] = [1, 5, 9, 42];
 
 /// Few routed experts per pass among many, so a short generation routes a strict subset.
 fn synth(format: ExpertFormat) -> DeepseekSynth {
-    DeepseekSynth { experts: 32, ..DeepseekSynth::tiny(format) }
+    DeepseekSynth {
+        experts: 32,
+        ..DeepseekSynth::tiny(format)
+    }
 }
 
 fn policy() -> RetryPolicy {
-    RetryPolicy { max_attempts: 2, base: Duration::from_millis(10), cap: Duration::from_millis(50) }
+    RetryPolicy {
+        max_attempts: 2,
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+    }
 }
 
 fn remote(endpoint: &str) -> Remote {
     let client = deltafin_fetch::http::build_client(&Default::default()).unwrap();
-    Remote::Hf(HfRepo::new(client, endpoint, &"hf://org/tiny".parse().unwrap(), None, policy()).unwrap())
+    Remote::Hf(
+        HfRepo::new(
+            client,
+            endpoint,
+            &"hf://org/tiny".parse().unwrap(),
+            None,
+            policy(),
+        )
+        .unwrap(),
+    )
 }
 
 struct Served {
@@ -55,20 +71,42 @@ fn served(format: ExpertFormat) -> Option<Served> {
     let root = tempfile::tempdir().unwrap();
     serve_hf(root.path(), "org/tiny", "main", model.path());
     let nginx = Nginx::start(root.path(), None);
-    Some(Served { model, _root: root, nginx })
+    Some(Served {
+        model,
+        _root: root,
+        nginx,
+    })
 }
 
 fn stream_install(endpoint: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let opts = InstallOptions { workers: 2, chunk_size: 64 << 10, headroom: 0, ..InstallOptions::new(dir.path(), Mode::Stream) };
-    let r = rt.block_on(install(&remote(endpoint), &opts, &NoProgress)).unwrap();
-    assert!(r.complete && r.mode == Mode::Stream && r.bytes_local < r.bytes_total, "{r:?}");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = InstallOptions {
+        workers: 2,
+        chunk_size: 64 << 10,
+        headroom: 0,
+        ..InstallOptions::new(dir.path(), Mode::Stream)
+    };
+    let r = rt
+        .block_on(install(&remote(endpoint), &opts, &NoProgress))
+        .unwrap();
+    assert!(
+        r.complete && r.mode == Mode::Stream && r.bytes_local < r.bytes_total,
+        "{r:?}"
+    );
     dir
 }
 
 fn greedy(model: &dyn arch::Model) -> deltafin_engine::Result<Vec<u32>> {
-    let opts = GenerateOptions { max_new_tokens: 4, prefill_chunk: 2, ..Default::default() };
+    let opts = GenerateOptions {
+        max_new_tokens: 4,
+        prefill_chunk: 2,
+        ..Default::default()
+    };
     let mut state = model.new_state();
     Ok(generate(model, &mut state, &PROMPT, &opts, |_| Flow::Continue)?.output_ids)
 }
@@ -85,7 +123,11 @@ fn load(dir: &Path, source: &Arc<EngineSource>, trace: Option<&Path>) -> (Box<dy
     o.budget = p.fixed_bytes + p.layer_bytes.iter().sum::<u64>() + 3 * p.slot_bytes + o.reserve_bytes;
     o.heat_file = Some(dir.join("heat.bin"));
     let (m, rt) = arch::load_budgeted(dir, &o).unwrap();
-    assert!(rt.plan.expert_slots < 64, "the cache must be smaller than the experts: {:?}", rt.plan);
+    assert!(
+        rt.plan.expert_slots < 64,
+        "the cache must be smaller than the experts: {:?}",
+        rt.plan
+    );
     (m, rt)
 }
 
@@ -96,13 +138,19 @@ fn local_experts(dir: &Path, source: &EngineSource) -> BTreeSet<(u32, u32)> {
     keys.into_iter()
         .filter(|&(l, e)| {
             let ranges = source.store().expert_ranges(l, e).unwrap();
-            ranges.iter().all(|r| source.store().is_local(&r.file, &(r.start..r.end)))
+            ranges
+                .iter()
+                .all(|r| source.store().is_local(&r.file, &(r.start..r.end)))
         })
         .collect()
 }
 
 fn range_requests(proxy: &FaultProxy) -> Vec<String> {
-    proxy.requests().into_iter().filter(|r| r.contains("bytes=")).collect()
+    proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("bytes="))
+        .collect()
 }
 
 /// `(file, "first-last")` of every range request, sorted.
@@ -124,19 +172,41 @@ fn engine_fetches_only_routed_experts(format: ExpertFormat) {
     let want = greedy(arch::load(s.model.path()).unwrap().as_ref()).unwrap();
     let dir = stream_install(&s.nginx.url());
     let catalog = Manifest::load(dir.path()).unwrap().unwrap().experts;
-    assert!(arch::load(dir.path()).is_err(), "the in-memory loader fails closed on a stream install");
+    assert!(
+        arch::load(dir.path()).is_err(),
+        "the in-memory loader fails closed on a stream install"
+    );
     let proxy = FaultProxy::start(s.nginx.port);
     let trace = dir.path().join("routes.jsonl");
 
     let source = EngineSource::open(dir.path(), remote(&proxy.url()), policy()).unwrap();
     assert!(local_experts(dir.path(), &source).is_empty());
     let (model, rt) = load(dir.path(), &source, Some(&trace));
-    assert!(range_requests(&proxy).is_empty(), "loading fetches nothing: {:?}", proxy.requests());
-    assert_eq!(greedy(model.as_ref()).unwrap(), want, "{format:?}: stream install vs full");
-    let routed: BTreeSet<(u32, u32)> =
-        RouteCounts::read(&trace).unwrap().counts.keys().map(|k| (k.layer, k.expert)).collect();
-    assert!(!routed.is_empty() && routed.len() < 64, "a strict subset must be routed: {routed:?}");
-    assert_eq!(local_experts(dir.path(), &source), routed, "exactly the routed experts are local");
+    assert!(
+        range_requests(&proxy).is_empty(),
+        "loading fetches nothing: {:?}",
+        proxy.requests()
+    );
+    assert_eq!(
+        greedy(model.as_ref()).unwrap(),
+        want,
+        "{format:?}: stream install vs full"
+    );
+    let routed: BTreeSet<(u32, u32)> = RouteCounts::read(&trace)
+        .unwrap()
+        .counts
+        .keys()
+        .map(|k| (k.layer, k.expert))
+        .collect();
+    assert!(
+        !routed.is_empty() && routed.len() < 64,
+        "a strict subset must be routed: {routed:?}"
+    );
+    assert_eq!(
+        local_experts(dir.path(), &source),
+        routed,
+        "exactly the routed experts are local"
+    );
     let stats = rt.stats().experts;
     assert_eq!(stats.remote_experts, routed.len() as u64, "{stats:?}");
     // Exactly one range request per range of a routed expert (the catalog's ranges are the
@@ -149,7 +219,10 @@ fn engine_fetches_only_routed_experts(format: ExpertFormat) {
     wanted.sort();
     assert_eq!(requested_ranges(&proxy), wanted);
     assert_eq!(source.store().stats().fetches, wanted.len() as u64);
-    assert!(stats.misses + stats.prefetch_reads > stats.remote_experts, "evicted experts are re-read locally: {stats:?}");
+    assert!(
+        stats.misses + stats.prefetch_reads > stats.remote_experts,
+        "evicted experts are re-read locally: {stats:?}"
+    );
     let passes = RouteCounts::read(&trace).unwrap().passes;
     assert!(passes >= 3, "prefill and decode passes are traced: {passes}");
     rt.flush_heat().unwrap();
@@ -161,10 +234,23 @@ fn engine_fetches_only_routed_experts(format: ExpertFormat) {
     let (model, rt) = load(dir.path(), &source, Some(&trace));
     assert!(rt.prewarmed > 0, "the heat file pre-warms local experts");
     assert_eq!(greedy(model.as_ref()).unwrap(), want);
-    assert_eq!(proxy.requests().len(), before, "{:?}", &proxy.requests()[before..]);
+    assert_eq!(
+        proxy.requests().len(),
+        before,
+        "{:?}",
+        &proxy.requests()[before..]
+    );
     assert_eq!(rt.stats().experts.remote_experts, 0);
-    assert_eq!(RouteCounts::read(&trace).unwrap().passes, 2 * passes, "the second run appended its passes");
-    assert_eq!(Manifest::load(dir.path()).unwrap().unwrap().mode, Mode::Stream, "unrouted experts stay remote");
+    assert_eq!(
+        RouteCounts::read(&trace).unwrap().passes,
+        2 * passes,
+        "the second run appended its passes"
+    );
+    assert_eq!(
+        Manifest::load(dir.path()).unwrap().unwrap().mode,
+        Mode::Stream,
+        "unrouted experts stay remote"
+    );
 }
 
 #[test]
@@ -201,13 +287,23 @@ fn failure_leaves_nothing_partial(s: &Served, bad_endpoint: &str, expect: &str, 
         let err = greedy(model.as_ref()).unwrap_err();
         assert_eq!(err.kind(), "remote", "{err}");
         let msg = err.to_string();
-        assert!(msg.contains(".safetensors: bytes ") && msg.contains(expect), "{msg}");
-        assert!(local_experts(dir.path(), &source).is_empty(), "nothing became local");
+        assert!(
+            msg.contains(".safetensors: bytes ") && msg.contains(expect),
+            "{msg}"
+        );
+        assert!(
+            local_experts(dir.path(), &source).is_empty(),
+            "nothing became local"
+        );
         if let Some(p) = proxy {
             assert!(!range_requests(p).is_empty(), "the fault path was exercised");
         }
     }
-    assert_eq!(sidecars(dir.path()), before, "no sidecar records a byte of a failed fetch");
+    assert_eq!(
+        sidecars(dir.path()),
+        before,
+        "no sidecar records a byte of a failed fetch"
+    );
     assert_eq!(files_under(dir.path()), published_before, "nothing was published");
     // The same install then works and is exact: the failed attempts left nothing half-written
     // that a reader could see.
@@ -218,7 +314,9 @@ fn failure_leaves_nothing_partial(s: &Served, bad_endpoint: &str, expect: &str, 
 
 #[test]
 fn a_failing_expert_fetch_is_a_clear_error_and_leaves_nothing_partial() {
-    let Some(s) = served(ExpertFormat::Bf16) else { return };
+    let Some(s) = served(ExpertFormat::Bf16) else {
+        return;
+    };
     // Every request answered 503 (nginx `location /flaky/`).
     failure_leaves_nothing_partial(&s, &format!("{}/flaky", s.nginx.url()), "HTTP 503", None);
     // Connections cut: the first ones after the headers and part of the body (bytes written to

@@ -48,17 +48,27 @@ pub struct StreamArgs {
 /// The store of `dir` when it is a stream install with remote experts left; `None` otherwise
 /// (a plain model directory, or a complete install).
 pub fn open(dir: &Path, args: &StreamArgs) -> Result<Option<Arc<EngineSource>>> {
-    let Some(m) = deltafin_fetch::engine_source::stream_manifest(dir)? else { return Ok(None) };
+    let Some(m) = deltafin_fetch::engine_source::stream_manifest(dir)? else {
+        return Ok(None);
+    };
     let spec: SourceSpec = format!("{}@{}", m.source, m.pinned)
         .parse()
         .with_context(|| format!("{}: the install manifest's source", dir.display()))?;
-    let endpoint = args.endpoint.clone().or(m.endpoint.clone()).unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let endpoint = args
+        .endpoint
+        .clone()
+        .or(m.endpoint.clone())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
     let policy = retry_policy_of(args.retries, args.retry_base_ms);
     let conn = Connection {
         endpoint: &endpoint,
         hf_token: args.hf_token.clone(),
         policy,
-        oci: oci_options_of(args.plain_http, args.oci_username.clone(), args.oci_password.clone()),
+        oci: oci_options_of(
+            args.plain_http,
+            args.oci_username.clone(),
+            args.oci_password.clone(),
+        ),
     };
     let remote = remote_with(&spec, conn)?;
     let source = EngineSource::open(dir, remote, policy)
@@ -87,8 +97,15 @@ pub fn ooc_options(
         return Ok(ooc.options()?.filter(|_| budgeted));
     };
     if !supported {
-        let hint = if stream.is_some() { "; complete it with `deltafin setup --full`" } else { "" };
-        bail!("{}: {why}, which this architecture does not support yet{hint}", dir.display());
+        let hint = if stream.is_some() {
+            "; complete it with `deltafin setup --full`"
+        } else {
+            ""
+        };
+        bail!(
+            "{}: {why}, which this architecture does not support yet{hint}",
+            dir.display()
+        );
     }
     let Some(mut o) = ooc.options()? else {
         bail!("--memory-budget off cannot be used here: {why}; give a size or `auto`")

@@ -45,10 +45,16 @@ pub fn warm(args: WarmArgs) -> Result<ExitCode> {
     let ranked: Vec<ExpertKey> = counts
         .ranked()
         .into_iter()
-        .map(|(k, _)| ExpertKey { layer: k.layer, expert: k.expert })
+        .map(|(k, _)| ExpertKey {
+            layer: k.layer,
+            expert: k.expert,
+        })
         .collect();
     if Manifest::load(&args.dir)?.is_none() {
-        bail!("{}: no install manifest: run `deltafin setup --stream` first", args.dir.display());
+        bail!(
+            "{}: no install manifest: run `deltafin setup --stream` first",
+            args.dir.display()
+        );
     }
     let mut report = match stream_mode::open(&args.dir, &args.net)? {
         Some(source) => {
@@ -75,7 +81,11 @@ pub fn warm(args: WarmArgs) -> Result<ExitCode> {
 }
 
 fn summary(r: &WarmReport) -> String {
-    let torn = if r.torn_tail { " (a torn last line was skipped)" } else { "" };
+    let torn = if r.torn_tail {
+        " (a torn last line was skipped)"
+    } else {
+        ""
+    };
     format!(
         "warm: {} passes, {} experts in the trace{torn}; top {}: {} already local, {} fetched in {} request(s), {} in {:.2} s; {} shard(s) completed, verified and published",
         r.passes,

@@ -18,8 +18,8 @@ use common::*;
 use deltafin_engine::cache::routes::RouteCounts;
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 use deltafin_fetch::manifest::Manifest;
-use deltafin_fetch::staged::present_on_disk;
 use deltafin_fetch::source::RemoteFile;
+use deltafin_fetch::staged::present_on_disk;
 use serde_json::{Value, json};
 
 const PROMPT: &str = "Hello there";
@@ -49,12 +49,18 @@ fn ok(out: &Output) -> &Output {
 }
 
 fn json_out(out: &Output) -> Value {
-    serde_json::from_slice(&ok(out).stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&ok(out).stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// The one `error: ...` line, last on stderr, of a failed command.
 fn error_line(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error: ")).collect();
     assert_eq!(errors.len(), 1, "{text}");
@@ -76,16 +82,33 @@ fn served() -> Option<Served> {
         return None;
     }
     let model = tempfile::tempdir().unwrap();
-    DeepseekSynth { experts: 32, ..DeepseekSynth::tiny(ExpertFormat::Bf16) }.write(model.path()).unwrap();
+    DeepseekSynth {
+        experts: 32,
+        ..DeepseekSynth::tiny(ExpertFormat::Bf16)
+    }
+    .write(model.path())
+    .unwrap();
     let root = tempfile::tempdir().unwrap();
     serve_hf(root.path(), "org/tiny", "main", model.path());
     let nginx = Nginx::start(root.path(), None);
-    Some(Served { model, _root: root, nginx })
+    Some(Served {
+        model,
+        _root: root,
+        nginx,
+    })
 }
 
 fn setup_stream(endpoint: &str, dir: &Path) {
     ok(&deltafin()
-        .args(["setup", "--source", "hf://org/tiny", "--stream", "--endpoint", endpoint, "--dir"])
+        .args([
+            "setup",
+            "--source",
+            "hf://org/tiny",
+            "--stream",
+            "--endpoint",
+            endpoint,
+            "--dir",
+        ])
         .arg(dir)
         .output()
         .unwrap());
@@ -106,13 +129,21 @@ fn local_experts(dir: &Path) -> BTreeSet<(u32, u32)> {
     let state = dir.join(".deltafin");
     let present = |file: &str| {
         let f = m.file(file).unwrap();
-        let rf = RemoteFile { path: f.path.clone(), size: f.size, expected: f.expected.clone(), locator: f.locator.clone() };
+        let rf = RemoteFile {
+            path: f.path.clone(),
+            size: f.size,
+            expected: f.expected.clone(),
+            locator: f.locator.clone(),
+        };
         present_on_disk(&state, &rf, &m.pinned)
     };
     let all: BTreeSet<(u32, u32)> = m.experts.iter().map(|e| (e.layer, e.expert)).collect();
     all.into_iter()
         .filter(|&(l, x)| {
-            m.experts.iter().filter(|e| (e.layer, e.expert) == (l, x)).all(|e| present(&e.file).covers(&(e.start..e.end)))
+            m.experts
+                .iter()
+                .filter(|e| (e.layer, e.expert) == (l, x))
+                .all(|e| present(&e.file).covers(&(e.start..e.end)))
         })
         .collect()
 }
@@ -130,16 +161,37 @@ fn run_on_a_stream_install_matches_full_fetches_routed_experts_once_and_warm_pre
     let want = json_out(&run_json(s.model.path(), &[]))["output_ids"].clone();
     let dir = tmp.path().join("stream");
     setup_stream(&s.nginx.url(), &dir);
-    let total = Manifest::load(&dir).unwrap().unwrap().experts.iter().map(|e| (e.layer, e.expert)).collect::<BTreeSet<_>>();
+    let total = Manifest::load(&dir)
+        .unwrap()
+        .unwrap()
+        .experts
+        .iter()
+        .map(|e| (e.layer, e.expert))
+        .collect::<BTreeSet<_>>();
     let trace = tmp.path().join("routes.jsonl");
 
-    let first = json_out(&run_json(&dir, &["--route-trace", trace.to_str().unwrap(), "--stats"]));
+    let first = json_out(&run_json(
+        &dir,
+        &["--route-trace", trace.to_str().unwrap(), "--stats"],
+    ));
     assert_eq!(first["output_ids"], want, "stream install vs full checkpoint");
     let (counts, routed) = traced(&trace);
-    assert!(!routed.is_empty() && routed.len() < total.len(), "{routed:?} of {}", total.len());
-    assert_eq!(local_experts(&dir), routed, "exactly the routed experts were fetched");
+    assert!(
+        !routed.is_empty() && routed.len() < total.len(),
+        "{routed:?} of {}",
+        total.len()
+    );
+    assert_eq!(
+        local_experts(&dir),
+        routed,
+        "exactly the routed experts were fetched"
+    );
     assert_eq!(first["out_of_core"]["experts"]["remote_experts"], routed.len());
-    assert!(first["stream"]["fetches"].as_u64().unwrap() >= routed.len() as u64, "{}", first["stream"]);
+    assert!(
+        first["stream"]["fetches"].as_u64().unwrap() >= routed.len() as u64,
+        "{}",
+        first["stream"]
+    );
 
     let second = json_out(&run_json(&dir, &[]));
     assert_eq!(second["output_ids"], want);
@@ -151,29 +203,70 @@ fn run_on_a_stream_install_matches_full_fetches_routed_experts_once_and_warm_pre
     setup_stream(&s.nginx.url(), &fresh);
     let warm = |top: &str| {
         deltafin()
-            .args(["warm", "--trace", trace.to_str().unwrap(), "--top", top, "--json", "--dir"])
+            .args([
+                "warm",
+                "--trace",
+                trace.to_str().unwrap(),
+                "--top",
+                top,
+                "--json",
+                "--dir",
+            ])
             .arg(&fresh)
             .output()
             .unwrap()
     };
     let r = json_out(&warm("3"));
-    assert_eq!((r["selected"].as_u64(), r["fetched"].as_u64(), r["already_local"].as_u64()), (Some(3), Some(3), Some(0)), "{r}");
+    assert_eq!(
+        (
+            r["selected"].as_u64(),
+            r["fetched"].as_u64(),
+            r["already_local"].as_u64()
+        ),
+        (Some(3), Some(3), Some(0)),
+        "{r}"
+    );
     assert_eq!(r["experts_in_trace"], routed.len());
     assert_eq!(r["passes"], counts.passes);
-    assert!(r["requests"].as_u64().unwrap() >= 1 && r["requests"].as_u64().unwrap() <= 3, "{r}");
-    let top3: BTreeSet<(u32, u32)> = counts.ranked().iter().take(3).map(|(k, _)| (k.layer, k.expert)).collect();
-    assert_eq!(local_experts(&fresh), top3, "the three most used experts, and only those");
+    assert!(
+        r["requests"].as_u64().unwrap() >= 1 && r["requests"].as_u64().unwrap() <= 3,
+        "{r}"
+    );
+    let top3: BTreeSet<(u32, u32)> = counts
+        .ranked()
+        .iter()
+        .take(3)
+        .map(|(k, _)| (k.layer, k.expert))
+        .collect();
+    assert_eq!(
+        local_experts(&fresh),
+        top3,
+        "the three most used experts, and only those"
+    );
     let r = json_out(&warm("1000"));
     assert_eq!(r["already_local"], 3, "{r}");
     assert_eq!(r["fetched"].as_u64().unwrap() as usize, routed.len() - 3, "{r}");
     assert_eq!(local_experts(&fresh), routed);
     let warmed = json_out(&run_json(&fresh, &[]));
     assert_eq!(warmed["output_ids"], want);
-    assert_eq!(warmed["stream"]["fetches"], 0, "a warmed install fetches nothing: {}", warmed["stream"]);
+    assert_eq!(
+        warmed["stream"]["fetches"], 0,
+        "a warmed install fetches nothing: {}",
+        warmed["stream"]
+    );
     // The human summary goes to stderr.
-    let out = deltafin().args(["warm", "--top", "1", "--trace"]).arg(&trace).arg("--dir").arg(&fresh).output().unwrap();
+    let out = deltafin()
+        .args(["warm", "--top", "1", "--trace"])
+        .arg(&trace)
+        .arg("--dir")
+        .arg(&fresh)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
-    assert!(text.contains("warm: ") && text.contains("1 already local, 0 fetched"), "{text}");
+    assert!(
+        text.contains("warm: ") && text.contains("1 already local, 0 fetched"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -186,31 +279,61 @@ fn stream_failures_are_one_line_errors() {
 
     // The source answers 5xx: the run fails naming the shard and the status; nothing is fetched.
     let line = error_line(&run_json(&dir, &["--endpoint", &flaky]));
-    assert!(line.contains(".safetensors: bytes ") && line.contains("could not be fetched") && line.contains("HTTP 503"), "{line}");
+    assert!(
+        line.contains(".safetensors: bytes ")
+            && line.contains("could not be fetched")
+            && line.contains("HTTP 503"),
+        "{line}"
+    );
     assert!(local_experts(&dir).is_empty());
     let line = error_line(&run_json(&dir, &["--memory-budget", "off"]));
-    assert!(line.contains("--memory-budget off") && line.contains("stream install"), "{line}");
+    assert!(
+        line.contains("--memory-budget off") && line.contains("stream install"),
+        "{line}"
+    );
 
     // warm: a failing source, a malformed trace, a missing trace, an install of another model.
     let trace = tmp.path().join("routes.jsonl");
-    std::fs::write(&trace, "{\"pass\":0,\"routes\":[{\"layer\":1,\"experts\":[0,1]}]}\n").unwrap();
+    std::fs::write(
+        &trace,
+        "{\"pass\":0,\"routes\":[{\"layer\":1,\"experts\":[0,1]}]}\n",
+    )
+    .unwrap();
     let warm = |trace: &Path, extra: &[&str]| {
-        deltafin().args(["warm", "--top", "2", "--trace"]).arg(trace).arg("--dir").arg(&dir).args(extra).output().unwrap()
+        deltafin()
+            .args(["warm", "--top", "2", "--trace"])
+            .arg(trace)
+            .arg("--dir")
+            .arg(&dir)
+            .args(extra)
+            .output()
+            .unwrap()
     };
     let line = error_line(&warm(&trace, &["--endpoint", &flaky]));
     assert!(line.contains("HTTP 503"), "{line}");
     assert!(local_experts(&dir).is_empty());
-    std::fs::write(tmp.path().join("bad.jsonl"), "{\"pass\":0,\"routes\":[]}\nnope\n{}\n").unwrap();
+    std::fs::write(
+        tmp.path().join("bad.jsonl"),
+        "{\"pass\":0,\"routes\":[]}\nnope\n{}\n",
+    )
+    .unwrap();
     let line = error_line(&warm(&tmp.path().join("bad.jsonl"), &[]));
     assert!(line.contains("bad.jsonl line 2"), "{line}");
     let line = error_line(&warm(&tmp.path().join("missing.jsonl"), &[]));
     assert!(line.contains("missing.jsonl"), "{line}");
-    std::fs::write(&trace, "{\"pass\":0,\"routes\":[{\"layer\":7,\"experts\":[99]}]}\n").unwrap();
+    std::fs::write(
+        &trace,
+        "{\"pass\":0,\"routes\":[{\"layer\":7,\"experts\":[99]}]}\n",
+    )
+    .unwrap();
     let line = error_line(&warm(&trace, &[]));
     assert!(line.contains("layer 7 expert 99"), "{line}");
     // Working again afterwards: the failures left nothing partial behind.
     let out = json_out(&run_json(&dir, &[]));
-    assert_eq!(out["output_ids"], json_out(&run_json(s.model.path(), &[]))["output_ids"]);
+    assert_eq!(
+        out["output_ids"],
+        json_out(&run_json(s.model.path(), &[]))["output_ids"]
+    );
 }
 
 struct Server {
@@ -262,8 +385,17 @@ fn post(s: &Server, method: &str, path: &str, body: &str) -> (u16, String) {
     conn.write_all(body.as_bytes()).unwrap();
     let mut raw = String::new();
     let _ = conn.read_to_string(&mut raw);
-    let status = raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        raw.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    )
 }
 
 #[test]
@@ -277,17 +409,48 @@ fn serve_on_a_stream_install_answers_like_the_full_checkpoint() {
     let (status, want) = post(&full, "POST", "/v1/completions", &body);
     assert_eq!(status, 200, "{want}");
     drop(full);
+    // A failing source fails that request (500, details in the log) and the server keeps going.
+    let flaky = format!("{}/flaky", s.nginx.url());
+    let failing = start(&dir, &["--endpoint", &flaky]);
+    let (status, err) = post(&failing, "POST", "/v1/completions", &body);
+    assert_eq!(status, 500, "{err}");
+    assert!(
+        serde_json::from_str::<Value>(&err).unwrap()["error"]["message"].is_string(),
+        "{err}"
+    );
+    assert_eq!(post(&failing, "GET", "/livez", "").0, 200);
+    assert_eq!(
+        post(&failing, "POST", "/v1/completions", &body).0,
+        500,
+        "still failing, still serving"
+    );
+    drop(failing);
+    assert!(
+        local_experts(&dir).is_empty(),
+        "a failed fetch makes nothing local"
+    );
     let trace = tmp.path().join("serve-routes.jsonl");
     let server = start(&dir, &["--route-trace", trace.to_str().unwrap()]);
-    assert!(local_experts(&dir).is_empty(), "nothing fetched before the first request");
+    assert!(
+        local_experts(&dir).is_empty(),
+        "nothing fetched before the first request"
+    );
     let (status, got) = post(&server, "POST", "/v1/completions", &body);
     assert_eq!(status, 200, "{got}");
     let text = |b: &str| serde_json::from_str::<Value>(b).unwrap()["choices"][0]["text"].clone();
     assert_eq!(text(&got), text(&want));
     let fetched = local_experts(&dir);
     assert!(!fetched.is_empty(), "the request's experts were fetched");
-    assert_eq!(traced(&trace).1, fetched, "exactly the traced (routed) experts were fetched");
+    assert_eq!(
+        traced(&trace).1,
+        fetched,
+        "exactly the traced (routed) experts were fetched"
+    );
     let (_, again) = post(&server, "POST", "/v1/completions", &body);
     assert_eq!(text(&again), text(&want));
-    assert_eq!(local_experts(&dir), fetched, "the same request fetches nothing new");
+    assert_eq!(
+        local_experts(&dir),
+        fetched,
+        "the same request fetches nothing new"
+    );
 }

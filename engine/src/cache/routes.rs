@@ -50,8 +50,17 @@ pub struct RouteRecorder {
 impl RouteRecorder {
     /// Open `path` for appending (created if missing).
     pub fn create(path: &Path) -> Result<Self> {
-        let file = File::options().create(true).append(true).open(path).map_err(|e| Error::io(path, e))?;
-        Ok(RouteRecorder { path: path.to_path_buf(), file, passes: 0, current: Vec::new() })
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(RouteRecorder {
+            path: path.to_path_buf(),
+            file,
+            passes: 0,
+            current: Vec::new(),
+        })
     }
 
     /// Layer `layer` selected `experts` in this pass.
@@ -59,7 +68,10 @@ impl RouteRecorder {
         let mut experts: Vec<u32> = experts.iter().map(|&e| e as u32).collect();
         experts.sort_unstable();
         experts.dedup();
-        self.current.push(LayerRoutes { layer: layer as u32, experts });
+        self.current.push(LayerRoutes {
+            layer: layer as u32,
+            experts,
+        });
     }
 
     /// The pass ended: append its line (nothing for a pass without routed experts).
@@ -67,14 +79,20 @@ impl RouteRecorder {
         if self.current.is_empty() {
             return Ok(());
         }
-        let line = PassRoutes { pass: self.passes, routes: std::mem::take(&mut self.current) };
+        let line = PassRoutes {
+            pass: self.passes,
+            routes: std::mem::take(&mut self.current),
+        };
         self.passes += 1;
         let mut bytes = serde_json::to_vec(&line).expect("route line serialises");
         bytes.push(b'\n');
         // One write call per line: with O_APPEND the kernel places it at the end as a unit.
         match self.file.write(&bytes) {
             Ok(n) if n == bytes.len() => Ok(()),
-            Ok(n) => Err(Error::io(&self.path, std::io::Error::other(format!("short write: {n} of {} bytes", bytes.len())))),
+            Ok(n) => Err(Error::io(
+                &self.path,
+                std::io::Error::other(format!("short write: {n} of {} bytes", bytes.len())),
+            )),
             Err(e) => Err(Error::io(&self.path, e)),
         }
     }
@@ -120,7 +138,12 @@ impl RouteCounts {
                 experts.sort_unstable();
                 experts.dedup();
                 for expert in experts {
-                    *out.counts.entry(ExpertKey { layer: l.layer, expert }).or_default() += 1;
+                    *out.counts
+                        .entry(ExpertKey {
+                            layer: l.layer,
+                            expert,
+                        })
+                        .or_default() += 1;
                 }
             }
         }
@@ -165,7 +188,12 @@ mod tests {
         }
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 4, "{text}");
-        assert!(text.starts_with(r#"{"pass":0,"routes":[{"layer":1,"experts":[0,5]},{"layer":2,"experts":[3]}]}"#), "{text}");
+        assert!(
+            text.starts_with(
+                r#"{"pass":0,"routes":[{"layer":1,"experts":[0,5]},{"layer":2,"experts":[3]}]}"#
+            ),
+            "{text}"
+        );
         let c = RouteCounts::read(&path).unwrap();
         assert_eq!(c.passes, 4);
         assert!(!c.torn_tail);
