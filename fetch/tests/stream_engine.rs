@@ -327,3 +327,64 @@ fn a_failing_expert_fetch_is_a_clear_error_and_leaves_nothing_partial() {
     proxy.cut_each(&plan);
     failure_leaves_nothing_partial(&s, &proxy.url(), "network failure", Some(&proxy));
 }
+
+#[test]
+fn a_shard_failing_verification_is_refused_from_then_on() {
+    let Some(s) = served(ExpertFormat::Bf16) else {
+        return;
+    };
+    // The listing announces another SHA-256 for the second shard: nothing can tell until the
+    // shard is complete (there are no per-expert digests).
+    let shard = "model-00002-of-00002.safetensors";
+    let api_dir = s._root.path().join("api/models/org/tiny/revision");
+    for f in std::fs::read_dir(&api_dir).unwrap().flatten() {
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(f.path()).unwrap()).unwrap();
+        for sib in v["siblings"].as_array_mut().unwrap() {
+            if sib["rfilename"] == shard {
+                sib["lfs"]["sha256"] = "0".repeat(64).into();
+            }
+        }
+        std::fs::write(f.path(), v.to_string()).unwrap();
+    }
+    let dir = stream_install(&s.nginx.url());
+    let source = EngineSource::open(dir.path(), remote(&s.nginx.url()), policy()).unwrap();
+    let (model, rt) = load(dir.path(), &source, None);
+    let catalog = Manifest::load(dir.path()).unwrap().unwrap().experts;
+    let mut errors = Vec::new();
+    for e in catalog.iter().filter(|e| e.file == shard) {
+        use deltafin_fetch::ExpertSource;
+        if let Err(err) = source.store().ensure_range(&e.file, e.start..e.end) {
+            errors.push(err.to_string());
+        }
+    }
+    assert_eq!(
+        errors.len(),
+        1,
+        "the range that completed the shard reports the mismatch: {errors:?}"
+    );
+    assert!(
+        errors[0].contains(shard) && errors[0].contains("checksum mismatch"),
+        "{errors:?}"
+    );
+    assert!(
+        !dir.path().join(shard).exists(),
+        "a shard failing verification is never published"
+    );
+    let e = catalog.iter().find(|e| e.file == shard).unwrap();
+    assert!(
+        !source.store().is_local(shard, &(e.start..e.end)),
+        "nothing of it counts as local any more"
+    );
+    // The engine fails closed on that shard's experts, naming the cause (a prompt that routes
+    // experts of both layers: the shards split the layers).
+    let err = greedy(model.as_ref()).unwrap_err();
+    assert_eq!(err.kind(), "remote", "{err}");
+    assert!(err.to_string().contains("failed verification"), "{err}");
+    drop((model, rt, source));
+    // And the next start refuses the install instead of reading holes.
+    let err = EngineSource::open(dir.path(), remote(&s.nginx.url()), policy()).unwrap_err();
+    assert!(
+        err.to_string().contains(shard) && err.to_string().contains("rerun `deltafin setup --stream`"),
+        "{err}"
+    );
+}
