@@ -227,11 +227,14 @@ fn engine_fetches_only_routed_experts(format: ExpertFormat) {
     assert!(passes >= 3, "prefill and decode passes are traced: {passes}");
     rt.flush_heat().unwrap();
     drop((model, rt, source));
+    second_run_fetches_nothing(dir.path(), &proxy, &trace, &want, passes);
+}
 
-    // A second run (new store, heat pre-warm on) fetches nothing and generates the same.
+/// A second run (new store, heat pre-warm on) fetches nothing and generates the same.
+fn second_run_fetches_nothing(dir: &Path, proxy: &FaultProxy, trace: &Path, want: &[u32], passes: u64) {
     let before = proxy.requests().len();
-    let source = EngineSource::open(dir.path(), remote(&proxy.url()), policy()).unwrap();
-    let (model, rt) = load(dir.path(), &source, Some(&trace));
+    let source = EngineSource::open(dir, remote(&proxy.url()), policy()).unwrap();
+    let (model, rt) = load(dir, &source, Some(trace));
     assert!(rt.prewarmed > 0, "the heat file pre-warms local experts");
     assert_eq!(greedy(model.as_ref()).unwrap(), want);
     assert_eq!(
@@ -242,12 +245,12 @@ fn engine_fetches_only_routed_experts(format: ExpertFormat) {
     );
     assert_eq!(rt.stats().experts.remote_experts, 0);
     assert_eq!(
-        RouteCounts::read(&trace).unwrap().passes,
+        RouteCounts::read(trace).unwrap().passes,
         2 * passes,
         "the second run appended its passes"
     );
     assert_eq!(
-        Manifest::load(dir.path()).unwrap().unwrap().mode,
+        Manifest::load(dir).unwrap().unwrap().mode,
         Mode::Stream,
         "unrouted experts stay remote"
     );

@@ -155,7 +155,7 @@ fn traced(trace: &Path) -> (RouteCounts, BTreeSet<(u32, u32)>) {
 }
 
 #[test]
-fn run_on_a_stream_install_matches_full_fetches_routed_experts_once_and_warm_prefetches() {
+fn run_on_a_stream_install_matches_full_and_fetches_routed_experts_once() {
     let Some(s) = served() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let want = json_out(&run_json(s.model.path(), &[]))["output_ids"].clone();
@@ -175,7 +175,7 @@ fn run_on_a_stream_install_matches_full_fetches_routed_experts_once_and_warm_pre
         &["--route-trace", trace.to_str().unwrap(), "--stats"],
     ));
     assert_eq!(first["output_ids"], want, "stream install vs full checkpoint");
-    let (counts, routed) = traced(&trace);
+    let (_, routed) = traced(&trace);
     assert!(
         !routed.is_empty() && routed.len() < total.len(),
         "{routed:?} of {}",
@@ -197,6 +197,21 @@ fn run_on_a_stream_install_matches_full_fetches_routed_experts_once_and_warm_pre
     assert_eq!(second["output_ids"], want);
     assert_eq!(second["stream"]["fetches"], 0, "{}", second["stream"]);
     assert_eq!(second["out_of_core"]["experts"]["remote_experts"], 0);
+}
+
+#[test]
+fn warm_fetches_the_most_used_experts_of_a_trace_so_a_run_fetches_nothing() {
+    let Some(s) = served() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    // A trace recorded on the full checkpoint (route traces do not need a stream install).
+    let trace = tmp.path().join("routes.jsonl");
+    let want = json_out(&run_json(
+        s.model.path(),
+        &["--route-trace", trace.to_str().unwrap()],
+    ))["output_ids"]
+        .clone();
+    let (counts, routed) = traced(&trace);
+    assert!(routed.len() > 3, "{routed:?}");
 
     // `warm` on a fresh stream install: the top 3 experts of the trace, then all of them.
     let fresh = tmp.path().join("fresh");

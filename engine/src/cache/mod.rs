@@ -263,22 +263,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         reader.clone(),
         config,
     ));
-    if let Some(r) = &options.remote {
-        store.set_remote(r.source.clone(), r.parallel);
-    }
-    if let Some(path) = &options.route_trace {
-        store.set_route_trace(routes::RouteRecorder::create(path)?);
-    }
-    let mut heat_note = None;
-    let mut prewarmed = 0;
-    if let Some(path) = &options.heat_file {
-        let (heat, why) = heat::Heat::load(path, n_layers, n_experts);
-        heat_note = why;
-        if options.prewarm {
-            prewarmed = store.prewarm(&heat);
-        }
-        store.set_heat(heat::HeatRecorder::new(path.clone(), n_layers, n_experts, 8192));
-    }
+    let (heat_note, prewarmed) = attach(&store, options, n_layers, n_experts)?;
     let spine_layers = layers.clone();
     let runtime = OocRuntime {
         plan,
@@ -291,4 +276,21 @@ pub fn assemble<L: Send + Sync + 'static>(
         read_choice,
     };
     Ok((layers, runtime))
+}
+
+/// Give the expert store its remote source, route trace and heat histogram (pre-warming from it:
+/// after the remote source, so pre-warm reads only local experts). Returns why the heat file was
+/// ignored, if it was, and the pre-warm reads submitted.
+fn attach(store: &ExpertStore, options: &OocOptions, layers: usize, experts: usize) -> Result<(Option<String>, usize)> {
+    if let Some(r) = &options.remote {
+        store.set_remote(r.source.clone(), r.parallel);
+    }
+    if let Some(path) = &options.route_trace {
+        store.set_route_trace(routes::RouteRecorder::create(path)?);
+    }
+    let Some(path) = &options.heat_file else { return Ok((None, 0)) };
+    let (heat, why) = heat::Heat::load(path, layers, experts);
+    let prewarmed = if options.prewarm { store.prewarm(&heat) } else { 0 };
+    store.set_heat(heat::HeatRecorder::new(path.clone(), layers, experts, 8192));
+    Ok((why, prewarmed))
 }
