@@ -468,4 +468,10 @@ fn serve_on_a_stream_install_answers_like_the_full_checkpoint() {
         fetched,
         "the same request fetches nothing new"
     );
+    let (_, metrics) = post(&server, "GET", "/metrics", "");
+    let want = format!(
+        "deltafin_expert_reads_total{{source=\"network\"}} {}",
+        fetched.len()
+    );
+    assert!(metrics.contains(&want), "{want} in\n{metrics}");
 }
