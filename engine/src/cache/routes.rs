@@ -9,7 +9,8 @@
 //! {"pass":0,"routes":[{"layer":1,"experts":[0,5]},{"layer":2,"experts":[3,7]}]}
 //! ```
 //!
-//! `pass` counts the recording process's passes. Each line is written with one `write(2)` on a
+//! `pass` counts the recording process's passes; a pass that failed (e.g. an expert could not be
+//! fetched) is not recorded. Each line is written with one `write(2)` on a
 //! file opened `O_APPEND`, so processes appending to one trace never interleave inside a line; a
 //! crash can at worst leave a torn last line without its newline, which the reader skips and
 //! reports ([`RouteCounts::torn_tail`]). Any other malformed line is an error naming the line.
@@ -63,8 +64,12 @@ impl RouteRecorder {
         })
     }
 
-    /// Layer `layer` selected `experts` in this pass.
+    /// Layer `layer` selected `experts` in this pass. A layer seen again before the pass ended
+    /// means the previous pass failed (it never ended): its partial selections are dropped.
     pub fn record(&mut self, layer: usize, experts: &[usize]) {
+        if self.current.iter().any(|l| l.layer == layer as u32) {
+            self.current.clear();
+        }
         let mut experts: Vec<u32> = experts.iter().map(|&e| e as u32).collect();
         experts.sort_unstable();
         experts.dedup();
@@ -183,6 +188,7 @@ mod tests {
             r.record(2, &[3]);
             r.end_pass().unwrap();
             r.end_pass().unwrap(); // an empty pass writes nothing
+            r.record(1, &[7]); // a pass that failed after layer 1: never ended
             r.record(1, &[0]);
             r.end_pass().unwrap();
         }
