@@ -66,6 +66,11 @@ pub enum Error {
     /// The sequence would exceed the model's (or the configured) context length.
     #[error("context length exceeded: {needed} tokens needed, limit is {limit}")]
     ContextOverflow { needed: usize, limit: usize },
+
+    /// Bytes of a weight file that are not local yet could not be made local (stream installs
+    /// fetch routed experts on first use; see [`crate::weights::RangeSource`]).
+    #[error("{file}: bytes {start}..{end} are not local and could not be fetched: {reason}")]
+    Remote { file: String, start: u64, end: u64, reason: String },
 }
 
 impl Error {
@@ -83,6 +88,7 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::ContextOverflow { .. } => "context_overflow",
             Error::Budget(_) => "budget",
+            Error::Remote { .. } => "remote",
         }
     }
 

@@ -143,7 +143,9 @@ async fn install_inner(
         (Mode::Full, Some(p)) => p.experts.clone(),
         (Mode::Full, None) => Vec::new(),
     };
-    let manifest = Mutex::new(new_manifest(&listing, opts.mode, &plans, experts));
+    let mut fresh = new_manifest(&listing, opts.mode, &plans, experts);
+    fresh.endpoint = remote.endpoint();
+    let manifest = Mutex::new(fresh);
     manifest.lock().expect("lock").save(dir)?;
     let todo = wanted_ranges(&plans, &manifest.lock().expect("lock").experts, opts.mode);
     check_space(dir, &todo, opts.headroom)?;
@@ -370,6 +372,7 @@ fn new_manifest(listing: &Listing, mode: Mode, plans: &[FilePlan], experts: Vec<
         format: MANIFEST_FORMAT,
         source: listing.source_id.clone(),
         revision: listing.revision.clone(),
+        endpoint: None,
         pinned: listing.pinned.clone(),
         mode,
         complete: false,

@@ -9,6 +9,9 @@
 //!   file, atomic publication, progress events ([`progress`]) and the install manifest;
 //! * stream mode ([`stream`]): non-expert bytes up front, routed experts fetched on first use
 //!   through the [`ExpertSource`] trait, with coalescing and crash-safe publication;
+//!   [`engine_source`] hands that store to the engine's out-of-core expert cache (the engine's
+//!   `RangeSource` trait: this crate depends on the engine, never the other way), and [`warm`]
+//!   fetches the experts a route trace used most;
 //! * [`push`](source::oci::push) of an install as an OCI artifact, and read-only inspection of an
 //!   install ([`inspect`]) for `deltafin doctor`.
 //!
@@ -17,6 +20,7 @@
 
 pub mod artifact;
 pub mod download;
+pub mod engine_source;
 pub mod error;
 pub mod fsutil;
 pub mod http;
@@ -31,7 +35,9 @@ pub mod source;
 pub mod staged;
 pub mod stream;
 pub mod verify;
+pub mod warm;
 
+pub use engine_source::EngineSource;
 pub use error::{Error, Result};
 pub use http::install_tls_provider;
 pub use install::{InstallOptions, InstallReport, install};

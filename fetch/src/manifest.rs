@@ -63,6 +63,10 @@ pub struct Manifest {
     pub source: String,
     /// Requested revision (branch, tag, commit, digest).
     pub revision: String,
+    /// Hugging Face endpoint the install was made from (stream mode fetches experts from it
+    /// later); absent for OCI sources, whose registry is part of `source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// What it resolved to when the install started (commit sha / manifest digest).
     pub pinned: String,
     /// Mode of the last setup.
@@ -135,6 +139,7 @@ mod tests {
             format: MANIFEST_FORMAT,
             source: "hf://o/r".into(),
             revision: "main".into(),
+            endpoint: Some("https://huggingface.co".into()),
             pinned: "abc".into(),
             mode: Mode::Stream,
             complete: false,

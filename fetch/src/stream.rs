@@ -8,7 +8,10 @@
 //!   result. A range is visible as present only after `fdatasync` + sidecar update, so a crash
 //!   never exposes a partial expert.
 //! * When the last range of a shard arrives, the whole shard is SHA-256 verified and published at
-//!   its final path, and the manifest is updated (it becomes a full install once every shard is).
+//!   its final path (a rename: readers that opened the staged file keep reading the same inode),
+//!   and the manifest is updated (it becomes a full install once every shard is). A shard that
+//!   fails verification is discarded and *poisoned* for the rest of the process: nothing of it
+//!   is reported local again and every later request for it fails, naming the cause.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -74,6 +77,8 @@ impl Inflight {
 struct FileSlot {
     staged: Option<Arc<StagedFile>>,
     published: Mutex<bool>,
+    /// Why the shard failed verification (its staged copy is gone).
+    failed: Mutex<Option<String>>,
 }
 
 /// The stream-mode store of one install directory (holds the directory lock).
@@ -136,6 +141,7 @@ impl StreamStore {
                 FileSlot {
                     staged,
                     published: Mutex::new(published),
+                    failed: Mutex::new(None),
                 },
             );
         }
@@ -180,10 +186,10 @@ impl StreamStore {
     /// Whether `range` of `file` is local.
     pub fn is_local(&self, file: &str, range: &Range<u64>) -> bool {
         match self.files.get(file) {
-            Some(slot) => {
+            Some(slot) if slot.failed.lock().expect("lock").is_none() => {
                 *slot.published.lock().expect("lock") || slot.staged.as_ref().is_some_and(|s| s.covers(range))
             }
-            None => false,
+            _ => false,
         }
     }
 
@@ -200,6 +206,46 @@ impl StreamStore {
             };
         }
         (local, m.total_bytes())
+    }
+
+    /// Check that every byte a stream install keeps locally (all but the routed experts) is
+    /// present, so a reader never meets a hole outside an expert: an interrupted setup, or a
+    /// shard discarded after a failed verification, is reported here instead.
+    pub fn check_resident(&self) -> Result<()> {
+        let m = self.manifest.lock().expect("lock");
+        for e in &m.files {
+            let slot = &self.files[&e.path];
+            if *slot.published.lock().expect("lock") {
+                continue;
+            }
+            let mut have = slot.staged.as_ref().map(|s| s.present()).unwrap_or_default();
+            for r in m.experts.iter().filter(|r| r.file == e.path) {
+                have.insert(r.start..r.end);
+            }
+            if !have.covers(&(0..e.size)) {
+                return Err(Error::NotReady {
+                    dir: self.dir.clone(),
+                    reason: format!(
+                        "{}: {} bytes that stream mode keeps local are missing (an interrupted or failed setup); \
+                         rerun `deltafin setup --stream` for this directory",
+                        e.path,
+                        e.size - have.overlap(&(0..e.size))
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The mode recorded in the manifest now (`full` once every shard is published).
+    pub fn mode(&self) -> Mode {
+        self.manifest.lock().expect("lock").mode
+    }
+
+    /// Every `(path, size)` of the install.
+    pub fn files(&self) -> Vec<(String, u64)> {
+        let m = self.manifest.lock().expect("lock");
+        m.files.iter().map(|e| (e.path.clone(), e.size)).collect()
     }
 
     /// The expert catalog entry of `(layer, expert)`.
@@ -244,7 +290,9 @@ impl StreamStore {
             return Ok(());
         }
         let staged = slot.staged.as_ref().expect("staged");
-        let hashes = staged.finish(&self.dir.join(file))?;
+        let hashes = staged.finish(&self.dir.join(file)).inspect_err(|e| {
+            *slot.failed.lock().expect("lock") = Some(e.to_string());
+        })?;
         *published = true;
         self.published.fetch_add(1, Ordering::Relaxed);
         let mut m = self.manifest.lock().expect("lock");
@@ -270,6 +318,16 @@ impl ExpertSource for StreamStore {
         })?;
         if *slot.published.lock().expect("lock") {
             return Ok(self.dir.join(file));
+        }
+        if let Some(why) = slot.failed.lock().expect("lock").clone() {
+            return Err(Error::RangeFailed {
+                file: file.into(),
+                start: range.start,
+                end: range.end,
+                reason: format!(
+                    "the shard failed verification earlier ({why}); rerun `deltafin setup --stream` for this directory"
+                ),
+            });
         }
         let staged = slot.staged.clone().expect("staged");
         check_range(&staged, &range)?;

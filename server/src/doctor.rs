@@ -9,11 +9,12 @@ use std::process::ExitCode;
 
 use clap::Args;
 use deltafin_engine::config::ModelSpec;
-use deltafin_engine::weights::WeightIndex;
+use deltafin_engine::weights::{ShardFile, WeightIndex};
 use deltafin_fetch::error::human_bytes;
 use deltafin_fetch::fsutil::free_space;
 use deltafin_fetch::inspect::{InstallStatus, inspect};
-use deltafin_fetch::manifest::Mode;
+use deltafin_fetch::manifest::{FileState, Manifest, Mode, STATE_DIR};
+use deltafin_fetch::staged::staged_paths;
 use serde::Serialize;
 
 /// `deltafin doctor`.
@@ -144,17 +145,22 @@ fn install_checks(install: Option<&InstallStatus>, free: u64, verify: bool) -> V
     ]
 }
 
-/// The engine's safetensors index over the shards (stream installs: what is local so far).
+/// The engine's safetensors index over the shards (stream installs: over the staged shards, as
+/// `run`/`serve` open them, which parses every header).
 fn weights_check(dir: &Path, install: Option<&InstallStatus>) -> Check {
     if let Some(s) = install.filter(|s| s.mode == Mode::Stream) {
+        let (ok, indexed) = match stream_shards(dir).and_then(|sh| Ok(WeightIndex::open_shards(dir, &sh)?)) {
+            Ok(ix) => (true, format!("{} tensors indexed", ix.names().count())),
+            Err(e) => (false, e.to_string()),
+        };
         let detail = format!(
-            "stream mode: {:.1}% local, {} of experts fetched on first use",
+            "stream mode: {:.1}% local, {} of experts fetched on first use; {indexed}",
             s.percent_local,
             human_bytes(s.remote_expert_bytes)
         );
         return Check {
             name: "weights",
-            ok: true,
+            ok,
             detail,
         };
     }
@@ -170,6 +176,26 @@ fn weights_check(dir: &Path, install: Option<&InstallStatus>) -> Check {
             detail: e.to_string(),
         },
     }
+}
+
+/// Every top-level shard of a stream install with the file it is read from (read-only).
+fn stream_shards(dir: &Path) -> anyhow::Result<Vec<ShardFile>> {
+    let m = Manifest::load(dir)?.ok_or_else(|| anyhow::anyhow!("no install manifest"))?;
+    let state = dir.join(STATE_DIR);
+    let mut out: Vec<ShardFile> = m
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors") && !f.path.contains('/'))
+        .map(|f| ShardFile {
+            name: f.path.clone(),
+            path: match f.state {
+                FileState::Published => dir.join(&f.path),
+                _ => staged_paths(&state, &f.path).0,
+            },
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 fn verdict(usable: bool, install: Option<&InstallStatus>, checks: &[Check]) -> String {

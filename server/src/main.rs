@@ -17,7 +17,9 @@ mod run;
 mod serve;
 mod setup;
 mod spec_args;
+mod stream_mode;
 mod synth_cmd;
+mod warm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +57,8 @@ enum Command {
     Push(push::PushArgs),
     /// Check an install (read-only) and print a verdict.
     Doctor(doctor::DoctorArgs),
+    /// Fetch the routed experts a route trace used most into a stream install.
+    Warm(warm::WarmArgs),
     /// Write a deterministic synthetic checkpoint (any size, routing skew and locality knobs).
     Synth(synth_cmd::SynthArgs),
 }
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         Command::SetupQwen(args) => setup::setup_qwen(args),
         Command::Push(args) => push::push(args),
         Command::Doctor(args) => doctor::doctor(args),
+        Command::Warm(args) => warm::warm(args),
         Command::Synth(args) => done(synth_cmd::run(args)),
     };
     match result {

@@ -109,7 +109,8 @@ pub fn default_model_id(dir: &Path) -> String {
 }
 
 /// Expert reads of an out-of-core model by source: cache hits (demand or prefetched slots) are
-/// `pinned` memory; demand misses and prefetch reads came from `disk`.
+/// `pinned` memory; demand misses and prefetch reads came from `disk`, except the first reads of
+/// experts a stream install had to fetch, which count as `network`.
 pub fn expert_io(rt: &OocRuntime) -> ExpertIoStats {
     let e = rt.stats().experts;
     let io = ExpertIoStats::default();
@@ -120,8 +121,9 @@ pub fn expert_io(rt: &OocRuntime) -> ExpertIoStats {
     );
     io.add(
         ExpertSource::Disk,
-        e.misses + e.prefetch_reads,
-        e.miss_bytes + e.prefetch_read_bytes,
+        (e.misses + e.prefetch_reads).saturating_sub(e.remote_experts),
+        (e.miss_bytes + e.prefetch_read_bytes).saturating_sub(e.remote_bytes),
     );
+    io.add(ExpertSource::Network, e.remote_experts, e.remote_bytes);
     io
 }

@@ -32,6 +32,9 @@ pub struct OocArgs {
     /// Persistent expert heat histogram (recorded, used to pre-warm the cache).
     #[arg(long, env = "DELTAFIN_HEAT_FILE")]
     pub heat_file: Option<PathBuf>,
+    /// Append every pass's routed-expert selections to FILE as JSON lines (for `deltafin warm`).
+    #[arg(long, value_name = "FILE", env = "DELTAFIN_ROUTE_TRACE")]
+    pub route_trace: Option<PathBuf>,
 }
 
 impl OocArgs {
@@ -57,6 +60,7 @@ impl OocArgs {
         o.reader.chunk_bytes = self.read_chunk_mib.max(1) << 20;
         o.prefetch = !self.no_prefetch;
         o.heat_file = self.heat_file.clone();
+        o.route_trace = self.route_trace.clone();
         Ok(Some(o))
     }
 }

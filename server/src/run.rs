@@ -1,14 +1,18 @@
 //! `deltafin run`: load a model (or the built-in default), tokenize the prompt (optionally
-//! through the chat template), generate, stream text to stdout, and report statistics.
+//! through the chat template), generate, stream text to stdout, and report statistics. On a
+//! stream install the routed experts a pass selects are fetched on first use ([`crate::stream_mode`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use deltafin_engine::arch;
-use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate_with};
+use deltafin_engine::arch::{self, Model};
+use deltafin_engine::cache::OocRuntime;
+use deltafin_fetch::EngineSource;
+use deltafin_engine::generate::{Flow, GenerateOptions, GenerationStats, Sampling, generate_with};
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::synth;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
@@ -16,6 +20,7 @@ use serde_json::json;
 
 use crate::ooc_args::{OocArgs, describe_plan};
 use crate::spec_args::SpecArgs;
+use crate::stream_mode::{self, StreamArgs};
 
 /// Arguments of `deltafin run`.
 #[derive(Debug, Args)]
@@ -53,11 +58,13 @@ pub struct RunArgs {
     /// Print prefill/decode throughput on stderr.
     #[arg(long, env = "DELTAFIN_STATS")]
     stats: bool,
-    /// Print one JSON object on stdout instead of streaming text.
     #[command(flatten)]
     ooc: OocArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    #[command(flatten)]
+    stream: StreamArgs,
+    /// Print one JSON object on stdout instead of streaming text.
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
 }
@@ -78,44 +85,67 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
     Ok(dir)
 }
 
-pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
-    let dir = resolve_model(args.model, cache_dir)?;
-    let load_start = Instant::now();
-    // `auto` falls back to the in-memory loader for architectures without out-of-core support.
-    let budgeted = args.ooc.explicit() || arch::supports_budget(&dir)?;
-    let (model, ooc) = match args.ooc.options()?.filter(|_| budgeted) {
-        None => (arch::load(&dir).with_context(|| format!("loading model {}", dir.display()))?, None),
+/// The model, its out-of-core runtime (when loaded under a budget) and its stream store (a
+/// stream install).
+type LoadedModel = (Box<dyn Model>, Option<OocRuntime>, Option<Arc<EngineSource>>);
+
+fn load_model(dir: &Path, args: &RunArgs) -> Result<LoadedModel> {
+    let stream = stream_mode::open(dir, &args.stream)?;
+    let loading = || format!("loading model {}", dir.display());
+    Ok(match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
+        None => (arch::load(dir).with_context(loading)?, None, stream),
         Some(o) => {
-            let (m, rt) = arch::load_budgeted(&dir, &o).with_context(|| format!("loading model {}", dir.display()))?;
+            let (m, rt) = arch::load_budgeted(dir, &o).with_context(loading)?;
             if args.stats {
                 eprintln!("{}", describe_plan(&rt.plan));
             }
             if let Some(note) = &rt.heat_note {
                 eprintln!("heat: {note}");
             }
-            (m, Some(rt))
+            (m, Some(rt), stream)
         }
-    };
-    let tok = std::sync::Arc::new(
-        Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?,
+    })
+}
+
+/// The prompt's token ids: raw (after BOS) or rendered through the chat template.
+fn prompt_ids(args: &RunArgs, model: &dyn Model, tok: &Tokenizer) -> Result<Vec<u32>> {
+    if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new("system", system.clone()));
+        }
+        messages.push(ChatMessage::new("user", args.prompt.clone()));
+        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
+        return tok.encode_chat(&messages, &opts).context("rendering the chat template");
+    }
+    let mut ids: Vec<u32> = model.info().bos_token_id.into_iter().collect();
+    ids.extend(tok.encode(&args.prompt));
+    Ok(ids)
+}
+
+fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::fmt::Debug) {
+    eprintln!(
+        "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.1} tok/s); load {:.2} s; finish: {finish:?}",
+        s.prompt_tokens,
+        s.prefill_seconds,
+        s.prefill_tokens_per_second,
+        s.generated_tokens,
+        s.decode_seconds,
+        s.decode_tokens_per_second,
+        load_seconds,
     );
+}
+
+pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
+    let dir = resolve_model(args.model.clone(), cache_dir)?;
+    let load_start = Instant::now();
+    let (model, ooc, stream) = load_model(&dir, &args)?;
+    let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?);
     let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
     let kind = if args.chat { RequestKind::Chat } else { RequestKind::Completion };
     let mut spec = drafts.speculator(kind, args.spec.spec, None);
     let load_seconds = load_start.elapsed().as_secs_f64();
-    let prompt_ids = if args.chat {
-        let mut messages = Vec::new();
-        if let Some(system) = args.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", args.prompt));
-        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
-        tok.encode_chat(&messages, &opts).context("rendering the chat template")?
-    } else {
-        let mut ids: Vec<u32> = model.info().bos_token_id.into_iter().collect();
-        ids.extend(tok.encode(&args.prompt));
-        ids
-    };
+    let prompt_ids = prompt_ids(&args, model.as_ref(), &tok)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new,
         sampling: Sampling::new(args.temperature, args.top_p, args.top_k, args.seed)?,
@@ -139,6 +169,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         rt.flush_heat()?;
     }
     let ooc_stats = ooc.as_ref().map(|rt| rt.stats());
+    let stream_stats = stream.as_ref().map(|s| s.store().stats());
     let text_ids: Vec<u32> =
         generation.output_ids.iter().copied().filter(|id| !opts.stop_ids.contains(id)).collect();
     let text = tok.decode(&text_ids);
@@ -155,6 +186,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
                 "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
                 "decode_tokens_per_second": s.decode_tokens_per_second },
             "out_of_core": ooc_stats,
+            "stream": stream_stats,
             "speculation": spec.as_ref().map(|s| s.summary()),
         });
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
@@ -165,19 +197,12 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         writeln!(stdout)?;
     }
     if args.stats {
-        eprintln!(
-            "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.1} tok/s); load {:.2} s; finish: {:?}",
-            s.prompt_tokens,
-            s.prefill_seconds,
-            s.prefill_tokens_per_second,
-            s.generated_tokens,
-            s.decode_seconds,
-            s.decode_tokens_per_second,
-            load_seconds,
-            generation.finish_reason
-        );
+        print_throughput(s, load_seconds, &generation.finish_reason);
         if let Some(st) = &ooc_stats {
             eprintln!("out of core: {}", serde_json::to_string(st)?);
+        }
+        if let Some(st) = &stream_stats {
+            eprintln!("stream: {}", serde_json::to_string(st)?);
         }
         match &spec {
             Some(s) => eprintln!("speculation ({}): {}", drafts.describe(), s.summary().describe()),

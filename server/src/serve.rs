@@ -1,6 +1,7 @@
 //! `deltafin serve`: the OpenAI-compatible server. Binds first (so `/livez` answers and
 //! `/readyz` says 503 while the model loads), loads the model on a blocking thread, then serves
-//! until SIGTERM/SIGINT and drains within `--shutdown-timeout`.
+//! until SIGTERM/SIGINT and drains within `--shutdown-timeout`. A stream install is served like
+//! a full one; each routed expert is fetched on first use ([`crate::stream_mode`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,8 @@ pub struct ServeArgs {
     ooc: crate::ooc_args::OocArgs,
     #[command(flatten)]
     spec: crate::spec_args::SpecArgs,
+    #[command(flatten)]
+    stream: crate::stream_mode::StreamArgs,
     /// Testing aid: sleep this many milliseconds after every engine pass (a slow model).
     #[arg(long, default_value_t = 0, hide = true, env = "DELTAFIN_STEP_DELAY_MS")]
     step_delay_ms: u64,
@@ -151,9 +154,8 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!("deltafin: listening on {local}");
-        // `auto` falls back to the in-memory loader for architectures without out-of-core support.
-        let budgeted = args.ooc.explicit() || deltafin_engine::arch::supports_budget(&dir)?;
-        let ooc = args.ooc.options()?.filter(|_| budgeted);
+        let stream = crate::stream_mode::open(&dir, &args.stream)?;
+        let ooc = crate::stream_mode::ooc_options(&dir, &args.ooc, stream.as_ref(), &args.stream)?;
         let loading = tokio::task::spawn_blocking({
             let (state, dir, sched) = (state.clone(), dir.clone(), scheduler_config(&args));
             let drafts = args.spec.sources();

@@ -239,33 +239,56 @@ impl ProgressSink for FileRef {
 
 /// Build the source client for `spec`.
 pub fn remote_for(spec: &SourceSpec, net: &NetArgs) -> anyhow::Result<Remote> {
+    let conn = Connection {
+        endpoint: &net.endpoint,
+        hf_token: net.hf_token.clone(),
+        policy: retry_policy(net),
+        oci: oci_options(net),
+    };
+    remote_with(spec, conn)
+}
+
+/// How to reach a source.
+pub struct Connection<'a> {
+    pub endpoint: &'a str,
+    pub hf_token: Option<String>,
+    pub policy: RetryPolicy,
+    pub oci: OciOptions,
+}
+
+/// Build the source client for `spec` from explicit connection settings.
+pub fn remote_with(spec: &SourceSpec, conn: Connection<'_>) -> anyhow::Result<Remote> {
     Ok(match spec {
         SourceSpec::Hf { .. } => {
             let client = deltafin_fetch::http::build_client(&Default::default())?;
-            Remote::Hf(HfRepo::new(
-                client,
-                &net.endpoint,
-                spec,
-                net.hf_token.clone(),
-                retry_policy(net),
-            )?)
+            Remote::Hf(HfRepo::new(client, conn.endpoint, spec, conn.hf_token, conn.policy)?)
         }
-        SourceSpec::Oci { .. } => Remote::Oci(OciSource::new(spec, &oci_options(net))?),
+        SourceSpec::Oci { .. } => Remote::Oci(OciSource::new(spec, &conn.oci)?),
     })
 }
 
 /// OCI connection options from the flags.
 pub fn oci_options(net: &NetArgs) -> OciOptions {
+    oci_options_of(net.plain_http, net.oci_username.clone(), net.oci_password.clone())
+}
+
+/// OCI connection options: plain HTTP or not, basic auth when a user name is given.
+pub fn oci_options_of(plain_http: bool, user: Option<String>, password: Option<String>) -> OciOptions {
     OciOptions {
-        plain_http: net.plain_http,
-        auth: registry_auth(net.oci_username.clone(), net.oci_password.clone()),
+        plain_http,
+        auth: registry_auth(user, password),
     }
 }
 
 fn retry_policy(net: &NetArgs) -> RetryPolicy {
+    retry_policy_of(net.retries, net.retry_base_ms)
+}
+
+/// At most `retries` consecutive failures, backing off from `base_ms` up to 30 s.
+pub fn retry_policy_of(retries: u32, base_ms: u64) -> RetryPolicy {
     RetryPolicy {
-        max_attempts: net.retries.max(1),
-        base: Duration::from_millis(net.retry_base_ms),
+        max_attempts: retries.max(1),
+        base: Duration::from_millis(base_ms),
         cap: Duration::from_secs(30),
     }
 }

@@ -162,10 +162,11 @@ pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
 
 /// Load the model in `dir` under a memory budget: weights are read (not mapped), a prefix of
 /// layers stays resident, the rest streams, and routed experts go through the expert cache.
-/// Results are bit-identical to [`load`].
+/// Results are bit-identical to [`load`]. With [`crate::cache::OocOptions::remote`] the shards
+/// are read from the files it names and missing experts are made local on first use.
 pub fn load_budgeted(dir: &Path, options: &crate::cache::OocOptions) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
     let spec = ModelSpec::load(dir)?;
-    let index = std::sync::Arc::new(WeightIndex::open(dir)?);
+    let index = std::sync::Arc::new(options.open_index(dir)?);
     match &spec.arch {
         ArchConfig::DeepseekV3(cfg) => {
             let (model, runtime) = deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;

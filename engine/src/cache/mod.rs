@@ -8,7 +8,9 @@
 //!   RAII handles that pin a slot while its expert computes.
 //! * [`store`]: serves MoE layers their experts through the cache (hits compute while misses
 //!   load), pre-reads the next layer's predicted experts ([`prefetch`], pure planning) and
-//!   cancels losers, records the persistent [`heat`] histogram used to pre-warm.
+//!   cancels losers, records the persistent [`heat`] histogram used to pre-warm and, on request,
+//!   a [`routes`] trace of every pass's selections; on a stream install it makes routed experts
+//!   local through a [`RangeSource`] before reading them ([`RemoteWeights`]).
 //! * [`layers`]: the spine store — a resident prefix of layers plus double-buffered streaming.
 //! * [`spans`], [`source`], [`buffer`]: read layouts, blob sources over read buffers, aligned
 //!   memory; [`probe`]: disk probes with the same read pattern (`deltafin bench disk`).
@@ -25,6 +27,7 @@ pub mod policy;
 pub mod prefetch;
 pub mod probe;
 pub mod reader;
+pub mod routes;
 pub mod slots;
 pub mod source;
 pub mod spans;
@@ -44,7 +47,7 @@ pub use store::{ExpertStats, ExpertStore};
 use crate::arch::Loader;
 use crate::config::ModelSpec;
 use crate::error::Result;
-use crate::weights::WeightIndex;
+use crate::weights::{RangeSource, ShardFile, WeightIndex};
 
 /// Identifies one routed expert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -72,6 +75,21 @@ pub struct OocOptions {
     pub reserve_bytes: u64,
     /// Threads computing routed experts at once.
     pub compute_threads: usize,
+    /// A partly remote checkpoint (stream install): where its shards are read from and what
+    /// makes missing expert bytes local. `None`: every shard is `DIR/<name>`, complete.
+    pub remote: Option<RemoteWeights>,
+    /// Append every pass's routed-expert selections to this file ([`routes`]).
+    pub route_trace: Option<PathBuf>,
+}
+
+/// The shards of a partly remote checkpoint and the source of its missing bytes.
+#[derive(Debug, Clone)]
+pub struct RemoteWeights {
+    /// Every shard, with the file it is read from (staged files keep their inode when published).
+    pub shards: Vec<ShardFile>,
+    pub source: Arc<dyn RangeSource>,
+    /// Missing ranges fetched at once when a layer selects several remote experts.
+    pub parallel: usize,
 }
 
 impl OocOptions {
@@ -87,6 +105,17 @@ impl OocOptions {
             min_expert_slots: 1,
             reserve_bytes: 32 << 20,
             compute_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            remote: None,
+            route_trace: None,
+        }
+    }
+
+    /// The weight index of the model in `dir`: over `DIR/*.safetensors`, or over the shards of
+    /// [`OocOptions::remote`] when set.
+    pub fn open_index(&self, dir: &std::path::Path) -> Result<WeightIndex> {
+        match &self.remote {
+            Some(r) => WeightIndex::open_shards(dir, &r.shards),
+            None => WeightIndex::open(dir),
         }
     }
 }
@@ -200,7 +229,8 @@ pub fn assemble<L: Send + Sync + 'static>(
         min_expert_slots: options.min_expert_slots,
     };
     let plan = plan::plan(&input)?;
-    let read_choice = if options.reader.mode == ReadMode::Auto && reader.supports_direct() {
+    // The probe times expert reads; on a partly remote checkpoint those would be holes.
+    let read_choice = if options.reader.mode == ReadMode::Auto && reader.supports_direct() && options.remote.is_none() {
         let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
         Some(probe::choose_read_mode(&reader, &index.shard_paths(), &experts, 2 * reader.threads())?)
     } else {
@@ -233,16 +263,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         reader.clone(),
         config,
     ));
-    let mut heat_note = None;
-    let mut prewarmed = 0;
-    if let Some(path) = &options.heat_file {
-        let (heat, why) = heat::Heat::load(path, n_layers, n_experts);
-        heat_note = why;
-        if options.prewarm {
-            prewarmed = store.prewarm(&heat);
-        }
-        store.set_heat(heat::HeatRecorder::new(path.clone(), n_layers, n_experts, 8192));
-    }
+    let (heat_note, prewarmed) = attach(&store, options, n_layers, n_experts)?;
     let spine_layers = layers.clone();
     let runtime = OocRuntime {
         plan,
@@ -255,4 +276,21 @@ pub fn assemble<L: Send + Sync + 'static>(
         read_choice,
     };
     Ok((layers, runtime))
+}
+
+/// Give the expert store its remote source, route trace and heat histogram (pre-warming from it:
+/// after the remote source, so pre-warm reads only local experts). Returns why the heat file was
+/// ignored, if it was, and the pre-warm reads submitted.
+fn attach(store: &ExpertStore, options: &OocOptions, layers: usize, experts: usize) -> Result<(Option<String>, usize)> {
+    if let Some(r) = &options.remote {
+        store.set_remote(r.source.clone(), r.parallel);
+    }
+    if let Some(path) = &options.route_trace {
+        store.set_route_trace(routes::RouteRecorder::create(path)?);
+    }
+    let Some(path) = &options.heat_file else { return Ok((None, 0)) };
+    let (heat, why) = heat::Heat::load(path, layers, experts);
+    let prewarmed = if options.prewarm { store.prewarm(&heat) } else { 0 };
+    store.set_heat(heat::HeatRecorder::new(path.clone(), layers, experts, 8192));
+    Ok((why, prewarmed))
 }

@@ -269,6 +269,14 @@ impl ReaderPool {
         self.workers.len()
     }
 
+    /// Whether `path` is the very file (device and inode) this pool reads shard `shard` from;
+    /// false when either cannot be examined.
+    pub fn same_file(&self, shard: usize, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Some(f), Ok(other)) = (self.inner.files.get(shard), std::fs::metadata(path)) else { return false };
+        f.buffered.metadata().is_ok_and(|m| (m.dev(), m.ino()) == (other.dev(), other.ino()))
+    }
+
     /// Whether reads of shard `shard` currently bypass the page cache.
     pub fn is_direct(&self, shard: usize) -> bool {
         self.inner.files[shard].direct_ok.load(Ordering::Relaxed)

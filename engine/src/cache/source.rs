@@ -29,6 +29,10 @@ impl BlobSource for RecordingSource {
         self.seen.lock().unwrap().push(info.clone());
         Ok(index.blob(info))
     }
+
+    fn records_only(&self) -> bool {
+        true
+    }
 }
 
 /// Serves tensors from a buffer filled according to `layout`.

@@ -76,6 +76,23 @@ impl SpanLayout {
         (len as u64 == info.len).then_some(at..at + len)
     }
 
+    /// The exact byte ranges of this layout's tensors, per shard, adjacent ones merged, sorted:
+    /// what must be local before the layout is read (alignment padding and merged gaps are read
+    /// too but never used, so they need not be).
+    pub fn tensor_ranges(&self) -> Vec<(usize, std::ops::Range<u64>)> {
+        let mut ranges: Vec<(usize, u64, u64)> =
+            self.places.iter().map(|(&(shard, start), &(_, len))| (shard, start, start + len as u64)).collect();
+        ranges.sort_unstable();
+        let mut out: Vec<(usize, std::ops::Range<u64>)> = Vec::new();
+        for (shard, start, end) in ranges {
+            match out.last_mut() {
+                Some((s, r)) if *s == shard && start <= r.end => r.end = r.end.max(end),
+                _ => out.push((shard, start..end)),
+            }
+        }
+        out
+    }
+
     /// Bytes read from files (aligned segments).
     pub fn read_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.len as u64).sum()
@@ -103,6 +120,12 @@ mod tests {
         assert_eq!(l.place(&t(0, 100, 10)), Some(100..110));
         assert_eq!(l.payload, 3110);
         assert_eq!(l.total, 8192);
+    }
+
+    #[test]
+    fn tensor_ranges_are_exact_and_merge_only_touching_tensors() {
+        let l = SpanLayout::new(&[t(0, 5000, 3000), t(0, 8000, 100), t(0, 100, 10), t(1, 0, 10)], MERGE_GAP);
+        assert_eq!(l.tensor_ranges(), vec![(0, 100..110), (0, 5000..8100), (1, 0..10)]);
     }
 
     #[test]

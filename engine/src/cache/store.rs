@@ -6,9 +6,18 @@
 //! recorder what the router selected; cancel this layer's prefetches that lost; pin hits and
 //! submit demand reads for misses (as many as there are free slots; more in waves); then submit
 //! the prefetch planned for the next layer; then run experts as they become ready (hits first).
+//!
+//! Stream installs ([`ExpertStore::set_remote`]): before a layer's experts are looked up, the
+//! exact byte ranges of every selected expert that are not local yet are made local through the
+//! [`RangeSource`] (several at once), and the file they landed in is checked to be the one the
+//! reader pool reads. Speculative reads (prefetch, pre-warm) only ever touch experts that are
+//! already local, so the network is used for routed experts only.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -16,6 +25,7 @@ use super::ExpertKey;
 use super::heat::{Heat, HeatRecorder};
 use super::prefetch::{RecallGate, plan_prefetch, rank_lookahead};
 use super::reader::{Priority, ReaderPool};
+use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
@@ -25,7 +35,7 @@ use crate::arch::layers::moe::{ExpertProvider, Moe};
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
 use crate::kernels::ops::rms_norm;
-use crate::weights::WeightIndex;
+use crate::weights::{RangeSource, WeightIndex};
 
 /// Builds expert `(layer, expert)` from a loader.
 pub type ExpertBuilder = Arc<dyn Fn(&Loader<'_>, usize, usize) -> Result<Mlp> + Send + Sync>;
@@ -62,6 +72,11 @@ pub struct ExpertStats {
     pub prefetch_wasted: u64,
     /// Seconds the compute thread was blocked on expert reads or free slots.
     pub wait_seconds: f64,
+    /// Routed experts that had bytes made local through the range source (stream installs),
+    /// those bytes, and the seconds the compute thread waited for them.
+    pub remote_experts: u64,
+    pub remote_bytes: u64,
+    pub remote_seconds: f64,
     /// Mean recall of the two predictors over the layers they were scored on.
     pub lookahead_recall: f64,
     pub previous_recall: f64,
@@ -123,8 +138,17 @@ pub struct ExpertStore {
     config: ExpertStoreConfig,
     pass: Mutex<Pass>,
     heat: Mutex<Option<HeatRecorder>>,
+    routes: Mutex<Option<RouteRecorder>>,
+    remote: OnceLock<Remote>,
     stats: Mutex<ExpertStats>,
     trace: Mutex<Option<Vec<TraceStep>>>,
+}
+
+/// Where missing expert bytes come from, and how many ranges to fetch at once.
+#[derive(Debug)]
+struct Remote {
+    source: Arc<dyn RangeSource>,
+    parallel: usize,
 }
 
 impl std::fmt::Debug for ExpertStore {
@@ -173,6 +197,8 @@ impl ExpertStore {
             config,
             pass: Mutex::new(pass),
             heat: Mutex::new(None),
+            routes: Mutex::new(None),
+            remote: OnceLock::new(),
             stats: Mutex::new(ExpertStats::default()),
             trace: Mutex::new(None),
         }
@@ -181,6 +207,18 @@ impl ExpertStore {
     /// Record heat into `recorder` from now on (flushed periodically and by [`Self::flush_heat`]).
     pub fn set_heat(&self, recorder: HeatRecorder) {
         *self.heat.lock().unwrap() = Some(recorder);
+    }
+
+    /// Append every pass's selections to `recorder` from now on.
+    pub fn set_route_trace(&self, recorder: RouteRecorder) {
+        *self.routes.lock().unwrap() = Some(recorder);
+    }
+
+    /// Serve a partly remote checkpoint: selected experts whose bytes are not local are made
+    /// local through `source` (up to `parallel` ranges at once) before they are read; speculative
+    /// reads skip them. Set once, before the first pass (later calls are ignored).
+    pub fn set_remote(&self, source: Arc<dyn RangeSource>, parallel: usize) {
+        let _ = self.remote.set(Remote { source, parallel: parallel.max(1) });
     }
 
     /// Pre-warm: seed the policy with `heat` and read the hottest experts (up to the slots) at
@@ -279,6 +317,9 @@ impl ExpertStore {
 
     /// Claim a slot and submit a prefetch read; false if present or no slot is free.
     fn prefetch_one(&self, k: ExpertKey) -> bool {
+        if !self.is_local(k.layer as usize, k.expert as usize) {
+            return false; // never fetch remote bytes on speculation
+        }
         let Lookup::Miss { slot } = self.cache.claim_for_prefetch(k) else { return false };
         let layout = &self.layouts[k.layer as usize][k.expert as usize];
         let cache = self.cache.clone();
@@ -312,6 +353,9 @@ impl ExpertStore {
         drop(pass);
         if let Some(t) = self.trace.lock().unwrap().as_mut() {
             t.push(TraceStep::EndPass);
+        }
+        if let Some(r) = self.routes.lock().unwrap().as_mut() {
+            r.end_pass()?;
         }
         self.stats.lock().unwrap().passes += 1;
         let mut heat = self.heat.lock().unwrap();
@@ -366,6 +410,9 @@ impl ExpertStore {
         if let Some(h) = self.heat.lock().unwrap().as_mut() {
             h.record(layer, ids);
         }
+        if let Some(r) = self.routes.lock().unwrap().as_mut() {
+            r.record(layer, ids);
+        }
         let mut pass = self.pass.lock().unwrap();
         let p = &mut *pass;
         if let Some(t) = self.trace.lock().unwrap().as_mut() {
@@ -391,6 +438,77 @@ impl ExpertStore {
             }
         }
         self.stats.lock().unwrap().prefetch_cancelled += cancelled;
+    }
+
+    /// The byte ranges of expert `(layer, expert)` that are not local (none without a remote).
+    fn missing_ranges(&self, layer: usize, expert: usize) -> Vec<(usize, Range<u64>)> {
+        let Some(remote) = self.remote.get() else { return Vec::new() };
+        let mut ranges = self.layouts[layer][expert].tensor_ranges();
+        ranges.retain(|(shard, r)| !remote.source.is_local(self.index.shard_name(*shard), r));
+        ranges
+    }
+
+    fn is_local(&self, layer: usize, expert: usize) -> bool {
+        self.remote.get().is_none() || self.missing_ranges(layer, expert).is_empty()
+    }
+
+    /// Make every selected expert of `layer` local, fetching missing ranges `parallel` at a time.
+    fn fetch_missing(&self, layer: usize, ids: &[usize]) -> Result<()> {
+        let Some(remote) = self.remote.get() else { return Ok(()) };
+        let mut missing = Vec::new();
+        let mut experts = 0;
+        for &e in ids {
+            let m = self.missing_ranges(layer, e);
+            experts += u64::from(!m.is_empty());
+            missing.extend(m);
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let work = || -> Result<()> {
+            while !failed.load(Ordering::Relaxed) {
+                let Some((shard, range)) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else { return Ok(()) };
+                if let Err(e) = self.make_local(remote, *shard, range) {
+                    failed.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        };
+        let threads = remote.parallel.min(missing.len());
+        let result = std::thread::scope(|s| {
+            let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+            let mut result = work();
+            for h in helpers {
+                let r = h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                result = result.and(r);
+            }
+            result
+        });
+        let mut st = self.stats.lock().unwrap();
+        st.remote_seconds += started.elapsed().as_secs_f64();
+        if result.is_ok() {
+            st.remote_experts += experts;
+            st.remote_bytes += missing.iter().map(|(_, r)| r.end - r.start).sum::<u64>();
+        }
+        result
+    }
+
+    /// One range through the source; the file it is in must be the one the readers read.
+    fn make_local(&self, remote: &Remote, shard: usize, range: &Range<u64>) -> Result<()> {
+        let name = self.index.shard_name(shard);
+        let path = remote.source.make_local(name, range)?;
+        if !self.reader.same_file(shard, &path) {
+            return Err(Error::Remote {
+                file: name.to_string(),
+                start: range.start,
+                end: range.end,
+                reason: format!("the bytes landed in {}, which is not the file being read", path.display()),
+            });
+        }
+        Ok(())
     }
 
     fn build_mlp(&self, layer: usize, expert: usize, handle: ExpertHandle) -> Result<Mlp> {
@@ -493,6 +611,7 @@ impl LayerExperts<'_> {
             s.uses += ids.len() as u64;
             s.use_bytes += ids.iter().map(|&e| st.layouts[self.layer][e].payload).sum::<u64>();
         }
+        st.fetch_missing(self.layer, ids)?;
         let mut pending: VecDeque<usize> = ids.iter().copied().collect();
         let mut inflight: Vec<(usize, usize)> = Vec::new();
         let mut hinted = false;

@@ -2,6 +2,11 @@
 //! (and cross-checks `model.safetensors.index.json` when present), validates every tensor's byte
 //! range against its dtype/shape and the file length, and hands out tensors as `Blob`s over a
 //! read-only memory map. Nothing is read beyond the headers until a tensor is used.
+//!
+//! A shard has a *name* (its path relative to the model directory, as `model.safetensors.index.json`
+//! and a download manifest know it) and a *path* it is read from. They agree for a plain directory
+//! ([`WeightIndex::open`]); a stream install's shards are read from their staged files elsewhere
+//! ([`WeightIndex::open_shards`]) until they are complete.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -43,8 +48,16 @@ impl TensorInfo {
 
 #[derive(Debug)]
 struct Shard {
+    name: String,
     path: PathBuf,
     map: Arc<Mmap>,
+}
+
+/// A shard to index: its name relative to the model directory and the file to read it from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardFile {
+    pub name: String,
+    pub path: PathBuf,
 }
 
 /// All tensors of a checkpoint directory.
@@ -76,18 +89,29 @@ impl WeightIndex {
             .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
             .collect();
         files.sort();
-        if files.is_empty() {
+        let shards: Vec<ShardFile> = files
+            .into_iter()
+            .map(|path| ShardFile { name: path.file_name().unwrap_or_default().to_string_lossy().into_owned(), path })
+            .collect();
+        Self::open_shards(dir, &shards)
+    }
+
+    /// Index the model in `dir` whose shards are read from the given files (in this order), e.g.
+    /// a stream install's staged shards. `dir` still holds `config.json` and, if any,
+    /// `model.safetensors.index.json`, which is checked against the shard *names*.
+    pub fn open_shards(dir: &Path, shards: &[ShardFile]) -> Result<Self> {
+        if shards.is_empty() {
             return Err(Error::Safetensors { path: dir.to_path_buf(), reason: "no *.safetensors files".into() });
         }
         let mut index = WeightIndex { dir: dir.to_path_buf(), shards: Vec::new(), tensors: HashMap::new() };
-        for path in files {
-            index.add_shard(path)?;
+        for s in shards {
+            index.add_shard(s.name.clone(), s.path.clone())?;
         }
         index.check_index_json()?;
         Ok(index)
     }
 
-    fn add_shard(&mut self, path: PathBuf) -> Result<()> {
+    fn add_shard(&mut self, name: String, path: PathBuf) -> Result<()> {
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
         let bad = |reason: String| Error::Safetensors { path: path.clone(), reason };
@@ -136,7 +160,7 @@ impl WeightIndex {
                 TensorInfo { name: name.clone(), dtype, shape: entry.shape, shard, offset: data_start + start, len: end - start };
             self.tensors.insert(name, info);
         }
-        self.shards.push(Shard { path, map: Arc::new(map) });
+        self.shards.push(Shard { name, path, map: Arc::new(map) });
         Ok(())
     }
 
@@ -149,16 +173,16 @@ impl WeightIndex {
         for (name, file) in &index.weight_map {
             let Some(info) = self.tensors.get(name) else {
                 let shard = self.dir.join(file);
-                if !shard.exists() {
+                if !self.shards.iter().any(|s| &s.name == file) {
                     return Err(Error::Safetensors { path: shard, reason: format!("shard listed in {} is missing", path.display()) });
                 }
                 return Err(Error::MissingTensor { dir: self.dir.clone(), name: name.clone() });
             };
-            let actual = &self.shards[info.shard].path;
-            if actual.file_name().and_then(|n| n.to_str()) != Some(file.as_str()) {
+            let actual = &self.shards[info.shard];
+            if actual.name != *file {
                 return Err(Error::Safetensors {
                     path: path.clone(),
-                    reason: format!("tensor `{name}` is listed in {file} but found in {}", actual.display()),
+                    reason: format!("tensor `{name}` is listed in {file} but found in {}", actual.path.display()),
                 });
             }
         }
@@ -188,6 +212,11 @@ impl WeightIndex {
     /// Paths of every shard, in shard-number order (`TensorInfo::shard` indexes this list).
     pub fn shard_paths(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
+    /// Name of shard `shard` relative to the model directory (`model-00001-of-00002.safetensors`).
+    pub fn shard_name(&self, shard: usize) -> &str {
+        &self.shards[shard].name
     }
 
     /// Length in bytes of shard `shard`'s file.

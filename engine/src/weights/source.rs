@@ -10,6 +10,13 @@ use crate::error::Result;
 pub trait BlobSource: Sync {
     /// The bytes of `info` (exactly `info.len` bytes).
     fn blob(&self, index: &WeightIndex, info: &TensorInfo) -> Result<Blob>;
+
+    /// Whether this source only records which tensors are asked for, so the bytes it hands out
+    /// may not be the tensor's (a stream install's remote experts read as holes). Loaders then
+    /// skip checks on tensor *values*; they run when the layer is built from its real bytes.
+    fn records_only(&self) -> bool {
+        false
+    }
 }
 
 /// The default source: the index's memory maps.

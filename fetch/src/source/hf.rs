@@ -87,6 +87,11 @@ impl HfRepo {
         })
     }
 
+    /// The endpoint, without a trailing slash.
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_str().trim_end_matches('/')
+    }
+
     /// The source this repo was built from.
     pub fn spec(&self) -> SourceSpec {
         SourceSpec::Hf {

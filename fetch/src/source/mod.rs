@@ -162,6 +162,14 @@ impl Remote {
         }
     }
 
+    /// The Hugging Face endpoint (`None` for OCI, whose registry is part of [`Remote::id`]).
+    pub fn endpoint(&self) -> Option<String> {
+        match self {
+            Remote::Hf(r) => Some(r.endpoint().to_string()),
+            Remote::Oci(_) => None,
+        }
+    }
+
     /// A printable id of the source.
     pub fn id(&self) -> String {
         match self {

@@ -248,6 +248,8 @@ pub struct ProxyState {
     pub cut_after: AtomicU64,
     /// How many more connections to cut.
     pub cuts_left: AtomicU32,
+    /// Per-connection cut points taking precedence over `cut_after` while not empty.
+    pub cut_plan: Mutex<std::collections::VecDeque<u64>>,
     stop: AtomicBool,
 }
 
@@ -284,6 +286,11 @@ impl FaultProxy {
     pub fn cut(&self, n: u32, bytes: u64) {
         self.state.cut_after.store(bytes, Ordering::Relaxed);
         self.state.cuts_left.store(n, Ordering::Relaxed);
+    }
+
+    /// Cut the next connections after `limits[i]` response bytes each, in order of arrival.
+    pub fn cut_each(&self, limits: &[u64]) {
+        *self.state.cut_plan.lock().unwrap() = limits.iter().copied().collect();
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -330,11 +337,14 @@ fn proxy_conn(client: TcpStream, upstream: u16, st: &Arc<ProxyState>) {
         let _ = s_write.shutdown(Shutdown::Write);
     });
     let (mut s_read, mut c_write) = (server, client);
-    let cut = st.cuts_left.load(Ordering::Relaxed) > 0 && st.cuts_left.fetch_sub(1, Ordering::Relaxed) > 0;
-    let limit = if cut {
-        st.cut_after.load(Ordering::Relaxed)
-    } else {
-        u64::MAX
+    let planned = st.cut_plan.lock().unwrap().pop_front();
+    let cut = planned.is_none()
+        && st.cuts_left.load(Ordering::Relaxed) > 0
+        && st.cuts_left.fetch_sub(1, Ordering::Relaxed) > 0;
+    let limit = match planned {
+        Some(n) => n,
+        None if cut => st.cut_after.load(Ordering::Relaxed),
+        None => u64::MAX,
     };
     let mut sent = 0u64;
     let mut buf = [0u8; 16384];
