@@ -75,8 +75,11 @@ impl<'a> Loader<'a> {
     }
 
     /// A float tensor of exactly `shape` (e.g. `[C, 1, K]` conv weights) widened to f32.
+    /// Like every tensor, its bytes come from the loader's source (so out-of-core layouts
+    /// record and serve it).
     pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.index.f32_vec(&self.name(name), shape)
+        let info = self.index.expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
+        Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
     }
 
     /// A float tensor of any shape, with its stored shape (for weights that broadcast).
