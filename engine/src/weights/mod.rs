@@ -6,10 +6,12 @@ mod blob;
 mod dtype;
 mod safetensors;
 mod source;
+mod stream;
 mod writer;
 
 pub use blob::Blob;
 pub use dtype::Dtype;
 pub use safetensors::{TensorInfo, WeightIndex};
 pub use source::{BlobSource, MappedSource};
+pub use stream::StreamWriter;
 pub use writer::{TensorSpec, write_atomic, write_safetensors};
