@@ -27,7 +27,7 @@ pub enum Preset {
     Dsv3Bench,
     /// The built-in Kimi K3-architecture model (~20 MB, MXFP4 experts).
     K3Builtin,
-    /// A ~4.6 GB Kimi K3-architecture model: hidden 2048, 16 layers (KDA, gated MLA every 4th
+    /// A ~4.4 GB Kimi K3-architecture model: hidden 2048, 16 layers (KDA, gated MLA every 4th
     /// layer, AttnRes blocks of 4), 128 MXFP4 experts of 1.6 MiB at latent width 1024, top-8,
     /// 2 shared experts; spine : routed bytes per token ≈ 6 (real K3 ≈ 4.2).
     K3Bench,

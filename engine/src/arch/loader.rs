@@ -135,7 +135,7 @@ impl<'a> Loader<'a> {
         let scale_name = self.name(&format!("{module}.weight_scale"));
         match *self.quant {
             Quantization::Int4PackQuantized { group_size, .. } => {
-                if cols % group_size != 0 || group_size % 8 != 0 {
+                if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(8) {
                     return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
                 }
                 let data = self.index.expect(packed, &[Dtype::I32], &[rows, cols / 8])?;
@@ -151,7 +151,7 @@ impl<'a> Loader<'a> {
                 Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
             Quantization::Mxfp4PackQuantized { group_size, .. } => {
-                if cols % group_size != 0 || group_size % 2 != 0 {
+                if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(2) {
                     return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
                 }
                 let data = self.index.expect(packed, &[Dtype::U8], &[rows, cols / 2])?;

@@ -58,7 +58,7 @@ pub fn write_safetensors(
         offset = end;
     }
     let mut text = serde_json::to_string(&Value::Object(header)).expect("serialisable header");
-    while (8 + text.len()) % 8 != 0 {
+    while !(8 + text.len()).is_multiple_of(8) {
         text.push(' ');
     }
     let tmp = path.with_extension("safetensors.partial");
