@@ -232,6 +232,28 @@ fn the_smallest_k3_budget_streams_and_a_smaller_one_is_refused() {
     assert!(arch::supports_budget(&fixture("kimi-linear")).unwrap());
 }
 
+/// Heat recorded by a K3 run pre-warms the next load (the K3 MoE layers are 1..layers) and the
+/// pre-warmed cache changes nothing.
+#[test]
+fn k3_heat_is_recorded_and_prewarms_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth = KimiSynth::k3_tiny();
+    synth.write(dir.path()).unwrap();
+    let want = run(arch::load(dir.path()).unwrap().as_ref());
+    let mut o = options(budgets(dir.path())[2], PolicyKind::Lfu, ReadMode::Auto, true);
+    o.heat_file = Some(dir.path().join("heat.bin"));
+    for round in 0..2 {
+        let (m, rt) = load(dir.path(), &o);
+        assert!(rt.heat_note.is_none(), "{:?}", rt.heat_note);
+        assert_eq!(round > 0, rt.prewarmed > 0, "round {round}: pre-warmed {}", rt.prewarmed);
+        assert_eq!(run(m.as_ref()), want, "round {round}");
+        rt.flush_heat().unwrap();
+    }
+    let (heat, why) = deltafin_engine::cache::heat::Heat::load(&dir.path().join("heat.bin"), synth.layers, synth.experts);
+    assert!(why.is_none(), "{why:?}");
+    assert!(heat.ranked().iter().all(|(k, _)| k.layer as usize >= synth.first_dense), "dense layers have no heat");
+}
+
 const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
 
 /// A K3-format model of ~260 MB: 8 layers (MLA at one-based 4 and 8), 64 MXFP4 experts of
@@ -265,7 +287,8 @@ fn greedy(m: &dyn Model) -> Vec<u32> {
 
 /// Runs a budgeted K3 generation inside a cgroup v1 memory child whose limit is well below the
 /// model's size, in a child process (this test binary, re-run on the ignored test below), and
-/// checks the run succeeds, produces the unbudgeted tokens, and never hits the limit.
+/// checks the run succeeds and produces the unbudgeted tokens, and (with `O_DIRECT` reads, where
+/// the filesystem has them) that the group's peak charge stays within the budget.
 #[test]
 fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     use std::io::Write;
@@ -285,6 +308,7 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     synth.write(dir.path()).unwrap();
     assert!(synth.data_bytes() > 2 * limit, "the model must not fit in the limit");
     let want = greedy(arch::load(dir.path()).unwrap().as_ref());
+    let direct = direct_mode(dir.path()) == ReadMode::Direct;
     std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
     let ids: Vec<String> = want.iter().map(u32::to_string).collect();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -292,6 +316,7 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
         .env("DELTAFIN_TEST_CHILD_MODEL", dir.path())
         .env("DELTAFIN_TEST_CHILD_IDS", ids.join(","))
         .env("DELTAFIN_TEST_CHILD_BUDGET", budget.to_string())
+        .env("DELTAFIN_TEST_CHILD_DIRECT", if direct { "1" } else { "0" })
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -314,6 +339,12 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     assert!(status.success(), "the budgeted run failed or was killed: {status}");
     assert_eq!(oom_kills, 0);
     assert!(max_usage > 0 && max_usage <= limit);
+    if direct {
+        // With O_DIRECT reads nothing lands in the page cache: the group never reaches its
+        // limit and its peak charge stays within the budget (plus the harness's slack).
+        assert_eq!(failcnt, 0, "the group hit its limit");
+        assert!(max_usage <= budget + (16 << 20), "peak charge {max_usage} over budget {budget}");
+    }
 }
 
 /// The child half of the cgroup test (does nothing when run directly).
@@ -325,7 +356,9 @@ fn k3_cgroup_child_process() {
     let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET").unwrap().parse().unwrap();
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).unwrap(); // wait until moved into the cgroup
-    let mut o = options(budget, PolicyKind::Lru, ReadMode::Auto, true);
+    let direct = std::env::var("DELTAFIN_TEST_CHILD_DIRECT").is_ok_and(|v| v == "1");
+    let mode = if direct { ReadMode::Direct } else { ReadMode::Auto };
+    let mut o = options(budget, PolicyKind::Lru, mode, true);
     o.reserve_bytes = 8 << 20;
     o.reader.chunk_bytes = 1 << 20;
     let (m, rt) = load(Path::new(&dir), &o);
