@@ -1,4 +1,6 @@
-//! `deltafin synth`: write a synthetic DeepSeek-V3-architecture checkpoint.
+//! `deltafin synth`: write a synthetic checkpoint in a real on-disk format: DeepSeek-V3
+//! architecture (BF16, block-FP8 or INT4 experts) or Kimi K3 (MXFP4 experts at the latent
+//! width, BF16 spine, KDA + gated MLA, Block AttnRes).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -6,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use deltafin_engine::cache::plan::human;
-use deltafin_engine::synth::{DeepseekSynth, ExpertFormat, RoutingShape};
+use deltafin_engine::synth::{DeepseekSynth, ExpertFormat, KimiK3Synth, RoutingShape};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -23,6 +25,12 @@ pub enum Preset {
     /// A ~12.5 GB DeepSeek-V3-architecture model (16 layers, 64 experts of 12 MiB, top-8),
     /// the shape of the llama.cpp peer baseline.
     Dsv3Bench,
+    /// The built-in Kimi K3-architecture model (~20 MB, MXFP4 experts).
+    K3Builtin,
+    /// A ~4.4 GB Kimi K3-architecture model: hidden 2048, 16 layers (KDA, gated MLA every 4th
+    /// layer, AttnRes blocks of 4), 128 MXFP4 experts of 1.6 MiB at latent width 1024, top-8,
+    /// 2 shared experts; spine : routed bytes per token ≈ 6 (real K3 ≈ 4.2).
+    K3Bench,
 }
 
 #[derive(Debug, Args)]
@@ -32,8 +40,9 @@ pub struct SynthArgs {
     pub out: PathBuf,
     #[arg(long, value_enum, default_value = "dsv3-bench")]
     pub preset: Preset,
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub format: Format,
+    /// Expert format of the DeepSeek-V3 presets (K3 experts are always MXFP4).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
     /// Override the number of decoder layers (scales the size).
     #[arg(long)]
     pub layers: Option<usize>,
@@ -58,9 +67,48 @@ pub struct SynthArgs {
     pub json: bool,
 }
 
+/// The one-based MLA layers of a K3-style schedule: every 4th layer and the last (K3: 4, 8,
+/// …, 92 and 93).
+fn k3_full_attn_layers(layers: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (4..=layers).step_by(4).collect();
+    if v.last() != Some(&layers) {
+        v.push(layers);
+    }
+    v
+}
+
+fn k3_preset(p: Preset) -> Option<KimiK3Synth> {
+    match p {
+        Preset::K3Builtin => Some(KimiK3Synth::k3_builtin()),
+        Preset::K3Bench => Some(KimiK3Synth {
+            hidden: 2048,
+            intermediate: 8192,
+            moe_intermediate: 1024,
+            latent: 1024,
+            layers: 16,
+            full_attn_layers: k3_full_attn_layers(16),
+            heads: 16,
+            q_lora: Some(512),
+            kv_lora: 256,
+            nope: 64,
+            rope: 32,
+            v: 64,
+            kda_heads: 16,
+            kda_head_dim: 128,
+            experts: 128,
+            top_k: 8,
+            shared: 2,
+            block_size: 4,
+            max_position: 4096,
+            ..KimiK3Synth::k3_builtin()
+        }),
+        Preset::Builtin | Preset::Dsv3Bench => None,
+    }
+}
+
 fn preset(p: Preset) -> DeepseekSynth {
     match p {
-        Preset::Builtin => DeepseekSynth::builtin(),
+        Preset::Builtin | Preset::K3Builtin | Preset::K3Bench => DeepseekSynth::builtin(),
         Preset::Dsv3Bench => DeepseekSynth {
             hidden: 2048,
             intermediate: 4096,
@@ -84,8 +132,11 @@ fn preset(p: Preset) -> DeepseekSynth {
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {
+    if let Some(k3) = k3_preset(a.preset) {
+        return run_k3(k3, &a);
+    }
     let mut s = preset(a.preset);
-    s.format = match a.format {
+    s.format = match a.format.unwrap_or(Format::Bf16) {
         Format::Bf16 => ExpertFormat::Bf16,
         Format::Fp8 => ExpertFormat::Fp8,
         Format::Int4 => ExpertFormat::Int4,
@@ -99,37 +150,82 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if let Some(e) = a.experts {
         s.experts = e;
     }
-    if let Some(size) = &a.size {
-        let want = deltafin_engine::cache::plan::parse_size(size).map_err(anyhow::Error::msg)?;
-        if !(1 << 20..=200 << 30).contains(&want) {
-            bail!("--size {size}: choose between 1M and 200G");
-        }
+    if let Some(want) = wanted_size(&a)? {
         while s.data_bytes() < want {
             s.layers += 1;
         }
     }
     let start = Instant::now();
     s.write(&a.out).with_context(|| format!("writing {}", a.out.display()))?;
-    let secs = start.elapsed().as_secs_f64();
-    let bytes = s.data_bytes();
-    let summary = serde_json::json!({
-        "out": a.out, "bytes": bytes, "seconds": secs, "gib_per_second": bytes as f64 / secs / (1u64 << 30) as f64,
-        "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "expert_bytes": s.expert_bytes(),
-        "route_skew": a.route_skew, "route_locality": a.route_locality,
-    });
+    let shape = Shape { layers: s.layers, experts: s.experts, top_k: s.top_k, expert_bytes: s.expert_bytes() };
+    report(&a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
+    Ok(())
+}
+
+/// `--size` in bytes, checked.
+fn wanted_size(a: &SynthArgs) -> Result<Option<u64>> {
+    let Some(size) = &a.size else { return Ok(None) };
+    let want = deltafin_engine::cache::plan::parse_size(size).map_err(anyhow::Error::msg)?;
+    if !(1 << 20..=200 << 30).contains(&want) {
+        bail!("--size {size}: choose between 1M and 200G");
+    }
+    Ok(Some(want))
+}
+
+fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
+    if a.format.is_some_and(|f| !matches!(f, Format::Bf16)) || a.route_skew != 0.0 || a.route_locality != 0.0 {
+        bail!("--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only (K3 experts are MXFP4)");
+    }
+    s.shards = a.shards.max(1);
+    s.seed = a.seed;
+    let relayer = |s: &mut KimiK3Synth, layers: usize| {
+        s.layers = layers.max(s.first_dense + 1);
+        s.full_attn_layers = k3_full_attn_layers(s.layers);
+    };
+    if let Some(l) = a.layers {
+        relayer(&mut s, l);
+    }
+    if let Some(e) = a.experts {
+        s.experts = e.max(s.top_k);
+    }
+    if let Some(want) = wanted_size(a)? {
+        while s.data_bytes() < want {
+            let next = s.layers + 1;
+            relayer(&mut s, next);
+        }
+    }
+    let start = Instant::now();
+    s.write(&a.out).with_context(|| format!("writing {}", a.out.display()))?;
+    let shape = Shape { layers: s.layers, experts: s.experts, top_k: s.top_k, expert_bytes: s.expert_bytes() };
+    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
+    Ok(())
+}
+
+struct Shape {
+    layers: usize,
+    experts: usize,
+    top_k: usize,
+    expert_bytes: u64,
+}
+
+fn report(a: &SynthArgs, bytes: u64, secs: f64, s: Shape) {
+    let gib_s = bytes as f64 / secs / (1u64 << 30) as f64;
     if a.json {
+        let summary = serde_json::json!({
+            "out": a.out, "preset": format!("{:?}", a.preset), "bytes": bytes, "seconds": secs, "gib_per_second": gib_s,
+            "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "expert_bytes": s.expert_bytes,
+            "route_skew": a.route_skew, "route_locality": a.route_locality,
+        });
         println!("{summary}");
     } else {
         eprintln!(
-            "wrote {} ({}) in {secs:.1} s ({:.2} GiB/s): {} layers, {} experts of {} each, top-{}",
+            "wrote {} ({}) in {secs:.1} s ({gib_s:.2} GiB/s): {} layers, {} experts of {} each, top-{}",
             a.out.display(),
             human(bytes),
-            bytes as f64 / secs / (1u64 << 30) as f64,
             s.layers,
             s.experts,
-            human(s.expert_bytes()),
+            human(s.expert_bytes),
             s.top_k
         );
     }
-    Ok(())
 }

@@ -13,6 +13,14 @@
 //!
 //! Tail: `z = AttnRes_out([A…, h])`, `logits = lm_head(RMSNorm(z))`. Traced tensors: `embed`,
 //! `layers.{ℓ}` (= `h` after layer ℓ) and `norm` (= `RMSNorm(z)` of the logit rows).
+//!
+//! Layers live in a [`LayerStore`]: all in memory ([`KimiK3::load`]) or, under a memory budget
+//! ([`KimiK3::load_budgeted`], [`super::kimi_ooc`]), a resident prefix plus streamed layers,
+//! with the MXFP4 routed experts served by the out-of-core [`ExpertStore`]; both build layers
+//! and experts with the same code. The look-ahead prefetch applies layer `ℓ+1`'s
+//! `post_attention_layernorm` and router to `m` of layer `ℓ` (deltafin's PILOT predictor).
+
+use std::sync::Arc;
 
 use super::kimi_linear::{
     Attn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn, model_info,
@@ -21,12 +29,15 @@ use super::kimi_linear::{
 use super::layers::attn_res::AttnRes;
 use super::layers::kda::L2Norm;
 use super::layers::mlp::Activation;
-use super::layers::moe::Combine;
+use super::layers::moe::{Combine, ExpertProvider};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass};
-use crate::config::KimiK3Config;
+use crate::cache::layers::LayerBuilder;
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
+use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
 use crate::error::Result;
 use crate::generate::SeqState;
 use crate::kernels::Matrix;
+use crate::weights::WeightIndex;
 
 /// `F.normalize`'s floor on the L2 norm of q and k.
 const L2_FLOOR: f32 = 1e-12;
@@ -47,10 +58,20 @@ pub struct KimiK3 {
     cfg: KimiK3Config,
     info: ModelInfo,
     embed: Matrix,
-    layers: Vec<Layer>,
+    layers: Arc<LayerStore<Layer>>,
     output_res: AttnRes,
     norm: Vec<f32>,
     lm_head: Matrix,
+    /// Routed experts when they are not inside the layers (out-of-core mode).
+    experts: Option<Arc<ExpertStore>>,
+}
+
+/// The always-resident tensors besides the look-ahead routers.
+struct Fixed {
+    embed: Matrix,
+    lm_head: Matrix,
+    output_res: AttnRes,
+    norm: Vec<f32>,
 }
 
 /// The AttnRes site `{p}{site}_res_norm` / `{p}{site}_res_proj`.
@@ -60,46 +81,70 @@ fn load_res(ld: &Loader<'_>, p: &str, site: &str, h: usize, eps: f32) -> Result<
     Ok(AttnRes::new(&norm, &proj, eps))
 }
 
+/// K3's choices of the shared Kimi layers.
+fn variant(cfg: &KimiK3Config) -> Variant {
+    Variant {
+        act: Activation::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
+        l2: L2Norm::EpsFloor(L2_FLOOR),
+        mla_norm_eps: cfg.text.rms_norm_eps,
+        mla_gate: cfg.mla_use_output_gate,
+        latent: Some((cfg.routed_expert_hidden_size, cfg.latent_moe_use_norm)),
+        combine: Combine::RouteOrder,
+    }
+}
+
+/// Decoder layer `i` (without routed experts when the loader says so).
+fn load_layer(t: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Layer> {
+    let (h, eps, p) = (t.hidden_size, t.rms_norm_eps, format!("model.layers.{i}."));
+    Ok(Layer {
+        input_norm: ld.vector(&format!("{p}input_layernorm.weight"), h)?,
+        post_norm: ld.vector(&format!("{p}post_attention_layernorm.weight"), h)?,
+        attn_res: load_res(ld, &p, "self_attention", h, eps)?,
+        mlp_res: load_res(ld, &p, "mlp", h, eps)?,
+        attn: load_attn(t, ld, i, v)?,
+        ffn: load_ffn(t, ld, i, v)?,
+    })
+}
+
+fn load_fixed(t: &KimiLinearConfig, ld: &Loader<'_>) -> Result<Fixed> {
+    let (embed, lm_head) = load_embed_head(t, ld)?;
+    Ok(Fixed {
+        embed,
+        lm_head,
+        output_res: load_res(ld, "model.", "output_attn", t.hidden_size, t.rms_norm_eps)?,
+        norm: ld.vector("model.norm.weight", t.hidden_size)?,
+    })
+}
+
 impl KimiK3 {
     /// Load and shape-check every tensor.
     pub fn load(cfg: KimiK3Config, ld: &Loader<'_>) -> Result<Self> {
-        let t = &cfg.text;
-        let v = Variant {
-            act: Activation::Situ {
-                beta: cfg.situ_beta,
-                linear_beta: cfg.situ_linear_beta,
-            },
-            l2: L2Norm::EpsFloor(L2_FLOOR),
-            mla_norm_eps: t.rms_norm_eps,
-            mla_gate: cfg.mla_use_output_gate,
-            latent: Some((cfg.routed_expert_hidden_size, cfg.latent_moe_use_norm)),
-            combine: Combine::RouteOrder,
-        };
-        let (h, eps) = (t.hidden_size, t.rms_norm_eps);
-        let (embed, lm_head) = load_embed_head(t, ld)?;
-        let layers = (0..t.num_hidden_layers)
-            .map(|i| {
-                let p = format!("model.layers.{i}.");
-                Ok(Layer {
-                    input_norm: ld.vector(&format!("{p}input_layernorm.weight"), h)?,
-                    post_norm: ld.vector(&format!("{p}post_attention_layernorm.weight"), h)?,
-                    attn_res: load_res(ld, &p, "self_attention", h, eps)?,
-                    mlp_res: load_res(ld, &p, "mlp", h, eps)?,
-                    attn: load_attn(t, ld, i, &v)?,
-                    ffn: load_ffn(t, ld, i, &v)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (t, v) = (&cfg.text, variant(&cfg));
+        let Fixed { embed, lm_head, output_res, norm } = load_fixed(t, ld)?;
+        let layers = (0..t.num_hidden_layers).map(|i| load_layer(t, ld, i, &v)).collect::<Result<Vec<_>>>()?;
         let info = model_info("kimi_k3", t, ld);
-        Ok(KimiK3 {
-            output_res: load_res(ld, "model.", "output_attn", h, eps)?,
-            norm: ld.vector("model.norm.weight", h)?,
-            embed,
-            layers,
-            lm_head,
-            info,
-            cfg,
-        })
+        let layers = Arc::new(LayerStore::resident(layers));
+        Ok(KimiK3 { output_res, norm, embed, layers, lm_head, info, cfg, experts: None })
+    }
+
+    /// Load under `options.budget` (see [`super::kimi_ooc`]): embeddings, head, final norm,
+    /// output AttnRes and the look-ahead routers resident, a prefix of layers resident and the
+    /// rest streamed each pass, the MXFP4 routed experts through the expert cache.
+    /// Bit-identical to [`Self::load`].
+    pub fn load_budgeted(
+        cfg: KimiK3Config,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Self, OocRuntime)> {
+        let (t, v) = (&cfg.text, variant(&cfg));
+        let (lt, lv) = (t.clone(), v.clone());
+        let layer: LayerBuilder<Layer> = Arc::new(move |ld, i| load_layer(&lt, ld, i, &lv));
+        let b = super::kimi_ooc::load(t, &v, spec, index.clone(), options, |ld| load_fixed(t, ld), layer)?;
+        let info = model_info("kimi_k3", t, &Loader::new(&index, spec));
+        let experts = Some(b.runtime.experts.clone());
+        let Fixed { embed, lm_head, output_res, norm } = b.fixed;
+        Ok((KimiK3 { output_res, norm, embed, layers: b.layers, lm_head, info, cfg, experts }, b.runtime))
     }
 }
 
@@ -134,38 +179,58 @@ impl Model for KimiK3 {
 
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
         let t = &self.cfg.text;
-        let (h, eps, block) = (t.hidden_size, t.rms_norm_eps, self.cfg.attn_res_block_size);
+        let (h, eps) = (t.hidden_size, t.rms_norm_eps);
         let plan = RowPlan::new(batch, t.vocab_size, self.info.max_context)?;
         for b in batch.iter_mut() {
             check_state(t, b.state)?;
         }
         begin_pass(batch);
-        let n = plan.len();
-        let all: Vec<usize> = (0..n).collect();
-        let mut run = embed_rows(&self.embed, batch, n);
+        let run = embed_rows(&self.embed, batch, plan.len());
         if let Some(tr) = trace.as_deref_mut() {
             tr.record("embed", &run);
         }
+        let (run, anchors) = match self.run_layers(batch, &plan, run, trace.as_deref_mut()) {
+            Ok(r) => r,
+            Err(e) => {
+                batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
+                return Err(e);
+            }
+        };
+        let logit_rows = plan.logit_rows(batch);
+        let z = mix_rows(&self.output_res, &anchors, &run, &logit_rows, h);
+        let normed = norm_rows(&z, &self.norm, eps);
+        if let Some(tr) = trace {
+            tr.record("norm", &normed);
+        }
+        Ok(head(&self.lm_head, &normed, logit_rows.len()))
+    }
+}
+
+impl KimiK3 {
+    /// Every decoder layer from the embedding rows `run`; returns the final running sum `h`
+    /// and the anchors. On error the caller rolls the states back.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        mut run: Vec<f32>,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let t = &self.cfg.text;
+        let (h, eps, block) = (t.hidden_size, t.rms_norm_eps, self.cfg.attn_res_block_size);
+        let n = plan.len();
+        let all: Vec<usize> = (0..n).collect();
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.cfg.num_blocks());
-        for (l, layer) in self.layers.iter().enumerate() {
-            let u = if anchors.is_empty() {
-                run.clone()
-            } else {
-                mix_rows(&layer.attn_res, &anchors, &run, &all, h)
-            };
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let u = if anchors.is_empty() { run.clone() } else { mix_rows(&layer.attn_res, &anchors, &run, &all, h) };
             let partial = if l % block == 0 {
                 anchors.push(run);
                 None
             } else {
                 Some(run)
             };
-            let a = run_attn(
-                &layer.attn,
-                &norm_rows(&u, &layer.input_norm, eps),
-                &plan,
-                batch,
-                l,
-            );
+            let a = run_attn(&layer.attn, &norm_rows(&u, &layer.input_norm, eps), plan, batch, l);
             let p = match partial {
                 None => a,
                 Some(mut p) => {
@@ -174,19 +239,24 @@ impl Model for KimiK3 {
                 }
             };
             let m = mix_rows(&layer.mlp_res, &anchors, &p, &all, h);
-            let f = layer.ffn.forward(&norm_rows(&m, &layer.post_norm, eps), n);
+            if let Some(store) = &self.experts {
+                // PILOT look-ahead (kimi-k3.md §4.5): layer l + 1's norm and router applied to
+                // the AttnRes output that feeds this layer's FFN. A forecast for prefetching
+                // only; layer l + 1 routes its own input.
+                store.hint_next(l, &m, n);
+            }
+            let experts = self.experts.as_ref().map(|s| s.layer(l));
+            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
+            let f = layer.ffn.forward_with(&norm_rows(&m, &layer.post_norm, eps), n, provider)?;
             run = p;
             run.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(tr) = trace.as_deref_mut() {
                 tr.record(format!("layers.{l}"), &run);
             }
         }
-        let logit_rows = plan.logit_rows(batch);
-        let z = mix_rows(&self.output_res, &anchors, &run, &logit_rows, h);
-        let normed = norm_rows(&z, &self.norm, eps);
-        if let Some(tr) = trace {
-            tr.record("norm", &normed);
+        if let Some(store) = &self.experts {
+            store.end_pass()?;
         }
-        Ok(head(&self.lm_head, &normed, logit_rows.len()))
+        Ok((run, anchors))
     }
 }

@@ -9,18 +9,27 @@
 //!
 //! The loaders for KDA, MLA and the MoE are shared with Kimi K3 ([`super::kimi_k3`]), which
 //! passes its own variant choices ([`Variant`]).
+//!
+//! Layers live in a [`LayerStore`]: all in memory ([`KimiLinear::load`]) or, under a memory
+//! budget ([`KimiLinear::load_budgeted`], [`super::kimi_ooc`]), a resident prefix plus streamed
+//! layers, with routed experts served by the out-of-core [`ExpertStore`].
+
+use std::sync::Arc;
 
 use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Combine, Latent, Moe, RouterConfig};
+use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, kda_caches, mla_caches};
-use crate::config::{AttnKind, KimiLinearConfig};
+use crate::cache::layers::LayerBuilder;
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
+use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
 use crate::error::{Error, Result};
 use crate::generate::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
 use crate::kernels::{Matrix, matmul};
+use crate::weights::WeightIndex;
 
 /// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for
 /// `q_a_layernorm` and `kv_a_layernorm` (it does not pass `rms_norm_eps`).
@@ -57,10 +66,13 @@ pub(crate) enum Ffn {
 }
 
 impl Ffn {
-    pub(crate) fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        match self {
-            Ffn::Dense(m) => m.forward(x, n),
-            Ffn::Moe(m) => m.forward(x, n),
+    /// The FFN over `n` rows of `x` (already normalised). Routed experts come from `experts`
+    /// when given (out-of-core), else from the layer itself.
+    pub(crate) fn forward_with(&self, x: &[f32], n: usize, experts: Option<&dyn ExpertProvider>) -> Result<Vec<f32>> {
+        match (self, experts) {
+            (Ffn::Dense(m), _) => Ok(m.forward(x, n)),
+            (Ffn::Moe(m), None) => Ok(m.forward(x, n)),
+            (Ffn::Moe(m), Some(p)) => m.forward_with(x, n, p),
         }
     }
 }
@@ -79,9 +91,11 @@ pub struct KimiLinear {
     cfg: KimiLinearConfig,
     info: ModelInfo,
     embed: Matrix,
-    layers: Vec<Layer>,
+    layers: Arc<LayerStore<Layer>>,
     norm: Vec<f32>,
     lm_head: Matrix,
+    /// Routed experts when they are not inside the layers (out-of-core mode).
+    experts: Option<Arc<ExpertStore>>,
 }
 
 /// A gated MLP `{prefix}.{gate,up,down}` (names given) from `input` to `width` and back.
@@ -211,20 +225,8 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
         )?)));
     }
     let m = format!("{p}.block_sparse_moe");
-    let e = cfg.num_experts;
-    let expert_in = v.latent.map_or(h, |(width, _)| width);
-    let experts = (0..e)
-        .map(|x| {
-            load_mlp(
-                ld,
-                &format!("{m}.experts.{x}"),
-                ["w1", "w3", "w2"],
-                expert_in,
-                cfg.moe_intermediate_size,
-                v.act,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let e = if ld.routed_experts() { cfg.num_experts } else { 0 };
+    let experts = (0..e).map(|x| load_expert(cfg, ld, i, x, v)).collect::<Result<Vec<_>>>()?;
     let shared = match cfg.num_shared_experts {
         0 => None,
         s => Some(load_mlp(
@@ -249,8 +251,27 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
             up: ld.linear(&format!("{m}.routed_expert_up_proj"), h, width)?,
         }),
     };
-    Ok(Ffn::Moe(Box::new(Moe {
-        gate: ld.dense(&format!("{m}.gate.weight"), e, h)?,
+    let mut moe = load_router(cfg, ld, i, v)?;
+    moe.experts = experts;
+    moe.shared = shared;
+    moe.latent = latent;
+    Ok(Ffn::Moe(Box::new(moe)))
+}
+
+/// Routed expert `e` of layer `l` (`block_sparse_moe.experts.{e}.w1/w3/w2`; K3: MXFP4 at the
+/// latent width).
+pub(crate) fn load_expert(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, e: usize, v: &Variant) -> Result<Mlp> {
+    let input = v.latent.map_or(cfg.hidden_size, |(width, _)| width);
+    let p = format!("model.layers.{l}.block_sparse_moe.experts.{e}");
+    load_mlp(ld, &p, ["w1", "w3", "w2"], input, cfg.moe_intermediate_size, v.act)
+}
+
+/// Layer `l`'s router (`block_sparse_moe.gate`) as a MoE without experts, shared experts or
+/// latent projection.
+pub(crate) fn load_router(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, v: &Variant) -> Result<Moe> {
+    let (e, m) = (cfg.num_experts, format!("model.layers.{l}.block_sparse_moe"));
+    Ok(Moe {
+        gate: ld.dense(&format!("{m}.gate.weight"), e, cfg.hidden_size)?,
         bias: ld.vector(&format!("{m}.gate.e_score_correction_bias"), e)?,
         router: RouterConfig {
             top_k: cfg.num_experts_per_token,
@@ -259,11 +280,11 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
             norm_topk_prob: cfg.moe_renormalize,
             scaling: cfg.routed_scaling_factor,
         },
-        experts,
-        shared,
-        latent,
+        experts: Vec::new(),
+        shared: None,
+        latent: None,
         combine: v.combine,
-    })))
+    })
 }
 
 /// Attention of layer `i` by the config's schedule.
@@ -409,40 +430,95 @@ pub(crate) fn load_embed_head(cfg: &KimiLinearConfig, ld: &Loader<'_>) -> Result
     Ok((embed, lm_head))
 }
 
+/// Kimi-Linear's choices of the shared Kimi layers.
+fn variant() -> Variant {
+    Variant {
+        act: Activation::Silu,
+        l2: L2Norm::EpsInside(1e-6),
+        mla_norm_eps: HF_MLA_NORM_EPS,
+        mla_gate: false,
+        latent: None,
+        combine: Combine::Ascending,
+    }
+}
+
+/// The always-resident tensors besides the look-ahead routers.
+struct Fixed {
+    embed: Matrix,
+    lm_head: Matrix,
+    norm: Vec<f32>,
+}
+
 impl KimiLinear {
     /// Load and shape-check every tensor.
     pub fn load(cfg: KimiLinearConfig, ld: &Loader<'_>) -> Result<Self> {
-        let v = Variant {
-            act: Activation::Silu,
-            l2: L2Norm::EpsInside(1e-6),
-            mla_norm_eps: HF_MLA_NORM_EPS,
-            mla_gate: false,
-            latent: None,
-            combine: Combine::Ascending,
-        };
+        let v = variant();
         let (embed, lm_head) = load_embed_head(&cfg, ld)?;
-        let h = cfg.hidden_size;
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|i| {
-                let p = format!("model.layers.{i}");
-                Ok(Layer {
-                    input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                    post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                    attn: load_attn(&cfg, ld, i, &v)?,
-                    ffn: load_ffn(&cfg, ld, i, &v)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_hidden_layers).map(|i| load_layer(&cfg, ld, i, &v)).collect::<Result<Vec<_>>>()?;
+        let norm = ld.vector("model.norm.weight", cfg.hidden_size)?;
         let info = model_info("kimi_linear", &cfg, ld);
-        Ok(KimiLinear {
-            norm: ld.vector("model.norm.weight", h)?,
-            embed,
-            layers,
-            lm_head,
-            info,
-            cfg,
-        })
+        let layers = Arc::new(LayerStore::resident(layers));
+        Ok(KimiLinear { norm, embed, layers, lm_head, info, cfg, experts: None })
     }
+
+    /// Load under `options.budget` (see [`super::kimi_ooc`]): embeddings, head, final norm and
+    /// the look-ahead routers resident, a prefix of layers resident and the rest streamed each
+    /// pass, routed experts through the expert cache. Bit-identical to [`Self::load`].
+    pub fn load_budgeted(
+        cfg: KimiLinearConfig,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Self, OocRuntime)> {
+        let v = variant();
+        let fixed = |ld: &Loader<'_>| {
+            let (embed, lm_head) = load_embed_head(&cfg, ld)?;
+            Ok(Fixed { embed, lm_head, norm: ld.vector("model.norm.weight", cfg.hidden_size)? })
+        };
+        let (c, lv) = (cfg.clone(), v.clone());
+        let layer: LayerBuilder<Layer> = Arc::new(move |ld, i| load_layer(&c, ld, i, &lv));
+        let b = super::kimi_ooc::load(&cfg, &v, spec, index.clone(), options, fixed, layer)?;
+        let info = model_info("kimi_linear", &cfg, &Loader::new(&index, spec));
+        let experts = Some(b.runtime.experts.clone());
+        let Fixed { embed, lm_head, norm } = b.fixed;
+        Ok((KimiLinear { norm, embed, layers: b.layers, lm_head, info, cfg, experts }, b.runtime))
+    }
+
+    /// Every decoder layer over the rows of `x`; on error the caller rolls the states back.
+    fn run_layers(&self, batch: &mut [SeqInput<'_>], plan: &RowPlan, x: &mut [f32], mut trace: Option<&mut Trace>) -> Result<()> {
+        let (n, eps) = (plan.len(), self.cfg.rms_norm_eps);
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let xn = norm_rows(x, &layer.input_norm, eps);
+            let a = run_attn(&layer.attn, &xn, plan, batch, l);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = norm_rows(x, &layer.post_norm, eps);
+            if let Some(store) = &self.experts {
+                store.hint_next(l, x, n); // predicts layer l + 1's routes from this residual
+            }
+            let experts = self.experts.as_ref().map(|s| s.layer(l));
+            let f = layer.ffn.forward_with(&xn, n, experts.as_ref().map(|e| e as &dyn ExpertProvider))?;
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), x);
+            }
+        }
+        match &self.experts {
+            Some(store) => store.end_pass(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Decoder layer `i` (without routed experts when the loader says so).
+fn load_layer(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Layer> {
+    let (h, p) = (cfg.hidden_size, format!("model.layers.{i}"));
+    Ok(Layer {
+        input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+        post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        attn: load_attn(cfg, ld, i, v)?,
+        ffn: load_ffn(cfg, ld, i, v)?,
+    })
 }
 
 impl Model for KimiLinear {
@@ -475,16 +551,9 @@ impl Model for KimiLinear {
         if let Some(t) = trace.as_deref_mut() {
             t.record("embed", &x);
         }
-        for (l, layer) in self.layers.iter().enumerate() {
-            let xn = norm_rows(&x, &layer.input_norm, eps);
-            let a = run_attn(&layer.attn, &xn, &plan, batch, l);
-            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let xn = norm_rows(&x, &layer.post_norm, eps);
-            let f = layer.ffn.forward(&xn, n);
-            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
-            if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("layers.{l}"), &x);
-            }
+        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
+            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
+            return Err(e);
         }
         let selected: Vec<f32> = logit_rows
             .iter()

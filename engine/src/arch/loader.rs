@@ -75,8 +75,11 @@ impl<'a> Loader<'a> {
     }
 
     /// A float tensor of exactly `shape` (e.g. `[C, 1, K]` conv weights) widened to f32.
+    /// Like every tensor, its bytes come from the loader's source (so out-of-core layouts
+    /// record and serve it).
     pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.index.f32_vec(&self.name(name), shape)
+        let info = self.index.expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
+        Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
     }
 
     /// A float tensor of any shape, with its stored shape (for weights that broadcast).
@@ -132,7 +135,7 @@ impl<'a> Loader<'a> {
         let scale_name = self.name(&format!("{module}.weight_scale"));
         match *self.quant {
             Quantization::Int4PackQuantized { group_size, .. } => {
-                if cols % group_size != 0 || group_size % 8 != 0 {
+                if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(8) {
                     return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
                 }
                 let data = self.index.expect(packed, &[Dtype::I32], &[rows, cols / 8])?;
@@ -148,7 +151,7 @@ impl<'a> Loader<'a> {
                 Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
             Quantization::Mxfp4PackQuantized { group_size, .. } => {
-                if cols % group_size != 0 || group_size % 2 != 0 {
+                if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(2) {
                     return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
                 }
                 let data = self.index.expect(packed, &[Dtype::U8], &[rows, cols / 2])?;

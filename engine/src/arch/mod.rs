@@ -8,6 +8,7 @@
 pub mod deepseek_v3;
 pub mod kimi_k3;
 pub mod kimi_linear;
+mod kimi_ooc;
 pub mod layers;
 mod loader;
 pub mod qwen3;
@@ -172,8 +173,17 @@ pub fn load_budgeted(dir: &Path, options: &crate::cache::OocOptions) -> Result<(
             let (model, runtime) = deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;
             Ok((Box::new(model), runtime))
         }
-        _ => Err(Error::Budget(format!(
-            "{}: out-of-core loading is implemented for DeepSeek-V3 / Kimi-K2 checkpoints only so far",
+        ArchConfig::KimiLinear(cfg) => {
+            let (model, runtime) = kimi_linear::KimiLinear::load_budgeted(cfg.clone(), &spec, index, options)?;
+            Ok((Box::new(model), runtime))
+        }
+        ArchConfig::KimiK3(cfg) => {
+            let (model, runtime) = kimi_k3::KimiK3::load_budgeted(cfg.clone(), &spec, index, options)?;
+            Ok((Box::new(model), runtime))
+        }
+        ArchConfig::Qwen3(_) => Err(Error::Budget(format!(
+            "{}: out-of-core loading is implemented for DeepSeek-V3 / Kimi-K2, Kimi-Linear and Kimi K3 checkpoints \
+             (dense Qwen3 drafters load in memory)",
             spec.model_type
         ))),
     }
@@ -181,7 +191,10 @@ pub fn load_budgeted(dir: &Path, options: &crate::cache::OocOptions) -> Result<(
 
 /// Whether [`load_budgeted`] supports the model in `dir`.
 pub fn supports_budget(dir: &Path) -> Result<bool> {
-    Ok(matches!(ModelSpec::load(dir)?.arch, ArchConfig::DeepseekV3(_)))
+    Ok(matches!(
+        ModelSpec::load(dir)?.arch,
+        ArchConfig::DeepseekV3(_) | ArchConfig::KimiLinear(_) | ArchConfig::KimiK3(_)
+    ))
 }
 
 /// Build the architecture for an already-parsed spec and index.

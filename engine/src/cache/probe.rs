@@ -28,7 +28,8 @@ pub struct ProbeResult {
     pub gib_per_second: f64,
 }
 
-/// Read sets of every routed expert, found by tensor name (`…layers.L.mlp.experts.E.…`).
+/// Read sets of every routed expert, found by tensor name (`…layers.L.mlp.experts.E.…`, or
+/// Kimi's `…layers.L.block_sparse_moe.experts.E.…`).
 pub fn expert_layouts(index: &WeightIndex) -> Vec<SpanLayout> {
     let mut groups: std::collections::BTreeMap<(usize, usize), Vec<TensorInfo>> = Default::default();
     for name in index.names() {
@@ -43,7 +44,7 @@ pub fn expert_layouts(index: &WeightIndex) -> Vec<SpanLayout> {
 fn parse_expert(name: &str) -> Option<(usize, usize)> {
     let rest = &name[name.find("layers.")? + 7..];
     let (layer, rest) = rest.split_once('.')?;
-    let rest = rest.strip_prefix("mlp.experts.")?;
+    let rest = rest.strip_prefix("mlp.experts.").or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
     let (expert, _) = rest.split_once('.')?;
     Some((layer.parse().ok()?, expert.parse().ok()?))
 }
@@ -196,6 +197,9 @@ mod tests {
         assert_eq!(parse_expert("model.layers.3.mlp.experts.17.up_proj.weight"), Some((3, 17)));
         assert_eq!(parse_expert("language_model.model.layers.0.mlp.experts.2.down_proj.weight_packed"), Some((0, 2)));
         assert_eq!(parse_expert("model.layers.3.mlp.shared_experts.up_proj.weight"), None);
+        let k3 = "language_model.model.layers.5.block_sparse_moe.experts.895.w2.weight_scale";
+        assert_eq!(parse_expert(k3), Some((5, 895)));
+        assert_eq!(parse_expert("model.layers.5.block_sparse_moe.shared_experts.up_proj.weight"), None);
         let p = pick(10, 0, 4, 1);
         let q = pick(10, 4, 4, 1);
         assert!(p.iter().all(|x| !q.contains(x)), "consecutive picks are disjoint");

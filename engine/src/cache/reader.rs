@@ -394,12 +394,16 @@ impl Inner {
             self.busy_edge(true);
             let result = self.read_chunk(&chunk);
             self.busy_edge(false);
+            let Chunk { job, buf, .. } = chunk;
+            // Release the destination before the request can complete: once its ticket is done
+            // the requester may reuse the buffer and expects to hold the only reference.
+            drop(buf);
             if let Err(e) = result {
-                chunk.job.error.lock().unwrap().get_or_insert(e);
+                job.error.lock().unwrap().get_or_insert(e);
             }
-            if chunk.job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let error = chunk.job.error.lock().unwrap().take();
-                chunk.job.finish(error.map_or(Ok(()), Err), true);
+            if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let error = job.error.lock().unwrap().take();
+                job.finish(error.map_or(Ok(()), Err), true);
             }
         }
     }

@@ -103,7 +103,11 @@ pub(crate) fn norm(name: &str, len: usize) -> (TensorSpec, Fill) {
 
 /// Two uniforms in [0, 1) from one draw (24 bits each).
 fn two_units(rng: &mut Rng) -> [f32; 2] {
-    let u = rng.next_u64();
+    units(rng.next_u64())
+}
+
+/// Two uniforms in [0, 1) from the draw `u` (24 bits each).
+fn units(u: u64) -> [f32; 2] {
     let scale = 1.0 / (1u32 << 24) as f32;
     [(u >> 40) as f32 * scale, ((u >> 16) & 0xFF_FFFF) as f32 * scale]
 }
@@ -137,22 +141,32 @@ impl Fill {
         Ok(())
     }
 
-    /// Elements `block * BLOCK ..` (`n` of them) of a tensor.
+    /// Elements `block * BLOCK ..` (`n` of them) of a tensor. The bulk formats (BF16 weights,
+    /// packed nibbles, FP8 codes, E8M0 scales) compute every draw from its index
+    /// ([`Rng::nth_of`]); the result is the sequential stream's, byte for byte.
     fn block(self, base: u64, block: usize, n: usize, cols: usize) -> Vec<u8> {
-        let mut rng = Rng::new(base ^ (block as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let state = base ^ (block as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        match self {
+            Fill::Dense(g) => dense_block(state, n, g * (3.0 / cols as f32).sqrt()),
+            Fill::Bytes => {
+                let mut buf = vec![0u8; n];
+                for (k, out) in buf.chunks_mut(8).enumerate() {
+                    out.copy_from_slice(&Rng::nth_of(state, k as u64).to_le_bytes()[..out.len()]);
+                }
+                buf
+            }
+            Fill::Fp8 => (0..n as u64).map(|k| fp8_code(Rng::nth_of(state, k))).collect(),
+            Fill::E8m0(e) => (0..n as u64).map(|k| e - 1 + (Rng::nth_of(state, k) % 3) as u8).collect(),
+            _ => self.small_block(state, n),
+        }
+    }
+
+    /// The other (small) fills, drawn sequentially.
+    fn small_block(self, state: u64, n: usize) -> Vec<u8> {
+        let mut rng = Rng::new(state);
         let mut buf = Vec::with_capacity(n * self.elem_size());
         let bf16 = |v: f32| half::bf16::from_f32(v).to_le_bytes();
         match self {
-            Fill::Dense(g) => {
-                let a = g * (3.0 / cols as f32).sqrt();
-                while buf.len() < 2 * n {
-                    for u in two_units(&mut rng) {
-                        if buf.len() < 2 * n {
-                            buf.extend_from_slice(&bf16((u * 2.0 - 1.0) * a));
-                        }
-                    }
-                }
-            }
             Fill::Norm => (0..n).for_each(|_| buf.extend_from_slice(&bf16(1.0 + rng.symmetric(0.1)))),
             Fill::Bias => (0..n).for_each(|_| buf.extend_from_slice(&rng.symmetric(0.05).to_le_bytes())),
             Fill::SkewedBias(skew) => (0..n).for_each(|_| {
@@ -160,28 +174,41 @@ impl Fill {
                 let normal = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
                 buf.extend_from_slice(&(rng.symmetric(0.002) + skew * normal).to_le_bytes())
             }),
-            Fill::Fp8 => (0..n).for_each(|_| {
-                let bits = rng.next_u64();
-                let exp = 4 + (bits % 6) as u8;
-                buf.push(((bits >> 8) as u8 & 0x80) | (exp << 3) | ((bits >> 16) as u8 & 7));
-            }),
             Fill::Scale(s) => (0..n).for_each(|_| buf.extend_from_slice(&(s * (0.5 + rng.unit())).to_le_bytes())),
-            Fill::Bytes => {
-                while buf.len() < n {
-                    let take = (n - buf.len()).min(8);
-                    buf.extend_from_slice(&rng.next_u64().to_le_bytes()[..take]);
-                }
-            }
             Fill::Uniform(lo, hi) => (0..n).for_each(|_| buf.extend_from_slice(&bf16(lo + (hi - lo) * rng.unit()))),
             Fill::F32Uniform(lo, hi) => (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).to_le_bytes())),
             Fill::F32LogUniform(lo, hi) => {
                 (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).ln().to_le_bytes()))
             }
-            Fill::E8m0(e) => (0..n).for_each(|_| buf.push(e - 1 + (rng.next_u64() % 3) as u8)),
             Fill::Shape(..) => unreachable!("written directly"),
+            Fill::Dense(_) | Fill::Bytes | Fill::Fp8 | Fill::E8m0(_) => unreachable!("bulk fills"),
         }
         buf
     }
+}
+
+/// `n` BF16 values `(2u - 1) · a`, two per draw (high 24 bits first).
+fn dense_block(state: u64, n: usize, a: f32) -> Vec<u8> {
+    let bf16 = |u: f32| half::bf16::from_f32((u * 2.0 - 1.0) * a).to_le_bytes();
+    let mut buf = vec![0u8; 2 * n];
+    let mut pairs = buf.chunks_exact_mut(4);
+    for (k, out) in (&mut pairs).enumerate() {
+        let [hi, lo] = units(Rng::nth_of(state, k as u64));
+        out[..2].copy_from_slice(&bf16(hi));
+        out[2..].copy_from_slice(&bf16(lo));
+    }
+    let last = pairs.into_remainder();
+    if !last.is_empty() {
+        let [hi, _] = units(Rng::nth_of(state, (n / 2) as u64));
+        last.copy_from_slice(&bf16(hi));
+    }
+    buf
+}
+
+/// An FP8 E4M3 code with a moderate exponent (never NaN) from a draw.
+fn fp8_code(bits: u64) -> u8 {
+    let exp = 4 + (bits % 6) as u8;
+    ((bits >> 8) as u8 & 0x80) | (exp << 3) | ((bits >> 16) as u8 & 7)
 }
 
 #[cfg(test)]
@@ -200,5 +227,45 @@ mod tests {
         assert_eq!(a.len(), spec.nbytes());
         let one = Fill::Dense(1.0).block(Rng::keyed(1, "w").next_u64(), 2, BLOCK, BLOCK);
         assert_eq!(&a[2 * 2 * BLOCK..], &one[..], "block 2 does not depend on blocks 0 and 1");
+    }
+
+    /// The bulk fills as first written: one sequential stream of draws per block.
+    fn sequential_block(fill: Fill, state: u64, n: usize, cols: usize) -> Vec<u8> {
+        let mut rng = Rng::new(state);
+        let mut buf = Vec::new();
+        match fill {
+            Fill::Dense(g) => {
+                let a = g * (3.0 / cols as f32).sqrt();
+                while buf.len() < 2 * n {
+                    for u in two_units(&mut rng) {
+                        if buf.len() < 2 * n {
+                            buf.extend_from_slice(&half::bf16::from_f32((u * 2.0 - 1.0) * a).to_le_bytes());
+                        }
+                    }
+                }
+            }
+            Fill::Bytes => {
+                while buf.len() < n {
+                    let take = (n - buf.len()).min(8);
+                    buf.extend_from_slice(&rng.next_u64().to_le_bytes()[..take]);
+                }
+            }
+            Fill::Fp8 => (0..n).for_each(|_| buf.push(fp8_code(rng.next_u64()))),
+            Fill::E8m0(e) => (0..n).for_each(|_| buf.push(e - 1 + (rng.next_u64() % 3) as u8)),
+            _ => unreachable!(),
+        }
+        buf
+    }
+
+    #[test]
+    fn indexed_bulk_fills_equal_the_sequential_streams() {
+        for fill in [Fill::Dense(1.5), Fill::Bytes, Fill::Fp8, Fill::E8m0(120)] {
+            for n in [0, 1, 2, 7, 8, 9, 1001, 4096] {
+                let base = 0x1234_5678_9ABC_DEF0u64;
+                let state = base ^ 4u64.wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let want = sequential_block(fill, state, n, 96);
+                assert_eq!(fill.block(base, 3, n, 96), want, "{fill:?} n={n}");
+            }
+        }
     }
 }

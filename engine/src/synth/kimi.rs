@@ -376,6 +376,25 @@ impl KimiSynth {
         }
     }
 
+    /// Bytes of tensor data in the checkpoint.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors().iter().map(|(t, _)| t.nbytes() as u64).sum()
+    }
+
+    /// Bytes of one routed expert (its `w1`/`w2`/`w3` tensors; 0 without MoE layers).
+    pub fn expert_bytes(&self) -> u64 {
+        if self.first_dense >= self.layers {
+            return 0;
+        }
+        let prefix = self.name(&format!("model.layers.{}.block_sparse_moe.experts.0.", self.first_dense));
+        self.tensors().iter().filter(|(t, _)| t.name.starts_with(&prefix)).map(|(t, _)| t.nbytes() as u64).sum()
+    }
+
+    /// Routed experts in the checkpoint (all MoE layers).
+    pub fn routed_experts(&self) -> u64 {
+        (self.layers.saturating_sub(self.first_dense) * self.experts) as u64
+    }
+
     /// Write the checkpoint (config, shards, index, tokenizer) into `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
         self.check()?;

@@ -8,6 +8,7 @@ mod dtype;
 mod remote;
 mod safetensors;
 mod source;
+mod stream;
 mod writer;
 
 pub use blob::Blob;
@@ -15,4 +16,5 @@ pub use dtype::Dtype;
 pub use remote::RangeSource;
 pub use safetensors::{ShardFile, TensorInfo, WeightIndex};
 pub use source::{BlobSource, MappedSource};
+pub use stream::StreamWriter;
 pub use writer::{TensorSpec, write_atomic, write_safetensors};

@@ -1,6 +1,8 @@
 //! Writing safetensors files atomically: the header is computed from the tensor list, data is
 //! streamed tensor by tensor from a callback (so multi-GB files never sit in memory), and the
-//! file appears under its final name only after it is complete and fsynced.
+//! file appears under its final name only after it is complete and fsynced. Files of at least
+//! [`STREAM_MIN_BYTES`] go through a [`StreamWriter`] (a background thread writing large
+//! aligned buffers, `O_DIRECT` where possible) so producing the data overlaps writing it.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -9,7 +11,14 @@ use std::path::Path;
 use serde_json::{Map, Value, json};
 
 use super::Dtype;
+use super::stream::StreamWriter;
 use crate::error::{Error, Result};
+
+/// Files at least this large are written through a [`StreamWriter`].
+pub const STREAM_MIN_BYTES: usize = 64 << 20;
+
+/// Bytes per write of the [`StreamWriter`].
+const STREAM_CHUNK: usize = 8 << 20;
 
 /// Name, dtype and shape of a tensor to write.
 #[derive(Debug, Clone)]
@@ -49,30 +58,61 @@ pub fn write_safetensors(
         offset = end;
     }
     let mut text = serde_json::to_string(&Value::Object(header)).expect("serialisable header");
-    while (8 + text.len()) % 8 != 0 {
+    while !(8 + text.len()).is_multiple_of(8) {
         text.push(' ');
     }
     let tmp = path.with_extension("safetensors.partial");
     let io = |e| Error::io(&tmp, e);
-    let file = File::create(&tmp).map_err(io)?;
-    let mut out = BufWriter::with_capacity(8 << 20, file);
-    out.write_all(&(text.len() as u64).to_le_bytes()).map_err(io)?;
-    out.write_all(text.as_bytes()).map_err(io)?;
-    for (i, t) in tensors.iter().enumerate() {
-        let mut counted = CountingWriter { inner: &mut out, written: 0 };
-        fill(i, &mut counted).map_err(io)?;
-        if counted.written != t.nbytes() {
-            return Err(Error::InvalidArgument {
-                field: "tensor data",
-                reason: format!("`{}`: wrote {} bytes, expected {}", t.name, counted.written, t.nbytes()),
-            });
-        }
+    if 8 + text.len() + offset >= STREAM_MIN_BYTES {
+        let mut out = StreamWriter::create(&tmp, STREAM_CHUNK).map_err(io)?;
+        write_body(&mut out, &text, tensors, &mut fill).map_err(|e| e.with_path(&tmp))?;
+        out.finish().map_err(io)?;
+    } else {
+        let file = File::create(&tmp).map_err(io)?;
+        let mut out = BufWriter::with_capacity(8 << 20, file);
+        write_body(&mut out, &text, tensors, &mut fill).map_err(|e| e.with_path(&tmp))?;
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
     }
-    let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(io)?;
-    drop(file);
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     sync_dir(path);
+    Ok(())
+}
+
+/// Why writing the body failed.
+enum BodyError {
+    Io(std::io::Error),
+    Size(Error),
+}
+
+impl BodyError {
+    fn with_path(self, path: &Path) -> Error {
+        match self {
+            BodyError::Io(e) => Error::io(path, e),
+            BodyError::Size(e) => e,
+        }
+    }
+}
+
+/// Header length, header, then every tensor's bytes from `fill`, checking each one's size.
+fn write_body(
+    out: &mut dyn Write,
+    header: &str,
+    tensors: &[TensorSpec],
+    fill: &mut impl FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
+) -> std::result::Result<(), BodyError> {
+    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(BodyError::Io)?;
+    out.write_all(header.as_bytes()).map_err(BodyError::Io)?;
+    for (i, t) in tensors.iter().enumerate() {
+        let mut counted = CountingWriter { inner: &mut *out, written: 0 };
+        fill(i, &mut counted).map_err(BodyError::Io)?;
+        if counted.written != t.nbytes() {
+            return Err(BodyError::Size(Error::InvalidArgument {
+                field: "tensor data",
+                reason: format!("`{}`: wrote {} bytes, expected {}", t.name, counted.written, t.nbytes()),
+            }));
+        }
+    }
     Ok(())
 }
 
@@ -95,12 +135,12 @@ fn sync_dir(path: &Path) {
     }
 }
 
-struct CountingWriter<'a, W: Write> {
+struct CountingWriter<'a, W: Write + ?Sized> {
     inner: &'a mut W,
     written: usize,
 }
 
-impl<W: Write> Write for CountingWriter<'_, W> {
+impl<W: Write + ?Sized> Write for CountingWriter<'_, W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.written += n;
