@@ -136,7 +136,10 @@ fn fused<S: Simd, E: Elem, const R: usize>(s: S, p: &Plan, r0: usize, x: &[Chunk
     let mut seg = 0;
     while c0 < full {
         let c1 = (c0 + p.seg_chunks).min(full);
-        let sc: [S::V; R] = from_fn(|j| s.splat(p.scale(r0 + j, seg)));
+        let mut sc = [s.zero(); R];
+        for j in 0..R {
+            sc[j] = s.splat(p.scale(r0 + j, seg));
+        }
         for c in c0..c1 {
             let xv = s.load(&x[c]);
             for j in 0..R {
@@ -315,9 +318,19 @@ fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, acc
         let start = (i0 + i) * b.cpr + b.c0;
         &b.x[start..start + b.kc]
     });
-    let mut acc: [[S::V; N]; R] = from_fn(|j| from_fn(|i| s.load(&accs[j * n + i0 + i])));
+    // No closures (`from_fn`) around SIMD operations here: a closure does not inherit the
+    // caller's `target_feature`s, so an intrinsic inside one is an out-of-line call.
+    let mut acc = [[s.zero(); N]; R];
+    for j in 0..R {
+        for i in 0..N {
+            acc[j][i] = s.load(&accs[j * n + i0 + i]);
+        }
+    }
     for c in 0..b.kc {
-        let wv: [S::V; R] = from_fn(|j| s.load(&w[j][c]));
+        let mut wv = [s.zero(); R];
+        for j in 0..R {
+            wv[j] = s.load(&w[j][c]);
+        }
         for i in 0..N {
             let xv = s.load(&x[i][c]);
             for j in 0..R {
