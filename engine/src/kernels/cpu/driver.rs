@@ -119,8 +119,106 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
         for r in r..r1 {
             fused::<S, E, 1>(s, p, r, x, &mut out[r - r0..r - r0 + 1]);
         }
+    } else if n <= 2 * S::TILE_XS {
+        fused_rows::<S, E>(s, p, x, n, r0, r1, out);
     } else {
         panel_rows(s, p, x, n, r0, r1, out, decode_elem::<S, E>);
+    }
+}
+
+/// `2 <= n <= 2 * TILE_XS`: the fused path with several input rows. Each weight chunk is decoded
+/// in registers once and multiplied into every input row (weight rows in groups of
+/// `TILE_ROWS` up to `TILE_XS` inputs, else half as many rows for twice the inputs, so the
+/// accumulators fit the register file); no decoded panel is written and read back. Rows left
+/// over at the end of the range go through the panel path.
+#[inline(always)]
+fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
+    let cpr = p.m.cols.div_ceil(LANES);
+    let group = if n <= S::TILE_XS { S::TILE_ROWS } else { (S::TILE_ROWS / 2).max(1) };
+    let mut r = r0;
+    while r + group <= r1 {
+        match (group, n) {
+            (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, x, cpr, out),
+            (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, x, cpr, out),
+            (4, 4) => fused_n::<S, E, 4, 4>(s, p, r, r0, x, cpr, out),
+            (2, 2) => fused_n::<S, E, 2, 2>(s, p, r, r0, x, cpr, out),
+            (2, 3) => fused_n::<S, E, 2, 3>(s, p, r, r0, x, cpr, out),
+            (2, 4) => fused_n::<S, E, 2, 4>(s, p, r, r0, x, cpr, out),
+            (2, 5) => fused_n::<S, E, 2, 5>(s, p, r, r0, x, cpr, out),
+            (2, 6) => fused_n::<S, E, 2, 6>(s, p, r, r0, x, cpr, out),
+            (2, 7) => fused_n::<S, E, 2, 7>(s, p, r, r0, x, cpr, out),
+            (2, 8) => fused_n::<S, E, 2, 8>(s, p, r, r0, x, cpr, out),
+            (1, 2) => fused_n::<S, E, 1, 2>(s, p, r, r0, x, cpr, out),
+            (1, 3) => fused_n::<S, E, 1, 3>(s, p, r, r0, x, cpr, out),
+            (1, 4) => fused_n::<S, E, 1, 4>(s, p, r, r0, x, cpr, out),
+            _ => break,
+        }
+        r += group;
+    }
+    if r < r1 {
+        let mut rest: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[r - r0..]).collect();
+        panel_rows(s, p, x, n, r, r1, &mut rest, decode_elem::<S, E>);
+    }
+}
+
+/// Fused dot of weight rows `r..r + R` against input rows `0..N` (`cpr` chunks each); results
+/// go to `out[i][r - base + j]`.
+#[inline(always)]
+fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
+    s: S,
+    p: &Plan,
+    r: usize,
+    base: usize,
+    x: &[Chunk],
+    cpr: usize,
+    out: Outs,
+) {
+    let cols = p.m.cols;
+    let (full, tail) = (cols / LANES, cols % LANES);
+    let rows: [&[u8]; R] = from_fn(|j| p.row_bytes(r + j, E::BYTES));
+    let xs: [&[Chunk]; N] = from_fn(|i| &x[i * cpr..(i + 1) * cpr]);
+    // No closures (`from_fn`) around SIMD operations: they would not inherit target features.
+    let mut acc = [[s.zero(); N]; R];
+    let mut c0 = 0;
+    let mut seg = 0;
+    while c0 < full {
+        let c1 = (c0 + p.seg_chunks).min(full);
+        let mut sc = [s.zero(); R];
+        for j in 0..R {
+            sc[j] = s.splat(p.scale(r + j, seg));
+        }
+        for c in c0..c1 {
+            let mut w = [s.zero(); R];
+            for j in 0..R {
+                w[j] = E::decode(s, &rows[j][c * E::BYTES..(c + 1) * E::BYTES], sc[j]);
+            }
+            for i in 0..N {
+                let xv = s.load(&xs[i][c]);
+                for j in 0..R {
+                    acc[j][i] = s.add(acc[j][i], s.mul(w[j], xv));
+                }
+            }
+        }
+        c0 = c1;
+        seg += 1;
+    }
+    if tail > 0 {
+        let seg = full / p.seg_chunks;
+        let mut w = [s.zero(); R];
+        for j in 0..R {
+            w[j] = decode_tail::<S, E>(s, rows[j], full, tail, s.splat(p.scale(r + j, seg)));
+        }
+        for i in 0..N {
+            let xv = s.load(&xs[i][full]);
+            for j in 0..R {
+                acc[j][i] = s.add(acc[j][i], s.mul(w[j], xv));
+            }
+        }
+    }
+    for j in 0..R {
+        for i in 0..N {
+            out[i][r - base + j] = s.reduce(acc[j][i]);
+        }
     }
 }
 
