@@ -126,32 +126,31 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
     }
 }
 
-/// `2 <= n <= 2 * TILE_XS`: the fused path with several input rows. Each weight chunk is decoded
-/// in registers once and multiplied into every input row (weight rows in groups of
-/// `TILE_ROWS` up to `TILE_XS` inputs, else half as many rows for twice the inputs, so the
-/// accumulators fit the register file); no decoded panel is written and read back. Rows left
-/// over at the end of the range go through the panel path.
+/// `2 <= n <= 2 * TILE_XS`: the fused path with several input rows. Each weight chunk of a group
+/// of `TILE_ROWS` rows is decoded in registers and multiplied into up to `TILE_XS` input rows at
+/// once; more inputs take a second sweep over the same group, whose bytes are then still in
+/// L1/L2, so each weight byte still comes from memory once. No decoded panel is written and
+/// read back. Rows left over at the end of the range go through the panel path.
 #[inline(always)]
 fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
-    let group = if n <= S::TILE_XS { S::TILE_ROWS } else { (S::TILE_ROWS / 2).max(1) };
+    let group = S::TILE_ROWS;
     let mut r = r0;
     while r + group <= r1 {
-        match (group, n) {
-            (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, x, cpr, out),
-            (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, x, cpr, out),
-            (4, 4) => fused_n::<S, E, 4, 4>(s, p, r, r0, x, cpr, out),
-            (2, 2) => fused_n::<S, E, 2, 2>(s, p, r, r0, x, cpr, out),
-            (2, 3) => fused_n::<S, E, 2, 3>(s, p, r, r0, x, cpr, out),
-            (2, 4) => fused_n::<S, E, 2, 4>(s, p, r, r0, x, cpr, out),
-            (2, 5) => fused_n::<S, E, 2, 5>(s, p, r, r0, x, cpr, out),
-            (2, 6) => fused_n::<S, E, 2, 6>(s, p, r, r0, x, cpr, out),
-            (2, 7) => fused_n::<S, E, 2, 7>(s, p, r, r0, x, cpr, out),
-            (2, 8) => fused_n::<S, E, 2, 8>(s, p, r, r0, x, cpr, out),
-            (1, 2) => fused_n::<S, E, 1, 2>(s, p, r, r0, x, cpr, out),
-            (1, 3) => fused_n::<S, E, 1, 3>(s, p, r, r0, x, cpr, out),
-            (1, 4) => fused_n::<S, E, 1, 4>(s, p, r, r0, x, cpr, out),
-            _ => break,
+        let mut i0 = 0;
+        while i0 < n {
+            let ni = (n - i0).min(S::TILE_XS);
+            let xs = &x[i0 * cpr..(i0 + ni) * cpr];
+            let outs = &mut out[i0..i0 + ni];
+            match (group, ni) {
+                (4, 1) => fused_n::<S, E, 4, 1>(s, p, r, r0, xs, cpr, outs),
+                (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, xs, cpr, outs),
+                (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, xs, cpr, outs),
+                (4, _) => fused_n::<S, E, 4, 4>(s, p, r, r0, xs, cpr, outs),
+                (2, 1) => fused_n::<S, E, 2, 1>(s, p, r, r0, xs, cpr, outs),
+                (_, _) => fused_n::<S, E, 2, 2>(s, p, r, r0, xs, cpr, outs),
+            }
+            i0 += ni;
         }
         r += group;
     }
