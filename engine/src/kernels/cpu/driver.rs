@@ -3,8 +3,11 @@
 //!
 //! * `n == 1`: a fused decode + dot over [`Simd::TILE_ROWS`] weight rows at once (independent
 //!   accumulator chains for ILP), streaming each weight byte exactly once.
-//! * `n >= 2`: per group of weight rows and per k-block of [`KB_CHUNKS`] chunks, the rows are
-//!   decoded once into an L1-resident f32 panel, then register tiles of
+//! * `2 <= n <= 4 * TILE_XS` (verify passes, small batches): the same fused loop over
+//!   `TILE_ROWS` weight rows and up to `TILE_XS` input rows in registers; more inputs sweep the
+//!   same weight group again while its bytes are still in L1/L2 (memory reads each weight once).
+//! * larger `n` (prefill): per group of weight rows and per k-block of [`KB_CHUNKS`] chunks, the
+//!   rows are decoded once into an L1-resident f32 panel, then register tiles of
 //!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
 //!   small buffer between k-blocks.
 //!
@@ -119,15 +122,15 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
         for r in r..r1 {
             fused::<S, E, 1>(s, p, r, x, &mut out[r - r0..r - r0 + 1]);
         }
-    } else if n <= 2 * S::TILE_XS {
+    } else if n <= 4 * S::TILE_XS {
         fused_rows::<S, E>(s, p, x, n, r0, r1, out);
     } else {
         panel_rows(s, p, x, n, r0, r1, out, decode_elem::<S, E>);
     }
 }
 
-/// `2 <= n <= 2 * TILE_XS`: the fused path with several input rows. Each weight chunk of a group
-/// of `TILE_ROWS` rows is decoded in registers and multiplied into up to `TILE_XS` input rows at
+/// `2 <= n <= 4 * TILE_XS` (verify passes of up to 15 drafts, small prefill chunks): the fused
+/// path with several input rows. Each weight chunk of a group of `TILE_ROWS` rows is decoded in registers and multiplied into up to `TILE_XS` input rows at
 /// once; more inputs take a second sweep over the same group, whose bytes are then still in
 /// L1/L2, so each weight byte still comes from memory once. No decoded panel is written and
 /// read back. Rows left over at the end of the range go through the panel path.
