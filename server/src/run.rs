@@ -74,7 +74,7 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
     if let Some(dir) = model {
         return Ok(dir);
     }
-    let dir = cache_dir.join(format!("builtin-deepseek-v3-{}", env!("CARGO_PKG_VERSION")));
+    let dir = cache_dir.join(format!("builtin-kimi-k3-{}", env!("CARGO_PKG_VERSION")));
     if synth::ensure_builtin(&dir).with_context(|| format!("generating the built-in model in {}", dir.display()))? {
         eprintln!("generated the built-in default model in {}", dir.display());
     }
