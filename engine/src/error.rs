@@ -17,15 +17,26 @@ pub enum Error {
 
     /// A JSON file that does not parse.
     #[error("{path}: invalid JSON: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 
     /// `model_type` names an architecture this build does not implement.
     #[error("{path}: unknown model_type `{model_type}` (supported: {supported})")]
-    UnknownModelType { path: PathBuf, model_type: String, supported: &'static str },
+    UnknownModelType {
+        path: PathBuf,
+        model_type: String,
+        supported: &'static str,
+    },
 
     /// A config field is missing, out of range or inconsistent with another field.
     #[error("{path}: config field `{field}`: {reason}")]
-    Config { path: PathBuf, field: String, reason: String },
+    Config {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
 
     /// A safetensors file whose header or layout is malformed.
     #[error("{path}: malformed safetensors file: {reason}")]
@@ -33,7 +44,12 @@ pub enum Error {
 
     /// A safetensors file shorter than its header says (a truncated download).
     #[error("{path}: truncated: tensor `{tensor}` ends at byte {needed} but the file has {actual} bytes")]
-    Truncated { path: PathBuf, tensor: String, needed: u64, actual: u64 },
+    Truncated {
+        path: PathBuf,
+        tensor: String,
+        needed: u64,
+        actual: u64,
+    },
 
     /// A tensor the architecture needs is absent from every shard.
     #[error("{dir}: tensor `{name}` not found in any safetensors shard")]
@@ -41,11 +57,21 @@ pub enum Error {
 
     /// A tensor exists but has the wrong shape.
     #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    TensorShape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
+    TensorShape {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
 
     /// A tensor exists but its dtype is not one this position accepts.
     #[error("{path}: tensor `{name}` has dtype {found}, expected {expected}")]
-    TensorDtype { path: PathBuf, name: String, expected: String, found: String },
+    TensorDtype {
+        path: PathBuf,
+        name: String,
+        expected: String,
+        found: String,
+    },
 
     /// A tokenizer file is missing or malformed.
     #[error("{path}: tokenizer: {reason}")]
@@ -70,7 +96,12 @@ pub enum Error {
     /// Bytes of a weight file that are not local yet could not be made local (stream installs
     /// fetch routed experts on first use; see [`crate::weights::RangeSource`]).
     #[error("{file}: bytes {start}..{end} are not local and could not be fetched: {reason}")]
-    Remote { file: String, start: u64, end: u64, reason: String },
+    Remote {
+        file: String,
+        start: u64,
+        end: u64,
+        reason: String,
+    },
 }
 
 impl Error {
@@ -94,11 +125,18 @@ impl Error {
 
     /// Helper for I/O errors on a path.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// Helper for config-field errors.
     pub fn config(path: impl Into<PathBuf>, field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config { path: path.into(), field: field.into(), reason: reason.into() }
+        Error::Config {
+            path: path.into(),
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 }

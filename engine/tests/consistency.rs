@@ -29,12 +29,34 @@ fn prefill_equals_token_by_token_decode() {
         let v = m.info().vocab_size;
         let tokens = prompt(19, 1);
         let mut s = m.new_state();
-        let all = m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens, logits: LogitRows::All }], None).unwrap();
+        let all = m
+            .forward(
+                &mut [SeqInput {
+                    state: &mut s,
+                    tokens: &tokens,
+                    logits: LogitRows::All,
+                }],
+                None,
+            )
+            .unwrap();
         assert_eq!(all.len(), tokens.len() * v);
         let mut s = m.new_state();
         for (i, t) in tokens.iter().enumerate() {
-            let one = m.forward(&mut [SeqInput { state: &mut s, tokens: &[*t], logits: LogitRows::Last }], None).unwrap();
-            assert_eq!(bits(&one), bits(&all[i * v..(i + 1) * v]), "{format:?}: position {i}");
+            let one = m
+                .forward(
+                    &mut [SeqInput {
+                        state: &mut s,
+                        tokens: &[*t],
+                        logits: LogitRows::Last,
+                    }],
+                    None,
+                )
+                .unwrap();
+            assert_eq!(
+                bits(&one),
+                bits(&all[i * v..(i + 1) * v]),
+                "{format:?}: position {i}"
+            );
         }
         assert!(all.iter().all(|x| x.is_finite()));
     }
@@ -47,16 +69,36 @@ fn batched_sequences_match_running_alone() {
         let (a, b, c) = (prompt(9, 2), prompt(4, 3), prompt(13, 4));
         let alone = |t: &[u32]| {
             let mut s = m.new_state();
-            m.forward(&mut [SeqInput { state: &mut s, tokens: t, logits: LogitRows::All }], None).unwrap()
+            m.forward(
+                &mut [SeqInput {
+                    state: &mut s,
+                    tokens: t,
+                    logits: LogitRows::All,
+                }],
+                None,
+            )
+            .unwrap()
         };
         let (ra, rb, rc) = (alone(&a), alone(&b), alone(&c));
         let (mut sa, mut sb, mut sc) = (m.new_state(), m.new_state(), m.new_state());
         let joint = m
             .forward(
                 &mut [
-                    SeqInput { state: &mut sa, tokens: &a, logits: LogitRows::All },
-                    SeqInput { state: &mut sb, tokens: &b, logits: LogitRows::All },
-                    SeqInput { state: &mut sc, tokens: &c, logits: LogitRows::All },
+                    SeqInput {
+                        state: &mut sa,
+                        tokens: &a,
+                        logits: LogitRows::All,
+                    },
+                    SeqInput {
+                        state: &mut sb,
+                        tokens: &b,
+                        logits: LogitRows::All,
+                    },
+                    SeqInput {
+                        state: &mut sc,
+                        tokens: &c,
+                        logits: LogitRows::All,
+                    },
                 ],
                 None,
             )
@@ -65,15 +107,31 @@ fn batched_sequences_match_running_alone() {
         assert_eq!(bits(&joint), bits(&expect), "{format:?}");
         // And a decode step batched with others equals the solo decode step.
         let next = |s: &mut deltafin_engine::generate::SeqState, t: u32| {
-            m.forward(&mut [SeqInput { state: s, tokens: &[t], logits: LogitRows::Last }], None).unwrap()
+            m.forward(
+                &mut [SeqInput {
+                    state: s,
+                    tokens: &[t],
+                    logits: LogitRows::Last,
+                }],
+                None,
+            )
+            .unwrap()
         };
         let mut solo = sa.clone();
         let want = next(&mut solo, 7);
         let step = m
             .forward(
                 &mut [
-                    SeqInput { state: &mut sb, tokens: &[3, 4], logits: LogitRows::Last },
-                    SeqInput { state: &mut sa, tokens: &[7], logits: LogitRows::Last },
+                    SeqInput {
+                        state: &mut sb,
+                        tokens: &[3, 4],
+                        logits: LogitRows::Last,
+                    },
+                    SeqInput {
+                        state: &mut sa,
+                        tokens: &[7],
+                        logits: LogitRows::Last,
+                    },
                 ],
                 None,
             )
@@ -87,11 +145,29 @@ fn chunked_prefill_equals_one_pass() {
     let (_dir, m) = model(ExpertFormat::Bf16);
     let tokens = prompt(23, 5);
     let mut s = m.new_state();
-    let one = m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens, logits: LogitRows::Last }], None).unwrap();
+    let one = m
+        .forward(
+            &mut [SeqInput {
+                state: &mut s,
+                tokens: &tokens,
+                logits: LogitRows::Last,
+            }],
+            None,
+        )
+        .unwrap();
     let mut s = m.new_state();
     let mut last = Vec::new();
     for chunk in tokens.chunks(6) {
-        last = m.forward(&mut [SeqInput { state: &mut s, tokens: chunk, logits: LogitRows::Last }], None).unwrap();
+        last = m
+            .forward(
+                &mut [SeqInput {
+                    state: &mut s,
+                    tokens: chunk,
+                    logits: LogitRows::Last,
+                }],
+                None,
+            )
+            .unwrap();
     }
     assert_eq!(bits(&one), bits(&last));
 }
@@ -101,11 +177,45 @@ fn rollback_restores_the_exact_state() {
     let (_dir, m) = model(ExpertFormat::Int4);
     let tokens = prompt(10, 6);
     let mut s = m.new_state();
-    m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens[..6], logits: LogitRows::None }], None).unwrap();
+    m.forward(
+        &mut [SeqInput {
+            state: &mut s,
+            tokens: &tokens[..6],
+            logits: LogitRows::None,
+        }],
+        None,
+    )
+    .unwrap();
     let mut branch = s.clone();
-    m.forward(&mut [SeqInput { state: &mut s, tokens: &[1, 2, 3], logits: LogitRows::None }], None).unwrap();
+    m.forward(
+        &mut [SeqInput {
+            state: &mut s,
+            tokens: &[1, 2, 3],
+            logits: LogitRows::None,
+        }],
+        None,
+    )
+    .unwrap();
     s.truncate(6).unwrap();
-    let a = m.forward(&mut [SeqInput { state: &mut s, tokens: &tokens[6..], logits: LogitRows::All }], None).unwrap();
-    let b = m.forward(&mut [SeqInput { state: &mut branch, tokens: &tokens[6..], logits: LogitRows::All }], None).unwrap();
+    let a = m
+        .forward(
+            &mut [SeqInput {
+                state: &mut s,
+                tokens: &tokens[6..],
+                logits: LogitRows::All,
+            }],
+            None,
+        )
+        .unwrap();
+    let b = m
+        .forward(
+            &mut [SeqInput {
+                state: &mut branch,
+                tokens: &tokens[6..],
+                logits: LogitRows::All,
+            }],
+            None,
+        )
+        .unwrap();
     assert_eq!(bits(&a), bits(&b));
 }

@@ -17,16 +17,34 @@ use serde_json::Value;
 const REL_TOL: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 #[test]
 fn draft_head_block_matches_the_float64_oracle() {
-    let golden: Value = serde_json::from_slice(&std::fs::read(fixture("k3-dspark/golden.json")).unwrap()).unwrap();
-    let ids: Vec<u32> = golden["context_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(fixture("k3-dspark/golden.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = golden["context_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
     let anchor = golden["anchor"].as_u64().unwrap() as u32;
-    let want: Vec<u32> = golden["proposal"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    let oracle: Vec<f32> = golden["block_logits"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32)).collect();
+    let want: Vec<u32> = golden["proposal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let oracle: Vec<f32> = golden["block_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32))
+        .collect();
 
     let model = arch::load(&fixture("k3")).unwrap();
     let head = Arc::new(DSpark::load(&fixture("k3-dspark")).unwrap());
@@ -36,16 +54,39 @@ fn draft_head_block_matches_the_float64_oracle() {
     let mut state = model.new_state();
     let mut trace = Trace::capture(&names);
     let logits = model
-        .forward(&mut [SeqInput { state: &mut state, tokens: &ids, logits: LogitRows::Last }], Some(&mut trace))
+        .forward(
+            &mut [SeqInput {
+                state: &mut state,
+                tokens: &ids,
+                logits: LogitRows::Last,
+            }],
+            Some(&mut trace),
+        )
         .unwrap();
     let target_next = deltafin_engine::kernels::ops::argmax(&logits) as u32;
-    assert_eq!(target_next, anchor, "the K3 fixture's greedy next token is the oracle's anchor");
+    assert_eq!(
+        target_next, anchor,
+        "the K3 fixture's greedy next token is the oracle's anchor"
+    );
     let hidden = trace.rows(&names, 0, ids.len(), model.info().hidden_size);
-    session.observe(model.as_ref(), &Observation { start: 0, tokens: &ids, hidden: &hidden }).unwrap();
+    session
+        .observe(
+            model.as_ref(),
+            &Observation {
+                start: 0,
+                tokens: &ids,
+                hidden: &hidden,
+            },
+        )
+        .unwrap();
     let (ours, tokens) = session.block(model.as_ref(), anchor).unwrap();
     assert_eq!(ours.len(), oracle.len());
     let scale = oracle.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    let err = ours.iter().zip(&oracle).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = ours
+        .iter()
+        .zip(&oracle)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     assert!(err <= REL_TOL, "block logits: relative max error {err:e}");
     assert_eq!(tokens, want, "proposal differs from the oracle");
     // The proposer returns the first `max` of those tokens.
@@ -58,8 +99,13 @@ fn draft_head_block_matches_the_float64_oracle() {
 #[test]
 fn a_config_field_the_format_does_not_have_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("k3-dspark").join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
-    let mut cfg: Value = serde_json::from_slice(&std::fs::read(fixture("k3-dspark/config.json")).unwrap()).unwrap();
+    std::fs::copy(
+        fixture("k3-dspark").join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(fixture("k3-dspark/config.json")).unwrap()).unwrap();
     cfg["use_fancy_gate"] = Value::Bool(true);
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
     let err = DSpark::load(dir.path()).unwrap_err().to_string();

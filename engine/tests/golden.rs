@@ -18,7 +18,9 @@ use serde_json::Value;
 const REL_TOL: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -30,13 +32,21 @@ fn floats(v: &Value) -> Vec<f32> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn compare(name: &str, ours: &[f32], oracle: &[f32]) -> f32 {
     assert_eq!(ours.len(), oracle.len(), "{name}: length");
     let scale = oracle.iter().fold(1.0f32, |m, x| m.max(x.abs()));
-    let err = ours.iter().zip(oracle).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    let err = ours
+        .iter()
+        .zip(oracle)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale;
     assert!(err <= REL_TOL, "{name}: relative max error {err:e} > {REL_TOL:e}");
     err
 }
@@ -49,26 +59,54 @@ fn check(name: &str) {
     let mut state = model.new_state();
     let mut trace = Trace::default();
     let logits = model
-        .forward(&mut [SeqInput { state: &mut state, tokens: &prompt, logits: LogitRows::All }], Some(&mut trace))
+        .forward(
+            &mut [SeqInput {
+                state: &mut state,
+                tokens: &prompt,
+                logits: LogitRows::All,
+            }],
+            Some(&mut trace),
+        )
         .unwrap();
     let mut report = Vec::new();
     for (key, value) in golden["hidden_states"].as_object().unwrap() {
-        let ours = trace.tensors.get(key).unwrap_or_else(|| panic!("{name}: no traced tensor `{key}`"));
-        report.push(format!("{key} {:.1e}", compare(&format!("{name} {key}"), ours, &floats(value))));
+        let ours = trace
+            .tensors
+            .get(key)
+            .unwrap_or_else(|| panic!("{name}: no traced tensor `{key}`"));
+        report.push(format!(
+            "{key} {:.1e}",
+            compare(&format!("{name} {key}"), ours, &floats(value))
+        ));
     }
-    report.push(format!("logits {:.1e}", compare(&format!("{name} logits"), &logits, &floats(&golden["logits"]))));
+    report.push(format!(
+        "logits {:.1e}",
+        compare(&format!("{name} logits"), &logits, &floats(&golden["logits"]))
+    ));
     eprintln!("{name}: {}", report.join(", "));
 
     let greedy = &golden["greedy"];
     let want = ids(&greedy["output_ids"]);
     assert!(want.len() >= 16, "{name}: oracle path too short");
-    let opts = GenerateOptions { max_new_tokens: want.len(), sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 5 };
+    let opts = GenerateOptions {
+        max_new_tokens: want.len(),
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 5,
+    };
     let mut state = model.new_state();
-    let got = generate(model.as_ref(), &mut state, &ids(&greedy["prompt_ids"]), &opts, |_| {
-        deltafin_engine::generate::Flow::Continue
-    })
+    let got = generate(
+        model.as_ref(),
+        &mut state,
+        &ids(&greedy["prompt_ids"]),
+        &opts,
+        |_| deltafin_engine::generate::Flow::Continue,
+    )
     .unwrap();
-    assert_eq!(got.output_ids, want, "{name}: greedy tokens differ from the oracle");
+    assert_eq!(
+        got.output_ids, want,
+        "{name}: greedy tokens differ from the oracle"
+    );
 }
 
 #[test]

@@ -14,7 +14,10 @@ use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 
 /// The tiny test model with enough layers that streaming some is cheaper than keeping all.
 fn tiny(format: ExpertFormat) -> DeepseekSynth {
-    DeepseekSynth { layers: 6, ..DeepseekSynth::tiny(format) }
+    DeepseekSynth {
+        layers: 6,
+        ..DeepseekSynth::tiny(format)
+    }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -38,22 +41,51 @@ fn run(m: &dyn Model) -> Outcome {
     let mut s = m.new_state();
     let mut prefill = Vec::new();
     for part in tokens.chunks(5) {
-        prefill.extend(m.forward(&mut [SeqInput { state: &mut s, tokens: part, logits: LogitRows::All }], None).unwrap());
+        prefill.extend(
+            m.forward(
+                &mut [SeqInput {
+                    state: &mut s,
+                    tokens: part,
+                    logits: LogitRows::All,
+                }],
+                None,
+            )
+            .unwrap(),
+        );
     }
-    let opts = GenerateOptions { max_new_tokens: 10, sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 4 };
+    let opts = GenerateOptions {
+        max_new_tokens: 10,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 4,
+    };
     let mut s = m.new_state();
-    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue).unwrap().output_ids;
+    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids;
     let (mut a, mut b) = (m.new_state(), m.new_state());
     let batched = m
         .forward(
             &mut [
-                SeqInput { state: &mut a, tokens: &prompt(3, 3), logits: LogitRows::All },
-                SeqInput { state: &mut b, tokens: &prompt(4, 4), logits: LogitRows::Last },
+                SeqInput {
+                    state: &mut a,
+                    tokens: &prompt(3, 3),
+                    logits: LogitRows::All,
+                },
+                SeqInput {
+                    state: &mut b,
+                    tokens: &prompt(4, 4),
+                    logits: LogitRows::Last,
+                },
             ],
             None,
         )
         .unwrap();
-    Outcome { prefill: bits(&prefill), ids, batched: bits(&batched) }
+    Outcome {
+        prefill: bits(&prefill),
+        ids,
+        batched: bits(&batched),
+    }
 }
 
 fn options(budget: u64, policy: PolicyKind, mode: ReadMode, prefetch: bool) -> OocOptions {
@@ -73,12 +105,20 @@ fn load(dir: &Path, o: &OocOptions) -> (Box<dyn Model>, OocRuntime) {
 
 /// Budgets from "one slot, every layer streamed" to "everything resident".
 fn budgets(dir: &Path) -> Vec<u64> {
-    let (_, rt) = load(dir, &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false));
+    let (_, rt) = load(
+        dir,
+        &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false),
+    );
     let p = &rt.plan;
     let max_layer = *p.layer_bytes.iter().max().unwrap();
     let spine: u64 = p.layer_bytes.iter().sum();
     let floor = p.fixed_bytes + 2 * max_layer + p.slot_bytes;
-    vec![floor, floor + 2 * p.slot_bytes, p.fixed_bytes + spine + 3 * p.slot_bytes, u64::MAX / 4]
+    vec![
+        floor,
+        floor + 2 * p.slot_bytes,
+        p.fixed_bytes + spine + 3 * p.slot_bytes,
+        u64::MAX / 4,
+    ]
 }
 
 fn check_matrix(format: ExpertFormat, full: bool) {
@@ -94,7 +134,10 @@ fn check_matrix(format: ExpertFormat, full: bool) {
                     }
                     let (m, rt) = load(dir.path(), &options(budget, policy, mode, prefetch));
                     let got = run(m.as_ref());
-                    let what = format!("{format:?} budget {budget} {policy:?} {mode:?} prefetch {prefetch}: {:?}", rt.plan);
+                    let what = format!(
+                        "{format:?} budget {budget} {policy:?} {mode:?} prefetch {prefetch}: {:?}",
+                        rt.plan
+                    );
                     assert_eq!(got.ids, want.ids, "{what}");
                     assert_eq!(got.prefill, want.prefill, "{what}");
                     assert_eq!(got.batched, want.batched, "{what}");
@@ -128,8 +171,14 @@ fn the_smallest_budget_streams_the_spine_and_uses_one_or_two_slots() {
     let s = rt.stats();
     assert!(s.spine.streamed_uses > 0, "{s:?}");
     assert!(s.experts.misses > 0 && s.read.bytes > 0, "{s:?}");
-    assert_eq!(s.spine.arena_reallocations, 0, "the forward pass releases each streamed layer in time");
-    let too_small = arch::load_budgeted(dir.path(), &options(floor - 1, PolicyKind::Lru, ReadMode::Auto, true));
+    assert_eq!(
+        s.spine.arena_reallocations, 0,
+        "the forward pass releases each streamed layer in time"
+    );
+    let too_small = arch::load_budgeted(
+        dir.path(),
+        &options(floor - 1, PolicyKind::Lru, ReadMode::Auto, true),
+    );
     assert_eq!(too_small.err().map(|e| e.kind()), Some("budget"));
 }
 
@@ -175,7 +224,10 @@ fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
         assert_eq!(run(m.as_ref()), want, "{what}");
         rt.flush_heat().unwrap();
         let (_, why) = Heat::load(&heat_path, 6, 8);
-        assert!(why.is_none(), "{what}: the next flush writes a valid file again ({why:?})");
+        assert!(
+            why.is_none(),
+            "{what}: the next flush writes a valid file again ({why:?})"
+        );
     }
 }
 
@@ -185,11 +237,18 @@ fn prefetch_and_policies_report_consistent_counters() {
     tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
     let budget = budgets(dir.path())[1];
     for prefetch in [false, true] {
-        let (m, rt) = load(dir.path(), &options(budget, PolicyKind::Lru, ReadMode::Auto, prefetch));
+        let (m, rt) = load(
+            dir.path(),
+            &options(budget, PolicyKind::Lru, ReadMode::Auto, prefetch),
+        );
         run(m.as_ref());
         let e = rt.stats().experts;
         assert_eq!(e.uses, e.hits + e.prefetch_hits + e.misses, "{e:?}");
-        assert_eq!(e.use_bytes, e.hit_bytes + e.prefetch_hit_bytes + e.miss_bytes, "{e:?}");
+        assert_eq!(
+            e.use_bytes,
+            e.hit_bytes + e.prefetch_hit_bytes + e.miss_bytes,
+            "{e:?}"
+        );
         if !prefetch {
             assert_eq!(e.prefetch_reads, 0);
         }
@@ -222,9 +281,16 @@ fn cgroup_model() -> DeepseekSynth {
 }
 
 fn greedy(m: &dyn Model) -> Vec<u32> {
-    let opts = GenerateOptions { max_new_tokens: 6, sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 8 };
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 8,
+    };
     let mut s = m.new_state();
-    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue).unwrap().output_ids
+    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids
 }
 
 /// Runs a budgeted generation inside a cgroup v1 memory child whose limit is well below the
@@ -247,12 +313,21 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let synth = cgroup_model();
     synth.write(dir.path()).unwrap();
-    assert!(synth.data_bytes() > 2 * limit, "the model must not fit in the limit");
+    assert!(
+        synth.data_bytes() > 2 * limit,
+        "the model must not fit in the limit"
+    );
     let want = greedy(arch::load(dir.path()).unwrap().as_ref());
     std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
     let ids: Vec<String> = want.iter().map(u32::to_string).collect();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "cgroup_child_process", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "cgroup_child_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("DELTAFIN_TEST_CHILD_MODEL", dir.path())
         .env("DELTAFIN_TEST_CHILD_IDS", ids.join(","))
         .env("DELTAFIN_TEST_CHILD_BUDGET", budget.to_string())
@@ -265,7 +340,11 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     let read = |f: &str| std::fs::read_to_string(group.join(f)).unwrap_or_default();
     let max_usage: u64 = read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0);
     let failcnt: u64 = read("memory.failcnt").trim().parse().unwrap_or(0);
-    let oom_kills: u64 = read("memory.oom_control").lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let oom_kills: u64 = read("memory.oom_control")
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     let _ = std::fs::remove_dir(&group);
     eprintln!(
         "model {} MiB, limit {} MiB, budget {} MiB: peak charged {:.1} MiB, failcnt {failcnt}, oom kills {oom_kills}",
@@ -274,7 +353,10 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
         budget >> 20,
         max_usage as f64 / (1 << 20) as f64
     );
-    assert!(status.success(), "the budgeted run failed or was killed: {status}");
+    assert!(
+        status.success(),
+        "the budgeted run failed or was killed: {status}"
+    );
     assert_eq!(oom_kills, 0);
     assert!(max_usage > 0 && max_usage <= limit);
 }
@@ -283,9 +365,18 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
 #[test]
 #[ignore]
 fn cgroup_child_process() {
-    let Ok(dir) = std::env::var("DELTAFIN_TEST_CHILD_MODEL") else { return };
-    let want: Vec<u32> = std::env::var("DELTAFIN_TEST_CHILD_IDS").unwrap().split(',').map(|v| v.parse().unwrap()).collect();
-    let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET").unwrap().parse().unwrap();
+    let Ok(dir) = std::env::var("DELTAFIN_TEST_CHILD_MODEL") else {
+        return;
+    };
+    let want: Vec<u32> = std::env::var("DELTAFIN_TEST_CHILD_IDS")
+        .unwrap()
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).unwrap(); // wait until moved into the cgroup
     let mut o = options(budget, PolicyKind::Lru, ReadMode::Auto, true);
@@ -298,6 +389,13 @@ fn cgroup_child_process() {
     let s = rt.stats();
     assert!(s.experts.misses > 0);
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hwm = status.lines().find(|l| l.starts_with("VmHWM")).unwrap_or("VmHWM: ?");
-    eprintln!("child: {hwm}; plan {} slots, read {} MiB", rt.plan.expert_slots, s.read.bytes >> 20);
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .unwrap_or("VmHWM: ?");
+    eprintln!(
+        "child: {hwm}; plan {} slots, read {} MiB",
+        rt.plan.expert_slots,
+        s.read.bytes >> 20
+    );
 }

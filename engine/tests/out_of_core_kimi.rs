@@ -15,7 +15,9 @@ use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
 use deltafin_engine::synth::KimiSynth;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -40,22 +42,51 @@ fn run(m: &dyn Model) -> Outcome {
     let mut s = m.new_state();
     let mut prefill = Vec::new();
     for part in tokens.chunks(5) {
-        prefill.extend(m.forward(&mut [SeqInput { state: &mut s, tokens: part, logits: LogitRows::All }], None).unwrap());
+        prefill.extend(
+            m.forward(
+                &mut [SeqInput {
+                    state: &mut s,
+                    tokens: part,
+                    logits: LogitRows::All,
+                }],
+                None,
+            )
+            .unwrap(),
+        );
     }
-    let opts = GenerateOptions { max_new_tokens: 10, sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 4 };
+    let opts = GenerateOptions {
+        max_new_tokens: 10,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 4,
+    };
     let mut s = m.new_state();
-    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue).unwrap().output_ids;
+    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids;
     let (mut a, mut b) = (m.new_state(), m.new_state());
     let batched = m
         .forward(
             &mut [
-                SeqInput { state: &mut a, tokens: &prompt(3, 3), logits: LogitRows::All },
-                SeqInput { state: &mut b, tokens: &prompt(4, 4), logits: LogitRows::Last },
+                SeqInput {
+                    state: &mut a,
+                    tokens: &prompt(3, 3),
+                    logits: LogitRows::All,
+                },
+                SeqInput {
+                    state: &mut b,
+                    tokens: &prompt(4, 4),
+                    logits: LogitRows::Last,
+                },
             ],
             None,
         )
         .unwrap();
-    Outcome { prefill: bits(&prefill), ids, batched: bits(&batched) }
+    Outcome {
+        prefill: bits(&prefill),
+        ids,
+        batched: bits(&batched),
+    }
 }
 
 fn options(budget: u64, policy: PolicyKind, mode: ReadMode, prefetch: bool) -> OocOptions {
@@ -75,10 +106,16 @@ fn load(dir: &Path, o: &OocOptions) -> (Box<dyn Model>, OocRuntime) {
 
 /// `O_DIRECT` where the filesystem has it (the test reads through it), else `Auto`.
 fn direct_mode(dir: &Path) -> ReadMode {
-    match arch::load_budgeted(dir, &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Direct, false)) {
+    match arch::load_budgeted(
+        dir,
+        &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Direct, false),
+    ) {
         Ok(_) => ReadMode::Direct,
         Err(e) => {
-            eprintln!("O_DIRECT unavailable for {} ({e}); testing ReadMode::Auto instead", dir.display());
+            eprintln!(
+                "O_DIRECT unavailable for {} ({e}); testing ReadMode::Auto instead",
+                dir.display()
+            );
             ReadMode::Auto
         }
     }
@@ -86,12 +123,20 @@ fn direct_mode(dir: &Path) -> ReadMode {
 
 /// Budgets from "one slot, every layer streamed" to "everything resident".
 fn budgets(dir: &Path) -> Vec<u64> {
-    let (_, rt) = load(dir, &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false));
+    let (_, rt) = load(
+        dir,
+        &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false),
+    );
     let p = &rt.plan;
     let max_layer = *p.layer_bytes.iter().max().unwrap();
     let spine: u64 = p.layer_bytes.iter().sum();
     let floor = p.fixed_bytes + 2 * max_layer + p.slot_bytes;
-    vec![floor, floor + 2 * p.slot_bytes, p.fixed_bytes + spine + 3 * p.slot_bytes, u64::MAX / 4]
+    vec![
+        floor,
+        floor + 2 * p.slot_bytes,
+        p.fixed_bytes + spine + 3 * p.slot_bytes,
+        u64::MAX / 4,
+    ]
 }
 
 /// Every budget × policy × read mode × prefetch setting (`full`), or every budget × prefetch
@@ -105,13 +150,18 @@ fn check_matrix(dir: &Path, full: bool) {
         for policy in [PolicyKind::Lru, PolicyKind::Lfu] {
             for mode in [direct, ReadMode::Buffered] {
                 for prefetch in [true, false] {
-                    let smoke = policy == PolicyKind::Lfu && mode == ReadMode::Buffered && prefetch && bi == 0;
+                    let smoke =
+                        policy == PolicyKind::Lfu && mode == ReadMode::Buffered && prefetch && bi == 0;
                     if !full && (mode == ReadMode::Buffered || policy == PolicyKind::Lfu) && !smoke {
                         continue;
                     }
                     let (m, rt) = load(dir, &options(budget, policy, mode, prefetch));
                     let got = run(m.as_ref());
-                    let what = format!("{} budget {budget} {policy:?} {mode:?} prefetch {prefetch}: {:?}", dir.display(), rt.plan);
+                    let what = format!(
+                        "{} budget {budget} {policy:?} {mode:?} prefetch {prefetch}: {:?}",
+                        dir.display(),
+                        rt.plan
+                    );
                     assert_eq!(got.ids, want.ids, "{what}");
                     assert_eq!(got.prefill, want.prefill, "{what}");
                     assert_eq!(got.batched, want.batched, "{what}");
@@ -119,7 +169,10 @@ fn check_matrix(dir: &Path, full: bool) {
                     assert_eq!(s.read_mode, mode, "{what}");
                     if bi == 0 {
                         // The floor really streams the spine and evicts experts.
-                        assert!(s.spine.streamed_uses > 0 && rt.plan.resident_layers < rt.plan.layer_bytes.len(), "{what}");
+                        assert!(
+                            s.spine.streamed_uses > 0 && rt.plan.resident_layers < rt.plan.layer_bytes.len(),
+                            "{what}"
+                        );
                         assert!(s.experts.misses > rt.plan.expert_slots, "{what}: {:?}", s.experts);
                     }
                     if prefetch && bi == 3 {
@@ -156,7 +209,13 @@ fn synthetic_k3_exact_under_every_budget_policy_read_mode_and_prefetch_setting()
 #[test]
 fn synthetic_kimi_linear_exact_under_every_budget() {
     let dir = tempfile::tempdir().unwrap();
-    KimiSynth { layers: 6, full_attn_layers: vec![3, 6], ..KimiSynth::linear_tiny() }.write(dir.path()).unwrap();
+    KimiSynth {
+        layers: 6,
+        full_attn_layers: vec![3, 6],
+        ..KimiSynth::linear_tiny()
+    }
+    .write(dir.path())
+    .unwrap();
     check_matrix(dir.path(), false);
 }
 
@@ -169,14 +228,23 @@ fn the_comparison_detects_a_changed_expert_byte() {
     synth.write(dir.path()).unwrap();
     let want = run(arch::load(dir.path()).unwrap().as_ref());
     let other = tempfile::tempdir().unwrap();
-    KimiSynth { seed: synth.seed + 1, ..synth.clone() }.write(other.path()).unwrap();
-    assert_ne!(run(arch::load(other.path()).unwrap().as_ref()).prefill, want.prefill);
+    KimiSynth {
+        seed: synth.seed + 1,
+        ..synth.clone()
+    }
+    .write(other.path())
+    .unwrap();
+    assert_ne!(
+        run(arch::load(other.path()).unwrap().as_ref()).prefill,
+        want.prefill
+    );
 
     let index = deltafin_engine::weights::WeightIndex::open(dir.path()).unwrap();
     let mut targets: Vec<(PathBuf, u64)> = Vec::new();
     for l in synth.first_dense..synth.layers {
         for e in 0..synth.experts {
-            let name = format!("language_model.model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight_packed");
+            let name =
+                format!("language_model.model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight_packed");
             let info = index.info(&name).unwrap();
             targets.push((index.shard_path(info).to_path_buf(), info.offset));
         }
@@ -188,8 +256,15 @@ fn the_comparison_detects_a_changed_expert_byte() {
         bytes[offset as usize] ^= 0x11; // two E2M1 codes of row 0 (`offset` is absolute)
         std::fs::write(&path, bytes).unwrap();
     }
-    let (m, _rt) = load(dir.path(), &options(budgets(dir.path())[0], PolicyKind::Lru, ReadMode::Auto, true));
-    assert_ne!(run(m.as_ref()).prefill, want.prefill, "changed expert bytes reach the budgeted model");
+    let (m, _rt) = load(
+        dir.path(),
+        &options(budgets(dir.path())[0], PolicyKind::Lru, ReadMode::Auto, true),
+    );
+    assert_ne!(
+        run(m.as_ref()).prefill,
+        want.prefill,
+        "changed expert bytes reach the budgeted model"
+    );
 }
 
 /// Each expert's read set is exactly its six MXFP4 tensors (`w{1,2,3}.weight_packed` +
@@ -204,7 +279,10 @@ fn k3_expert_layouts_are_the_six_mxfp4_tensors() {
     let six = 2 * (w * i / 2 + w * i / 32) + (i * w / 2 + i * w / 32);
     assert_eq!(synth.expert_bytes(), six as u64);
     let budget = budgets(dir.path())[1];
-    let (m, rt) = load(dir.path(), &options(budget, PolicyKind::Lru, ReadMode::Auto, false));
+    let (m, rt) = load(
+        dir.path(),
+        &options(budget, PolicyKind::Lru, ReadMode::Auto, false),
+    );
     run(m.as_ref());
     let e = rt.stats().experts;
     assert!(e.uses > 0);
@@ -225,7 +303,10 @@ fn the_smallest_k3_budget_streams_and_a_smaller_one_is_refused() {
     run(m.as_ref());
     let s = rt.stats();
     assert!(s.spine.streamed_uses > 0, "{s:?}");
-    assert_eq!(s.spine.arena_reallocations, 0, "the forward pass releases each streamed layer in time");
+    assert_eq!(
+        s.spine.arena_reallocations, 0,
+        "the forward pass releases each streamed layer in time"
+    );
     let too_small = arch::load_budgeted(&dir, &options(floor - 1, PolicyKind::Lru, ReadMode::Auto, true));
     assert_eq!(too_small.err().map(|e| e.kind()), Some("budget"));
     assert!(arch::supports_budget(&dir).unwrap());
@@ -245,13 +326,24 @@ fn k3_heat_is_recorded_and_prewarms_exactly() {
     for round in 0..2 {
         let (m, rt) = load(dir.path(), &o);
         assert!(rt.heat_note.is_none(), "{:?}", rt.heat_note);
-        assert_eq!(round > 0, rt.prewarmed > 0, "round {round}: pre-warmed {}", rt.prewarmed);
+        assert_eq!(
+            round > 0,
+            rt.prewarmed > 0,
+            "round {round}: pre-warmed {}",
+            rt.prewarmed
+        );
         assert_eq!(run(m.as_ref()), want, "round {round}");
         rt.flush_heat().unwrap();
     }
-    let (heat, why) = deltafin_engine::cache::heat::Heat::load(&dir.path().join("heat.bin"), synth.layers, synth.experts);
+    let (heat, why) =
+        deltafin_engine::cache::heat::Heat::load(&dir.path().join("heat.bin"), synth.layers, synth.experts);
     assert!(why.is_none(), "{why:?}");
-    assert!(heat.ranked().iter().all(|(k, _)| k.layer as usize >= synth.first_dense), "dense layers have no heat");
+    assert!(
+        heat.ranked()
+            .iter()
+            .all(|(k, _)| k.layer as usize >= synth.first_dense),
+        "dense layers have no heat"
+    );
 }
 
 const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
@@ -280,9 +372,16 @@ fn cgroup_model() -> KimiSynth {
 }
 
 fn greedy(m: &dyn Model) -> Vec<u32> {
-    let opts = GenerateOptions { max_new_tokens: 6, sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 8 };
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 8,
+    };
     let mut s = m.new_state();
-    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue).unwrap().output_ids
+    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids
 }
 
 /// Runs a budgeted K3 generation inside a cgroup v1 memory child whose limit is well below the
@@ -306,13 +405,22 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let synth = cgroup_model();
     synth.write(dir.path()).unwrap();
-    assert!(synth.data_bytes() > 2 * limit, "the model must not fit in the limit");
+    assert!(
+        synth.data_bytes() > 2 * limit,
+        "the model must not fit in the limit"
+    );
     let want = greedy(arch::load(dir.path()).unwrap().as_ref());
     let direct = direct_mode(dir.path()) == ReadMode::Direct;
     std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
     let ids: Vec<String> = want.iter().map(u32::to_string).collect();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "k3_cgroup_child_process", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "k3_cgroup_child_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("DELTAFIN_TEST_CHILD_MODEL", dir.path())
         .env("DELTAFIN_TEST_CHILD_IDS", ids.join(","))
         .env("DELTAFIN_TEST_CHILD_BUDGET", budget.to_string())
@@ -326,8 +434,11 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
     let read = |f: &str| std::fs::read_to_string(group.join(f)).unwrap_or_default();
     let max_usage: u64 = read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0);
     let failcnt: u64 = read("memory.failcnt").trim().parse().unwrap_or(0);
-    let oom_kills: u64 =
-        read("memory.oom_control").lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let oom_kills: u64 = read("memory.oom_control")
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     let _ = std::fs::remove_dir(&group);
     eprintln!(
         "K3 model {} MiB, limit {} MiB, budget {} MiB: peak charged {:.1} MiB, failcnt {failcnt}, oom kills {oom_kills}",
@@ -336,14 +447,20 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
         budget >> 20,
         max_usage as f64 / (1 << 20) as f64
     );
-    assert!(status.success(), "the budgeted run failed or was killed: {status}");
+    assert!(
+        status.success(),
+        "the budgeted run failed or was killed: {status}"
+    );
     assert_eq!(oom_kills, 0);
     assert!(max_usage > 0 && max_usage <= limit);
     if direct {
         // With O_DIRECT reads nothing lands in the page cache: the group never reaches its
         // limit and its peak charge stays within the budget (plus the harness's slack).
         assert_eq!(failcnt, 0, "the group hit its limit");
-        assert!(max_usage <= budget + (16 << 20), "peak charge {max_usage} over budget {budget}");
+        assert!(
+            max_usage <= budget + (16 << 20),
+            "peak charge {max_usage} over budget {budget}"
+        );
     }
 }
 
@@ -351,9 +468,18 @@ fn budgeted_k3_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
 #[test]
 #[ignore]
 fn k3_cgroup_child_process() {
-    let Ok(dir) = std::env::var("DELTAFIN_TEST_CHILD_MODEL") else { return };
-    let want: Vec<u32> = std::env::var("DELTAFIN_TEST_CHILD_IDS").unwrap().split(',').map(|v| v.parse().unwrap()).collect();
-    let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET").unwrap().parse().unwrap();
+    let Ok(dir) = std::env::var("DELTAFIN_TEST_CHILD_MODEL") else {
+        return;
+    };
+    let want: Vec<u32> = std::env::var("DELTAFIN_TEST_CHILD_IDS")
+        .unwrap()
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).unwrap(); // wait until moved into the cgroup
     let direct = std::env::var("DELTAFIN_TEST_CHILD_DIRECT").is_ok_and(|v| v == "1");
@@ -369,11 +495,31 @@ fn k3_cgroup_child_process() {
     let s = rt.stats();
     assert!(s.experts.misses > 0);
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let field = |k: &str| status.lines().find(|l| l.starts_with(k)).unwrap_or("?").split_whitespace().collect::<Vec<_>>().join(" ");
+    let field = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .unwrap_or("?")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let hwm = format!("{}, {}, {}", field("VmHWM"), field("RssAnon"), field("RssFile"));
     // The engine's own memory (anonymous: buffers, slots, arenas, state) stays within the
     // budget plus the test harness; an in-memory load of this model would hold ~260 MiB.
-    let anon_kib: u64 = field("RssAnon").split(' ').nth(1).and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
-    assert!(anon_kib << 10 <= budget + (16 << 20), "anonymous memory {anon_kib} KiB over budget {budget}");
-    eprintln!("child: {hwm}; plan {} slots, {} streamed layers, read {} MiB", rt.plan.expert_slots, rt.plan.streamed_layers.len(), s.read.bytes >> 20);
+    let anon_kib: u64 = field("RssAnon")
+        .split(' ')
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        anon_kib << 10 <= budget + (16 << 20),
+        "anonymous memory {anon_kib} KiB over budget {budget}"
+    );
+    eprintln!(
+        "child: {hwm}; plan {} slots, {} streamed layers, read {} MiB",
+        rt.plan.expert_slots,
+        rt.plan.streamed_layers.len(),
+        s.read.bytes >> 20
+    );
 }

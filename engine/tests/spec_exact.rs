@@ -19,7 +19,9 @@ use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, ExpertFormat};
 use deltafin_engine::tokenizer::Tokenizer;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// Replays a known continuation (the target-only output), or a corrupted copy of it.
@@ -36,10 +38,18 @@ impl Proposer for Replay {
         ProposerKind::Custom
     }
 
-    fn propose(&mut self, _target: &dyn Model, history: &[u32], max: usize) -> deltafin_engine::Result<Proposal> {
+    fn propose(
+        &mut self,
+        _target: &dyn Model,
+        history: &[u32],
+        max: usize,
+    ) -> deltafin_engine::Result<Proposal> {
         let emitted = history.len() - self.prompt_len;
         let next = self.continuation.iter().skip(emitted).take(max);
-        Ok(Proposal::new(next.map(|&t| if self.wrong { (t + 1) % self.vocab } else { t }).collect()))
+        Ok(Proposal::new(
+            next.map(|&t| if self.wrong { (t + 1) % self.vocab } else { t })
+                .collect(),
+        ))
     }
 }
 
@@ -66,13 +76,17 @@ fn prompts(tok: &Tokenizer, vocab: usize) -> Vec<Vec<u32>> {
                 }
                 1 => {
                     let period = 2 + i % 4;
-                    (0..(4 + i % 37)).map(|j| (3 + (j % period) * 11 + i) as u32 % limit as u32).collect()
+                    (0..(4 + i % 37))
+                        .map(|j| (3 + (j % period) * 11 + i) as u32 % limit as u32)
+                        .collect()
                 }
                 _ => {
                     let mut x = 0x9E37_79B9_u64.wrapping_mul(i as u64 + 1);
                     (0..(1 + (i * 13) % 61))
                         .map(|_| {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
                             ((x >> 33) % limit) as u32
                         })
                         .collect()
@@ -85,11 +99,17 @@ fn prompts(tok: &Tokenizer, vocab: usize) -> Vec<Vec<u32>> {
 
 fn run(model: &dyn Model, prompt: &[u32], opts: &GenerateOptions, spec: Option<&mut Speculator>) -> Vec<u32> {
     let mut state = model.new_state();
-    generate_with(model, &mut state, prompt, opts, spec, |_| Flow::Continue).unwrap().output_ids
+    generate_with(model, &mut state, prompt, opts, spec, |_| Flow::Continue)
+        .unwrap()
+        .output_ids
 }
 
 fn forced() -> EconomicsConfig {
-    EconomicsConfig { forced: true, max_width: 6, ..Default::default() }
+    EconomicsConfig {
+        forced: true,
+        max_width: 6,
+        ..Default::default()
+    }
 }
 
 /// Check every proposer against target-only decoding on the model in `dir`; returns the drafting
@@ -102,19 +122,40 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
     DSparkSynth::for_target(&info, 11).write(head_dir.path()).unwrap();
     let head = Arc::new(DSpark::load(head_dir.path()).unwrap());
     head.check_target(model.as_ref()).unwrap();
-    let qwen = Arc::new(QwenDrafter::load(&fixture("qwen3"), tok.clone(), QwenDraftConfig::default()).unwrap());
+    let qwen =
+        Arc::new(QwenDrafter::load(&fixture("qwen3"), tok.clone(), QwenDraftConfig::default()).unwrap());
     let samplings = [Sampling::Greedy, Sampling::new(0.8, 0.95, 0, 7).unwrap()];
     let mut totals: std::collections::BTreeMap<&'static str, SpecSummary> = Default::default();
     for sampling in samplings {
         for (i, prompt) in prompts(&tok, info.vocab_size).iter().enumerate() {
-            let stop_ids = if i % 5 == 4 { info.eos_token_ids.clone() } else { Vec::new() };
-            let opts = GenerateOptions { max_new_tokens: 6 + i % 23, sampling, stop_ids, prefill_chunk: 1 + i % 9 };
+            let stop_ids = if i % 5 == 4 {
+                info.eos_token_ids.clone()
+            } else {
+                Vec::new()
+            };
+            let opts = GenerateOptions {
+                max_new_tokens: 6 + i % 23,
+                sampling,
+                stop_ids,
+                prefill_chunk: 1 + i % 9,
+            };
             let want = run(model.as_ref(), prompt, &opts, None);
-            let replay = |wrong| Replay { prompt_len: prompt.len(), continuation: want.clone(), wrong, vocab: info.vocab_size as u32 };
+            let replay = |wrong| Replay {
+                prompt_len: prompt.len(),
+                continuation: want.clone(),
+                wrong,
+                vocab: info.vocab_size as u32,
+            };
             let proposers: Vec<(&'static str, Box<dyn Proposer>)> = vec![
                 ("ngram", Box::new(Ngram::default())),
                 // Unigram matches too, so a target that never repeats a bigram is still drafted for.
-                ("ngram1", Box::new(Ngram::new(NgramConfig { min_n: 1, ..Default::default() }))),
+                (
+                    "ngram1",
+                    Box::new(Ngram::new(NgramConfig {
+                        min_n: 1,
+                        ..Default::default()
+                    })),
+                ),
                 ("dspark", Box::new(head.session(8192))),
                 ("qwen", Box::new(qwen.session())),
                 ("right", Box::new(replay(false))),
@@ -123,21 +164,40 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
             for (name, proposer) in proposers {
                 let mut spec = Speculator::new(vec![proposer], &forced(), None);
                 let got = run(model.as_ref(), prompt, &opts, Some(&mut spec));
-                assert_eq!(got, want, "{label}: {name} drafts changed the output ({sampling:?}, prompt {i}: {prompt:?})");
+                assert_eq!(
+                    got, want,
+                    "{label}: {name} drafts changed the output ({sampling:?}, prompt {i}: {prompt:?})"
+                );
                 totals.entry(name).or_default().merge(spec.summary());
             }
         }
     }
-    let stats = |name: &str, kind: ProposerKind| totals[name].proposers.get(kind.label()).cloned().unwrap_or_default();
+    let stats = |name: &str, kind: ProposerKind| {
+        totals[name]
+            .proposers
+            .get(kind.label())
+            .cloned()
+            .unwrap_or_default()
+    };
     let right = stats("right", ProposerKind::Custom);
-    assert!(right.proposals > 0 && right.accepted_tokens == right.draft_tokens, "{label}: right drafts rejected: {right:?}");
+    assert!(
+        right.proposals > 0 && right.accepted_tokens == right.draft_tokens,
+        "{label}: right drafts rejected: {right:?}"
+    );
     let wrong = stats("wrong", ProposerKind::Custom);
-    assert!(wrong.proposals > 0 && wrong.accepted_tokens == 0, "{label}: wrong drafts accepted: {wrong:?}");
-    assert!(stats("dspark", ProposerKind::Dspark).proposals > 0, "{label}: the draft head never drafted");
+    assert!(
+        wrong.proposals > 0 && wrong.accepted_tokens == 0,
+        "{label}: wrong drafts accepted: {wrong:?}"
+    );
+    assert!(
+        stats("dspark", ProposerKind::Dspark).proposals > 0,
+        "{label}: the draft head never drafted"
+    );
     for (name, s) in &totals {
         eprintln!("{label} {name}: {}", s.describe());
     }
-    let ngram = stats("ngram", ProposerKind::Ngram).proposals + stats("ngram1", ProposerKind::Ngram).proposals;
+    let ngram =
+        stats("ngram", ProposerKind::Ngram).proposals + stats("ngram1", ProposerKind::Ngram).proposals;
     assert!(ngram > 0, "{label}: n-gram never drafted");
     totals
 }
@@ -178,20 +238,39 @@ fn a_qwen_drafter_equal_to_its_target_drafts_and_is_accepted() {
 fn auto_economics_keeps_output_identical_and_switches_losing_drafts_off() {
     let dir = fixture("k3");
     let model = arch::load(&dir).unwrap();
-    let opts = GenerateOptions { max_new_tokens: 120, sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 16 };
+    let opts = GenerateOptions {
+        max_new_tokens: 120,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 16,
+    };
     let prompt: Vec<u32> = (0..20).map(|i| 5 + i * 3).collect();
     let want = run(model.as_ref(), &prompt, &opts, None);
-    let wrong = Replay { prompt_len: prompt.len(), continuation: want.clone(), wrong: true, vocab: model.info().vocab_size as u32 };
+    let wrong = Replay {
+        prompt_len: prompt.len(),
+        continuation: want.clone(),
+        wrong: true,
+        vocab: model.info().vocab_size as u32,
+    };
     // The gate runs on measured time; a 50 % margin keeps timing noise on a loaded machine from
     // making a proposer that is never right look worth it.
-    let cfg = EconomicsConfig { min_gain: 0.5, ..Default::default() };
+    let cfg = EconomicsConfig {
+        min_gain: 0.5,
+        ..Default::default()
+    };
     let mut spec = Speculator::new(vec![Box::new(wrong)], &cfg, None);
     let got = run(model.as_ref(), &prompt, &opts, Some(&mut spec));
     assert_eq!(got, want);
     let s = spec.summary().proposers["custom"].clone();
-    assert!(s.switched_off >= 1, "always-wrong drafts were never switched off: {s:?}");
+    assert!(
+        s.switched_off >= 1,
+        "always-wrong drafts were never switched off: {s:?}"
+    );
     assert!(s.proposals < 20, "always-wrong drafts kept drafting: {s:?}");
     assert!(spec.summary().target_only_steps > 60);
-    let plain = generate(model.as_ref(), &mut model.new_state(), &prompt, &opts, |_| Flow::Continue).unwrap();
+    let plain = generate(model.as_ref(), &mut model.new_state(), &prompt, &opts, |_| {
+        Flow::Continue
+    })
+    .unwrap();
     assert_eq!(plain.output_ids, want);
 }

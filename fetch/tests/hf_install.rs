@@ -127,7 +127,11 @@ fn stream_install_fetches_experts_on_demand_and_matches_full() {
     let e = &m.experts[0];
     assert!(store.is_local(&e.file, &(e.start..e.end)));
     let staged = store.local_path(&e.file).unwrap();
-    assert!(staged.to_string_lossy().contains(".deltafin/partial/"), "{}", staged.display());
+    assert!(
+        staged.to_string_lossy().contains(".deltafin/partial/"),
+        "{}",
+        staged.display()
+    );
     assert!(store.completeness().0 > local0);
     for (l, x) in &keys {
         store.ensure_expert(*l, *x).unwrap();

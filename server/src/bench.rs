@@ -52,7 +52,12 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
         BenchWhat::Run(a) => crate::bench_model::run(a),
         BenchWhat::Disk(a) => crate::bench_disk::run(a),
         BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),
-        BenchWhat::Kernels { json, formats, min_time_ms, probe_bytes } => {
+        BenchWhat::Kernels {
+            json,
+            formats,
+            min_time_ms,
+            probe_bytes,
+        } => {
             let mut opts = BenchOptions {
                 threads: rayon::current_num_threads(),
                 min_time: Duration::from_millis(min_time_ms),

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 use deltafin_engine::cache::ReadMode;
-use deltafin_engine::cache::probe::{ProbeResult, evict_page_cache, expert_layouts, mmap_probe, pick, read_probe};
+use deltafin_engine::cache::probe::{
+    ProbeResult, evict_page_cache, expert_layouts, mmap_probe, pick, read_probe,
+};
 use deltafin_engine::weights::WeightIndex;
 
 #[derive(Debug, Args)]
@@ -46,7 +48,13 @@ pub fn run(a: BenchDiskArgs) -> Result<()> {
     for &t in &a.threads {
         results.push(read_probe(&paths, &layouts, &next(a.reads), ReadMode::Direct, t)?);
         evict_page_cache(&paths);
-        results.push(read_probe(&paths, &layouts, &next(a.reads), ReadMode::Buffered, t)?);
+        results.push(read_probe(
+            &paths,
+            &layouts,
+            &next(a.reads),
+            ReadMode::Buffered,
+            t,
+        )?);
     }
     if !a.no_mmap {
         for &t in &[1, 2] {
@@ -55,7 +63,13 @@ pub fn run(a: BenchDiskArgs) -> Result<()> {
         }
     }
     evict_page_cache(&paths);
-    let best = |m: &str| results.iter().filter(|r| r.method == m).map(|r| r.gib_per_second).fold(0.0, f64::max);
+    let best = |m: &str| {
+        results
+            .iter()
+            .filter(|r| r.method == m)
+            .map(|r| r.gib_per_second)
+            .fold(0.0, f64::max)
+    };
     let summary = serde_json::json!({
         "model": a.model, "expert_bytes": expert_bytes, "experts": layouts.len(),
         "best_direct_gib_s": best("direct"), "best_buffered_gib_s": best("buffered"), "best_mmap_gib_s": best("mmap"),
@@ -65,10 +79,25 @@ pub fn run(a: BenchDiskArgs) -> Result<()> {
         println!("{summary}");
         return Ok(());
     }
-    println!("expert reads of {:.2} MiB from {} ({} experts)", expert_bytes as f64 / (1 << 20) as f64, a.model.display(), layouts.len());
-    println!("{:<10} {:>8} {:>7} {:>10} {:>9}", "method", "inflight", "reads", "GiB", "GiB/s");
+    println!(
+        "expert reads of {:.2} MiB from {} ({} experts)",
+        expert_bytes as f64 / (1 << 20) as f64,
+        a.model.display(),
+        layouts.len()
+    );
+    println!(
+        "{:<10} {:>8} {:>7} {:>10} {:>9}",
+        "method", "inflight", "reads", "GiB", "GiB/s"
+    );
     for r in &results {
-        println!("{:<10} {:>8} {:>7} {:>10.2} {:>9.2}", r.method, r.threads, r.reads, r.bytes as f64 / (1u64 << 30) as f64, r.gib_per_second);
+        println!(
+            "{:<10} {:>8} {:>7} {:>10.2} {:>9.2}",
+            r.method,
+            r.threads,
+            r.reads,
+            r.bytes as f64 / (1u64 << 30) as f64,
+            r.gib_per_second
+        );
     }
     Ok(())
 }

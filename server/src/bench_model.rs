@@ -58,13 +58,25 @@ struct ProcIo {
 
 fn proc_io() -> ProcIo {
     let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
-    let get = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    ProcIo { rchar: get("rchar:"), read_bytes: get("read_bytes:") }
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    ProcIo {
+        rchar: get("rchar:"),
+        read_bytes: get("read_bytes:"),
+    }
 }
 
 fn peak_rss() -> u64 {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    text.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
 }
 
 /// Per-decode-token figures.
@@ -134,7 +146,9 @@ struct Report {
 }
 
 pub fn run(a: BenchRunArgs) -> Result<()> {
-    let Some(options) = a.ooc.options()? else { bail!("bench run needs a memory budget (not `off`)") };
+    let Some(options) = a.ooc.options()? else {
+        bail!("bench run needs a memory budget (not `off`)")
+    };
     let t = Instant::now();
     let (model, rt) = arch::load_budgeted(&a.model, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();
@@ -149,10 +163,26 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     let prompt: Vec<u32> = (0..a.prompt_tokens.max(1)).map(|_| token()).collect();
     let t = Instant::now();
     for part in prompt.chunks(32) {
-        model.forward(&mut [SeqInput { state: &mut state, tokens: part, logits: LogitRows::Last }], None)?;
+        model.forward(
+            &mut [SeqInput {
+                state: &mut state,
+                tokens: part,
+                logits: LogitRows::Last,
+            }],
+            None,
+        )?;
     }
     let prefill_tokens_per_second = prompt.len() as f64 / t.elapsed().as_secs_f64();
-    let mut step = |state: &mut _| model.forward(&mut [SeqInput { state, tokens: &[token()], logits: LogitRows::Last }], None);
+    let mut step = |state: &mut _| {
+        model.forward(
+            &mut [SeqInput {
+                state,
+                tokens: &[token()],
+                logits: LogitRows::Last,
+            }],
+            None,
+        )
+    };
     for _ in 0..a.warmup_tokens {
         step(&mut state)?;
     }
@@ -167,7 +197,11 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     let bound = a.disk_gib_s.map(|bw| bound(&s1, &decode, bw));
     let steps = rt.experts.take_trace();
     drop((state, model, rt));
-    let io_replay = if a.io_replay { Some(replay(&a, &options, &steps, bound.as_ref())?) } else { None };
+    let io_replay = if a.io_replay {
+        Some(replay(&a, &options, &steps, bound.as_ref())?)
+    } else {
+        None
+    };
     let report = Report {
         label: a.label.clone(),
         model: a.model.clone(),
@@ -188,10 +222,20 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     Ok(())
 }
 
-fn replay(a: &BenchRunArgs, options: &deltafin_engine::cache::OocOptions, steps: &[TraceStep], bound: Option<&Bound>) -> Result<Replay> {
+fn replay(
+    a: &BenchRunArgs,
+    options: &deltafin_engine::cache::OocOptions,
+    steps: &[TraceStep],
+    bound: Option<&Bound>,
+) -> Result<Replay> {
     use deltafin_engine::cache::store::TraceStep as T;
     let n = a.decode_tokens.max(1);
-    let ends: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| matches!(s, T::EndPass)).map(|(i, _)| i).collect();
+    let ends: Vec<usize> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, T::EndPass))
+        .map(|(i, _)| i)
+        .collect();
     if ends.len() <= n {
         bail!("trace too short for replay");
     }
@@ -209,7 +253,11 @@ fn replay(a: &BenchRunArgs, options: &deltafin_engine::cache::OocOptions, steps:
     Ok(Replay {
         tokens_per_second: tps,
         read_bytes_per_token: (s1.read.bytes - s0.read.bytes) as f64 / n as f64,
-        hit_rate: if used > 0.0 { ((e1.hit_bytes - e0.hit_bytes) + (e1.prefetch_hit_bytes - e0.prefetch_hit_bytes)) as f64 / used } else { 0.0 },
+        hit_rate: if used > 0.0 {
+            ((e1.hit_bytes - e0.hit_bytes) + (e1.prefetch_hit_bytes - e0.prefetch_hit_bytes)) as f64 / used
+        } else {
+            0.0
+        },
         ratio_to_io_bound: bound.map(|b| tps / b.io_bound_tokens_per_second),
     })
 }
@@ -238,10 +286,19 @@ fn decode_figures(s0: &OocStats, s1: &OocStats, io0: ProcIo, io1: ProcIo, n: usi
         prefetch_read_bytes: per(e0.prefetch_read_bytes, e1.prefetch_read_bytes),
         read_bytes: read,
         disk_bytes: disk,
-        page_cache_bytes: (buffered - disk.min(buffered)).max(0.0) + (io1.rchar.saturating_sub(io0.rchar) as f64 / n as f64 - read).max(0.0),
-        hit_rate: if use_bytes > 0.0 { (hit + pre_hit) / use_bytes } else { 0.0 },
+        page_cache_bytes: (buffered - disk.min(buffered)).max(0.0)
+            + (io1.rchar.saturating_sub(io0.rchar) as f64 / n as f64 - read).max(0.0),
+        hit_rate: if use_bytes > 0.0 {
+            (hit + pre_hit) / use_bytes
+        } else {
+            0.0
+        },
         cached_hit_rate: if use_bytes > 0.0 { hit / use_bytes } else { 0.0 },
-        read_gib_per_second: if busy > 0.0 { read * n as f64 / busy / (1u64 << 30) as f64 } else { 0.0 },
+        read_gib_per_second: if busy > 0.0 {
+            read * n as f64 / busy / (1u64 << 30) as f64
+        } else {
+            0.0
+        },
         io_wait_seconds_per_token: wait / n as f64,
         compute_seconds_per_token: (seconds - wait).max(0.0) / n as f64,
         lookahead_recall: e1.lookahead_recall,
@@ -271,29 +328,90 @@ fn print_table(r: &Report) {
     let mb = |b: f64| b / (1 << 20) as f64;
     println!("{:<34} {}", "label", r.label);
     println!("{:<34} {:.1} s", "load", r.load_seconds);
-    println!("{:<34} {:.2} tok/s ({} tokens)", "prefill", r.prefill_tokens_per_second, r.prefill_tokens);
-    println!("{:<34} {:.3} tok/s ({} tokens, {:.1} s)", "decode", d.tokens_per_second, d.tokens, d.seconds);
-    println!("{:<34} {:.1}", "MiB/token resident spine", mb(d.resident_spine_bytes));
-    println!("{:<34} {:.1}", "MiB/token streamed spine", mb(d.streamed_spine_bytes));
+    println!(
+        "{:<34} {:.2} tok/s ({} tokens)",
+        "prefill", r.prefill_tokens_per_second, r.prefill_tokens
+    );
+    println!(
+        "{:<34} {:.3} tok/s ({} tokens, {:.1} s)",
+        "decode", d.tokens_per_second, d.tokens, d.seconds
+    );
+    println!(
+        "{:<34} {:.1}",
+        "MiB/token resident spine",
+        mb(d.resident_spine_bytes)
+    );
+    println!(
+        "{:<34} {:.1}",
+        "MiB/token streamed spine",
+        mb(d.streamed_spine_bytes)
+    );
     println!("{:<34} {:.1}", "MiB/token experts used", mb(d.expert_bytes));
-    println!("{:<34} {:.1} / {:.1}", "MiB/token cache hit / prefetch hit", mb(d.cache_hit_bytes), mb(d.prefetch_hit_bytes));
-    println!("{:<34} {:.1} / {:.1}", "MiB/token demand / prefetch reads", mb(d.demand_read_bytes), mb(d.prefetch_read_bytes));
-    println!("{:<34} {:.1} / {:.1} / {:.1}", "MiB/token read / disk / page cache", mb(d.read_bytes), mb(d.disk_bytes), mb(d.page_cache_bytes));
-    println!("{:<34} {:.1}% ({:.1}% without prefetch hits)", "expert hit rate (bytes)", 100.0 * d.hit_rate, 100.0 * d.cached_hit_rate);
+    println!(
+        "{:<34} {:.1} / {:.1}",
+        "MiB/token cache hit / prefetch hit",
+        mb(d.cache_hit_bytes),
+        mb(d.prefetch_hit_bytes)
+    );
+    println!(
+        "{:<34} {:.1} / {:.1}",
+        "MiB/token demand / prefetch reads",
+        mb(d.demand_read_bytes),
+        mb(d.prefetch_read_bytes)
+    );
+    println!(
+        "{:<34} {:.1} / {:.1} / {:.1}",
+        "MiB/token read / disk / page cache",
+        mb(d.read_bytes),
+        mb(d.disk_bytes),
+        mb(d.page_cache_bytes)
+    );
+    println!(
+        "{:<34} {:.1}% ({:.1}% without prefetch hits)",
+        "expert hit rate (bytes)",
+        100.0 * d.hit_rate,
+        100.0 * d.cached_hit_rate
+    );
     println!("{:<34} {:.2}", "read GiB/s while busy", d.read_gib_per_second);
-    println!("{:<34} {:.3} / {:.3}", "s/token compute / I-O wait", d.compute_seconds_per_token, d.io_wait_seconds_per_token);
-    println!("{:<34} {:.1}% / {:.1}%", "recall look-ahead / previous", 100.0 * d.lookahead_recall, 100.0 * d.previous_recall);
+    println!(
+        "{:<34} {:.3} / {:.3}",
+        "s/token compute / I-O wait", d.compute_seconds_per_token, d.io_wait_seconds_per_token
+    );
+    println!(
+        "{:<34} {:.1}% / {:.1}%",
+        "recall look-ahead / previous",
+        100.0 * d.lookahead_recall,
+        100.0 * d.previous_recall
+    );
     if let Some(b) = &r.bound {
-        println!("{:<34} {:.2} tok/s at {:.2} GiB/s ({:.2}x achieved)", "I/O bound", b.io_bound_tokens_per_second, b.disk_gib_per_second, b.ratio_to_io_bound);
-        println!("{:<34} {:.1} MiB ({:.2}x read)", "ideal MiB/token for the cache", mb(b.ideal_bytes_per_token), b.bytes_over_ideal);
+        println!(
+            "{:<34} {:.2} tok/s at {:.2} GiB/s ({:.2}x achieved)",
+            "I/O bound", b.io_bound_tokens_per_second, b.disk_gib_per_second, b.ratio_to_io_bound
+        );
+        println!(
+            "{:<34} {:.1} MiB ({:.2}x read)",
+            "ideal MiB/token for the cache",
+            mb(b.ideal_bytes_per_token),
+            b.bytes_over_ideal
+        );
     }
     if let Some(x) = &r.io_replay {
-        let ratio = x.ratio_to_io_bound.map_or(String::new(), |v| format!(" ({v:.2}x the I/O bound)"));
-        println!("{:<34} {:.2} tok/s{ratio}, {:.1} MiB/token read", "I/O replay (no compute)", x.tokens_per_second, mb(x.read_bytes_per_token));
+        let ratio = x
+            .ratio_to_io_bound
+            .map_or(String::new(), |v| format!(" ({v:.2}x the I/O bound)"));
+        println!(
+            "{:<34} {:.2} tok/s{ratio}, {:.1} MiB/token read",
+            "I/O replay (no compute)",
+            x.tokens_per_second,
+            mb(x.read_bytes_per_token)
+        );
     }
     if let Some(c) = &r.stats.read_choice {
         let mode = if c.direct { "O_DIRECT" } else { "buffered" };
-        println!("{:<34} {mode} (probe: direct {:.2} / buffered {:.2} GiB/s)", "read mode (auto)", c.direct_gib_per_second, c.buffered_gib_per_second);
+        println!(
+            "{:<34} {mode} (probe: direct {:.2} / buffered {:.2} GiB/s)",
+            "read mode (auto)", c.direct_gib_per_second, c.buffered_gib_per_second
+        );
     }
     println!("{:<34} {:.0} MiB", "peak RSS", mb(r.peak_rss_bytes as f64));
 }

@@ -160,7 +160,11 @@ pub(crate) fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBu
 }
 
 /// [`resolve`], with the default model's routing locality overridden (a separate directory).
-pub(crate) fn resolve_with(model: Option<PathBuf>, cache_dir: &Path, locality: Option<f32>) -> Result<PathBuf> {
+pub(crate) fn resolve_with(
+    model: Option<PathBuf>,
+    cache_dir: &Path,
+    locality: Option<f32>,
+) -> Result<PathBuf> {
     if let Some(dir) = model {
         return Ok(dir);
     }

@@ -41,10 +41,20 @@ pub struct SpecBenchArgs {
     #[arg(long, env = "DELTAFIN_DRAFT_QWEN")]
     draft_qwen: Option<PathBuf>,
     /// Proposers to measure.
-    #[arg(long, default_value = "ngram,dspark,qwen", value_delimiter = ',', env = "DELTAFIN_PROPOSERS")]
+    #[arg(
+        long,
+        default_value = "ngram,dspark,qwen",
+        value_delimiter = ',',
+        env = "DELTAFIN_PROPOSERS"
+    )]
     proposers: Vec<String>,
     /// Acceptance rates to impose.
-    #[arg(long, default_value = "0.3,0.6,0.9", value_delimiter = ',', env = "DELTAFIN_RATES")]
+    #[arg(
+        long,
+        default_value = "0.3,0.6,0.9",
+        value_delimiter = ',',
+        env = "DELTAFIN_RATES"
+    )]
     rates: Vec<f64>,
     /// Tokens generated per run.
     #[arg(long, default_value_t = 64, env = "DELTAFIN_TOKENS")]
@@ -85,12 +95,23 @@ impl Proposer for Controlled {
         self.inner.captures()
     }
 
-    fn propose(&mut self, target: &dyn Model, history: &[u32], max: usize) -> deltafin_engine::Result<Proposal> {
+    fn propose(
+        &mut self,
+        target: &dyn Model,
+        history: &[u32],
+        max: usize,
+    ) -> deltafin_engine::Result<Proposal> {
         let _ = self.inner.propose(target, history, max)?; // pay the real proposer's cost
         let emitted = history.len() - self.prompt_len;
         let tokens = (0..max)
             .map_while(|j| self.reference.get(emitted + j).map(|&t| (j, t)))
-            .map(|(j, t)| if uniform(0xACCE, (emitted + j) as u64) < self.rate { t } else { (t + 1) % self.vocab })
+            .map(|(j, t)| {
+                if uniform(0xACCE, (emitted + j) as u64) < self.rate {
+                    t
+                } else {
+                    (t + 1) % self.vocab
+                }
+            })
             .collect();
         Ok(Proposal::new(tokens))
     }
@@ -137,8 +158,14 @@ impl Bench {
     fn proposer(&self, name: &str) -> Option<Box<dyn Proposer>> {
         match name {
             "ngram" => Some(Box::new(Ngram::default())),
-            "dspark" => self.dspark.as_ref().map(|d| Box::new(d.session(8192)) as Box<dyn Proposer>),
-            "qwen" => self.qwen.as_ref().map(|q| Box::new(q.session()) as Box<dyn Proposer>),
+            "dspark" => self
+                .dspark
+                .as_ref()
+                .map(|d| Box::new(d.session(8192)) as Box<dyn Proposer>),
+            "qwen" => self
+                .qwen
+                .as_ref()
+                .map(|q| Box::new(q.session()) as Box<dyn Proposer>),
             _ => None,
         }
     }
@@ -146,8 +173,13 @@ impl Bench {
     /// Target-only decode tokens/s.
     fn plain(&self) -> Result<f64> {
         let m = self.model.as_ref();
-        let g = generate_with(m, &mut m.new_state(), &self.prompt, &self.opts, None, |_| Flow::Continue)?;
-        ensure!(g.output_ids == *self.reference, "a target-only run changed its output");
+        let g = generate_with(m, &mut m.new_state(), &self.prompt, &self.opts, None, |_| {
+            Flow::Continue
+        })?;
+        ensure!(
+            g.output_ids == *self.reference,
+            "a target-only run changed its output"
+        );
         Ok(g.stats.decode_tokens_per_second)
     }
 
@@ -156,7 +188,9 @@ impl Bench {
         let (mut rows, mut bases) = (Vec::new(), Vec::new());
         for _ in 0..repeat.max(1) {
             let base = self.plain()?;
-            let Some(row) = self.once(name, rate, forced, base)? else { return Ok(None) };
+            let Some(row) = self.once(name, rate, forced, base)? else {
+                return Ok(None);
+            };
             bases.push(base);
             rows.push(row);
         }
@@ -172,7 +206,9 @@ impl Bench {
     }
 
     fn once(&self, name: &str, rate: Option<f64>, forced: bool, baseline: f64) -> Result<Option<Row>> {
-        let Some(inner) = self.proposer(name) else { return Ok(None) };
+        let Some(inner) = self.proposer(name) else {
+            return Ok(None);
+        };
         let proposer: Box<dyn Proposer> = match rate {
             None => inner,
             Some(rate) => Box::new(Controlled {
@@ -183,10 +219,21 @@ impl Bench {
                 vocab: self.model.info().vocab_size as u32,
             }),
         };
-        let cfg = EconomicsConfig { forced, max_width: self.max_width, ..Default::default() };
+        let cfg = EconomicsConfig {
+            forced,
+            max_width: self.max_width,
+            ..Default::default()
+        };
         let mut spec = Speculator::new(vec![proposer], &cfg, None);
         let mut state = self.model.new_state();
-        let g = generate_with(self.model.as_ref(), &mut state, &self.prompt, &self.opts, Some(&mut spec), |_| Flow::Continue)?;
+        let g = generate_with(
+            self.model.as_ref(),
+            &mut state,
+            &self.prompt,
+            &self.opts,
+            Some(&mut spec),
+            |_| Flow::Continue,
+        )?;
         let s = spec.summary();
         let p = s.proposers.values().next().cloned().unwrap_or_default();
         Ok(Some(Row {
@@ -199,7 +246,11 @@ impl Bench {
             drafts: p.proposals,
             draft_tokens: p.draft_tokens,
             accepted_tokens: p.accepted_tokens,
-            mean_accepted: if p.proposals == 0 { 0.0 } else { p.accepted_tokens as f64 / p.proposals as f64 },
+            mean_accepted: if p.proposals == 0 {
+                0.0
+            } else {
+                p.accepted_tokens as f64 / p.proposals as f64
+            },
             target_only_steps: s.target_only_steps,
             switched_off: p.switched_off,
             draft_seconds: p.draft_seconds,
@@ -212,9 +263,13 @@ impl Bench {
 fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocRuntime>)> {
     let budgeted = args.ooc.explicit() || arch::supports_budget(dir)?;
     Ok(match args.ooc.options()?.filter(|_| budgeted) {
-        None => (arch::load(dir).with_context(|| format!("loading {}", dir.display()))?, None),
+        None => (
+            arch::load(dir).with_context(|| format!("loading {}", dir.display()))?,
+            None,
+        ),
         Some(o) => {
-            let (m, rt) = arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
+            let (m, rt) =
+                arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
             eprintln!("{}", crate::ooc_args::describe_plan(&rt.plan));
             (m, Some(rt))
         }
@@ -226,10 +281,24 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
     let (model, _ooc) = load(&dir, &args)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?);
     let vocab = model.info().vocab_size;
-    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1)).map(|i| ((i * 37 + 11) % vocab.min(256)) as u32).collect();
-    let opts = GenerateOptions { max_new_tokens: args.tokens.max(2), sampling: Sampling::Greedy, stop_ids: vec![], prefill_chunk: 256 };
+    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
+        .map(|i| ((i * 37 + 11) % vocab.min(256)) as u32)
+        .collect();
+    let opts = GenerateOptions {
+        max_new_tokens: args.tokens.max(2),
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 256,
+    };
     let plain = |m: &dyn Model| -> Result<deltafin_engine::generate::Generation> {
-        Ok(generate_with(m, &mut m.new_state(), &prompt, &opts, None, |_| Flow::Continue)?)
+        Ok(generate_with(
+            m,
+            &mut m.new_state(),
+            &prompt,
+            &opts,
+            None,
+            |_| Flow::Continue,
+        )?)
     };
     plain(model.as_ref())?; // warm-up (page cache, expert cache)
     let reference = plain(model.as_ref())?;
@@ -239,9 +308,16 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
     DSparkSynth::for_target(model.info(), 5).write(head_dir.path())?;
     let head = DSpark::load(head_dir.path())?;
     head.check_target(model.as_ref())?;
-    let qwen_dir = args.draft_qwen.clone().or_else(|| Some(dir.join("drafts/qwen")).filter(|d| d.join("config.json").is_file()));
+    let qwen_dir = args
+        .draft_qwen
+        .clone()
+        .or_else(|| Some(dir.join("drafts/qwen")).filter(|d| d.join("config.json").is_file()));
     let qwen = match qwen_dir {
-        Some(d) => Some(Arc::new(QwenDrafter::load(&d, tok.clone(), QwenDraftConfig::default())?)),
+        Some(d) => Some(Arc::new(QwenDrafter::load(
+            &d,
+            tok.clone(),
+            QwenDraftConfig::default(),
+        )?)),
         None => None,
     };
     let bench = Bench {
@@ -264,7 +340,10 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
             }
         }
     }
-    ensure!(rows.iter().all(|r| r.identical), "a drafted run changed the output: {rows:?}");
+    ensure!(
+        rows.iter().all(|r| r.identical),
+        "a drafted run changed the output: {rows:?}"
+    );
     report(&args, &dir, baseline, &rows)
 }
 
@@ -292,7 +371,19 @@ fn report(args: &SpecBenchArgs, dir: &Path, baseline: f64, rows: &[Row]) -> Resu
     );
     println!(
         "{:>8} {:>6} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>9} {:>6} {:>8} {:>8}",
-        "proposer", "rate", "mode", "tok/s", "base t/s", "speedup", "drafts", "accepted", "mean acc", "plain st", "offs", "draft s", "verify s"
+        "proposer",
+        "rate",
+        "mode",
+        "tok/s",
+        "base t/s",
+        "speedup",
+        "drafts",
+        "accepted",
+        "mean acc",
+        "plain st",
+        "offs",
+        "draft s",
+        "verify s"
     );
     for r in rows {
         println!(
@@ -312,6 +403,9 @@ fn report(args: &SpecBenchArgs, dir: &Path, baseline: f64, rows: &[Row]) -> Resu
             r.verify_seconds
         );
     }
-    println!("every run's tokens equal the target-only run's: {}", rows.iter().all(|r| r.identical));
+    println!(
+        "every run's tokens equal the target-only run's: {}",
+        rows.iter().all(|r| r.identical)
+    );
     Ok(())
 }

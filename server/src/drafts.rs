@@ -27,7 +27,13 @@ pub struct DraftSources {
 
 impl Default for DraftSources {
     fn default() -> Self {
-        DraftSources { mode: SpecMode::Auto, dspark: None, qwen: None, ngram: true, max_width: 8 }
+        DraftSources {
+            mode: SpecMode::Auto,
+            dspark: None,
+            qwen: None,
+            ngram: true,
+            max_width: 8,
+        }
     }
 }
 
@@ -50,20 +56,40 @@ fn pick(explicit: &Option<PathBuf>, model_dir: &Path, name: &str) -> Option<Path
 
 impl DraftSources {
     /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`).
-    pub fn load(&self, model_dir: &Path, target: &dyn Model, tokenizer: &Arc<Tokenizer>) -> Result<Drafts, DraftError> {
-        let economics = EconomicsConfig { max_width: self.max_width.max(1), ..Default::default() };
-        let mut drafts = Drafts { ngram: self.ngram.then(NgramConfig::default), economics, ..Drafts::none() };
+    pub fn load(
+        &self,
+        model_dir: &Path,
+        target: &dyn Model,
+        tokenizer: &Arc<Tokenizer>,
+    ) -> Result<Drafts, DraftError> {
+        let economics = EconomicsConfig {
+            max_width: self.max_width.max(1),
+            ..Default::default()
+        };
+        let mut drafts = Drafts {
+            ngram: self.ngram.then(NgramConfig::default),
+            economics,
+            ..Drafts::none()
+        };
         if self.mode == SpecMode::Off {
             return Ok(drafts);
         }
         if let Some(dir) = pick(&self.dspark, model_dir, "dspark") {
-            let err = |source| DraftError { name: "dspark", dir: dir.clone(), source: Box::new(source) };
+            let err = |source| DraftError {
+                name: "dspark",
+                dir: dir.clone(),
+                source: Box::new(source),
+            };
             let head = DSpark::load(&dir).map_err(err)?;
             head.check_target(target).map_err(err)?;
             drafts.dspark = Some(Arc::new(head));
         }
         if let Some(dir) = pick(&self.qwen, model_dir, "qwen") {
-            let err = |source| DraftError { name: "qwen", dir: dir.clone(), source: Box::new(source) };
+            let err = |source| DraftError {
+                name: "qwen",
+                dir: dir.clone(),
+                source: Box::new(source),
+            };
             let q = QwenDrafter::load(&dir, tokenizer.clone(), QwenDraftConfig::default()).map_err(err)?;
             drafts.qwen = Some(Arc::new(q));
         }

@@ -35,7 +35,10 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         Some(rt) => app.metrics().render(engine, &crate::model::expert_io(rt)),
         None => app.metrics().render(engine, app.expert_io()),
     };
-    let spec = loaded.as_ref().map(|l| l.engine.stats().speculation()).unwrap_or_default();
+    let spec = loaded
+        .as_ref()
+        .map(|l| l.engine.stats().speculation())
+        .unwrap_or_default();
     text.push_str(&crate::metrics::render_spec(&spec));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],

@@ -328,11 +328,31 @@ pub fn render_spec(s: &SpecSummary) -> String {
     let empty = ProposerStats::default();
     let get = |k: ProposerKind| s.proposers.get(k.label()).unwrap_or(&empty);
     let counters: [SpecCounter; 5] = [
-        ("deltafin_spec_decode_drafts_total", "Verify passes that carried drafts.", |p| p.proposals),
-        ("deltafin_spec_decode_draft_tokens_total", "Draft tokens verified.", |p| p.draft_tokens),
-        ("deltafin_spec_decode_accepted_tokens_total", "Draft tokens accepted.", |p| p.accepted_tokens),
-        ("deltafin_spec_decode_switched_off_total", "Times the economics gate switched a proposer off for a back-off.", |p| p.switched_off),
-        ("deltafin_spec_decode_errors_total", "Proposer failures (the request continued without it).", |p| p.errors),
+        (
+            "deltafin_spec_decode_drafts_total",
+            "Verify passes that carried drafts.",
+            |p| p.proposals,
+        ),
+        (
+            "deltafin_spec_decode_draft_tokens_total",
+            "Draft tokens verified.",
+            |p| p.draft_tokens,
+        ),
+        (
+            "deltafin_spec_decode_accepted_tokens_total",
+            "Draft tokens accepted.",
+            |p| p.accepted_tokens,
+        ),
+        (
+            "deltafin_spec_decode_switched_off_total",
+            "Times the economics gate switched a proposer off for a back-off.",
+            |p| p.switched_off,
+        ),
+        (
+            "deltafin_spec_decode_errors_total",
+            "Proposer failures (the request continued without it).",
+            |p| p.errors,
+        ),
     ];
     for (name, help, value) in counters {
         header(&mut out, name, help, "counter");
@@ -340,27 +360,65 @@ pub fn render_spec(s: &SpecSummary) -> String {
             let _ = writeln!(out, "{name}{{draft=\"{}\"}} {}", k.label(), value(get(k)));
         }
     }
-    header(&mut out, "deltafin_spec_decode_seconds_total", "Seconds spent drafting and verifying drafts.", "counter");
+    header(
+        &mut out,
+        "deltafin_spec_decode_seconds_total",
+        "Seconds spent drafting and verifying drafts.",
+        "counter",
+    );
     for k in kinds {
         let p = get(k);
-        let _ = writeln!(out, "deltafin_spec_decode_seconds_total{{draft=\"{}\",phase=\"draft\"}} {}", k.label(), p.draft_seconds);
-        let _ = writeln!(out, "deltafin_spec_decode_seconds_total{{draft=\"{}\",phase=\"verify\"}} {}", k.label(), p.verify_seconds);
+        let _ = writeln!(
+            out,
+            "deltafin_spec_decode_seconds_total{{draft=\"{}\",phase=\"draft\"}} {}",
+            k.label(),
+            p.draft_seconds
+        );
+        let _ = writeln!(
+            out,
+            "deltafin_spec_decode_seconds_total{{draft=\"{}\",phase=\"verify\"}} {}",
+            k.label(),
+            p.verify_seconds
+        );
     }
     let name = "deltafin_spec_decode_accepted_length";
-    header(&mut out, name, "Drafts accepted per drafted verify pass.", "histogram");
+    header(
+        &mut out,
+        name,
+        "Drafts accepted per drafted verify pass.",
+        "histogram",
+    );
     for k in kinds {
         let p = get(k);
         let mut cumulative = 0;
         for le in 0..=SPEC_LENGTH_BUCKETS {
             cumulative += p.accepted_lengths.get(le).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{draft=\"{}\",le=\"{le}\"}} {cumulative}", k.label());
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{draft=\"{}\",le=\"{le}\"}} {cumulative}",
+                k.label()
+            );
         }
-        let _ = writeln!(out, "{name}_bucket{{draft=\"{}\",le=\"+Inf\"}} {}", k.label(), p.proposals);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{draft=\"{}\",le=\"+Inf\"}} {}",
+            k.label(),
+            p.proposals
+        );
         let _ = writeln!(out, "{name}_sum{{draft=\"{}\"}} {}", k.label(), p.accepted_tokens);
         let _ = writeln!(out, "{name}_count{{draft=\"{}\"}} {}", k.label(), p.proposals);
     }
-    header(&mut out, "deltafin_spec_decode_target_only_steps_total", "Decode steps of drafting-enabled requests that ran without drafts.", "counter");
-    let _ = writeln!(out, "deltafin_spec_decode_target_only_steps_total {}", s.target_only_steps);
+    header(
+        &mut out,
+        "deltafin_spec_decode_target_only_steps_total",
+        "Decode steps of drafting-enabled requests that ran without drafts.",
+        "counter",
+    );
+    let _ = writeln!(
+        out,
+        "deltafin_spec_decode_target_only_steps_total {}",
+        s.target_only_steps
+    );
     out
 }
 

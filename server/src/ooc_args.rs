@@ -51,7 +51,9 @@ impl OocArgs {
                 let (limit, usage, available) = probe_memory();
                 default_budget(limit, usage, available)
             }
-            s => parse_size(s).map_err(anyhow::Error::msg).context("--memory-budget")?,
+            s => parse_size(s)
+                .map_err(anyhow::Error::msg)
+                .context("--memory-budget")?,
         };
         let mut o = OocOptions::with_budget(budget);
         o.policy = self.cache_policy;

@@ -11,11 +11,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch::{self, Model};
 use deltafin_engine::cache::OocRuntime;
-use deltafin_fetch::EngineSource;
 use deltafin_engine::generate::{Flow, GenerateOptions, GenerationStats, Sampling, generate_with};
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::synth;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
+use deltafin_fetch::EngineSource;
 use serde_json::json;
 
 use crate::ooc_args::{OocArgs, describe_plan};
@@ -75,7 +75,9 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
         return Ok(dir);
     }
     let dir = cache_dir.join(format!("builtin-kimi-k3-{}", env!("CARGO_PKG_VERSION")));
-    if synth::ensure_builtin(&dir).with_context(|| format!("generating the built-in model in {}", dir.display()))? {
+    if synth::ensure_builtin(&dir)
+        .with_context(|| format!("generating the built-in model in {}", dir.display()))?
+    {
         eprintln!("generated the built-in default model in {}", dir.display());
     }
     eprintln!(
@@ -92,19 +94,21 @@ type LoadedModel = (Box<dyn Model>, Option<OocRuntime>, Option<Arc<EngineSource>
 fn load_model(dir: &Path, args: &RunArgs) -> Result<LoadedModel> {
     let stream = stream_mode::open(dir, &args.stream)?;
     let loading = || format!("loading model {}", dir.display());
-    Ok(match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
-        None => (arch::load(dir).with_context(loading)?, None, stream),
-        Some(o) => {
-            let (m, rt) = arch::load_budgeted(dir, &o).with_context(loading)?;
-            if args.stats {
-                eprintln!("{}", describe_plan(&rt.plan));
+    Ok(
+        match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
+            None => (arch::load(dir).with_context(loading)?, None, stream),
+            Some(o) => {
+                let (m, rt) = arch::load_budgeted(dir, &o).with_context(loading)?;
+                if args.stats {
+                    eprintln!("{}", describe_plan(&rt.plan));
+                }
+                if let Some(note) = &rt.heat_note {
+                    eprintln!("heat: {note}");
+                }
+                (m, Some(rt), stream)
             }
-            if let Some(note) = &rt.heat_note {
-                eprintln!("heat: {note}");
-            }
-            (m, Some(rt), stream)
-        }
-    })
+        },
+    )
 }
 
 /// The prompt's token ids: raw (after BOS) or rendered through the chat template.
@@ -115,8 +119,13 @@ fn prompt_ids(args: &RunArgs, model: &dyn Model, tok: &Tokenizer) -> Result<Vec<
             messages.push(ChatMessage::new("system", system.clone()));
         }
         messages.push(ChatMessage::new("user", args.prompt.clone()));
-        let opts = ChatOptions { add_generation_prompt: true, ..Default::default() };
-        return tok.encode_chat(&messages, &opts).context("rendering the chat template");
+        let opts = ChatOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        return tok
+            .encode_chat(&messages, &opts)
+            .context("rendering the chat template");
     }
     let mut ids: Vec<u32> = model.info().bos_token_id.into_iter().collect();
     ids.extend(tok.encode(&args.prompt));
@@ -140,9 +149,15 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model.clone(), cache_dir)?;
     let load_start = Instant::now();
     let (model, ooc, stream) = load_model(&dir, &args)?;
-    let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?);
+    let tok = Arc::new(
+        Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?,
+    );
     let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
-    let kind = if args.chat { RequestKind::Chat } else { RequestKind::Completion };
+    let kind = if args.chat {
+        RequestKind::Chat
+    } else {
+        RequestKind::Completion
+    };
     let mut spec = drafts.speculator(kind, args.spec.spec, None);
     let load_seconds = load_start.elapsed().as_secs_f64();
     let prompt_ids = prompt_ids(&args, model.as_ref(), &tok)?;
@@ -156,22 +171,37 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let mut decoder = IncrementalDecoder::new(&tok);
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
-    let generation = generate_with(model.as_ref(), &mut state, &prompt_ids, &opts, spec.as_mut(), |id| {
-        if streaming && let Some(text) = decoder.push(id) {
-            // A closed stdout (e.g. `| head`) stops generation instead of failing it.
-            if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
-                return Flow::Stop;
+    let generation = generate_with(
+        model.as_ref(),
+        &mut state,
+        &prompt_ids,
+        &opts,
+        spec.as_mut(),
+        |id| {
+            if streaming && let Some(text) = decoder.push(id) {
+                // A closed stdout (e.g. `| head`) stops generation instead of failing it.
+                if stdout
+                    .write_all(text.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .is_err()
+                {
+                    return Flow::Stop;
+                }
             }
-        }
-        Flow::Continue
-    })?;
+            Flow::Continue
+        },
+    )?;
     if let Some(rt) = &ooc {
         rt.flush_heat()?;
     }
     let ooc_stats = ooc.as_ref().map(|rt| rt.stats());
     let stream_stats = stream.as_ref().map(|s| s.store().stats());
-    let text_ids: Vec<u32> =
-        generation.output_ids.iter().copied().filter(|id| !opts.stop_ids.contains(id)).collect();
+    let text_ids: Vec<u32> = generation
+        .output_ids
+        .iter()
+        .copied()
+        .filter(|id| !opts.stop_ids.contains(id))
+        .collect();
     let text = tok.decode(&text_ids);
     let s = &generation.stats;
     if args.json {

@@ -261,7 +261,13 @@ pub fn remote_with(spec: &SourceSpec, conn: Connection<'_>) -> anyhow::Result<Re
     Ok(match spec {
         SourceSpec::Hf { .. } => {
             let client = deltafin_fetch::http::build_client(&Default::default())?;
-            Remote::Hf(HfRepo::new(client, conn.endpoint, spec, conn.hf_token, conn.policy)?)
+            Remote::Hf(HfRepo::new(
+                client,
+                conn.endpoint,
+                spec,
+                conn.hf_token,
+                conn.policy,
+            )?)
         }
         SourceSpec::Oci { .. } => Remote::Oci(OciSource::new(spec, &conn.oci)?),
     })

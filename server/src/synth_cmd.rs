@@ -143,7 +143,10 @@ pub fn run(a: SynthArgs) -> Result<()> {
     };
     s.shards = a.shards.max(1);
     s.seed = a.seed;
-    s.routing = RoutingShape { skew: a.route_skew, locality: a.route_locality };
+    s.routing = RoutingShape {
+        skew: a.route_skew,
+        locality: a.route_locality,
+    };
     if let Some(l) = a.layers {
         s.layers = l.max(s.first_dense + 1);
     }
@@ -156,8 +159,14 @@ pub fn run(a: SynthArgs) -> Result<()> {
         }
     }
     let start = Instant::now();
-    s.write(&a.out).with_context(|| format!("writing {}", a.out.display()))?;
-    let shape = Shape { layers: s.layers, experts: s.experts, top_k: s.top_k, expert_bytes: s.expert_bytes() };
+    s.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let shape = Shape {
+        layers: s.layers,
+        experts: s.experts,
+        top_k: s.top_k,
+        expert_bytes: s.expert_bytes(),
+    };
     report(&a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
     Ok(())
 }
@@ -173,8 +182,11 @@ fn wanted_size(a: &SynthArgs) -> Result<Option<u64>> {
 }
 
 fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
-    if a.format.is_some_and(|f| !matches!(f, Format::Bf16)) || a.route_skew != 0.0 || a.route_locality != 0.0 {
-        bail!("--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only (K3 experts are MXFP4)");
+    if a.format.is_some_and(|f| !matches!(f, Format::Bf16)) || a.route_skew != 0.0 || a.route_locality != 0.0
+    {
+        bail!(
+            "--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only (K3 experts are MXFP4)"
+        );
     }
     s.shards = a.shards.max(1);
     s.seed = a.seed;
@@ -195,8 +207,14 @@ fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
         }
     }
     let start = Instant::now();
-    s.write(&a.out).with_context(|| format!("writing {}", a.out.display()))?;
-    let shape = Shape { layers: s.layers, experts: s.experts, top_k: s.top_k, expert_bytes: s.expert_bytes() };
+    s.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let shape = Shape {
+        layers: s.layers,
+        experts: s.experts,
+        top_k: s.top_k,
+        expert_bytes: s.expert_bytes(),
+    };
     report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
     Ok(())
 }

@@ -70,7 +70,14 @@ async fn not_ready_until_loaded_ready_while_serving_unready_while_draining() {
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("m");
     DeepseekSynth::tiny(ExpertFormat::Bf16).write(&model_dir).unwrap();
-    let (loaded, _thread) = model::load(&model_dir, "m".into(), SchedulerConfig::default(), None, &Default::default()).unwrap();
+    let (loaded, _thread) = model::load(
+        &model_dir,
+        "m".into(),
+        SchedulerConfig::default(),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
     state.set_loaded(loaded);
     assert_eq!(call(&state, "GET", "/readyz", None).await.0, StatusCode::OK);
     let (status, body) = call(&state, "POST", "/v1/chat/completions", Some(chat.clone())).await;

@@ -25,9 +25,15 @@ fn synth() -> tempfile::TempDir {
 
 fn assert_clean_failure(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr does not name `{needle}`: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr does not name `{needle}`: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
 }
 
@@ -36,7 +42,16 @@ fn json_output_has_ids_text_and_stats_and_is_reproducible() {
     let model = synth();
     let cache = tempfile::tempdir().unwrap();
     let m = model.path().to_str().unwrap();
-    let args = ["run", "--model", m, "--prompt", "Hello there", "--max-new", "12", "--json"];
+    let args = [
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "Hello there",
+        "--max-new",
+        "12",
+        "--json",
+    ];
     let out = deltafin(&args, cache.path());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
@@ -46,9 +61,25 @@ fn json_output_has_ids_text_and_stats_and_is_reproducible() {
     assert!(v["text"].is_string());
     assert!(v["stats"]["decode_tokens_per_second"].as_f64().is_some());
     let again: Value = serde_json::from_slice(&deltafin(&args, cache.path()).stdout).unwrap();
-    assert_eq!(v["output_ids"], again["output_ids"], "greedy output must be reproducible");
+    assert_eq!(
+        v["output_ids"], again["output_ids"],
+        "greedy output must be reproducible"
+    );
     // Seeded sampling is reproducible too.
-    let sampled = ["run", "--model", m, "--prompt", "Hi", "--max-new", "8", "--json", "--temperature", "0.9", "--seed", "4"];
+    let sampled = [
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--max-new",
+        "8",
+        "--json",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "4",
+    ];
     let a: Value = serde_json::from_slice(&deltafin(&sampled, cache.path()).stdout).unwrap();
     let b: Value = serde_json::from_slice(&deltafin(&sampled, cache.path()).stdout).unwrap();
     assert_eq!(a["output_ids"], b["output_ids"]);
@@ -59,22 +90,49 @@ fn chat_mode_renders_the_template() {
     let model = synth();
     let cache = tempfile::tempdir().unwrap();
     let m = model.path().to_str().unwrap();
-    let out = deltafin(&["run", "--model", m, "--chat", "--prompt", "Hi", "--max-new", "4", "--json"], cache.path());
+    let out = deltafin(
+        &[
+            "run",
+            "--model",
+            m,
+            "--chat",
+            "--prompt",
+            "Hi",
+            "--max-new",
+            "4",
+            "--json",
+        ],
+        cache.path(),
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ids: Vec<u64> = v["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = v["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
     // Byte-level synthetic tokenizer: specials live at 256 + K2 offset.
     assert_eq!(ids[0], 256 + 10, "system turn first (<|im_system|>)");
-    assert!(ids.contains(&(256 + 3)) && ids.ends_with(&[256 + 17]), "user turn and generation prompt: {ids:?}");
+    assert!(
+        ids.contains(&(256 + 3)) && ids.ends_with(&[256 + 17]),
+        "user turn and generation prompt: {ids:?}"
+    );
 }
 
 #[test]
 fn builtin_default_model_runs_with_stats() {
     let cache = tempfile::tempdir().unwrap();
-    let out = deltafin(&["run", "--prompt", "Hello", "--max-new", "8", "--stats"], cache.path());
+    let out = deltafin(
+        &["run", "--prompt", "Hello", "--max-new", "8", "--stats"],
+        cache.path(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("SYNTHETIC"), "must say the weights are synthetic: {stderr}");
+    assert!(
+        stderr.contains("SYNTHETIC"),
+        "must say the weights are synthetic: {stderr}"
+    );
     assert!(stderr.contains("tok/s"), "{stderr}");
 }
 
@@ -84,28 +142,55 @@ fn bad_inputs_fail_with_named_causes() {
     // Missing tokenizer file.
     let model = synth();
     std::fs::remove_file(model.path().join("tiktoken.model")).unwrap();
-    let out = deltafin(&["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"], cache.path());
+    let out = deltafin(
+        &["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"],
+        cache.path(),
+    );
     assert_clean_failure(&out, "tokenizer");
     // Truncated shard.
     let model = synth();
     let shard = model.path().join("model-00001-of-00002.safetensors");
     let len = std::fs::metadata(&shard).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len / 2).unwrap();
-    let out = deltafin(&["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"], cache.path());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = deltafin(
+        &["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"],
+        cache.path(),
+    );
     assert_clean_failure(&out, "model-00001-of-00002.safetensors");
     // Unknown model_type.
     let model = synth();
     let cfg = model.path().join("config.json");
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("\"deepseek_v3\"", "\"gpt_neox\"");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("\"deepseek_v3\"", "\"gpt_neox\"");
     std::fs::write(&cfg, text).unwrap();
-    let out = deltafin(&["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"], cache.path());
+    let out = deltafin(
+        &["run", "--model", model.path().to_str().unwrap(), "--prompt", "x"],
+        cache.path(),
+    );
     assert_clean_failure(&out, "gpt_neox");
     // Nonexistent directory and an invalid sampling value.
-    let out = deltafin(&["run", "--model", "/nonexistent/model", "--prompt", "x"], cache.path());
+    let out = deltafin(
+        &["run", "--model", "/nonexistent/model", "--prompt", "x"],
+        cache.path(),
+    );
     assert_clean_failure(&out, "/nonexistent/model");
     let model = synth();
     let out = deltafin(
-        &["run", "--model", model.path().to_str().unwrap(), "--prompt", "x", "--top-p", "0"],
+        &[
+            "run",
+            "--model",
+            model.path().to_str().unwrap(),
+            "--prompt",
+            "x",
+            "--top-p",
+            "0",
+        ],
         cache.path(),
     );
     assert_clean_failure(&out, "top_p");

@@ -13,7 +13,10 @@ use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, ExpertFormat};
 fn openai_client_suite() {
     let Some(python) = std::env::var_os("DELTAFIN_TEST_PYTHON") else {
         let required = std::env::var("DELTAFIN_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
-        assert!(!required, "DELTAFIN_TEST_PYTHON is not set and DELTAFIN_REQUIRE_SERVICES=1 (run scripts/install-test-deps)");
+        assert!(
+            !required,
+            "DELTAFIN_TEST_PYTHON is not set and DELTAFIN_REQUIRE_SERVICES=1 (run scripts/install-test-deps)"
+        );
         eprintln!("skipped: DELTAFIN_TEST_PYTHON is not set (run scripts/test-server)");
         return;
     };
@@ -23,7 +26,9 @@ fn openai_client_suite() {
     // Drafts where `deltafin setup` installs them: a draft head made for this model and the
     // Qwen3 drafter fixture (a different tokenizer: its drafts are translated through text).
     let info = deltafin_engine::arch::load(&model).unwrap().info().clone();
-    DSparkSynth::for_target(&info, 9).write(&model.join("drafts/dspark")).unwrap();
+    DSparkSynth::for_target(&info, 9)
+        .write(&model.join("drafts/dspark"))
+        .unwrap();
     let qwen = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/qwen3");
     let qwen_dst = model.join("drafts/qwen");
     std::fs::create_dir_all(&qwen_dst).unwrap();

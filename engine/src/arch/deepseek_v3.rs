@@ -16,7 +16,9 @@ use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, mla_caches};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
-use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source};
+use crate::cache::{
+    ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
+};
 use crate::config::{DeepseekV3Config, ModelSpec};
 use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
@@ -75,7 +77,9 @@ impl DeepseekV3 {
         let h = cfg.hidden_size;
         let embed = ld.dense("model.embed_tokens.weight", cfg.vocab_size, h)?;
         let lm_head = Self::load_head(&cfg, ld, &embed)?;
-        let layers = (0..cfg.num_hidden_layers).map(|i| Self::load_layer(&cfg, ld, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| Self::load_layer(&cfg, ld, i))
+            .collect::<Result<Vec<_>>>()?;
         let norm = ld.vector("model.norm.weight", h)?;
         let layers = Arc::new(LayerStore::resident(layers));
         Ok(Self::assemble(cfg, ld, embed, layers, norm, lm_head, None))
@@ -107,9 +111,22 @@ impl DeepseekV3 {
             max_context: cfg.max_position_embeddings,
             bos_token_id: cfg.bos_token_id,
             eos_token_ids: cfg.eos_token_ids.clone(),
-            weight_bytes: ld.index.names().filter_map(|n| ld.index.info(n).ok()).map(|i| i.len).sum(),
+            weight_bytes: ld
+                .index
+                .names()
+                .filter_map(|n| ld.index.info(n).ok())
+                .map(|i| i.len)
+                .sum(),
         };
-        DeepseekV3 { norm, embed, layers, lm_head, info, cfg, experts }
+        DeepseekV3 {
+            norm,
+            embed,
+            layers,
+            lm_head,
+            info,
+            cfg,
+            experts,
+        }
     }
 
     /// Load under `options.budget`: the fixed tensors and a prefix of layers resident, the
@@ -147,7 +164,15 @@ impl DeepseekV3 {
         };
         let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
         let ld = Loader::new(&index, spec);
-        let model = Self::assemble(cfg, &ld, fixed.embed, layers, fixed.norm, fixed.lm_head, Some(runtime.experts.clone()));
+        let model = Self::assemble(
+            cfg,
+            &ld,
+            fixed.embed,
+            layers,
+            fixed.norm,
+            fixed.lm_head,
+            Some(runtime.experts.clone()),
+        );
         Ok((model, runtime))
     }
 
@@ -168,10 +193,21 @@ impl DeepseekV3 {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Fixed { embed, lm_head, norm: ld.vector("model.norm.weight", h)?, lookahead })
+        Ok(Fixed {
+            embed,
+            lm_head,
+            norm: ld.vector("model.norm.weight", h)?,
+            lookahead,
+        })
     }
 
-    fn router(cfg: &DeepseekV3Config, ld: &Loader<'_>, p: &str, experts: Vec<Mlp>, shared: Option<Mlp>) -> Result<Moe> {
+    fn router(
+        cfg: &DeepseekV3Config,
+        ld: &Loader<'_>,
+        p: &str,
+        experts: Vec<Mlp>,
+        shared: Option<Mlp>,
+    ) -> Result<Moe> {
         let e = cfg.n_routed_experts;
         Ok(Moe {
             gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, cfg.hidden_size)?,
@@ -204,15 +240,32 @@ impl DeepseekV3 {
             scale: ((qk as f64).powf(-0.5) * cfg.rope.softmax_scale_multiplier()) as f32,
         };
         let rotary = Some(Rope::new(&cfg.rope, cfg.qk_rope_head_dim, cfg.rope_interleave));
-        let attn = Mla::load(ld, &format!("{p}.self_attn"), h, cfg.q_lora_rank, dims, rotary, None)?;
+        let attn = Mla::load(
+            ld,
+            &format!("{p}.self_attn"),
+            h,
+            cfg.q_lora_rank,
+            dims,
+            rotary,
+            None,
+        )?;
         let ffn = if cfg.is_moe_layer(i) {
-            let e = if ld.routed_experts() { cfg.n_routed_experts } else { 0 };
+            let e = if ld.routed_experts() {
+                cfg.n_routed_experts
+            } else {
+                0
+            };
             let experts = (0..e)
                 .map(|x| mlp(ld, &format!("{p}.mlp.experts.{x}"), h, cfg.moe_intermediate_size))
                 .collect::<Result<Vec<_>>>()?;
             let shared = match cfg.n_shared_experts {
                 0 => None,
-                s => Some(mlp(ld, &format!("{p}.mlp.shared_experts"), h, cfg.moe_intermediate_size * s)?),
+                s => Some(mlp(
+                    ld,
+                    &format!("{p}.mlp.shared_experts"),
+                    h,
+                    cfg.moe_intermediate_size * s,
+                )?),
             };
             Ffn::Moe(Self::router(cfg, ld, &p, experts, shared)?)
         } else {
@@ -256,7 +309,11 @@ impl Model for DeepseekV3 {
     }
 
     fn new_state(&self) -> SeqState {
-        SeqState::new((0..self.layers.len()).map(|_| LayerState::Mla(MlaCache::default())).collect())
+        SeqState::new(
+            (0..self.layers.len())
+                .map(|_| LayerState::Mla(MlaCache::default()))
+                .collect(),
+        )
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
@@ -280,7 +337,10 @@ impl Model for DeepseekV3 {
             batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
             return Err(e);
         }
-        let selected: Vec<f32> = logit_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+        let selected: Vec<f32> = logit_rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
         let normed = self.norm_rows(&selected, &self.norm);
         if let Some(t) = trace {
             t.record("norm", &normed);
@@ -293,13 +353,23 @@ impl Model for DeepseekV3 {
 
 impl DeepseekV3 {
     /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
-    fn run_layers(&self, batch: &mut [SeqInput<'_>], plan: &RowPlan, x: &mut [f32], mut trace: Option<&mut Trace>) -> Result<()> {
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        x: &mut [f32],
+        mut trace: Option<&mut Trace>,
+    ) -> Result<()> {
         let n = plan.len();
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
             let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
-            let mut rows = MlaRows { caches: &mut caches, seq: &plan.seq, pos: &plan.pos };
+            let mut rows = MlaRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
             let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);

@@ -84,7 +84,10 @@ fn load_res(ld: &Loader<'_>, p: &str, site: &str, h: usize, eps: f32) -> Result<
 /// K3's choices of the shared Kimi layers.
 fn variant(cfg: &KimiK3Config) -> Variant {
     Variant {
-        act: Activation::Situ { beta: cfg.situ_beta, linear_beta: cfg.situ_linear_beta },
+        act: Activation::Situ {
+            beta: cfg.situ_beta,
+            linear_beta: cfg.situ_linear_beta,
+        },
         l2: L2Norm::EpsFloor(L2_FLOOR),
         mla_norm_eps: cfg.text.rms_norm_eps,
         mla_gate: cfg.mla_use_output_gate,
@@ -120,11 +123,27 @@ impl KimiK3 {
     /// Load and shape-check every tensor.
     pub fn load(cfg: KimiK3Config, ld: &Loader<'_>) -> Result<Self> {
         let (t, v) = (&cfg.text, variant(&cfg));
-        let Fixed { embed, lm_head, output_res, norm } = load_fixed(t, ld)?;
-        let layers = (0..t.num_hidden_layers).map(|i| load_layer(t, ld, i, &v)).collect::<Result<Vec<_>>>()?;
+        let Fixed {
+            embed,
+            lm_head,
+            output_res,
+            norm,
+        } = load_fixed(t, ld)?;
+        let layers = (0..t.num_hidden_layers)
+            .map(|i| load_layer(t, ld, i, &v))
+            .collect::<Result<Vec<_>>>()?;
         let info = model_info("kimi_k3", t, ld);
         let layers = Arc::new(LayerStore::resident(layers));
-        Ok(KimiK3 { output_res, norm, embed, layers, lm_head, info, cfg, experts: None })
+        Ok(KimiK3 {
+            output_res,
+            norm,
+            embed,
+            layers,
+            lm_head,
+            info,
+            cfg,
+            experts: None,
+        })
     }
 
     /// Load under `options.budget` (see [`super::kimi_ooc`]): embeddings, head, final norm,
@@ -143,8 +162,25 @@ impl KimiK3 {
         let b = super::kimi_ooc::load(t, &v, spec, index.clone(), options, |ld| load_fixed(t, ld), layer)?;
         let info = model_info("kimi_k3", t, &Loader::new(&index, spec));
         let experts = Some(b.runtime.experts.clone());
-        let Fixed { embed, lm_head, output_res, norm } = b.fixed;
-        Ok((KimiK3 { output_res, norm, embed, layers: b.layers, lm_head, info, cfg, experts }, b.runtime))
+        let Fixed {
+            embed,
+            lm_head,
+            output_res,
+            norm,
+        } = b.fixed;
+        Ok((
+            KimiK3 {
+                output_res,
+                norm,
+                embed,
+                layers: b.layers,
+                lm_head,
+                info,
+                cfg,
+                experts,
+            },
+            b.runtime,
+        ))
     }
 }
 
@@ -223,14 +259,24 @@ impl KimiK3 {
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.cfg.num_blocks());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let u = if anchors.is_empty() { run.clone() } else { mix_rows(&layer.attn_res, &anchors, &run, &all, h) };
+            let u = if anchors.is_empty() {
+                run.clone()
+            } else {
+                mix_rows(&layer.attn_res, &anchors, &run, &all, h)
+            };
             let partial = if l % block == 0 {
                 anchors.push(run);
                 None
             } else {
                 Some(run)
             };
-            let a = run_attn(&layer.attn, &norm_rows(&u, &layer.input_norm, eps), plan, batch, l);
+            let a = run_attn(
+                &layer.attn,
+                &norm_rows(&u, &layer.input_norm, eps),
+                plan,
+                batch,
+                l,
+            );
             let p = match partial {
                 None => a,
                 Some(mut p) => {
@@ -247,7 +293,9 @@ impl KimiK3 {
             }
             let experts = self.experts.as_ref().map(|s| s.layer(l));
             let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
-            let f = layer.ffn.forward_with(&norm_rows(&m, &layer.post_norm, eps), n, provider)?;
+            let f = layer
+                .ffn
+                .forward_with(&norm_rows(&m, &layer.post_norm, eps), n, provider)?;
             run = p;
             run.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(tr) = trace.as_deref_mut() {

@@ -68,7 +68,12 @@ pub(crate) enum Ffn {
 impl Ffn {
     /// The FFN over `n` rows of `x` (already normalised). Routed experts come from `experts`
     /// when given (out-of-core), else from the layer itself.
-    pub(crate) fn forward_with(&self, x: &[f32], n: usize, experts: Option<&dyn ExpertProvider>) -> Result<Vec<f32>> {
+    pub(crate) fn forward_with(
+        &self,
+        x: &[f32],
+        n: usize,
+        experts: Option<&dyn ExpertProvider>,
+    ) -> Result<Vec<f32>> {
         match (self, experts) {
             (Ffn::Dense(m), _) => Ok(m.forward(x, n)),
             (Ffn::Moe(m), None) => Ok(m.forward(x, n)),
@@ -226,7 +231,9 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
     }
     let m = format!("{p}.block_sparse_moe");
     let e = if ld.routed_experts() { cfg.num_experts } else { 0 };
-    let experts = (0..e).map(|x| load_expert(cfg, ld, i, x, v)).collect::<Result<Vec<_>>>()?;
+    let experts = (0..e)
+        .map(|x| load_expert(cfg, ld, i, x, v))
+        .collect::<Result<Vec<_>>>()?;
     let shared = match cfg.num_shared_experts {
         0 => None,
         s => Some(load_mlp(
@@ -260,10 +267,23 @@ pub(crate) fn load_ffn(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Va
 
 /// Routed expert `e` of layer `l` (`block_sparse_moe.experts.{e}.w1/w3/w2`; K3: MXFP4 at the
 /// latent width).
-pub(crate) fn load_expert(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, e: usize, v: &Variant) -> Result<Mlp> {
+pub(crate) fn load_expert(
+    cfg: &KimiLinearConfig,
+    ld: &Loader<'_>,
+    l: usize,
+    e: usize,
+    v: &Variant,
+) -> Result<Mlp> {
     let input = v.latent.map_or(cfg.hidden_size, |(width, _)| width);
     let p = format!("model.layers.{l}.block_sparse_moe.experts.{e}");
-    load_mlp(ld, &p, ["w1", "w3", "w2"], input, cfg.moe_intermediate_size, v.act)
+    load_mlp(
+        ld,
+        &p,
+        ["w1", "w3", "w2"],
+        input,
+        cfg.moe_intermediate_size,
+        v.act,
+    )
 }
 
 /// Layer `l`'s router (`block_sparse_moe.gate`) as a MoE without experts, shared experts or
@@ -454,11 +474,21 @@ impl KimiLinear {
     pub fn load(cfg: KimiLinearConfig, ld: &Loader<'_>) -> Result<Self> {
         let v = variant();
         let (embed, lm_head) = load_embed_head(&cfg, ld)?;
-        let layers = (0..cfg.num_hidden_layers).map(|i| load_layer(&cfg, ld, i, &v)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| load_layer(&cfg, ld, i, &v))
+            .collect::<Result<Vec<_>>>()?;
         let norm = ld.vector("model.norm.weight", cfg.hidden_size)?;
         let info = model_info("kimi_linear", &cfg, ld);
         let layers = Arc::new(LayerStore::resident(layers));
-        Ok(KimiLinear { norm, embed, layers, lm_head, info, cfg, experts: None })
+        Ok(KimiLinear {
+            norm,
+            embed,
+            layers,
+            lm_head,
+            info,
+            cfg,
+            experts: None,
+        })
     }
 
     /// Load under `options.budget` (see [`super::kimi_ooc`]): embeddings, head, final norm and
@@ -473,7 +503,11 @@ impl KimiLinear {
         let v = variant();
         let fixed = |ld: &Loader<'_>| {
             let (embed, lm_head) = load_embed_head(&cfg, ld)?;
-            Ok(Fixed { embed, lm_head, norm: ld.vector("model.norm.weight", cfg.hidden_size)? })
+            Ok(Fixed {
+                embed,
+                lm_head,
+                norm: ld.vector("model.norm.weight", cfg.hidden_size)?,
+            })
         };
         let (c, lv) = (cfg.clone(), v.clone());
         let layer: LayerBuilder<Layer> = Arc::new(move |ld, i| load_layer(&c, ld, i, &lv));
@@ -481,11 +515,28 @@ impl KimiLinear {
         let info = model_info("kimi_linear", &cfg, &Loader::new(&index, spec));
         let experts = Some(b.runtime.experts.clone());
         let Fixed { embed, lm_head, norm } = b.fixed;
-        Ok((KimiLinear { norm, embed, layers: b.layers, lm_head, info, cfg, experts }, b.runtime))
+        Ok((
+            KimiLinear {
+                norm,
+                embed,
+                layers: b.layers,
+                lm_head,
+                info,
+                cfg,
+                experts,
+            },
+            b.runtime,
+        ))
     }
 
     /// Every decoder layer over the rows of `x`; on error the caller rolls the states back.
-    fn run_layers(&self, batch: &mut [SeqInput<'_>], plan: &RowPlan, x: &mut [f32], mut trace: Option<&mut Trace>) -> Result<()> {
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        x: &mut [f32],
+        mut trace: Option<&mut Trace>,
+    ) -> Result<()> {
         let (n, eps) = (plan.len(), self.cfg.rms_norm_eps);
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
@@ -497,7 +548,9 @@ impl KimiLinear {
                 store.hint_next(l, x, n); // predicts layer l + 1's routes from this residual
             }
             let experts = self.experts.as_ref().map(|s| s.layer(l));
-            let f = layer.ffn.forward_with(&xn, n, experts.as_ref().map(|e| e as &dyn ExpertProvider))?;
+            let f = layer
+                .ffn
+                .forward_with(&xn, n, experts.as_ref().map(|e| e as &dyn ExpertProvider))?;
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("layers.{l}"), x);

@@ -47,17 +47,29 @@ pub(crate) fn load<L: Send + Sync + 'static, F>(
     layer: LayerBuilder<L>,
 ) -> Result<Budgeted<L, F>> {
     let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
-    let ((fixed, lookahead), fixed_bytes) =
-        load_resident(&index, spec, &reader, |ld| Ok((fixed(ld)?, lookahead_layers(cfg, ld, v)?)))?;
+    let ((fixed, lookahead), fixed_bytes) = load_resident(&index, spec, &reader, |ld| {
+        Ok((fixed(ld)?, lookahead_layers(cfg, ld, v)?))
+    })?;
     let layer_layouts = (0..cfg.num_hidden_layers)
         .map(|i| source::record(&index, spec, false, |ld| layer(ld, i)))
         .collect::<Result<Vec<_>>>()?;
     let (ecfg, ev) = (cfg.clone(), v.clone());
     let expert_builder: ExpertBuilder = Arc::new(move |ld, l, e| load_expert(&ecfg, ld, l, e, &ev));
     let expert_layouts = expert_layouts(cfg, &index, spec, &expert_builder)?;
-    let parts = OocParts { layer_builder: layer, layer_layouts, expert_builder, expert_layouts, lookahead, fixed_bytes };
+    let parts = OocParts {
+        layer_builder: layer,
+        layer_layouts,
+        expert_builder,
+        expert_layouts,
+        lookahead,
+        fixed_bytes,
+    };
     let (layers, runtime) = crate::cache::assemble(index, spec, reader, parts, options)?;
-    Ok(Budgeted { fixed, layers, runtime })
+    Ok(Budgeted {
+        fixed,
+        layers,
+        runtime,
+    })
 }
 
 /// The read layout of every routed expert, `[layer][expert]` (empty for dense layers).
@@ -80,14 +92,21 @@ fn expert_layouts(
 /// What the look-ahead needs of every MoE layer: the norm in front of its FFN and its router,
 /// applied by the expert store exactly as the layer's MoE applies them (`routes` on the
 /// RMS-normalised hidden row, never on K3's latent projection).
-fn lookahead_layers(cfg: &KimiLinearConfig, ld: &Loader<'_>, v: &Variant) -> Result<Vec<Option<LookaheadLayer>>> {
+fn lookahead_layers(
+    cfg: &KimiLinearConfig,
+    ld: &Loader<'_>,
+    v: &Variant,
+) -> Result<Vec<Option<LookaheadLayer>>> {
     (0..cfg.num_hidden_layers)
         .map(|l| {
             if !cfg.moe_layers[l] {
                 return Ok(None);
             }
             Ok(Some(LookaheadLayer {
-                norm: ld.vector(&format!("model.layers.{l}.post_attention_layernorm.weight"), cfg.hidden_size)?,
+                norm: ld.vector(
+                    &format!("model.layers.{l}.post_attention_layernorm.weight"),
+                    cfg.hidden_size,
+                )?,
                 eps: cfg.rms_norm_eps,
                 router: load_router(cfg, ld, l, v)?,
             }))

@@ -24,7 +24,10 @@ pub struct Loader<'a> {
 
 impl std::fmt::Debug for Loader<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Loader").field("dir", &self.index.dir()).field("routed_experts", &self.routed_experts).finish()
+        f.debug_struct("Loader")
+            .field("dir", &self.index.dir())
+            .field("routed_experts", &self.routed_experts)
+            .finish()
     }
 }
 
@@ -36,7 +39,13 @@ impl<'a> Loader<'a> {
     /// A loader for a checkpoint that is not a target model (a draft head): tensor names carry
     /// `prefix`, quantised Linears follow `quant`.
     pub fn with_layout(index: &'a WeightIndex, prefix: &'a str, quant: &'a Quantization) -> Self {
-        Loader { index, prefix, quant, source: &MappedSource, routed_experts: true }
+        Loader {
+            index,
+            prefix,
+            quant,
+            source: &MappedSource,
+            routed_experts: true,
+        }
     }
 
     /// The same loader taking tensor bytes from `source`.
@@ -46,7 +55,10 @@ impl<'a> Loader<'a> {
 
     /// The same loader, told whether layers should load their routed experts.
     pub fn with_routed_experts(self, routed_experts: bool) -> Self {
-        Loader { routed_experts, ..self }
+        Loader {
+            routed_experts,
+            ..self
+        }
     }
 
     /// Whether architectures should load routed experts into their layers (false when an
@@ -70,7 +82,9 @@ impl<'a> Loader<'a> {
 
     /// A 1-D float vector (norm weights, biases) widened to f32.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let info = self.index.expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], &[len])?;
+        let info = self
+            .index
+            .expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], &[len])?;
         Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
     }
 
@@ -78,7 +92,9 @@ impl<'a> Loader<'a> {
     /// Like every tensor, its bytes come from the loader's source (so out-of-core layouts
     /// record and serve it).
     pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let info = self.index.expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
+        let info = self
+            .index
+            .expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
         Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
     }
 
@@ -91,7 +107,10 @@ impl<'a> Loader<'a> {
     /// The shard path holding `name` (for error messages).
     pub fn path_of(&self, name: &str) -> std::path::PathBuf {
         let full = self.name(name);
-        self.index.info(&full).map(|i| self.index.shard_path(i).to_path_buf()).unwrap_or_default()
+        self.index
+            .info(&full)
+            .map(|i| self.index.shard_path(i).to_path_buf())
+            .unwrap_or_default()
     }
 
     /// `name` with the checkpoint's tensor prefix (for error messages).
@@ -102,8 +121,14 @@ impl<'a> Loader<'a> {
     /// A plain (unquantised) BF16/F32 matrix, e.g. embeddings and routers.
     pub fn dense(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let full = self.name(name);
-        let info = self.index.expect(&full, &[Dtype::BF16, Dtype::F32], &[rows, cols])?;
-        let format = if info.dtype == Dtype::BF16 { Format::Bf16 } else { Format::F32 };
+        let info = self
+            .index
+            .expect(&full, &[Dtype::BF16, Dtype::F32], &[rows, cols])?;
+        let format = if info.dtype == Dtype::BF16 {
+            Format::Bf16
+        } else {
+            Format::F32
+        };
         Matrix::new(format, rows, cols, self.blob(info)?, None)
     }
 
@@ -114,16 +139,28 @@ impl<'a> Loader<'a> {
             return self.packed(module, &packed, rows, cols);
         }
         let weight = self.name(&format!("{module}.weight"));
-        let info = self.index.expect(&weight, &[Dtype::BF16, Dtype::F32, Dtype::F8E4M3], &[rows, cols])?;
+        let info = self
+            .index
+            .expect(&weight, &[Dtype::BF16, Dtype::F32, Dtype::F8E4M3], &[rows, cols])?;
         match info.dtype {
             Dtype::F8E4M3 => {
-                let Quantization::Fp8Block { block_rows, block_cols } = *self.quant else {
-                    return Err(self.unexpected(&weight, "F8_E4M3 weights need quantization_config.quant_method fp8"));
+                let Quantization::Fp8Block {
+                    block_rows,
+                    block_cols,
+                } = *self.quant
+                else {
+                    return Err(self.unexpected(
+                        &weight,
+                        "F8_E4M3 weights need quantization_config.quant_method fp8",
+                    ));
                 };
                 let scale_name = self.name(&format!("{module}.weight_scale_inv"));
                 let scale_shape = [rows.div_ceil(block_rows), cols.div_ceil(block_cols)];
                 let scale = self.index.expect(&scale_name, &[Dtype::F32], &scale_shape)?;
-                let format = Format::Fp8Block { block_rows, block_cols };
+                let format = Format::Fp8Block {
+                    block_rows,
+                    block_cols,
+                };
                 Matrix::new(format, rows, cols, self.blob(info)?, Some(self.blob(scale)?))
             }
             Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.blob(info)?, None),
@@ -136,30 +173,47 @@ impl<'a> Loader<'a> {
         match *self.quant {
             Quantization::Int4PackQuantized { group_size, .. } => {
                 if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(8) {
-                    return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
+                    return Err(self.unexpected(
+                        packed,
+                        &format!("in-features {cols} not divisible by group {group_size}"),
+                    ));
                 }
                 let data = self.index.expect(packed, &[Dtype::I32], &[rows, cols / 8])?;
-                let scale =
-                    self.index.expect(&scale_name, &[Dtype::BF16, Dtype::F16, Dtype::F32], &[rows, cols / group_size])?;
+                let scale = self.index.expect(
+                    &scale_name,
+                    &[Dtype::BF16, Dtype::F16, Dtype::F32],
+                    &[rows, cols / group_size],
+                )?;
                 self.check_weight_shape(module, rows, cols)?;
                 let scale_dtype = match scale.dtype {
                     Dtype::BF16 => ScaleDtype::Bf16,
                     Dtype::F16 => ScaleDtype::F16,
                     _ => ScaleDtype::F32,
                 };
-                let format = Format::Int4Group { group: group_size, scale: scale_dtype };
+                let format = Format::Int4Group {
+                    group: group_size,
+                    scale: scale_dtype,
+                };
                 Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
             Quantization::Mxfp4PackQuantized { group_size, .. } => {
                 if !cols.is_multiple_of(group_size) || !group_size.is_multiple_of(2) {
-                    return Err(self.unexpected(packed, &format!("in-features {cols} not divisible by group {group_size}")));
+                    return Err(self.unexpected(
+                        packed,
+                        &format!("in-features {cols} not divisible by group {group_size}"),
+                    ));
                 }
                 let data = self.index.expect(packed, &[Dtype::U8], &[rows, cols / 2])?;
-                let scale = self.index.expect(&scale_name, &[Dtype::U8], &[rows, cols / group_size])?;
+                let scale = self
+                    .index
+                    .expect(&scale_name, &[Dtype::U8], &[rows, cols / group_size])?;
                 let format = Format::Mxfp4 { group: group_size };
                 Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
             }
-            _ => Err(self.unexpected(packed, "packed weights need a compressed-tensors quantization_config")),
+            _ => Err(self.unexpected(
+                packed,
+                "packed weights need a compressed-tensors quantization_config",
+            )),
         }
     }
 
@@ -175,8 +229,14 @@ impl<'a> Loader<'a> {
             return Ok(()); // recorded for the read layout; the value is checked when built from it
         }
         let dims: Vec<i64> = match info.dtype {
-            Dtype::I64 => blob.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect(),
-            _ => blob.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+            Dtype::I64 => blob
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            _ => blob
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect(),
         };
         if dims != [rows as i64, cols as i64] {
             return Err(Error::TensorShape {
@@ -190,7 +250,16 @@ impl<'a> Loader<'a> {
     }
 
     fn unexpected(&self, name: &str, reason: &str) -> Error {
-        let path = self.index.info(name).map(|i| self.index.shard_path(i).to_path_buf()).unwrap_or_default();
-        Error::TensorDtype { path, name: name.to_string(), expected: reason.to_string(), found: "incompatible".into() }
+        let path = self
+            .index
+            .info(name)
+            .map(|i| self.index.shard_path(i).to_path_buf())
+            .unwrap_or_default();
+        Error::TensorDtype {
+            path,
+            name: name.to_string(),
+            expected: reason.to_string(),
+            found: "incompatible".into(),
+        }
     }
 }

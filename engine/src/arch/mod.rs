@@ -74,7 +74,10 @@ pub struct Trace {
 impl Trace {
     /// A trace that keeps only the tensors named in `names`.
     pub fn capture(names: &[String]) -> Self {
-        Trace { tensors: BTreeMap::new(), only: Some(names.to_vec()) }
+        Trace {
+            tensors: BTreeMap::new(),
+            only: Some(names.to_vec()),
+        }
     }
 
     /// Append `data` under `name` (ignored when the trace keeps other tensors only).
@@ -115,13 +118,19 @@ pub trait Model: Send + Sync + Debug {
     /// target's embedding instead of loading a copy.
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let _ = tokens;
-        Err(Error::InvalidArgument { field: "embed", reason: format!("{} does not expose its embedding", self.info().arch) })
+        Err(Error::InvalidArgument {
+            field: "embed",
+            reason: format!("{} does not expose its embedding", self.info().arch),
+        })
     }
 
     /// Logits of `rows` already-normalised hidden rows through the output head (`lm_head`).
     fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
         let _ = (normed, rows);
-        Err(Error::InvalidArgument { field: "head", reason: format!("{} does not expose its output head", self.info().arch) })
+        Err(Error::InvalidArgument {
+            field: "head",
+            reason: format!("{} does not expose its output head", self.info().arch),
+        })
     }
 }
 
@@ -146,7 +155,11 @@ pub(crate) fn head_logits(lm_head: &crate::kernels::Matrix, normed: &[f32], rows
     if normed.len() != rows * lm_head.cols {
         return Err(Error::InvalidArgument {
             field: "head",
-            reason: format!("{} values for {rows} rows of width {}", normed.len(), lm_head.cols),
+            reason: format!(
+                "{} values for {rows} rows of width {}",
+                normed.len(),
+                lm_head.cols
+            ),
         });
     }
     let mut logits = vec![0.0f32; rows * lm_head.rows];
@@ -165,16 +178,21 @@ pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
 /// layers stays resident, the rest streams, and routed experts go through the expert cache.
 /// Results are bit-identical to [`load`]. With [`crate::cache::OocOptions::remote`] the shards
 /// are read from the files it names and missing experts are made local on first use.
-pub fn load_budgeted(dir: &Path, options: &crate::cache::OocOptions) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
+pub fn load_budgeted(
+    dir: &Path,
+    options: &crate::cache::OocOptions,
+) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
     let spec = ModelSpec::load(dir)?;
     let index = std::sync::Arc::new(options.open_index(dir)?);
     match &spec.arch {
         ArchConfig::DeepseekV3(cfg) => {
-            let (model, runtime) = deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;
+            let (model, runtime) =
+                deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;
             Ok((Box::new(model), runtime))
         }
         ArchConfig::KimiLinear(cfg) => {
-            let (model, runtime) = kimi_linear::KimiLinear::load_budgeted(cfg.clone(), &spec, index, options)?;
+            let (model, runtime) =
+                kimi_linear::KimiLinear::load_budgeted(cfg.clone(), &spec, index, options)?;
             Ok((Box::new(model), runtime))
         }
         ArchConfig::KimiK3(cfg) => {
@@ -218,17 +236,26 @@ pub(crate) fn begin_pass(batch: &mut [SeqInput<'_>]) {
 
 /// The error for a state made by another model.
 pub(crate) fn foreign_state() -> Error {
-    Error::InvalidArgument { field: "state", reason: "the sequence state was not created by this model".into() }
+    Error::InvalidArgument {
+        field: "state",
+        reason: "the sequence state was not created by this model".into(),
+    }
 }
 
 /// Layer `l`'s MLA cache of every sequence (states were checked against the model).
 pub(crate) fn mla_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a mut MlaCache> {
-    batch.iter_mut().map(|b| b.state.layers[l].mla_mut().expect("state checked: MLA layer")).collect()
+    batch
+        .iter_mut()
+        .map(|b| b.state.layers[l].mla_mut().expect("state checked: MLA layer"))
+        .collect()
 }
 
 /// Layer `l`'s KDA state of every sequence (states were checked against the model).
 pub(crate) fn kda_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a mut KdaCache> {
-    batch.iter_mut().map(|b| b.state.layers[l].kda_mut().expect("state checked: KDA layer")).collect()
+    batch
+        .iter_mut()
+        .map(|b| b.state.layers[l].kda_mut().expect("state checked: KDA layer"))
+        .collect()
 }
 
 /// Per-row bookkeeping of a batched pass: which sequence each row belongs to and its position.
@@ -241,11 +268,17 @@ pub(crate) struct RowPlan {
 impl RowPlan {
     /// Validate tokens and context limits, and lay the batch out as rows.
     pub(crate) fn new(batch: &[SeqInput<'_>], vocab: usize, max_context: usize) -> Result<RowPlan> {
-        let mut plan = RowPlan { seq: Vec::new(), pos: Vec::new() };
+        let mut plan = RowPlan {
+            seq: Vec::new(),
+            pos: Vec::new(),
+        };
         for (s, input) in batch.iter().enumerate() {
             let start = input.state.len();
             if start + input.tokens.len() > max_context {
-                return Err(Error::ContextOverflow { needed: start + input.tokens.len(), limit: max_context });
+                return Err(Error::ContextOverflow {
+                    needed: start + input.tokens.len(),
+                    limit: max_context,
+                });
             }
             for (i, &t) in input.tokens.iter().enumerate() {
                 if t as usize >= vocab {

@@ -74,7 +74,9 @@ impl Qwen3 {
         } else {
             ld.dense("lm_head.weight", cfg.vocab_size, h)?
         };
-        let layers = (0..cfg.num_hidden_layers).map(|i| load_layer(&cfg, ld, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| load_layer(&cfg, ld, i))
+            .collect::<Result<Vec<_>>>()?;
         let info = ModelInfo {
             arch: "qwen3",
             vocab_size: cfg.vocab_size,
@@ -83,7 +85,12 @@ impl Qwen3 {
             max_context: cfg.max_position_embeddings,
             bos_token_id: cfg.bos_token_id,
             eos_token_ids: cfg.eos_token_ids.clone(),
-            weight_bytes: ld.index.names().filter_map(|n| ld.index.info(n).ok()).map(|i| i.len).sum(),
+            weight_bytes: ld
+                .index
+                .names()
+                .filter_map(|n| ld.index.info(n).ok())
+                .map(|i| i.len)
+                .sum(),
         };
         Ok(Qwen3 {
             norm: ld.vector("model.norm.weight", h)?,
@@ -98,7 +105,8 @@ impl Qwen3 {
 
     fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
         let mut out = x.to_vec();
-        out.chunks_mut(weight.len()).for_each(|r| rms_norm_inplace(r, weight, self.cfg.rms_norm_eps));
+        out.chunks_mut(weight.len())
+            .for_each(|r| rms_norm_inplace(r, weight, self.cfg.rms_norm_eps));
         out
     }
 
@@ -179,7 +187,11 @@ impl Model for Qwen3 {
     }
 
     fn new_state(&self) -> SeqState {
-        SeqState::new((0..self.layers.len()).map(|_| LayerState::Kv(KvCache::default())).collect())
+        SeqState::new(
+            (0..self.layers.len())
+                .map(|_| LayerState::Kv(KvCache::default()))
+                .collect(),
+        )
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
@@ -200,8 +212,10 @@ impl Model for Qwen3 {
         }
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = self.norm_rows(&x, &layer.input_norm);
-            let mut caches: Vec<&mut KvCache> =
-                batch.iter_mut().map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer")).collect();
+            let mut caches: Vec<&mut KvCache> = batch
+                .iter_mut()
+                .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
+                .collect();
             let a = self.attention(layer, &xn, &plan, &mut caches);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(&x, &layer.post_norm);
@@ -212,7 +226,10 @@ impl Model for Qwen3 {
             }
         }
         let rows = plan.logit_rows(batch);
-        let selected: Vec<f32> = rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+        let selected: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
         let normed = self.norm_rows(&selected, &self.norm);
         if let Some(t) = trace {
             t.record("norm", &normed);

@@ -61,9 +61,13 @@ impl AlignedBuf {
             )
         };
         if raw == libc::MAP_FAILED {
-            return Err(Error::Budget(format!("could not map {len} bytes: {}", std::io::Error::last_os_error())));
+            return Err(Error::Budget(format!(
+                "could not map {len} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
         }
-        let ptr = NonNull::new(raw.cast::<u8>()).ok_or_else(|| Error::Budget(format!("could not map {len} bytes")))?;
+        let ptr = NonNull::new(raw.cast::<u8>())
+            .ok_or_else(|| Error::Budget(format!("could not map {len} bytes")))?;
         Ok(AlignedBuf { ptr, len })
     }
 

@@ -33,7 +33,12 @@ pub struct Heat {
 impl Heat {
     /// No history.
     pub fn empty(layers: usize, experts: usize) -> Heat {
-        Heat { layers, experts, passes: 0, values: vec![0.0; layers * experts] }
+        Heat {
+            layers,
+            experts,
+            passes: 0,
+            values: vec![0.0; layers * experts],
+        }
     }
 
     /// Serialise.
@@ -60,21 +65,34 @@ impl Heat {
         let l = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
         let e = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
         if (l, e) != (layers, experts) {
-            return Err(format!("recorded for {l} layers x {e} experts, model has {layers} x {experts}"));
+            return Err(format!(
+                "recorded for {l} layers x {e} experts, model has {layers} x {experts}"
+            ));
         }
         if bytes.len() != want {
-            return Err(format!("{} bytes, expected {want} (truncated or padded)", bytes.len()));
+            return Err(format!(
+                "{} bytes, expected {want} (truncated or padded)",
+                bytes.len()
+            ));
         }
         let crc = u32::from_le_bytes(bytes[want - 4..].try_into().unwrap());
         if crc32(&bytes[..want - 4]) != crc {
             return Err("checksum mismatch".into());
         }
         let passes = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
-        let values: Vec<f32> = bytes[HEADER..want - 4].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let values: Vec<f32> = bytes[HEADER..want - 4]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
             return Err("negative or non-finite heat".into());
         }
-        Ok(Heat { layers, experts, passes, values })
+        Ok(Heat {
+            layers,
+            experts,
+            passes,
+            values,
+        })
     }
 
     /// Load `path`; any problem yields an empty histogram and the reason.
@@ -82,10 +100,16 @@ impl Heat {
         match std::fs::read(path) {
             Ok(bytes) => match Heat::decode(&bytes, layers, experts) {
                 Ok(h) => (h, None),
-                Err(why) => (Heat::empty(layers, experts), Some(format!("{}: {why}; starting cold", path.display()))),
+                Err(why) => (
+                    Heat::empty(layers, experts),
+                    Some(format!("{}: {why}; starting cold", path.display())),
+                ),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Heat::empty(layers, experts), None),
-            Err(e) => (Heat::empty(layers, experts), Some(format!("{}: {e}; starting cold", path.display()))),
+            Err(e) => (
+                Heat::empty(layers, experts),
+                Some(format!("{}: {e}; starting cold", path.display())),
+            ),
         }
     }
 
@@ -107,7 +131,15 @@ impl Heat {
             .iter()
             .enumerate()
             .filter(|(_, v)| **v > 0.0)
-            .map(|(i, &v)| (ExpertKey { layer: (i / self.experts) as u32, expert: (i % self.experts) as u32 }, v))
+            .map(|(i, &v)| {
+                (
+                    ExpertKey {
+                        layer: (i / self.experts) as u32,
+                        expert: (i % self.experts) as u32,
+                    },
+                    v,
+                )
+            })
             .collect();
         out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         out
@@ -127,7 +159,14 @@ pub struct HeatRecorder {
 
 impl HeatRecorder {
     pub fn new(path: PathBuf, layers: usize, experts: usize, half_life: u64) -> Self {
-        HeatRecorder { path, half_life, layers, experts, counts: vec![0; layers * experts], passes: 0 }
+        HeatRecorder {
+            path,
+            half_life,
+            layers,
+            experts,
+            counts: vec![0; layers * experts],
+            passes: 0,
+        }
     }
 
     /// Experts selected by any row of a pass at `layer` (each counted once per pass).
@@ -153,7 +192,12 @@ impl HeatRecorder {
             return Ok(());
         }
         let lock_path = self.path.with_extension("lock");
-        let lock = File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(&lock_path, e))?;
         let _guard = FileLock::exclusive(&lock).map_err(|e| Error::io(&lock_path, e))?;
         let (mut heat, _) = Heat::load(&self.path, self.layers, self.experts);
         heat.decay(self.passes, self.half_life);

@@ -67,7 +67,11 @@ pub struct LayerStore<T> {
 
 impl<T> std::fmt::Debug for LayerStore<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let resident = self.entries.iter().filter(|e| matches!(e, Entry::Resident(..))).count();
+        let resident = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Resident(..)))
+            .count();
         write!(f, "LayerStore({resident} resident of {})", self.entries.len())
     }
 }
@@ -76,7 +80,10 @@ impl<T> LayerStore<T> {
     /// All layers already built (the in-memory / memory-mapped model).
     pub fn resident(layers: Vec<T>) -> Self {
         LayerStore {
-            entries: layers.into_iter().map(|l| Entry::Resident(Arc::new(l), 0)).collect(),
+            entries: layers
+                .into_iter()
+                .map(|l| Entry::Resident(Arc::new(l), 0))
+                .collect(),
             streamer: None,
             stats: Mutex::new(SpineStats::default()),
         }
@@ -110,10 +117,27 @@ impl<T> LayerStore<T> {
         let streamer = if streamed.is_empty() {
             None
         } else {
-            let bufs = [Arc::new(AlignedBuf::new(arena_len)?), Arc::new(AlignedBuf::new(arena_len)?)];
-            Some(Streamer { index, spec, build, reader, streamed, arena: Mutex::new(Arena { bufs, loaded: [None, None] }) })
+            let bufs = [
+                Arc::new(AlignedBuf::new(arena_len)?),
+                Arc::new(AlignedBuf::new(arena_len)?),
+            ];
+            Some(Streamer {
+                index,
+                spec,
+                build,
+                reader,
+                streamed,
+                arena: Mutex::new(Arena {
+                    bufs,
+                    loaded: [None, None],
+                }),
+            })
         };
-        Ok(LayerStore { entries, streamer, stats: Mutex::new(SpineStats::default()) })
+        Ok(LayerStore {
+            entries,
+            streamer,
+            stats: Mutex::new(SpineStats::default()),
+        })
     }
 
     /// Number of layers.
@@ -166,14 +190,20 @@ impl<T> LayerStore<T> {
             }
         }
         let layout = self.layout(i);
-        let t = st.reader.submit(arena.bufs[b].clone(), &layout.segments, Priority::Demand, None);
+        let t = st
+            .reader
+            .submit(arena.bufs[b].clone(), &layout.segments, Priority::Demand, None);
         arena.loaded[b] = Some((i, t));
     }
 
     fn get_streamed(&self, i: usize) -> Result<Arc<T>> {
         let st = self.streamer.as_ref().expect("streamed layers have a streamer");
         let mut arena = st.arena.lock().unwrap();
-        let b = match arena.loaded.iter().position(|l| l.as_ref().is_some_and(|(x, _)| *x == i)) {
+        let b = match arena
+            .loaded
+            .iter()
+            .position(|l| l.as_ref().is_some_and(|(x, _)| *x == i))
+        {
             Some(b) => b,
             None => {
                 // Not read ahead (first pass, or out of order): read into a buffer that does
@@ -185,7 +215,9 @@ impl<T> LayerStore<T> {
         };
         let (_, ticket) = arena.loaded[b].take().expect("just found");
         let start = Instant::now();
-        ticket.wait().map_err(|reason| Error::io(st.index.dir(), std::io::Error::other(reason)))?;
+        ticket
+            .wait()
+            .map_err(|reason| Error::io(st.index.dir(), std::io::Error::other(reason)))?;
         let waited = start.elapsed().as_secs_f64();
         let buf = arena.bufs[b].clone();
         let pos = st.streamed.iter().position(|&x| x == i).expect("streamed");
@@ -214,6 +246,8 @@ fn build_over<T>(
     i: usize,
 ) -> Result<T> {
     let source = BufferSource { owner: buf, layout };
-    let ld = Loader::new(index, spec).with_source(&source).with_routed_experts(false);
+    let ld = Loader::new(index, spec)
+        .with_source(&source)
+        .with_routed_experts(false);
     build(&ld, i)
 }

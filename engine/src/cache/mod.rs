@@ -150,7 +150,10 @@ pub struct OocRuntime {
 
 impl std::fmt::Debug for OocRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OocRuntime").field("plan", &self.plan).field("experts", &self.experts).finish()
+        f.debug_struct("OocRuntime")
+            .field("plan", &self.plan)
+            .field("experts", &self.experts)
+            .finish()
     }
 }
 
@@ -204,8 +207,15 @@ pub fn load_resident<R>(
     let layout = source::record(index, spec, false, &build)?;
     let buf = Arc::new(buffer::AlignedBuf::new(layout.total)?);
     reader.read_now(buf.clone(), &layout.segments)?;
-    let src = source::BufferSource { owner: buf, layout: &layout };
-    let r = build(&Loader::new(index, spec).with_source(&src).with_routed_experts(false))?;
+    let src = source::BufferSource {
+        owner: buf,
+        layout: &layout,
+    };
+    let r = build(
+        &Loader::new(index, spec)
+            .with_source(&src)
+            .with_routed_experts(false),
+    )?;
     Ok((r, layout.total as u64))
 }
 
@@ -217,7 +227,13 @@ pub fn assemble<L: Send + Sync + 'static>(
     parts: OocParts<L>,
     options: &OocOptions,
 ) -> Result<(Arc<LayerStore<L>>, OocRuntime)> {
-    let slot_bytes = parts.expert_layouts.iter().flatten().map(|l| l.total as u64).max().unwrap_or(buffer::ALIGN as u64);
+    let slot_bytes = parts
+        .expert_layouts
+        .iter()
+        .flatten()
+        .map(|l| l.total as u64)
+        .max()
+        .unwrap_or(buffer::ALIGN as u64);
     let experts = parts.expert_layouts.iter().map(|l| l.len() as u64).sum();
     let input = plan::PlanInput {
         budget: options.budget,
@@ -230,12 +246,18 @@ pub fn assemble<L: Send + Sync + 'static>(
     };
     let plan = plan::plan(&input)?;
     // The probe times expert reads; on a partly remote checkpoint those would be holes.
-    let read_choice = if options.reader.mode == ReadMode::Auto && reader.supports_direct() && options.remote.is_none() {
-        let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
-        Some(probe::choose_read_mode(&reader, &index.shard_paths(), &experts, 2 * reader.threads())?)
-    } else {
-        None
-    };
+    let read_choice =
+        if options.reader.mode == ReadMode::Auto && reader.supports_direct() && options.remote.is_none() {
+            let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
+            Some(probe::choose_read_mode(
+                &reader,
+                &index.shard_paths(),
+                &experts,
+                2 * reader.threads(),
+            )?)
+        } else {
+            None
+        };
     let layers = Arc::new(LayerStore::load(
         index.clone(),
         spec.clone(),
@@ -244,7 +266,11 @@ pub fn assemble<L: Send + Sync + 'static>(
         parts.layer_layouts,
         plan.resident_layers,
     )?);
-    let cache = slots::ExpertCache::new(plan.expert_slots as usize, slot_bytes as usize, options.policy.build(plan.expert_slots as usize))?;
+    let cache = slots::ExpertCache::new(
+        plan.expert_slots as usize,
+        slot_bytes as usize,
+        options.policy.build(plan.expert_slots as usize),
+    )?;
     let config = store::ExpertStoreConfig {
         prefetch: options.prefetch,
         gate_threshold: 0.1,
@@ -281,14 +307,21 @@ pub fn assemble<L: Send + Sync + 'static>(
 /// Give the expert store its remote source, route trace and heat histogram (pre-warming from it:
 /// after the remote source, so pre-warm reads only local experts). Returns why the heat file was
 /// ignored, if it was, and the pre-warm reads submitted.
-fn attach(store: &ExpertStore, options: &OocOptions, layers: usize, experts: usize) -> Result<(Option<String>, usize)> {
+fn attach(
+    store: &ExpertStore,
+    options: &OocOptions,
+    layers: usize,
+    experts: usize,
+) -> Result<(Option<String>, usize)> {
     if let Some(r) = &options.remote {
         store.set_remote(r.source.clone(), r.parallel);
     }
     if let Some(path) = &options.route_trace {
         store.set_route_trace(routes::RouteRecorder::create(path)?);
     }
-    let Some(path) = &options.heat_file else { return Ok((None, 0)) };
+    let Some(path) = &options.heat_file else {
+        return Ok((None, 0));
+    };
     let (heat, why) = heat::Heat::load(path, layers, experts);
     let prewarmed = if options.prewarm { store.prewarm(&heat) } else { 0 };
     store.set_heat(heat::HeatRecorder::new(path.clone(), layers, experts, 8192));

@@ -59,7 +59,11 @@ pub struct ResidencyPlan {
 impl ResidencyPlan {
     /// Everything the plan allocates.
     pub fn total_bytes(&self) -> u64 {
-        self.fixed_bytes + self.reserve_bytes + self.resident_spine_bytes + self.arena_bytes + self.expert_cache_bytes
+        self.fixed_bytes
+            + self.reserve_bytes
+            + self.resident_spine_bytes
+            + self.arena_bytes
+            + self.expert_cache_bytes
     }
 }
 
@@ -74,7 +78,10 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
         let arena = 2 * input.layer_bytes[k..].iter().copied().max().unwrap_or(0);
         resident + arena
     };
-    let Some(k) = (0..=layers).rev().find(|&k| base + spine_cost(k) + min_cache <= input.budget) else {
+    let Some(k) = (0..=layers)
+        .rev()
+        .find(|&k| base + spine_cost(k) + min_cache <= input.budget)
+    else {
         let need = base + spine_cost(0) + min_cache;
         return Err(Error::Budget(format!(
             "{} is too small: fixed tensors {} + reserve {} + two streamed-layer buffers {} + {min_slots} expert slot(s) {} need {}",
@@ -103,7 +110,11 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
         expert_slots: slots,
         slot_bytes: input.slot_bytes,
         expert_cache_bytes: slots * input.slot_bytes,
-        cache_fraction: if input.experts == 0 { 1.0 } else { slots as f64 / input.experts as f64 },
+        cache_fraction: if input.experts == 0 {
+            1.0
+        } else {
+            slots as f64 / input.experts as f64
+        },
     })
 }
 
@@ -116,7 +127,11 @@ pub fn human(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 /// Parse a size such as `4G`, `512MiB`, `1.5g`, `123456` (bytes).
@@ -124,7 +139,10 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size (e.g. 4G, 512M)"))?;
+    let value: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 4G, 512M)"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -168,7 +186,9 @@ pub fn headroom(limit: u64) -> u64 {
 /// The default budget: the tightest of the process's cgroup limit (minus what the group
 /// already uses) and available memory, minus [`headroom`].
 pub fn default_budget(cgroup_limit: Option<u64>, cgroup_usage: u64, mem_available: u64) -> u64 {
-    let from_cgroup = cgroup_limit.map(|l| l.saturating_sub(cgroup_usage)).unwrap_or(u64::MAX);
+    let from_cgroup = cgroup_limit
+        .map(|l| l.saturating_sub(cgroup_usage))
+        .unwrap_or(u64::MAX);
     let base = from_cgroup.min(mem_available);
     base.saturating_sub(headroom(base))
 }
@@ -177,11 +197,17 @@ pub fn default_budget(cgroup_limit: Option<u64>, cgroup_usage: u64, mem_availabl
 /// Returns `(limit, usage, available)`; missing files give `None` / 0 / `u64::MAX`.
 pub fn probe_memory() -> (Option<u64>, u64, u64) {
     let read = |p: &str| std::fs::read_to_string(p).ok();
-    let available = read("/proc/meminfo").and_then(|m| parse_mem_available(&m)).unwrap_or(u64::MAX);
+    let available = read("/proc/meminfo")
+        .and_then(|m| parse_mem_available(&m))
+        .unwrap_or(u64::MAX);
     let cgroups = read("/proc/self/cgroup").unwrap_or_default();
     for line in cgroups.lines() {
         let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let (_, controllers, path) = (
+            parts.next(),
+            parts.next().unwrap_or(""),
+            parts.next().unwrap_or(""),
+        );
         let dir = if controllers.split(',').any(|c| c == "memory") {
             format!("/sys/fs/cgroup/memory{path}")
         } else if controllers.is_empty() {
@@ -189,7 +215,8 @@ pub fn probe_memory() -> (Option<u64>, u64, u64) {
         } else {
             continue;
         };
-        let limit = read(&format!("{dir}/memory.limit_in_bytes")).or_else(|| read(&format!("{dir}/memory.max")));
+        let limit =
+            read(&format!("{dir}/memory.limit_in_bytes")).or_else(|| read(&format!("{dir}/memory.max")));
         if let Some(limit) = limit.as_deref().and_then(parse_cgroup_limit) {
             let usage = read(&format!("{dir}/memory.usage_in_bytes"))
                 .or_else(|| read(&format!("{dir}/memory.current")))
@@ -265,7 +292,10 @@ mod tests {
         assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
         assert_eq!(parse_cgroup_limit("max\n"), None);
         assert_eq!(parse_cgroup_limit("2147483648\n"), Some(2 << 30));
-        assert_eq!(parse_mem_available("MemTotal: 10 kB\nMemAvailable:    2048 kB\n"), Some(2 << 20));
+        assert_eq!(
+            parse_mem_available("MemTotal: 10 kB\nMemAvailable:    2048 kB\n"),
+            Some(2 << 20)
+        );
         let b = default_budget(Some(4 << 30), 1 << 30, 20 << 30);
         assert_eq!(b, (3u64 << 30) - headroom(3 << 30));
         assert_eq!(human(3 << 29), "1.50 GiB");

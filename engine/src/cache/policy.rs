@@ -72,7 +72,10 @@ pub struct Lru {
 
 impl Lru {
     pub fn new(slots: usize) -> Self {
-        Lru { tick: 0, last: vec![0; slots] }
+        Lru {
+            tick: 0,
+            last: vec![0; slots],
+        }
     }
 }
 
@@ -110,7 +113,13 @@ pub struct Lfu {
 impl Lfu {
     /// `half_life`: passes after which hotness halves.
     pub fn new(slots: usize, half_life: u32) -> Self {
-        Lfu { lru: Lru::new(slots), half_life: half_life.max(1), passes: 0, hot: HashMap::new(), slot_key: vec![None; slots] }
+        Lfu {
+            lru: Lru::new(slots),
+            half_life: half_life.max(1),
+            passes: 0,
+            hot: HashMap::new(),
+            slot_key: vec![None; slots],
+        }
     }
 
     /// Current hotness of `key`.
@@ -153,7 +162,10 @@ impl EvictionPolicy for Lfu {
     fn victim(&self, candidates: &[usize]) -> Option<usize> {
         let score = |s: usize| self.slot_key[s].map_or(0.0, |k| self.hotness(k));
         candidates.iter().copied().min_by(|&a, &b| {
-            score(a).total_cmp(&score(b)).then(self.lru.last[a].cmp(&self.lru.last[b])).then(a.cmp(&b))
+            score(a)
+                .total_cmp(&score(b))
+                .then(self.lru.last[a].cmp(&self.lru.last[b]))
+                .then(a.cmp(&b))
         })
     }
 }

@@ -23,7 +23,12 @@ pub fn rank_lookahead(routes: &[Vec<(usize, f32)>]) -> Vec<usize> {
 
 /// The prefetch list: look-ahead experts first, then the previous pass's, skipping those
 /// already cached or being read, at most `max` (the slots the prefetcher may claim).
-pub fn plan_prefetch(lookahead: &[usize], previous: &[usize], present: impl Fn(usize) -> bool, max: usize) -> Vec<usize> {
+pub fn plan_prefetch(
+    lookahead: &[usize],
+    previous: &[usize],
+    present: impl Fn(usize) -> bool,
+    max: usize,
+) -> Vec<usize> {
     let mut seen = BTreeSet::new();
     lookahead
         .iter()
@@ -60,7 +65,14 @@ pub struct RecallGate {
 
 impl RecallGate {
     pub fn new(layers: usize, alpha: f32, threshold: f32, warmup: u32) -> Self {
-        RecallGate { alpha, threshold, warmup, lookahead: vec![0.0; layers], previous: vec![0.0; layers], samples: vec![0; layers] }
+        RecallGate {
+            alpha,
+            threshold,
+            warmup,
+            lookahead: vec![0.0; layers],
+            previous: vec![0.0; layers],
+            samples: vec![0; layers],
+        }
     }
 
     /// Score both predictors for `layer` against its actual selection.
@@ -126,10 +138,18 @@ mod tests {
         g.observe(1, &[1, 2], &[], &[1, 2]);
         assert_eq!(g.recalls(1).0, 0.5);
         assert!(g.allow(1));
-        assert_eq!(g.predictors(1), (true, false), "the previous-pass predictor is useless here");
+        assert_eq!(
+            g.predictors(1),
+            (true, false),
+            "the previous-pass predictor is useless here"
+        );
         let mut w = RecallGate::new(1, 1.0, 0.1, 0);
         w.observe(0, &[1, 2, 3], &[1, 9, 8], &[1, 2, 3]);
-        assert_eq!(w.predictors(0), (true, true), "a third of the experts is worth reading too");
+        assert_eq!(
+            w.predictors(0),
+            (true, true),
+            "a third of the experts is worth reading too"
+        );
         assert_eq!(recall(&[1], &[1, 2]), 0.5);
     }
 }

@@ -33,7 +33,9 @@ pub struct ProbeResult {
 pub fn expert_layouts(index: &WeightIndex) -> Vec<SpanLayout> {
     let mut groups: std::collections::BTreeMap<(usize, usize), Vec<TensorInfo>> = Default::default();
     for name in index.names() {
-        let Some((layer, expert)) = parse_expert(name) else { continue };
+        let Some((layer, expert)) = parse_expert(name) else {
+            continue;
+        };
         if let Ok(info) = index.info(name) {
             groups.entry((layer, expert)).or_default().push(info.clone());
         }
@@ -44,7 +46,9 @@ pub fn expert_layouts(index: &WeightIndex) -> Vec<SpanLayout> {
 fn parse_expert(name: &str) -> Option<(usize, usize)> {
     let rest = &name[name.find("layers.")? + 7..];
     let (layer, rest) = rest.split_once('.')?;
-    let rest = rest.strip_prefix("mlp.experts.").or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+    let rest = rest
+        .strip_prefix("mlp.experts.")
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
     let (expert, _) = rest.split_once('.')?;
     Some((layer.parse().ok()?, expert.parse().ok()?))
 }
@@ -62,8 +66,18 @@ pub fn pick(layouts: usize, skip: usize, count: usize, seed: u64) -> Vec<usize> 
 }
 
 /// Read the chosen layouts with a reader pool of `threads` workers, all in flight.
-pub fn read_probe(paths: &[PathBuf], layouts: &[SpanLayout], chosen: &[usize], mode: ReadMode, threads: usize) -> Result<ProbeResult> {
-    let config = ReaderConfig { mode, threads, chunk_bytes: 64 << 20 };
+pub fn read_probe(
+    paths: &[PathBuf],
+    layouts: &[SpanLayout],
+    chosen: &[usize],
+    mode: ReadMode,
+    threads: usize,
+) -> Result<ProbeResult> {
+    let config = ReaderConfig {
+        mode,
+        threads,
+        chunk_bytes: 64 << 20,
+    };
     let pool = ReaderPool::new(paths, &config)?;
     let (bytes, seconds) = timed_reads(&pool, layouts, chosen, threads)?;
     let method = match (mode, pool.stats().direct_bytes > 0) {
@@ -74,20 +88,35 @@ pub fn read_probe(paths: &[PathBuf], layouts: &[SpanLayout], chosen: &[usize], m
 }
 
 /// Read the chosen layouts through `pool`, `inflight` at a time; `(bytes, seconds)`.
-pub fn timed_reads(pool: &ReaderPool, layouts: &[SpanLayout], chosen: &[usize], inflight: usize) -> Result<(u64, f64)> {
+pub fn timed_reads(
+    pool: &ReaderPool,
+    layouts: &[SpanLayout],
+    chosen: &[usize],
+    inflight: usize,
+) -> Result<(u64, f64)> {
     let slot = layouts.iter().map(|l| l.total).max().unwrap_or(4096);
     let inflight = inflight.max(1);
-    let bufs = (0..inflight).map(|_| AlignedBuf::new(slot).map(Arc::new)).collect::<Result<Vec<_>>>()?;
+    let bufs = (0..inflight)
+        .map(|_| AlignedBuf::new(slot).map(Arc::new))
+        .collect::<Result<Vec<_>>>()?;
     let start = Instant::now();
     let mut pending = std::collections::VecDeque::new();
     let mut bytes = 0;
-    let wait = |t: super::reader::Ticket| t.wait().map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)));
+    let wait = |t: super::reader::Ticket| {
+        t.wait()
+            .map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)))
+    };
     for (i, &l) in chosen.iter().enumerate() {
         if pending.len() == inflight {
             wait(pending.pop_front().expect("non-empty"))?;
         }
         bytes += layouts[l].read_bytes();
-        pending.push_back(pool.submit(bufs[i % inflight].clone(), &layouts[l].segments, Priority::Demand, None));
+        pending.push_back(pool.submit(
+            bufs[i % inflight].clone(),
+            &layouts[l].segments,
+            Priority::Demand,
+            None,
+        ));
     }
     for t in pending {
         wait(t)?;
@@ -111,22 +140,52 @@ pub const BUFFERED_MARGIN: f64 = 1.25;
 /// Time `reads` random expert reads each way through `pool` (distinct experts, the shards'
 /// page cache dropped after the buffered round) and keep `O_DIRECT` unless buffered reads are
 /// clearly faster ([`BUFFERED_MARGIN`]).
-pub fn choose_read_mode(pool: &ReaderPool, paths: &[PathBuf], layouts: &[SpanLayout], reads: usize) -> Result<ReadChoice> {
+pub fn choose_read_mode(
+    pool: &ReaderPool,
+    paths: &[PathBuf],
+    layouts: &[SpanLayout],
+    reads: usize,
+) -> Result<ReadChoice> {
     let per = reads.min(layouts.len() / 2).max(1);
-    let gibs = |(b, s): (u64, f64)| if s > 0.0 { b as f64 / s / (1u64 << 30) as f64 } else { 0.0 };
+    let gibs = |(b, s): (u64, f64)| {
+        if s > 0.0 {
+            b as f64 / s / (1u64 << 30) as f64
+        } else {
+            0.0
+        }
+    };
     pool.set_direct(true);
-    let direct = gibs(timed_reads(pool, layouts, &pick(layouts.len(), 0, per, 0xA070), pool.threads())?);
+    let direct = gibs(timed_reads(
+        pool,
+        layouts,
+        &pick(layouts.len(), 0, per, 0xA070),
+        pool.threads(),
+    )?);
     pool.set_direct(false);
-    let buffered = gibs(timed_reads(pool, layouts, &pick(layouts.len(), per, per, 0xA070), pool.threads())?);
+    let buffered = gibs(timed_reads(
+        pool,
+        layouts,
+        &pick(layouts.len(), per, per, 0xA070),
+        pool.threads(),
+    )?);
     evict_page_cache(paths);
     let choice = buffered < BUFFERED_MARGIN * direct;
     pool.set_direct(choice);
-    Ok(ReadChoice { direct_gib_per_second: direct, buffered_gib_per_second: buffered, direct: choice })
+    Ok(ReadChoice {
+        direct_gib_per_second: direct,
+        buffered_gib_per_second: buffered,
+        direct: choice,
+    })
 }
 
 /// Touch one byte per page of the chosen layouts through the index's memory maps, from
 /// `threads` threads (what an mmap-based engine's page faults do).
-pub fn mmap_probe(index: &WeightIndex, layouts: &[SpanLayout], chosen: &[usize], threads: usize) -> ProbeResult {
+pub fn mmap_probe(
+    index: &WeightIndex,
+    layouts: &[SpanLayout],
+    chosen: &[usize],
+    threads: usize,
+) -> ProbeResult {
     let start = Instant::now();
     let shards = index.shard_paths().len();
     let infos: Vec<Vec<TensorInfo>> = chosen
@@ -136,7 +195,14 @@ pub fn mmap_probe(index: &WeightIndex, layouts: &[SpanLayout], chosen: &[usize],
                 .segments
                 .iter()
                 .filter(|s| s.shard < shards)
-                .map(|s| TensorInfo { name: String::new(), dtype: crate::weights::Dtype::U8, shape: vec![s.len], shard: s.shard, offset: s.offset, len: s.len as u64 })
+                .map(|s| TensorInfo {
+                    name: String::new(),
+                    dtype: crate::weights::Dtype::U8,
+                    shape: vec![s.len],
+                    shard: s.shard,
+                    offset: s.offset,
+                    len: s.len as u64,
+                })
                 .collect()
         })
         .collect();
@@ -155,7 +221,10 @@ pub fn mmap_probe(index: &WeightIndex, layouts: &[SpanLayout], chosen: &[usize],
                         if end <= info.offset {
                             continue;
                         }
-                        let clipped = TensorInfo { len: end - info.offset, ..info.clone() };
+                        let clipped = TensorInfo {
+                            len: end - info.offset,
+                            ..info.clone()
+                        };
                         let blob = index.blob(&clipped);
                         acc += blob.iter().step_by(4096).map(|&b| b as u64).sum::<u64>();
                     }
@@ -165,7 +234,13 @@ pub fn mmap_probe(index: &WeightIndex, layouts: &[SpanLayout], chosen: &[usize],
         }
     });
     std::hint::black_box(sum.into_inner());
-    result("mmap", threads, chosen.len(), bytes, start.elapsed().as_secs_f64())
+    result(
+        "mmap",
+        threads,
+        chosen.len(),
+        bytes,
+        start.elapsed().as_secs_f64(),
+    )
 }
 
 /// Ask the kernel to drop the page cache of every shard (`posix_fadvise(DONTNEED)`), so a
@@ -184,8 +259,19 @@ pub fn evict_page_cache(paths: &[PathBuf]) {
 }
 
 fn result(method: &str, threads: usize, reads: usize, bytes: u64, seconds: f64) -> ProbeResult {
-    let gib_per_second = if seconds > 0.0 { bytes as f64 / seconds / (1u64 << 30) as f64 } else { 0.0 };
-    ProbeResult { method: method.into(), threads, reads, bytes, seconds, gib_per_second }
+    let gib_per_second = if seconds > 0.0 {
+        bytes as f64 / seconds / (1u64 << 30) as f64
+    } else {
+        0.0
+    };
+    ProbeResult {
+        method: method.into(),
+        threads,
+        reads,
+        bytes,
+        seconds,
+        gib_per_second,
+    }
 }
 
 #[cfg(test)]
@@ -194,12 +280,24 @@ mod tests {
 
     #[test]
     fn expert_names_parse() {
-        assert_eq!(parse_expert("model.layers.3.mlp.experts.17.up_proj.weight"), Some((3, 17)));
-        assert_eq!(parse_expert("language_model.model.layers.0.mlp.experts.2.down_proj.weight_packed"), Some((0, 2)));
-        assert_eq!(parse_expert("model.layers.3.mlp.shared_experts.up_proj.weight"), None);
+        assert_eq!(
+            parse_expert("model.layers.3.mlp.experts.17.up_proj.weight"),
+            Some((3, 17))
+        );
+        assert_eq!(
+            parse_expert("language_model.model.layers.0.mlp.experts.2.down_proj.weight_packed"),
+            Some((0, 2))
+        );
+        assert_eq!(
+            parse_expert("model.layers.3.mlp.shared_experts.up_proj.weight"),
+            None
+        );
         let k3 = "language_model.model.layers.5.block_sparse_moe.experts.895.w2.weight_scale";
         assert_eq!(parse_expert(k3), Some((5, 895)));
-        assert_eq!(parse_expert("model.layers.5.block_sparse_moe.shared_experts.up_proj.weight"), None);
+        assert_eq!(
+            parse_expert("model.layers.5.block_sparse_moe.shared_experts.up_proj.weight"),
+            None
+        );
         let p = pick(10, 0, 4, 1);
         let q = pick(10, 4, 4, 1);
         assert!(p.iter().all(|x| !q.contains(x)), "consecutive picks are disjoint");

@@ -67,7 +67,11 @@ pub struct ReaderConfig {
 
 impl Default for ReaderConfig {
     fn default() -> Self {
-        ReaderConfig { mode: ReadMode::Auto, threads: 8, chunk_bytes: 16 << 20 }
+        ReaderConfig {
+            mode: ReadMode::Auto,
+            threads: 8,
+            chunk_bytes: 16 << 20,
+        }
     }
 }
 
@@ -124,7 +128,11 @@ impl Ticket {
     /// Cancel if no worker has started it. On success the completion callback is dropped
     /// unrun and the buffer is the requester's again.
     pub fn cancel(&self) -> bool {
-        let ok = self.0.state.compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        let ok = self
+            .0
+            .state
+            .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
         if ok {
             self.0.finish(Err("cancelled".into()), false);
         }
@@ -193,19 +201,31 @@ pub struct ReaderPool {
 
 impl std::fmt::Debug for ReaderPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ReaderPool({:?}, {} threads, {} files)", self.inner.mode, self.workers.len(), self.inner.files.len())
+        write!(
+            f,
+            "ReaderPool({:?}, {} threads, {} files)",
+            self.inner.mode,
+            self.workers.len(),
+            self.inner.files.len()
+        )
     }
 }
 
 #[cfg(target_os = "linux")]
 fn open_direct(path: &std::path::Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
 }
 
 #[cfg(not(target_os = "linux"))]
 fn open_direct(_path: &std::path::Path) -> std::io::Result<File> {
-    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "O_DIRECT is Linux-only"))
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "O_DIRECT is Linux-only",
+    ))
 }
 
 impl ReaderPool {
@@ -220,7 +240,12 @@ impl ReaderPool {
                 ReadMode::Auto => open_direct(path).ok(),
             };
             let direct_ok = AtomicBool::new(direct.is_some());
-            files.push(ShardFile { path: path.clone(), buffered, direct, direct_ok });
+            files.push(ShardFile {
+                path: path.clone(),
+                buffered,
+                direct,
+                direct_ok,
+            });
         }
         let inner = Arc::new(Inner {
             files,
@@ -273,8 +298,12 @@ impl ReaderPool {
     /// false when either cannot be examined.
     pub fn same_file(&self, shard: usize, path: &std::path::Path) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let (Some(f), Ok(other)) = (self.inner.files.get(shard), std::fs::metadata(path)) else { return false };
-        f.buffered.metadata().is_ok_and(|m| (m.dev(), m.ino()) == (other.dev(), other.ino()))
+        let (Some(f), Ok(other)) = (self.inner.files.get(shard), std::fs::metadata(path)) else {
+            return false;
+        };
+        f.buffered
+            .metadata()
+            .is_ok_and(|m| (m.dev(), m.ino()) == (other.dev(), other.ino()))
     }
 
     /// Whether reads of shard `shard` currently bypass the page cache.
@@ -285,7 +314,13 @@ impl ReaderPool {
     /// Read `segments` into `buf`. `on_done` runs on a worker thread when the last chunk is
     /// read (not when the request is cancelled). The caller must not view the segments' buffer
     /// ranges until the ticket completes.
-    pub fn submit(&self, buf: Arc<AlignedBuf>, segments: &[Segment], priority: Priority, on_done: Option<Callback>) -> Ticket {
+    pub fn submit(
+        &self,
+        buf: Arc<AlignedBuf>,
+        segments: &[Segment],
+        priority: Priority,
+        on_done: Option<Callback>,
+    ) -> Ticket {
         let mut chunks = Vec::new();
         let job = Arc::new(Job {
             state: AtomicU8::new(QUEUED),
@@ -300,7 +335,14 @@ impl ReaderPool {
             let mut at = 0;
             while at < s.len {
                 let len = self.inner.chunk.min(s.len - at);
-                chunks.push(Chunk { job: job.clone(), buf: buf.clone(), shard: s.shard, offset: s.offset + at as u64, len, dest: s.dest + at });
+                chunks.push(Chunk {
+                    job: job.clone(),
+                    buf: buf.clone(),
+                    shard: s.shard,
+                    offset: s.offset + at as u64,
+                    len,
+                    dest: s.dest + at,
+                });
                 at += len;
             }
         }
@@ -312,7 +354,11 @@ impl ReaderPool {
         }
         job.remaining.store(chunks.len(), Ordering::Release);
         let mut q = self.inner.queue.lock().unwrap();
-        let target = if priority == Priority::Demand { &mut q.demand } else { &mut q.prefetch };
+        let target = if priority == Priority::Demand {
+            &mut q.demand
+        } else {
+            &mut q.prefetch
+        };
         target.extend(chunks);
         drop(q);
         self.inner.cv.notify_all();
@@ -322,8 +368,9 @@ impl ReaderPool {
     /// Move a still-queued prefetch request ahead of all other prefetches (it became demand).
     pub fn promote(&self, ticket: &Ticket) {
         let mut q = self.inner.queue.lock().unwrap();
-        let (mine, rest): (VecDeque<Chunk>, VecDeque<Chunk>) =
-            std::mem::take(&mut q.prefetch).into_iter().partition(|c| Arc::ptr_eq(&c.job, &ticket.0));
+        let (mine, rest): (VecDeque<Chunk>, VecDeque<Chunk>) = std::mem::take(&mut q.prefetch)
+            .into_iter()
+            .partition(|c| Arc::ptr_eq(&c.job, &ticket.0));
         q.prefetch = rest;
         q.demand.extend(mine);
     }
@@ -340,7 +387,8 @@ impl ReaderPool {
     /// Read synchronously (submit at demand priority and wait).
     pub fn read_now(&self, buf: Arc<AlignedBuf>, segments: &[Segment]) -> Result<()> {
         let t = self.submit(buf, segments, Priority::Demand, None);
-        t.wait().map_err(|reason| Error::io("weights", std::io::Error::other(reason)))
+        t.wait()
+            .map_err(|reason| Error::io("weights", std::io::Error::other(reason)))
     }
 
     /// Counters so far.
@@ -387,7 +435,11 @@ impl Inner {
                     q = self.cv.wait(q).unwrap();
                 }
             };
-            match chunk.job.state.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire) {
+            match chunk
+                .job
+                .state
+                .compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) | Err(STARTED) => {}
                 Err(_) => continue, // cancelled: its owner already took the buffer back
             }
@@ -447,7 +499,8 @@ impl Inner {
                 Err(e) => return Err(format!("{}: read at {}: {e}", file.path.display(), c.offset)),
             }
         }
-        read_full(&file.buffered, dst, c.offset).map_err(|e| format!("{}: read at {}: {e}", file.path.display(), c.offset))?;
+        read_full(&file.buffered, dst, c.offset)
+            .map_err(|e| format!("{}: read at {}: {e}", file.path.display(), c.offset))?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.buffered_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
         Ok(())
@@ -485,9 +538,30 @@ mod tests {
         let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let (_d, path) = file_with(&data);
         for mode in [ReadMode::Auto, ReadMode::Buffered] {
-            let pool = ReaderPool::new(std::slice::from_ref(&path), &ReaderConfig { mode, threads: 3, chunk_bytes: 4096 }).unwrap();
+            let pool = ReaderPool::new(
+                std::slice::from_ref(&path),
+                &ReaderConfig {
+                    mode,
+                    threads: 3,
+                    chunk_bytes: 4096,
+                },
+            )
+            .unwrap();
             let buf = Arc::new(AlignedBuf::new(3 * 4096 + 40_960).unwrap());
-            let segs = [Segment { shard: 0, offset: 8192, len: 12288, dest: 0 }, Segment { shard: 0, offset: 0, len: 40960, dest: 12288 }];
+            let segs = [
+                Segment {
+                    shard: 0,
+                    offset: 8192,
+                    len: 12288,
+                    dest: 0,
+                },
+                Segment {
+                    shard: 0,
+                    offset: 0,
+                    len: 40960,
+                    dest: 12288,
+                },
+            ];
             pool.read_now(buf.clone(), &segs).unwrap();
             let b = (*buf).as_ref();
             assert_eq!(&b[..12288], &data[8192..20480]);
@@ -501,7 +575,15 @@ mod tests {
     #[test]
     fn queued_requests_can_be_cancelled_and_callbacks_run_once() {
         let (_d, path) = file_with(&vec![1u8; 1 << 20]);
-        let pool = ReaderPool::new(&[path], &ReaderConfig { mode: ReadMode::Buffered, threads: 1, chunk_bytes: 4096 }).unwrap();
+        let pool = ReaderPool::new(
+            &[path],
+            &ReaderConfig {
+                mode: ReadMode::Buffered,
+                threads: 1,
+                chunk_bytes: 4096,
+            },
+        )
+        .unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
         let mut tickets = Vec::new();
         for _ in 0..64 {
@@ -511,7 +593,17 @@ mod tests {
                 assert!(r.is_ok());
                 c.fetch_add(1, Ordering::SeqCst);
             });
-            tickets.push(pool.submit(buf, &[Segment { shard: 0, offset: 0, len: 1 << 20, dest: 0 }], Priority::Prefetch, Some(cb)));
+            tickets.push(pool.submit(
+                buf,
+                &[Segment {
+                    shard: 0,
+                    offset: 0,
+                    len: 1 << 20,
+                    dest: 0,
+                }],
+                Priority::Prefetch,
+                Some(cb),
+            ));
         }
         let cancelled = tickets.iter().filter(|t| pool.cancel(t)).count();
         assert!(cancelled > 0, "one worker cannot have started all 64 requests");
@@ -525,7 +617,11 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_an_error_naming_it() {
-        let err = ReaderPool::new(&[PathBuf::from("/nonexistent/x.safetensors")], &ReaderConfig::default()).unwrap_err();
+        let err = ReaderPool::new(
+            &[PathBuf::from("/nonexistent/x.safetensors")],
+            &ReaderConfig::default(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/x.safetensors"));
     }
 }

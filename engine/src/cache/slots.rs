@@ -106,10 +106,32 @@ impl Drop for ExpertHandle {
 impl ExpertCache {
     /// `slots` buffers of `slot_bytes` each (memory is touched only when read into).
     pub fn new(slots: usize, slot_bytes: usize, policy: Box<dyn EvictionPolicy>) -> Result<Self> {
-        let bufs = (0..slots).map(|_| AlignedBuf::new(slot_bytes).map(Arc::new)).collect::<Result<Vec<_>>>()?;
-        let slots_v = (0..slots).map(|_| Slot { key: None, status: Status::Empty, pins: 0, ticket: None, speculative: false }).collect();
-        let state = State { map: HashMap::new(), slots: slots_v, policy, wasted_prefetches: 0 };
-        Ok(ExpertCache { shared: Arc::new(Shared { bufs, slot_bytes, state: Mutex::new(state), cv: Condvar::new() }) })
+        let bufs = (0..slots)
+            .map(|_| AlignedBuf::new(slot_bytes).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let slots_v = (0..slots)
+            .map(|_| Slot {
+                key: None,
+                status: Status::Empty,
+                pins: 0,
+                ticket: None,
+                speculative: false,
+            })
+            .collect();
+        let state = State {
+            map: HashMap::new(),
+            slots: slots_v,
+            policy,
+            wasted_prefetches: 0,
+        };
+        Ok(ExpertCache {
+            shared: Arc::new(Shared {
+                bufs,
+                slot_bytes,
+                state: Mutex::new(state),
+                cv: Condvar::new(),
+            }),
+        })
     }
 
     /// Number of slots.
@@ -207,7 +229,10 @@ impl ExpertCache {
 
     /// Pick an empty slot or evict the policy's victim; the slot becomes `Loading` for `key`.
     fn claim(st: &mut State, key: ExpertKey) -> Option<usize> {
-        let empty = st.slots.iter().position(|s| s.key.is_none() && s.pins == 0 && s.status != Status::Loading);
+        let empty = st
+            .slots
+            .iter()
+            .position(|s| s.key.is_none() && s.pins == 0 && s.status != Status::Loading);
         let slot = match empty {
             Some(s) => s,
             None => {
@@ -273,19 +298,29 @@ impl ExpertCache {
     /// Cancel an unpinned prefetch of `key` whose read has not started; frees its slot.
     pub fn cancel_prefetch(&self, key: ExpertKey, cancel: impl FnOnce(&Ticket) -> bool) -> bool {
         let mut st = self.lock();
-        let Some(&slot) = st.map.get(&key) else { return false };
+        let Some(&slot) = st.map.get(&key) else {
+            return false;
+        };
         let s = &st.slots[slot];
         if s.pins != 0 || s.status != Status::Loading {
             return false;
         }
-        let Some(ticket) = s.ticket.clone() else { return false };
+        let Some(ticket) = s.ticket.clone() else {
+            return false;
+        };
         if !cancel(&ticket) {
             return false;
         }
         st.map.remove(&key);
         st.policy.on_remove(slot);
         let s = &mut st.slots[slot];
-        *s = Slot { key: None, status: Status::Empty, pins: 0, ticket: None, speculative: false };
+        *s = Slot {
+            key: None,
+            status: Status::Empty,
+            pins: 0,
+            ticket: None,
+            speculative: false,
+        };
         drop(st);
         self.shared.cv.notify_all();
         true
@@ -314,7 +349,11 @@ impl ExpertCache {
     pub fn wait_change(&self) -> Duration {
         let start = Instant::now();
         let st = self.lock();
-        let _unused = self.shared.cv.wait_timeout(st, Duration::from_millis(20)).unwrap();
+        let _unused = self
+            .shared
+            .cv
+            .wait_timeout(st, Duration::from_millis(20))
+            .unwrap();
         start.elapsed()
     }
 
@@ -322,12 +361,18 @@ impl ExpertCache {
     /// moves into the handle.
     pub fn handle(&self, slot: usize) -> ExpertHandle {
         debug_assert_eq!(self.lock().slots[slot].status, Status::Ready);
-        ExpertHandle { shared: self.shared.clone(), slot }
+        ExpertHandle {
+            shared: self.shared.clone(),
+            slot,
+        }
     }
 
     /// Release a pin taken by `acquire` without making a handle (error paths).
     pub fn unpin(&self, slot: usize) {
-        drop(ExpertHandle { shared: self.shared.clone(), slot });
+        drop(ExpertHandle {
+            shared: self.shared.clone(),
+            slot,
+        });
     }
 
     /// Keys currently loaded or loading (for tests and stats).
@@ -376,10 +421,18 @@ mod tests {
     #[test]
     fn loading_slots_are_not_victims_and_prefetches_can_be_cancelled() {
         let c = ExpertCache::new(1, 4096, Box::new(Lru::new(1))).unwrap();
-        let Lookup::Miss { slot } = c.claim_for_prefetch(k(5)) else { panic!() };
+        let Lookup::Miss { slot } = c.claim_for_prefetch(k(5)) else {
+            panic!()
+        };
         assert!(matches!(c.claim_for_prefetch(k(5)), Lookup::Present));
-        assert!(matches!(c.acquire(k(6)), Lookup::NoSlot), "a loading slot cannot be evicted");
-        assert!(!c.cancel_prefetch(k(5), |_| true), "no ticket yet: nothing to cancel");
+        assert!(
+            matches!(c.acquire(k(6)), Lookup::NoSlot),
+            "a loading slot cannot be evicted"
+        );
+        assert!(
+            !c.cancel_prefetch(k(5), |_| true),
+            "no ticket yet: nothing to cancel"
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, [0u8; 8]).unwrap();
@@ -387,7 +440,12 @@ mod tests {
             // A ticket that is queued forever: a pool with no chance to run it is not needed;
             // cancel() succeeds because the closure says so.
             let pool = crate::cache::reader::ReaderPool::new(&[path], &Default::default()).unwrap();
-            pool.submit(c.buffer(slot), &[], crate::cache::reader::Priority::Prefetch, None)
+            pool.submit(
+                c.buffer(slot),
+                &[],
+                crate::cache::reader::Priority::Prefetch,
+                None,
+            )
         };
         c.set_ticket(slot, ticket);
         assert!(c.cancel_prefetch(k(5), |_| true));
@@ -397,10 +455,20 @@ mod tests {
     #[test]
     fn failed_reads_surface_as_errors_and_can_be_retried() {
         let c = ExpertCache::new(1, 4096, Box::new(Lru::new(1))).unwrap();
-        let Lookup::Miss { slot } = c.acquire(k(1)) else { panic!() };
+        let Lookup::Miss { slot } = c.acquire(k(1)) else {
+            panic!()
+        };
         c.complete(slot, k(1), Err("disk on fire".into()));
-        assert!(c.wait_any(&[slot]).unwrap_err().to_string().contains("disk on fire"));
+        assert!(
+            c.wait_any(&[slot])
+                .unwrap_err()
+                .to_string()
+                .contains("disk on fire")
+        );
         c.unpin(slot);
-        assert!(matches!(c.acquire(k(1)), Lookup::Miss { .. }), "a failed slot is read again");
+        assert!(
+            matches!(c.acquire(k(1)), Lookup::Miss { .. }),
+            "a failed slot is read again"
+        );
     }
 }

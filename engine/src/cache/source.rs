@@ -65,7 +65,9 @@ pub fn record<R>(
     build: impl FnOnce(&Loader<'_>) -> Result<R>,
 ) -> Result<SpanLayout> {
     let rec = RecordingSource::default();
-    let ld = Loader::new(index, spec).with_source(&rec).with_routed_experts(routed_experts);
+    let ld = Loader::new(index, spec)
+        .with_source(&rec)
+        .with_routed_experts(routed_experts);
     build(&ld)?;
     Ok(SpanLayout::new(&rec.take(), super::spans::MERGE_GAP))
 }

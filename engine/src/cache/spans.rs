@@ -39,7 +39,10 @@ impl SpanLayout {
     /// Lay out `tensors` (duplicates allowed): sorted by shard and offset, merged when closer
     /// than `merge_gap`, each segment aligned.
     pub fn new(tensors: &[TensorInfo], merge_gap: u64) -> SpanLayout {
-        let mut ranges: Vec<(usize, u64, u64)> = tensors.iter().map(|t| (t.shard, t.offset, t.offset + t.len)).collect();
+        let mut ranges: Vec<(usize, u64, u64)> = tensors
+            .iter()
+            .map(|t| (t.shard, t.offset, t.offset + t.len))
+            .collect();
         ranges.sort_unstable();
         ranges.dedup();
         let mut layout = SpanLayout::default();
@@ -54,7 +57,12 @@ impl SpanLayout {
         for (shard, start, end) in groups {
             let offset = align_down(start);
             let len = (align_up(end) - offset) as usize;
-            layout.segments.push(Segment { shard, offset, len, dest });
+            layout.segments.push(Segment {
+                shard,
+                offset,
+                len,
+                dest,
+            });
             dest += len;
         }
         layout.total = dest;
@@ -64,7 +72,10 @@ impl SpanLayout {
                 .iter()
                 .find(|s| s.shard == shard && s.offset <= start && end <= s.offset + s.len as u64)
                 .expect("every range lies in its merged segment");
-            layout.places.insert((shard, start), (seg.dest + (start - seg.offset) as usize, (end - start) as usize));
+            layout.places.insert(
+                (shard, start),
+                (seg.dest + (start - seg.offset) as usize, (end - start) as usize),
+            );
             layout.payload += end - start;
         }
         layout
@@ -80,8 +91,11 @@ impl SpanLayout {
     /// what must be local before the layout is read (alignment padding and merged gaps are read
     /// too but never used, so they need not be).
     pub fn tensor_ranges(&self) -> Vec<(usize, std::ops::Range<u64>)> {
-        let mut ranges: Vec<(usize, u64, u64)> =
-            self.places.iter().map(|(&(shard, start), &(_, len))| (shard, start, start + len as u64)).collect();
+        let mut ranges: Vec<(usize, u64, u64)> = self
+            .places
+            .iter()
+            .map(|(&(shard, start), &(_, len))| (shard, start, start + len as u64))
+            .collect();
         ranges.sort_unstable();
         let mut out: Vec<(usize, std::ops::Range<u64>)> = Vec::new();
         for (shard, start, end) in ranges {
@@ -105,7 +119,14 @@ mod tests {
     use crate::weights::Dtype;
 
     fn t(shard: usize, offset: u64, len: u64) -> TensorInfo {
-        TensorInfo { name: format!("t{shard}.{offset}"), dtype: Dtype::U8, shape: vec![len as usize], shard, offset, len }
+        TensorInfo {
+            name: format!("t{shard}.{offset}"),
+            dtype: Dtype::U8,
+            shape: vec![len as usize],
+            shard,
+            offset,
+            len,
+        }
     }
 
     #[test]
@@ -113,8 +134,24 @@ mod tests {
         let l = SpanLayout::new(&[t(0, 5000, 3000), t(0, 8000, 100), t(0, 100, 10)], 0);
         // 100..110 is far from 5000 only with gap 0: 110 -> 5000 needs a gap of 4890.
         assert_eq!(l.segments.len(), 2);
-        assert_eq!(l.segments[0], Segment { shard: 0, offset: 0, len: 4096, dest: 0 });
-        assert_eq!(l.segments[1], Segment { shard: 0, offset: 4096, len: 4096, dest: 4096 });
+        assert_eq!(
+            l.segments[0],
+            Segment {
+                shard: 0,
+                offset: 0,
+                len: 4096,
+                dest: 0
+            }
+        );
+        assert_eq!(
+            l.segments[1],
+            Segment {
+                shard: 0,
+                offset: 4096,
+                len: 4096,
+                dest: 4096
+            }
+        );
         assert_eq!(l.place(&t(0, 5000, 3000)), Some(4096 + 904..4096 + 904 + 3000));
         assert_eq!(l.place(&t(0, 8000, 100)), Some(4096 + 3904..4096 + 4004));
         assert_eq!(l.place(&t(0, 100, 10)), Some(100..110));
@@ -124,8 +161,14 @@ mod tests {
 
     #[test]
     fn tensor_ranges_are_exact_and_merge_only_touching_tensors() {
-        let l = SpanLayout::new(&[t(0, 5000, 3000), t(0, 8000, 100), t(0, 100, 10), t(1, 0, 10)], MERGE_GAP);
-        assert_eq!(l.tensor_ranges(), vec![(0, 100..110), (0, 5000..8100), (1, 0..10)]);
+        let l = SpanLayout::new(
+            &[t(0, 5000, 3000), t(0, 8000, 100), t(0, 100, 10), t(1, 0, 10)],
+            MERGE_GAP,
+        );
+        assert_eq!(
+            l.tensor_ranges(),
+            vec![(0, 100..110), (0, 5000..8100), (1, 0..10)]
+        );
     }
 
     #[test]
@@ -135,6 +178,10 @@ mod tests {
         assert_eq!(l.segments[0].len, 20480);
         assert_eq!(l.segments[1].shard, 1);
         assert_eq!(l.place(&t(1, 0, 10)), Some(20480..20490));
-        assert_eq!(l.place(&t(1, 0, 11)), None, "a length mismatch is not this tensor");
+        assert_eq!(
+            l.place(&t(1, 0, 11)),
+            None,
+            "a length mismatch is not this tensor"
+        );
     }
 }

@@ -87,7 +87,11 @@ pub struct ExpertStats {
 impl ExpertStats {
     /// Byte-weighted share of expert uses that needed no demand read.
     pub fn hit_rate(&self) -> f64 {
-        if self.use_bytes == 0 { 0.0 } else { (self.hit_bytes + self.prefetch_hit_bytes) as f64 / self.use_bytes as f64 }
+        if self.use_bytes == 0 {
+            0.0
+        } else {
+            (self.hit_bytes + self.prefetch_hit_bytes) as f64 / self.use_bytes as f64
+        }
     }
 }
 
@@ -95,7 +99,11 @@ impl ExpertStats {
 #[derive(Debug, Clone)]
 pub enum TraceStep {
     /// A MoE layer selected `ids`; `lookahead` is what the predictor had forecast for it.
-    Layer { layer: usize, ids: Vec<usize>, lookahead: Vec<usize> },
+    Layer {
+        layer: usize,
+        ids: Vec<usize>,
+        lookahead: Vec<usize>,
+    },
     /// A pass ended.
     EndPass,
 }
@@ -153,7 +161,12 @@ struct Remote {
 
 impl std::fmt::Debug for ExpertStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ExpertStore({} slots, prefetch {})", self.cache.slots(), self.config.prefetch)
+        write!(
+            f,
+            "ExpertStore({} slots, prefetch {})",
+            self.cache.slots(),
+            self.config.prefetch
+        )
     }
 }
 
@@ -218,7 +231,10 @@ impl ExpertStore {
     /// local through `source` (up to `parallel` ranges at once) before they are read; speculative
     /// reads skip them. Set once, before the first pass (later calls are ignored).
     pub fn set_remote(&self, source: Arc<dyn RangeSource>, parallel: usize) {
-        let _ = self.remote.set(Remote { source, parallel: parallel.max(1) });
+        let _ = self.remote.set(Remote {
+            source,
+            parallel: parallel.max(1),
+        });
     }
 
     /// Pre-warm: seed the policy with `heat` and read the hottest experts (up to the slots) at
@@ -226,7 +242,11 @@ impl ExpertStore {
     pub fn prewarm(&self, heat: &Heat) -> usize {
         let mut n = 0;
         for (key, h) in heat.ranked().into_iter().take(self.cache.slots()) {
-            if self.layouts.get(key.layer as usize).is_none_or(|l| l.len() <= key.expert as usize) {
+            if self
+                .layouts
+                .get(key.layer as usize)
+                .is_none_or(|l| l.len() <= key.expert as usize)
+            {
                 continue;
             }
             self.cache.seed(key, h);
@@ -294,7 +314,10 @@ impl ExpertStore {
         if !pass.gate.allow(next) {
             return;
         }
-        let max = self.cache.slots().saturating_sub(pass.current[layer].len().max(1));
+        let max = self
+            .cache
+            .slots()
+            .saturating_sub(pass.current[layer].len().max(1));
         let (use_la, use_prev) = pass.gate.predictors(next);
         let la: &[usize] = if use_la { &lookahead } else { &[] };
         let prev: &[usize] = if use_prev { &pass.previous[next] } else { &[] };
@@ -307,7 +330,9 @@ impl ExpertStore {
     }
 
     fn submit_pending(&self, pass: &mut Pass) {
-        let Some((layer, plan)) = pass.pending.take() else { return };
+        let Some((layer, plan)) = pass.pending.take() else {
+            return;
+        };
         for e in plan {
             if self.prefetch_one(key(layer, e)) {
                 pass.issued[layer].push(e);
@@ -320,11 +345,18 @@ impl ExpertStore {
         if !self.is_local(k.layer as usize, k.expert as usize) {
             return false; // never fetch remote bytes on speculation
         }
-        let Lookup::Miss { slot } = self.cache.claim_for_prefetch(k) else { return false };
+        let Lookup::Miss { slot } = self.cache.claim_for_prefetch(k) else {
+            return false;
+        };
         let layout = &self.layouts[k.layer as usize][k.expert as usize];
         let cache = self.cache.clone();
         let done = Box::new(move |r| cache.complete(slot, k, r));
-        let ticket = self.reader.submit(self.cache.buffer(slot), &layout.segments, Priority::Prefetch, Some(done));
+        let ticket = self.reader.submit(
+            self.cache.buffer(slot),
+            &layout.segments,
+            Priority::Prefetch,
+            Some(done),
+        );
         self.cache.set_ticket(slot, ticket);
         let mut s = self.stats.lock().unwrap();
         s.prefetch_reads += 1;
@@ -346,7 +378,12 @@ impl ExpertStore {
             && let Some(first) = self.layouts.iter().position(|l| !l.is_empty())
             && p.gate.allow(first)
         {
-            let plan = plan_prefetch(&[], &p.previous[first], |e| self.cache.contains(key(first, e)), self.cache.slots() / 2);
+            let plan = plan_prefetch(
+                &[],
+                &p.previous[first],
+                |e| self.cache.contains(key(first, e)),
+                self.cache.slots() / 2,
+            );
             p.pending = Some((first, plan));
             self.submit_pending(p);
         }
@@ -385,13 +422,21 @@ impl ExpertStore {
         for (i, step) in steps.iter().enumerate() {
             match step {
                 TraceStep::EndPass => self.end_pass()?,
-                TraceStep::Layer { layer, ids, lookahead } => {
+                TraceStep::Layer {
+                    layer,
+                    ids,
+                    lookahead,
+                } => {
                     let l = *layer;
                     if self.config.prefetch && l > 0 && self.layouts[l - 1].is_empty() {
                         self.plan_hint(l - 1, l, lookahead.clone()); // a dense layer's hint goes out at once
                     }
                     if self.config.prefetch
-                        && let Some(TraceStep::Layer { layer: n, lookahead: la, .. }) = steps.get(i + 1)
+                        && let Some(TraceStep::Layer {
+                            layer: n,
+                            lookahead: la,
+                            ..
+                        }) = steps.get(i + 1)
                         && *n == l + 1
                     {
                         self.plan_hint(l, *n, la.clone());
@@ -416,11 +461,16 @@ impl ExpertStore {
         let mut pass = self.pass.lock().unwrap();
         let p = &mut *pass;
         if let Some(t) = self.trace.lock().unwrap().as_mut() {
-            t.push(TraceStep::Layer { layer, ids: ids.to_vec(), lookahead: p.predicted[layer].clone() });
+            t.push(TraceStep::Layer {
+                layer,
+                ids: ids.to_vec(),
+                lookahead: p.predicted[layer].clone(),
+            });
         }
         p.current[layer] = ids.to_vec();
         if self.config.prefetch {
-            p.gate.observe(layer, &p.predicted[layer], &p.previous[layer], ids);
+            p.gate
+                .observe(layer, &p.predicted[layer], &p.previous[layer], ids);
             let mut s = self.stats.lock().unwrap();
             s.lookahead_recall += super::prefetch::recall(&p.predicted[layer], ids) as f64;
             s.previous_recall += super::prefetch::recall(&p.previous[layer], ids) as f64;
@@ -431,7 +481,10 @@ impl ExpertStore {
             if ids.contains(&e) {
                 continue;
             }
-            if self.cache.cancel_prefetch(key(layer, e), |t| self.reader.cancel(t)) {
+            if self
+                .cache
+                .cancel_prefetch(key(layer, e), |t| self.reader.cancel(t))
+            {
                 cancelled += 1;
             } else {
                 self.cache.demote(key(layer, e)); // a loser that landed goes first
@@ -442,7 +495,9 @@ impl ExpertStore {
 
     /// The byte ranges of expert `(layer, expert)` that are not local (none without a remote).
     fn missing_ranges(&self, layer: usize, expert: usize) -> Vec<(usize, Range<u64>)> {
-        let Some(remote) = self.remote.get() else { return Vec::new() };
+        let Some(remote) = self.remote.get() else {
+            return Vec::new();
+        };
         let mut ranges = self.layouts[layer][expert].tensor_ranges();
         ranges.retain(|(shard, r)| !remote.source.is_local(self.index.shard_name(*shard), r));
         ranges
@@ -454,7 +509,9 @@ impl ExpertStore {
 
     /// Make every selected expert of `layer` local, fetching missing ranges `parallel` at a time.
     fn fetch_missing(&self, layer: usize, ids: &[usize]) -> Result<()> {
-        let Some(remote) = self.remote.get() else { return Ok(()) };
+        let Some(remote) = self.remote.get() else {
+            return Ok(());
+        };
         let mut missing = Vec::new();
         let mut experts = 0;
         for &e in ids {
@@ -469,7 +526,9 @@ impl ExpertStore {
         let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
         let work = || -> Result<()> {
             while !failed.load(Ordering::Relaxed) {
-                let Some((shard, range)) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else { return Ok(()) };
+                let Some((shard, range)) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return Ok(());
+                };
                 if let Err(e) = self.make_local(remote, *shard, range) {
                     failed.store(true, Ordering::Relaxed);
                     return Err(e);
@@ -505,7 +564,10 @@ impl ExpertStore {
                 file: name.to_string(),
                 start: range.start,
                 end: range.end,
-                reason: format!("the bytes landed in {}, which is not the file being read", path.display()),
+                reason: format!(
+                    "the bytes landed in {}, which is not the file being read",
+                    path.display()
+                ),
             });
         }
         Ok(())
@@ -513,14 +575,20 @@ impl ExpertStore {
 
     fn build_mlp(&self, layer: usize, expert: usize, handle: ExpertHandle) -> Result<Mlp> {
         let layout = &self.layouts[layer][expert];
-        let source = BufferSource { owner: Arc::new(handle), layout };
+        let source = BufferSource {
+            owner: Arc::new(handle),
+            layout,
+        };
         let ld = Loader::new(&self.index, &self.spec).with_source(&source);
         (self.build)(&ld, layer, expert)
     }
 }
 
 fn key(layer: usize, expert: usize) -> ExpertKey {
-    ExpertKey { layer: layer as u32, expert: expert as u32 }
+    ExpertKey {
+        layer: layer as u32,
+        expert: expert as u32,
+    }
 }
 
 impl LayerExperts<'_> {
@@ -557,7 +625,12 @@ impl LayerExperts<'_> {
                 let layout = &st.layouts[self.layer][e];
                 let cache = st.cache.clone();
                 let done = Box::new(move |r| cache.complete(slot, k, r));
-                let ticket = st.reader.submit(st.cache.buffer(slot), &layout.segments, Priority::Demand, Some(done));
+                let ticket = st.reader.submit(
+                    st.cache.buffer(slot),
+                    &layout.segments,
+                    Priority::Demand,
+                    Some(done),
+                );
                 st.cache.set_ticket(slot, ticket);
                 Some(slot)
             }
@@ -568,7 +641,12 @@ impl LayerExperts<'_> {
 
 impl ExpertProvider for LayerExperts<'_> {
     fn for_each_expert(&self, ids: &[usize], run: &(dyn Fn(usize, &Mlp) + Sync)) -> Result<()> {
-        let helpers = self.store.config.compute_threads.saturating_sub(1).min(ids.len().saturating_sub(1));
+        let helpers = self
+            .store
+            .config
+            .compute_threads
+            .saturating_sub(1)
+            .min(ids.len().saturating_sub(1));
         if helpers == 0 {
             return self.dispatch(ids, &mut |e, mlp| run(e, &mlp));
         }
@@ -603,13 +681,19 @@ impl LayerExperts<'_> {
     fn dispatch(&self, ids: &[usize], ready: &mut dyn FnMut(usize, Mlp)) -> Result<()> {
         let st = self.store;
         if st.layouts[self.layer].is_empty() {
-            return Err(Error::InvalidArgument { field: "layer", reason: format!("layer {} has no routed experts", self.layer) });
+            return Err(Error::InvalidArgument {
+                field: "layer",
+                reason: format!("layer {} has no routed experts", self.layer),
+            });
         }
         st.observe(self.layer, ids);
         {
             let mut s = st.stats.lock().unwrap();
             s.uses += ids.len() as u64;
-            s.use_bytes += ids.iter().map(|&e| st.layouts[self.layer][e].payload).sum::<u64>();
+            s.use_bytes += ids
+                .iter()
+                .map(|&e| st.layouts[self.layer][e].payload)
+                .sum::<u64>();
         }
         st.fetch_missing(self.layer, ids)?;
         let mut pending: VecDeque<usize> = ids.iter().copied().collect();

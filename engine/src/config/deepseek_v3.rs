@@ -88,12 +88,21 @@ impl DeepseekV3Config {
             }
         }
         if self.qk_rope_head_dim % 2 != 0 {
-            return Err(f.err("qk_rope_head_dim", format!("must be even, found {}", self.qk_rope_head_dim)));
+            return Err(f.err(
+                "qk_rope_head_dim",
+                format!("must be even, found {}", self.qk_rope_head_dim),
+            ));
         }
         if let Some(kv) = f.opt_usize("num_key_value_heads")?
             && kv != self.num_attention_heads
         {
-            return Err(f.err("num_key_value_heads", format!("MLA needs {} (= num_attention_heads), found {kv}", self.num_attention_heads)));
+            return Err(f.err(
+                "num_key_value_heads",
+                format!(
+                    "MLA needs {} (= num_attention_heads), found {kv}",
+                    self.num_attention_heads
+                ),
+            ));
         }
         if self.first_k_dense_replace > self.num_hidden_layers {
             return Err(f.err("first_k_dense_replace", "exceeds num_hidden_layers"));
@@ -101,28 +110,47 @@ impl DeepseekV3Config {
         let has_moe = self.first_k_dense_replace < self.num_hidden_layers;
         if has_moe {
             if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
-                return Err(f.err("num_experts_per_tok", format!("must be in 1..={}", self.n_routed_experts)));
+                return Err(f.err(
+                    "num_experts_per_tok",
+                    format!("must be in 1..={}", self.n_routed_experts),
+                ));
             }
             if self.n_routed_experts % self.n_group != 0 {
-                return Err(f.err("n_group", format!("must divide n_routed_experts ({})", self.n_routed_experts)));
+                return Err(f.err(
+                    "n_group",
+                    format!("must divide n_routed_experts ({})", self.n_routed_experts),
+                ));
             }
             if self.topk_group == 0 || self.topk_group > self.n_group {
                 return Err(f.err("topk_group", format!("must be in 1..={}", self.n_group)));
             }
             let per_group = self.n_routed_experts / self.n_group;
             if self.n_group > 1 && per_group < 2 {
-                return Err(f.err("n_group", "group-limited routing needs at least 2 experts per group"));
+                return Err(f.err(
+                    "n_group",
+                    "group-limited routing needs at least 2 experts per group",
+                ));
             }
             if self.topk_group * per_group < self.num_experts_per_tok {
-                return Err(f.err("topk_group", "the kept groups hold fewer experts than num_experts_per_tok"));
+                return Err(f.err(
+                    "topk_group",
+                    "the kept groups hold fewer experts than num_experts_per_tok",
+                ));
             }
         }
         if let Some(freq) = f.opt_usize("moe_layer_freq")?
             && freq != 1
         {
-            return Err(f.err("moe_layer_freq", format!("{freq} is not supported (HF ignores it, the remote code does not)")));
+            return Err(f.err(
+                "moe_layer_freq",
+                format!("{freq} is not supported (HF ignores it, the remote code does not)"),
+            ));
         }
-        let checks = [("hidden_act", "silu"), ("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")];
+        let checks = [
+            ("hidden_act", "silu"),
+            ("scoring_func", "sigmoid"),
+            ("topk_method", "noaux_tc"),
+        ];
         for (field, want) in checks {
             if let Some(v) = f.opt_str(field)?
                 && v != want

@@ -55,8 +55,7 @@ pub struct ModelSpec {
 }
 
 /// Model types accepted at the top level, listed in errors.
-pub const SUPPORTED_MODEL_TYPES: &str =
-    "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3";
+pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -97,21 +96,30 @@ impl<'a> Fields<'a> {
     pub fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.err(field, format!("expected a number, found {v}"))),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a number, found {v}"))),
         }
     }
 
     pub fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(field, format!("expected a boolean, found {v}"))),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a boolean, found {v}"))),
         }
     }
 
     pub fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(field, format!("expected a string, found {v}"))),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a string, found {v}"))),
         }
     }
 
@@ -119,12 +127,16 @@ impl<'a> Fields<'a> {
     pub fn opt_token_ids(&self, field: &str) -> Result<Vec<u32>> {
         match self.get(field) {
             None => Ok(Vec::new()),
-            Some(Value::Number(n)) => {
-                Ok(vec![n.as_u64().ok_or_else(|| self.err(field, "expected a token id"))? as u32])
-            }
+            Some(Value::Number(n)) => Ok(vec![
+                n.as_u64().ok_or_else(|| self.err(field, "expected a token id"))? as u32,
+            ]),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_u64().map(|n| n as u32).ok_or_else(|| self.err(field, "expected token ids")))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|n| n as u32)
+                        .ok_or_else(|| self.err(field, "expected token ids"))
+                })
                 .collect(),
             Some(v) => Err(self.err(field, format!("expected a token id, found {v}"))),
         }
@@ -136,33 +148,57 @@ impl ModelSpec {
     pub fn load(dir: &Path) -> Result<ModelSpec> {
         let path = dir.join("config.json");
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.clone(), source })?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_value(&value, &path)
     }
 
     /// Validate an already-parsed `config.json` value.
     pub fn from_value(value: &Value, path: &Path) -> Result<ModelSpec> {
-        let outer = value.as_object().ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
-        let top = Fields { map: outer, path, scope: "" };
-        let model_type = top.opt_str("model_type")?.ok_or_else(|| top.err("model_type", "missing"))?.to_string();
+        let outer = value
+            .as_object()
+            .ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
+        let top = Fields {
+            map: outer,
+            path,
+            scope: "",
+        };
+        let model_type = top
+            .opt_str("model_type")?
+            .ok_or_else(|| top.err("model_type", "missing"))?
+            .to_string();
         let (text, scope, prefix) = match top.get("text_config") {
             Some(Value::Object(text)) => (text, "text_config.", "language_model."),
             Some(_) => return Err(top.err("text_config", "expected an object")),
             None => (outer, "", ""),
         };
-        let fields = Fields { map: text, path, scope };
+        let fields = Fields {
+            map: text,
+            path,
+            scope,
+        };
         let inner_type = fields.opt_str("model_type")?.unwrap_or(&model_type).to_string();
         // Quantisation is declared in the text config by some releases and at the top by others.
-        let quant = match fields.get("quantization_config").or_else(|| top.get("quantization_config")) {
+        let quant = match fields
+            .get("quantization_config")
+            .or_else(|| top.get("quantization_config"))
+        {
             Some(q) => Quantization::parse(q, path)?,
             None => Quantization::None,
         };
-        let nested_ok = matches!(model_type.as_str(), "kimi_k25" | "kimi_k2_5" | "kimi_vl" | "deepseek_v3" | "kimi_k2");
+        let nested_ok = matches!(
+            model_type.as_str(),
+            "kimi_k25" | "kimi_k2_5" | "kimi_vl" | "deepseek_v3" | "kimi_k2"
+        );
         let arch = match inner_type.as_str() {
-            "deepseek_v3" | "kimi_k2" if nested_ok => ArchConfig::DeepseekV3(DeepseekV3Config::parse(fields)?),
-            "kimi_linear" if model_type == "kimi_linear" && scope.is_empty() => {
-                ArchConfig::KimiLinear(KimiLinearConfig::parse(fields, kimi_linear::Dialect::Linear, &[])?)
+            "deepseek_v3" | "kimi_k2" if nested_ok => {
+                ArchConfig::DeepseekV3(DeepseekV3Config::parse(fields)?)
             }
+            "kimi_linear" if model_type == "kimi_linear" && scope.is_empty() => ArchConfig::KimiLinear(
+                KimiLinearConfig::parse(fields, kimi_linear::Dialect::Linear, &[])?,
+            ),
             "kimi_linear" if model_type == "kimi_k3" && !scope.is_empty() => {
                 ArchConfig::KimiK3(KimiK3Config::parse(top, fields)?)
             }
@@ -170,12 +206,22 @@ impl ModelSpec {
             _ => {
                 return Err(Error::UnknownModelType {
                     path: path.to_path_buf(),
-                    model_type: if scope.is_empty() { model_type } else { format!("{model_type}/{inner_type}") },
+                    model_type: if scope.is_empty() {
+                        model_type
+                    } else {
+                        format!("{model_type}/{inner_type}")
+                    },
                     supported: SUPPORTED_MODEL_TYPES,
                 });
             }
         };
-        Ok(ModelSpec { arch, tensor_prefix: prefix.to_string(), quant, model_type, path: path.to_path_buf() })
+        Ok(ModelSpec {
+            arch,
+            tensor_prefix: prefix.to_string(),
+            quant,
+            model_type,
+            path: path.to_path_buf(),
+        })
     }
 }
 

@@ -65,7 +65,10 @@ impl Qwen3Config {
             }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err("num_key_value_heads", format!("must divide num_attention_heads ({})", self.num_attention_heads)));
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("must divide num_attention_heads ({})", self.num_attention_heads),
+            ));
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
@@ -73,7 +76,10 @@ impl Qwen3Config {
         if let Some(act) = f.opt_str("hidden_act")?
             && act != "silu"
         {
-            return Err(f.err("hidden_act", format!("`{act}` is not supported (supported: silu)")));
+            return Err(f.err(
+                "hidden_act",
+                format!("`{act}` is not supported (supported: silu)"),
+            ));
         }
         if f.opt_bool("attention_bias")? == Some(true) {
             return Err(f.err("attention_bias", "attention biases are not supported"));
@@ -82,7 +88,9 @@ impl Qwen3Config {
             return Err(f.err("use_sliding_window", "sliding-window attention is not supported"));
         }
         if let Some(types) = f.get("layer_types") {
-            let all_full = types.as_array().is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")));
+            let all_full = types
+                .as_array()
+                .is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")));
             if !all_full {
                 return Err(f.err("layer_types", "only full_attention layers are supported"));
             }

@@ -44,21 +44,33 @@ impl RopeConfig {
             if let Some((key, _)) = params {
                 return Err(f.err(key, "expected an object"));
             }
-            return Ok(RopeConfig { theta: f.f64("rope_theta")?, scaling: RopeScaling::Default });
+            return Ok(RopeConfig {
+                theta: f.f64("rope_theta")?,
+                scaling: RopeScaling::Default,
+            });
         };
         let scope = format!("{}{key}.", f.scope);
-        let p = Fields { map, path: f.path, scope: &scope };
+        let p = Fields {
+            map,
+            path: f.path,
+            scope: &scope,
+        };
         let theta = match p.opt_f64("rope_theta")? {
             Some(t) => t,
             None => f.f64("rope_theta")?,
         };
-        let kind = p.opt_str("rope_type")?.or(p.opt_str("type")?).unwrap_or("default");
+        let kind = p
+            .opt_str("rope_type")?
+            .or(p.opt_str("type")?)
+            .unwrap_or("default");
         let scaling = match kind {
             "default" => RopeScaling::Default,
             "yarn" => {
                 let original = match p.opt_usize("original_max_position_embeddings")? {
                     Some(o) => o,
-                    None => f.opt_usize("original_max_position_embeddings")?.unwrap_or(max_position_embeddings),
+                    None => f
+                        .opt_usize("original_max_position_embeddings")?
+                        .unwrap_or(max_position_embeddings),
                 };
                 let factor = match p.opt_f64("factor")? {
                     Some(x) => x,
@@ -78,7 +90,12 @@ impl RopeConfig {
                     truncate: p.opt_bool("truncate")?.unwrap_or(true),
                 }
             }
-            other => return Err(p.err("rope_type", format!("unsupported RoPE type `{other}` (supported: default, yarn)"))),
+            other => {
+                return Err(p.err(
+                    "rope_type",
+                    format!("unsupported RoPE type `{other}` (supported: default, yarn)"),
+                ));
+            }
         };
         if theta <= 0.0 {
             return Err(p.err("rope_theta", "must be positive"));
@@ -90,7 +107,9 @@ impl RopeConfig {
     /// and the factor applied to cos/sin.
     pub fn inv_freq(&self, dim: usize) -> (Vec<f32>, f32) {
         let base = self.theta as f32;
-        let pos_freqs: Vec<f32> = (0..dim / 2).map(|i| base.powf((2 * i) as f32 / dim as f32)).collect();
+        let pos_freqs: Vec<f32> = (0..dim / 2)
+            .map(|i| base.powf((2 * i) as f32 / dim as f32))
+            .collect();
         match &self.scaling {
             RopeScaling::Default => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
             RopeScaling::Yarn {
@@ -105,11 +124,15 @@ impl RopeConfig {
             } => {
                 let attention = match (attention_factor, mscale, mscale_all_dim) {
                     (Some(a), _, _) => *a,
-                    (None, Some(m), Some(a)) if *m != 0.0 && *a != 0.0 => yarn_mscale(*factor, *m) / yarn_mscale(*factor, *a),
+                    (None, Some(m), Some(a)) if *m != 0.0 && *a != 0.0 => {
+                        yarn_mscale(*factor, *m) / yarn_mscale(*factor, *a)
+                    }
                     _ => yarn_mscale(*factor, 1.0),
                 };
                 let correction = |rot: f64| {
-                    (dim as f64 * (*original_max_position_embeddings as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
+                    (dim as f64
+                        * (*original_max_position_embeddings as f64 / (rot * 2.0 * std::f64::consts::PI))
+                            .ln())
                         / (2.0 * self.theta.ln())
                 };
                 let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
@@ -119,7 +142,14 @@ impl RopeConfig {
                 }
                 let low = low.max(0.0);
                 let high = high.min(dim as f64 - 1.0);
-                let (min, max) = (low as f32, if low == high { high as f32 + 0.001 } else { high as f32 });
+                let (min, max) = (
+                    low as f32,
+                    if low == high {
+                        high as f32 + 0.001
+                    } else {
+                        high as f32
+                    },
+                );
                 let factor = *factor as f32;
                 let inv = pos_freqs
                     .iter()
@@ -141,7 +171,11 @@ impl RopeConfig {
     /// non-zero `mscale_all_dim`, else 1 (HF `yarn_apply_mscale`).
     pub fn softmax_scale_multiplier(&self) -> f64 {
         match &self.scaling {
-            RopeScaling::Yarn { factor, mscale_all_dim: Some(m), .. } if *m != 0.0 => {
+            RopeScaling::Yarn {
+                factor,
+                mscale_all_dim: Some(m),
+                ..
+            } if *m != 0.0 => {
                 let s = yarn_mscale(*factor, *m);
                 s * s
             }
@@ -152,5 +186,9 @@ impl RopeConfig {
 
 /// `0.1 * mscale * ln(scale) + 1` for `scale > 1`, else 1.
 pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
 }

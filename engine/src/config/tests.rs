@@ -42,7 +42,10 @@ fn unknown_model_type_is_named() {
     let mut v = base();
     v["model_type"] = json!("llama");
     let err = parse(&v).unwrap_err();
-    assert!(matches!(err, Error::UnknownModelType { ref model_type, .. } if model_type == "llama"), "{err}");
+    assert!(
+        matches!(err, Error::UnknownModelType { ref model_type, .. } if model_type == "llama"),
+        "{err}"
+    );
     assert!(err.to_string().contains("llama"));
 }
 
@@ -61,7 +64,10 @@ fn inconsistent_fields_are_named() {
         let mut v = base();
         v[field] = value;
         let err = parse(&v).unwrap_err();
-        assert!(matches!(&err, Error::Config { field: f, .. } if f == field), "{field}: {err}");
+        assert!(
+            matches!(&err, Error::Config { field: f, .. } if f == field),
+            "{field}: {err}"
+        );
     }
     let mut v = base();
     v.as_object_mut().unwrap().remove("kv_lora_rank");
@@ -112,7 +118,10 @@ fn yarn_ramp_bounds_match_reference() {
             truncate: true,
         },
     };
-    let plain = RopeConfig { theta: 50000.0, scaling: RopeScaling::Default };
+    let plain = RopeConfig {
+        theta: 50000.0,
+        scaling: RopeScaling::Default,
+    };
     let (inv, _) = rope.inv_freq(64);
     let (base_inv, _) = plain.inv_freq(64);
     assert_eq!(inv[19], base_inv[19]);
@@ -137,7 +146,9 @@ fn nested_text_config_gets_prefix_and_quant() {
     });
     let spec = parse(&v).unwrap();
     assert_eq!(spec.tensor_prefix, "language_model.");
-    let Quantization::Int4PackQuantized { group_size, ignore } = &spec.quant else { panic!("{:?}", spec.quant) };
+    let Quantization::Int4PackQuantized { group_size, ignore } = &spec.quant else {
+        panic!("{:?}", spec.quant)
+    };
     assert_eq!(*group_size, 32);
     let ignored = |n: &str| ignore.iter().any(|r| r.matches(n));
     assert!(ignored("model.layers.0.self_attn.q_proj"));
@@ -147,14 +158,24 @@ fn nested_text_config_gets_prefix_and_quant() {
     // Nested errors name the nested field.
     let mut bad = v.clone();
     bad["text_config"]["n_group"] = json!(3);
-    assert!(matches!(parse(&bad).unwrap_err(), Error::Config { field, .. } if field == "text_config.n_group"));
+    assert!(
+        matches!(parse(&bad).unwrap_err(), Error::Config { field, .. } if field == "text_config.n_group")
+    );
 }
 
 #[test]
 fn unsupported_quantisation_fails_closed() {
     let mut v = base();
     v["quantization_config"] = json!({"quant_method": "gptq", "bits": 4});
-    assert!(matches!(parse(&v).unwrap_err(), Error::Config { field, .. } if field == "quantization_config.quant_method"));
+    assert!(
+        matches!(parse(&v).unwrap_err(), Error::Config { field, .. } if field == "quantization_config.quant_method")
+    );
     v["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]});
-    assert!(matches!(parse(&v).unwrap().quant, Quantization::Fp8Block { block_rows: 128, block_cols: 128 }));
+    assert!(matches!(
+        parse(&v).unwrap().quant,
+        Quantization::Fp8Block {
+            block_rows: 128,
+            block_cols: 128
+        }
+    ));
 }

@@ -5,6 +5,6 @@ mod run;
 mod sampling;
 mod state;
 
-pub use run::{FinishReason, Flow, Generation, GenerateOptions, GenerationStats, generate, generate_with};
+pub use run::{FinishReason, Flow, GenerateOptions, Generation, GenerationStats, generate, generate_with};
 pub use sampling::{Sampling, sample, uniform};
 pub use state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};

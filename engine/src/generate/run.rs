@@ -25,7 +25,12 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_new_tokens: 64, sampling: Sampling::Greedy, stop_ids: Vec::new(), prefill_chunk: 256 }
+        GenerateOptions {
+            max_new_tokens: 64,
+            sampling: Sampling::Greedy,
+            stop_ids: Vec::new(),
+            prefill_chunk: 256,
+        }
     }
 }
 
@@ -92,16 +97,25 @@ pub fn generate_with(
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
     if prompt.is_empty() {
-        return Err(Error::InvalidArgument { field: "prompt", reason: "must contain at least one token".into() });
+        return Err(Error::InvalidArgument {
+            field: "prompt",
+            reason: "must contain at least one token".into(),
+        });
     }
     let limit = model.info().max_context;
     if state.len() + prompt.len() > limit {
-        return Err(Error::ContextOverflow { needed: state.len() + prompt.len(), limit });
+        return Err(Error::ContextOverflow {
+            needed: state.len() + prompt.len(),
+            limit,
+        });
     }
     let start = Instant::now();
     let logits = prefill(model, state, prompt, opts.prefill_chunk, spec.as_deref_mut())?;
     let prefill = start.elapsed();
-    let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let decode_start = Instant::now();
     let mut history = prompt.to_vec();
     let mut output = Vec::new();
@@ -112,7 +126,10 @@ pub fn generate_with(
         if let Some(f) = finish {
             break f;
         }
-        let budget = opts.max_new_tokens.saturating_sub(output.len()).min(limit - state.len());
+        let budget = opts
+            .max_new_tokens
+            .saturating_sub(output.len())
+            .min(limit - state.len());
         if budget == 0 {
             break FinishReason::Length;
         }
@@ -124,24 +141,53 @@ pub fn generate_with(
     stats.decode_seconds = decode.as_secs_f64();
     stats.prefill_tokens_per_second = rate(prompt.len(), prefill);
     stats.decode_tokens_per_second = rate(output.len().saturating_sub(1), decode);
-    Ok(Generation { output_ids: output, finish_reason: finish, stats })
+    Ok(Generation {
+        output_ids: output,
+        finish_reason: finish,
+        stats,
+    })
 }
 
 /// Chunked prefill; returns the logits of the last prompt row. Captured hidden rows go to the
 /// proposers.
-fn prefill(model: &dyn Model, state: &mut SeqState, prompt: &[u32], chunk: usize, mut spec: Option<&mut Speculator>) -> Result<Vec<f32>> {
+fn prefill(
+    model: &dyn Model,
+    state: &mut SeqState,
+    prompt: &[u32],
+    chunk: usize,
+    mut spec: Option<&mut Speculator>,
+) -> Result<Vec<f32>> {
     let chunk = chunk.max(1);
     let mut logits = Vec::new();
     for (i, part) in prompt.chunks(chunk).enumerate() {
         let last = (i + 1) * chunk >= prompt.len();
         let rows = if last { LogitRows::Last } else { LogitRows::None };
         let begin = state.len();
-        let mut trace = spec.as_deref().filter(|s| !s.captures().is_empty()).map(|s| Trace::capture(s.captures()));
-        logits = model.forward(&mut [SeqInput { state, tokens: part, logits: rows }], trace.as_mut())?;
+        let mut trace = spec
+            .as_deref()
+            .filter(|s| !s.captures().is_empty())
+            .map(|s| Trace::capture(s.captures()));
+        logits = model.forward(
+            &mut [SeqInput {
+                state,
+                tokens: part,
+                logits: rows,
+            }],
+            trace.as_mut(),
+        )?;
         state.commit_all();
         if let Some(s) = spec.as_deref_mut() {
-            let hidden = trace.map(|t| t.rows(s.captures(), 0, part.len(), model.info().hidden_size)).unwrap_or_default();
-            s.observe(model, &Observation { start: begin, tokens: part, hidden: &hidden });
+            let hidden = trace
+                .map(|t| t.rows(s.captures(), 0, part.len(), model.info().hidden_size))
+                .unwrap_or_default();
+            s.observe(
+                model,
+                &Observation {
+                    start: begin,
+                    tokens: part,
+                    hidden: &hidden,
+                },
+            );
         }
     }
     Ok(logits)
@@ -159,28 +205,57 @@ fn decode_step(
 ) -> Result<Vec<u32>> {
     let room = model.info().max_context - state.len();
     let drafts = match spec.as_deref_mut() {
-        Some(s) => s.plan(model, history, draft_budget(usize::MAX, budget, room)).drafts,
+        Some(s) => {
+            s.plan(model, history, draft_budget(usize::MAX, budget, room))
+                .drafts
+        }
         None => Vec::new(),
     };
     let mut rows = Vec::with_capacity(drafts.len() + 1);
     rows.push(*history.last().expect("history holds the pending token"));
     rows.extend_from_slice(&drafts);
     let begin = state.len();
-    let kind = if drafts.is_empty() { LogitRows::Last } else { LogitRows::All };
-    let mut trace = spec.as_deref().filter(|s| !s.captures().is_empty()).map(|s| Trace::capture(s.captures()));
+    let kind = if drafts.is_empty() {
+        LogitRows::Last
+    } else {
+        LogitRows::All
+    };
+    let mut trace = spec
+        .as_deref()
+        .filter(|s| !s.captures().is_empty())
+        .map(|s| Trace::capture(s.captures()));
     let started = Instant::now();
-    let logits = model.forward(&mut [SeqInput { state, tokens: &rows, logits: kind }], trace.as_mut())?;
+    let logits = model.forward(
+        &mut [SeqInput {
+            state,
+            tokens: &rows,
+            logits: kind,
+        }],
+        trace.as_mut(),
+    )?;
     let verify_seconds = started.elapsed().as_secs_f64();
     let vocab = model.info().vocab_size;
-    let picks: Vec<u32> =
-        logits.chunks_exact(vocab).enumerate().map(|(i, row)| opts.sampling.pick(row, begin + i + 1)).collect();
+    let picks: Vec<u32> = logits
+        .chunks_exact(vocab)
+        .enumerate()
+        .map(|(i, row)| opts.sampling.pick(row, begin + i + 1))
+        .collect();
     let verdict = verify(&drafts, &picks, &opts.stop_ids, budget);
     state.commit(verdict.commit_rows)?;
     if let Some(s) = spec {
         s.finish(verdict.accepted, verify_seconds);
         let committed = &rows[..verdict.commit_rows];
-        let hidden = trace.map(|t| t.rows(s.captures(), 0, committed.len(), model.info().hidden_size)).unwrap_or_default();
-        s.observe(model, &Observation { start: begin, tokens: committed, hidden: &hidden });
+        let hidden = trace
+            .map(|t| t.rows(s.captures(), 0, committed.len(), model.info().hidden_size))
+            .unwrap_or_default();
+        s.observe(
+            model,
+            &Observation {
+                start: begin,
+                tokens: committed,
+                hidden: &hidden,
+            },
+        );
     }
     Ok(verdict.emitted)
 }
@@ -212,5 +287,9 @@ fn emit(
 }
 
 fn rate(tokens: usize, time: Duration) -> f64 {
-    if time.is_zero() { 0.0 } else { tokens as f64 / time.as_secs_f64() }
+    if time.is_zero() {
+        0.0
+    } else {
+        tokens as f64 / time.as_secs_f64()
+    }
 }

@@ -11,26 +11,51 @@ pub enum Sampling {
     /// Highest logit, lowest id on ties.
     Greedy,
     /// Sample from the filtered, temperature-scaled distribution.
-    Random { temperature: f32, top_p: f32, top_k: usize, seed: u64 },
+    Random {
+        temperature: f32,
+        top_p: f32,
+        top_k: usize,
+        seed: u64,
+    },
 }
 
 impl Sampling {
     /// Validated sampling settings; `temperature == 0` means greedy.
     pub fn new(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> Result<Sampling> {
         if !temperature.is_finite() || temperature < 0.0 {
-            return Err(Error::InvalidArgument { field: "temperature", reason: format!("must be >= 0, got {temperature}") });
+            return Err(Error::InvalidArgument {
+                field: "temperature",
+                reason: format!("must be >= 0, got {temperature}"),
+            });
         }
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(Error::InvalidArgument { field: "top_p", reason: format!("must be in (0, 1], got {top_p}") });
+            return Err(Error::InvalidArgument {
+                field: "top_p",
+                reason: format!("must be in (0, 1], got {top_p}"),
+            });
         }
-        Ok(if temperature == 0.0 { Sampling::Greedy } else { Sampling::Random { temperature, top_p, top_k, seed } })
+        Ok(if temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                seed,
+            }
+        })
     }
 
     /// Pick the token at absolute sequence `position` from `logits`.
     pub fn pick(&self, logits: &[f32], position: usize) -> u32 {
         match *self {
             Sampling::Greedy => argmax(logits) as u32,
-            Sampling::Random { temperature, top_p, top_k, seed } => {
+            Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                seed,
+            } => {
                 let u = uniform(seed, position as u64);
                 sample(logits, temperature, top_p, top_k, u)
             }
@@ -50,7 +75,10 @@ pub fn sample(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, u: f64
     }
     let max = logits[order[0]] as f64;
     let t = temperature as f64;
-    let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i] as f64 - max) / t).exp()).collect();
+    let mut probs: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / t).exp())
+        .collect();
     let total: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= total);
     let mut cumulative = 0.0;
@@ -76,7 +104,10 @@ pub fn sample(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, u: f64
 
 /// A uniform f64 in [0, 1) from `(seed, position)` (SplitMix64 finaliser over both).
 pub fn uniform(seed: u64, position: u64) -> f64 {
-    let mut z = seed ^ position.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
+    let mut z = seed
+        ^ position
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
@@ -118,7 +149,9 @@ mod tests {
         let a: Vec<u32> = (0..32).map(|p| s.pick(&[0.1, 0.2, 0.3, 0.25], p)).collect();
         let b: Vec<u32> = (0..32).map(|p| s.pick(&[0.1, 0.2, 0.3, 0.25], p)).collect();
         assert_eq!(a, b);
-        let hits = (0..10_000).filter(|&p| sample(&logits, 1.0, 1.0, 0, uniform(3, p)) == 1).count();
+        let hits = (0..10_000)
+            .filter(|&p| sample(&logits, 1.0, 1.0, 0, uniform(3, p)) == 1)
+            .count();
         assert!((7_200..7_800).contains(&hits), "{hits}");
     }
 }

@@ -67,10 +67,13 @@ pub struct Matrix {
 impl Matrix {
     /// Build a matrix, checking that `data` and `scales` have exactly the sizes the format needs.
     pub fn new(format: Format, rows: usize, cols: usize, data: Blob, scales: Option<Blob>) -> Result<Self> {
-        let (want_data, want_scales) = format.byte_sizes(rows, cols).map_err(|reason| Error::InvalidArgument {
-            field: "matrix",
-            reason,
-        })?;
+        let (want_data, want_scales) =
+            format
+                .byte_sizes(rows, cols)
+                .map_err(|reason| Error::InvalidArgument {
+                    field: "matrix",
+                    reason,
+                })?;
         let got_scales = scales.as_ref().map(|s| s.len());
         if data.len() != want_data || got_scales != want_scales {
             return Err(Error::InvalidArgument {
@@ -81,7 +84,13 @@ impl Matrix {
                 ),
             });
         }
-        Ok(Matrix { format, rows, cols, data, scales })
+        Ok(Matrix {
+            format,
+            rows,
+            cols,
+            data,
+            scales,
+        })
     }
 
     /// Bytes read by one pass over the matrix (data plus scales).
@@ -96,21 +105,31 @@ impl Format {
         Ok(match self {
             Format::F32 => (rows * cols * 4, None),
             Format::Bf16 => (rows * cols * 2, None),
-            Format::Fp8Block { block_rows, block_cols } => {
+            Format::Fp8Block {
+                block_rows,
+                block_cols,
+            } => {
                 if block_rows == 0 || block_cols == 0 {
                     return Err("FP8 block size must be non-zero".into());
                 }
-                (rows * cols, Some(rows.div_ceil(block_rows) * cols.div_ceil(block_cols) * 4))
+                (
+                    rows * cols,
+                    Some(rows.div_ceil(block_rows) * cols.div_ceil(block_cols) * 4),
+                )
             }
             Format::Int4Group { group, scale } => {
                 if group == 0 || group % 8 != 0 || cols % group != 0 {
-                    return Err(format!("INT4 needs cols ({cols}) divisible by a group ({group}) that is a multiple of 8"));
+                    return Err(format!(
+                        "INT4 needs cols ({cols}) divisible by a group ({group}) that is a multiple of 8"
+                    ));
                 }
                 (rows * cols / 2, Some(rows * (cols / group) * scale.size()))
             }
             Format::Mxfp4 { group } => {
                 if group == 0 || group % 2 != 0 || cols % group != 0 {
-                    return Err(format!("MXFP4 needs cols ({cols}) divisible by an even group ({group})"));
+                    return Err(format!(
+                        "MXFP4 needs cols ({cols}) divisible by an even group ({group})"
+                    ));
                 }
                 (rows * cols / 2, Some(rows * (cols / group)))
             }

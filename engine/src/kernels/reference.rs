@@ -22,12 +22,17 @@ pub fn decode_row(m: &Matrix, r: usize, out: &mut [f32]) {
                 *o = bf16_to_f32(u16::from_le_bytes([data[i], data[i + 1]]));
             }
         }
-        Format::Fp8Block { block_rows, block_cols } => {
+        Format::Fp8Block {
+            block_rows,
+            block_cols,
+        } => {
             let scales = m.scales.as_deref().expect("fp8 scales");
             let scale_cols = cols.div_ceil(block_cols);
             for (c, o) in out.iter_mut().enumerate() {
                 let s = f32::from_le_bytes(
-                    scales[4 * ((r / block_rows) * scale_cols + c / block_cols)..][..4].try_into().unwrap(),
+                    scales[4 * ((r / block_rows) * scale_cols + c / block_cols)..][..4]
+                        .try_into()
+                        .unwrap(),
                 );
                 *o = e4m3_to_f32(data[r * cols + c]) * s;
             }

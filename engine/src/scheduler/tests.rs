@@ -349,19 +349,38 @@ fn batched_requests_that_draft_get_the_tokens_they_get_alone() {
     let dir = model_dir();
     let head_dir = tempfile::tempdir().unwrap();
     let info = arch::load(dir.path()).unwrap().info().clone();
-    crate::synth::DSparkSynth::for_target(&info, 3).write(head_dir.path()).unwrap();
+    crate::synth::DSparkSynth::for_target(&info, 3)
+        .write(head_dir.path())
+        .unwrap();
     let head = crate::spec::dspark::DSpark::load(head_dir.path()).unwrap();
-    let drafts = crate::spec::Drafts { dspark: Some(Arc::new(head)), ..Default::default() };
-    let cfg = SchedulerConfig { max_batch: 8, prefill_chunk: 16, state_cache_entries: 0, drafts, ..Default::default() };
+    let drafts = crate::spec::Drafts {
+        dspark: Some(Arc::new(head)),
+        ..Default::default()
+    };
+    let cfg = SchedulerConfig {
+        max_batch: 8,
+        prefill_chunk: 16,
+        state_cache_entries: 0,
+        drafts,
+        ..Default::default()
+    };
     let handle = start_with(dir.path(), cfg);
     let reqs: Vec<GenRequest> = (0..8u32)
         .map(|i| {
-            let sampling = if i % 2 == 0 { Sampling::Greedy } else { Sampling::new(0.8, 0.9, 0, i as u64).unwrap() };
+            let sampling = if i % 2 == 0 {
+                Sampling::Greedy
+            } else {
+                Sampling::new(0.8, 0.9, 0, i as u64).unwrap()
+            };
             // Repetitive prompts give n-gram something to propose.
             let base = prompt(3 + i as usize, i);
             let p: Vec<u32> = base.iter().cycle().take(6 + 5 * i as usize).copied().collect();
             let mut r = request(p, 10 + 3 * i as usize, sampling);
-            r.kind = if i % 2 == 0 { crate::spec::RequestKind::Chat } else { crate::spec::RequestKind::Completion };
+            r.kind = if i % 2 == 0 {
+                crate::spec::RequestKind::Chat
+            } else {
+                crate::spec::RequestKind::Completion
+            };
             r.spec = crate::spec::SpecMode::On;
             r
         })
@@ -381,7 +400,10 @@ fn batched_requests_that_draft_get_the_tokens_they_get_alone() {
     }
     let spec = handle.stats().speculation();
     let dspark = spec.proposers.get("dspark").cloned().unwrap_or_default();
-    assert!(dspark.proposals > 0, "the draft head drafted in the batch: {spec:?}");
+    assert!(
+        dspark.proposals > 0,
+        "the draft head drafted in the batch: {spec:?}"
+    );
     let s = handle.stats().snapshot();
     assert!(s.rows > s.steps, "drafted rows were verified in shared passes");
 }

@@ -201,7 +201,10 @@ impl Worker {
                 add(&self.stats.cancelled, 1);
                 continue;
             }
-            let spec = self.cfg.drafts.speculator(job.req.kind, job.req.spec, Some(self.stats.spec.clone()));
+            let spec = self
+                .cfg
+                .drafts
+                .speculator(job.req.kind, job.req.spec, Some(self.stats.spec.clone()));
             self.running.push(Seq {
                 history: job.req.prompt.clone(),
                 job,
@@ -230,7 +233,12 @@ impl Worker {
             seq.rows.push(*seq.history.last().unwrap_or(&0));
             let Some(spec) = seq.spec.as_mut() else { continue };
             let room = self.limit.saturating_sub(seq.state.len());
-            let budget = seq.job.req.max_new_tokens.saturating_sub(seq.output.len()).min(room);
+            let budget = seq
+                .job
+                .req
+                .max_new_tokens
+                .saturating_sub(seq.output.len())
+                .min(room);
             let plan = spec.plan(model, &seq.history, draft_budget(usize::MAX, budget, room));
             seq.rows.extend_from_slice(&plan.drafts);
         }
@@ -243,7 +251,12 @@ impl Worker {
         self.plan_drafts(&phases);
         let mut names: Vec<String> = Vec::new();
         for w in &works {
-            for c in self.running[w.seq].spec.as_ref().map(Speculator::captures).unwrap_or(&[]) {
+            for c in self.running[w.seq]
+                .spec
+                .as_ref()
+                .map(Speculator::captures)
+                .unwrap_or(&[])
+            {
                 if !names.contains(c) {
                     names.push(c.clone());
                 }
@@ -260,13 +273,21 @@ impl Worker {
                 };
                 let (tokens, logits): (&[u32], LogitRows) = match phases[i] {
                     Phase::Prefill { .. } => {
-                        let rows = if w.logits { LogitRows::Last } else { LogitRows::None };
+                        let rows = if w.logits {
+                            LogitRows::Last
+                        } else {
+                            LogitRows::None
+                        };
                         (&seq.job.req.prompt[w.start..w.start + w.len], rows)
                     }
                     Phase::Decode if seq.rows.len() > 1 => (&seq.rows, LogitRows::All),
                     Phase::Decode => (&seq.rows, LogitRows::Last),
                 };
-                inputs.push(SeqInput { state: &mut seq.state, tokens, logits });
+                inputs.push(SeqInput {
+                    state: &mut seq.state,
+                    tokens,
+                    logits,
+                });
             }
             let model = &self.model;
             let trace = trace.as_mut();
@@ -304,7 +325,14 @@ impl Worker {
         }
     }
 
-    fn advance(&mut self, works: &[Work], phases: &[Phase], logits: &[f32], trace: Option<&Trace>, seconds: f64) {
+    fn advance(
+        &mut self,
+        works: &[Work],
+        phases: &[Phase],
+        logits: &[f32],
+        trace: Option<&Trace>,
+        seconds: f64,
+    ) {
         let vocab = self.model.info().vocab_size;
         let width = self.model.info().hidden_size;
         let mut rows = logits.chunks_exact(vocab);
@@ -320,13 +348,18 @@ impl Worker {
             let got: Vec<&[f32]> = rows.by_ref().take(wanted).collect();
             let seq = &mut self.running[w.seq];
             if got.len() < wanted {
-                seq.job.sink.send(Event::Failed { kind: "internal", message: "missing logits row".into() });
+                seq.job.sink.send(Event::Failed {
+                    kind: "internal",
+                    message: "missing logits row".into(),
+                });
                 seq.end = Some(End::Failed);
                 continue;
             }
             let model = self.model.as_ref();
             let capture = |spec: &Speculator, keep: usize| -> Vec<(String, Vec<f32>)> {
-                trace.map(|t| t.rows(spec.captures(), first, keep, width)).unwrap_or_default()
+                trace
+                    .map(|t| t.rows(spec.captures(), first, keep, width))
+                    .unwrap_or_default()
             };
             let tokens = match phases[w.seq] {
                 Phase::Prefill { .. } => {
@@ -336,7 +369,14 @@ impl Worker {
                     if let Some(spec) = seq.spec.as_mut() {
                         let hidden = capture(spec, w.len);
                         let chunk = &seq.job.req.prompt[w.start..w.start + w.len];
-                        spec.observe(model, &Observation { start: seq.state.len() - w.len, tokens: chunk, hidden: &hidden });
+                        spec.observe(
+                            model,
+                            &Observation {
+                                start: seq.state.len() - w.len,
+                                tokens: chunk,
+                                hidden: &hidden,
+                            },
+                        );
                     }
                     match got.first() {
                         Some(row) => vec![seq.job.req.sampling.pick(row, seq.state.len())],
@@ -428,8 +468,17 @@ fn verify_step(
     let n = seq.rows.len();
     let begin = seq.state.len() - n;
     let sampling = seq.job.req.sampling;
-    let picks: Vec<u32> = logits.iter().enumerate().map(|(i, row)| sampling.pick(row, begin + i + 1)).collect();
-    let budget = seq.job.req.max_new_tokens.saturating_sub(seq.output.len()).min(limit.saturating_sub(begin));
+    let picks: Vec<u32> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, row)| sampling.pick(row, begin + i + 1))
+        .collect();
+    let budget = seq
+        .job
+        .req
+        .max_new_tokens
+        .saturating_sub(seq.output.len())
+        .min(limit.saturating_sub(begin));
     let verdict = verify(&seq.rows[1..], &picks, &seq.job.req.stop_ids, budget.max(1));
     if let Err(e) = seq.state.commit(verdict.commit_rows) {
         tracing::error!(error = %e, "commit of a verified pass failed");
@@ -437,7 +486,14 @@ fn verify_step(
     if let Some(spec) = seq.spec.as_mut() {
         spec.finish(verdict.accepted, seconds);
         let hidden = capture(spec, verdict.commit_rows);
-        spec.observe(model, &Observation { start: begin, tokens: &seq.rows[..verdict.commit_rows], hidden: &hidden });
+        spec.observe(
+            model,
+            &Observation {
+                start: begin,
+                tokens: &seq.rows[..verdict.commit_rows],
+                hidden: &hidden,
+            },
+        );
     }
     verdict.emitted
 }

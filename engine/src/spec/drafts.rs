@@ -47,12 +47,20 @@ impl Default for Drafts {
 impl Drafts {
     /// No proposer at all.
     pub fn none() -> Self {
-        Drafts { ngram: None, ..Default::default() }
+        Drafts {
+            ngram: None,
+            ..Default::default()
+        }
     }
 
     /// The proposers of a request, in preference order, with their controllers; `None` when
     /// drafting is off or no proposer applies. Step figures also go to `shared`.
-    pub fn speculator(&self, kind: RequestKind, mode: SpecMode, shared: Option<Arc<SpecStats>>) -> Option<Speculator> {
+    pub fn speculator(
+        &self,
+        kind: RequestKind,
+        mode: SpecMode,
+        shared: Option<Arc<SpecStats>>,
+    ) -> Option<Speculator> {
         if mode == SpecMode::Off {
             return None;
         }
@@ -75,7 +83,10 @@ impl Drafts {
         if lanes.is_empty() {
             return None;
         }
-        let cfg = EconomicsConfig { forced: mode == SpecMode::On, ..self.economics.clone() };
+        let cfg = EconomicsConfig {
+            forced: mode == SpecMode::On,
+            ..self.economics.clone()
+        };
         Some(Speculator::new(lanes, &cfg, shared))
     }
 
@@ -91,6 +102,10 @@ impl Drafts {
         if self.ngram.is_some() {
             parts.push("ngram");
         }
-        if parts.is_empty() { "none".into() } else { parts.join(", ") }
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
     }
 }

@@ -97,7 +97,11 @@ impl Window {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
     }
 }
 
@@ -155,7 +159,8 @@ impl Economics {
         if self.since_refresh >= self.cfg.refresh_every.max(1) {
             return 0;
         }
-        self.best(budget).map_or(self.cfg.probe_width.clamp(1, budget), |(w, _)| w)
+        self.best(budget)
+            .map_or(self.cfg.probe_width.clamp(1, budget), |(w, _)| w)
     }
 
     /// Fold in a finished step.
@@ -193,7 +198,11 @@ impl Economics {
 
     /// The acceptance estimate (0 before any drafted step).
     pub fn acceptance(&self) -> f64 {
-        if self.trials > 0.0 { self.accepted / self.trials } else { 0.0 }
+        if self.trials > 0.0 {
+            self.accepted / self.trials
+        } else {
+            0.0
+        }
     }
 
     /// Whether the proposer is currently switched off by the gate.
@@ -266,7 +275,11 @@ impl Economics {
         if own.is_some() && self.cost[w].samples.len() >= RELIABLE {
             return own;
         }
-        let neighbour = if w == 1 { Some(baseline) } else { self.cost[w - 1].median() };
+        let neighbour = if w == 1 {
+            Some(baseline)
+        } else {
+            self.cost[w - 1].median()
+        };
         match (own, neighbour) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -282,13 +295,22 @@ mod tests {
     use super::*;
 
     /// Drive a controller with a cost model and a fixed acceptance pattern; returns the widths.
-    fn drive(cfg: EconomicsConfig, steps: usize, cost: impl Fn(usize) -> f64, accept: impl Fn(usize) -> usize) -> Vec<usize> {
+    fn drive(
+        cfg: EconomicsConfig,
+        steps: usize,
+        cost: impl Fn(usize) -> f64,
+        accept: impl Fn(usize) -> usize,
+    ) -> Vec<usize> {
         let mut e = Economics::new(cfg);
         let mut widths = Vec::new();
         for _ in 0..steps {
             let w = e.width(100);
             widths.push(w);
-            e.record(Outcome { width: w, accepted: if w == 0 { 0 } else { accept(w) }, seconds: cost(w) });
+            e.record(Outcome {
+                width: w,
+                accepted: if w == 0 { 0 } else { accept(w) },
+                seconds: cost(w),
+            });
         }
         widths
     }
@@ -304,7 +326,11 @@ mod tests {
     fn the_first_step_measures_the_baseline_then_probes() {
         let mut e = Economics::new(EconomicsConfig::default());
         assert_eq!(e.width(10), 0);
-        e.record(Outcome { width: 0, accepted: 0, seconds: 1.0 });
+        e.record(Outcome {
+            width: 0,
+            accepted: 0,
+            seconds: 1.0,
+        });
         assert_eq!(e.width(10), 2);
         assert_eq!(e.width(1), 1, "never more drafts than the budget");
         assert_eq!(e.width(0), 0);
@@ -315,24 +341,41 @@ mod tests {
         // Memory-resident model: a wide pass costs little more than a narrow one.
         let widths = drive(EconomicsConfig::default(), 40, |w| 1.0 + 0.05 * w as f64, |w| w);
         assert_eq!(*widths.last().unwrap(), 8, "{widths:?}");
-        assert!(widths.iter().skip(1).filter(|&&w| w == 0).count() <= 1, "only baseline refreshes: {widths:?}");
+        assert!(
+            widths.iter().skip(1).filter(|&&w| w == 0).count() <= 1,
+            "only baseline refreshes: {widths:?}"
+        );
     }
 
     #[test]
     fn always_wrong_drafts_are_switched_off_and_retried_later() {
         let widths = drive(EconomicsConfig::default(), 200, |w| 1.0 + 0.05 * w as f64, |_| 0);
-        let drafted: Vec<usize> = widths.iter().enumerate().filter(|(_, w)| **w > 0).map(|(i, _)| i).collect();
+        let drafted: Vec<usize> = widths
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| **w > 0)
+            .map(|(i, _)| i)
+            .collect();
         assert!(drafted.len() >= 4, "retried after a back-off: {widths:?}");
         assert!(drafted.len() <= 12, "mostly off: {} drafted steps", drafted.len());
         // The back-off doubles: the gap before the second retry is longer than before the first.
-        let gaps: Vec<usize> = drafted.windows(2).map(|p| p[1] - p[0]).filter(|&g| g > 1).collect();
+        let gaps: Vec<usize> = drafted
+            .windows(2)
+            .map(|p| p[1] - p[0])
+            .filter(|&g| g > 1)
+            .collect();
         assert!(gaps.len() >= 2 && gaps[1] > gaps[0], "{gaps:?}");
     }
 
     #[test]
     fn wide_passes_that_cost_as_much_as_their_rows_are_not_worth_drafting() {
         // An offloaded model whose verify pass reads every row's experts: cost grows with rows.
-        let widths = drive(EconomicsConfig::default(), 100, |w| (w + 1) as f64, |w| w.saturating_sub(1));
+        let widths = drive(
+            EconomicsConfig::default(),
+            100,
+            |w| (w + 1) as f64,
+            |w| w.saturating_sub(1),
+        );
         let drafted = widths.iter().filter(|&&w| w > 0).count();
         assert!(drafted < 15, "the gate keeps drafting mostly off: {widths:?}");
     }
@@ -341,7 +384,13 @@ mod tests {
     fn expert_union_growth_narrows_the_width() {
         // Cost rises steeply beyond 3 drafts (the union of experts stops overlapping), with a
         // perfect draft: the best rate is at a middle width, not the widest.
-        let cost = |w: usize| if w <= 3 { 1.0 + 0.1 * w as f64 } else { 1.3 + 1.0 * (w - 3) as f64 };
+        let cost = |w: usize| {
+            if w <= 3 {
+                1.0 + 0.1 * w as f64
+            } else {
+                1.3 + 1.0 * (w - 3) as f64
+            }
+        };
         let widths = drive(EconomicsConfig::default(), 80, cost, |w| w);
         let last = &widths[60..];
         assert!(last.iter().all(|&w| w <= 4), "{widths:?}");
@@ -353,12 +402,24 @@ mod tests {
         // A drafter's first proposal pays its prefill (here 20x a normal step): the median of
         // the recent samples ignores it, so good drafts keep drafting.
         let mut e = Economics::new(EconomicsConfig::default());
-        e.record(Outcome { width: 0, accepted: 0, seconds: 1.0 });
+        e.record(Outcome {
+            width: 0,
+            accepted: 0,
+            seconds: 1.0,
+        });
         let mut first = true;
         for _ in 0..30 {
             let w = e.width(100);
-            let seconds = if std::mem::take(&mut first) { 20.0 } else { 1.0 + 0.05 * w as f64 };
-            e.record(Outcome { width: w, accepted: w, seconds });
+            let seconds = if std::mem::take(&mut first) {
+                20.0
+            } else {
+                1.0 + 0.05 * w as f64
+            };
+            e.record(Outcome {
+                width: w,
+                accepted: w,
+                seconds,
+            });
         }
         assert_eq!(e.losses(), 0);
         assert!(e.width(100) >= 4);
@@ -366,14 +427,20 @@ mod tests {
 
     #[test]
     fn forced_mode_never_switches_off() {
-        let cfg = EconomicsConfig { forced: true, ..Default::default() };
+        let cfg = EconomicsConfig {
+            forced: true,
+            ..Default::default()
+        };
         let widths = drive(cfg, 50, |w| 1.0 + w as f64, |_| 0);
         assert!(widths[1..].iter().filter(|&&w| w == 0).count() <= 1, "{widths:?}");
     }
 
     #[test]
     fn the_baseline_is_refreshed_periodically() {
-        let cfg = EconomicsConfig { refresh_every: 8, ..Default::default() };
+        let cfg = EconomicsConfig {
+            refresh_every: 8,
+            ..Default::default()
+        };
         let widths = drive(cfg, 40, |w| 1.0 + 0.01 * w as f64, |w| w);
         assert!(widths[1..].iter().filter(|&&w| w == 0).count() >= 3, "{widths:?}");
     }
@@ -381,14 +448,26 @@ mod tests {
     #[test]
     fn unmeasured_widths_next_to_measured_ones_are_estimated_optimistically() {
         let mut e = Economics::new(EconomicsConfig::default());
-        e.record(Outcome { width: 0, accepted: 0, seconds: 1.0 });
-        e.record(Outcome { width: 2, accepted: 2, seconds: 1.2 });
+        e.record(Outcome {
+            width: 0,
+            accepted: 0,
+            seconds: 1.0,
+        });
+        e.record(Outcome {
+            width: 2,
+            accepted: 2,
+            seconds: 1.2,
+        });
         assert_eq!(e.cost_at(1, 1.0), Some(1.0));
         assert_eq!(e.cost_at(2, 1.0), Some(1.2), "below the optimistic estimate");
         assert_eq!(e.cost_at(3, 1.0), Some(1.2));
         assert_eq!(e.cost_at(4, 1.0), None);
         for _ in 0..3 {
-            e.record(Outcome { width: 3, accepted: 3, seconds: 2.0 });
+            e.record(Outcome {
+                width: 3,
+                accepted: 3,
+                seconds: 2.0,
+            });
         }
         assert_eq!(e.cost_at(3, 1.0), Some(2.0), "trusted after three samples");
     }
@@ -396,7 +475,11 @@ mod tests {
     #[test]
     fn nonsense_timings_are_ignored() {
         let mut e = Economics::new(EconomicsConfig::default());
-        e.record(Outcome { width: 0, accepted: 0, seconds: f64::NAN });
+        e.record(Outcome {
+            width: 0,
+            accepted: 0,
+            seconds: f64::NAN,
+        });
         assert!(e.baseline().is_none());
     }
 }

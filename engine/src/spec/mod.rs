@@ -49,7 +49,12 @@ pub enum ProposerKind {
 
 impl ProposerKind {
     /// Every kind, in metric order.
-    pub const ALL: [ProposerKind; 4] = [ProposerKind::Dspark, ProposerKind::Qwen, ProposerKind::Ngram, ProposerKind::Custom];
+    pub const ALL: [ProposerKind; 4] = [
+        ProposerKind::Dspark,
+        ProposerKind::Qwen,
+        ProposerKind::Ngram,
+        ProposerKind::Custom,
+    ];
 
     /// The metric label (`draft="..."`).
     pub fn label(self) -> &'static str {

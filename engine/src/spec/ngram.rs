@@ -20,7 +20,11 @@ pub struct NgramConfig {
 
 impl Default for NgramConfig {
     fn default() -> Self {
-        NgramConfig { max_n: 6, min_n: 2, window: 8192 }
+        NgramConfig {
+            max_n: 6,
+            min_n: 2,
+            window: 8192,
+        }
     }
 }
 
@@ -36,7 +40,9 @@ pub fn lookup(seq: &[u32], cfg: &NgramConfig) -> Option<u32> {
         let suffix = &seq[len - n..];
         // Earlier occurrences end strictly before the suffix itself starts... or overlap it,
         // which is fine: the match at `start` is followed by `seq[start + n]`, which exists.
-        let found = (lo..len - n).rev().find(|&start| &seq[start..start + n] == suffix);
+        let found = (lo..len - n)
+            .rev()
+            .find(|&start| &seq[start..start + n] == suffix);
         if let Some(start) = found {
             return Some(seq[start + n]);
         }
@@ -121,7 +127,10 @@ mod tests {
 
     #[test]
     fn the_window_bounds_the_search() {
-        let cfg = NgramConfig { window: 4, ..Default::default() };
+        let cfg = NgramConfig {
+            window: 4,
+            ..Default::default()
+        };
         let seq = [1, 2, 3, 0, 0, 0, 0, 1, 2];
         assert_eq!(lookup(&seq, &cfg), None);
     }

@@ -36,7 +36,10 @@ pub struct QwenDraftConfig {
 
 impl Default for QwenDraftConfig {
     fn default() -> Self {
-        QwenDraftConfig { min_confidence: 0.3, max_budget: 20 }
+        QwenDraftConfig {
+            min_confidence: 0.3,
+            max_budget: 20,
+        }
     }
 }
 
@@ -58,16 +61,28 @@ impl QwenDrafter {
             return Err(Error::config(
                 dir.join("config.json"),
                 "model_type",
-                format!("a Qwen drafter must be a qwen3 checkpoint, found {}", model.info().arch),
+                format!(
+                    "a Qwen drafter must be a qwen3 checkpoint, found {}",
+                    model.info().arch
+                ),
             ));
         }
         let tokenizer = Tokenizer::from_dir(dir)?;
-        Ok(QwenDrafter { model, tokenizer, target_tokenizer, cfg })
+        Ok(QwenDrafter {
+            model,
+            tokenizer,
+            target_tokenizer,
+            cfg,
+        })
     }
 
     /// A proposer for one request.
     pub fn session(self: &Arc<Self>) -> QwenSession {
-        QwenSession { drafter: self.clone(), state: self.model.new_state(), ids: Vec::new() }
+        QwenSession {
+            drafter: self.clone(),
+            state: self.model.new_state(),
+            ids: Vec::new(),
+        }
     }
 
     /// The drafter model.
@@ -92,7 +107,11 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// Probability of the argmax of `logits` (softmax in f64).
 fn top_probability(logits: &[f32], top: usize) -> f64 {
     let max = logits[top] as f64;
-    let total: f64 = logits.iter().filter(|l| !l.is_nan()).map(|&l| (l as f64 - max).exp()).sum();
+    let total: f64 = logits
+        .iter()
+        .filter(|l| !l.is_nan())
+        .map(|&l| (l as f64 - max).exp())
+        .sum();
     if total > 0.0 { 1.0 / total } else { 0.0 }
 }
 
@@ -104,7 +123,14 @@ impl QwenSession {
         self.state.truncate(keep)?;
         self.ids.truncate(keep);
         let model = self.drafter.model.as_ref();
-        let logits = model.forward(&mut [SeqInput { state: &mut self.state, tokens: &ids[keep..], logits: LogitRows::Last }], None)?;
+        let logits = model.forward(
+            &mut [SeqInput {
+                state: &mut self.state,
+                tokens: &ids[keep..],
+                logits: LogitRows::Last,
+            }],
+            None,
+        )?;
         self.state.commit_all();
         self.ids.extend_from_slice(&ids[keep..]);
         Ok(logits)
@@ -113,7 +139,13 @@ impl QwenSession {
     /// Greedily extend `generated` up to `budget` tokens (stopping at low confidence when
     /// `cut`); `logits` follow the last id run, and every generated token is run so that they
     /// still do afterwards. Returns whether the budget was spent.
-    fn generate(&mut self, logits: &mut Vec<f32>, generated: &mut Vec<u32>, budget: usize, cut: bool) -> Result<bool> {
+    fn generate(
+        &mut self,
+        logits: &mut Vec<f32>,
+        generated: &mut Vec<u32>,
+        budget: usize,
+        cut: bool,
+    ) -> Result<bool> {
         let d = self.drafter.clone();
         let eos = &d.model.info().eos_token_ids;
         let limit = d.model.info().max_context;
@@ -128,7 +160,14 @@ impl QwenSession {
                 return Ok(false);
             }
             let model = d.model.as_ref();
-            *logits = model.forward(&mut [SeqInput { state: &mut self.state, tokens: &[token], logits: LogitRows::Last }], None)?;
+            *logits = model.forward(
+                &mut [SeqInput {
+                    state: &mut self.state,
+                    tokens: &[token],
+                    logits: LogitRows::Last,
+                }],
+                None,
+            )?;
             self.state.commit_all();
             self.ids.push(token);
         }

@@ -46,7 +46,11 @@ pub struct Speculator {
 impl Speculator {
     /// Proposers in preference order, each with a controller made from `cfg`; step figures
     /// also go to `shared` when given.
-    pub fn new(proposers: Vec<Box<dyn Proposer>>, cfg: &EconomicsConfig, shared: Option<Arc<SpecStats>>) -> Self {
+    pub fn new(
+        proposers: Vec<Box<dyn Proposer>>,
+        cfg: &EconomicsConfig,
+        shared: Option<Arc<SpecStats>>,
+    ) -> Self {
         let mut captures: Vec<String> = Vec::new();
         for p in &proposers {
             for c in p.captures() {
@@ -55,8 +59,21 @@ impl Speculator {
                 }
             }
         }
-        let lanes = proposers.into_iter().map(|proposer| Lane { proposer, econ: Economics::new(cfg.clone()), dropped: false }).collect();
-        Speculator { lanes, captures, summary: SpecSummary::default(), shared, current: None }
+        let lanes = proposers
+            .into_iter()
+            .map(|proposer| Lane {
+                proposer,
+                econ: Economics::new(cfg.clone()),
+                dropped: false,
+            })
+            .collect();
+        Speculator {
+            lanes,
+            captures,
+            summary: SpecSummary::default(),
+            shared,
+            current: None,
+        }
     }
 
     /// Target trace tensors to capture for committed positions (union over the proposers).
@@ -89,7 +106,11 @@ impl Speculator {
             match result {
                 Ok(mut p) if !p.tokens.is_empty() => {
                     p.tokens.truncate(width);
-                    self.current = Some(Current { lane: Some(i), width: p.tokens.len(), draft_seconds: spent });
+                    self.current = Some(Current {
+                        lane: Some(i),
+                        width: p.tokens.len(),
+                        draft_seconds: spent,
+                    });
                     return StepPlan { drafts: p.tokens };
                 }
                 Ok(_) => {}
@@ -100,7 +121,11 @@ impl Speculator {
                 }
             }
         }
-        self.current = Some(Current { lane: None, width: 0, draft_seconds: spent });
+        self.current = Some(Current {
+            lane: None,
+            width: 0,
+            draft_seconds: spent,
+        });
         StepPlan::default()
     }
 
@@ -113,7 +138,11 @@ impl Speculator {
         match cur.lane {
             None => {
                 for lane in &mut self.lanes {
-                    lane.econ.record(Outcome { width: 0, accepted: 0, seconds });
+                    lane.econ.record(Outcome {
+                        width: 0,
+                        accepted: 0,
+                        seconds,
+                    });
                 }
                 delta.record_plain(seconds);
             }
@@ -126,7 +155,11 @@ impl Speculator {
                 let lane = &mut self.lanes[i];
                 let kind = lane.proposer.kind();
                 let was_off = lane.econ.losses();
-                lane.econ.record(Outcome { width: cur.width, accepted, seconds });
+                lane.econ.record(Outcome {
+                    width: cur.width,
+                    accepted,
+                    seconds,
+                });
                 delta.record_draft(kind, cur.width, accepted, cur.draft_seconds, verify_seconds);
                 if lane.econ.losses() > was_off {
                     delta.proposer(kind).switched_off += 1;

@@ -34,7 +34,11 @@ pub struct ProposerStats {
 impl ProposerStats {
     /// Accepted / proposed tokens (0 when nothing was proposed).
     pub fn acceptance_rate(&self) -> f64 {
-        if self.draft_tokens == 0 { 0.0 } else { self.accepted_tokens as f64 / self.draft_tokens as f64 }
+        if self.draft_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.draft_tokens as f64
+        }
     }
 
     fn merge(&mut self, o: &ProposerStats) {
@@ -71,7 +75,14 @@ impl SpecSummary {
         self.proposers.entry(kind.label()).or_default()
     }
 
-    pub(super) fn record_draft(&mut self, kind: ProposerKind, width: usize, accepted: usize, draft: f64, verify: f64) {
+    pub(super) fn record_draft(
+        &mut self,
+        kind: ProposerKind,
+        width: usize,
+        accepted: usize,
+        draft: f64,
+        verify: f64,
+    ) {
         let p = self.proposer(kind);
         p.proposals += 1;
         p.draft_tokens += width as u64;
@@ -102,7 +113,11 @@ impl SpecSummary {
     pub fn describe(&self) -> String {
         let mut parts = vec![format!("{} target-only steps", self.target_only_steps)];
         for (k, p) in &self.proposers {
-            let mean = if p.proposals == 0 { 0.0 } else { p.accepted_tokens as f64 / p.proposals as f64 };
+            let mean = if p.proposals == 0 {
+                0.0
+            } else {
+                p.accepted_tokens as f64 / p.proposals as f64
+            };
             parts.push(format!(
                 "{k}: {} drafts, {}/{} tokens accepted ({:.0}%), mean accepted {mean:.2}, drafting {:.3} s, verifying {:.3} s{}{}",
                 p.proposals,

@@ -40,13 +40,20 @@ pub fn verify(drafts: &[u32], picks: &[u32], stop_ids: &[u32], budget: usize) ->
             break;
         }
     }
-    Verdict { commit_rows: emitted.len(), emitted, accepted, stopped }
+    Verdict {
+        commit_rows: emitted.len(),
+        emitted,
+        accepted,
+        stopped,
+    }
 }
 
 /// The most drafts worth running for a request that may still emit `budget` tokens and whose
 /// sequence may grow by `room` positions: a pass over `k + 1` rows emits at most `k + 1` tokens.
 pub fn draft_budget(max_width: usize, budget: usize, room: usize) -> usize {
-    max_width.min(budget.saturating_sub(1)).min(room.saturating_sub(1))
+    max_width
+        .min(budget.saturating_sub(1))
+        .min(room.saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -56,7 +63,15 @@ mod tests {
     #[test]
     fn no_drafts_is_plain_decoding() {
         let v = verify(&[], &[7], &[], 10);
-        assert_eq!(v, Verdict { emitted: vec![7], commit_rows: 1, accepted: 0, stopped: false });
+        assert_eq!(
+            v,
+            Verdict {
+                emitted: vec![7],
+                commit_rows: 1,
+                accepted: 0,
+                stopped: false
+            }
+        );
     }
 
     #[test]

@@ -65,7 +65,10 @@ pub struct RoutingShape {
 
 impl Default for RoutingShape {
     fn default() -> Self {
-        RoutingShape { skew: 0.0, locality: 0.5 }
+        RoutingShape {
+            skew: 0.0,
+            locality: 0.5,
+        }
     }
 }
 
@@ -168,8 +171,7 @@ impl DeepseekSynth {
         match self.format {
             ExpertFormat::Bf16 => {}
             ExpertFormat::Fp8 => {
-                c["quantization_config"] =
-                    json!({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]});
+                c["quantization_config"] = json!({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]});
             }
             ExpertFormat::Int4 => {
                 c["quantization_config"] = json!({
@@ -189,7 +191,12 @@ impl DeepseekSynth {
         let mut t = Vec::new();
         let (h, v) = (self.hidden, self.vocab());
         let embed_rms = 8f32.powf(1.0 - 2.0 * self.routing.locality.clamp(0.0, 1.0));
-        t.push(dense("model.embed_tokens.weight", v, h, embed_rms * (h as f32).sqrt()));
+        t.push(dense(
+            "model.embed_tokens.weight",
+            v,
+            h,
+            embed_rms * (h as f32).sqrt(),
+        ));
         for l in 0..self.layers {
             let p = format!("model.layers.{l}");
             t.push(norm(&format!("{p}.input_layernorm.weight"), h));
@@ -199,23 +206,73 @@ impl DeepseekSynth {
                 Some(r) => {
                     self.linear(&mut t, &format!("{p}.self_attn.q_a_proj"), r, h, false);
                     t.push(norm(&format!("{p}.self_attn.q_a_layernorm.weight"), r));
-                    self.linear(&mut t, &format!("{p}.self_attn.q_b_proj"), self.heads * qk, r, false);
+                    self.linear(
+                        &mut t,
+                        &format!("{p}.self_attn.q_b_proj"),
+                        self.heads * qk,
+                        r,
+                        false,
+                    );
                 }
-                None => self.linear(&mut t, &format!("{p}.self_attn.q_proj"), self.heads * qk, h, false),
+                None => self.linear(
+                    &mut t,
+                    &format!("{p}.self_attn.q_proj"),
+                    self.heads * qk,
+                    h,
+                    false,
+                ),
             }
-            self.linear(&mut t, &format!("{p}.self_attn.kv_a_proj_with_mqa"), self.kv_lora + self.rope, h, false);
-            t.push(norm(&format!("{p}.self_attn.kv_a_layernorm.weight"), self.kv_lora));
-            self.linear(&mut t, &format!("{p}.self_attn.kv_b_proj"), self.heads * (self.nope + self.v), self.kv_lora, false);
-            self.linear(&mut t, &format!("{p}.self_attn.o_proj"), h, self.heads * self.v, false);
+            self.linear(
+                &mut t,
+                &format!("{p}.self_attn.kv_a_proj_with_mqa"),
+                self.kv_lora + self.rope,
+                h,
+                false,
+            );
+            t.push(norm(
+                &format!("{p}.self_attn.kv_a_layernorm.weight"),
+                self.kv_lora,
+            ));
+            self.linear(
+                &mut t,
+                &format!("{p}.self_attn.kv_b_proj"),
+                self.heads * (self.nope + self.v),
+                self.kv_lora,
+                false,
+            );
+            self.linear(
+                &mut t,
+                &format!("{p}.self_attn.o_proj"),
+                h,
+                self.heads * self.v,
+                false,
+            );
             if l < self.first_dense {
                 self.mlp(&mut t, &format!("{p}.mlp"), self.intermediate, false);
             } else {
                 t.push(dense(&format!("{p}.mlp.gate.weight"), self.experts, h, 1.0));
-                t.push((TensorSpec::new(format!("{p}.mlp.gate.e_score_correction_bias"), Dtype::F32, &[self.experts]), Fill::SkewedBias(self.routing.skew)));
+                t.push((
+                    TensorSpec::new(
+                        format!("{p}.mlp.gate.e_score_correction_bias"),
+                        Dtype::F32,
+                        &[self.experts],
+                    ),
+                    Fill::SkewedBias(self.routing.skew),
+                ));
                 for e in 0..self.experts {
-                    self.mlp(&mut t, &format!("{p}.mlp.experts.{e}"), self.moe_intermediate, true);
+                    self.mlp(
+                        &mut t,
+                        &format!("{p}.mlp.experts.{e}"),
+                        self.moe_intermediate,
+                        true,
+                    );
                 }
-                self.mlp(&mut t, &format!("{p}.mlp.shared_experts"), self.moe_intermediate, false);
+                self.mlp(
+                    &mut t,
+                    &format!("{p}.mlp.shared_experts"),
+                    self.moe_intermediate,
+                    false,
+                );
             }
         }
         t.push(norm("model.norm.weight", h));
@@ -233,15 +290,28 @@ impl DeepseekSynth {
         let gain = 1.0 / (cols as f32).sqrt();
         match self.format {
             ExpertFormat::Fp8 => {
-                t.push((TensorSpec::new(format!("{module}.weight"), Dtype::F8E4M3, &[rows, cols]), Fill::Fp8));
+                t.push((
+                    TensorSpec::new(format!("{module}.weight"), Dtype::F8E4M3, &[rows, cols]),
+                    Fill::Fp8,
+                ));
                 let scales = [rows.div_ceil(128), cols.div_ceil(128)];
-                t.push((TensorSpec::new(format!("{module}.weight_scale_inv"), Dtype::F32, &scales), Fill::Scale(gain / 2.0)));
+                t.push((
+                    TensorSpec::new(format!("{module}.weight_scale_inv"), Dtype::F32, &scales),
+                    Fill::Scale(gain / 2.0),
+                ));
             }
             ExpertFormat::Int4 if routed => {
-                t.push((TensorSpec::new(format!("{module}.weight_packed"), Dtype::I32, &[rows, cols / 8]), Fill::Bytes));
-                let scale = TensorSpec::new(format!("{module}.weight_scale"), Dtype::BF16, &[rows, cols / 32]);
+                t.push((
+                    TensorSpec::new(format!("{module}.weight_packed"), Dtype::I32, &[rows, cols / 8]),
+                    Fill::Bytes,
+                ));
+                let scale =
+                    TensorSpec::new(format!("{module}.weight_scale"), Dtype::BF16, &[rows, cols / 32]);
                 t.push((scale, Fill::Uniform(gain / 8.0, gain / 4.0)));
-                t.push((TensorSpec::new(format!("{module}.weight_shape"), Dtype::I64, &[2]), Fill::Shape(rows, cols)));
+                t.push((
+                    TensorSpec::new(format!("{module}.weight_shape"), Dtype::I64, &[2]),
+                    Fill::Shape(rows, cols),
+                ));
             }
             _ => t.push(dense(&format!("{module}.weight"), rows, cols, 1.0)),
         }
@@ -261,8 +331,13 @@ impl DeepseekSynth {
 
     /// Write the checkpoint (config, shards, index, tokenizer) into `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        if self.format == ExpertFormat::Int4 && (!self.hidden.is_multiple_of(32) || !self.moe_intermediate.is_multiple_of(32)) {
-            return Err(Error::InvalidArgument { field: "synth", reason: "INT4 experts need widths divisible by 32".into() });
+        if self.format == ExpertFormat::Int4
+            && (!self.hidden.is_multiple_of(32) || !self.moe_intermediate.is_multiple_of(32))
+        {
+            return Err(Error::InvalidArgument {
+                field: "synth",
+                reason: "INT4 experts need widths divisible by 32".into(),
+            });
         }
         write_shards(dir, &self.tensors(), self.shards, self.seed)?;
         write_byte_tokenizer(dir)?;
@@ -270,4 +345,3 @@ impl DeepseekSynth {
         write_atomic(&dir.join("config.json"), config.as_bytes())
     }
 }
-

@@ -95,11 +95,17 @@ impl DSparkSynth {
         let mut t = vec![
             dense("context_proj.weight", h, self.target_layer_ids.len() * h, 1.0),
             norm("context_norm.weight", h),
-            (TensorSpec::new("embed_tokens.weight", Dtype::BF16, &[self.vocab, h]), Fill::Uniform(-0.1, 0.1)),
+            (
+                TensorSpec::new("embed_tokens.weight", Dtype::BF16, &[self.vocab, h]),
+                Fill::Uniform(-0.1, 0.1),
+            ),
             dense("markov_w1.weight", self.vocab, self.markov_rank, 1.0),
             dense("markov_w2.weight", self.vocab, self.markov_rank, 1.0),
             dense("confidence.weight", 1, h + self.markov_rank, 1.0),
-            (TensorSpec::new("confidence.bias", Dtype::BF16, &[1]), Fill::Uniform(-0.1, 0.1)),
+            (
+                TensorSpec::new("confidence.bias", Dtype::BF16, &[1]),
+                Fill::Uniform(-0.1, 0.1),
+            ),
             norm("norm.weight", h),
         ];
         for i in 0..self.layers {
@@ -109,10 +115,25 @@ impl DSparkSynth {
                 norm(&format!("{p}.input_layernorm.weight"), h),
                 dense(&format!("{a}.q_a_proj.weight"), self.q_lora_rank, h, 1.0),
                 norm(&format!("{a}.q_a_layernorm.weight"), self.q_lora_rank),
-                dense(&format!("{a}.q_b_proj.weight"), self.heads * qk, self.q_lora_rank, 1.0),
-                dense(&format!("{a}.kv_a_proj_with_mqa.weight"), self.kv_lora_rank + self.rope, h, 1.0),
+                dense(
+                    &format!("{a}.q_b_proj.weight"),
+                    self.heads * qk,
+                    self.q_lora_rank,
+                    1.0,
+                ),
+                dense(
+                    &format!("{a}.kv_a_proj_with_mqa.weight"),
+                    self.kv_lora_rank + self.rope,
+                    h,
+                    1.0,
+                ),
                 norm(&format!("{a}.kv_a_layernorm.weight"), self.kv_lora_rank),
-                dense(&format!("{a}.kv_b_proj.weight"), self.heads * (self.nope + self.v), self.kv_lora_rank, 1.0),
+                dense(
+                    &format!("{a}.kv_b_proj.weight"),
+                    self.heads * (self.nope + self.v),
+                    self.kv_lora_rank,
+                    1.0,
+                ),
                 dense(&format!("{a}.o_proj.weight"), h, self.heads * self.v, 0.5),
                 norm(&format!("{p}.post_attention_layernorm.weight"), h),
                 dense(&format!("{p}.mlp.gate_proj.weight"), self.intermediate, h, 1.0),

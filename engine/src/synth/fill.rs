@@ -20,7 +20,12 @@ pub const BLOCK: usize = 1 << 20;
 
 /// Write `tensors` into `shards` safetensors files in `dir` (with an index when more than one),
 /// filling each tensor deterministically from `seed` and its name.
-pub(crate) fn write_shards(dir: &Path, tensors: &[(TensorSpec, Fill)], shards: usize, seed: u64) -> Result<()> {
+pub(crate) fn write_shards(
+    dir: &Path,
+    tensors: &[(TensorSpec, Fill)],
+    shards: usize,
+    seed: u64,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let shards = shards.max(1);
     let mut weight_map = serde_json::Map::new();
@@ -41,7 +46,10 @@ pub(crate) fn write_shards(dir: &Path, tensors: &[(TensorSpec, Fill)], shards: u
     }
     if shards > 1 {
         let index = json!({"metadata": {}, "weight_map": weight_map});
-        write_atomic(&dir.join("model.safetensors.index.json"), index.to_string().as_bytes())?;
+        write_atomic(
+            &dir.join("model.safetensors.index.json"),
+            index.to_string().as_bytes(),
+        )?;
     }
     Ok(())
 }
@@ -94,7 +102,10 @@ pub(crate) enum Fill {
 }
 
 pub(crate) fn dense(name: &str, rows: usize, cols: usize, gain: f32) -> (TensorSpec, Fill) {
-    (TensorSpec::new(name, Dtype::BF16, &[rows, cols]), Fill::Dense(gain))
+    (
+        TensorSpec::new(name, Dtype::BF16, &[rows, cols]),
+        Fill::Dense(gain),
+    )
 }
 
 pub(crate) fn norm(name: &str, len: usize) -> (TensorSpec, Fill) {
@@ -116,7 +127,11 @@ impl Fill {
     fn elem_size(self) -> usize {
         match self {
             Fill::Dense(_) | Fill::Norm | Fill::Uniform(..) => 2,
-            Fill::Bias | Fill::SkewedBias(_) | Fill::Scale(_) | Fill::F32Uniform(..) | Fill::F32LogUniform(..) => 4,
+            Fill::Bias
+            | Fill::SkewedBias(_)
+            | Fill::Scale(_)
+            | Fill::F32Uniform(..)
+            | Fill::F32LogUniform(..) => 4,
             Fill::Fp8 | Fill::Bytes | Fill::E8m0(_) => 1,
             Fill::Shape(..) => 8,
         }
@@ -132,8 +147,10 @@ impl Fill {
         let base = Rng::keyed(seed, &spec.name).next_u64();
         let blocks: Vec<usize> = (0..count.div_ceil(BLOCK)).collect();
         for batch in blocks.chunks(8) {
-            let bufs: Vec<Vec<u8>> =
-                batch.par_iter().map(|&b| self.block(base, b, BLOCK.min(count - b * BLOCK), cols)).collect();
+            let bufs: Vec<Vec<u8>> = batch
+                .par_iter()
+                .map(|&b| self.block(base, b, BLOCK.min(count - b * BLOCK), cols))
+                .collect();
             for buf in bufs {
                 out.write_all(&buf)?;
             }
@@ -156,7 +173,9 @@ impl Fill {
                 buf
             }
             Fill::Fp8 => (0..n as u64).map(|k| fp8_code(Rng::nth_of(state, k))).collect(),
-            Fill::E8m0(e) => (0..n as u64).map(|k| e - 1 + (Rng::nth_of(state, k) % 3) as u8).collect(),
+            Fill::E8m0(e) => (0..n as u64)
+                .map(|k| e - 1 + (Rng::nth_of(state, k) % 3) as u8)
+                .collect(),
             _ => self.small_block(state, n),
         }
     }
@@ -174,9 +193,15 @@ impl Fill {
                 let normal = (-2.0 * (1.0 - u1).ln()).sqrt() * (std::f32::consts::TAU * u2).cos();
                 buf.extend_from_slice(&(rng.symmetric(0.002) + skew * normal).to_le_bytes())
             }),
-            Fill::Scale(s) => (0..n).for_each(|_| buf.extend_from_slice(&(s * (0.5 + rng.unit())).to_le_bytes())),
-            Fill::Uniform(lo, hi) => (0..n).for_each(|_| buf.extend_from_slice(&bf16(lo + (hi - lo) * rng.unit()))),
-            Fill::F32Uniform(lo, hi) => (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).to_le_bytes())),
+            Fill::Scale(s) => {
+                (0..n).for_each(|_| buf.extend_from_slice(&(s * (0.5 + rng.unit())).to_le_bytes()))
+            }
+            Fill::Uniform(lo, hi) => {
+                (0..n).for_each(|_| buf.extend_from_slice(&bf16(lo + (hi - lo) * rng.unit())))
+            }
+            Fill::F32Uniform(lo, hi) => {
+                (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).to_le_bytes()))
+            }
             Fill::F32LogUniform(lo, hi) => {
                 (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).ln().to_le_bytes()))
             }
@@ -217,7 +242,9 @@ mod tests {
 
     #[test]
     fn shards_split_by_bytes_and_blocks_are_thread_independent() {
-        let t: Vec<(TensorSpec, Fill)> = (0..10).map(|i| dense(&format!("t{i}"), 4, 8 * (i + 1), 1.0)).collect();
+        let t: Vec<(TensorSpec, Fill)> = (0..10)
+            .map(|i| dense(&format!("t{i}"), 4, 8 * (i + 1), 1.0))
+            .collect();
         let parts = split_by_bytes(&t, 3);
         assert_eq!(parts.len(), 3);
         assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), t.len());
@@ -226,7 +253,11 @@ mod tests {
         Fill::Dense(1.0).write(&spec, 1, &mut a).unwrap();
         assert_eq!(a.len(), spec.nbytes());
         let one = Fill::Dense(1.0).block(Rng::keyed(1, "w").next_u64(), 2, BLOCK, BLOCK);
-        assert_eq!(&a[2 * 2 * BLOCK..], &one[..], "block 2 does not depend on blocks 0 and 1");
+        assert_eq!(
+            &a[2 * 2 * BLOCK..],
+            &one[..],
+            "block 2 does not depend on blocks 0 and 1"
+        );
     }
 
     /// The bulk fills as first written: one sequential stream of draws per block.

@@ -386,8 +386,15 @@ impl KimiSynth {
         if self.first_dense >= self.layers {
             return 0;
         }
-        let prefix = self.name(&format!("model.layers.{}.block_sparse_moe.experts.0.", self.first_dense));
-        self.tensors().iter().filter(|(t, _)| t.name.starts_with(&prefix)).map(|(t, _)| t.nbytes() as u64).sum()
+        let prefix = self.name(&format!(
+            "model.layers.{}.block_sparse_moe.experts.0.",
+            self.first_dense
+        ));
+        self.tensors()
+            .iter()
+            .filter(|(t, _)| t.name.starts_with(&prefix))
+            .map(|(t, _)| t.nbytes() as u64)
+            .sum()
     }
 
     /// Routed experts in the checkpoint (all MoE layers).

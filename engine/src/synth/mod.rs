@@ -14,7 +14,9 @@ pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
 pub use dspark::DSparkSynth;
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
 pub use rng::Rng;
-pub use tokenizer::{K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor};
+pub use tokenizer::{
+    K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor,
+};
 
 use std::path::Path;
 

@@ -78,7 +78,9 @@ pub fn write_byte_tokenizer(dir: &Path) -> Result<usize> {
 /// Write a byte-level tokenizer of the given flavour into `dir`; returns the vocabulary size.
 pub fn write_byte_tokenizer_flavor(dir: &Path, flavor: TokenizerFlavor) -> Result<usize> {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let ranks: String = (0u8..=255).map(|b| format!("{} {}\n", b64.encode([b]), b)).collect();
+    let ranks: String = (0u8..=255)
+        .map(|b| format!("{} {}\n", b64.encode([b]), b))
+        .collect();
     write_atomic(&dir.join("tiktoken.model"), ranks.as_bytes())?;
     let (specials, template, eos) = match flavor {
         TokenizerFlavor::K2 => (KIMI_SPECIALS, CHAT_TEMPLATE, "[EOS]"),
@@ -86,7 +88,10 @@ pub fn write_byte_tokenizer_flavor(dir: &Path, flavor: TokenizerFlavor) -> Resul
     };
     let mut added = Map::new();
     for &(offset, name) in specials {
-        added.insert((256 + offset).to_string(), json!({"content": name, "special": true}));
+        added.insert(
+            (256 + offset).to_string(),
+            json!({"content": name, "special": true}),
+        );
     }
     let config = json!({
         "tokenizer_class": "TikTokenTokenizer",
@@ -97,6 +102,9 @@ pub fn write_byte_tokenizer_flavor(dir: &Path, flavor: TokenizerFlavor) -> Resul
         "added_tokens_decoder": added,
         "chat_template": template,
     });
-    write_atomic(&dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
+    write_atomic(
+        &dir.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&config).expect("json").as_bytes(),
+    )?;
     Ok(512)
 }

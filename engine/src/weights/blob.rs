@@ -16,20 +16,32 @@ impl Blob {
     /// A blob covering `range` of `owner`. Panics if the range is out of bounds (a caller bug:
     /// ranges come from a validated index).
     pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Self {
-        assert!(range.start <= range.end && range.end <= (*owner).as_ref().len(), "blob range out of bounds");
+        assert!(
+            range.start <= range.end && range.end <= (*owner).as_ref().len(),
+            "blob range out of bounds"
+        );
         Blob { owner, range }
     }
 
     /// A blob owning a vector.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         let len = bytes.len();
-        Blob { owner: Arc::new(bytes), range: 0..len }
+        Blob {
+            owner: Arc::new(bytes),
+            range: 0..len,
+        }
     }
 
     /// A sub-range of this blob (relative offsets).
     pub fn slice(&self, range: Range<usize>) -> Blob {
-        assert!(range.start <= range.end && range.end <= self.range.len(), "blob slice out of bounds");
-        Blob { owner: self.owner.clone(), range: self.range.start + range.start..self.range.start + range.end }
+        assert!(
+            range.start <= range.end && range.end <= self.range.len(),
+            "blob slice out of bounds"
+        );
+        Blob {
+            owner: self.owner.clone(),
+            range: self.range.start + range.start..self.range.start + range.end,
+        }
     }
 }
 

@@ -91,7 +91,14 @@ impl WeightIndex {
         files.sort();
         let shards: Vec<ShardFile> = files
             .into_iter()
-            .map(|path| ShardFile { name: path.file_name().unwrap_or_default().to_string_lossy().into_owned(), path })
+            .map(|path| ShardFile {
+                name: path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                path,
+            })
             .collect();
         Self::open_shards(dir, &shards)
     }
@@ -101,9 +108,16 @@ impl WeightIndex {
     /// `model.safetensors.index.json`, which is checked against the shard *names*.
     pub fn open_shards(dir: &Path, shards: &[ShardFile]) -> Result<Self> {
         if shards.is_empty() {
-            return Err(Error::Safetensors { path: dir.to_path_buf(), reason: "no *.safetensors files".into() });
+            return Err(Error::Safetensors {
+                path: dir.to_path_buf(),
+                reason: "no *.safetensors files".into(),
+            });
         }
-        let mut index = WeightIndex { dir: dir.to_path_buf(), shards: Vec::new(), tensors: HashMap::new() };
+        let mut index = WeightIndex {
+            dir: dir.to_path_buf(),
+            shards: Vec::new(),
+            tensors: HashMap::new(),
+        };
         for s in shards {
             index.add_shard(s.name.clone(), s.path.clone())?;
         }
@@ -114,9 +128,14 @@ impl WeightIndex {
     fn add_shard(&mut self, name: String, path: PathBuf) -> Result<()> {
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
-        let bad = |reason: String| Error::Safetensors { path: path.clone(), reason };
+        let bad = |reason: String| Error::Safetensors {
+            path: path.clone(),
+            reason,
+        };
         if file_len < 8 {
-            return Err(bad(format!("file is {file_len} bytes, shorter than the 8-byte header length")));
+            return Err(bad(format!(
+                "file is {file_len} bytes, shorter than the 8-byte header length"
+            )));
         }
         // SAFETY: the map is read-only and private to this process; checkpoint files are treated
         // as immutable while a model is loaded (documented in docs/storage.md). Every access is
@@ -125,7 +144,9 @@ impl WeightIndex {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
         let header_len = u64::from_le_bytes(map[..8].try_into().expect("8 bytes"));
         if header_len > MAX_HEADER_BYTES || header_len > file_len - 8 {
-            return Err(bad(format!("header length {header_len} does not fit in a {file_len}-byte file")));
+            return Err(bad(format!(
+                "header length {header_len} does not fit in a {file_len}-byte file"
+            )));
         }
         let header = &map[8..8 + header_len as usize];
         let raw: BTreeMap<String, serde_json::Value> =
@@ -141,7 +162,10 @@ impl WeightIndex {
             let dtype = Dtype::parse(&entry.dtype)
                 .ok_or_else(|| bad(format!("tensor `{name}`: unknown dtype `{}`", entry.dtype)))?;
             let [start, end] = entry.data_offsets;
-            let numel = entry.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+            let numel = entry
+                .shape
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
             let want = numel.and_then(|n| n.checked_mul(dtype.size() as u64));
             if end < start || want != Some(end - start) {
                 return Err(bad(format!(
@@ -150,17 +174,35 @@ impl WeightIndex {
                 )));
             }
             if data_start + end > file_len {
-                return Err(Error::Truncated { path, tensor: name, needed: data_start + end, actual: file_len });
+                return Err(Error::Truncated {
+                    path,
+                    tensor: name,
+                    needed: data_start + end,
+                    actual: file_len,
+                });
             }
             if let Some(prev) = self.tensors.get(&name) {
                 let other = &self.shards[prev.shard].path;
-                return Err(bad(format!("tensor `{name}` also appears in {}", other.display())));
+                return Err(bad(format!(
+                    "tensor `{name}` also appears in {}",
+                    other.display()
+                )));
             }
-            let info =
-                TensorInfo { name: name.clone(), dtype, shape: entry.shape, shard, offset: data_start + start, len: end - start };
+            let info = TensorInfo {
+                name: name.clone(),
+                dtype,
+                shape: entry.shape,
+                shard,
+                offset: data_start + start,
+                len: end - start,
+            };
             self.tensors.insert(name, info);
         }
-        self.shards.push(Shard { name, path, map: Arc::new(map) });
+        self.shards.push(Shard {
+            name,
+            path,
+            map: Arc::new(map),
+        });
         Ok(())
     }
 
@@ -168,21 +210,35 @@ impl WeightIndex {
     /// tensors it lists (a missing shard is an incomplete download).
     fn check_index_json(&self) -> Result<()> {
         let path = self.dir.join("model.safetensors.index.json");
-        let Ok(text) = std::fs::read(&path) else { return Ok(()) };
-        let index: IndexJson = serde_json::from_slice(&text).map_err(|source| Error::Json { path: path.clone(), source })?;
+        let Ok(text) = std::fs::read(&path) else {
+            return Ok(());
+        };
+        let index: IndexJson = serde_json::from_slice(&text).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
         for (name, file) in &index.weight_map {
             let Some(info) = self.tensors.get(name) else {
                 let shard = self.dir.join(file);
                 if !self.shards.iter().any(|s| &s.name == file) {
-                    return Err(Error::Safetensors { path: shard, reason: format!("shard listed in {} is missing", path.display()) });
+                    return Err(Error::Safetensors {
+                        path: shard,
+                        reason: format!("shard listed in {} is missing", path.display()),
+                    });
                 }
-                return Err(Error::MissingTensor { dir: self.dir.clone(), name: name.clone() });
+                return Err(Error::MissingTensor {
+                    dir: self.dir.clone(),
+                    name: name.clone(),
+                });
             };
             let actual = &self.shards[info.shard];
             if actual.name != *file {
                 return Err(Error::Safetensors {
                     path: path.clone(),
-                    reason: format!("tensor `{name}` is listed in {file} but found in {}", actual.path.display()),
+                    reason: format!(
+                        "tensor `{name}` is listed in {file} but found in {}",
+                        actual.path.display()
+                    ),
                 });
             }
         }
@@ -201,7 +257,10 @@ impl WeightIndex {
 
     /// Metadata of a tensor, or `MissingTensor`.
     pub fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.tensors.get(name).ok_or_else(|| Error::MissingTensor { dir: self.dir.clone(), name: name.to_string() })
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })
     }
 
     /// All tensor names (unordered).
@@ -235,10 +294,20 @@ impl WeightIndex {
         let path = self.shard_path(info).to_path_buf();
         if !dtypes.contains(&info.dtype) {
             let expected = dtypes.iter().map(|d| d.name()).collect::<Vec<_>>().join(" or ");
-            return Err(Error::TensorDtype { path, name: name.into(), expected, found: info.dtype.name().into() });
+            return Err(Error::TensorDtype {
+                path,
+                name: name.into(),
+                expected,
+                found: info.dtype.name().into(),
+            });
         }
         if info.shape != shape {
-            return Err(Error::TensorShape { path, name: name.into(), expected: shape.to_vec(), found: info.shape.clone() });
+            return Err(Error::TensorShape {
+                path,
+                name: name.into(),
+                expected: shape.to_vec(),
+                found: info.shape.clone(),
+            });
         }
         Ok(info)
     }
@@ -258,11 +327,18 @@ impl WeightIndex {
     /// Decode the bytes of a float tensor (F32, BF16 or F16 storage; checked by the caller) to f32.
     pub fn decode_f32(info: &TensorInfo, blob: &[u8]) -> Vec<f32> {
         match info.dtype {
-            Dtype::F32 => blob.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::BF16 => {
-                blob.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect()
-            }
-            _ => blob.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::F32 => blob
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Dtype::BF16 => blob
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+                .collect(),
+            _ => blob
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
         }
     }
 }

@@ -71,7 +71,11 @@ impl std::fmt::Debug for StreamWriter {
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok()
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -89,13 +93,22 @@ impl StreamWriter {
         let (work_tx, work_rx) = sync_channel::<Filled>(BUFFERS);
         let (free_tx, free_rx) = sync_channel::<AlignedVec>(BUFFERS);
         for _ in 0..BUFFERS - 1 {
-            free_tx.send(AlignedVec::new(chunk)).expect("capacity for every buffer");
+            free_tx
+                .send(AlignedVec::new(chunk))
+                .expect("capacity for every buffer");
         }
         let buffered = file.try_clone()?;
         let thread = std::thread::Builder::new()
             .name("deltafin-writer".into())
             .spawn(move || write_loop(&buffered, direct, &work_rx, &free_tx))?;
-        Ok(StreamWriter { file: Some(file), cur: AlignedVec::new(chunk), filled: 0, work: Some(work_tx), free: free_rx, thread: Some(thread) })
+        Ok(StreamWriter {
+            file: Some(file),
+            cur: AlignedVec::new(chunk),
+            filled: 0,
+            work: Some(work_tx),
+            free: free_rx,
+            thread: Some(thread),
+        })
     }
 
     /// Hand the current buffer to the writer thread and take a free one.
@@ -105,7 +118,11 @@ impl StreamWriter {
             Err(_) => return Err(self.failure()),
         };
         let full = std::mem::replace(&mut self.cur, next);
-        let sent = self.work.as_ref().expect("open until finish").send(Filled(full, self.filled));
+        let sent = self
+            .work
+            .as_ref()
+            .expect("open until finish")
+            .send(Filled(full, self.filled));
         self.filled = 0;
         if sent.is_err() {
             return Err(self.failure());
@@ -175,7 +192,10 @@ fn write_loop(
     work: &Receiver<Filled>,
     free: &SyncSender<AlignedVec>,
 ) -> io::Result<Written> {
-    let mut out = Written { bytes: 0, direct_bytes: 0 };
+    let mut out = Written {
+        bytes: 0,
+        direct_bytes: 0,
+    };
     while let Ok(Filled(mut buf, len)) = work.recv() {
         let padded = len.div_ceil(ALIGN) * ALIGN;
         let bytes = buf.bytes();

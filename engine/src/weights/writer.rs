@@ -30,7 +30,11 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     pub fn new(name: impl Into<String>, dtype: Dtype, shape: &[usize]) -> Self {
-        TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
 
     /// Bytes of data.
@@ -54,7 +58,10 @@ pub fn write_safetensors(
     let mut offset = 0usize;
     for t in tensors {
         let end = offset + t.nbytes();
-        header.insert(t.name.clone(), json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}));
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
+        );
         offset = end;
     }
     let mut text = serde_json::to_string(&Value::Object(header)).expect("serialisable header");
@@ -101,15 +108,24 @@ fn write_body(
     tensors: &[TensorSpec],
     fill: &mut impl FnMut(usize, &mut dyn Write) -> std::io::Result<()>,
 ) -> std::result::Result<(), BodyError> {
-    out.write_all(&(header.len() as u64).to_le_bytes()).map_err(BodyError::Io)?;
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(BodyError::Io)?;
     out.write_all(header.as_bytes()).map_err(BodyError::Io)?;
     for (i, t) in tensors.iter().enumerate() {
-        let mut counted = CountingWriter { inner: &mut *out, written: 0 };
+        let mut counted = CountingWriter {
+            inner: &mut *out,
+            written: 0,
+        };
         fill(i, &mut counted).map_err(BodyError::Io)?;
         if counted.written != t.nbytes() {
             return Err(BodyError::Size(Error::InvalidArgument {
                 field: "tensor data",
-                reason: format!("`{}`: wrote {} bytes, expected {}", t.name, counted.written, t.nbytes()),
+                reason: format!(
+                    "`{}`: wrote {} bytes, expected {}",
+                    t.name,
+                    counted.written,
+                    t.nbytes()
+                ),
             }));
         }
     }
@@ -120,7 +136,9 @@ fn write_body(
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("partial");
     let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    file.write_all(bytes).and_then(|_| file.sync_all()).map_err(|e| Error::io(&tmp, e))?;
+    file.write_all(bytes)
+        .and_then(|_| file.sync_all())
+        .map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     sync_dir(path);
     Ok(())

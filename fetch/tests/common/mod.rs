@@ -327,7 +327,10 @@ fn proxy_conn(client: TcpStream, upstream: u16, st: &Arc<ProxyState>) {
                 let range = text
                     .lines()
                     .find_map(|l| l.to_ascii_lowercase().strip_prefix("range: ").map(str::to_string));
-                st2.requests.lock().unwrap().push(format!("{first} {}", range.unwrap_or_default()));
+                st2.requests
+                    .lock()
+                    .unwrap()
+                    .push(format!("{first} {}", range.unwrap_or_default()));
                 head.drain(..end + 4);
             }
             if s_write.write_all(&buf[..n]).is_err() {

@@ -143,7 +143,11 @@ fn build(
         sampling: sampling(common)?,
         stop_ids,
         reuse_state: true,
-        kind: if endpoint == Endpoint::Chat { RequestKind::Chat } else { RequestKind::Completion },
+        kind: if endpoint == Endpoint::Chat {
+            RequestKind::Chat
+        } else {
+            RequestKind::Completion
+        },
         spec: app.config().spec,
     };
     let generation = Generation::submit(app, loaded, endpoint, req, parser, started)?;

@@ -84,9 +84,17 @@ impl Mla {
         };
         Ok(Mla {
             q,
-            kv_a: ld.linear(&format!("{a}.kv_a_proj_with_mqa"), dims.kv_lora + dims.rope, hidden)?,
+            kv_a: ld.linear(
+                &format!("{a}.kv_a_proj_with_mqa"),
+                dims.kv_lora + dims.rope,
+                hidden,
+            )?,
             kv_a_norm: ld.vector(&format!("{a}.kv_a_layernorm.weight"), dims.kv_lora)?,
-            kv_b: ld.linear(&format!("{a}.kv_b_proj"), heads * (dims.nope + dims.v), dims.kv_lora)?,
+            kv_b: ld.linear(
+                &format!("{a}.kv_b_proj"),
+                heads * (dims.nope + dims.v),
+                dims.kv_lora,
+            )?,
             o: ld.linear(&format!("{a}.o_proj"), hidden, heads * dims.v)?,
             rotary,
             out_gate,
@@ -105,7 +113,8 @@ impl Mla {
             QProj::LowRank { a, norm, b } => {
                 let mut qa = vec![0.0; n * a.rows];
                 matmul(a, x, n, &mut qa);
-                qa.chunks_mut(a.rows).for_each(|r| rms_norm_inplace(r, norm, self.dims.eps));
+                qa.chunks_mut(a.rows)
+                    .for_each(|r| rms_norm_inplace(r, norm, self.dims.eps));
                 let mut q = vec![0.0; n * b.rows];
                 matmul(b, &qa, n, &mut q);
                 q
@@ -164,7 +173,11 @@ impl Mla {
         let (ckv, q) = self.project(x, n, &|i| rows.pos[i]);
         for (i, row) in ckv.chunks(d.kv_lora + d.rope).enumerate() {
             let cache = &mut rows.caches[rows.seq[i]];
-            debug_assert_eq!(cache.latent.len(), rows.pos[i] * d.kv_lora, "rows must extend their cache in order");
+            debug_assert_eq!(
+                cache.latent.len(),
+                rows.pos[i] * d.kv_lora,
+                "rows must extend their cache in order"
+            );
             self.append(cache, row);
         }
         let mut attn = vec![0.0f32; n * d.heads * d.v];
@@ -186,7 +199,10 @@ impl Mla {
         let (ckv, q) = self.project(x, n, &|i| base + i);
         let mut block = MlaCache::default();
         self.append(&mut block, &ckv);
-        let sources = [(&cache.latent[..], &cache.k_rope[..]), (&block.latent[..], &block.k_rope[..])];
+        let sources = [
+            (&cache.latent[..], &cache.k_rope[..]),
+            (&block.latent[..], &block.k_rope[..]),
+        ];
         let mut attn = vec![0.0f32; n * d.heads * d.v];
         let wkv = self.decoded_kv_b();
         for i in 0..n {
@@ -252,7 +268,14 @@ fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
 
 /// Softmax attention of one head over the positions of `sources` (latent rows and shared-key
 /// rows, consecutive positions in order), producing the latent context.
-fn attend(sources: &[(&[f32], &[f32])], q_abs: &[f32], q_rope: &[f32], d: &MlaDims, scores: &mut Vec<f32>, ctx: &mut [f32]) {
+fn attend(
+    sources: &[(&[f32], &[f32])],
+    q_abs: &[f32],
+    q_rope: &[f32],
+    d: &MlaDims,
+    scores: &mut Vec<f32>,
+    ctx: &mut [f32],
+) {
     scores.clear();
     for (latents, k_ropes) in sources {
         for j in 0..latents.len() / d.kv_lora {

@@ -126,7 +126,10 @@ impl Moe {
             let denom = weights.iter().sum::<f32>() + 1e-20;
             weights.iter_mut().for_each(|w| *w /= denom);
         }
-        ids.into_iter().zip(weights).map(|(i, w)| (i, w * r.scaling)).collect()
+        ids.into_iter()
+            .zip(weights)
+            .map(|(i, w)| (i, w * r.scaling))
+            .collect()
     }
 
     /// Routes of `n` rows of `x` (already normalised): per row, `(expert, weight)` in router
@@ -140,7 +143,8 @@ impl Moe {
 
     /// MoE output for `n` rows of `x` (already normalised), with the in-memory experts.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        self.forward_with(x, n, &self.experts).expect("in-memory experts cannot fail")
+        self.forward_with(x, n, &self.experts)
+            .expect("in-memory experts cannot fail")
     }
 
     /// MoE output for `n` rows of `x` (already normalised), experts served by `provider`.
@@ -162,7 +166,8 @@ impl Moe {
         let mut out = self.routed(&input, width, &routes, provider)?;
         if let Some(l) = &self.latent {
             if let Some(norm) = &l.norm {
-                out.chunks_mut(width).for_each(|row| rms_norm_inplace(row, norm, l.eps));
+                out.chunks_mut(width)
+                    .for_each(|row| rms_norm_inplace(row, norm, l.eps));
             }
             let mut up = vec![0.0f32; n * h];
             matmul(&l.up, &out, n, &mut up);
@@ -199,7 +204,8 @@ impl Moe {
             total += route.len();
         }
         let ids: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
-        let outputs: Vec<std::sync::Mutex<Option<Vec<f32>>>> = (0..users.len()).map(|_| Default::default()).collect();
+        let outputs: Vec<std::sync::Mutex<Option<Vec<f32>>>> =
+            (0..users.len()).map(|_| Default::default()).collect();
         provider.for_each_expert(&ids, &|expert, mlp| {
             let rows = &users[expert];
             let mut gathered = Vec::with_capacity(rows.len() * width);
@@ -210,7 +216,11 @@ impl Moe {
         })?;
         let mut results = vec![0.0f32; total * width];
         for &expert in &ids {
-            let y = outputs[expert].lock().unwrap().take().expect("the provider ran every selected expert");
+            let y = outputs[expert]
+                .lock()
+                .unwrap()
+                .take()
+                .expect("the provider ran every selected expert");
             for (k, &(row, slot)) in users[expert].iter().enumerate() {
                 let at = (offsets[row] + slot) * width;
                 results[at..at + width].copy_from_slice(&y[k * width..(k + 1) * width]);

@@ -15,7 +15,11 @@ impl Rope {
     /// Frequencies for a rotary width `dim`.
     pub fn new(cfg: &RopeConfig, dim: usize, interleave: bool) -> Self {
         let (inv_freq, attention_factor) = cfg.inv_freq(dim);
-        Rope { inv_freq, attention_factor, interleave }
+        Rope {
+            inv_freq,
+            attention_factor,
+            interleave,
+        }
     }
 
     /// Rotate `x` (length `dim`) in place for absolute position `pos`.
@@ -26,8 +30,15 @@ impl Rope {
         let out = &mut out[..2 * half];
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let angle = pos as f32 * f;
-            let (cos, sin) = (angle.cos() * self.attention_factor, angle.sin() * self.attention_factor);
-            let (a, b) = if self.interleave { (x[2 * i], x[2 * i + 1]) } else { (x[i], x[i + half]) };
+            let (cos, sin) = (
+                angle.cos() * self.attention_factor,
+                angle.sin() * self.attention_factor,
+            );
+            let (a, b) = if self.interleave {
+                (x[2 * i], x[2 * i + 1])
+            } else {
+                (x[i], x[i + half])
+            };
             out[i] = a * cos - b * sin;
             out[i + half] = b * cos + a * sin;
         }

@@ -88,38 +88,67 @@ impl DSparkConfig {
     pub fn load(dir: &Path) -> Result<DSparkConfig> {
         let path = dir.join("config.json");
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.clone(), source })?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_value(&value, &path)
     }
 
     /// Validate a parsed config.
     pub fn from_value(value: &Value, path: &Path) -> Result<DSparkConfig> {
-        let map = value.as_object().ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
+        let map = value
+            .as_object()
+            .ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
         let f = Fields { map, path, scope: "" };
         let archs = f.get("architectures").and_then(Value::as_array);
         if !archs.is_some_and(|a| a.iter().any(|v| v.as_str() == Some("K3DSparkModel"))) {
-            return Err(f.err("architectures", "expected [\"K3DSparkModel\"] (a DSpark draft head)"));
+            return Err(f.err(
+                "architectures",
+                "expected [\"K3DSparkModel\"] (a DSpark draft head)",
+            ));
         }
-        if let Some(unknown) = map.keys().find(|k| !KNOWN.contains(&k.as_str()) && !METADATA.contains(&k.as_str())) {
-            return Err(f.err(unknown, "not understood by this implementation of the DSpark format"));
+        if let Some(unknown) = map
+            .keys()
+            .find(|k| !KNOWN.contains(&k.as_str()) && !METADATA.contains(&k.as_str()))
+        {
+            return Err(f.err(
+                unknown,
+                "not understood by this implementation of the DSpark format",
+            ));
         }
         if f.opt_str("hidden_act")?.is_some_and(|a| a != "silu") {
             return Err(f.err("hidden_act", "only silu is supported"));
         }
         if f.opt_bool("tie_word_embeddings")? == Some(true) {
-            return Err(f.err("tie_word_embeddings", "a DSpark head uses the target's output head; must be false"));
+            return Err(f.err(
+                "tie_word_embeddings",
+                "a DSpark head uses the target's output head; must be false",
+            ));
         }
         if f.opt_bool("attention_bias")? == Some(true) {
-            return Err(f.err("attention_bias", "biased attention projections are not part of the format"));
+            return Err(f.err(
+                "attention_bias",
+                "biased attention projections are not part of the format",
+            ));
         }
         let max_position_embeddings = f.usize("max_position_embeddings")?;
         let hidden_size = positive(&f, "hidden_size")?;
         let target_layer_ids: Vec<usize> = match f.get("target_layer_ids") {
             Some(Value::Array(a)) if !a.is_empty() => a
                 .iter()
-                .map(|v| v.as_u64().map(|n| n as usize).ok_or_else(|| f.err("target_layer_ids", "expected layer indices")))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|n| n as usize)
+                        .ok_or_else(|| f.err("target_layer_ids", "expected layer indices"))
+                })
                 .collect::<Result<_>>()?,
-            _ => return Err(f.err("target_layer_ids", "expected a non-empty list of target layer indices")),
+            _ => {
+                return Err(f.err(
+                    "target_layer_ids",
+                    "expected a non-empty list of target layer indices",
+                ));
+            }
         };
         let mask = f.usize("mask_token_id")?;
         let cfg = DSparkConfig {
@@ -144,7 +173,13 @@ impl DSparkConfig {
             markov_rank: positive(&f, "markov_rank")?,
         };
         if cfg.mask_token_id as usize >= cfg.vocab_size {
-            return Err(f.err("mask_token_id", format!("{} is outside the vocabulary ({})", cfg.mask_token_id, cfg.vocab_size)));
+            return Err(f.err(
+                "mask_token_id",
+                format!(
+                    "{} is outside the vocabulary ({})",
+                    cfg.mask_token_id, cfg.vocab_size
+                ),
+            ));
         }
         if cfg.block_size < 2 {
             return Err(f.err("block_size", "must be at least 2 (the anchor and one mask row)"));
@@ -157,7 +192,10 @@ impl DSparkConfig {
 
     /// Names of the target trace tensors to capture (`layers.{l}`).
     pub fn capture_names(&self) -> Vec<String> {
-        self.target_layer_ids.iter().map(|l| format!("layers.{l}")).collect()
+        self.target_layer_ids
+            .iter()
+            .map(|l| format!("layers.{l}"))
+            .collect()
     }
 
     /// Query/key width per head.

@@ -75,7 +75,15 @@ fn load_layer(cfg: &DSparkConfig, ld: &Loader<'_>, i: usize) -> Result<Layer> {
         scale: ((qk as f64).powf(-0.5) * cfg.rope_config.softmax_scale_multiplier()) as f32,
     };
     let rotary = Some(Rope::new(&cfg.rope_config, cfg.rope, cfg.rope_interleave));
-    let attn = Mla::load(ld, &format!("{p}.self_attn"), h, cfg.q_lora_rank, dims, rotary, None)?;
+    let attn = Mla::load(
+        ld,
+        &format!("{p}.self_attn"),
+        h,
+        cfg.q_lora_rank,
+        dims,
+        rotary,
+        None,
+    )?;
     let mlp = Mlp {
         gate: ld.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?,
         up: ld.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?,
@@ -98,10 +106,16 @@ impl DSpark {
         let quant = Quantization::None;
         let ld = Loader::with_layout(&index, "", &quant);
         let h = cfg.hidden_size;
-        let layers = (0..cfg.num_layers).map(|i| load_layer(&cfg, &ld, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.num_layers)
+            .map(|i| load_layer(&cfg, &ld, i))
+            .collect::<Result<Vec<_>>>()?;
         let captured = cfg.target_layer_ids.len() * cfg.target_hidden_size;
         // The confidence head is part of the format; it is checked but not used.
-        index.expect("confidence.weight", &[crate::weights::Dtype::BF16, crate::weights::Dtype::F32], &[1, h + cfg.markov_rank])?;
+        index.expect(
+            "confidence.weight",
+            &[crate::weights::Dtype::BF16, crate::weights::Dtype::F32],
+            &[1, h + cfg.markov_rank],
+        )?;
         Ok(DSpark {
             context_proj: ld.linear("context_proj", h, captured)?,
             context_norm: ld.vector("context_norm.weight", h)?,
@@ -126,13 +140,25 @@ impl DSpark {
         let c = &self.cfg;
         let bad = |field: &str, reason: String| Error::config(self.dir.join("config.json"), field, reason);
         if c.target_hidden_size != info.hidden_size || c.hidden_size != info.hidden_size {
-            return Err(bad("hidden_size", format!("the target's hidden size is {}", info.hidden_size)));
+            return Err(bad(
+                "hidden_size",
+                format!("the target's hidden size is {}", info.hidden_size),
+            ));
         }
         if c.vocab_size != info.vocab_size {
-            return Err(bad("vocab_size", format!("the target's vocabulary has {} entries", info.vocab_size)));
+            return Err(bad(
+                "vocab_size",
+                format!("the target's vocabulary has {} entries", info.vocab_size),
+            ));
         }
         if let Some(l) = c.target_layer_ids.iter().find(|&&l| l >= info.num_layers) {
-            return Err(bad("target_layer_ids", format!("layer {l} does not exist: the target has {} layers", info.num_layers)));
+            return Err(bad(
+                "target_layer_ids",
+                format!(
+                    "layer {l} does not exist: the target has {} layers",
+                    info.num_layers
+                ),
+            ));
         }
         Ok(())
     }
@@ -140,26 +166,48 @@ impl DSpark {
     /// A proposer for one request over `target` (call [`DSpark::check_target`] once first).
     pub fn session(self: &Arc<Self>, max_context: usize) -> DSparkSession {
         let caches = (0..self.layers.len()).map(|_| MlaCache::default()).collect();
-        DSparkSession { head: self.clone(), caches, len: 0, max_context }
+        DSparkSession {
+            head: self.clone(),
+            caches,
+            len: 0,
+            max_context,
+        }
     }
 
     /// Append committed positions `start..` from their captured rows (`hidden`, in
     /// `target_layer_ids` order) to `caches`.
-    fn extend_context(&self, caches: &mut [MlaCache], start: usize, rows: usize, hidden: &[(String, Vec<f32>)]) -> Result<()> {
+    fn extend_context(
+        &self,
+        caches: &mut [MlaCache],
+        start: usize,
+        rows: usize,
+        hidden: &[(String, Vec<f32>)],
+    ) -> Result<()> {
         let w = self.cfg.target_hidden_size;
         let parts: Vec<&[f32]> = self
             .captures
             .iter()
-            .map(|name| hidden.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()).unwrap_or(&[]))
+            .map(|name| {
+                hidden
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_slice())
+                    .unwrap_or(&[])
+            })
             .collect();
         if parts.iter().any(|p| p.len() != rows * w) {
-            return Err(Error::InvalidArgument { field: "dspark", reason: "captured target rows are missing".into() });
+            return Err(Error::InvalidArgument {
+                field: "dspark",
+                reason: "captured target rows are missing".into(),
+            });
         }
         let mut row = Vec::with_capacity(parts.len() * w);
         let mut ctx = vec![0.0f32; rows * self.cfg.hidden_size];
         for (r, out) in ctx.chunks_mut(self.cfg.hidden_size).enumerate() {
             row.clear();
-            parts.iter().for_each(|p| row.extend_from_slice(&p[r * w..(r + 1) * w]));
+            parts
+                .iter()
+                .for_each(|p| row.extend_from_slice(&p[r * w..(r + 1) * w]));
             matmul(&self.context_proj, &row, 1, out);
             rms_norm_inplace(out, &self.context_norm, self.cfg.eps);
         }
@@ -172,7 +220,14 @@ impl DSpark {
 
     /// The block's first `rows` rows after `anchor` at position `len`: their logits with the
     /// Markov bias added (`rows × vocab`) and the draft tokens (the argmax of each).
-    fn block(&self, target: &dyn Model, caches: &[MlaCache], len: usize, anchor: u32, rows: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+    fn block(
+        &self,
+        target: &dyn Model,
+        caches: &[MlaCache],
+        len: usize,
+        anchor: u32,
+        rows: usize,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
         let (h, b) = (self.cfg.hidden_size, self.cfg.block_size);
         let mut tokens = vec![self.cfg.mask_token_id; b];
         tokens[0] = anchor;
@@ -226,7 +281,8 @@ impl DSparkSession {
     /// logits with the Markov bias (`block_size × vocab`) and its draft token. For tests and
     /// diagnostics; proposing uses the same computation.
     pub fn block(&self, target: &dyn Model, anchor: u32) -> Result<(Vec<f32>, Vec<u32>)> {
-        self.head.block(target, &self.caches, self.len, anchor, self.head.cfg.block_size)
+        self.head
+            .block(target, &self.caches, self.len, anchor, self.head.cfg.block_size)
     }
 }
 
@@ -240,17 +296,25 @@ impl Proposer for DSparkSession {
     }
 
     fn propose(&mut self, target: &dyn Model, history: &[u32], max: usize) -> Result<Proposal> {
-        let Some(&anchor) = history.last() else { return Ok(Proposal::default()) };
+        let Some(&anchor) = history.last() else {
+            return Ok(Proposal::default());
+        };
         if self.len + 1 != history.len() {
             return Err(Error::InvalidArgument {
                 field: "dspark",
-                reason: format!("draft context has {} positions, the sequence {}", self.len, history.len() - 1),
+                reason: format!(
+                    "draft context has {} positions, the sequence {}",
+                    self.len,
+                    history.len() - 1
+                ),
             });
         }
         if self.len + self.head.cfg.block_size > self.max_context {
             return Ok(Proposal::default());
         }
-        Ok(Proposal::new(self.head.block(target, &self.caches, self.len, anchor, max)?.1))
+        Ok(Proposal::new(
+            self.head.block(target, &self.caches, self.len, anchor, max)?.1,
+        ))
     }
 
     fn observe(&mut self, _target: &dyn Model, obs: &Observation<'_>) -> Result<()> {
@@ -258,13 +322,20 @@ impl Proposer for DSparkSession {
             // Positions the draft never saw (a reused conversation state): it cannot catch up.
             return Err(Error::InvalidArgument {
                 field: "dspark",
-                reason: format!("committed rows start at {} but the draft context has {}", obs.start, self.len),
+                reason: format!(
+                    "committed rows start at {} but the draft context has {}",
+                    obs.start, self.len
+                ),
             });
         }
         if self.len + obs.tokens.len() > self.max_context {
-            return Err(Error::InvalidArgument { field: "dspark", reason: "the context outgrew the draft head".into() });
+            return Err(Error::InvalidArgument {
+                field: "dspark",
+                reason: "the context outgrew the draft head".into(),
+            });
         }
-        self.head.extend_context(&mut self.caches, obs.start, obs.tokens.len(), obs.hidden)?;
+        self.head
+            .extend_context(&mut self.caches, obs.start, obs.tokens.len(), obs.hidden)?;
         self.len += obs.tokens.len();
         Ok(())
     }
