@@ -102,6 +102,10 @@ pub enum Error {
         end: u64,
         reason: String,
     },
+
+    /// A compute device could not be opened or used (no driver, no such device, not built in).
+    #[error("device {device}: {reason}")]
+    Device { device: String, reason: String },
 }
 
 impl Error {
@@ -120,6 +124,7 @@ impl Error {
             Error::ContextOverflow { .. } => "context_overflow",
             Error::Budget(_) => "budget",
             Error::Remote { .. } => "remote",
+            Error::Device { .. } => "device",
         }
     }
 

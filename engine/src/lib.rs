@@ -5,11 +5,13 @@
 //! ([`kernels`]), one module per architecture ([`arch`]), generation and sampling
 //! ([`generate`]), tokenizers with chat templates ([`tokenizer`]) and the single engine loop
 //! that batches concurrent requests ([`scheduler`]); models larger than memory run through the
-//! out-of-core weight store ([`cache`]).
+//! out-of-core weight store ([`cache`]). Matrix products run on the CPU or, with the `cuda`
+//! feature, a GPU ([`backend`]), with bit-identical results.
 //!
 //! Nothing in this crate reads environment variables or talks to the network.
 
 pub mod arch;
+pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;

@@ -235,6 +235,16 @@ fn gpu_limits_and_runtime_class_for_cuda_only() {
             .as_ref()
             .and_then(|r| r.limits.clone())
             .unwrap_or_default();
+        let args = pod.containers[0].args.clone().unwrap_or_default();
+        let device = args
+            .windows(2)
+            .find(|w| w[0] == "--device")
+            .map(|w| w[1].as_str());
+        assert_eq!(
+            device,
+            m.gpu.as_ref().map(|_| "cuda"),
+            "the server computes where its GPU is"
+        );
         match &m.gpu {
             Some(g) => {
                 assert_eq!(limits.get(&g.resource_name).map(|q| q.0.as_str()), Some("1"));

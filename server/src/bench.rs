@@ -62,6 +62,9 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
                 threads: rayon::current_num_threads(),
                 min_time: Duration::from_millis(min_time_ms),
                 probe_bytes,
+                // `--device cuda` benchmarks the GPU's products.
+                backend: deltafin_engine::backend::current().device()
+                    != deltafin_engine::backend::Device::Cpu,
                 ..BenchOptions::default()
             };
             if !formats.is_empty() {

@@ -33,6 +33,13 @@ struct Cli {
     /// Worker threads for the kernels (default: all available cores).
     #[arg(long, global = true, env = "DELTAFIN_THREADS")]
     threads: Option<usize>,
+    /// Where matrix products run: `cpu`, `cuda` or `cuda:N` (needs a build with the `cuda`
+    /// feature, e.g. the -cuda image). Results are bit-identical on every device.
+    #[arg(long, global = true, default_value = "cpu", env = "DELTAFIN_DEVICE")]
+    device: deltafin_engine::backend::Device,
+    /// Most weight bytes a GPU keeps resident (`40G`, `512M`; default: 90% of its free memory).
+    #[arg(long, global = true, value_name = "SIZE", env = "DELTAFIN_DEVICE_MEMORY")]
+    device_memory: Option<String>,
     /// Where the built-in default model is generated (default: $XDG_CACHE_HOME/deltafin or
     /// ~/.cache/deltafin).
     #[arg(long, global = true, env = "DELTAFIN_CACHE_DIR")]
@@ -69,6 +76,14 @@ fn main() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::from(1);
     }
+    let computes = matches!(
+        cli.command,
+        Command::Run(_) | Command::Bench(_) | Command::Serve(_)
+    );
+    if computes && let Err(e) = init_device(cli.device, cli.device_memory.as_deref()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(1);
+    }
     let cache_dir = cli.cache_dir.unwrap_or_else(default_cache_dir);
     deltafin_fetch::install_tls_provider();
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
@@ -96,6 +111,27 @@ fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     anyhow::ensure!(n > 0, "--threads must be at least 1");
     rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    Ok(())
+}
+
+/// Open the compute device and make it the process's backend (the CPU needs nothing).
+fn init_device(device: deltafin_engine::backend::Device, memory: Option<&str>) -> anyhow::Result<()> {
+    use deltafin_engine::backend::{self, Backend, Device};
+    if device == Device::Cpu {
+        anyhow::ensure!(
+            memory.is_none(),
+            "--device-memory applies to a GPU (--device cuda)"
+        );
+        return Ok(());
+    }
+    let memory = memory
+        .map(deltafin_engine::cache::plan::parse_size)
+        .transpose()
+        .map_err(anyhow::Error::msg)
+        .map_err(|e| e.context("--device-memory"))?;
+    let b = Backend::open(device, memory)?;
+    eprintln!("deltafin: matrix products on {}", b.describe());
+    backend::install(b).map_err(|_| anyhow::anyhow!("a compute backend was already installed"))?;
     Ok(())
 }
 

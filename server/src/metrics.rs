@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use deltafin_engine::backend::BackendStats;
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource, StatsSnapshot};
 use deltafin_engine::spec::{ProposerKind, ProposerStats, SpecSummary};
 
@@ -238,6 +239,7 @@ impl Metrics {
         });
         self.render_engine(&mut out, engine.unwrap_or_default());
         render_io(&mut out, io);
+        render_device(&mut out, &deltafin_engine::backend::current().stats());
         let b = &self.build;
         header(
             &mut out,
@@ -460,6 +462,40 @@ fn render_io(out: &mut String, io: &ExpertIoStats) {
         "deltafin_expert_cache_hit_ratio {}",
         io.hit_ratio().map_or("NaN".to_string(), |r| r.to_string())
     );
+}
+
+/// The compute device's counters (all zero on the CPU).
+fn render_device(out: &mut String, s: &BackendStats) {
+    let series = [
+        (
+            "deltafin_device_weight_upload_bytes_total",
+            "Weight bytes copied to the GPU.",
+            "counter",
+            s.weight_upload_bytes,
+        ),
+        (
+            "deltafin_device_weight_resident_bytes",
+            "Weight bytes resident on the GPU.",
+            "gauge",
+            s.resident_bytes,
+        ),
+        (
+            "deltafin_device_weight_evictions_total",
+            "Weight matrices dropped from the GPU to stay within its budget.",
+            "counter",
+            s.evictions,
+        ),
+        (
+            "deltafin_device_cpu_fallbacks_total",
+            "Matrix products computed on the CPU after the GPU failed (same results, slower).",
+            "counter",
+            s.cpu_fallbacks,
+        ),
+    ];
+    for (name, help, kind, v) in series {
+        header(out, name, help, kind);
+        let _ = writeln!(out, "{name} {v}");
+    }
 }
 
 /// Records one generation request's latencies and tokens; its `Drop` records the outcome

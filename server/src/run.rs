@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch::{self, Model};
+use deltafin_engine::backend;
 use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::generate::{Flow, GenerateOptions, GenerationStats, Sampling, generate_with};
 use deltafin_engine::spec::RequestKind;
@@ -218,6 +219,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
             "out_of_core": ooc_stats,
             "stream": stream_stats,
             "speculation": spec.as_ref().map(|s| s.summary()),
+            "device": { "backend": backend::current().describe(), "stats": backend::current().stats() },
         });
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
@@ -237,6 +239,12 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         match &spec {
             Some(s) => eprintln!("speculation ({}): {}", drafts.describe(), s.summary().describe()),
             None => eprintln!("speculation: off"),
+        }
+        let (b, st) = (backend::current(), backend::current().stats());
+        if st == backend::BackendStats::default() {
+            eprintln!("device: {}", b.describe());
+        } else {
+            eprintln!("device: {}: {}", b.describe(), serde_json::to_string(&st)?);
         }
     }
     Ok(())

@@ -136,7 +136,7 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         .unwrap_or_else(|| model::default_model_id(&dir));
     let build = BuildInfo {
         version: env!("CARGO_PKG_VERSION").into(),
-        device: "cpu".into(),
+        device: deltafin_engine::backend::current().device().to_string(),
         spine: "native".into(),
         exact: true,
     };

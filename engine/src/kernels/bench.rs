@@ -8,6 +8,10 @@
 //!   come from DRAM; reported as a fraction of the probe;
 //! * the multi-row kernel at `n = 2, 4, 8` input rows as time relative to `n = 1`.
 //!
+//! With [`BenchOptions::backend`] the products run on the process's backend instead (a GPU:
+//! weights resident on the device after the warm-up, activations copied per call), and GB/s is
+//! weight bytes per second on that device; the probe still measures host memory.
+//!
 //! Weight contents are pseudo-random but deterministic and always valid codes (no FP8 NaN codes,
 //! FP8 scales around 1e-2, E8M0 exponents near 127).
 
@@ -101,6 +105,8 @@ pub struct BenchOptions {
     pub shapes: Vec<(usize, usize)>,
     /// Input-row counts of the multi-row measurement (each compared with `n = 1`).
     pub batch_rows: Vec<usize>,
+    /// Run the products on [`crate::backend::current`] rather than the CPU kernels of `isa`.
+    pub backend: bool,
 }
 
 impl Default for BenchOptions {
@@ -115,6 +121,7 @@ impl Default for BenchOptions {
             formats: BenchFormat::ALL.to_vec(),
             shapes: vec![(7168, 2048), (2048, 7168)],
             batch_rows: vec![2, 4, 8],
+            backend: false,
         }
     }
 }
@@ -159,6 +166,8 @@ pub struct KernelResult {
 /// Everything [`run`] measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
+    /// Where the products ran (`cpu (avx512)`, or the GPU's description).
+    pub device: String,
     pub isa: Isa,
     pub threads: usize,
     pub probe: ProbeResult,
@@ -205,7 +214,13 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     let threads = pool
         .as_ref()
         .map_or(rayon::current_num_threads(), |p| p.current_num_threads());
+    let device = if opts.backend {
+        crate::backend::current().describe()
+    } else {
+        format!("cpu ({isa})")
+    };
     BenchReport {
+        device,
         isa,
         threads,
         probe,
@@ -330,7 +345,12 @@ fn measure(
         .collect();
     let mut y = vec![0.0f32; n_max * rows];
     let mut call = |n: usize, i: usize| {
-        matmul_with(isa, &mats[i % count], &x[..n * cols], n, &mut y[..n * rows]);
+        let (m, x, y) = (&mats[i % count], &x[..n * cols], &mut y[..n * rows]);
+        if opts.backend {
+            crate::backend::current().matmul(m, x, n, y);
+        } else {
+            matmul_with(isa, m, x, n, y);
+        }
     };
     (0..count).for_each(|i| call(1, i)); // warm-up: page in every matrix
     let (calls, secs) = timed(opts, |i| call(1, i));
@@ -366,7 +386,7 @@ fn measure(
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = &self.probe;
-        writeln!(f, "kernel benchmark: isa {}, {} threads", self.isa, self.threads)?;
+        writeln!(f, "kernel benchmark: {}, {} threads", self.device, self.threads)?;
         writeln!(
             f,
             "memory bandwidth probe: {} MiB x {} passes: {:.1} GB/s",

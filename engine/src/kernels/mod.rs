@@ -31,8 +31,9 @@ pub const LANES: usize = 16;
 /// `y[i * m.rows + r] = dot(W[r, :], x[i * m.cols ..][.. m.cols])` for `i < n`.
 ///
 /// `x` holds `n` rows of `m.cols` f32 values and `y` receives `n` rows of `m.rows` values.
-/// Reads each weight once for all `n` rows. Bit-identical to [`reference::matmul`]. Runs the
-/// best detected ISA ([`Isa::detected`]) over the current rayon pool; see [`cpu::matmul_with`].
+/// Reads each weight once for all `n` rows. Bit-identical to [`reference::matmul`]. Runs on the
+/// process's backend ([`crate::backend::current`]): by default the best detected ISA
+/// ([`Isa::detected`]) over the current rayon pool (see [`cpu::matmul_with`]), or a GPU.
 pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    cpu::matmul(m, x, n, y)
+    crate::backend::current().matmul(m, x, n, y)
 }

@@ -1,15 +1,37 @@
 //! `Blob`: a cheap-to-clone, immutable byte range over a shared owner (a memory-mapped shard,
 //! an owned buffer, or a cache slot). Kernels borrow `&[u8]` from it.
+//!
+//! Every blob made by [`Blob::new`] or [`Blob::from_vec`] gets a fresh process-unique id, shared
+//! by its clones and slices. Together with the range this is a [`BlobKey`]: two blobs with equal
+//! keys view the same bytes, which never change while either exists (owners write a buffer only
+//! while no blob views it, see `cache::buffer`). A device backend may therefore keep a copy of
+//! the bytes under the key; bytes written into a reused buffer later are viewed by a new blob
+//! with a new id, so a stale copy is never matched.
 
 use std::fmt;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// An immutable byte range kept alive by a shared owner.
 #[derive(Clone)]
 pub struct Blob {
     owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     range: Range<usize>,
+    id: u64,
+}
+
+/// Identity of the bytes a [`Blob`] views (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlobKey {
+    id: u64,
+    start: usize,
+    len: usize,
+}
+
+fn fresh_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Blob {
@@ -20,7 +42,11 @@ impl Blob {
             range.start <= range.end && range.end <= (*owner).as_ref().len(),
             "blob range out of bounds"
         );
-        Blob { owner, range }
+        Blob {
+            owner,
+            range,
+            id: fresh_id(),
+        }
     }
 
     /// A blob owning a vector.
@@ -29,6 +55,7 @@ impl Blob {
         Blob {
             owner: Arc::new(bytes),
             range: 0..len,
+            id: fresh_id(),
         }
     }
 
@@ -41,6 +68,16 @@ impl Blob {
         Blob {
             owner: self.owner.clone(),
             range: self.range.start + range.start..self.range.start + range.end,
+            id: self.id,
+        }
+    }
+
+    /// The identity of the bytes this blob views.
+    pub fn key(&self) -> BlobKey {
+        BlobKey {
+            id: self.id,
+            start: self.range.start,
+            len: self.range.len(),
         }
     }
 }
@@ -61,5 +98,30 @@ impl AsRef<[u8]> for Blob {
 impl fmt::Debug for Blob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Blob({} bytes)", self.range.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_viewed_bytes() {
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(vec![1u8, 2, 3, 4]);
+        let a = Blob::new(owner.clone(), 0..4);
+        assert_eq!(a.key(), a.clone().key(), "a clone views the same bytes");
+        assert_eq!(a.slice(1..3).key(), a.slice(1..3).key());
+        assert_ne!(
+            a.slice(1..3).key(),
+            a.slice(0..2).key(),
+            "another range is other bytes"
+        );
+        let again = Blob::new(owner, 0..4);
+        assert_ne!(
+            a.key(),
+            again.key(),
+            "a new blob may view rewritten bytes: a new identity"
+        );
+        assert_ne!(Blob::from_vec(vec![0; 4]).key(), Blob::from_vec(vec![0; 4]).key());
     }
 }

@@ -11,7 +11,7 @@ mod source;
 mod stream;
 mod writer;
 
-pub use blob::Blob;
+pub use blob::{Blob, BlobKey};
 pub use dtype::Dtype;
 pub use remote::RangeSource;
 pub use safetensors::{ShardFile, TensorInfo, WeightIndex};

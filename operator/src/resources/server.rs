@@ -47,6 +47,9 @@ pub fn server_args(m: &Model<'_>) -> Vec<String> {
     opt("--max-queue", s.max_queue.map(|v| v.to_string()));
     opt("--context-limit", s.context_limit.map(|v| v.to_string()));
     opt("--memory-budget", m.memory_budget.map(|v| v.to_string()));
+    // A CUDA model runs its matrix products on the GPU its pod is given (as `cuda:0` inside the
+    // container: the device plugin exposes only the allocated GPUs).
+    opt("--device", m.gpu.as_ref().map(|_| "cuda".to_string()));
     opt(
         "--api-key-file",
         s.api_key_secret

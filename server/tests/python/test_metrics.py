@@ -14,6 +14,8 @@ NAMES = [
     "deltafin_requests_total", "deltafin_requests_running", "deltafin_requests_waiting",
     "deltafin_expert_reads_total", "deltafin_expert_read_bytes_total", "deltafin_expert_cache_hit_ratio",
     "deltafin_model_load_seconds", "deltafin_build_info", "deltafin_state_reuse_total",
+    "deltafin_device_weight_upload_bytes_total", "deltafin_device_weight_resident_bytes",
+    "deltafin_device_cpu_fallbacks_total",
 ]
 
 

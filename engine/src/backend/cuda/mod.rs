@@ -1,0 +1,386 @@
+//! The CUDA backend (feature `cuda`): the matrix products of [`crate::kernels::matmul`] on an
+//! NVIDIA GPU through cudarc (driver API + NVRTC, both loaded at run time, so the crate builds
+//! without a CUDA toolkit).
+//!
+//! * **Same bits as the CPU.** The kernels (`matmul.cu`, compiled at start-up with
+//!   `--fmad=false --ftz=false`) follow the canonical 16-lane order of [`crate::kernels`], so a
+//!   product on the GPU is bit-identical to the CPU kernels and the scalar reference, for every
+//!   format and every row count. Everything else (attention, norms, routing, sampling) stays on
+//!   the CPU, so a model produces the same tokens and logits on either device.
+//! * **Weights as shipped.** A matrix is uploaded in its stored format (BF16, FP8 + scales, INT4
+//!   + scales, MXFP4 + E8M0) and decoded inside the kernel, never re-encoded. Uploads are kept
+//!   under a byte budget by [`Residency`] (least recently used first), keyed by the
+//!   [`crate::weights::BlobKey`]s of the matrix bytes, which name immutable bytes.
+//! * **Failure keeps the answer.** If the device fails mid-run (a driver error, out of memory)
+//!   the backend logs it once, stops using the device and computes the same product on the CPU,
+//!   which is bit-identical; [`BackendStats::cpu_fallbacks`] counts those calls.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+use super::BackendStats;
+use super::residency::{Admit, Residency};
+use crate::error::{Error, Result};
+use crate::kernels::format::{Format, Matrix, ScaleDtype};
+use crate::weights::BlobKey;
+
+/// The kernel source, compiled for the device at start-up.
+const SOURCE: &str = include_str!("matmul.cu");
+/// Output rows per thread block and input rows per register tile (as in `matmul.cu`).
+const ROWS_PER_BLOCK: u32 = 16;
+const TILE: usize = 8;
+/// Largest grid y dimension; larger row counts are launched in chunks.
+const MAX_GRID_Y: usize = 65_535;
+/// Device memory left free for the activation buffers and the driver when no budget is given.
+const DEFAULT_HEADROOM: f64 = 0.10;
+
+type MatrixKey = (BlobKey, Option<BlobKey>);
+
+/// A matrix's bytes on the device, in the stored format.
+struct DeviceMatrix {
+    data: CudaSlice<u8>,
+    scales: Option<CudaSlice<u8>>,
+}
+
+/// The five format kernels.
+struct Kernels {
+    f32: CudaFunction,
+    bf16: CudaFunction,
+    fp8: CudaFunction,
+    int4: CudaFunction,
+    mxfp4: CudaFunction,
+}
+
+/// Mutable state, one call at a time (one stream).
+struct State {
+    residency: Residency<MatrixKey>,
+    weights: HashMap<MatrixKey, DeviceMatrix>,
+    x: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<f32>>,
+    stats: BackendStats,
+}
+
+/// An opened GPU with its compiled kernels and resident weights.
+pub struct CudaBackend {
+    ordinal: usize,
+    label: String,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    state: Mutex<State>,
+    failed: AtomicBool,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({})", self.label)
+    }
+}
+
+fn device_error(ordinal: usize, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Device {
+        device: format!("cuda:{ordinal}"),
+        reason: format!("{what}: {e}"),
+    }
+}
+
+impl CudaBackend {
+    /// Open GPU `ordinal`, compile the kernels and set the weight budget (`memory` bytes, or 90%
+    /// of the memory free now).
+    pub fn open(ordinal: usize, memory: Option<u64>) -> Result<CudaBackend> {
+        // SAFETY: only probes whether the shared libraries can be loaded (cudarc would panic on
+        // first use otherwise); it has no other effect.
+        #[allow(unsafe_code)]
+        let (driver, nvrtc) = unsafe {
+            (
+                cudarc::driver::sys::is_culib_present(),
+                cudarc::nvrtc::sys::is_culib_present(),
+            )
+        };
+        if !driver {
+            return Err(device_error(
+                ordinal,
+                "no CUDA driver",
+                "libcuda.so cannot be loaded (install the NVIDIA driver; on Kubernetes use the NVIDIA \
+                 container toolkit, e.g. runtimeClassName: nvidia)",
+            ));
+        }
+        if !nvrtc {
+            return Err(device_error(
+                ordinal,
+                "no NVRTC",
+                "libnvrtc.so cannot be loaded (it ships with the CUDA runtime; the deltafin CUDA image \
+                 includes it)",
+            ));
+        }
+        let count = CudaContext::device_count().map_err(|e| device_error(ordinal, "driver", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(device_error(
+                ordinal,
+                "no such device",
+                format!("{count} CUDA device(s) visible"),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| device_error(ordinal, "context", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| device_error(ordinal, "device query", e))?;
+        let name = ctx.name().map_err(|e| device_error(ordinal, "device query", e))?;
+        let (free, total) = ctx
+            .mem_get_info()
+            .map_err(|e| device_error(ordinal, "memory query", e))?;
+        let budget = memory.unwrap_or((free as f64 * (1.0 - DEFAULT_HEADROOM)) as u64);
+        let kernels = compile(&ctx, ordinal, major, minor)?;
+        let label = format!(
+            "cuda:{ordinal} {name} (sm_{major}{minor}, {:.1} GiB, weight budget {:.1} GiB)",
+            total as f64 / (1u64 << 30) as f64,
+            budget as f64 / (1u64 << 30) as f64
+        );
+        Ok(CudaBackend {
+            ordinal,
+            label,
+            stream: ctx.default_stream(),
+            kernels,
+            state: Mutex::new(State {
+                residency: Residency::new(budget),
+                weights: HashMap::new(),
+                x: None,
+                y: None,
+                stats: BackendStats::default(),
+            }),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// What this backend runs on.
+    pub fn describe(&self) -> String {
+        self.label.clone()
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> BackendStats {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        BackendStats {
+            resident_bytes: s.residency.used(),
+            ..s.stats
+        }
+    }
+
+    /// [`crate::kernels::matmul`] on the GPU (bit-identical), or on the CPU once the device
+    /// has failed.
+    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n * m.cols, "x must hold n rows of cols");
+        assert_eq!(y.len(), n * m.rows, "y must hold n rows of rows");
+        if n == 0 || m.rows == 0 {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.stats.calls += 1;
+        if !self.failed.load(Ordering::Relaxed) {
+            match self.try_matmul(&mut state, m, x, n, y) {
+                Ok(()) => return,
+                Err(e) => {
+                    self.failed.store(true, Ordering::Relaxed);
+                    tracing::error!(
+                        device = %self.label,
+                        error = %e,
+                        "CUDA failed; computing on the CPU from now on (bit-identical results)"
+                    );
+                }
+            }
+        }
+        state.stats.cpu_fallbacks += 1;
+        drop(state);
+        crate::kernels::cpu::matmul(m, x, n, y);
+    }
+
+    fn try_matmul(
+        &self,
+        state: &mut State,
+        m: &Matrix,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> std::result::Result<(), DriverError> {
+        let too_big = || DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+        let rows = i32::try_from(m.rows).map_err(|_| too_big())?;
+        let cols = i32::try_from(m.cols).map_err(|_| too_big())?;
+        let n_i32 = i32::try_from(n).map_err(|_| too_big())?;
+        let key = (m.data.key(), m.scales.as_ref().map(|s| s.key()));
+        let temporary = self.resident(state, &key, m)?;
+        let State {
+            weights,
+            x: xs,
+            y: ys,
+            ..
+        } = state;
+        let xs = grow(&self.stream, xs, x.len().max(1))?;
+        self.stream.memcpy_htod(x, xs)?;
+        let ys = grow(&self.stream, ys, y.len())?;
+        let dm = temporary.as_ref().unwrap_or_else(|| &weights[&key]);
+        let (func, p0, p1, sdt) = self.kernel(m.format);
+        let scales = dm.scales.as_ref().unwrap_or(&dm.data);
+        let mut i_base = 0usize;
+        while i_base < n {
+            let here = (n - i_base).min(MAX_GRID_Y * TILE);
+            let base = i_base as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    m.rows.div_ceil(ROWS_PER_BLOCK as usize) as u32,
+                    here.div_ceil(TILE) as u32,
+                    1,
+                ),
+                block_dim: (16, ROWS_PER_BLOCK, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut launch = self.stream.launch_builder(func);
+            launch
+                .arg(&dm.data)
+                .arg(scales)
+                .arg(&*xs)
+                .arg(&mut *ys)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&n_i32)
+                .arg(&base)
+                .arg(&p0)
+                .arg(&p1)
+                .arg(&sdt);
+            // SAFETY: the argument list matches `DELTAFIN_MATMUL` in matmul.cu (three device
+            // pointers, the output pointer, seven ints); `data`/`scales` hold exactly the bytes
+            // `Matrix::new` validated for this format and shape, `xs` holds at least n * cols
+            // floats and `ys` at least n * rows, and the kernel reads and writes only inside
+            // those bounds (rows, cols, n and i_base guard every index).
+            #[allow(unsafe_code)]
+            unsafe { launch.launch(cfg) }?;
+            i_base += here;
+        }
+        self.stream.memcpy_dtoh(&ys.slice(0..y.len()), y)?;
+        self.stream.synchronize()
+    }
+
+    /// Make `key` resident (uploading and evicting as [`Residency`] decides); returns the
+    /// matrix itself when it is too large to keep and was uploaded for this call only.
+    fn resident(
+        &self,
+        state: &mut State,
+        key: &MatrixKey,
+        m: &Matrix,
+    ) -> std::result::Result<Option<DeviceMatrix>, DriverError> {
+        match state.residency.admit(key, m.nbytes() as u64) {
+            Admit::Hit => {
+                state.stats.weight_hits += 1;
+                Ok(None)
+            }
+            Admit::Bypass => {
+                state.stats.weight_uploads += 1;
+                state.stats.weight_upload_bytes += m.nbytes() as u64;
+                self.upload(m).map(Some)
+            }
+            Admit::Insert { evict } => {
+                for k in &evict {
+                    state.weights.remove(k);
+                }
+                state.stats.evictions += evict.len() as u64;
+                match self.upload(m) {
+                    Ok(dm) => {
+                        state.stats.weight_uploads += 1;
+                        state.stats.weight_upload_bytes += m.nbytes() as u64;
+                        state.weights.insert(*key, dm);
+                        Ok(None)
+                    }
+                    Err(e) => {
+                        state.residency.forget(key);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    fn upload(&self, m: &Matrix) -> std::result::Result<DeviceMatrix, DriverError> {
+        Ok(DeviceMatrix {
+            data: self.stream.clone_htod(&m.data[..])?,
+            scales: m
+                .scales
+                .as_ref()
+                .map(|s| self.stream.clone_htod(&s[..]))
+                .transpose()?,
+        })
+    }
+
+    /// The kernel for `format` and its parameters `(p0, p1, scale dtype)` (see `matmul.cu`).
+    fn kernel(&self, format: Format) -> (&CudaFunction, i32, i32, i32) {
+        let k = &self.kernels;
+        match format {
+            Format::F32 => (&k.f32, 0, 0, 0),
+            Format::Bf16 => (&k.bf16, 0, 0, 0),
+            Format::Fp8Block {
+                block_rows,
+                block_cols,
+            } => (&k.fp8, block_rows as i32, block_cols as i32, 0),
+            Format::Int4Group { group, scale } => {
+                let sdt = match scale {
+                    ScaleDtype::F32 => 0,
+                    ScaleDtype::Bf16 => 1,
+                    ScaleDtype::F16 => 2,
+                };
+                (&k.int4, group as i32, 0, sdt)
+            }
+            Format::Mxfp4 { group } => (&k.mxfp4, group as i32, 0, 0),
+        }
+    }
+}
+
+/// A device buffer of at least `len` floats, reallocated (larger) when too small.
+fn grow<'a>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<f32>>,
+    len: usize,
+) -> std::result::Result<&'a mut CudaSlice<f32>, DriverError> {
+    if slot.as_ref().is_none_or(|s| s.len() < len) {
+        *slot = None;
+        *slot = Some(stream.alloc_zeros::<f32>(len.next_power_of_two())?);
+    }
+    Ok(slot.as_mut().expect("just allocated"))
+}
+
+/// Compile `matmul.cu` for the device's architecture and load the five kernels.
+fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Result<Kernels> {
+    let opts = CompileOptions {
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        fmad: Some(false),
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        name: Some("deltafin_matmul.cu".into()),
+        ..Default::default()
+    };
+    let ptx =
+        compile_ptx_with_opts(SOURCE, opts).map_err(|e| device_error(ordinal, "kernel compilation", e))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| device_error(ordinal, "kernel load", e))?;
+    let load = |name: &str| {
+        module
+            .load_function(name)
+            .map_err(|e| device_error(ordinal, name, e))
+    };
+    Ok(Kernels {
+        f32: load("deltafin_matmul_f32")?,
+        bf16: load("deltafin_matmul_bf16")?,
+        fp8: load("deltafin_matmul_fp8")?,
+        int4: load("deltafin_matmul_int4")?,
+        mxfp4: load("deltafin_matmul_mxfp4")?,
+    })
+}
