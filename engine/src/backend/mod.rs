@@ -6,6 +6,7 @@
 //! choice of device changes speed, never output. The binary picks one at start-up
 //! ([`Backend::open`] then [`install`]); until then, and in every library test, it is the CPU.
 
+pub mod abi;
 pub mod residency;
 
 #[cfg(feature = "cuda")]

@@ -25,9 +25,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::BackendStats;
+use super::abi::{KERNELS, kernel_args};
 use super::residency::{Admit, Residency};
 use crate::error::{Error, Result};
-use crate::kernels::format::{Format, Matrix, ScaleDtype};
+use crate::kernels::format::Matrix;
 use crate::weights::BlobKey;
 
 /// The kernel source, compiled for the device at start-up.
@@ -48,15 +49,6 @@ struct DeviceMatrix {
     scales: Option<CudaSlice<u8>>,
 }
 
-/// The five format kernels.
-struct Kernels {
-    f32: CudaFunction,
-    bf16: CudaFunction,
-    fp8: CudaFunction,
-    int4: CudaFunction,
-    mxfp4: CudaFunction,
-}
-
 /// Mutable state, one call at a time (one stream).
 struct State {
     residency: Residency<MatrixKey>,
@@ -71,7 +63,8 @@ pub struct CudaBackend {
     ordinal: usize,
     label: String,
     stream: Arc<CudaStream>,
-    kernels: Kernels,
+    /// The format kernels, indexed like [`KERNELS`].
+    kernels: Vec<CudaFunction>,
     state: Mutex<State>,
     failed: AtomicBool,
 }
@@ -228,7 +221,9 @@ impl CudaBackend {
         self.stream.memcpy_htod(x, xs)?;
         let ys = grow(&self.stream, ys, y.len())?;
         let dm = temporary.as_ref().unwrap_or_else(|| &weights[&key]);
-        let (func, p0, p1, sdt) = self.kernel(m.format);
+        let args = kernel_args(m.format);
+        let func = &self.kernels[args.code as usize];
+        let (p0, p1, sdt) = (args.p0, args.p1, args.scale_dtype);
         let scales = dm.scales.as_ref().unwrap_or(&dm.data);
         let mut i_base = 0usize;
         while i_base < n {
@@ -318,28 +313,6 @@ impl CudaBackend {
                 .transpose()?,
         })
     }
-
-    /// The kernel for `format` and its parameters `(p0, p1, scale dtype)` (see `matmul.cu`).
-    fn kernel(&self, format: Format) -> (&CudaFunction, i32, i32, i32) {
-        let k = &self.kernels;
-        match format {
-            Format::F32 => (&k.f32, 0, 0, 0),
-            Format::Bf16 => (&k.bf16, 0, 0, 0),
-            Format::Fp8Block {
-                block_rows,
-                block_cols,
-            } => (&k.fp8, block_rows as i32, block_cols as i32, 0),
-            Format::Int4Group { group, scale } => {
-                let sdt = match scale {
-                    ScaleDtype::F32 => 0,
-                    ScaleDtype::Bf16 => 1,
-                    ScaleDtype::F16 => 2,
-                };
-                (&k.int4, group as i32, 0, sdt)
-            }
-            Format::Mxfp4 { group } => (&k.mxfp4, group as i32, 0, 0),
-        }
-    }
 }
 
 /// A device buffer of at least `len` floats, reallocated (larger) when too small.
@@ -356,7 +329,7 @@ fn grow<'a>(
 }
 
 /// Compile `matmul.cu` for the device's architecture and load the five kernels.
-fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Result<Kernels> {
+fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Result<Vec<CudaFunction>> {
     let opts = CompileOptions {
         ftz: Some(false),
         prec_div: Some(true),
@@ -371,16 +344,12 @@ fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Re
     let module = ctx
         .load_module(ptx)
         .map_err(|e| device_error(ordinal, "kernel load", e))?;
-    let load = |name: &str| {
-        module
-            .load_function(name)
-            .map_err(|e| device_error(ordinal, name, e))
-    };
-    Ok(Kernels {
-        f32: load("deltafin_matmul_f32")?,
-        bf16: load("deltafin_matmul_bf16")?,
-        fp8: load("deltafin_matmul_fp8")?,
-        int4: load("deltafin_matmul_int4")?,
-        mxfp4: load("deltafin_matmul_mxfp4")?,
-    })
+    KERNELS
+        .iter()
+        .map(|name| {
+            module
+                .load_function(name)
+                .map_err(|e| device_error(ordinal, name, e))
+        })
+        .collect()
 }

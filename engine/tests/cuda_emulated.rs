@@ -1,0 +1,181 @@
+//! The CUDA kernel source (`engine/src/backend/cuda/matmul.cu`), run unchanged on the CPU by a
+//! small emulator (`cuda_emulator/emulate.cpp`: one thread per CUDA thread, shuffles through
+//! shared memory and barriers), against the scalar reference bit for bit: every format with
+//! edge codes, tails, partial FP8 blocks and several tiles of input rows, launched with the
+//! backend's own arguments ([`backend::abi::kernel_args`]).
+//!
+//! This checks the kernels' arithmetic and indexing on machines without a GPU (this
+//! repository's CI); `engine/tests/cuda.rs` checks the same on a real device. Needs a C++20
+//! compiler (`g++`); without one the test is skipped, unless `DELTAFIN_REQUIRE_SERVICES=1`.
+
+mod kernel_support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use deltafin_engine::backend::abi::kernel_args;
+use deltafin_engine::kernels::{Matrix, ScaleDtype, reference};
+use deltafin_engine::weights::Blob;
+use kernel_support::*;
+
+/// The emulator binary, compiled once per test run (`None`: no compiler, skip).
+fn emulator() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emulator/emulate.cpp");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deltafin-cuda-emulator");
+        let status = Command::new("g++")
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-ffp-contract=off",
+                "-fno-fast-math",
+                "-pthread",
+            ])
+            .args(["-Wall", "-Wno-unknown-pragmas", "-Werror", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status();
+        match status {
+            Ok(s) if s.success() => Some(out),
+            Ok(s) => panic!("the CUDA source does not compile in the emulator: {s}"),
+            Err(e) => {
+                let required = std::env::var_os("DELTAFIN_REQUIRE_SERVICES").is_some_and(|v| v == "1");
+                assert!(!required, "g++ is required (DELTAFIN_REQUIRE_SERVICES=1): {e}");
+                eprintln!("skipping: no g++ ({e})");
+                None
+            }
+        }
+    })
+    .as_deref()
+}
+
+/// `m` times `n` rows of `x` through the emulated kernel.
+fn emulate(bin: &Path, m: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
+    let a = kernel_args(m.format);
+    let mut input = Vec::new();
+    for v in [
+        a.code,
+        m.rows as i32,
+        m.cols as i32,
+        n as i32,
+        a.p0,
+        a.p1,
+        a.scale_dtype,
+    ] {
+        input.extend(v.to_le_bytes());
+    }
+    let scales = m.scales.as_deref().unwrap_or(&[]);
+    input.extend((m.data.len() as u64).to_le_bytes());
+    input.extend((scales.len() as u64).to_le_bytes());
+    input.extend(&m.data[..]);
+    input.extend(scales);
+    input.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+    let mut child = Command::new(bin)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "emulator failed: {}", out.status);
+    assert_eq!(out.stdout.len(), 4 * n * m.rows);
+    out.stdout
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn check(m: &Matrix, ns: &[usize], label: &str) {
+    let Some(bin) = emulator() else { return };
+    for &n in ns {
+        let x = patterned(n * m.cols, 3000 + n as u64);
+        let mut want = vec![0.0; n * m.rows];
+        reference::matmul(m, &x, n, &mut want);
+        let got = emulate(bin, m, &x, n);
+        assert_same(
+            &want,
+            &got,
+            &format!("emulated {label} {}x{} n={n}", m.rows, m.cols),
+        );
+    }
+}
+
+/// One and several register tiles of input rows (8 per tile), with a partial last tile.
+const NS: [usize; 4] = [1, 3, 8, 19];
+
+#[test]
+fn f32_and_bf16_match_the_reference() {
+    for (i, &(rows, cols)) in [(1, 1), (3, 15), (5, 16), (17, 33), (20, 300)].iter().enumerate() {
+        check(&f32_matrix(rows, cols, i as u64), &NS, "f32");
+        check(&bf16_matrix(rows, cols, 10 + i as u64), &NS, "bf16");
+    }
+}
+
+#[test]
+fn fp8_matches_the_reference_with_partial_blocks_nan_codes_and_special_scales() {
+    check(&fp8_matrix(20, 300, (128, 128), 1, false), &NS, "fp8 128x128");
+    check(&fp8_matrix(13, 45, (4, 16), 2, false), &NS, "fp8 4x16");
+    check(&fp8_matrix(11, 100, (3, 24), 5, false), &[1, 9], "fp8 3x24");
+    check(&fp8_matrix(17, 64, (16, 32), 4, true), &[1, 9], "fp8 NaN codes");
+    let m = fp8_matrix(9, 44, (4, 16), 20, false);
+    let specials = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, 3e-3];
+    let scales: Vec<u8> = (0..m.scales.as_ref().unwrap().len() / 4)
+        .flat_map(|k| specials[k % specials.len()].to_le_bytes())
+        .collect();
+    let m = Matrix::new(m.format, 9, 44, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    check(&m, &[1, 9], "fp8 special scales");
+}
+
+#[test]
+fn int4_matches_the_reference_for_every_scale_dtype() {
+    for (i, dtype) in [ScaleDtype::F32, ScaleDtype::Bf16, ScaleDtype::F16]
+        .into_iter()
+        .enumerate()
+    {
+        let s = i as u64;
+        check(&int4_matrix(5, 32, 32, dtype, s), &NS, "int4 g32");
+        check(&int4_matrix(18, 256, 128, dtype, s + 20), &[1, 9], "int4 g128");
+        check(&int4_matrix(7, 40, 8, dtype, s + 30), &[1, 9], "int4 g8");
+    }
+}
+
+#[test]
+fn mxfp4_matches_the_reference_with_special_scales() {
+    check(&mxfp4_matrix(17, 320, 32, 2), &NS, "mxfp4 g32");
+    check(&mxfp4_matrix(7, 30, 2, 4), &[1, 9], "mxfp4 g2");
+    let m = mxfp4_matrix(9, 64, 32, 6);
+    let mut scales = m.scales.as_deref().unwrap().to_vec();
+    (scales[0], scales[3], scales[5], scales[7]) = (0, 255, 254, 1); // 2^-127, NaN, 2^127, 2^-126
+    let m = Matrix::new(m.format, 9, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    check(&m, &NS, "mxfp4 special scales");
+}
+
+#[test]
+fn special_float_weights_match_the_reference() {
+    let specials = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -0.0,
+    ];
+    let mut vals = patterned(21 * 40, 5);
+    for (i, v) in vals.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
+        *v = specials[i % specials.len()];
+    }
+    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let m = Matrix::new(
+        deltafin_engine::kernels::Format::F32,
+        21,
+        40,
+        Blob::from_vec(data),
+        None,
+    )
+    .unwrap();
+    check(&m, &[1, 9], "f32 specials");
+}
