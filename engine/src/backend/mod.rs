@@ -83,7 +83,7 @@ pub enum Backend {
     Cpu,
     /// An NVIDIA GPU.
     #[cfg(feature = "cuda")]
-    Cuda(cuda::CudaBackend),
+    Cuda(Box<cuda::CudaBackend>),
 }
 
 impl Backend {
@@ -94,7 +94,9 @@ impl Backend {
         match device {
             Device::Cpu => Ok(Backend::Cpu),
             #[cfg(feature = "cuda")]
-            Device::Cuda { ordinal } => cuda::CudaBackend::open(ordinal, device_memory).map(Backend::Cuda),
+            Device::Cuda { ordinal } => {
+                cuda::CudaBackend::open(ordinal, device_memory).map(|c| Backend::Cuda(Box::new(c)))
+            }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda { .. } => {
                 let _ = device_memory;

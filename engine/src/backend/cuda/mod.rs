@@ -7,10 +7,10 @@
 //!   product on the GPU is bit-identical to the CPU kernels and the scalar reference, for every
 //!   format and every row count. Everything else (attention, norms, routing, sampling) stays on
 //!   the CPU, so a model produces the same tokens and logits on either device.
-//! * **Weights as shipped.** A matrix is uploaded in its stored format (BF16, FP8 + scales, INT4
-//!   + scales, MXFP4 + E8M0) and decoded inside the kernel, never re-encoded. Uploads are kept
-//!   under a byte budget by [`Residency`] (least recently used first), keyed by the
-//!   [`crate::weights::BlobKey`]s of the matrix bytes, which name immutable bytes.
+//! * **Weights as shipped.** A matrix is uploaded in its stored format (BF16, FP8 with scales,
+//!   INT4 with scales, MXFP4 with E8M0 scales) and decoded inside the kernel, never re-encoded.
+//!   Uploads are kept under a byte budget by [`Residency`] (least recently used first), keyed
+//!   by the [`crate::weights::BlobKey`]s of the matrix bytes, which name immutable bytes.
 //! * **Failure keeps the answer.** If the device fails mid-run (a driver error, out of memory)
 //!   the backend logs it once, stops using the device and computes the same product on the CPU,
 //!   which is bit-identical; [`BackendStats::cpu_fallbacks`] counts those calls.
