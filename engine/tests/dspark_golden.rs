@@ -96,6 +96,58 @@ fn draft_head_block_matches_the_float64_oracle() {
     assert_eq!(p.tokens, want[..3]);
 }
 
+/// Committed rows are buffered and projected in one pass when a proposal needs them: observing
+/// position by position with a proposal after each, observing everything then proposing once,
+/// and observing in uneven chunks (crossing the buffer's flush size) give bit-identical blocks.
+#[test]
+fn buffered_context_rows_give_the_same_block_as_per_step_updates() {
+    let model = arch::load(&fixture("k3")).unwrap();
+    let head = Arc::new(DSpark::load(&fixture("k3-dspark")).unwrap());
+    let names = head.session(8192).captures().to_vec();
+    let ids: Vec<u32> = (0..150u32).map(|i| (i * 37 + 11) % 200).collect();
+    let mut state = model.new_state();
+    let mut trace = Trace::capture(&names);
+    let tokens = &ids[..];
+    let inputs = &mut [SeqInput {
+        state: &mut state,
+        tokens,
+        logits: LogitRows::None,
+    }];
+    model.forward(inputs, Some(&mut trace)).unwrap();
+    let h = model.info().hidden_size;
+    let observe = |s: &mut deltafin_engine::spec::dspark::DSparkSession, a: usize, b: usize| {
+        let hidden = trace.rows(&names, a, b - a, h);
+        let obs = Observation {
+            start: a,
+            tokens: &ids[a..b],
+            hidden: &hidden,
+        };
+        s.observe(model.as_ref(), &obs).unwrap();
+    };
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let anchor = 7;
+
+    let mut stepwise = head.session(8192);
+    for i in 0..ids.len() {
+        observe(&mut stepwise, i, i + 1);
+        let mut history = ids[..=i].to_vec();
+        history.push(anchor);
+        stepwise.propose(model.as_ref(), &history, 2).unwrap();
+    }
+    let want = bits(stepwise.block(model.as_ref(), anchor).unwrap().0);
+
+    let mut at_once = head.session(8192);
+    observe(&mut at_once, 0, ids.len());
+    assert_eq!(bits(at_once.block(model.as_ref(), anchor).unwrap().0), want);
+
+    let mut chunked = head.session(8192);
+    for (a, b) in [(0, 3), (3, 70), (70, 71), (71, 150)] {
+        observe(&mut chunked, a, b);
+    }
+    assert_eq!(chunked.observed(), ids.len());
+    assert_eq!(bits(chunked.block(model.as_ref(), anchor).unwrap().0), want);
+}
+
 #[test]
 fn a_config_field_the_format_does_not_have_is_an_error() {
     let dir = tempfile::tempdir().unwrap();

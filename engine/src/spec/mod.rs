@@ -105,6 +105,13 @@ pub trait Proposer: Send + Debug {
         &[]
     }
 
+    /// Bring state deferred from [`Proposer::observe`] up to date before a proposal. Called
+    /// outside the timed drafting cost, like `observe` itself: the work is owed for committed
+    /// rows whether or not a draft follows.
+    fn catch_up(&mut self, _target: &dyn Model) -> Result<()> {
+        Ok(())
+    }
+
     /// Propose up to `max` tokens to follow `history`.
     fn propose(&mut self, target: &dyn Model, history: &[u32], max: usize) -> Result<Proposal>;
 

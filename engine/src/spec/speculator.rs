@@ -99,8 +99,10 @@ impl Speculator {
             if width == 0 {
                 break; // the controller wants a target-only step (baseline)
             }
+            // Deferred context work is owed for committed rows, not charged to this draft.
+            let caught_up = lane.proposer.catch_up(target);
             let started = Instant::now();
-            let result = lane.proposer.propose(target, history, width);
+            let result = caught_up.and_then(|()| lane.proposer.propose(target, history, width));
             let seconds = started.elapsed().as_secs_f64();
             spent += seconds;
             match result {

@@ -171,46 +171,39 @@ impl DSpark {
             caches,
             len: 0,
             max_context,
+            pending: vec![Vec::new(); self.captures.len()],
+            pending_rows: 0,
         }
     }
 
-    /// Append committed positions `start..` from their captured rows (`hidden`, in
-    /// `target_layer_ids` order) to `caches`.
+    /// Append committed positions `start..start + rows` to `caches` from their captured rows:
+    /// `parts[c]` holds `rows` rows of capture `c` (in `target_layer_ids` order). One multi-row
+    /// pass; batch invariance makes it bit-identical to appending the rows one at a time.
     fn extend_context(
         &self,
         caches: &mut [MlaCache],
         start: usize,
         rows: usize,
-        hidden: &[(String, Vec<f32>)],
+        parts: &[&[f32]],
     ) -> Result<()> {
-        let w = self.cfg.target_hidden_size;
-        let parts: Vec<&[f32]> = self
-            .captures
-            .iter()
-            .map(|name| {
-                hidden
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.as_slice())
-                    .unwrap_or(&[])
-            })
-            .collect();
-        if parts.iter().any(|p| p.len() != rows * w) {
+        let (w, h) = (self.cfg.target_hidden_size, self.cfg.hidden_size);
+        if parts.len() != self.captures.len() || parts.iter().any(|p| p.len() != rows * w) {
             return Err(Error::InvalidArgument {
                 field: "dspark",
                 reason: "captured target rows are missing".into(),
             });
         }
-        let mut row = Vec::with_capacity(parts.len() * w);
-        let mut ctx = vec![0.0f32; rows * self.cfg.hidden_size];
-        for (r, out) in ctx.chunks_mut(self.cfg.hidden_size).enumerate() {
-            row.clear();
-            parts
-                .iter()
-                .for_each(|p| row.extend_from_slice(&p[r * w..(r + 1) * w]));
-            matmul(&self.context_proj, &row, 1, out);
-            rms_norm_inplace(out, &self.context_norm, self.cfg.eps);
+        let k = parts.len() * w;
+        let mut input = vec![0.0f32; rows * k];
+        for (r, dst) in input.chunks_mut(k).enumerate() {
+            for (part, d) in parts.iter().zip(dst.chunks_mut(w)) {
+                d.copy_from_slice(&part[r * w..(r + 1) * w]);
+            }
         }
+        let mut ctx = vec![0.0f32; rows * h];
+        matmul(&self.context_proj, &input, rows, &mut ctx);
+        ctx.chunks_mut(h)
+            .for_each(|out| rms_norm_inplace(out, &self.context_norm, self.cfg.eps));
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             let ckv = layer.attn.context_rows(&ctx, rows, &|i| start + i);
             layer.attn.append(cache, &ckv);
@@ -265,7 +258,16 @@ fn norm_rows(x: &[f32], weight: &[f32], eps: f32, h: usize) -> Vec<f32> {
     out
 }
 
+/// Committed rows a session buffers before adding them to its context in one pass (unless a
+/// proposal needs them first). Bounds the buffer to this many rows of every capture.
+const FLUSH_ROWS: usize = 64;
+
 /// One request's draft state: the context caches of its committed positions.
+///
+/// Committed rows are buffered and added to the caches in one multi-row pass when the next
+/// proposal needs them (or every [`FLUSH_ROWS`] rows). While the economics gate has drafting
+/// off, the rows of many steps are thus projected together, reading the head's weights once
+/// instead of once per step; the caches end up bit-identical either way.
 #[derive(Debug)]
 pub struct DSparkSession {
     head: Arc<DSpark>,
@@ -274,15 +276,38 @@ pub struct DSparkSession {
     len: usize,
     /// Positions beyond which the head is not used (its trained context).
     max_context: usize,
+    /// Captured rows of positions `len..len + pending_rows`, one buffer per capture.
+    pending: Vec<Vec<f32>>,
+    pending_rows: usize,
 }
 
 impl DSparkSession {
     /// The whole block after `anchor` (the pending token at the next position): every row's
     /// logits with the Markov bias (`block_size × vocab`) and its draft token. For tests and
     /// diagnostics; proposing uses the same computation.
-    pub fn block(&self, target: &dyn Model, anchor: u32) -> Result<(Vec<f32>, Vec<u32>)> {
+    pub fn block(&mut self, target: &dyn Model, anchor: u32) -> Result<(Vec<f32>, Vec<u32>)> {
+        self.flush()?;
         self.head
             .block(target, &self.caches, self.len, anchor, self.head.cfg.block_size)
+    }
+
+    /// Committed positions observed so far (in the caches or buffered).
+    pub fn observed(&self) -> usize {
+        self.len + self.pending_rows
+    }
+
+    /// Add the buffered rows to the caches.
+    fn flush(&mut self) -> Result<()> {
+        if self.pending_rows == 0 {
+            return Ok(());
+        }
+        let parts: Vec<&[f32]> = self.pending.iter().map(Vec::as_slice).collect();
+        self.head
+            .extend_context(&mut self.caches, self.len, self.pending_rows, &parts)?;
+        self.len += self.pending_rows;
+        self.pending_rows = 0;
+        self.pending.iter_mut().for_each(Vec::clear);
+        Ok(())
     }
 }
 
@@ -295,10 +320,15 @@ impl Proposer for DSparkSession {
         &self.head.captures
     }
 
+    fn catch_up(&mut self, _target: &dyn Model) -> Result<()> {
+        self.flush()
+    }
+
     fn propose(&mut self, target: &dyn Model, history: &[u32], max: usize) -> Result<Proposal> {
         let Some(&anchor) = history.last() else {
             return Ok(Proposal::default());
         };
+        self.flush()?;
         if self.len + 1 != history.len() {
             return Err(Error::InvalidArgument {
                 field: "dspark",
@@ -318,25 +348,47 @@ impl Proposer for DSparkSession {
     }
 
     fn observe(&mut self, _target: &dyn Model, obs: &Observation<'_>) -> Result<()> {
-        if obs.start != self.len {
+        let n = obs.tokens.len();
+        if obs.start != self.observed() {
             // Positions the draft never saw (a reused conversation state): it cannot catch up.
             return Err(Error::InvalidArgument {
                 field: "dspark",
                 reason: format!(
                     "committed rows start at {} but the draft context has {}",
-                    obs.start, self.len
+                    obs.start,
+                    self.observed()
                 ),
             });
         }
-        if self.len + obs.tokens.len() > self.max_context {
+        if self.observed() + n > self.max_context {
             return Err(Error::InvalidArgument {
                 field: "dspark",
                 reason: "the context outgrew the draft head".into(),
             });
         }
-        self.head
-            .extend_context(&mut self.caches, obs.start, obs.tokens.len(), obs.hidden)?;
-        self.len += obs.tokens.len();
+        let w = self.head.cfg.target_hidden_size;
+        let rows: Vec<&[f32]> = self
+            .head
+            .captures
+            .iter()
+            .map(|name| {
+                let found = obs.hidden.iter().find(|(got, _)| got == name);
+                found.map_or(&[][..], |(_, v)| v.as_slice())
+            })
+            .collect();
+        if rows.iter().any(|r| r.len() != n * w) {
+            return Err(Error::InvalidArgument {
+                field: "dspark",
+                reason: "captured target rows are missing".into(),
+            });
+        }
+        for (buf, r) in self.pending.iter_mut().zip(rows) {
+            buf.extend_from_slice(r);
+        }
+        self.pending_rows += n;
+        if self.pending_rows >= FLUSH_ROWS {
+            self.flush()?;
+        }
         Ok(())
     }
 }
