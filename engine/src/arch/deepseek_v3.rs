@@ -26,6 +26,8 @@ use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
 use crate::kernels::{Matrix, matmul};
 
+// One per layer, built once at load: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Ffn {
     Dense(Mlp),

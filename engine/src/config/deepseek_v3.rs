@@ -87,7 +87,7 @@ impl DeepseekV3Config {
                 return Err(f.err(field, "must be positive"));
             }
         }
-        if self.qk_rope_head_dim % 2 != 0 {
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(f.err(
                 "qk_rope_head_dim",
                 format!("must be even, found {}", self.qk_rope_head_dim),
@@ -115,7 +115,7 @@ impl DeepseekV3Config {
                     format!("must be in 1..={}", self.n_routed_experts),
                 ));
             }
-            if self.n_routed_experts % self.n_group != 0 {
+            if !self.n_routed_experts.is_multiple_of(self.n_group) {
                 return Err(f.err(
                     "n_group",
                     format!("must divide n_routed_experts ({})", self.n_routed_experts),

@@ -118,7 +118,7 @@ impl Format {
                 )
             }
             Format::Int4Group { group, scale } => {
-                if group == 0 || group % 8 != 0 || cols % group != 0 {
+                if group == 0 || !group.is_multiple_of(8) || !cols.is_multiple_of(group) {
                     return Err(format!(
                         "INT4 needs cols ({cols}) divisible by a group ({group}) that is a multiple of 8"
                     ));
@@ -126,7 +126,7 @@ impl Format {
                 (rows * cols / 2, Some(rows * (cols / group) * scale.size()))
             }
             Format::Mxfp4 { group } => {
-                if group == 0 || group % 2 != 0 || cols % group != 0 {
+                if group == 0 || !group.is_multiple_of(2) || !cols.is_multiple_of(group) {
                     return Err(format!(
                         "MXFP4 needs cols ({cols}) divisible by an even group ({group})"
                     ));

@@ -69,7 +69,7 @@ fn start_with(dir: &std::path::Path, cfg: SchedulerConfig) -> SchedulerHandle {
 #[test]
 fn concurrent_requests_get_the_tokens_they_get_alone() {
     let dir = model_dir();
-    let reqs = vec![
+    let reqs = [
         request(prompt(5, 1), 12, Sampling::Greedy),
         request(prompt(40, 2), 7, Sampling::new(0.9, 0.95, 20, 11).unwrap()),
         request(prompt(17, 3), 20, Sampling::new(1.3, 1.0, 0, 5).unwrap()),
@@ -301,7 +301,7 @@ fn stop_ids_end_generation_and_cancel_all_fails_the_rest() {
 fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
     let dir = tempfile::tempdir().unwrap();
     crate::synth::KimiK3Synth::k3_tiny().write(dir.path()).unwrap();
-    let reqs = vec![
+    let reqs = [
         request(prompt(9, 1), 10, Sampling::Greedy),
         request(prompt(30, 2), 8, Sampling::new(0.9, 0.95, 0, 4).unwrap()),
         request(prompt(3, 3), 12, Sampling::Greedy),

@@ -186,8 +186,8 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     while c0 < full {
         let c1 = (c0 + p.seg_chunks).min(full);
         let mut sc = [s.zero(); R];
-        for j in 0..R {
-            sc[j] = s.splat(p.scale(r + j, seg));
+        for (j, scale) in sc.iter_mut().enumerate() {
+            *scale = s.splat(p.scale(r + j, seg));
         }
         for c in c0..c1 {
             let mut w = [s.zero(); R];
@@ -237,8 +237,8 @@ fn fused<S: Simd, E: Elem, const R: usize>(s: S, p: &Plan, r0: usize, x: &[Chunk
     while c0 < full {
         let c1 = (c0 + p.seg_chunks).min(full);
         let mut sc = [s.zero(); R];
-        for j in 0..R {
-            sc[j] = s.splat(p.scale(r0 + j, seg));
+        for (j, scale) in sc.iter_mut().enumerate() {
+            *scale = s.splat(p.scale(r0 + j, seg));
         }
         for c in c0..c1 {
             let xv = s.load(&x[c]);

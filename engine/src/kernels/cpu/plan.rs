@@ -49,7 +49,7 @@ pub(crate) struct Plan<'a> {
 }
 
 /// `2^119`: FP8 scales at or above this magnitude would overflow when pre-multiplied by 256.
-const FP8_PRESCALE_LIMIT: f32 = 6.646_139_978_924_579e35;
+const FP8_PRESCALE_LIMIT: f32 = f32::from_bits((119 + 127) << 23);
 
 impl<'a> Plan<'a> {
     /// Classify `m`.
