@@ -1,13 +1,15 @@
 //! `deltafin doctor [--dir DIR] [--json] [--verify]`: a read-only check of an install: the install
 //! manifest and what is on disk (sizes, and hashes with `--verify`), `config.json` through the
 //! engine's typed config, the safetensors headers through the engine's weight index, free space,
-//! the mode (full, or stream with the share already local) and the drafts under `drafts/`. Prints a
-//! verdict; exits 0 only when the install is usable.
+//! the mode (full, or stream with the share already local) and the drafts under `drafts/`, and,
+//! with `--device cuda`, that the GPU opens. Prints a verdict; exits 0 only when the install is
+//! usable.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use deltafin_engine::backend::{Backend, Device};
 use deltafin_engine::config::ModelSpec;
 use deltafin_engine::weights::{ShardFile, WeightIndex};
 use deltafin_fetch::error::human_bytes;
@@ -60,9 +62,10 @@ struct Report {
     install: Option<InstallStatus>,
 }
 
-/// Run `deltafin doctor`.
-pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let report = examine(&args.dir, args.verify)?;
+/// Run `deltafin doctor`; with a GPU `device` (`deltafin --device cuda doctor`) it also opens
+/// the device and compiles the kernels, so a pod can check its GPU before serving.
+pub fn doctor(args: DoctorArgs, device: Device) -> anyhow::Result<ExitCode> {
+    let report = examine(&args.dir, args.verify, device)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -75,7 +78,7 @@ pub fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
+fn examine(dir: &Path, verify: bool, device: Device) -> anyhow::Result<Report> {
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
     let install = inspect(dir, verify)?;
     let free = free_space(dir)?;
@@ -93,6 +96,9 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
         },
     });
     checks.push(weights_check(dir, install.as_ref()));
+    if device != Device::Cpu {
+        checks.push(device_check(device));
+    }
     let drafts = drafts(dir)?;
     let usable = checks.iter().all(|c| c.ok);
     let verdict = verdict(usable, install.as_ref(), &checks);
@@ -107,6 +113,22 @@ fn examine(dir: &Path, verify: bool) -> anyhow::Result<Report> {
         drafts,
         install,
     })
+}
+
+/// Open the compute device (compiling its kernels) and drop it again.
+fn device_check(device: Device) -> Check {
+    match Backend::open(device, None) {
+        Ok(b) => Check {
+            name: "device",
+            ok: true,
+            detail: b.describe(),
+        },
+        Err(e) => Check {
+            name: "device",
+            ok: false,
+            detail: e.to_string(),
+        },
+    }
 }
 
 /// Manifest-level checks: files (sizes, hashes, completeness) and free space.

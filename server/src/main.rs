@@ -94,7 +94,7 @@ fn main() -> ExitCode {
         Command::Setup(args) => setup::setup(args),
         Command::SetupQwen(args) => setup::setup_qwen(args),
         Command::Push(args) => push::push(args),
-        Command::Doctor(args) => doctor::doctor(args),
+        Command::Doctor(args) => doctor::doctor(args, cli.device),
         Command::Warm(args) => warm::warm(args),
         Command::Synth(args) => done(synth_cmd::run(args)),
     };

@@ -195,3 +195,52 @@ fn bad_inputs_fail_with_named_causes() {
     );
     assert_clean_failure(&out, "top_p");
 }
+
+/// A device this build or machine cannot provide: `run` fails up front with a one-line error
+/// naming the device, and `doctor --device cuda` reports a failed `device` check (the same test
+/// on a GPU build and machine would pass both; `bench/cuda.sh` covers that).
+#[test]
+fn an_unavailable_device_fails_closed() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = synth();
+    let dir = model.path().to_str().unwrap();
+    let out = deltafin(
+        &["--device", "cuda", "run", "--model", dir, "--prompt", "hi"],
+        cache.path(),
+    );
+    if out.status.success() {
+        return; // a CUDA build on a GPU machine
+    }
+    assert_clean_failure(&out, "device cuda:0: ");
+    let out = deltafin(
+        &["--device", "cuda:1", "doctor", "--json", "--dir", dir],
+        cache.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    let device = checks
+        .iter()
+        .find(|c| c["name"] == "device")
+        .expect("a device check");
+    assert_eq!(device["ok"], false);
+    assert!(
+        device["detail"].as_str().unwrap().starts_with("device cuda:1: "),
+        "{device}"
+    );
+    assert_eq!(report["usable"], false);
+    assert!(report["verdict"].as_str().unwrap().contains("device"), "{report}");
+    let out = deltafin(
+        &["--device", "cpu", "doctor", "--json", "--dir", dir],
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(!names.contains(&"device"), "the CPU needs no check: {names:?}");
+}
