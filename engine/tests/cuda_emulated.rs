@@ -17,7 +17,6 @@ use std::sync::OnceLock;
 
 use deltafin_engine::backend::abi::kernel_args;
 use deltafin_engine::kernels::{Matrix, ScaleDtype, reference};
-use deltafin_engine::weights::Blob;
 use kernel_support::*;
 
 /// The emulator binary, compiled once per test run (`None`: no compiler, skip).
@@ -120,12 +119,7 @@ fn fp8_matches_the_reference_with_partial_blocks_nan_codes_and_special_scales() 
     check(&fp8_matrix(13, 45, (4, 16), 2, false), &NS, "fp8 4x16");
     check(&fp8_matrix(11, 100, (3, 24), 5, false), &[1, 9], "fp8 3x24");
     check(&fp8_matrix(17, 64, (16, 32), 4, true), &[1, 9], "fp8 NaN codes");
-    let m = fp8_matrix(9, 44, (4, 16), 20, false);
-    let specials = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, 3e-3];
-    let scales: Vec<u8> = (0..m.scales.as_ref().unwrap().len() / 4)
-        .flat_map(|k| specials[k % specials.len()].to_le_bytes())
-        .collect();
-    let m = Matrix::new(m.format, 9, 44, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    let m = fp8_special_scales_matrix(9, 44, 20);
     check(&m, &[1, 9], "fp8 special scales");
 }
 
@@ -146,36 +140,11 @@ fn int4_matches_the_reference_for_every_scale_dtype() {
 fn mxfp4_matches_the_reference_with_special_scales() {
     check(&mxfp4_matrix(17, 320, 32, 2), &NS, "mxfp4 g32");
     check(&mxfp4_matrix(7, 30, 2, 4), &[1, 9], "mxfp4 g2");
-    let m = mxfp4_matrix(9, 64, 32, 6);
-    let mut scales = m.scales.as_deref().unwrap().to_vec();
-    (scales[0], scales[3], scales[5], scales[7]) = (0, 255, 254, 1); // 2^-127, NaN, 2^127, 2^-126
-    let m = Matrix::new(m.format, 9, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+    let m = mxfp4_special_scales_matrix();
     check(&m, &NS, "mxfp4 special scales");
 }
 
 #[test]
 fn special_float_weights_match_the_reference() {
-    let specials = [
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        f32::MAX,
-        f32::MIN_POSITIVE,
-        1e-45,
-        -0.0,
-    ];
-    let mut vals = patterned(21 * 40, 5);
-    for (i, v) in vals.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
-        *v = specials[i % specials.len()];
-    }
-    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let m = Matrix::new(
-        deltafin_engine::kernels::Format::F32,
-        21,
-        40,
-        Blob::from_vec(data),
-        None,
-    )
-    .unwrap();
-    check(&m, &[1, 9], "f32 specials");
+    check(&special_f32_matrix(), &[1, 9], "f32 specials");
 }

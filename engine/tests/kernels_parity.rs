@@ -7,7 +7,7 @@
 
 mod kernel_support;
 
-use deltafin_engine::kernels::{self, Format, Isa, Matrix, ScaleDtype, matmul_with, reference};
+use deltafin_engine::kernels::{self, Isa, Matrix, ScaleDtype, matmul_with, reference};
 use deltafin_engine::weights::Blob;
 use kernel_support::*;
 
@@ -84,21 +84,12 @@ fn fp8_nan_codes_match_reference() {
 
 #[test]
 fn fp8_special_scales_match_reference() {
-    // Infinite / NaN / zero / subnormal block scales, including on partial tail chunks (a zero
-    // padding lane times an infinite scale would be NaN if the kernel did not zero it).
-    let specials = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, 3e-3];
     for (i, cols) in [40usize, 44, 300].into_iter().enumerate() {
-        let m = fp8_matrix(9, cols, (4, 16), 20 + i as u64, false);
-        let scales: Vec<u8> = m
-            .scales
-            .as_deref()
-            .unwrap()
-            .chunks(4)
-            .enumerate()
-            .flat_map(|(k, _)| specials[k % specials.len()].to_le_bytes())
-            .collect();
-        let m = Matrix::new(m.format, 9, cols, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
-        check(&m, &FEW_N, "fp8 special scales");
+        check(
+            &fp8_special_scales_matrix(9, cols, 20 + i as u64),
+            &FEW_N,
+            "fp8 special scales",
+        );
     }
 }
 
@@ -146,35 +137,12 @@ fn mxfp4_matches_reference() {
 
 #[test]
 fn mxfp4_special_scales_match_reference() {
-    let mut m = mxfp4_matrix(9, 64, 32, 6);
-    let mut scales = m.scales.as_deref().unwrap().to_vec();
-    scales[0] = 0; // 2^-127 (an f32 subnormal)
-    scales[3] = 255; // NaN
-    scales[5] = 254;
-    scales[7] = 1;
-    m = Matrix::new(m.format, 9, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
-    check(&m, &ALL_N, "mxfp4 special scales");
+    check(&mxfp4_special_scales_matrix(), &ALL_N, "mxfp4 special scales");
 }
 
 #[test]
 fn special_float_weights_match_reference() {
-    let specials = [
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        f32::MAX,
-        f32::MIN_POSITIVE,
-        1e-45,
-        -0.0,
-        0.0,
-    ];
-    let mut vals = patterned(21 * 40, 5);
-    for (i, v) in vals.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
-        *v = specials[i % specials.len()];
-    }
-    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let m = Matrix::new(Format::F32, 21, 40, Blob::from_vec(data), None).unwrap();
-    check(&m, &FEW_N, "f32 specials");
+    check(&special_f32_matrix(), &FEW_N, "f32 specials");
 }
 
 #[test]

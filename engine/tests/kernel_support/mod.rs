@@ -134,3 +134,45 @@ pub fn assert_same(want: &[f32], got: &[f32], what: &str) {
         );
     }
 }
+
+/// `fp8_matrix` with block scales cycling through infinities, NaN, zeros of both signs, a
+/// subnormal and an ordinary value (a zero padding lane times an infinite scale would be NaN if
+/// a kernel did not zero it).
+pub fn fp8_special_scales_matrix(rows: usize, cols: usize, seed: u64) -> Matrix {
+    let specials = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, 3e-3];
+    let m = fp8_matrix(rows, cols, (4, 16), seed, false);
+    let scales: Vec<u8> = (0..m.scales.as_ref().unwrap().len() / 4)
+        .flat_map(|k| specials[k % specials.len()].to_le_bytes())
+        .collect();
+    Matrix::new(m.format, rows, cols, m.data.clone(), Some(Blob::from_vec(scales))).unwrap()
+}
+
+/// A 9 x 64 MXFP4 matrix whose E8M0 scales include 0 (2^-127, an f32 subnormal), 255 (NaN),
+/// 254 (2^127) and 1 (2^-126).
+pub fn mxfp4_special_scales_matrix() -> Matrix {
+    let m = mxfp4_matrix(9, 64, 32, 6);
+    let mut scales = m.scales.as_deref().unwrap().to_vec();
+    (scales[0], scales[3], scales[5], scales[7]) = (0, 255, 254, 1);
+    Matrix::new(m.format, 9, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap()
+}
+
+/// A 21 x 40 F32 matrix with infinities, NaN, f32::MAX, the smallest normal and subnormal, and
+/// zeros of both signs mixed into patterned values.
+pub fn special_f32_matrix() -> Matrix {
+    let specials = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -0.0,
+        0.0,
+    ];
+    let mut vals = patterned(21 * 40, 5);
+    for (i, v) in vals.iter_mut().enumerate().filter(|(i, _)| i % 7 == 3) {
+        *v = specials[i % specials.len()];
+    }
+    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Matrix::new(Format::F32, 21, 40, Blob::from_vec(data), None).unwrap()
+}
