@@ -4,13 +4,26 @@
 //! survives corruption; and a budgeted run stays inside a cgroup v1 memory limit smaller than
 //! the model.
 
+mod ooc_support;
+
 use std::path::Path;
 
-use deltafin_engine::arch::{self, LogitRows, Model, SeqInput};
+use deltafin_engine::arch;
 use deltafin_engine::cache::heat::Heat;
-use deltafin_engine::cache::{OocOptions, OocRuntime, PolicyKind, ReadMode};
-use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
+use deltafin_engine::cache::{OocOptions, PolicyKind, ReadMode};
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
+use ooc_support::{greedy, load, run};
+
+/// Reads per expert in this file's runs (several chunks per expert even on tiny models).
+const CHUNK: usize = 8192;
+
+fn options(budget: u64, policy: PolicyKind, mode: ReadMode, prefetch: bool) -> OocOptions {
+    ooc_support::options(budget, policy, mode, prefetch, CHUNK)
+}
+
+fn budgets(dir: &Path) -> Vec<u64> {
+    ooc_support::budgets(dir, CHUNK)
+}
 
 /// The tiny test model with enough layers that streaming some is cheaper than keeping all.
 fn tiny(format: ExpertFormat) -> DeepseekSynth {
@@ -18,107 +31,6 @@ fn tiny(format: ExpertFormat) -> DeepseekSynth {
         layers: 6,
         ..DeepseekSynth::tiny(format)
     }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-fn prompt(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 37 + salt * 11 + 5) % 500).collect()
-}
-
-/// What a run produces: all-row logits of a chunked prefill, then greedy ids and last logits.
-#[derive(Debug, PartialEq)]
-struct Outcome {
-    prefill: Vec<u32>,
-    ids: Vec<u32>,
-    batched: Vec<u32>,
-}
-
-fn run(m: &dyn Model) -> Outcome {
-    let tokens = prompt(13, 1);
-    let mut s = m.new_state();
-    let mut prefill = Vec::new();
-    for part in tokens.chunks(5) {
-        prefill.extend(
-            m.forward(
-                &mut [SeqInput {
-                    state: &mut s,
-                    tokens: part,
-                    logits: LogitRows::All,
-                }],
-                None,
-            )
-            .unwrap(),
-        );
-    }
-    let opts = GenerateOptions {
-        max_new_tokens: 10,
-        sampling: Sampling::Greedy,
-        stop_ids: vec![],
-        prefill_chunk: 4,
-    };
-    let mut s = m.new_state();
-    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue)
-        .unwrap()
-        .output_ids;
-    let (mut a, mut b) = (m.new_state(), m.new_state());
-    let batched = m
-        .forward(
-            &mut [
-                SeqInput {
-                    state: &mut a,
-                    tokens: &prompt(3, 3),
-                    logits: LogitRows::All,
-                },
-                SeqInput {
-                    state: &mut b,
-                    tokens: &prompt(4, 4),
-                    logits: LogitRows::Last,
-                },
-            ],
-            None,
-        )
-        .unwrap();
-    Outcome {
-        prefill: bits(&prefill),
-        ids,
-        batched: bits(&batched),
-    }
-}
-
-fn options(budget: u64, policy: PolicyKind, mode: ReadMode, prefetch: bool) -> OocOptions {
-    let mut o = OocOptions::with_budget(budget);
-    o.policy = policy;
-    o.reader.mode = mode;
-    o.reader.threads = 3;
-    o.reader.chunk_bytes = 8192; // several chunks per expert even on tiny models
-    o.prefetch = prefetch;
-    o.reserve_bytes = 0;
-    o
-}
-
-fn load(dir: &Path, o: &OocOptions) -> (Box<dyn Model>, OocRuntime) {
-    arch::load_budgeted(dir, o).unwrap_or_else(|e| panic!("budget {}: {e}", o.budget))
-}
-
-/// Budgets from "one slot, every layer streamed" to "everything resident".
-fn budgets(dir: &Path) -> Vec<u64> {
-    let (_, rt) = load(
-        dir,
-        &options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false),
-    );
-    let p = &rt.plan;
-    let max_layer = *p.layer_bytes.iter().max().unwrap();
-    let spine: u64 = p.layer_bytes.iter().sum();
-    let floor = p.fixed_bytes + 2 * max_layer + p.slot_bytes;
-    vec![
-        floor,
-        floor + 2 * p.slot_bytes,
-        p.fixed_bytes + spine + 3 * p.slot_bytes,
-        u64::MAX / 4,
-    ]
 }
 
 fn check_matrix(format: ExpertFormat, full: bool) {
@@ -255,8 +167,6 @@ fn prefetch_and_policies_report_consistent_counters() {
     }
 }
 
-const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
-
 /// A model of ~250 MB with 320 experts of 768 KiB.
 fn cgroup_model() -> DeepseekSynth {
     DeepseekSynth {
@@ -280,36 +190,16 @@ fn cgroup_model() -> DeepseekSynth {
     }
 }
 
-fn greedy(m: &dyn Model) -> Vec<u32> {
-    let opts = GenerateOptions {
-        max_new_tokens: 6,
-        sampling: Sampling::Greedy,
-        stop_ids: vec![],
-        prefill_chunk: 8,
-    };
-    let mut s = m.new_state();
-    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)
-        .unwrap()
-        .output_ids
-}
-
 /// Runs a budgeted generation inside a cgroup v1 memory child whose limit is well below the
 /// model's size, in a child process (this test binary, re-run on the ignored test below), and
 /// checks the run succeeds, produces the unbudgeted tokens, and never hits the limit.
 #[test]
 fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
-    use std::io::Write;
     let limit: u64 = 96 << 20;
     let budget: u64 = 40 << 20;
-    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
-        eprintln!("skipped: cgroup v1 memory controller not mounted at {CGROUP_V1}");
+    let Some(group) = ooc_support::cgroup("deltafin-ooc-test") else {
         return;
-    }
-    let group = Path::new(CGROUP_V1).join(format!("deltafin-ooc-test-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&group) {
-        eprintln!("skipped: cannot create a memory cgroup ({e}); run as root on a cgroup v1 host");
-        return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let synth = cgroup_model();
     synth.write(dir.path()).unwrap();
@@ -318,34 +208,20 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
         "the model must not fit in the limit"
     );
     let want = greedy(arch::load(dir.path()).unwrap().as_ref());
-    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
-    let ids: Vec<String> = want.iter().map(u32::to_string).collect();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "cgroup_child_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("DELTAFIN_TEST_CHILD_MODEL", dir.path())
-        .env("DELTAFIN_TEST_CHILD_IDS", ids.join(","))
-        .env("DELTAFIN_TEST_CHILD_BUDGET", budget.to_string())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::fs::write(group.join("cgroup.procs"), child.id().to_string()).unwrap();
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let status = child.wait().unwrap();
-    let read = |f: &str| std::fs::read_to_string(group.join(f)).unwrap_or_default();
-    let max_usage: u64 = read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0);
-    let failcnt: u64 = read("memory.failcnt").trim().parse().unwrap_or(0);
-    let oom_kills: u64 = read("memory.oom_control")
-        .lines()
-        .find_map(|l| l.strip_prefix("oom_kill "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    let _ = std::fs::remove_dir(&group);
+    let ooc_support::CgroupRun {
+        status,
+        max_usage,
+        failcnt,
+        oom_kills,
+    } = ooc_support::run_in_cgroup(
+        &group,
+        limit,
+        "cgroup_child_process",
+        dir.path(),
+        &want,
+        budget,
+        &[],
+    );
     eprintln!(
         "model {} MiB, limit {} MiB, budget {} MiB: peak charged {:.1} MiB, failcnt {failcnt}, oom kills {oom_kills}",
         synth.data_bytes() >> 20,
@@ -365,24 +241,13 @@ fn budgeted_run_stays_under_a_cgroup_v1_limit_smaller_than_the_model() {
 #[test]
 #[ignore]
 fn cgroup_child_process() {
-    let Ok(dir) = std::env::var("DELTAFIN_TEST_CHILD_MODEL") else {
+    let Some((dir, want, budget)) = ooc_support::child_args() else {
         return;
     };
-    let want: Vec<u32> = std::env::var("DELTAFIN_TEST_CHILD_IDS")
-        .unwrap()
-        .split(',')
-        .map(|v| v.parse().unwrap())
-        .collect();
-    let budget: u64 = std::env::var("DELTAFIN_TEST_CHILD_BUDGET")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut go = String::new();
-    std::io::stdin().read_line(&mut go).unwrap(); // wait until moved into the cgroup
     let mut o = options(budget, PolicyKind::Lru, ReadMode::Auto, true);
     o.reserve_bytes = 8 << 20;
     o.reader.chunk_bytes = 1 << 20;
-    let (m, rt) = load(Path::new(&dir), &o);
+    let (m, rt) = load(&dir, &o);
     assert!(rt.plan.total_bytes() <= budget);
     assert!(rt.plan.cache_fraction < 0.5, "{:?}", rt.plan);
     assert_eq!(greedy(m.as_ref()), want);

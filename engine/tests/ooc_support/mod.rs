@@ -1,0 +1,213 @@
+//! Shared by the out-of-core tests (`out_of_core.rs` for DeepSeek-V3, `out_of_core_kimi.rs` for
+//! Kimi K3 / Kimi-Linear): the run whose bits are compared, the budgeted options and the budget
+//! ladder, and the cgroup v1 harness that re-runs this test binary inside a memory limit.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+use deltafin_engine::arch::{self, LogitRows, Model, SeqInput};
+use deltafin_engine::cache::{OocOptions, OocRuntime, PolicyKind, ReadMode};
+use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+pub fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 37 + salt * 11 + 5) % 500).collect()
+}
+
+/// What a run produces: all-row logits of a chunked prefill, greedy ids (chunked prefill then
+/// decode), and a batched pass of two sequences.
+#[derive(Debug, PartialEq)]
+pub struct Outcome {
+    pub prefill: Vec<u32>,
+    pub ids: Vec<u32>,
+    pub batched: Vec<u32>,
+}
+
+pub fn run(m: &dyn Model) -> Outcome {
+    let tokens = prompt(13, 1);
+    let mut s = m.new_state();
+    let mut prefill = Vec::new();
+    for part in tokens.chunks(5) {
+        let inputs = &mut [SeqInput {
+            state: &mut s,
+            tokens: part,
+            logits: LogitRows::All,
+        }];
+        prefill.extend(m.forward(inputs, None).unwrap());
+    }
+    let opts = GenerateOptions {
+        max_new_tokens: 10,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 4,
+    };
+    let mut s = m.new_state();
+    let ids = generate(m, &mut s, &prompt(7, 2), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids;
+    let (mut a, mut b) = (m.new_state(), m.new_state());
+    let (pa, pb) = (prompt(3, 3), prompt(4, 4));
+    let inputs = &mut [
+        SeqInput {
+            state: &mut a,
+            tokens: &pa,
+            logits: LogitRows::All,
+        },
+        SeqInput {
+            state: &mut b,
+            tokens: &pb,
+            logits: LogitRows::Last,
+        },
+    ];
+    let batched = m.forward(inputs, None).unwrap();
+    Outcome {
+        prefill: bits(&prefill),
+        ids,
+        batched: bits(&batched),
+    }
+}
+
+/// Greedy ids of a short generation (the cgroup runs).
+pub fn greedy(m: &dyn Model) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 8,
+    };
+    let mut s = m.new_state();
+    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)
+        .unwrap()
+        .output_ids
+}
+
+/// Budgeted options with small reads (`chunk_bytes`: several chunks per expert even on tiny
+/// models), three reader threads and no reserve.
+pub fn options(
+    budget: u64,
+    policy: PolicyKind,
+    mode: ReadMode,
+    prefetch: bool,
+    chunk_bytes: usize,
+) -> OocOptions {
+    let mut o = OocOptions::with_budget(budget);
+    o.policy = policy;
+    o.reader.mode = mode;
+    o.reader.threads = 3;
+    o.reader.chunk_bytes = chunk_bytes;
+    o.prefetch = prefetch;
+    o.reserve_bytes = 0;
+    o
+}
+
+pub fn load(dir: &Path, o: &OocOptions) -> (Box<dyn Model>, OocRuntime) {
+    arch::load_budgeted(dir, o).unwrap_or_else(|e| panic!("budget {} {:?}: {e}", o.budget, o.reader.mode))
+}
+
+/// Budgets from "one slot, every layer streamed" to "everything resident".
+pub fn budgets(dir: &Path, chunk_bytes: usize) -> Vec<u64> {
+    let o = options(u64::MAX / 4, PolicyKind::Lru, ReadMode::Auto, false, chunk_bytes);
+    let (_, rt) = load(dir, &o);
+    let p = &rt.plan;
+    let max_layer = *p.layer_bytes.iter().max().unwrap();
+    let spine: u64 = p.layer_bytes.iter().sum();
+    let floor = p.fixed_bytes + 2 * max_layer + p.slot_bytes;
+    vec![
+        floor,
+        floor + 2 * p.slot_bytes,
+        p.fixed_bytes + spine + 3 * p.slot_bytes,
+        u64::MAX / 4,
+    ]
+}
+
+pub const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+
+/// What the memory cgroup saw of a child run.
+#[derive(Debug)]
+pub struct CgroupRun {
+    pub status: ExitStatus,
+    pub max_usage: u64,
+    pub failcnt: u64,
+    pub oom_kills: u64,
+}
+
+/// A fresh cgroup v1 memory child named `name`, or `None` (with the reason printed) where the
+/// controller is not mounted or the group cannot be created (not root).
+pub fn cgroup(name: &str) -> Option<PathBuf> {
+    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
+        eprintln!("skipped: cgroup v1 memory controller not mounted at {CGROUP_V1}");
+        return None;
+    }
+    let group = Path::new(CGROUP_V1).join(format!("{name}-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&group) {
+        eprintln!("skipped: cannot create a memory cgroup ({e}); run as root on a cgroup v1 host");
+        return None;
+    }
+    Some(group)
+}
+
+/// Run the ignored test `child` of this binary inside `group` limited to `limit` bytes, passing
+/// the model, the expected ids and the budget (plus `extra` variables); the child waits on stdin
+/// until it has been moved into the group. Removes the group afterwards.
+pub fn run_in_cgroup(
+    group: &Path,
+    limit: u64,
+    child: &str,
+    model: &Path,
+    want: &[u32],
+    budget: u64,
+    extra: &[(&str, &str)],
+) -> CgroupRun {
+    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+    let ids: Vec<String> = want.iter().map(u32::to_string).collect();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
+        .env("DELTAFIN_TEST_CHILD_MODEL", model)
+        .env("DELTAFIN_TEST_CHILD_IDS", ids.join(","))
+        .env("DELTAFIN_TEST_CHILD_BUDGET", budget.to_string())
+        .stdin(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut process = cmd.spawn().unwrap();
+    std::fs::write(group.join("cgroup.procs"), process.id().to_string()).unwrap();
+    process.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let status = process.wait().unwrap();
+    let read = |f: &str| std::fs::read_to_string(group.join(f)).unwrap_or_default();
+    let run = CgroupRun {
+        status,
+        max_usage: read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0),
+        failcnt: read("memory.failcnt").trim().parse().unwrap_or(0),
+        oom_kills: read("memory.oom_control")
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0),
+    };
+    let _ = std::fs::remove_dir(group);
+    run
+}
+
+/// The child side: `(model dir, expected ids, budget)` once moved into the group, or `None`
+/// when the ignored test is run directly.
+pub fn child_args() -> Option<(PathBuf, Vec<u32>, u64)> {
+    let dir = std::env::var("DELTAFIN_TEST_CHILD_MODEL").ok()?;
+    let want = std::env::var("DELTAFIN_TEST_CHILD_IDS")
+        .unwrap()
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let budget = std::env::var("DELTAFIN_TEST_CHILD_BUDGET")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap(); // wait until moved into the cgroup
+    Some((PathBuf::from(dir), want, budget))
+}
