@@ -65,7 +65,14 @@ pub struct ChatOptions {
     /// Tool (function) schemas, passed to the template as `tools` (`None` renders as none).
     pub tools: Option<Vec<serde_json::Value>>,
     /// Extra template variables, e.g. `{"thinking": true}`; they override `bos_token` & co.
+    /// The XTML encoder reads `thinking` (bool, default true) and `thinking_effort` (string).
     pub extra: serde_json::Map<String, serde_json::Value>,
+    /// The request's tool choice: `"auto"`, `"none"`, `"required"` or `"named"` (a specific
+    /// function was forced). Only the XTML encoder renders it (`required` / `none` notes).
+    pub tool_choice: Option<String>,
+    /// The OpenAI `response_format` object. Only the XTML encoder renders it (a
+    /// `response-format` note for `json_object` / `json_schema`; a prompt only, not a constraint).
+    pub response_format: Option<serde_json::Value>,
 }
 
 /// Template variables the caller may not set through `extra`.
@@ -142,6 +149,23 @@ struct TemplateMessage<'a> {
     name: Option<&'a str>,
 }
 
+/// Checks shared by every chat renderer: at least one message, no reserved `extra` key.
+pub(crate) fn check_chat_inputs(messages: &[ChatMessage], opts: &ChatOptions) -> Result<()> {
+    if messages.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "messages",
+            reason: "a chat needs at least one message".into(),
+        });
+    }
+    if let Some(key) = RESERVED.iter().find(|k| opts.extra.contains_key(**k)) {
+        return Err(Error::InvalidArgument {
+            field: "extra",
+            reason: format!("`{key}` is set by encode_chat itself"),
+        });
+    }
+    Ok(())
+}
+
 /// Template variables for a chat: special-token attributes, then `extra`, then the chat itself.
 /// With `control`, every user-supplied string is marked.
 pub(crate) fn template_vars(
@@ -151,12 +175,6 @@ pub(crate) fn template_vars(
     sort_tools: bool,
     control: Option<&ControlTokens>,
 ) -> Result<BTreeMap<String, Value>> {
-    if let Some(key) = RESERVED.iter().find(|k| opts.extra.contains_key(**k)) {
-        return Err(Error::InvalidArgument {
-            field: "extra",
-            reason: format!("`{key}` is set by encode_chat itself"),
-        });
-    }
     let mark = |s: &str| -> String { control.map_or_else(|| s.to_owned(), |c| c.mark(s).into_owned()) };
     let mark_json = |v: &serde_json::Value| control.map_or_else(|| v.clone(), |c| c.mark_json(v));
     let mut vars = BTreeMap::new();
@@ -221,7 +239,7 @@ pub(crate) fn to_value<T: Serialize>(v: T) -> Value {
 
 /// Kimi's `deep_sort_dict`: object keys sorted at every level (a JSON value's map is ordered
 /// as serde_json orders it, so build the sorted form explicitly).
-fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn deep_sorted(v: &serde_json::Value) -> serde_json::Value {
     match v {
         serde_json::Value::Object(o) => {
             let mut entries: Vec<_> = o.iter().collect();

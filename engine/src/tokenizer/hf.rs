@@ -137,6 +137,18 @@ impl HfBackend {
         encode_ids(&self.with_added, text)
     }
 
+    /// transformers' `tokenizer(text)["input_ids"]`: every added token recognised, then the
+    /// tokenizer.json post-processor (`add_special_tokens=True`; e.g. DeepSeek-V3's BOS template).
+    /// transformers 5 drops tokenizer_config.json's `add_bos_token`/`add_eos_token` when a
+    /// tokenizer.json exists, so the post-processor alone decides (none: nothing is added).
+    pub(crate) fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, String> {
+        let encoding = self
+            .with_added
+            .encode_fast(text, true)
+            .map_err(|e| e.to_string())?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Normalizer, pre-tokenizer and model only: no added token at all (transformers'
     /// `_encode_without_added_tokens`).
     pub(crate) fn encode_no_added(&self, text: &str) -> Result<Vec<u32>, String> {

@@ -13,6 +13,11 @@
 //! * [`Tokenizer::encode_chat`] renders the chat template (transformers' Jinja semantics) and never
 //!   turns a control token inside user-supplied strings into its id (see [`chat`]); without
 //!   control tokens in the input its ids are those of the whole rendered string.
+//! * [`Tokenizer::encode_prompt`] is transformers' `tokenizer(text)["input_ids"]` for a raw
+//!   prompt: a BOS (or EOS) only where that tokenizer adds one — tokenizer.json's post-processor;
+//!   Kimi's tiktoken tokenizer adds none.
+//! * A tokenizer that defines K3's XTML markers (`<|open|>`, `<|close|>`, `<|sep|>`,
+//!   `<|end_of_msg|>`) renders chats with K3's native encoder ([`xtml`]), not a Jinja template.
 //! * Decoding is byte-exact ([`Tokenizer::decode_bytes`]); [`Tokenizer::decode`] is lossy UTF-8.
 //! * No input panics; malformed files are [`Error::Tokenizer`] naming the file.
 //!
@@ -43,12 +48,15 @@ mod specials;
 mod stream;
 mod template;
 mod tiktoken;
+mod tool_history;
+mod xtml;
 
 use std::path::Path;
 
 pub use chat::{ChatMessage, ChatOptions};
 pub use stream::IncrementalDecoder;
 pub use template::ChatTemplate;
+pub use tool_history::normalize_k2_tool_ids;
 
 use chat::{ControlTokens, Piece};
 use config::TokenizerConfig;
@@ -83,6 +91,8 @@ pub struct Tokenizer {
     control: ControlTokens,
     /// Ids of `"\n"` (encoded with specials), for pieces in the middle of a chat.
     newline_ids: Vec<u32>,
+    /// Whether chats use K3's XTML encoder (all of [`xtml::MARKERS`] are special tokens).
+    xtml: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -146,6 +156,7 @@ impl Tokenizer {
             template,
             control: ControlTokens::new(LiteralSet::empty()),
             newline_ids: Vec::new(),
+            xtml: false,
         };
         if let Some(config) = config {
             tokenizer.bos_id = tokenizer.attribute_id(config, "bos_token")?;
@@ -153,6 +164,11 @@ impl Tokenizer {
         }
         tokenizer.control = tokenizer.control_tokens(config)?;
         tokenizer.newline_ids = tokenizer.encode_with_special("\n");
+        tokenizer.xtml = xtml::MARKERS.iter().all(|m| {
+            tokenizer
+                .token_to_id(m)
+                .is_some_and(|id| tokenizer.is_special(id))
+        });
         Ok(tokenizer)
     }
 
@@ -230,6 +246,17 @@ impl Tokenizer {
         match &self.backend {
             Backend::Tiktoken(t) => t.encode_special(text),
             Backend::Hf(h) => h.encode_special(text).unwrap_or_default(),
+        }
+    }
+
+    /// Encode a raw text prompt exactly as transformers' `tokenizer(text)["input_ids"]`: special
+    /// and added tokens are recognised, then the model's own tokenizer adds what it adds —
+    /// tokenizer.json's post-processor (DeepSeek-V3: `<｜begin▁of▁sentence｜>`); Kimi's
+    /// `TikTokenTokenizer` (tiktoken.model) adds nothing.
+    pub fn encode_prompt(&self, text: &str) -> Vec<u32> {
+        match &self.backend {
+            Backend::Tiktoken(t) => t.encode_special(text),
+            Backend::Hf(h) => h.encode_prompt(text).unwrap_or_default(),
         }
     }
 
@@ -313,15 +340,45 @@ impl Tokenizer {
         self.template.as_ref()
     }
 
-    /// Render the chat template as transformers' `apply_chat_template(tokenize=False)` does.
+    /// Whether chats are rendered by K3's native XTML encoder (see the module docs).
+    pub fn is_xtml(&self) -> bool {
+        self.xtml
+    }
+
+    /// Render the chat template as transformers' `apply_chat_template(tokenize=False)` does
+    /// (XTML tokenizers: the text of K3's encoder segments).
     pub fn render_chat(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String> {
+        if self.xtml {
+            return Ok(self
+                .xtml_segments(messages, opts)?
+                .into_iter()
+                .map(|s| s.text)
+                .collect());
+        }
         self.render(messages, opts, None)
     }
 
     /// Render the chat template and encode it; control tokens in user-supplied strings are text.
+    /// XTML tokenizers encode K3's segments one at a time, only markers as special tokens.
     pub fn encode_chat(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<Vec<u32>> {
+        if self.xtml {
+            let mut ids = Vec::new();
+            for segment in self.xtml_segments(messages, opts)? {
+                ids.extend(if segment.special {
+                    self.encode_with_special(&segment.text)
+                } else {
+                    self.encode(&segment.text)
+                });
+            }
+            return Ok(ids);
+        }
         let rendered = self.render(messages, opts, Some(&self.control))?;
         self.encode_marked(&rendered)
+    }
+
+    fn xtml_segments(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<Vec<xtml::Segment>> {
+        chat::check_chat_inputs(messages, opts)?;
+        xtml::render(messages, opts, opts.tools.as_deref())
     }
 
     fn render(
@@ -334,12 +391,7 @@ impl Tokenizer {
             .template
             .as_ref()
             .ok_or_else(|| Error::Template("the tokenizer has no chat template".into()))?;
-        if messages.is_empty() {
-            return Err(Error::InvalidArgument {
-                field: "messages",
-                reason: "a chat needs at least one message".into(),
-            });
-        }
+        chat::check_chat_inputs(messages, opts)?;
         let sort_tools = matches!(self.backend, Backend::Tiktoken(_));
         let vars = chat::template_vars(messages, opts, &self.special_attributes, sort_tools, control)?;
         template.render_vars(vars, template::unix_now())

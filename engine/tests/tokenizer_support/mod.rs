@@ -70,6 +70,7 @@ pub fn chat_inputs(case: &Value) -> (Vec<ChatMessage>, ChatOptions) {
         add_generation_prompt: case["add_generation_prompt"].as_bool().expect("flag"),
         tools,
         extra,
+        ..Default::default()
     };
     (messages, opts)
 }
