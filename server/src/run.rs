@@ -112,8 +112,9 @@ fn load_model(dir: &Path, args: &RunArgs) -> Result<LoadedModel> {
     )
 }
 
-/// The prompt's token ids: raw (after BOS) or rendered through the chat template.
-fn prompt_ids(args: &RunArgs, model: &dyn Model, tok: &Tokenizer) -> Result<Vec<u32>> {
+/// The prompt's token ids: rendered through the chat template, or a raw prompt exactly as the
+/// model's own tokenizer encodes it (`tokenizer(text)`: a BOS only where that tokenizer adds one).
+fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
@@ -128,9 +129,7 @@ fn prompt_ids(args: &RunArgs, model: &dyn Model, tok: &Tokenizer) -> Result<Vec<
             .encode_chat(&messages, &opts)
             .context("rendering the chat template");
     }
-    let mut ids: Vec<u32> = model.info().bos_token_id.into_iter().collect();
-    ids.extend(tok.encode(&args.prompt));
-    Ok(ids)
+    Ok(tok.encode_prompt(&args.prompt))
 }
 
 fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::fmt::Debug) {
@@ -161,7 +160,7 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     };
     let mut spec = drafts.speculator(kind, args.spec.spec, None);
     let load_seconds = load_start.elapsed().as_secs_f64();
-    let prompt_ids = prompt_ids(&args, model.as_ref(), &tok)?;
+    let prompt_ids = prompt_ids(&args, &tok)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new,
         sampling: Sampling::new(args.temperature, args.top_p, args.top_k, args.seed)?,
