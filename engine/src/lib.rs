@@ -21,6 +21,7 @@ pub mod scheduler;
 pub mod spec;
 pub mod synth;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -1,0 +1,272 @@
+//! Native tool calls on token ids: which call syntax a tokenizer's model speaks
+//! ([`ToolFormat`]), its marker token ids resolved once ([`ToolMarkers`]), a streaming parser of
+//! generated ids into OpenAI-shaped call events ([`ToolCallParser`], [`ToolEvent`]), and lark
+//! grammars that force a call or a JSON answer for constrained decoding ([`grammar`]).
+//!
+//! The three formats (agent-api.md §1–§3):
+//! * **Kimi K2** (K2, K2-Thinking, Kimi-Linear): `<|tool_calls_section_begin|>` then per call
+//!   `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{json}<|tool_call_end|>`,
+//!   then `<|tool_calls_section_end|>`; the id text is the OpenAI call id.
+//! * **Kimi K3** (XTML): the `tools` element `<|open|>tools<|sep|>…<|close|>tools<|sep|>` holding
+//!   `<|open|>call tool="NAME" index="N"<|sep|>` blocks of `<|open|>argument key="K" type="T"
+//!   <|sep|>VALUE<|close|>argument<|sep|>` (or one raw `<|open|>json type="object"<|sep|>…`
+//!   block) closed by `<|close|>call<|sep|>`; element names are plain text between the specials.
+//! * **DeepSeek-V3**: `<｜tool▁calls▁begin｜>` then calls
+//!   `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>` joined
+//!   by `\n`, then `<｜tool▁calls▁end｜>`; the format has no id, so one is minted.
+//!
+//! Invariants: markers are recognised by token id only (text that spells a marker stays text);
+//! a call is reported only once it is complete and well formed, so a malformed call can still
+//! come back as plain text (counted) and never half-streamed; no input panics.
+
+pub mod grammar;
+mod parser;
+mod xtml;
+
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;
+
+pub use parser::ToolCallParser;
+
+use crate::tokenizer::Tokenizer;
+
+/// A model family's native tool-call syntax.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolFormat {
+    /// Kimi K2 / K2-Thinking / Kimi-Linear: `<|tool_calls_section_begin|>` … sections.
+    KimiK2,
+    /// Kimi K3: the XTML `tools` element.
+    KimiK3,
+    /// DeepSeek-V3 / V3-0324 / R1: `<｜tool▁calls▁begin｜>` … with fenced JSON arguments.
+    DeepSeekV3,
+}
+
+impl ToolFormat {
+    /// The format whose marker tokens `tokenizer` has, if any (checked K3, K2, DeepSeek-V3).
+    pub fn detect(tokenizer: &Tokenizer) -> Option<ToolFormat> {
+        [ToolFormat::KimiK3, ToolFormat::KimiK2, ToolFormat::DeepSeekV3]
+            .into_iter()
+            .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok())
+    }
+}
+
+/// A tokenizer lacks a marker token of the requested format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// The token `token` of `format` is not in the vocabulary.
+    #[error("the tokenizer has no {format:?} tool-call token `{token}`")]
+    MissingToken {
+        /// The format asked for.
+        format: ToolFormat,
+        /// The token text that is missing.
+        token: &'static str,
+    },
+}
+
+/// Kimi K2 marker ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct K2Markers {
+    /// `<|tool_calls_section_begin|>`.
+    pub section_begin: u32,
+    /// `<|tool_calls_section_end|>`.
+    pub section_end: u32,
+    /// `<|tool_call_begin|>`.
+    pub call_begin: u32,
+    /// `<|tool_call_argument_begin|>`.
+    pub argument_begin: u32,
+    /// `<|tool_call_end|>`.
+    pub call_end: u32,
+    /// `<|im_end|>`: the end of the assistant turn.
+    pub end_of_turn: u32,
+    /// `<think>` / `</think>` (K2-Thinking), when the tokenizer has them.
+    pub think: Option<(u32, u32)>,
+}
+
+/// Kimi K3 (XTML) marker ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct K3Markers {
+    /// `<|open|>`.
+    pub open: u32,
+    /// `<|close|>`.
+    pub close: u32,
+    /// `<|sep|>`.
+    pub sep: u32,
+    /// `<|end_of_msg|>`: the end of the assistant turn.
+    pub end_of_msg: u32,
+}
+
+/// DeepSeek-V3 marker ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeepSeekMarkers {
+    /// `<｜tool▁calls▁begin｜>`.
+    pub calls_begin: u32,
+    /// `<｜tool▁calls▁end｜>`.
+    pub calls_end: u32,
+    /// `<｜tool▁call▁begin｜>`.
+    pub call_begin: u32,
+    /// `<｜tool▁call▁end｜>`.
+    pub call_end: u32,
+    /// `<｜tool▁sep｜>`.
+    pub sep: u32,
+    /// `<｜end▁of▁sentence｜>`: the end of the assistant turn.
+    pub end_of_sentence: u32,
+    /// `<think>` / `</think>` (R1-style reasoning), when the tokenizer has them.
+    pub think: Option<(u32, u32)>,
+}
+
+/// The marker ids of one format, resolved from a tokenizer once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolMarkers {
+    /// Kimi K2.
+    KimiK2(K2Markers),
+    /// Kimi K3.
+    KimiK3(K3Markers),
+    /// DeepSeek-V3.
+    DeepSeekV3(DeepSeekMarkers),
+}
+
+impl ToolMarkers {
+    /// Look up `format`'s marker tokens in `tokenizer`.
+    pub fn resolve(format: ToolFormat, tokenizer: &Tokenizer) -> Result<ToolMarkers, ToolError> {
+        let id = |token: &'static str| {
+            tokenizer
+                .token_to_id(token)
+                .ok_or(ToolError::MissingToken { format, token })
+        };
+        let pair = |a: &'static str, b: &'static str| id(a).ok().zip(id(b).ok());
+        Ok(match format {
+            ToolFormat::KimiK2 => ToolMarkers::KimiK2(K2Markers {
+                section_begin: id("<|tool_calls_section_begin|>")?,
+                section_end: id("<|tool_calls_section_end|>")?,
+                call_begin: id("<|tool_call_begin|>")?,
+                argument_begin: id("<|tool_call_argument_begin|>")?,
+                call_end: id("<|tool_call_end|>")?,
+                end_of_turn: id("<|im_end|>")?,
+                think: pair("<think>", "</think>"),
+            }),
+            ToolFormat::KimiK3 => {
+                let open = id("<|open|>")?;
+                let close = id("<|close|>")?;
+                let sep = id("<|sep|>")?;
+                // The XTML markers are specials; a tokenizer with them as text is not K3.
+                if ![open, close, sep].iter().all(|&t| tokenizer.is_special(t)) {
+                    return Err(ToolError::MissingToken {
+                        format,
+                        token: "<|open|>",
+                    });
+                }
+                ToolMarkers::KimiK3(K3Markers {
+                    open,
+                    close,
+                    sep,
+                    end_of_msg: id("<|end_of_msg|>")?,
+                })
+            }
+            ToolFormat::DeepSeekV3 => ToolMarkers::DeepSeekV3(DeepSeekMarkers {
+                calls_begin: id("<｜tool▁calls▁begin｜>")?,
+                calls_end: id("<｜tool▁calls▁end｜>")?,
+                call_begin: id("<｜tool▁call▁begin｜>")?,
+                call_end: id("<｜tool▁call▁end｜>")?,
+                sep: id("<｜tool▁sep｜>")?,
+                end_of_sentence: id("<｜end▁of▁sentence｜>")?,
+                think: pair("<think>", "</think>"),
+            }),
+        })
+    }
+
+    /// Which format these markers belong to.
+    pub fn format(&self) -> ToolFormat {
+        match self {
+            ToolMarkers::KimiK2(_) => ToolFormat::KimiK2,
+            ToolMarkers::KimiK3(_) => ToolFormat::KimiK3,
+            ToolMarkers::DeepSeekV3(_) => ToolFormat::DeepSeekV3,
+        }
+    }
+
+    /// The token that ends the assistant turn in this format.
+    pub fn end_of_turn(&self) -> u32 {
+        match self {
+            ToolMarkers::KimiK2(m) => m.end_of_turn,
+            ToolMarkers::KimiK3(m) => m.end_of_msg,
+            ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
+        }
+    }
+
+    /// Every structural id of the format (markers that never belong inside free text).
+    pub fn structural_ids(&self) -> Vec<u32> {
+        let mut ids = match self {
+            ToolMarkers::KimiK2(m) => vec![
+                m.section_begin,
+                m.section_end,
+                m.call_begin,
+                m.argument_begin,
+                m.call_end,
+                m.end_of_turn,
+            ],
+            ToolMarkers::KimiK3(m) => vec![m.open, m.close, m.sep, m.end_of_msg],
+            ToolMarkers::DeepSeekV3(m) => vec![
+                m.calls_begin,
+                m.calls_end,
+                m.call_begin,
+                m.call_end,
+                m.sep,
+                m.end_of_sentence,
+            ],
+        };
+        let think = match self {
+            ToolMarkers::KimiK2(m) => m.think,
+            ToolMarkers::DeepSeekV3(m) => m.think,
+            ToolMarkers::KimiK3(_) => None,
+        };
+        ids.extend(think.into_iter().flat_map(|(a, b)| [a, b]));
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+/// One step of parsed output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// A token outside every call (content, reasoning, other markers): handle it as ordinary
+    /// output. Released in order, possibly later than pushed (a held-back partial marker).
+    Token(u32),
+    /// A tool-call section began (the model left its reasoning, if it was in it).
+    SectionStart,
+    /// A complete, well-formed call begins: its OpenAI id and function name.
+    CallStart {
+        /// Position of the call among this response's calls, from 0.
+        index: usize,
+        /// The OpenAI `tool_calls[].id` (K2: the model's `functions.NAME:IDX`; else minted).
+        id: String,
+        /// The function name.
+        name: String,
+    },
+    /// A piece of the call's arguments JSON string; the pieces concatenate to the whole.
+    ArgumentsDelta {
+        /// The call's index.
+        index: usize,
+        /// The next piece of the arguments string.
+        fragment: String,
+    },
+    /// The call is complete.
+    CallEnd {
+        /// The call's index.
+        index: usize,
+    },
+    /// A call that did not parse: its ids, markers included, to be shown as text.
+    Malformed(Vec<u32>),
+}
+
+/// The OpenAI id minted for call `index` of a response whose callers chose `prefix`
+/// (request-unique, e.g. the completion id): `call_{prefix}_{index}`, or `call_{index}`.
+pub fn mint_call_id(prefix: &str, index: usize) -> String {
+    if prefix.is_empty() {
+        format!("call_{index}")
+    } else {
+        format!("call_{prefix}_{index}")
+    }
+}

@@ -1,0 +1,88 @@
+//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 tokenizers with tool-call tokens, id builders,
+//! and a toktrie environment for compiling grammars against them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie};
+
+use super::{ToolFormat, ToolMarkers};
+use crate::synth::{TokenizerFlavor, write_byte_tokenizer_flavor};
+use crate::tokenizer::Tokenizer;
+
+fn fixture(name: &str) -> Arc<Tokenizer> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tokenizers")
+        .join(name);
+    Arc::new(Tokenizer::from_dir(&dir).expect("fixture tokenizer"))
+}
+
+/// `kimi_tiny`: a 1,024-rank BPE with K2's specials, tool tokens included.
+pub fn k2() -> Arc<Tokenizer> {
+    fixture("kimi_tiny")
+}
+
+/// `deepseek_tiny`: a byte-level BPE with DeepSeek-V3's (non-special) tool tokens.
+pub fn deepseek() -> Arc<Tokenizer> {
+    fixture("deepseek_tiny")
+}
+
+/// The synthetic K3 byte tokenizer (XTML specials).
+pub fn k3() -> Arc<Tokenizer> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_byte_tokenizer_flavor(dir.path(), TokenizerFlavor::K3).expect("write K3 tokenizer");
+    Arc::new(Tokenizer::from_dir(dir.path()).expect("K3 tokenizer"))
+}
+
+/// The tokenizer of `format` and its markers.
+pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
+    let tok = match format {
+        ToolFormat::KimiK2 => k2(),
+        ToolFormat::KimiK3 => k3(),
+        ToolFormat::DeepSeekV3 => deepseek(),
+    };
+    let markers = ToolMarkers::resolve(format, &tok).expect("markers");
+    (tok, markers)
+}
+
+/// Ids of a string made of trusted pieces: `Special(s)` pieces become marker ids, `Text(s)`
+/// pieces plain text (each piece encoded alone).
+#[derive(Clone, Copy)]
+pub enum P<'a> {
+    /// Marker text (encoded with specials recognised).
+    S(&'a str),
+    /// Plain text.
+    T(&'a str),
+}
+
+/// Encode pieces.
+pub fn ids(tok: &Tokenizer, pieces: &[P<'_>]) -> Vec<u32> {
+    pieces
+        .iter()
+        .flat_map(|p| match p {
+            P::S(s) => tok.encode_with_special(s),
+            P::T(s) => tok.encode(s),
+        })
+        .collect()
+}
+
+/// A toktrie environment over `tok`: token bytes as decoded; specials and every marker of
+/// `markers` as `0xFF` + their text, so text can never match them.
+pub fn tok_env(tok: &Tokenizer, markers: &ToolMarkers) -> TokEnv {
+    let structural = markers.structural_ids();
+    let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
+        .map(|id| {
+            let bytes = tok.decode_bytes(&[id]);
+            if tok.is_special(id) || structural.contains(&id) {
+                let mut w = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
+                w.extend(bytes);
+                w
+            } else {
+                bytes
+            }
+        })
+        .collect();
+    let info = TokRxInfo::new(words.len() as u32, markers.end_of_turn());
+    let trie = TokTrie::from(&info, &words);
+    Arc::new(toktrie::ApproximateTokEnv::new(trie))
+}
