@@ -11,6 +11,7 @@
 //! Nothing here reads environment variables: `main` parses flags (each with a `DELTAFIN_*`
 //! variable) into a [`state::ServerConfig`].
 
+pub mod anthropic;
 pub mod auth;
 pub mod body;
 pub mod drafts;
@@ -19,6 +20,7 @@ pub mod health;
 pub mod metrics;
 pub mod model;
 pub mod openai;
+pub mod responses;
 pub mod routes;
 pub mod shutdown;
 pub mod state;

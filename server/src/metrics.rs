@@ -38,16 +38,33 @@ pub enum Endpoint {
     Chat,
     Completions,
     Models,
+    Messages,
+    Responses,
 }
 
 impl Endpoint {
-    const ALL: [Endpoint; 3] = [Endpoint::Chat, Endpoint::Completions, Endpoint::Models];
+    const ALL: [Endpoint; 5] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Models,
+        Endpoint::Messages,
+        Endpoint::Responses,
+    ];
+    /// The endpoints that generate tokens.
+    const GENERATING: [Endpoint; 4] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Messages,
+        Endpoint::Responses,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
             Endpoint::Chat => "chat_completions",
             Endpoint::Completions => "completions",
             Endpoint::Models => "models",
+            Endpoint::Messages => "messages",
+            Endpoint::Responses => "responses",
         }
     }
 }
@@ -105,9 +122,9 @@ struct Inner {
     e2e: Histogram,
     fetch: Histogram,
     /// `[endpoint][outcome]`.
-    requests: [[u64; OUTCOMES.len()]; 3],
-    prompt_tokens: [u64; 3],
-    generation_tokens: [u64; 3],
+    requests: [[u64; OUTCOMES.len()]; Endpoint::ALL.len()],
+    prompt_tokens: [u64; Endpoint::ALL.len()],
+    generation_tokens: [u64; Endpoint::ALL.len()],
     model_load_seconds: Option<f64>,
 }
 
@@ -142,9 +159,9 @@ impl Metrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             fetch: Histogram::new(FETCH_BUCKETS),
-            requests: [[0; OUTCOMES.len()]; 3],
-            prompt_tokens: [0; 3],
-            generation_tokens: [0; 3],
+            requests: [[0; OUTCOMES.len()]; Endpoint::ALL.len()],
+            prompt_tokens: [0; Endpoint::ALL.len()],
+            generation_tokens: [0; Endpoint::ALL.len()],
             model_load_seconds: None,
         };
         Metrics {
@@ -221,7 +238,7 @@ impl Metrics {
             ];
             for (name, help, values) in per_endpoint {
                 header(&mut out, name, help, "counter");
-                for e in [Endpoint::Chat, Endpoint::Completions] {
+                for e in Endpoint::GENERATING {
                     let _ = writeln!(out, "{name}{{endpoint=\"{}\"}} {}", e.label(), values[e as usize]);
                 }
             }

@@ -1,15 +1,19 @@
 //! The whole route table, on one screen.
 
-use axum::Router;
+use std::sync::Arc;
+
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 
+use crate::anthropic::{count_tokens, messages};
 use crate::auth::require_key;
 use crate::error::ApiError;
 use crate::health::{livez, metrics, readyz};
 use crate::openai::handlers::{chat_completions, completions, models};
+use crate::responses::{ResponseStore, responses};
 use crate::state::AppState;
 
 /// The server's router over `state`.
@@ -18,6 +22,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
+        .layer(Extension(Arc::new(ResponseStore::default())))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(api)

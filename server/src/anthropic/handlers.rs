@@ -1,0 +1,160 @@
+//! The Messages API handlers (thin I/O shell): validate → [`chat::start`] → a `message` or the
+//! event stream. Everything that can be refused is refused before a stream starts.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use deltafin_engine::tokenizer::{ChatOptions, normalize_k2_tool_ids};
+use deltafin_engine::tools::ToolFormat;
+use futures_util::Stream;
+use serde_json::json;
+
+use super::error::AnthropicError;
+use super::request::parse;
+use super::response::message;
+use super::stream::{Event, MessageStream};
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::metrics::Endpoint;
+use crate::openai::chat::{self, ChatRun};
+use crate::openai::generation::{Generation, Step};
+use crate::openai::handlers::check_model;
+use crate::openai::request::ChatRequest;
+use crate::state::{AppState, Loaded};
+
+/// `POST /v1/messages`.
+pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
+    let started = Instant::now();
+    let start = || -> Result<(bool, ChatRun), ApiError> {
+        let JsonBody(body) = body?;
+        let req = parse(&body, &app.config().limits, false)?;
+        Ok((
+            req.common.stream,
+            chat::start(&app, &req, Endpoint::Messages, started)?,
+        ))
+    };
+    match start() {
+        Ok((true, run)) => stream(&app, run),
+        Ok((false, run)) => collect(run).await,
+        Err(e) => refuse(&app, e),
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's length as this model renders it.
+pub async fn count_tokens(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
+    let count = || -> Result<usize, ApiError> {
+        let loaded = app.loaded()?;
+        let JsonBody(body) = body?;
+        let req = parse(&body, &app.config().limits, true)?;
+        check_model(&loaded, &req.common)?;
+        prompt_len(&loaded, &req)
+    };
+    match count() {
+        Ok(n) => {
+            app.metrics().request(Endpoint::Messages, "success");
+            Json(json!({"input_tokens": n})).into_response()
+        }
+        Err(e) => refuse(&app, e),
+    }
+}
+
+fn refuse(app: &AppState, e: ApiError) -> Response {
+    app.metrics().request(Endpoint::Messages, e.outcome());
+    tracing::info!(endpoint = Endpoint::Messages.label(), status = e.status().as_u16(), error = %e, "request refused");
+    AnthropicError(e).into_response()
+}
+
+/// The rendered prompt's token count, rendered as the chat pipeline renders it (tools, tool
+/// choice and template variables included). Kept beside `chat::render`, which is private.
+fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
+    let mut messages = req.messages.clone();
+    if loaded.tool_format == Some(ToolFormat::KimiK2) {
+        normalize_k2_tool_ids(&mut messages);
+    }
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        tools: (!req.tools.is_empty()).then(|| req.tools.iter().map(|t| t.to_openai()).collect()),
+        extra: req.template_kwargs.clone(),
+        tool_choice: (!req.tools.is_empty()).then(|| req.tool_choice.label().to_string()),
+        response_format: req.response_format.to_openai(),
+    };
+    let prompt = loaded.tokenizer.encode_chat(&messages, &opts).map_err(|e| {
+        ApiError::field(
+            "messages",
+            format!("the chat template cannot render these messages: {e}"),
+        )
+    })?;
+    Ok(prompt.len())
+}
+
+async fn collect(run: ChatRun) -> Response {
+    let id = format!("msg_{}", run.id);
+    let model = run.model.clone();
+    match run.collect().await {
+        Ok(outcome) => match outcome.choices.first() {
+            Some(choice) => Json(message(&id, &model, choice, &outcome.usage)).into_response(),
+            None => AnthropicError(ApiError::Internal("no choice")).into_response(),
+        },
+        Err(e) => AnthropicError(e).into_response(),
+    }
+}
+
+fn sse(e: Event) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().event(e.name).data(e.data.to_string()))
+}
+
+/// SSE with `event:` names. Dropping the stream (a client disconnect) drops the generation,
+/// which cancels it.
+fn stream(app: &AppState, mut run: ChatRun) -> Response {
+    let Some(generation) = run.choices.pop() else {
+        return AnthropicError(ApiError::Internal("no choice")).into_response();
+    };
+    let state = MessageStream::new(format!("msg_{}", run.id), run.model.clone());
+    let queue = VecDeque::from(state.start(run.prompt_tokens));
+    let keep_alive = KeepAlive::new()
+        .interval(app.config().keep_alive)
+        .text("keep-alive");
+    Sse::new(events(generation, state, queue))
+        .keep_alive(keep_alive)
+        .into_response()
+}
+
+fn events(
+    generation: Generation,
+    state: MessageStream,
+    queue: VecDeque<Event>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
+    let init = (generation, state, queue, false);
+    futures_util::stream::unfold(init, |(mut g, mut st, mut q, mut ended)| async move {
+        loop {
+            if let Some(e) = q.pop_front() {
+                return Some((sse(e), (g, st, q, ended)));
+            }
+            if ended {
+                return None;
+            }
+            match g.next().await {
+                Some(Step::Text(d)) => {
+                    q.extend(st.text(&d.reasoning, &d.content));
+                    for t in &d.tool_calls {
+                        st.call(t.index, t.id.as_deref(), t.name.as_deref(), &t.arguments);
+                    }
+                }
+                Some(Step::Finished { reason, usage }) => {
+                    q.extend(st.finish(reason, usage.completion_tokens));
+                    ended = true;
+                }
+                Some(Step::Failed(e)) => {
+                    q.push_back(MessageStream::error(&AnthropicError(e)));
+                    ended = true;
+                }
+                None => return None,
+            }
+        }
+    })
+}
