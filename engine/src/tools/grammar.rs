@@ -370,9 +370,12 @@ fn k3_arguments(g: &mut Lark, x: &Xtml, j: usize, schema: &Value) {
                 p.entry(name.clone()).or_insert_with(|| d.clone());
             }
         }
-        let blocks: Vec<String> = k3_types(&prop)
+        let resolved = resolve_ref(&prop, schema);
+        let types = k3_types(&resolved);
+        let typed = types.len() < 6;
+        let blocks: Vec<String> = types
             .into_iter()
-            .map(|t| k3_value(x, key, t, &prop))
+            .map(|t| k3_value(x, key, t, &prop, typed))
             .collect();
         let rule = format!("k3arg_{j}_{k}");
         g.rule(&rule, &blocks.join(" | "));
@@ -414,8 +417,23 @@ fn k3_free_block(x: &Xtml) -> String {
     alts.join(" | ")
 }
 
-/// One block of property `key` with JSON-schema type `t`.
-fn k3_value(x: &Xtml, key: &str, t: &str, prop: &Value) -> String {
+/// A property schema that is only a local `$ref` (`#/$defs/N`, `#/definitions/N`) resolved
+/// one level against the root (to learn its type); otherwise the property itself.
+fn resolve_ref(prop: &Value, root: &Value) -> Value {
+    let target = prop
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|pointer| root.pointer(pointer));
+    match target {
+        Some(t) if prop.get("type").is_none() => t.clone(),
+        _ => prop.clone(),
+    }
+}
+
+/// One block of property `key` with JSON-schema type `t`; `typed`: the schema names its
+/// types, so the value is also held to `t` (else only to the property's schema).
+fn k3_value(x: &Xtml, key: &str, t: &str, prop: &Value, typed: bool) -> String {
     if t == "string" {
         let strings: Option<Vec<String>> = match (prop.get("const"), prop.get("enum")) {
             (Some(Value::String(c)), _) => Some(vec![lit(c)]),
@@ -428,12 +446,12 @@ fn k3_value(x: &Xtml, key: &str, t: &str, prop: &Value) -> String {
         };
         return x.argument(key, "string", &value);
     }
-    let mut typed = prop.clone();
-    if let Value::Object(o) = &mut typed {
+    let mut value = prop.clone();
+    if let (Value::Object(o), true) = (&mut value, typed) {
         o.insert("type".into(), Value::String(t.into()));
     }
     let attr = if t == "integer" { "number" } else { t };
-    x.argument(key, attr, &json_rule(&typed))
+    x.argument(key, attr, &json_rule(&value))
 }
 
 /// The JSON-schema types a property allows (all when it says none).
@@ -477,9 +495,21 @@ fn lit(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-/// An inline JSON-schema rule.
+/// An inline JSON-schema rule. Unless the schema sets its own `x-guidance` options, the JSON
+/// is written in one fixed style, Python `json.dumps`'s `", "` / `": "` (how the native
+/// formats' arguments look), with no free whitespace: free whitespace would let a model pad
+/// forever.
 fn json_rule(schema: &Value) -> String {
-    format!("%json {}", serde_json::to_string(schema).unwrap_or_default())
+    let mut schema = schema.clone();
+    if let Some(o) = schema.as_object_mut()
+        && !o.contains_key("x-guidance")
+    {
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    format!("%json {}", serde_json::to_string(&schema).unwrap_or_default())
 }
 
 /// Rules under construction; each name is written once.

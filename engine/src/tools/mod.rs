@@ -24,6 +24,8 @@ mod parser;
 mod xtml;
 
 #[cfg(test)]
+mod grammar_tests;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests;
