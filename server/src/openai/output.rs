@@ -1,30 +1,66 @@
-//! One response's output text (pure): token ids → reasoning split → UTF-8-safe detokenization
-//! per channel → stop strings on the answer. Special tokens are never shown. Stop strings apply
-//! to `content` (the answer; all text for completions), not to `reasoning_content`.
+//! One response's output (pure): token ids → tool calls (optional, [`OutputParser::with_tools`])
+//! → reasoning split → UTF-8-safe detokenization per channel → stop strings on the answer.
+//! Special tokens are never shown. Stop strings apply to `content` (the answer; all text for
+//! completions), not to `reasoning_content` or tool-call arguments.
+//!
+//! With tools on, ids go through the native tool-call parser first: ids outside calls continue
+//! to the reasoning split, a call becomes [`ToolCallDelta`]s (the first with index, id and
+//! name and empty arguments, then argument fragments), and a malformed call is shown as
+//! content text, markers included. A tool-call section ends the thinking even when the model
+//! did not close it. The concatenation of every delta ([`Delta::extend`]) equals a
+//! non-streamed run.
 
 use std::sync::Arc;
 
 use deltafin_engine::tokenizer::{IncrementalDecoder, Tokenizer};
+use deltafin_engine::tools::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
 
 use super::reasoning::{Channel, Markers, ReasoningSplit, Route, ThinkMarkers, XtmlMarkers};
 use super::stop::StopMatcher;
 
-/// Text produced by one step.
+/// One piece of a tool call, in the OpenAI streaming shape.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    /// The call's position among this response's calls, from 0.
+    pub index: usize,
+    /// The call id (first piece only).
+    pub id: Option<String>,
+    /// The function name (first piece only).
+    pub name: Option<String>,
+    /// A fragment of the arguments JSON string (`""` in the first piece).
+    pub arguments: String,
+}
+
+/// Output produced by one step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Delta {
+    /// `reasoning_content` text.
     pub reasoning: String,
+    /// `content` text.
     pub content: String,
+    /// Tool-call pieces, in order.
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 impl Delta {
+    /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.reasoning.is_empty() && self.content.is_empty()
+        self.reasoning.is_empty() && self.content.is_empty() && self.tool_calls.is_empty()
     }
 
-    /// Append `other`.
+    /// Append `other`. A fragment (no id) is merged into the earlier piece of its call, so an
+    /// accumulated `Delta` holds one complete entry per call.
     pub fn extend(&mut self, other: Delta) {
         self.reasoning.push_str(&other.reasoning);
         self.content.push_str(&other.content);
+        for piece in other.tool_calls {
+            match self.tool_calls.iter_mut().rfind(|c| c.index == piece.index) {
+                Some(call) if piece.id.is_none() && piece.name.is_none() => {
+                    call.arguments.push_str(&piece.arguments)
+                }
+                _ => self.tool_calls.push(piece),
+            }
+        }
     }
 }
 
@@ -36,6 +72,8 @@ pub struct OutputParser {
     reasoning: IncrementalDecoder,
     content: IncrementalDecoder,
     stop: StopMatcher,
+    tools: Option<ToolCallParser>,
+    events: Vec<ToolEvent>,
 }
 
 impl OutputParser {
@@ -52,7 +90,29 @@ impl OutputParser {
             content: IncrementalDecoder::new(tokenizer.clone()),
             stop: StopMatcher::new(stops),
             tokenizer,
+            tools: None,
+            events: Vec::new(),
         }
+    }
+
+    /// Parse native tool calls of `format`; minted call ids start `call_{id_prefix}_` (make it
+    /// unique per request). A tokenizer without the format's tokens leaves parsing off.
+    pub fn with_tools(mut self, format: ToolFormat, id_prefix: String) -> Self {
+        match ToolMarkers::resolve(format, &self.tokenizer) {
+            Ok(markers) => self.tools = Some(ToolCallParser::new(self.tokenizer.clone(), markers, id_prefix)),
+            Err(e) => tracing::warn!(error = %e, "tool-call parsing disabled"),
+        }
+        self
+    }
+
+    /// Tool calls parsed so far.
+    pub fn tool_calls_seen(&self) -> usize {
+        self.tools.as_ref().map_or(0, ToolCallParser::calls_seen)
+    }
+
+    /// Tool calls that did not parse and were returned as text.
+    pub fn malformed_calls(&self) -> usize {
+        self.tools.as_ref().map_or(0, ToolCallParser::malformed_calls)
     }
 
     /// Whether a stop string ended the output.
@@ -66,16 +126,67 @@ impl OutputParser {
         if self.stopped() {
             return d;
         }
-        match self.split.route(id, self.tokenizer.is_special(id)) {
-            Route::Hidden => self.flush_into(&mut d),
-            Route::Text(Channel::Reasoning) => d.reasoning.extend(self.reasoning.push(id)),
-            Route::Text(Channel::Content) => {
-                if let Some(text) = self.content.push(id) {
-                    d.content = self.stop.push(&text);
+        match &mut self.tools {
+            Some(tools) => {
+                let mut events = std::mem::take(&mut self.events);
+                tools.push(id, &mut events);
+                self.apply(&mut events, &mut d);
+                self.events = events;
+            }
+            None => self.route(id, &mut d),
+        }
+        d
+    }
+
+    /// Handle the tool parser's events in order (`events` is left empty).
+    fn apply(&mut self, events: &mut Vec<ToolEvent>, d: &mut Delta) {
+        for event in events.drain(..) {
+            if self.stopped() {
+                break;
+            }
+            match event {
+                ToolEvent::Token(id) => self.route(id, d),
+                ToolEvent::SectionStart => {
+                    self.flush_into(d);
+                    self.split.leave_reasoning();
+                }
+                ToolEvent::CallStart { index, id, name } => {
+                    self.flush_into(d);
+                    d.tool_calls.push(ToolCallDelta {
+                        index,
+                        id: Some(id),
+                        name: Some(name),
+                        arguments: String::new(),
+                    });
+                }
+                ToolEvent::ArgumentsDelta { index, fragment } => d.tool_calls.push(ToolCallDelta {
+                    index,
+                    arguments: fragment,
+                    ..Default::default()
+                }),
+                ToolEvent::CallEnd { .. } => {}
+                ToolEvent::Malformed(ids) => {
+                    for id in ids {
+                        self.content_text(id, d);
+                    }
                 }
             }
         }
-        d
+    }
+
+    /// Route one id outside tool calls through the reasoning split.
+    fn route(&mut self, id: u32, d: &mut Delta) {
+        match self.split.route(id, self.tokenizer.is_special(id)) {
+            Route::Hidden => self.flush_into(d),
+            Route::Text(Channel::Reasoning) => d.reasoning.extend(self.reasoning.push(id)),
+            Route::Text(Channel::Content) => self.content_text(id, d),
+        }
+    }
+
+    fn content_text(&mut self, id: u32, d: &mut Delta) {
+        if let Some(text) = self.content.push(id) {
+            d.content.push_str(&self.stop.push(&text));
+        }
     }
 
     /// Complete pending characters (at a marker, a hidden token, or the end).
@@ -89,6 +200,15 @@ impl OutputParser {
     /// The end of generation: everything still held back.
     pub fn finish(&mut self) -> Delta {
         let mut d = Delta::default();
+        if self.stopped() {
+            return d;
+        }
+        if let Some(tools) = &mut self.tools {
+            let mut events = std::mem::take(&mut self.events);
+            tools.finish(&mut events);
+            self.apply(&mut events, &mut d);
+            self.events = events;
+        }
         if !self.stopped() {
             self.flush_into(&mut d);
             d.content.push_str(&self.stop.finish());
@@ -103,13 +223,13 @@ impl OutputParser {
 pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
     let id = |t: &str| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id));
     if let (Some(open), Some(close), Some(sep)) = (id("<|open|>"), id("<|close|>"), id("<|sep|>")) {
-        let (think, response) = (tokenizer.encode("think"), tokenizer.encode("response"));
         return Some(Markers::Xtml(XtmlMarkers {
             open,
             close,
             sep,
-            think,
-            response,
+            think: tokenizer.encode("think"),
+            response: tokenizer.encode("response"),
+            tools: tokenizer.encode("tools"),
         }));
     }
     Some(Markers::Think(ThinkMarkers {
@@ -238,5 +358,208 @@ mod tests {
         // A dangling partial character becomes U+FFFD at the end.
         p.push(0xC3);
         assert_eq!(p.finish().content, "\u{FFFD}");
+    }
+
+    fn fixture(name: &str) -> Arc<Tokenizer> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../engine/tests/fixtures/tokenizers")
+            .join(name);
+        Arc::new(Tokenizer::from_dir(&dir).unwrap())
+    }
+
+    fn k3() -> Arc<Tokenizer> {
+        let dir = tempfile::tempdir().unwrap();
+        deltafin_engine::synth::write_byte_tokenizer_flavor(
+            dir.path(),
+            deltafin_engine::synth::TokenizerFlavor::K3,
+        )
+        .unwrap();
+        Arc::new(Tokenizer::from_dir(dir.path()).unwrap())
+    }
+
+    /// Push `ids` one at a time; check the streamed tool-call shape (id and name with empty
+    /// arguments first, then fragments only) and return the accumulated output.
+    fn run_streamed(p: &mut OutputParser, ids: &[u32]) -> Delta {
+        let mut steps: Vec<Delta> = ids.iter().map(|&id| p.push(id)).collect();
+        steps.push(p.finish());
+        let mut seen = std::collections::HashSet::new();
+        let mut fragments: Vec<String> = Vec::new();
+        for piece in steps.iter().flat_map(|d| &d.tool_calls) {
+            if seen.insert(piece.index) {
+                assert!(piece.id.is_some() && piece.name.is_some() && piece.arguments.is_empty());
+                assert_eq!(piece.index, fragments.len());
+                fragments.push(String::new());
+            } else {
+                assert!(piece.id.is_none() && piece.name.is_none());
+                fragments[piece.index].push_str(&piece.arguments);
+            }
+        }
+        let mut all = Delta::default();
+        for d in steps {
+            all.extend(d);
+        }
+        let merged: Vec<&str> = all.tool_calls.iter().map(|c| c.arguments.as_str()).collect();
+        assert_eq!(
+            merged, fragments,
+            "streamed fragments concatenate to the whole arguments"
+        );
+        all
+    }
+
+    fn calls(d: &Delta) -> Vec<(usize, &str, &str, &str)> {
+        d.tool_calls
+            .iter()
+            .map(|c| {
+                let id = c.id.as_deref().unwrap_or("");
+                (c.index, id, c.name.as_deref().unwrap_or(""), c.arguments.as_str())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn k2_thinking_then_content_then_calls() {
+        let tok = fixture("kimi_tiny");
+        let markers = reasoning_markers(&tok);
+        let Some(Markers::Think(m)) = markers.clone() else {
+            panic!("kimi_tiny has think markers")
+        };
+        let s = |t: &str| tok.encode_with_special(t);
+        let mut ids = tok.encode("weigh it");
+        ids.push(m.close);
+        ids.extend(tok.encode("Checking <|tool_call_begin|> now."));
+        ids.extend(s("<|tool_calls_section_begin|><|tool_call_begin|>"));
+        ids.extend(tok.encode("functions.get.weather:0"));
+        ids.extend(s("<|tool_call_argument_begin|>"));
+        ids.extend(tok.encode(r#"{"city": "Paris"}"#));
+        ids.extend(s("<|tool_call_end|><|tool_call_begin|>"));
+        ids.extend(tok.encode("functions.f:1"));
+        ids.extend(s("<|tool_call_argument_begin|>"));
+        ids.extend(tok.encode("{oops"));
+        ids.extend(s("<|tool_call_end|><|tool_calls_section_end|><|im_end|>"));
+        let mut p = OutputParser::new(tok.clone(), markers, &[m.open], vec![])
+            .with_tools(ToolFormat::KimiK2, "x".into());
+        let d = run_streamed(&mut p, &ids);
+        assert_eq!(d.reasoning, "weigh it");
+        assert_eq!(
+            d.content,
+            "Checking <|tool_call_begin|> now.<|tool_call_begin|>functions.f:1<|tool_call_argument_begin|>{oops<|tool_call_end|>"
+        );
+        assert_eq!(
+            calls(&d),
+            vec![(
+                0,
+                "functions.get.weather:0",
+                "get.weather",
+                r#"{"city": "Paris"}"#
+            )]
+        );
+        assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (1, 1));
+    }
+
+    #[test]
+    fn k2_a_section_inside_unclosed_thinking_still_gives_calls() {
+        let tok = fixture("kimi_tiny");
+        let markers = reasoning_markers(&tok);
+        let Some(Markers::Think(m)) = markers.clone() else {
+            panic!("think markers")
+        };
+        let mut ids = tok.encode("hmm");
+        ids.extend(tok.encode_with_special("<|tool_calls_section_begin|><|tool_call_begin|>"));
+        ids.extend(tok.encode("functions.a:0"));
+        ids.extend(tok.encode_with_special("<|tool_call_argument_begin|>"));
+        ids.extend(tok.encode("{}"));
+        ids.extend(tok.encode_with_special("<|tool_call_end|><|tool_calls_section_end|>"));
+        ids.extend(tok.encode("after"));
+        let mut p =
+            OutputParser::new(tok, markers, &[m.open], vec![]).with_tools(ToolFormat::KimiK2, "x".into());
+        let d = run_streamed(&mut p, &ids);
+        assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("hmm", "after"));
+        assert_eq!(calls(&d), vec![(0, "functions.a:0", "a", "{}")]);
+    }
+
+    fn k3_output(think_close: bool) -> String {
+        let close = if think_close { "<|close|>think<|sep|>" } else { "" };
+        format!(
+            "plan{close}<|open|>response<|sep|>Calling.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        )
+    }
+
+    #[test]
+    fn k3_think_response_tools_and_the_implicit_think_close() {
+        let tok = k3();
+        let markers = reasoning_markers(&tok);
+        let messages = [deltafin_engine::tokenizer::ChatMessage::new("user", "hi")];
+        let opts = deltafin_engine::tokenizer::ChatOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let prompt = tok.encode_chat(&messages, &opts).unwrap();
+        for think_close in [true, false] {
+            let ids = tok.encode_with_special(&k3_output(think_close));
+            let mut p = OutputParser::new(tok.clone(), markers.clone(), &prompt, vec![])
+                .with_tools(ToolFormat::KimiK3, "r1".into());
+            let d = run_streamed(&mut p, &ids);
+            assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("plan", "Calling."));
+            assert_eq!(
+                calls(&d),
+                vec![(0, "call_r1_0", "get_weather", r#"{"city":"Paris","days":2}"#)]
+            );
+        }
+        // Without tools the tools channel is hidden and nothing leaks into the answer.
+        let ids = tok.encode_with_special(&k3_output(true));
+        let d = run(
+            &mut OutputParser::new(tok.clone(), markers, &prompt, vec![]),
+            &ids,
+        );
+        assert_eq!(d.reasoning, "plan");
+        assert!(d.content.starts_with("Calling.") && !d.content.contains("<|"));
+        assert!(d.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn deepseek_content_then_calls() {
+        let tok = fixture("deepseek_tiny");
+        let s = |t: &str| tok.encode_with_special(t);
+        let mut ids = tok.encode("Let me look.");
+        ids.extend(s(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+        ));
+        ids.extend(tok.encode("search\n```json\n{\"q\": \"a\\nb\"}\n```"));
+        ids.extend(s("<｜tool▁call▁end｜>"));
+        ids.extend(tok.encode("\n"));
+        ids.extend(s("<｜tool▁call▁begin｜>function<｜tool▁sep｜>"));
+        ids.extend(tok.encode("noop\n```json\n{}\n```"));
+        ids.extend(s("<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"));
+        let mut p = OutputParser::new(tok.clone(), reasoning_markers(&tok), &[], vec![])
+            .with_tools(ToolFormat::DeepSeekV3, "q".into());
+        let d = run_streamed(&mut p, &ids);
+        assert_eq!(d.content, "Let me look.");
+        assert_eq!(
+            calls(&d),
+            vec![
+                (0, "call_q_0", "search", r#"{"q": "a\nb"}"#),
+                (1, "call_q_1", "noop", "{}")
+            ]
+        );
+    }
+
+    #[test]
+    fn stop_strings_do_not_touch_arguments_and_tools_off_is_unchanged() {
+        let tok = fixture("kimi_tiny");
+        let mut ids = tok.encode("a");
+        ids.extend(tok.encode_with_special("<|tool_calls_section_begin|><|tool_call_begin|>"));
+        ids.extend(tok.encode("functions.f:0"));
+        ids.extend(tok.encode_with_special("<|tool_call_argument_begin|>"));
+        ids.extend(tok.encode(r#"{"s": "STOP"}"#));
+        ids.extend(tok.encode_with_special("<|tool_call_end|><|tool_calls_section_end|>"));
+        let mut p = OutputParser::new(tok.clone(), None, &[], vec!["STOP".into()])
+            .with_tools(ToolFormat::KimiK2, String::new());
+        let d = run_streamed(&mut p, &ids);
+        assert_eq!(d.content, "a");
+        assert_eq!(calls(&d), vec![(0, "functions.f:0", "f", r#"{"s": "STOP"}"#)]);
+        // Tools off: the call is not parsed; specials hidden, its text is content up to STOP.
+        let d = run(&mut OutputParser::new(tok, None, &[], vec!["STOP".into()]), &ids);
+        assert!(d.tool_calls.is_empty());
+        assert_eq!(d.content, r#"afunctions.f:0{"s": ""#);
     }
 }

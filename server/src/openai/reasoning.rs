@@ -9,6 +9,10 @@
 //! A rendered prompt that already opened the thinking (the generation prompt of thinking
 //! templates) starts the output inside it. Markers are recognised only by token ids: text the
 //! model spells out ("<think>") stays text.
+//!
+//! K3 sometimes omits `<|close|>think<|sep|>` (agent-api.md §2, "Known K3 bugs"): opening
+//! `response` or `tools`, or closing `response`, also ends the thinking. A tool-call section
+//! (parsed before this split) ends it too, through [`ReasoningSplit::leave_reasoning`].
 
 /// The `<think>` / `</think>` special token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +31,8 @@ pub struct XtmlMarkers {
     pub think: Vec<u32>,
     /// Ids of the plain text `response`.
     pub response: Vec<u32>,
+    /// Ids of the plain text `tools`.
+    pub tools: Vec<u32>,
 }
 
 /// How a chat format marks its thinking.
@@ -97,6 +103,11 @@ impl ReasoningSplit {
         self.channel
     }
 
+    /// The output left the thinking without its close marker (a tool-call section began).
+    pub fn leave_reasoning(&mut self) {
+        self.channel = Channel::Content;
+    }
+
     /// Route token `id`; `special` says whether it is a special (control) token.
     pub fn route(&mut self, id: u32, special: bool) -> Route {
         match &self.markers {
@@ -105,9 +116,11 @@ impl ReasoningSplit {
             Some(Markers::Xtml(x)) => {
                 if let Some((opening, name)) = &mut self.tag {
                     if id == x.sep {
-                        self.channel = match (*opening, name == &x.think, name == &x.response) {
-                            (true, true, _) => Channel::Reasoning,
-                            (false, true, _) | (true, _, true) => Channel::Content,
+                        let leaves = name == &x.response || (*opening && name == &x.tools);
+                        self.channel = match (*opening, name == &x.think) {
+                            (true, true) => Channel::Reasoning,
+                            (false, true) => Channel::Content,
+                            _ if leaves => Channel::Content,
                             _ => self.channel,
                         };
                         self.tag = None;
@@ -150,6 +163,7 @@ mod tests {
             sep: 202,
             think: vec![1, 2],
             response: vec![3, 4],
+            tools: vec![5],
         })
     }
 
@@ -257,5 +271,41 @@ mod tests {
         }
         assert_eq!(s.route(7, false), Hidden, "the tag is given up");
         assert_eq!(s.route(7, false), Text(Content));
+    }
+
+    #[test]
+    fn k3_response_or_tools_without_a_think_close_ends_the_thinking() {
+        let prompt = [200, 1, 2, 202];
+        // <|open|>response<|sep|> while thinking.
+        let mut s = ReasoningSplit::new(Some(xtml()), &prompt);
+        routes(
+            &mut s,
+            &[(50, false), (200, true), (3, false), (4, false), (202, true)],
+        );
+        assert_eq!(s.channel(), Content);
+        // <|close|>response<|sep|> while thinking.
+        let mut s = ReasoningSplit::new(Some(xtml()), &prompt);
+        routes(&mut s, &[(201, true), (3, false), (4, false), (202, true)]);
+        assert_eq!(s.channel(), Content);
+        // <|open|>tools<|sep|> while thinking.
+        let mut s = ReasoningSplit::new(Some(xtml()), &prompt);
+        routes(&mut s, &[(200, true), (5, false), (202, true)]);
+        assert_eq!(s.channel(), Content);
+        // A closing tools tag or another element does not.
+        let mut s = ReasoningSplit::new(Some(xtml()), &prompt);
+        routes(
+            &mut s,
+            &[
+                (201, true),
+                (5, false),
+                (202, true),
+                (200, true),
+                (9, false),
+                (202, true),
+            ],
+        );
+        assert_eq!(s.channel(), Reasoning);
+        s.leave_reasoning();
+        assert_eq!(s.channel(), Content);
     }
 }
