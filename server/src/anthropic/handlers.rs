@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use deltafin_engine::tokenizer::{ChatOptions, normalize_k2_tool_ids};
 use deltafin_engine::tools::ToolFormat;
 use futures_util::Stream;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::error::AnthropicError;
 use super::request::parse;
@@ -33,10 +33,8 @@ pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiErr
     let start = || -> Result<(bool, ChatRun), ApiError> {
         let JsonBody(body) = body?;
         let req = parse(&body, &app.config().limits, false)?;
-        Ok((
-            req.common.stream,
-            chat::start(&app, &req, Endpoint::Messages, started)?,
-        ))
+        let run = chat::start(&app, &req, Endpoint::Messages, started).map_err(|e| renamed(e, NAMES))?;
+        Ok((req.common.stream, run))
     };
     match start() {
         Ok((true, run)) => stream(&app, run),
@@ -63,6 +61,31 @@ pub async fn count_tokens(State(app): State<AppState>, body: Result<JsonBody, Ap
     }
 }
 
+/// The chat pipeline's field names and this API's.
+const NAMES: &[(&str, &str)] = &[
+    ("response_format", "output_config.format"),
+    ("reasoning_effort", "output_config.effort"),
+];
+
+/// `e` with the chat pipeline's field names replaced by this API's (`(chat, ours)` pairs).
+fn renamed(e: ApiError, names: &[(&str, &str)]) -> ApiError {
+    let rename = |param: String, message: String| match names.iter().find(|(from, _)| param == *from) {
+        Some((from, to)) => (to.to_string(), message.replace(from, to)),
+        None => (param, message),
+    };
+    match e {
+        ApiError::InvalidField { param, message } => {
+            let (param, message) = rename(param, message);
+            ApiError::InvalidField { param, message }
+        }
+        ApiError::Unsupported { param, message } => {
+            let (param, message) = rename(param, message);
+            ApiError::Unsupported { param, message }
+        }
+        e => e,
+    }
+}
+
 fn refuse(app: &AppState, e: ApiError) -> Response {
     app.metrics().request(Endpoint::Messages, e.outcome());
     tracing::info!(endpoint = Endpoint::Messages.label(), status = e.status().as_u16(), error = %e, "request refused");
@@ -76,10 +99,23 @@ fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
     if loaded.tool_format == Some(ToolFormat::KimiK2) {
         normalize_k2_tool_ids(&mut messages);
     }
+    let mut extra = req.template_kwargs.clone();
+    if let Some(effort) = &req.reasoning_effort {
+        if loaded.tool_format != Some(ToolFormat::KimiK3) {
+            return Err(ApiError::unsupported(
+                "output_config.effort",
+                "this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
+            ));
+        }
+        match effort {
+            Some(e) => extra.insert("thinking_effort".into(), Value::from(e.clone())),
+            None => extra.insert("thinking".into(), Value::Bool(false)),
+        };
+    }
     let opts = ChatOptions {
         add_generation_prompt: true,
         tools: (!req.tools.is_empty()).then(|| req.tools.iter().map(|t| t.to_openai()).collect()),
-        extra: req.template_kwargs.clone(),
+        extra,
         tool_choice: (!req.tools.is_empty()).then(|| req.tool_choice.label().to_string()),
         response_format: req.response_format.to_openai(),
     };

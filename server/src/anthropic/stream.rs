@@ -235,7 +235,7 @@ mod tests {
             json!({"type": "thinking_delta", "thinking": "more"})
         );
         assert_eq!(all[6].data["index"], 1);
-        assert_eq!(all[8].data["delta"]["text"], r#"{"arguments":"oops","name":"g"}"#);
+        assert_eq!(all[8].data["delta"]["text"], r#"{"name":"g","arguments":"oops"}"#);
         assert_eq!(
             all[10].data["content_block"],
             json!({"type": "tool_use", "id": "c0", "name": "f", "input": {}})

@@ -111,7 +111,36 @@ def test_function_call_output_follow_up_is_answered(server):
     assert r.usage.input_tokens > first.usage.input_tokens
 
 
-def test_previous_response_id_continues_the_conversation(server):
+def test_previous_response_id_continues_a_text_conversation(server):
+    first = create(server, input="Tell me about the sea.", instructions="Be brief.", max_output_tokens=12)
+    second = create(server, previous_response_id=first.id, input="And the mountains?", instructions="Be brief.",
+                    max_output_tokens=12)
+    assert second.previous_response_id == first.id
+    # The stored turn is a prefix of the new prompt: the engine reuses its state.
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    # The same conversation sent in full renders the same prompt and gives the same answer.
+    items = [{"role": "user", "content": "Tell me about the sea."}]
+    items += [o.model_dump(exclude_none=True) for o in first.output]
+    items.append({"role": "user", "content": "And the mountains?"})
+    full = create(server, input=items, instructions="Be brief.", max_output_tokens=12)
+    assert full.usage.input_tokens == second.usage.input_tokens
+    assert full.output_text == second.output_text
+    # Instructions are not carried over (this template renders a default system prompt without them).
+    bare = create(server, previous_response_id=first.id, input="And the mountains?", max_output_tokens=1)
+    assert bare.usage.input_tokens != second.usage.input_tokens and bare.instructions is None
+    # A streamed turn is stored as well.
+    events = list(create(server, previous_response_id=second.id, input="And the sky?", max_output_tokens=4,
+                         stream=True))
+    third = events[-1].response
+    fourth = create(server, previous_response_id=third.id, input="Thanks.", max_output_tokens=2)
+    assert fourth.usage.input_tokens > third.usage.input_tokens + third.usage.output_tokens
+    # store: false keeps nothing.
+    unstored = create(server, input="x", store=False, max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        create(server, previous_response_id=unstored.id, input="y")
+
+
+def test_previous_response_id_continues_after_a_function_call(server):
     first = create(server, input="Weather in Paris?", tools=[WEATHER], tool_choice="required", max_output_tokens=200)
     call = calls(first)[0]
     follow = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
@@ -120,23 +149,12 @@ def test_previous_response_id_continues_the_conversation(server):
     assert second.previous_response_id == first.id
     # The stored turn is a prefix of the new prompt: the engine reuses its state.
     assert second.usage.input_tokens_details.cached_tokens > 0
-    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 8
     # The same conversation sent in full renders the same prompt.
     items = [{"role": "user", "content": "Weather in Paris?"}]
     items += [o.model_dump(exclude_none=True) for o in first.output] + follow
     full = create(server, input=items, tools=[WEATHER], tool_choice="none", max_output_tokens=16)
     assert full.usage.input_tokens == second.usage.input_tokens
     assert full.output_text == second.output_text
-    # A streamed turn is stored as well, and a chain of three continues.
-    events = list(create(server, previous_response_id=second.id, input="And tomorrow?", max_output_tokens=8,
-                         stream=True))
-    third = events[-1].response
-    fourth = create(server, previous_response_id=third.id, input="Thanks.", max_output_tokens=4)
-    assert fourth.usage.input_tokens > third.usage.input_tokens
-    # store: false keeps nothing.
-    unstored = create(server, input="x", store=False, max_output_tokens=2)
-    with pytest.raises(openai.BadRequestError):
-        create(server, previous_response_id=unstored.id, input="y")
 
 
 def test_an_unknown_previous_response_id_is_refused(server):
@@ -160,8 +178,13 @@ def test_json_schema_text_format_validates(server):
     assert r.text.format.type == "json_schema"
     events = list(create(server, input="A person, as JSON.", text=fmt, max_output_tokens=200, stream=True))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
-    r = create(server, input="JSON please.", text={"format": {"type": "json_object"}}, max_output_tokens=200)
-    assert isinstance(json.loads(r.output_text), dict)
+    r = create(server, input="JSON please.", text={"format": {"type": "json_object"}}, max_output_tokens=500)
+    assert r.text.format.type == "json_object" and r.output_text.lstrip().startswith("{")
+    # Free-form JSON from random weights may run to the limit; a finished one is an object.
+    if r.status == "completed":
+        assert isinstance(json.loads(r.output_text), dict)
+    else:
+        assert r.incomplete_details.reason == "max_output_tokens"
 
 
 @pytest.mark.parametrize(
@@ -188,3 +211,27 @@ def test_metrics_count_the_responses_endpoint(server):
     assert server.metric("deltafin_requests_total", endpoint="responses", outcome="success") == before + 1
     r = httpx.post(server.base + "/v1/responses", json={"input": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+def test_reasoning_comes_back_as_a_reasoning_item(thinking_model):
+    from conftest import Server
+
+    s = Server("--max-tokens", "512", model=thinking_model)
+    try:
+        m = s.model_id()
+        r = s.client().responses.create(model=m, input="Tell me about the sea.", temperature=0, max_output_tokens=16)
+        assert r.output[0].type == "reasoning" and r.output[0].content[0].type == "reasoning_text"
+        thinking = r.output[0].content[0].text
+        assert thinking and r.output[0].summary == []
+        events = list(s.client().responses.create(model=m, input="Tell me about the sea.", temperature=0,
+                                                  max_output_tokens=16, stream=True))
+        assert events[2].type == "response.output_item.added" and events[2].item.type == "reasoning"
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thinking
+        assert events[-1].response.output[0].content[0].text == thinking
+        # Replayed reasoning items are accepted as the assistant's reasoning.
+        items = [{"role": "user", "content": "Tell me about the sea."}]
+        items += [o.model_dump(exclude_none=True) for o in r.output]
+        items.append({"role": "user", "content": "More."})
+        assert s.client().responses.create(model=m, input=items, max_output_tokens=4).object == "response"
+    finally:
+        s.stop()
