@@ -32,13 +32,15 @@
 //! JSON value (any object for `json_object`, the schema for `json_schema`) as the answer, then
 //! the end of the turn (K3: inside the `response` element, then its closing tags).
 //!
-//! Schemas are not interpreted here beyond the above; llguidance reports what it cannot
+//! JSON is held to one style, Python `json.dumps`'s `", "` / `": "` separators without free
+//! whitespace (unless a schema sets its own `x-guidance` options), so a model cannot pad it
+//! forever. Schemas are not interpreted here beyond the above; llguidance reports what it cannot
 //! compile when the grammar is compiled (the caller turns that into a 400).
 
 use serde_json::{Map, Value, json};
 
-use super::ToolMarkers;
 use super::xtml::escape_attr;
+use super::{DeepSeekMarkers, K2Markers, K3Markers, ToolMarkers};
 
 /// Most calls a parallel forced-call grammar admits in one turn.
 pub const MAX_CALLS: usize = 32;
@@ -118,110 +120,116 @@ pub fn forced_call_grammar(
             vec![found.ok_or_else(|| GrammarError::UnknownTool { name: name.clone() })?]
         }
     };
-    let mut g = Lark::default();
     let schemas = allowed
         .iter()
         .map(|t| parameters_schema(t))
         .collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<&str> = allowed.iter().map(|t| t.name.as_str()).collect();
     let calls = if parallel { MAX_CALLS } else { 1 };
+    let mut g = Lark::default();
     let body = match markers {
-        ToolMarkers::KimiK2(m) => {
-            for (j, s) in schemas.iter().enumerate() {
-                g.rule(&format!("args_{j}"), &json_rule(s));
-            }
-            for i in 0..calls {
-                let alts: Vec<String> = allowed
-                    .iter()
-                    .enumerate()
-                    .map(|(j, t)| {
-                        format!(
-                            "{} {} args_{j}",
-                            lit(&format!("functions.{}:{i}", t.name)),
-                            tok(m.argument_begin)
-                        )
-                    })
-                    .collect();
-                g.rule(
-                    &format!("call_{i}"),
-                    &format!("{} ({}) {}", tok(m.call_begin), alts.join(" | "), tok(m.call_end)),
-                );
-            }
-            g.chain("calls", calls, "");
-            format!(
-                "{} calls {} {}",
-                tok(m.section_begin),
-                tok(m.section_end),
-                tok(m.end_of_turn)
-            )
-        }
-        ToolMarkers::DeepSeekV3(m) => {
-            let alts: Vec<String> = allowed
-                .iter()
-                .enumerate()
-                .map(|(j, t)| {
-                    g.rule(&format!("args_{j}"), &json_rule(&schemas[j]));
-                    format!(
-                        "{} args_{j} {}",
-                        lit(&format!("{}\n```json\n", t.name)),
-                        lit("\n```")
-                    )
-                })
-                .collect();
-            let call = format!(
-                "{} \"function\" {} ({}) {}",
-                tok(m.call_begin),
-                tok(m.sep),
-                alts.join(" | "),
-                tok(m.call_end)
-            );
-            for i in 0..calls {
-                g.rule(&format!("call_{i}"), &call);
-            }
-            g.chain("calls", calls, "\"\\n\"");
-            format!(
-                "{} calls {} {}",
-                tok(m.calls_begin),
-                tok(m.calls_end),
-                tok(m.end_of_sentence)
-            )
-        }
-        ToolMarkers::KimiK3(m) => {
-            let x = Xtml(*m);
-            g.rule("free", &x.free());
-            let mut alts = Vec::new();
-            for (j, (t, s)) in allowed.iter().zip(&schemas).enumerate() {
-                k3_arguments(&mut g, &x, j, s);
-                alts.push((j, escape_attr(&t.name)));
-            }
-            for i in 0..calls {
-                let choices: Vec<String> = alts
-                    .iter()
-                    .map(|(j, name)| {
-                        format!(
-                            "{} {} k3args_{j}",
-                            lit(&format!("call tool=\"{name}\" index=\"{}\"", i + 1)),
-                            tok(m.sep)
-                        )
-                    })
-                    .collect();
-                g.rule(
-                    &format!("call_{i}"),
-                    &format!("{} ({}) {}", tok(m.open), choices.join(" | "), x.close("call")),
-                );
-            }
-            g.chain("calls", calls, "");
-            format!(
-                "{} calls {} {} {}",
-                x.open("tools"),
-                x.close("tools"),
-                x.close("message"),
-                tok(m.end_of_msg)
-            )
-        }
+        ToolMarkers::KimiK2(m) => k2_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::KimiK3(m) => k3_calls(&mut g, m, &names, &schemas, calls),
     };
     let prefix = reasoning_prefix(&mut g, Answer::Native(markers), thinking, true)?;
     g.rule("start", &format!("{prefix} {body}"));
     Ok(g.finish())
+}
+
+/// K2's calls section (rules into `g`; returns the section's expansion).
+fn k2_calls(g: &mut Lark, m: &K2Markers, names: &[&str], schemas: &[Value], calls: usize) -> String {
+    for (j, s) in schemas.iter().enumerate() {
+        g.rule(&format!("args_{j}"), &json_rule(s));
+    }
+    for i in 0..calls {
+        let alts: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(j, name)| {
+                let id = lit(&format!("functions.{name}:{i}"));
+                format!("{id} {} args_{j}", tok(m.argument_begin))
+            })
+            .collect();
+        let body = format!("{} ({}) {}", tok(m.call_begin), alts.join(" | "), tok(m.call_end));
+        g.rule(&format!("call_{i}"), &body);
+    }
+    g.chain("calls", calls, "");
+    format!(
+        "{} calls {} {}",
+        tok(m.section_begin),
+        tok(m.section_end),
+        tok(m.end_of_turn)
+    )
+}
+
+/// DeepSeek-V3's calls block.
+fn deepseek_calls(
+    g: &mut Lark,
+    m: &DeepSeekMarkers,
+    names: &[&str],
+    schemas: &[Value],
+    calls: usize,
+) -> String {
+    let mut alts = Vec::new();
+    for (j, (name, s)) in names.iter().zip(schemas).enumerate() {
+        g.rule(&format!("args_{j}"), &json_rule(s));
+        alts.push(format!(
+            "{} args_{j} {}",
+            lit(&format!("{name}\n```json\n")),
+            lit("\n```")
+        ));
+    }
+    let call = format!(
+        "{} \"function\" {} ({}) {}",
+        tok(m.call_begin),
+        tok(m.sep),
+        alts.join(" | "),
+        tok(m.call_end)
+    );
+    for i in 0..calls {
+        g.rule(&format!("call_{i}"), &call);
+    }
+    g.chain("calls", calls, "\"\\n\"");
+    format!(
+        "{} calls {} {}",
+        tok(m.calls_begin),
+        tok(m.calls_end),
+        tok(m.end_of_sentence)
+    )
+}
+
+/// K3's tools element, then the end of the message.
+fn k3_calls(g: &mut Lark, m: &K3Markers, names: &[&str], schemas: &[Value], calls: usize) -> String {
+    let x = Xtml(*m);
+    g.rule("free", &x.free());
+    for (j, s) in schemas.iter().enumerate() {
+        k3_arguments(g, &x, j, s);
+    }
+    for i in 0..calls {
+        let choices: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(j, name)| {
+                let head = lit(&format!(
+                    "call tool=\"{}\" index=\"{}\"",
+                    escape_attr(name),
+                    i + 1
+                ));
+                format!("{head} {} k3args_{j}", tok(m.sep))
+            })
+            .collect();
+        let body = format!("{} ({}) {}", tok(m.open), choices.join(" | "), x.close("call"));
+        g.rule(&format!("call_{i}"), &body);
+    }
+    g.chain("calls", calls, "");
+    format!(
+        "{} calls {} {} {}",
+        x.open("tools"),
+        x.close("tools"),
+        x.close("message"),
+        tok(m.end_of_msg)
+    )
 }
 
 /// A lark grammar for a JSON answer: any object (`schema: None`, `json_object`) or the schema
@@ -315,7 +323,7 @@ fn parameters_schema(t: &FunctionSpec) -> Result<Value, GrammarError> {
 }
 
 /// The K3 XTML markers, for writing tags.
-struct Xtml(super::K3Markers);
+struct Xtml(K3Markers);
 
 impl Xtml {
     fn open(&self, head: &str) -> String {
