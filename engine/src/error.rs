@@ -106,6 +106,11 @@ pub enum Error {
     /// A compute device could not be opened or used (no driver, no such device, not built in).
     #[error("device {device}: {reason}")]
     Device { device: String, reason: String },
+
+    /// A grammar or JSON schema that cannot be compiled into a constraint, or a constraint
+    /// that rejected its input during decoding.
+    #[error("constraint: {0}")]
+    Constraint(String),
 }
 
 impl Error {
@@ -125,6 +130,7 @@ impl Error {
             Error::Budget(_) => "budget",
             Error::Remote { .. } => "remote",
             Error::Device { .. } => "device",
+            Error::Constraint(_) => "constraint",
         }
     }
 

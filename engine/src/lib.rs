@@ -14,6 +14,7 @@ pub mod arch;
 pub mod backend;
 pub mod cache;
 pub mod config;
+pub mod constrain;
 pub mod error;
 pub mod generate;
 pub mod kernels;

@@ -97,6 +97,7 @@ fn run_level(
             reuse_state: false,
             kind: deltafin_engine::spec::RequestKind::Completion,
             spec: deltafin_engine::spec::SpecMode::Off,
+            decode: Default::default(),
         };
         handle
             .submit(req, Box::new(TimedSink(tx)))
@@ -114,7 +115,7 @@ fn run_level(
                 (at, Event::Token(_)) => t.push(at),
                 (_, Event::Done(_)) => break,
                 (_, Event::Failed { message, .. }) => anyhow::bail!("generation failed: {message}"),
-                (_, Event::Started { .. }) => {}
+                (_, Event::Started { .. } | Event::Logprobs(_)) => {}
             }
         }
         times.push(t);

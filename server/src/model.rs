@@ -10,6 +10,7 @@ use deltafin_engine::cache::{OocOptions, OocRuntime};
 use deltafin_engine::scheduler::{self, SchedulerConfig};
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource};
 use deltafin_engine::tokenizer::Tokenizer;
+use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
 use crate::drafts::{DraftError, DraftSources};
 use crate::openai::output::reasoning_markers;
@@ -61,6 +62,8 @@ pub fn load(
         .collect();
     let bos = model.info().bos_token_id.or(tokenizer.bos_id());
     let markers = reasoning_markers(&tokenizer);
+    let vocab_size = model.info().vocab_size;
+    let tool_format = ToolFormat::detect(&tokenizer);
     cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
     tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
@@ -68,7 +71,7 @@ pub fn load(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let loaded = Loaded {
-        tokenizer,
+        tokenizer: tokenizer.clone(),
         engine,
         model_id,
         created,
@@ -77,6 +80,10 @@ pub fn load(
         markers,
         bos,
         ooc,
+        tool_format,
+        tool_markers: tool_format.and_then(|f| ToolMarkers::resolve(f, &tokenizer).ok()),
+        vocab_size,
+        vocabulary: std::sync::OnceLock::new(),
     };
     Ok((loaded, thread))
 }

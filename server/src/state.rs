@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
+use deltafin_engine::constrain::Vocabulary;
 use deltafin_engine::tokenizer::Tokenizer;
+use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -50,6 +52,28 @@ pub struct Loaded {
     pub bos: Option<u32>,
     /// The out-of-core machinery when loaded under a memory budget (expert-read metrics).
     pub ooc: Option<Arc<OocRuntime>>,
+    /// The model's native tool-call format, if its tokenizer has one.
+    pub tool_format: Option<ToolFormat>,
+    /// That format's marker ids.
+    pub tool_markers: Option<ToolMarkers>,
+    /// Logit rows per token (the model's vocabulary, possibly padded past the tokenizer's).
+    pub vocab_size: usize,
+    /// The vocabulary indexed for constrained decoding, built on first use.
+    pub vocabulary: OnceLock<Arc<Vocabulary>>,
+}
+
+impl Loaded {
+    /// The constrained-decoding vocabulary (indexed once, on the first request that needs it).
+    pub fn vocabulary(&self) -> Result<Arc<Vocabulary>, ApiError> {
+        if let Some(v) = self.vocabulary.get() {
+            return Ok(v.clone());
+        }
+        let v = Vocabulary::new(self.tokenizer.clone(), self.vocab_size).map_err(|e| {
+            tracing::error!(error = %e, "constrained decoding is unavailable");
+            ApiError::Internal("constrained decoding is unavailable for this tokenizer")
+        })?;
+        Ok(self.vocabulary.get_or_init(|| Arc::new(v)).clone())
+    }
 }
 
 #[derive(Debug)]

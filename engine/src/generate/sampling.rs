@@ -15,6 +15,8 @@ pub enum Sampling {
         temperature: f32,
         top_p: f32,
         top_k: usize,
+        /// Drop tokens whose probability is below `min_p` × the top token's (0 = off).
+        min_p: f32,
         seed: u64,
     },
 }
@@ -41,9 +43,50 @@ impl Sampling {
                 temperature,
                 top_p,
                 top_k,
+                min_p: 0.0,
                 seed,
             }
         })
+    }
+
+    /// The same settings with a `min_p` filter (`0 <= min_p <= 1`; no effect on greedy).
+    pub fn with_min_p(self, min_p: f32) -> Result<Sampling> {
+        if !(0.0..=1.0).contains(&min_p) {
+            return Err(Error::InvalidArgument {
+                field: "min_p",
+                reason: format!("must be in [0, 1], got {min_p}"),
+            });
+        }
+        Ok(match self {
+            Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                seed,
+                ..
+            } => Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                seed,
+            },
+            greedy => greedy,
+        })
+    }
+
+    /// The same settings drawing from another seed (greedy is unchanged).
+    pub fn with_seed(self, new_seed: u64) -> Sampling {
+        match self {
+            Sampling::Random { temperature, top_p, top_k, min_p, .. } => Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                seed: new_seed,
+            },
+            greedy => greedy,
+        }
     }
 
     /// Pick the token at absolute sequence `position` from `logits`.
@@ -54,10 +97,11 @@ impl Sampling {
                 temperature,
                 top_p,
                 top_k,
+                min_p,
                 seed,
             } => {
                 let u = uniform(seed, position as u64);
-                sample(logits, temperature, top_p, top_k, u)
+                sample_filtered(logits, temperature, top_p, top_k, min_p, u)
             }
         }
     }
@@ -65,7 +109,15 @@ impl Sampling {
 
 /// Sample with a given uniform draw `u ∈ [0, 1)` (pure; deterministic tie order).
 pub fn sample(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, u: f64) -> u32 {
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    sample_filtered(logits, temperature, top_p, top_k, 0.0, u)
+}
+
+/// [`sample`] with a `min_p` filter, applied after top-k and before top-p (pure). Tokens whose
+/// logit is `-inf` (masked) are never drawn.
+pub fn sample_filtered(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, min_p: f32, u: f64) -> u32 {
+    let mut order: Vec<usize> = (0..logits.len())
+        .filter(|&i| !logits[i].is_nan() && logits[i] != f32::NEG_INFINITY)
+        .collect();
     if order.is_empty() {
         return 0;
     }
@@ -79,6 +131,12 @@ pub fn sample(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, u: f64
         .iter()
         .map(|&i| ((logits[i] as f64 - max) / t).exp())
         .collect();
+    // probs[0] is the largest (exp(0) = 1): min_p keeps p >= min_p * 1 before normalising.
+    if min_p > 0.0 {
+        let keep = probs.iter().take_while(|&&p| p >= min_p as f64).count().max(1);
+        probs.truncate(keep);
+        order.truncate(keep);
+    }
     let total: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= total);
     let mut cumulative = 0.0;

@@ -35,7 +35,7 @@ pub use stats::{ExpertIoStats, ExpertSource, SchedulerStats, StatsSnapshot};
 use crate::arch::Model;
 use crate::error::Error;
 pub use crate::generate::FinishReason;
-use crate::generate::Sampling;
+use crate::generate::{DecodeOptions, Sampling, TokenLogprobs};
 use crate::spec::{Drafts, RequestKind, SpecMode};
 
 /// A validated generation request, in token ids.
@@ -54,6 +54,9 @@ pub struct GenRequest {
     pub kind: RequestKind,
     /// Whether it drafts (drafts never change its tokens).
     pub spec: SpecMode,
+    /// Bias, penalties, grammar constraint and log-probabilities ([`DecodeOptions::default`]:
+    /// none).
+    pub decode: DecodeOptions,
 }
 
 /// How a finished request went.
@@ -77,6 +80,8 @@ pub enum Event {
         cached_tokens: usize,
     },
     Token(u32),
+    /// The log-probabilities of the next `Token` (sent just before it, only when requested).
+    Logprobs(TokenLogprobs),
     Done(Completion),
     /// The pass failed or the engine is shutting down. `kind` is a stable label.
     Failed {
@@ -179,7 +184,11 @@ impl Drop for Slot {
 struct Job {
     req: GenRequest,
     sink: Box<dyn EventSink>,
-    _slot: Slot,
+    /// Further choices of the same request (`n` > 1): each gets a copy of this job's state
+    /// once its prompt is prefilled, and samples with the seed of its choice index.
+    forks: Vec<Box<dyn EventSink>>,
+    /// The in-flight count of the request (forks hold none: the request counts once).
+    _slot: Option<Slot>,
 }
 
 enum Command {
@@ -209,7 +218,26 @@ impl std::fmt::Debug for Command {
 impl SchedulerHandle {
     /// Queue `req`; its events go to `sink`. Fails at once when full or invalid.
     pub fn submit(&self, req: GenRequest, sink: Box<dyn EventSink>) -> Result<(), SubmitError> {
+        self.submit_choices(req, vec![sink])
+    }
+
+    /// Queue `req` for `sinks.len()` choices that share one prefill: choice `i` samples with
+    /// [`choice_seed`]`(seed, i)` (choice 0 with the request's own seed) and its events go to
+    /// `sinks[i]`.
+    pub fn submit_choices(
+        &self,
+        req: GenRequest,
+        mut sinks: Vec<Box<dyn EventSink>>,
+    ) -> Result<(), SubmitError> {
         self.check(&req)?;
+        req.decode.validate(self.vocab_size)?;
+        if sinks.is_empty() {
+            return Err(SubmitError::Invalid(Error::InvalidArgument {
+                field: "n",
+                reason: "must be at least 1".into(),
+            }));
+        }
+        let sink = sinks.remove(0);
         let taken = self
             .stats
             .in_flight
@@ -225,7 +253,8 @@ impl SchedulerHandle {
         let job = Job {
             req,
             sink,
-            _slot: Slot(self.stats.clone()),
+            forks: sinks,
+            _slot: Some(Slot(self.stats.clone())),
         };
         self.tx
             .send(Command::Submit(job))
@@ -282,6 +311,16 @@ impl SchedulerHandle {
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+}
+
+/// The seed of choice `index` of a request seeded with `seed` (choice 0 keeps it).
+pub fn choice_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z ^ (z >> 27)
 }
 
 /// Start the engine loop on its own thread. It ends when every handle is dropped and its work

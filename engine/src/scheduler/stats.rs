@@ -29,6 +29,9 @@ pub struct SchedulerStats {
     pub(crate) cancelled: AtomicU64,
     /// Nanoseconds spent inside model passes.
     pub(crate) forward_nanos: AtomicU64,
+    /// Nanoseconds spent computing grammar-constraint masks, and the rows masked.
+    pub(crate) mask_nanos: AtomicU64,
+    pub(crate) masked_rows: AtomicU64,
     /// Speculative decoding figures of every request.
     pub(crate) spec: Arc<SpecStats>,
 }
@@ -49,6 +52,10 @@ pub struct StatsSnapshot {
     pub reuse_misses: u64,
     pub cancelled: u64,
     pub forward_seconds_x1e9: u64,
+    /// Nanoseconds spent computing grammar-constraint masks.
+    pub mask_nanos: u64,
+    /// Rows (sampled tokens) that were masked by a constraint.
+    pub masked_rows: u64,
 }
 
 impl SchedulerStats {
@@ -70,6 +77,8 @@ impl SchedulerStats {
             reuse_misses: get(&self.reuse_misses),
             cancelled: get(&self.cancelled),
             forward_seconds_x1e9: get(&self.forward_nanos),
+            mask_nanos: get(&self.mask_nanos),
+            masked_rows: get(&self.masked_rows),
         }
     }
 

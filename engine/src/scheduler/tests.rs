@@ -30,6 +30,7 @@ fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
         reuse_state: true,
         kind: crate::spec::RequestKind::Completion,
         spec: crate::spec::SpecMode::Auto,
+        decode: Default::default(),
     }
 }
 
@@ -54,7 +55,7 @@ fn drain(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Option<Completion>) {
     let mut tokens = Vec::new();
     loop {
         match rx.recv_timeout(Duration::from_secs(60)).expect("event") {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Logprobs(_) => {}
             Event::Token(t) => tokens.push(t),
             Event::Done(c) => return (tokens, Some(c)),
             Event::Failed { .. } => return (tokens, None),

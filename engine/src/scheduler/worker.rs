@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use super::plan::{Phase, Work, plan_step};
 use super::reuse::StateCache;
-use super::{Command, Completion, Event, FinishReason, Job, SchedulerConfig, SchedulerStats};
+use super::{Command, Completion, Event, EventSink, FinishReason, Job, SchedulerConfig, SchedulerStats};
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
-use crate::generate::SeqState;
+use crate::generate::{Decoder, Pick, SeqState};
 use crate::spec::{Observation, Speculator, draft_budget, verify};
 
 /// One running request.
@@ -29,6 +29,8 @@ struct Seq {
     /// The decode rows of the current step: the pending token, then the drafts.
     rows: Vec<u32>,
     spec: Option<Speculator>,
+    /// Token selection (bias, penalties, constraint, log-probabilities).
+    decoder: Decoder,
     cached: usize,
     /// Set when the request leaves the batch after this step.
     end: Option<End>,
@@ -64,6 +66,8 @@ pub(super) struct Worker {
     cache: StateCache<SeqState>,
     limit: usize,
     connected: bool,
+    /// Choices forked during this step's `advance`, joined once it is done.
+    pending_forks: Vec<(Seq, Pick)>,
 }
 
 fn add(counter: &AtomicU64, n: usize) {
@@ -93,6 +97,7 @@ impl Worker {
             cache,
             limit,
             connected: true,
+            pending_forks: Vec::new(),
         }
     }
 
@@ -201,6 +206,17 @@ impl Worker {
                 add(&self.stats.cancelled, 1);
                 continue;
             }
+            let decoder = match Decoder::new(job.req.sampling, job.req.decode.clone(), &job.req.prompt) {
+                Ok(d) => d,
+                Err(e) => {
+                    let (kind, message) = (e.kind(), e.to_string());
+                    job.sink.send(Event::Failed { kind, message: message.clone() });
+                    for fork in &job.forks {
+                        fork.send(Event::Failed { kind, message: message.clone() });
+                    }
+                    continue;
+                }
+            };
             let spec = self
                 .cfg
                 .drafts
@@ -213,6 +229,7 @@ impl Worker {
                 output: Vec::new(),
                 rows: Vec::new(),
                 spec,
+                decoder,
                 cached,
                 end: None,
             });
@@ -378,27 +395,112 @@ impl Worker {
                             },
                         );
                     }
-                    match got.first() {
-                        Some(row) => vec![seq.job.req.sampling.pick(row, seq.state.len())],
-                        None => continue,
-                    }
+                    let Some(row) = got.first() else { continue };
+                    let position = seq.state.len();
+                    let forks = std::mem::take(&mut seq.job.forks);
+                    let picked = pick_and_accept(&mut seq.decoder, row, position);
+                    let forked = self.fork(w.seq, forks, row, position);
+                    self.pending_forks.extend(forked);
+                    picked.map(|p| vec![p])
                 }
                 Phase::Decode => verify_step(seq, &got, self.limit, seconds, model, &capture),
             };
-            self.emit(w.seq, &tokens);
+            match tokens {
+                Ok(tokens) => self.emit(w.seq, &tokens),
+                Err(e) => {
+                    let seq = &mut self.running[w.seq];
+                    seq.job.sink.send(Event::Failed {
+                        kind: e.kind(),
+                        message: e.to_string(),
+                    });
+                    seq.end = Some(End::Failed);
+                }
+            }
         }
+        for (seq, pick) in std::mem::take(&mut self.pending_forks) {
+            self.running.push(seq);
+            let i = self.running.len() - 1;
+            self.emit(i, &[pick]);
+        }
+    }
+
+    /// The further choices of the sequence at `i`, whose prompt was just prefilled (its state
+    /// holds the whole prompt; `row` is the logits of its last position): each starts from a
+    /// copy of the state and makes its own first pick from the same row.
+    fn fork(
+        &mut self,
+        i: usize,
+        forks: Vec<Box<dyn EventSink>>,
+        row: &[f32],
+        position: usize,
+    ) -> Vec<(Seq, Pick)> {
+        let mut out = Vec::new();
+        for (k, sink) in forks.into_iter().enumerate() {
+            let parent = &self.running[i];
+            let req = &parent.job.req;
+            let sampling = req.sampling.with_seed(super::choice_seed(seed_of(req.sampling), k + 1));
+            let made = Decoder::new(sampling, req.decode.clone(), &req.prompt).and_then(|mut d| {
+                let p = d.pick(row, position)?;
+                d.accept(p.token)?;
+                Ok((d, p))
+            });
+            let (decoder, pick) = match made {
+                Ok(x) => x,
+                Err(e) => {
+                    sink.send(Event::Failed {
+                        kind: e.kind(),
+                        message: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            if !sink.send(Event::Started {
+                cached_tokens: parent.cached,
+            }) {
+                continue;
+            }
+            let mut req = req.clone();
+            req.sampling = sampling;
+            let spec = self
+                .cfg
+                .drafts
+                .speculator(req.kind, req.spec, Some(self.stats.spec.clone()));
+            let seq = Seq {
+                history: req.prompt.clone(),
+                job: Job {
+                    req,
+                    sink,
+                    forks: Vec::new(),
+                    _slot: None,
+                },
+                state: parent.state.clone(),
+                fed: parent.fed,
+                output: Vec::new(),
+                rows: Vec::new(),
+                spec,
+                decoder,
+                cached: parent.cached,
+                end: None,
+            };
+            out.push((seq, pick));
+        }
+        out
     }
 
     /// Stream `tokens` (made by one pass) to the sequence, ending it on a stop id, the output or
     /// context limit, or a closed receiver.
-    fn emit(&mut self, i: usize, tokens: &[u32]) {
+    fn emit(&mut self, i: usize, tokens: &[Pick]) {
         let seq = &mut self.running[i];
         // The state holds every emitted token but the last (the new pending one).
         let base = seq.state.len() + 1 - tokens.len();
-        for (j, &token) in tokens.iter().enumerate() {
+        for (j, pick) in tokens.iter().enumerate() {
+            let token = pick.token;
             seq.output.push(token);
             seq.history.push(token);
             add(&self.stats.generated, 1);
+            if let Some(lp) = &pick.logprobs {
+                seq.job.sink.send(Event::Logprobs(lp.clone()));
+            }
             if !seq.job.sink.send(Event::Token(token)) {
                 seq.end = Some(End::Cancelled);
             } else if seq.job.req.stop_ids.contains(&token) {
@@ -421,6 +523,9 @@ impl Worker {
                 continue;
             }
             let seq = self.running.remove(i);
+            let (nanos, rows) = seq.decoder.mask_time();
+            SchedulerStats::add(&self.stats.mask_nanos, nanos);
+            SchedulerStats::add(&self.stats.masked_rows, rows);
             match seq.end {
                 Some(End::Finished(reason)) => self.finish(seq, reason),
                 Some(End::Cancelled) => add(&self.stats.cancelled, 1),
@@ -455,8 +560,28 @@ impl Worker {
 /// Captured hidden rows of a sequence's first `n` rows in the pass, for its proposers.
 type Capture<'a> = dyn Fn(&Speculator, usize) -> Vec<(String, Vec<f32>)> + 'a;
 
+/// The seed a sampling draws from (0 for greedy, which ignores it).
+fn seed_of(sampling: crate::generate::Sampling) -> u64 {
+    match sampling {
+        crate::generate::Sampling::Random { seed, .. } => seed,
+        crate::generate::Sampling::Greedy => 0,
+    }
+}
+
+/// Pick the token at `position` and advance the decoder past it.
+fn pick_and_accept(decoder: &mut Decoder, row: &[f32], position: usize) -> crate::error::Result<Pick> {
+    let pick = decoder.pick(row, position)?;
+    decoder.accept(pick.token)?;
+    Ok(pick)
+}
+
 /// Verify a decode step of `seq` (its pass's `picks` rows are `logits`): commit the accepted
 /// rows, tell its proposers, return the tokens to emit.
+///
+/// Rows are decided in order, exactly as plain decoding would decide them: row `i` is picked by
+/// the decoder after it accepted picks `0..i` (a grammar constraint or a penalty sees the same
+/// history), and picking stops at the first draft that differs from the pick before it, or
+/// after a stop id.
 fn verify_step(
     seq: &mut Seq,
     logits: &[&[f32]],
@@ -464,22 +589,28 @@ fn verify_step(
     seconds: f64,
     model: &dyn Model,
     capture: &Capture<'_>,
-) -> Vec<u32> {
+) -> crate::error::Result<Vec<Pick>> {
     let n = seq.rows.len();
     let begin = seq.state.len() - n;
-    let sampling = seq.job.req.sampling;
-    let picks: Vec<u32> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, row)| sampling.pick(row, begin + i + 1))
-        .collect();
     let budget = seq
         .job
         .req
         .max_new_tokens
         .saturating_sub(seq.output.len())
         .min(limit.saturating_sub(begin));
-    let verdict = verify(&seq.rows[1..], &picks, &seq.job.req.stop_ids, budget.max(1));
+    let mut picks: Vec<Pick> = Vec::with_capacity(n);
+    for (i, row) in logits.iter().enumerate() {
+        let pick = pick_and_accept(&mut seq.decoder, row, begin + i + 1)?;
+        let token = pick.token;
+        picks.push(pick);
+        let matches_next = seq.rows.get(i + 1) == Some(&token);
+        if !matches_next || seq.job.req.stop_ids.contains(&token) || picks.len() >= budget.max(1) {
+            break;
+        }
+    }
+    let ids: Vec<u32> = picks.iter().map(|p| p.token).collect();
+    let drafts = &seq.rows[1..ids.len()];
+    let verdict = verify(drafts, &ids, &seq.job.req.stop_ids, budget.max(1));
     if let Err(e) = seq.state.commit(verdict.commit_rows) {
         tracing::error!(error = %e, "commit of a verified pass failed");
     }
@@ -495,5 +626,6 @@ fn verify_step(
             },
         );
     }
-    verdict.emitted
+    picks.truncate(verdict.emitted.len());
+    Ok(picks)
 }

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use deltafin_engine::generate::TokenLogprobs;
 use deltafin_engine::scheduler::{Event, EventSink, FinishReason, GenRequest};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -32,6 +33,8 @@ impl EventSink for ChannelSink {
 /// What the handler does next.
 #[derive(Debug)]
 pub enum Step {
+    /// Output text and tool-call fragments; with `logprobs`, the log-probabilities of the
+    /// tokens that made them arrive in [`Generation::take_logprobs`].
     Text(Delta),
     Finished { reason: &'static str, usage: Usage },
     Failed(ApiError),
@@ -42,7 +45,13 @@ pub enum Step {
 pub struct Generation {
     rx: UnboundedReceiver<Event>,
     parser: OutputParser,
-    timer: RequestTimer,
+    /// Choice 0 times the request; further choices of the same request do not count again.
+    timer: Option<RequestTimer>,
+    /// Log-probabilities of the tokens received so far and not yet taken.
+    logprobs: Vec<TokenLogprobs>,
+    pending_logprob: Option<TokenLogprobs>,
+    /// Named tool choice: OpenAI reports `stop`, not `tool_calls`.
+    named_choice: bool,
     prompt_tokens: usize,
     cached_tokens: usize,
     completion_tokens: usize,
@@ -60,19 +69,61 @@ impl Generation {
         parser: OutputParser,
         started: Instant,
     ) -> Result<Generation, ApiError> {
-        let (tx, rx) = unbounded_channel();
+        let mut all = Self::submit_choices(app, loaded, endpoint, req, vec![parser], started)?;
+        Ok(all.remove(0))
+    }
+
+    /// Submit `req` for one choice per parser (`n` choices sharing one prefill).
+    pub fn submit_choices(
+        app: &AppState,
+        loaded: &Loaded,
+        endpoint: Endpoint,
+        req: GenRequest,
+        parsers: Vec<OutputParser>,
+        started: Instant,
+    ) -> Result<Vec<Generation>, ApiError> {
         let prompt_tokens = req.prompt.len();
-        loaded.engine.submit(req, Box::new(ChannelSink(tx)))?;
-        Ok(Generation {
-            rx,
-            parser,
-            timer: RequestTimer::new(Arc::clone(app.metrics()), endpoint, started),
-            prompt_tokens,
-            cached_tokens: 0,
-            completion_tokens: 0,
-            pending: VecDeque::new(),
-            done: false,
-        })
+        let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = parsers
+            .iter()
+            .map(|_| {
+                let (tx, rx) = unbounded_channel();
+                (Box::new(ChannelSink(tx)) as Box<dyn EventSink>, rx)
+            })
+            .unzip();
+        loaded.engine.submit_choices(req, sinks)?;
+        Ok(receivers
+            .into_iter()
+            .zip(parsers)
+            .enumerate()
+            .map(|(i, (rx, parser))| Generation {
+                rx,
+                parser,
+                timer: (i == 0).then(|| RequestTimer::new(Arc::clone(app.metrics()), endpoint, started)),
+                logprobs: Vec::new(),
+                pending_logprob: None,
+                named_choice: false,
+                prompt_tokens,
+                cached_tokens: 0,
+                completion_tokens: 0,
+                pending: VecDeque::new(),
+                done: false,
+            })
+            .collect())
+    }
+
+    /// Report `stop` rather than `tool_calls` when calls end the output (a named tool choice).
+    pub fn set_named_choice(&mut self, named: bool) {
+        self.named_choice = named;
+    }
+
+    /// The log-probabilities of the tokens behind the steps returned so far (drained).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprobs> {
+        std::mem::take(&mut self.logprobs)
+    }
+
+    /// Calls parsed and malformed calls seen so far.
+    pub fn tool_call_counts(&self) -> (usize, usize) {
+        (self.parser.tool_calls_seen(), self.parser.malformed_calls())
     }
 
     fn usage(&self) -> Usage {
@@ -87,14 +138,18 @@ impl Generation {
             reason,
             usage: self.usage(),
         });
-        self.timer.finish("success", self.prompt_tokens);
+        if let Some(t) = self.timer.as_mut() {
+            t.finish("success", self.prompt_tokens);
+        }
         self.done = true;
         // A stop string may end output before the engine does: stop its work now.
         self.rx.close();
     }
 
     fn fail(&mut self, error: ApiError) {
-        self.timer.finish(error.outcome(), self.prompt_tokens);
+        if let Some(t) = self.timer.as_mut() {
+            t.finish(error.outcome(), self.prompt_tokens);
+        }
         self.pending.push_back(Step::Failed(error));
         self.done = true;
         self.rx.close();
@@ -105,9 +160,13 @@ impl Generation {
         while self.pending.is_empty() && !self.done {
             match self.rx.recv().await {
                 Some(Event::Started { cached_tokens }) => self.cached_tokens = cached_tokens,
+                Some(Event::Logprobs(lp)) => self.pending_logprob = Some(lp),
                 Some(Event::Token(id)) => {
                     self.completion_tokens += 1;
-                    self.timer.token();
+                    if let Some(t) = self.timer.as_mut() {
+                        t.token();
+                    }
+                    self.logprobs.extend(self.pending_logprob.take());
                     let delta = self.parser.push(id);
                     if self.parser.stopped() {
                         self.end(delta, "stop");
@@ -117,14 +176,14 @@ impl Generation {
                 }
                 Some(Event::Done(c)) => {
                     let tail = self.parser.finish();
-                    self.end(
-                        tail,
-                        if c.finish_reason == FinishReason::Stop {
-                            "stop"
-                        } else {
-                            "length"
-                        },
-                    );
+                    let reason = match c.finish_reason {
+                        FinishReason::Stop if self.parser.tool_calls_seen() > 0 && !self.named_choice => {
+                            "tool_calls"
+                        }
+                        FinishReason::Stop => "stop",
+                        _ => "length",
+                    };
+                    self.end(tail, reason);
                 }
                 Some(Event::Failed { kind, message }) => {
                     tracing::error!(kind, %message, "generation failed");

@@ -9,18 +9,22 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use deltafin_engine::generate::Sampling;
-use deltafin_engine::scheduler::GenRequest;
-use deltafin_engine::spec::RequestKind;
-use deltafin_engine::tokenizer::ChatOptions;
-use futures_util::Stream;
+use std::collections::VecDeque;
+use std::sync::Mutex;
 
+use deltafin_engine::generate::{DecodeOptions, Sampling};
+use deltafin_engine::scheduler::GenRequest;
+use deltafin_engine::tokenizer::Tokenizer;
+use futures_util::{Stream, StreamExt};
+
+use super::chat::{self, ChatOutcome, ChatRun};
 use super::generation::{Generation, Step};
+use super::logprobs;
 use super::output::{Delta, OutputParser};
-use super::request::{ChatRequest, Common, CompletionRequest, PromptInput, parse_chat, parse_completion};
+use super::request::{Common, CompletionRequest, PromptInput, parse_chat, parse_completion};
 use super::types::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChunkHeader, Completion, CompletionChoice, ModelCard,
-    ModelList,
+    AssistantMessage, ChatChoice, ChatCompletion, ChunkHeader, Completion, CompletionChoice, FunctionOut,
+    ModelCard, ModelList, ToolCallOut, Usage,
 };
 use crate::body::JsonBody;
 use crate::error::ApiError;
@@ -49,8 +53,13 @@ pub async fn models(State(app): State<AppState>) -> Result<Json<ModelList>, ApiE
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
-    match start_chat(&app, body, started) {
-        Ok(run) => run.respond(&app).await,
+    let run = body.and_then(|JsonBody(body)| {
+        let req = parse_chat(&body, &app.config().limits)?;
+        let run = chat::start(&app, &req, Endpoint::Chat, started)?;
+        Ok((run, req.common.stream, req.common.include_usage))
+    });
+    match run {
+        Ok((run, stream, include_usage)) => respond(&app, Endpoint::Chat, run, stream, include_usage).await,
         Err(e) => refuse(&app, Endpoint::Chat, e),
     }
 }
@@ -58,8 +67,15 @@ pub async fn chat_completions(State(app): State<AppState>, body: Result<JsonBody
 /// `POST /v1/completions`.
 pub async fn completions(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
-    match start_completion(&app, body, started) {
-        Ok(run) => run.respond(&app).await,
+    let run = body.and_then(|JsonBody(body)| {
+        let req = parse_completion(&body, &app.config().limits)?;
+        let run = start_completion(&app, &req, started)?;
+        Ok((run, req.common.stream, req.common.include_usage))
+    });
+    match run {
+        Ok((run, stream, include_usage)) => {
+            respond(&app, Endpoint::Completions, run, stream, include_usage).await
+        }
         Err(e) => refuse(&app, Endpoint::Completions, e),
     }
 }
@@ -70,15 +86,8 @@ fn refuse(app: &AppState, endpoint: Endpoint, e: ApiError) -> Response {
     e.into_response()
 }
 
-/// A submitted request and how to present it.
-struct Run {
-    generation: Generation,
-    header: ChunkHeader,
-    endpoint: Endpoint,
-    stream: bool,
-}
-
-fn check_model(loaded: &Loaded, common: &Common) -> Result<(), ApiError> {
+/// A request's `model` must be the served one.
+pub fn check_model(loaded: &Loaded, common: &Common) -> Result<(), ApiError> {
     match &common.model {
         Some(m) if m != &loaded.model_id => Err(ApiError::ModelNotFound(m.chars().take(128).collect())),
         _ => Ok(()),
@@ -86,9 +95,10 @@ fn check_model(loaded: &Loaded, common: &Common) -> Result<(), ApiError> {
 }
 
 fn sampling(common: &Common) -> Result<Sampling, ApiError> {
-    let s = common.sampling;
+    let s = &common.sampling;
     let seed = s.seed.unwrap_or_else(random_seed);
     Sampling::new(s.temperature, s.top_p, s.top_k, seed)
+        .and_then(|x| x.with_min_p(s.min_p))
         .map_err(|e| ApiError::field("temperature", e.to_string()))
 }
 
@@ -104,25 +114,26 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-fn response_id(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", random_seed())
+/// A fresh 16-digit hex id.
+pub fn random_hex() -> String {
+    format!("{:016x}", random_seed())
 }
 
-fn build(
+/// The engine request for a rendered `prompt`: limits, stop ids, sampling and `decode`.
+pub fn gen_request(
     app: &AppState,
     loaded: &Loaded,
     endpoint: Endpoint,
     common: &Common,
     prompt: Vec<u32>,
-    parser: OutputParser,
-    started: Instant,
-) -> Result<Run, ApiError> {
+    decode: DecodeOptions,
+) -> Result<GenRequest, ApiError> {
     let limit = loaded.engine.context_limit();
     if prompt.len() > limit {
-        let param = if endpoint == Endpoint::Chat {
-            "messages"
-        } else {
+        let param = if endpoint == Endpoint::Completions {
             "prompt"
+        } else {
+            "messages"
         };
         return Err(ApiError::ContextLength {
             param,
@@ -133,81 +144,24 @@ fn build(
     let mut stop_ids = Vec::new();
     if !common.ignore_eos {
         stop_ids.extend(&loaded.stop_ids);
-        if endpoint == Endpoint::Chat {
+        if endpoint != Endpoint::Completions {
             stop_ids.extend(&loaded.chat_stop_ids);
         }
     }
-    let req = GenRequest {
+    Ok(GenRequest {
         prompt,
         max_new_tokens: common.max_tokens.unwrap_or(app.config().limits.max_tokens),
         sampling: sampling(common)?,
         stop_ids,
         reuse_state: true,
-        kind: if endpoint == Endpoint::Chat {
-            RequestKind::Chat
-        } else {
-            RequestKind::Completion
-        },
+        kind: chat::kind_of(endpoint),
         spec: app.config().spec,
-    };
-    let generation = Generation::submit(app, loaded, endpoint, req, parser, started)?;
-    let prefix = if endpoint == Endpoint::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
-    let header = ChunkHeader {
-        id: response_id(prefix),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        model: loaded.model_id.clone(),
-        include_usage: common.include_usage,
-    };
-    Ok(Run {
-        generation,
-        header,
-        endpoint,
-        stream: common.stream,
+        decode,
     })
 }
 
-fn start_chat(app: &AppState, body: Result<JsonBody, ApiError>, started: Instant) -> Result<Run, ApiError> {
+fn start_completion(app: &AppState, req: &CompletionRequest, started: Instant) -> Result<ChatRun, ApiError> {
     let loaded = app.loaded()?;
-    let JsonBody(body) = body?;
-    let req: ChatRequest = parse_chat(&body, &app.config().limits)?;
-    check_model(&loaded, &req.common)?;
-    let opts = ChatOptions {
-        add_generation_prompt: true,
-        extra: req.template_kwargs.clone(),
-        ..Default::default()
-    };
-    let prompt = loaded.tokenizer.encode_chat(&req.messages, &opts).map_err(|e| {
-        ApiError::field(
-            "messages",
-            format!("the chat template cannot render these messages: {e}"),
-        )
-    })?;
-    if app.config().log_prompts {
-        tracing::info!(messages = ?req.messages, "chat prompt");
-    }
-    let parser = OutputParser::new(
-        Arc::clone(&loaded.tokenizer),
-        loaded.markers.clone(),
-        &prompt,
-        req.common.stop.clone(),
-    );
-    build(app, &loaded, Endpoint::Chat, &req.common, prompt, parser, started)
-}
-
-fn start_completion(
-    app: &AppState,
-    body: Result<JsonBody, ApiError>,
-    started: Instant,
-) -> Result<Run, ApiError> {
-    let loaded = app.loaded()?;
-    let JsonBody(body) = body?;
-    let req: CompletionRequest = parse_completion(&body, &app.config().limits)?;
     check_model(&loaded, &req.common)?;
     let prompt = match &req.prompt {
         PromptInput::Ids(ids) => ids.clone(),
@@ -215,149 +169,229 @@ fn start_completion(
             if app.config().log_prompts {
                 tracing::info!(prompt = %text, "completion prompt");
             }
-            loaded
-                .bos
-                .into_iter()
-                .chain(loaded.tokenizer.encode(text))
-                .collect()
+            loaded.tokenizer.encode_prompt(text)
         }
     };
     if prompt.is_empty() {
         return Err(ApiError::field("prompt", "`prompt` must not be empty"));
     }
-    let parser = OutputParser::new(Arc::clone(&loaded.tokenizer), None, &[], req.common.stop.clone());
-    build(
-        app,
-        &loaded,
-        Endpoint::Completions,
-        &req.common,
-        prompt,
-        parser,
-        started,
-    )
+    let parsers = (0..req.common.n)
+        .map(|_| OutputParser::new(Arc::clone(&loaded.tokenizer), None, &[], req.common.stop.clone()))
+        .collect();
+    let prompt_tokens = prompt.len();
+    let decode = chat::sampling_options(&req.common);
+    let gen_req = gen_request(app, &loaded, Endpoint::Completions, &req.common, prompt, decode)?;
+    let choices = Generation::submit_choices(app, &loaded, Endpoint::Completions, gen_req, parsers, started)?;
+    Ok(ChatRun {
+        choices,
+        model: loaded.model_id.clone(),
+        id: random_hex(),
+        prompt_tokens,
+        tools: false,
+    })
 }
 
-impl Run {
-    async fn respond(self, app: &AppState) -> Response {
-        if self.stream {
-            let keep_alive = KeepAlive::new()
-                .interval(app.config().keep_alive)
-                .text("keep-alive");
-            return Sse::new(self.into_stream())
-                .keep_alive(keep_alive)
-                .into_response();
-        }
-        self.collect().await
+fn header(run: &ChatRun, endpoint: Endpoint, include_usage: bool) -> ChunkHeader {
+    let prefix = if endpoint == Endpoint::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    ChunkHeader {
+        id: format!("{prefix}-{}", run.id),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: run.model.clone(),
+        include_usage,
     }
+}
 
-    async fn collect(mut self) -> Response {
-        let mut text = Delta::default();
-        while let Some(step) = self.generation.next().await {
-            match step {
-                Step::Text(d) => text.extend(d),
-                Step::Failed(e) => return e.into_response(),
-                Step::Finished { reason, usage } => {
-                    tracing::info!(
-                        endpoint = self.endpoint.label(),
-                        prompt_tokens = usage.prompt_tokens,
-                        completion_tokens = usage.completion_tokens,
-                        cached_tokens = usage.prompt_tokens_details.cached_tokens,
-                        finish_reason = reason,
-                        "request finished"
-                    );
-                    let h = &self.header;
-                    return match self.endpoint {
-                        Endpoint::Chat => {
-                            let reasoning = (!text.reasoning.is_empty()).then_some(text.reasoning);
-                            let message = AssistantMessage {
-                                role: "assistant",
-                                content: text.content,
-                                reasoning_content: reasoning,
-                            };
-                            let choice = ChatChoice {
-                                index: 0,
-                                message,
-                                logprobs: None,
-                                finish_reason: reason,
-                            };
-                            let body = ChatCompletion {
-                                id: h.id.clone(),
-                                object: "chat.completion",
-                                created: h.created,
-                                model: h.model.clone(),
-                                choices: vec![choice],
-                                usage,
-                            };
-                            Json(body).into_response()
-                        }
-                        _ => {
-                            let choice = CompletionChoice {
-                                index: 0,
-                                text: text.content,
-                                logprobs: None,
-                                finish_reason: Some(reason),
-                            };
-                            let body = Completion {
-                                id: h.id.clone(),
-                                object: "text_completion",
-                                created: h.created,
-                                model: h.model.clone(),
-                                choices: vec![choice],
-                                usage: Some(Some(usage)),
-                            };
-                            Json(body).into_response()
-                        }
-                    };
-                }
+async fn respond(app: &AppState, endpoint: Endpoint, run: ChatRun, stream: bool, include_usage: bool) -> Response {
+    let h = header(&run, endpoint, include_usage);
+    let tok = match app.loaded_any() {
+        Some(l) => Arc::clone(&l.tokenizer),
+        None => return ApiError::Loading.into_response(),
+    };
+    if stream {
+        let keep_alive = KeepAlive::new()
+            .interval(app.config().keep_alive)
+            .text("keep-alive");
+        return Sse::new(into_stream(run, h, endpoint, tok))
+            .keep_alive(keep_alive)
+            .into_response();
+    }
+    let out = match run.collect().await {
+        Ok(out) => out,
+        Err(e) => return e.into_response(),
+    };
+    tracing::info!(
+        endpoint = endpoint.label(),
+        prompt_tokens = out.usage.prompt_tokens,
+        completion_tokens = out.usage.completion_tokens,
+        cached_tokens = out.usage.prompt_tokens_details.cached_tokens,
+        "request finished"
+    );
+    match endpoint {
+        Endpoint::Chat => Json(chat_body(&h, &tok, out)).into_response(),
+        _ => Json(completion_body(&h, &tok, out)).into_response(),
+    }
+}
+
+fn chat_body(h: &ChunkHeader, tok: &Tokenizer, out: ChatOutcome) -> ChatCompletion {
+    let choices = out
+        .choices
+        .into_iter()
+        .map(|c| {
+            let calls: Vec<ToolCallOut> = c
+                .tool_calls
+                .into_iter()
+                .map(|t| ToolCallOut {
+                    id: t.id,
+                    kind: "function",
+                    function: FunctionOut {
+                        name: t.name,
+                        arguments: t.arguments,
+                    },
+                })
+                .collect();
+            let content = (!(c.content.is_empty() && !calls.is_empty())).then_some(c.content);
+            ChatChoice {
+                index: c.index as u32,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    reasoning_content: (!c.reasoning.is_empty()).then_some(c.reasoning),
+                    tool_calls: (!calls.is_empty()).then_some(calls),
+                },
+                logprobs: logprobs::chat(tok, &c.logprobs),
+                finish_reason: c.finish_reason,
             }
-        }
-        ApiError::Internal("generation ended without a result").into_response()
+        })
+        .collect();
+    ChatCompletion {
+        id: h.id.clone(),
+        object: "chat.completion",
+        created: h.created,
+        model: h.model.clone(),
+        choices,
+        usage: out.usage,
     }
+}
 
-    /// SSE: `data: {chunk}` events, then `data: [DONE]`. Dropping the stream (a client
-    /// disconnect) drops the generation, which cancels it.
-    fn into_stream(self) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
-        let chat = self.endpoint == Endpoint::Chat;
-        let mut first: Vec<String> = Vec::new();
-        if chat {
-            first.push(self.header.chat_role());
-        }
-        let state = (self, std::collections::VecDeque::from(first), false);
-        futures_util::stream::unfold(state, move |(mut run, mut queue, mut ended)| async move {
+fn completion_body(h: &ChunkHeader, tok: &Tokenizer, out: ChatOutcome) -> Completion {
+    let choices = out
+        .choices
+        .into_iter()
+        .map(|c| CompletionChoice {
+            index: c.index as u32,
+            text: c.content,
+            logprobs: logprobs::completion(tok, &c.logprobs, &mut 0),
+            finish_reason: Some(c.finish_reason),
+        })
+        .collect();
+    Completion {
+        id: h.id.clone(),
+        object: "text_completion",
+        created: h.created,
+        model: h.model.clone(),
+        choices,
+        usage: Some(Some(out.usage)),
+    }
+}
+
+/// One choice's SSE data lines, in order; the usage of a finished choice is added to `total`.
+fn choice_stream(
+    index: u32,
+    g: Generation,
+    h: ChunkHeader,
+    endpoint: Endpoint,
+    tok: Arc<Tokenizer>,
+    total: Arc<Mutex<Usage>>,
+) -> impl Stream<Item = String> + Send + 'static {
+    let chat_api = endpoint == Endpoint::Chat;
+    let first = if chat_api { vec![h.chat_role(index)] } else { vec![] };
+    let state = (g, VecDeque::from(first), false, 0usize);
+    futures_util::stream::unfold(state, move |(mut g, mut queue, mut ended, mut offset)| {
+        let (h, tok, total) = (h.clone(), tok.clone(), total.clone());
+        async move {
             loop {
                 if let Some(data) = queue.pop_front() {
-                    return Some((Ok(SseEvent::default().data(data)), (run, queue, ended)));
+                    return Some((data, (g, queue, ended, offset)));
                 }
                 if ended {
                     return None;
                 }
-                match run.generation.next().await {
+                match g.next().await {
                     Some(Step::Text(d)) => {
-                        let h = &run.header;
-                        queue.extend(if chat {
-                            h.chat_delta(d)
+                        let lps = g.take_logprobs();
+                        queue.extend(if chat_api {
+                            h.chat_delta(index, d, logprobs::chat(&tok, &lps))
                         } else {
-                            h.completion_delta(d)
+                            h.completion_delta(index, d, logprobs::completion(&tok, &lps, &mut offset))
                         });
                     }
                     Some(Step::Finished { reason, usage }) => {
-                        let h = &run.header;
-                        queue.extend(if chat {
-                            h.chat_finish(reason, usage)
+                        let lps = g.take_logprobs();
+                        if chat_api {
+                            queue.extend(h.chat_delta(index, Delta::default(), logprobs::chat(&tok, &lps)));
+                            queue.push_back(h.chat_finish(index, reason));
                         } else {
-                            h.completion_finish(reason, usage)
-                        });
-                        queue.push_back("[DONE]".to_string());
+                            let lp = logprobs::completion(&tok, &lps, &mut offset);
+                            queue.extend(h.completion_delta(index, Delta::default(), lp));
+                            queue.push_back(h.completion_finish(index, reason));
+                        }
+                        let mut t = total.lock().unwrap_or_else(|p| p.into_inner());
+                        *t = Usage::new(
+                            usage.prompt_tokens,
+                            t.completion_tokens + usage.completion_tokens,
+                            t.prompt_tokens_details.cached_tokens.max(usage.prompt_tokens_details.cached_tokens),
+                        );
                         ended = true;
                     }
                     Some(Step::Failed(e)) => {
                         queue.push_back(e.body().to_string());
-                        queue.push_back("[DONE]".to_string());
                         ended = true;
                     }
                     None => return None,
                 }
             }
+        }
+    })
+}
+
+/// SSE: every choice's `data: {chunk}` events interleaved as they come, then the usage chunk
+/// (with `include_usage`) and `data: [DONE]`. Dropping the stream (a client disconnect) drops
+/// the generations, which cancels them.
+fn into_stream(
+    run: ChatRun,
+    h: ChunkHeader,
+    endpoint: Endpoint,
+    tok: Arc<Tokenizer>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
+    let total = Arc::new(Mutex::new(Usage::new(run.prompt_tokens, 0, 0)));
+    let streams: Vec<_> = run
+        .choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            Box::pin(choice_stream(i as u32, g, h.clone(), endpoint, tok.clone(), total.clone()))
         })
-    }
+        .collect();
+    let tail = {
+        let h = h.clone();
+        futures_util::stream::once(async move {
+            let usage = *total.lock().unwrap_or_else(|p| p.into_inner());
+            let mut out: Vec<String> = match endpoint {
+                Endpoint::Chat => h.chat_usage(usage).into_iter().collect(),
+                _ => h.completion_usage(usage).into_iter().collect(),
+            };
+            out.push("[DONE]".to_string());
+            futures_util::stream::iter(out)
+        })
+        .flatten()
+    };
+    futures_util::stream::select_all(streams)
+        .chain(tail)
+        .map(|data| Ok(SseEvent::default().data(data)))
 }

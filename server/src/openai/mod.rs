@@ -1,8 +1,10 @@
 //! The OpenAI-compatible API: request validation, response types and SSE chunks, the output
 //! state machine (reasoning split, stop strings), and the handlers that tie them to the engine.
 
+pub mod chat;
 pub mod generation;
 pub mod handlers;
+pub mod logprobs;
 pub mod output;
 pub mod reasoning;
 pub mod request;

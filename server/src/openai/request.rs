@@ -4,14 +4,24 @@
 //! `presence_penalty: 0`, `response_format: {"type": "text"}`, `tools: []` …), and unknown
 //! fields are refused. `null` means absent, as OpenAI clients send it.
 //!
-//! Accepted without effect (documented as harmless): `user`, `metadata`, `parallel_tool_calls`,
-//! `service_tier` (`auto`/`default`), `store: false`. Extensions: `top_k`, `ignore_eos`,
-//! `chat_template_kwargs` (extra chat-template variables, e.g. `{"thinking": true}`).
+//! Accepted without effect (documented as harmless): `user`, `metadata`, `service_tier`
+//! (`auto`/`default`), `store: false`. Extensions: `top_k`, `min_p`, `repetition_penalty`,
+//! `ignore_eos`, `chat_template_kwargs` (extra chat-template variables, e.g.
+//! `{"thinking": true}`). The agent fields (`tools`, `tool_choice`, `response_format`,
+//! `logit_bias`, `reasoning_effort`, history `tool_calls`) are validated in [`agent`].
 
 use deltafin_engine::tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+
+pub mod agent;
+pub use agent::{FunctionTool, ResponseFormat, ToolChoice};
+
+/// Most `n` choices per request.
+pub const MAX_CHOICES: usize = 8;
+/// Most `top_logprobs` per token.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Server-side bounds applied during validation.
 #[derive(Debug, Clone)]
@@ -23,13 +33,19 @@ pub struct Limits {
 }
 
 /// Sampling settings (temperature 0 = greedy).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: usize,
     /// `None`: a fresh random seed per request.
     pub seed: Option<u64>,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 1 (or 0) = off.
+    pub repetition_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// Fields both endpoints share.
@@ -42,6 +58,11 @@ pub struct Common {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Choices to generate (`n`).
+    pub n: usize,
+    /// Chat: `logprobs: true`; completions: `logprobs: k` (then `top_logprobs` is `k`).
+    pub logprobs: bool,
+    pub top_logprobs: usize,
 }
 
 /// A validated `/v1/chat/completions` request.
@@ -50,6 +71,28 @@ pub struct ChatRequest {
     pub common: Common,
     pub messages: Vec<ChatMessage>,
     pub template_kwargs: Map<String, Value>,
+    pub tools: Vec<FunctionTool>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    pub response_format: ResponseFormat,
+    /// `reasoning_effort`: `Some(Some(e))` an effort, `Some(None)` thinking off.
+    pub reasoning_effort: Option<Option<String>>,
+}
+
+impl ChatRequest {
+    /// A request with these messages and every other field at its default.
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        ChatRequest {
+            common: Common::new(),
+            messages,
+            template_kwargs: Map::new(),
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            parallel_tool_calls: true,
+            response_format: ResponseFormat::Text,
+            reasoning_effort: None,
+        }
+    }
 }
 
 /// A completions prompt: text, or token ids.
@@ -86,6 +129,8 @@ const COMMON: &[&str] = &[
     "logprobs",
     "user",
     "ignore_eos",
+    "min_p",
+    "repetition_penalty",
 ];
 const CHAT: &[&str] = &[
     "messages",
@@ -217,7 +262,8 @@ fn stream_options(v: &Value) -> Result<bool, ApiError> {
 }
 
 impl Common {
-    fn new() -> Self {
+    /// Every field at its default (temperature 1, no limits beyond the server's).
+    pub fn new() -> Self {
         Common {
             model: None,
             max_tokens: None,
@@ -228,9 +274,17 @@ impl Common {
                 top_p: 1.0,
                 top_k: 0,
                 seed: None,
+                min_p: 0.0,
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
+                repetition_penalty: 1.0,
+                logit_bias: Vec::new(),
             },
             stop: Vec::new(),
             ignore_eos: false,
+            n: 1,
+            logprobs: false,
+            top_logprobs: 0,
         }
     }
 
@@ -267,10 +321,19 @@ impl Common {
             "stop" => self.stop = stop_strings(v)?,
             "ignore_eos" => self.ignore_eos = boolean(v, key)?,
             "user" => drop(string(v, key)?),
-            "n" => neutral(key, v.as_u64() == Some(1), "1")?,
-            "frequency_penalty" | "presence_penalty" => neutral(key, v.as_f64() == Some(0.0), "0")?,
-            "logit_bias" => neutral(key, v.as_object().is_some_and(Map::is_empty), "{}")?,
-            "logprobs" => neutral(key, v == &Value::Bool(false), "false")?,
+            "n" => self.n = integer(v, key, 1, MAX_CHOICES as u64)? as usize,
+            "frequency_penalty" => self.sampling.frequency_penalty = number(v, key, -2.0, 2.0)? as f32,
+            "presence_penalty" => self.sampling.presence_penalty = number(v, key, -2.0, 2.0)? as f32,
+            "repetition_penalty" => {
+                let r = number(v, key, 0.0, 2.0)?;
+                if r == 0.0 {
+                    return Err(ApiError::field(key, "`repetition_penalty` must be greater than 0"));
+                }
+                self.sampling.repetition_penalty = r as f32;
+            }
+            "min_p" => self.sampling.min_p = number(v, key, 0.0, 1.0)? as f32,
+            "logit_bias" => self.sampling.logit_bias = agent::parse_logit_bias(v)?,
+            "logprobs" => self.logprobs = boolean(v, key)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -299,17 +362,18 @@ fn seed(v: &Value) -> Result<u64, ApiError> {
 pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ChatRequest, ApiError> {
     let body = object(body, "body")?;
     check_names(body, CHAT)?;
-    let mut common = Common::new();
+    let mut req = ChatRequest::new(Vec::new());
     let mut messages = None;
-    let mut template_kwargs = Map::new();
+    let mut tool_choice = None;
+    let mut top_logprobs = None;
     for (key, v) in body.iter().filter(|(_, v)| !v.is_null()) {
-        if common.apply(key, v, limits)? {
+        if req.common.apply(key, v, limits)? {
             continue;
         }
         match key.as_str() {
             "messages" => messages = Some(parse_messages(v)?),
-            "chat_template_kwargs" => template_kwargs = object(v, key)?.clone(),
-            "parallel_tool_calls" => drop(boolean(v, key)?),
+            "chat_template_kwargs" => req.template_kwargs = object(v, key)?.clone(),
+            "parallel_tool_calls" => req.parallel_tool_calls = boolean(v, key)?,
             "metadata" => drop(object(v, key)?),
             "store" => neutral(key, v == &Value::Bool(false), "false")?,
             "service_tier" => neutral(
@@ -317,26 +381,39 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ChatRequest, ApiError
                 matches!(v.as_str(), Some("auto" | "default")),
                 "\"auto\" or \"default\"",
             )?,
-            "top_logprobs" => neutral(key, v.as_u64() == Some(0), "0")?,
-            "tools" | "functions" => neutral(key, v.as_array().is_some_and(Vec::is_empty), "[]")?,
-            "tool_choice" | "function_call" => neutral(key, v.as_str() == Some("none"), "\"none\"")?,
-            "response_format" => {
-                let text = v
-                    .as_object()
-                    .is_some_and(|o| o.len() == 1 && o.get("type") == Some(&Value::from("text")));
-                neutral(key, text, "{\"type\": \"text\"}")?
-            }
+            "top_logprobs" => top_logprobs = Some(integer(v, key, 0, MAX_TOP_LOGPROBS as u64)? as usize),
+            "tools" => req.tools = agent::parse_tools(v)?,
+            "tool_choice" => tool_choice = Some(v.clone()),
+            "response_format" => req.response_format = agent::parse_response_format(v)?,
+            "reasoning_effort" => req.reasoning_effort = Some(agent::parse_reasoning_effort(v)?),
             "modalities" => neutral(key, v == &serde_json::json!(["text"]), "[\"text\"]")?,
             other => neutral(other, false, "null")?,
         }
     }
-    common.check()?;
-    let messages = messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
-    Ok(ChatRequest {
-        common,
-        messages,
-        template_kwargs,
-    })
+    req.common.check()?;
+    if let Some(k) = top_logprobs {
+        if k > 0 && !req.common.logprobs {
+            return Err(ApiError::field(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs` to be true",
+            ));
+        }
+        req.common.top_logprobs = k;
+    }
+    req.tool_choice = match tool_choice {
+        Some(v) => agent::parse_tool_choice(&v, &req.tools)?,
+        None if req.tools.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+    };
+    let forced = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
+    if forced && req.response_format != ResponseFormat::Text {
+        return Err(ApiError::unsupported(
+            "response_format",
+            "`response_format` cannot be combined with a forced `tool_choice`",
+        ));
+    }
+    req.messages = messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
+    Ok(req)
 }
 
 /// Validate a `/v1/completions` body.
@@ -347,7 +424,9 @@ pub fn parse_completion(body: &Value, limits: &Limits) -> Result<CompletionReque
     let mut prompt = None;
     for (key, v) in body.iter().filter(|(_, v)| !v.is_null()) {
         if key == "logprobs" {
-            neutral(key, v.as_u64() == Some(0), "null")?;
+            let k = integer(v, key, 0, 5)? as usize;
+            common.logprobs = true;
+            common.top_logprobs = k;
             continue;
         }
         if common.apply(key, v, limits)? {
@@ -417,10 +496,10 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     })?;
     let role = match m.get("role").and_then(Value::as_str) {
         Some("system" | "developer") => "system",
-        Some(r @ ("user" | "assistant")) => r,
-        Some(r @ ("tool" | "function")) => {
+        Some(r @ ("user" | "assistant" | "tool")) => r,
+        Some("function") => {
             let msg = format!(
-                "`{}`: role `{r}` needs tool calling, which this server does not implement",
+                "`{}`: the legacy role `function` is not supported; use `tool`",
                 at("role")
             );
             return Err(ApiError::unsupported(at("role"), msg));
@@ -429,7 +508,7 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
             return Err(ApiError::field(
                 at("role"),
                 format!(
-                    "`{}` must be one of system, developer, user, assistant",
+                    "`{}` must be one of system, developer, user, assistant, tool",
                     at("role")
                 ),
             ));
@@ -444,7 +523,13 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
             "reasoning_content" if role == "assistant" => {
                 msg.reasoning_content = Some(string(v, &at("reasoning_content"))?.to_string())
             }
-            "tool_calls" if v.as_array().is_some_and(Vec::is_empty) => {}
+            "tool_calls" if role == "assistant" => {
+                let calls = agent::parse_history_calls(v, &at("tool_calls"))?;
+                msg.tool_calls = (!calls.is_empty()).then_some(calls);
+            }
+            "tool_call_id" if role == "tool" => {
+                msg.tool_call_id = Some(string(v, &at("tool_call_id"))?.to_string())
+            }
             "refusal" if role == "assistant" => drop(string(v, &at("refusal"))?),
             other => {
                 let param = at(truncate(other));
@@ -454,6 +539,12 @@ fn parse_message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
                 ));
             }
         }
+    }
+    if role == "tool" && msg.tool_call_id.is_none() {
+        return Err(ApiError::field(
+            at("tool_call_id"),
+            format!("`{}` is required for role `tool`", at("tool_call_id")),
+        ));
     }
     if !m.contains_key("content") && role != "assistant" {
         return Err(ApiError::field(

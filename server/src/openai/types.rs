@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-use super::output::Delta;
+use super::output::{Delta, ToolCallDelta};
+use super::logprobs::{ChatLogprobs, CompletionLogprobs};
 
 /// Token accounting of one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -35,17 +36,36 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the turn is only tool calls.
+    pub content: Option<String>,
     /// The thinking, when the chat format separates it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// A complete call in a chat completion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    /// A JSON string.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
 }
 
@@ -64,7 +84,7 @@ pub struct ChatCompletion {
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -89,13 +109,48 @@ pub struct ChunkDelta {
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallChunk>>,
+}
+
+/// A streamed call fragment: the first carries `id`, `type` and the name with empty
+/// arguments; later ones only `index` and an arguments fragment (OpenAI's shape).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolCallChunk {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionChunk,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionChunk {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
+}
+
+impl From<&ToolCallDelta> for ToolCallChunk {
+    fn from(t: &ToolCallDelta) -> Self {
+        ToolCallChunk {
+            index: t.index,
+            id: t.id.clone(),
+            kind: t.id.as_ref().map(|_| "function"),
+            function: FunctionChunk {
+                name: t.name.clone(),
+                arguments: t.arguments.clone(),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: ChunkDelta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -146,13 +201,7 @@ impl ChunkHeader {
         self.include_usage.then_some(None)
     }
 
-    fn chat(&self, delta: ChunkDelta, finish_reason: Option<&'static str>) -> String {
-        let choice = ChunkChoice {
-            index: 0,
-            delta,
-            logprobs: None,
-            finish_reason,
-        };
+    fn chat(&self, choice: ChunkChoice) -> String {
         json(&ChatChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -163,48 +212,62 @@ impl ChunkHeader {
         })
     }
 
-    /// The first chat chunk: the assistant role with empty content.
-    pub fn chat_role(&self) -> String {
-        self.chat(
-            ChunkDelta {
+    /// The first chat chunk of choice `index`: the assistant role with empty content.
+    pub fn chat_role(&self, index: u32) -> String {
+        self.chat(ChunkChoice {
+            index,
+            delta: ChunkDelta {
                 role: Some("assistant"),
                 content: Some(String::new()),
-                reasoning_content: None,
+                ..Default::default()
             },
-            None,
-        )
+            logprobs: None,
+            finish_reason: None,
+        })
     }
 
-    /// A chat chunk for `d` (`None` if there is nothing to send).
-    pub fn chat_delta(&self, d: Delta) -> Option<String> {
-        if d.is_empty() {
+    /// A chat chunk of choice `index` for `d` (`None` if there is nothing to send).
+    pub fn chat_delta(&self, index: u32, d: Delta, logprobs: Option<ChatLogprobs>) -> Option<String> {
+        if d.is_empty() && logprobs.is_none() {
             return None;
         }
         let some = |s: String| (!s.is_empty()).then_some(s);
-        Some(self.chat(
-            ChunkDelta {
+        let calls: Vec<ToolCallChunk> = d.tool_calls.iter().map(ToolCallChunk::from).collect();
+        Some(self.chat(ChunkChoice {
+            index,
+            delta: ChunkDelta {
                 role: None,
                 content: some(d.content),
                 reasoning_content: some(d.reasoning),
+                tool_calls: (!calls.is_empty()).then_some(calls),
             },
-            None,
-        ))
+            logprobs,
+            finish_reason: None,
+        }))
     }
 
-    /// The closing chat chunks: the finish reason, then (with `include_usage`) the usage.
-    pub fn chat_finish(&self, finish_reason: &'static str, usage: Usage) -> Vec<String> {
-        let mut out = vec![self.chat(ChunkDelta::default(), Some(finish_reason))];
-        if self.include_usage {
-            out.push(json(&ChatChunk {
+    /// The closing chat chunk of choice `index` (its finish reason).
+    pub fn chat_finish(&self, index: u32, finish_reason: &'static str) -> String {
+        self.chat(ChunkChoice {
+            index,
+            delta: ChunkDelta::default(),
+            logprobs: None,
+            finish_reason: Some(finish_reason),
+        })
+    }
+
+    /// The usage chunk after every choice finished (only with `include_usage`).
+    pub fn chat_usage(&self, usage: Usage) -> Option<String> {
+        self.include_usage.then(|| {
+            json(&ChatChunk {
                 id: self.id.clone(),
                 object: "chat.completion.chunk",
                 created: self.created,
                 model: self.model.clone(),
                 choices: vec![],
                 usage: Some(Some(usage)),
-            }));
-        }
-        out
+            })
+        })
     }
 
     fn completion(&self, choices: Vec<CompletionChoice>, usage: Option<Option<Usage>>) -> String {
@@ -218,33 +281,35 @@ impl ChunkHeader {
         })
     }
 
-    /// A completions chunk for `d` (its content; completions have no reasoning channel).
-    pub fn completion_delta(&self, d: Delta) -> Option<String> {
+    /// A completions chunk of choice `index` for `d` (completions have no reasoning channel).
+    pub fn completion_delta(&self, index: u32, d: Delta, logprobs: Option<CompletionLogprobs>) -> Option<String> {
         let text = d.content;
-        (!text.is_empty()).then(|| {
+        (!text.is_empty() || logprobs.is_some()).then(|| {
             let choice = CompletionChoice {
-                index: 0,
+                index,
                 text,
-                logprobs: None,
+                logprobs,
                 finish_reason: None,
             };
             self.completion(vec![choice], self.usage_slot())
         })
     }
 
-    /// The closing completions chunks.
-    pub fn completion_finish(&self, finish_reason: &'static str, usage: Usage) -> Vec<String> {
+    /// The closing completions chunk of choice `index`.
+    pub fn completion_finish(&self, index: u32, finish_reason: &'static str) -> String {
         let choice = CompletionChoice {
-            index: 0,
+            index,
             text: String::new(),
             logprobs: None,
             finish_reason: Some(finish_reason),
         };
-        let mut out = vec![self.completion(vec![choice], self.usage_slot())];
-        if self.include_usage {
-            out.push(self.completion(vec![], Some(Some(usage))));
-        }
-        out
+        self.completion(vec![choice], self.usage_slot())
+    }
+
+    /// The completions usage chunk (only with `include_usage`).
+    pub fn completion_usage(&self, usage: Usage) -> Option<String> {
+        self.include_usage
+            .then(|| self.completion(vec![], Some(Some(usage))))
     }
 }
 
@@ -265,44 +330,46 @@ mod tests {
     fn chat_chunks_are_openai_shaped() {
         let h = header(true);
         assert_eq!(
-            h.chat_role(),
+            h.chat_role(0),
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}"#
         );
         let d = Delta {
             reasoning: "r".into(),
-            content: String::new(),
+            ..Default::default()
         };
         assert_eq!(
-            h.chat_delta(d).unwrap(),
+            h.chat_delta(0, d, None).unwrap(),
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"r"},"logprobs":null,"finish_reason":null}],"usage":null}"#
         );
-        assert_eq!(h.chat_delta(Delta::default()), None);
-        let end = h.chat_finish("stop", Usage::new(3, 2, 1));
+        assert_eq!(h.chat_delta(0, Delta::default(), None), None);
+        let usage = h.chat_usage(Usage::new(3, 2, 1)).unwrap();
         assert_eq!(
-            end[1],
+            usage,
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}}"#
         );
-        let no_usage = header(false).chat_finish("length", Usage::new(1, 1, 0));
-        assert_eq!(no_usage.len(), 1);
-        assert!(!no_usage[0].contains("usage"));
-        assert!(no_usage[0].contains(r#""finish_reason":"length""#));
+        let h = header(false);
+        assert_eq!(h.chat_usage(Usage::new(1, 1, 0)), None);
+        let end = h.chat_finish(0, "length");
+        assert!(!end.contains("usage"));
+        assert!(end.contains(r#""finish_reason":"length""#));
     }
 
     #[test]
     fn completion_chunks_and_bodies() {
         let h = header(false);
         let d = Delta {
-            reasoning: String::new(),
             content: "hi".into(),
+            ..Default::default()
         };
         assert_eq!(
-            h.completion_delta(d).unwrap(),
+            h.completion_delta(0, d, None).unwrap(),
             r#"{"id":"chatcmpl-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"hi","logprobs":null,"finish_reason":null}]}"#
         );
         let msg = AssistantMessage {
             role: "assistant",
-            content: "a".into(),
+            content: Some("a".into()),
             reasoning_content: None,
+            tool_calls: None,
         };
         let body = ChatCompletion {
             id: "x".into(),

@@ -1,0 +1,228 @@
+//! Token-level constrained decoding: a grammar (Lark, with JSON-schema rules) compiled by
+//! [`llguidance`] into a per-step mask over the model's vocabulary.
+//!
+//! Why llguidance: it is pure Rust (no C++ build, unlike xgrammar-rs), MIT, handles JSON Schema
+//! and context-free grammars in one engine (outlines-core is regex/DFA only, no recursion), names
+//! special tokens by id (`<[163595]>`) so native tool-call markers can be forced while plain text
+//! can never forge them, and computes masks lazily over a token trie (tens of microseconds per
+//! step at 160k ids).
+//!
+//! This module owns the vocabulary view ([`Vocabulary`]: every token's bytes, specials marked
+//! with toktrie's `0xFF` prefix, padded ids beyond the tokenizer left empty so they are never
+//! allowed) and the [`Grammar`] → [`TokenConstraint`] adapter the decoder applies at every
+//! sampled row (plain decoding, prefill's first token, and each verified draft row alike).
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+use crate::error::{Error, Result};
+use crate::generate::{ConstraintFactory, TokenConstraint};
+use crate::tokenizer::Tokenizer;
+
+/// toktrie's view of a [`Tokenizer`].
+struct TokenizerView {
+    tokenizer: Arc<Tokenizer>,
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for TokenizerView {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        self.tokenizer.encode(&String::from_utf8_lossy(s))
+    }
+}
+
+/// The token bytes toktrie needs for `vocab` ids (`vocab` may exceed the tokenizer's size when
+/// the model pads its embedding; those ids get no bytes and are never allowed).
+pub fn token_env(tokenizer: Arc<Tokenizer>, vocab: usize) -> Result<TokEnv> {
+    let eos = tokenizer.eos_id().ok_or_else(|| {
+        Error::Constraint("the tokenizer has no end-of-sequence token to end a constrained output".into())
+    })?;
+    let words: Vec<Vec<u8>> = (0..vocab as u32)
+        .map(|id| {
+            let bytes = tokenizer.decode_bytes(&[id]);
+            if tokenizer.is_special(id) {
+                let name = tokenizer.id_to_token(id).unwrap_or_default();
+                let mut marked = Vec::with_capacity(name.len() + 1);
+                marked.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                marked.extend_from_slice(name.as_bytes());
+                marked
+            } else {
+                bytes
+            }
+        })
+        .collect();
+    let mut info = TokRxInfo::new(vocab as u32, eos);
+    info.tok_bos = tokenizer.bos_id();
+    let trie = TokTrie::from(&info, &words);
+    Ok(Arc::new(TokenizerView { tokenizer, trie }))
+}
+
+/// `schema` with llguidance's JSON options set to compact output (`,` and `:` separators, no
+/// free whitespace) unless the schema sets its own `x-guidance` options. Free whitespace between
+/// JSON tokens lets a model pad its answer indefinitely (a weak or untrained model loops on
+/// whitespace until `max_tokens` cuts the JSON off); compact JSON is still exactly the schema's
+/// language and is what a strict structured output looks like.
+pub fn compact_json(schema: &serde_json::Value) -> serde_json::Value {
+    let mut schema = schema.clone();
+    if let Some(o) = schema.as_object_mut()
+        && !o.contains_key("x-guidance")
+    {
+        o.insert(
+            "x-guidance".into(),
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+        );
+    }
+    schema
+}
+
+/// The vocabulary of one model, ready to compile grammars against (build once per model).
+pub struct Vocabulary {
+    factory: Arc<ParserFactory>,
+}
+
+impl std::fmt::Debug for Vocabulary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vocabulary")
+            .field("vocab_size", &self.factory.tok_env().tok_trie().vocab_size())
+            .finish()
+    }
+}
+
+impl Vocabulary {
+    /// Index the tokenizer's `vocab` ids.
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab: usize) -> Result<Vocabulary> {
+        let env = token_env(tokenizer, vocab)?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Constraint(e.to_string()))?;
+        factory.quiet();
+        Ok(Vocabulary {
+            factory: Arc::new(factory),
+        })
+    }
+
+    /// The toktrie environment (token bytes and tokenization).
+    pub fn env(&self) -> &TokEnv {
+        self.factory.tok_env()
+    }
+
+    /// Compile a Lark grammar (llguidance dialect: `%json {…}` rules, `<[ID]>` special tokens).
+    /// Fails with [`Error::Constraint`] naming the problem; the grammar is checked by building a
+    /// parser once, so a returned grammar always starts.
+    pub fn lark(&self, source: &str) -> Result<Arc<Grammar>> {
+        self.compile(TopLevelGrammar::from_lark(source.to_string()))
+    }
+
+    /// Compile a JSON schema (the whole output is one JSON value matching it, written
+    /// compactly: see [`compact_json`]).
+    pub fn json_schema(&self, schema: serde_json::Value) -> Result<Arc<Grammar>> {
+        self.compile(TopLevelGrammar::from_json_schema(compact_json(&schema)))
+    }
+
+    fn compile(&self, grammar: TopLevelGrammar) -> Result<Arc<Grammar>> {
+        let g = Grammar {
+            factory: self.factory.clone(),
+            grammar,
+        };
+        g.matcher()?;
+        Ok(Arc::new(g))
+    }
+}
+
+/// A compiled grammar; [`ConstraintFactory::start`] gives each sequence its own matcher.
+pub struct Grammar {
+    factory: Arc<ParserFactory>,
+    grammar: TopLevelGrammar,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Grammar")
+    }
+}
+
+impl Grammar {
+    fn matcher(&self) -> Result<Matcher> {
+        let parser = self
+            .factory
+            .create_parser(self.grammar.clone())
+            .map_err(|e| Error::Constraint(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        match matcher.get_error() {
+            Some(e) => Err(Error::Constraint(e)),
+            None => Ok(matcher),
+        }
+    }
+
+    /// Whether `tokens`, consumed in order from the start, are all allowed (for tests and checks).
+    pub fn accepts_prefix(&self, tokens: &[u32]) -> Result<bool> {
+        let mut m = self.matcher()?;
+        for &t in tokens {
+            let mask = m.compute_mask().map_err(|e| Error::Constraint(e.to_string()))?;
+            if !mask.is_allowed(t) || m.consume_token(t).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl ConstraintFactory for Grammar {
+    fn start(&self) -> Result<Box<dyn TokenConstraint>> {
+        Ok(Box::new(GrammarConstraint {
+            matcher: self.matcher()?,
+        }))
+    }
+}
+
+/// One sequence's position in a [`Grammar`].
+struct GrammarConstraint {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for GrammarConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarConstraint")
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+impl TokenConstraint for GrammarConstraint {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| Error::Constraint(e.to_string()))?;
+        let mut allowed = 0usize;
+        for (id, x) in logits.iter_mut().enumerate() {
+            if mask.is_allowed(id as u32) {
+                allowed += 1;
+            } else {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        if allowed == 0 {
+            return Err(Error::Constraint("the grammar allows no next token".into()));
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<()> {
+        if self.matcher.is_stopped() {
+            // The grammar is complete: only the end token may follow, and it ends the output.
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| Error::Constraint(format!("token {token} rejected: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests;

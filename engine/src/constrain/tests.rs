@@ -1,0 +1,89 @@
+//! Grammars against a real (tiny, byte-level K3-flavoured) tokenizer: the mask admits exactly
+//! the continuations the grammar allows, specials are reachable only by id, and an output walked
+//! under the mask is valid.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::generate::{ConstraintFactory, TokenConstraint};
+use crate::synth::{TokenizerFlavor, write_byte_tokenizer_flavor};
+
+fn vocab() -> (Arc<Tokenizer>, Vocabulary) {
+    let dir = tempfile::tempdir().unwrap();
+    let n = write_byte_tokenizer_flavor(dir.path(), TokenizerFlavor::K3).unwrap();
+    let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+    // Pad like a model whose embedding is larger than the tokenizer.
+    let v = Vocabulary::new(tok.clone(), n + 64).unwrap();
+    (tok, v)
+}
+
+/// Walk greedily under the mask with logits that prefer a fixed pseudo-random order.
+fn walk(c: &mut dyn TokenConstraint, vocab: usize, eos: u32, steps: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let mut logits: Vec<f32> = (0..vocab)
+            .map(|i| ((i * 7919 + step * 104_729) % 1000) as f32)
+            .collect();
+        c.mask(&mut logits).unwrap();
+        let t = crate::kernels::ops::argmax(&logits) as u32;
+        c.accept(t).unwrap();
+        out.push(t);
+        if t == eos {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn a_json_schema_walk_gives_valid_json() {
+    let (tok, v) = vocab();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "tag": {"enum": ["a", "b"]},
+        },
+        "required": ["ok", "n", "tag"],
+        "additionalProperties": false,
+    });
+    let g = v.json_schema(schema).unwrap();
+    let mut c = g.start().unwrap();
+    let eos = tok.eos_id().unwrap();
+    let out = walk(c.as_mut(), tok.vocab_size() + 64, eos, 200);
+    let text = tok.decode(&out[..out.len() - usize::from(out.last() == Some(&eos))]);
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    assert!(value["ok"].is_boolean() && value["n"].is_u64() && value["tag"].is_string(), "{text}");
+}
+
+#[test]
+fn special_tokens_are_reachable_only_by_id() {
+    let (tok, v) = vocab();
+    let open = tok.token_to_id("<|open|>").unwrap();
+    let g = v.lark(&format!("start: \"x\" <[{open}]>")).unwrap();
+    let x = tok.encode("x");
+    assert!(g.accepts_prefix(&x).unwrap());
+    let mut with_open = x.clone();
+    with_open.push(open);
+    assert!(g.accepts_prefix(&with_open).unwrap());
+    // The marker's text spelled in plain bytes is not the marker.
+    let mut spelled = x.clone();
+    spelled.extend(tok.encode("<|open|>"));
+    assert!(!g.accepts_prefix(&spelled).unwrap());
+}
+
+#[test]
+fn padded_ids_are_never_allowed_and_bad_grammars_are_typed_errors() {
+    let (tok, v) = vocab();
+    let g = v.lark("start: /[a-z]+/").unwrap();
+    let mut c = g.start().unwrap();
+    let mut logits = vec![0.0f32; tok.vocab_size() + 64];
+    c.mask(&mut logits).unwrap();
+    assert!(logits[tok.vocab_size()..].iter().all(|x| *x == f32::NEG_INFINITY));
+    assert!(logits[tok.encode("q")[0] as usize].is_finite());
+    let err = v.lark("start: undefined_rule").unwrap_err();
+    assert_eq!(err.kind(), "constraint");
+    let err = v.json_schema(serde_json::json!({"type": "no-such-type"})).unwrap_err();
+    assert_eq!(err.kind(), "constraint", "{err}");
+}

@@ -1,0 +1,338 @@
+//! The one chat pipeline behind `/v1/chat/completions`, `/v1/messages` and `/v1/responses`: a
+//! typed [`ChatRequest`] becomes the prompt the model's own template or encoder renders (tools,
+//! tool history, tool choice and response format included), the decode options (a grammar that
+//! forces a call or a JSON answer, logit bias, penalties, log-probabilities) and `n` generations
+//! sharing one prefill. Each API surface only translates its wire format into a `ChatRequest`
+//! and a [`ChatRun`]'s steps back into its own.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use deltafin_engine::constrain::Vocabulary;
+use deltafin_engine::generate::{DecodeOptions, TokenLogprobs};
+use deltafin_engine::spec::RequestKind;
+use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, normalize_k2_tool_ids};
+use deltafin_engine::tools::ToolFormat;
+use deltafin_engine::tools::grammar::{self, Answer, Forced, FunctionSpec};
+use serde_json::Value;
+
+use super::generation::{Generation, Step};
+use super::output::{Delta, OutputParser};
+use super::reasoning::Markers;
+use super::request::{ChatRequest, Common, ResponseFormat, ToolChoice};
+use super::types::Usage;
+use crate::error::ApiError;
+use crate::metrics::Endpoint;
+use crate::state::{AppState, Loaded};
+
+/// A chat request in flight: one [`Generation`] per choice.
+#[derive(Debug)]
+pub struct ChatRun {
+    pub choices: Vec<Generation>,
+    /// The served model id.
+    pub model: String,
+    /// A request-unique hex id (response ids and minted call ids derive from it).
+    pub id: String,
+    /// Prompt tokens (the same for every choice).
+    pub prompt_tokens: usize,
+    /// Whether tool calls are parsed out of the output.
+    pub tools: bool,
+}
+
+/// One complete tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as a JSON string (as the model wrote them).
+    pub arguments: String,
+}
+
+/// One finished choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceOutcome {
+    pub index: usize,
+    pub reasoning: String,
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: &'static str,
+    /// With `logprobs`: one entry per generated token.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+/// Every choice of a finished request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOutcome {
+    pub choices: Vec<ChoiceOutcome>,
+    /// Summed over the choices (prompt tokens counted once).
+    pub usage: Usage,
+}
+
+/// Collects the steps of one choice into a [`ChoiceOutcome`] (also used by streaming handlers
+/// that need the whole answer at the end).
+#[derive(Debug, Default)]
+pub struct Accumulator {
+    pub reasoning: String,
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl Accumulator {
+    /// Add one step's output.
+    pub fn push(&mut self, d: &Delta) {
+        self.reasoning.push_str(&d.reasoning);
+        self.content.push_str(&d.content);
+        for t in &d.tool_calls {
+            if t.index >= self.tool_calls.len() {
+                self.tool_calls.resize_with(t.index + 1, || ToolCall {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+            }
+            let call = &mut self.tool_calls[t.index];
+            if let Some(id) = &t.id {
+                call.id = id.clone();
+            }
+            if let Some(name) = &t.name {
+                call.name = name.clone();
+            }
+            call.arguments.push_str(&t.arguments);
+        }
+    }
+}
+
+impl ChatRun {
+    /// Run every choice to its end (choices in index order; they run concurrently in the engine).
+    pub async fn collect(self) -> Result<ChatOutcome, ApiError> {
+        let mut choices = Vec::with_capacity(self.choices.len());
+        let mut usage = Usage::new(self.prompt_tokens, 0, 0);
+        for (index, mut g) in self.choices.into_iter().enumerate() {
+            let mut acc = Accumulator::default();
+            let mut logprobs = Vec::new();
+            let finish = loop {
+                match g.next().await {
+                    Some(Step::Text(d)) => acc.push(&d),
+                    Some(Step::Failed(e)) => return Err(e),
+                    Some(Step::Finished { reason, usage: u }) => break (reason, u),
+                    None => return Err(ApiError::Internal("generation ended without a result")),
+                }
+                logprobs.extend(g.take_logprobs());
+            };
+            logprobs.extend(g.take_logprobs());
+            let (reason, u) = finish;
+            usage = Usage::new(
+                self.prompt_tokens,
+                usage.completion_tokens + u.completion_tokens,
+                u.prompt_tokens_details.cached_tokens.max(usage.prompt_tokens_details.cached_tokens),
+            );
+            choices.push(ChoiceOutcome {
+                index,
+                reasoning: acc.reasoning,
+                content: acc.content,
+                tool_calls: acc.tool_calls,
+                finish_reason: reason,
+                logprobs,
+            });
+        }
+        Ok(ChatOutcome { choices, usage })
+    }
+}
+
+/// Validate, render and submit a chat request.
+pub fn start(
+    app: &AppState,
+    req: &ChatRequest,
+    endpoint: Endpoint,
+    started: Instant,
+) -> Result<ChatRun, ApiError> {
+    let loaded = app.loaded()?;
+    super::handlers::check_model(&loaded, &req.common)?;
+    let tools_on = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+    if tools_on && loaded.tool_format.is_none() {
+        return Err(ApiError::unsupported(
+            "tools",
+            "this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3)",
+        ));
+    }
+    let (prompt, thinking) = render(&loaded, req)?;
+    if app.config().log_prompts {
+        tracing::info!(messages = ?req.messages, "chat prompt");
+    }
+    let decode = decode_options(&loaded, req, &req.common, thinking)?;
+    let id = super::handlers::random_hex();
+    let parsers = (0..req.common.n)
+        .map(|i| {
+            let p = OutputParser::new(
+                Arc::clone(&loaded.tokenizer),
+                loaded.markers.clone(),
+                &prompt,
+                req.common.stop.clone(),
+            );
+            match loaded.tool_format.filter(|_| tools_on) {
+                Some(f) => p.with_tools(f, format!("{id}{i}")),
+                None => p,
+            }
+        })
+        .collect();
+    let prompt_tokens = prompt.len();
+    let gen_req = super::handlers::gen_request(app, &loaded, endpoint, &req.common, prompt, decode)?;
+    let mut choices = Generation::submit_choices(app, &loaded, endpoint, gen_req, parsers, started)?;
+    let named = matches!(req.tool_choice, ToolChoice::Named(_));
+    choices.iter_mut().for_each(|g| g.set_named_choice(named));
+    Ok(ChatRun {
+        choices,
+        model: loaded.model_id.clone(),
+        id,
+        prompt_tokens,
+        tools: tools_on,
+    })
+}
+
+/// The prompt ids, and whether the generation prompt opened a thinking channel.
+fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), ApiError> {
+    let mut messages: Vec<ChatMessage> = req.messages.clone();
+    if loaded.tool_format == Some(ToolFormat::KimiK2) {
+        normalize_k2_tool_ids(&mut messages);
+    }
+    let mut extra = req.template_kwargs.clone();
+    if let Some(effort) = &req.reasoning_effort {
+        if loaded.tool_format != Some(ToolFormat::KimiK3) {
+            return Err(ApiError::unsupported(
+                "reasoning_effort",
+                "this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
+            ));
+        }
+        match effort {
+            Some(e) => extra.insert("thinking_effort".into(), Value::from(e.clone())),
+            None => extra.insert("thinking".into(), Value::Bool(false)),
+        };
+    }
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        tools: (!req.tools.is_empty()).then(|| req.tools.iter().map(|t| t.to_openai()).collect()),
+        extra,
+        tool_choice: (!req.tools.is_empty()).then(|| req.tool_choice.label().to_string()),
+        response_format: req.response_format.to_openai(),
+    };
+    let prompt = loaded.tokenizer.encode_chat(&messages, &opts).map_err(|e| {
+        ApiError::field(
+            "messages",
+            format!("the chat template cannot render these messages: {e}"),
+        )
+    })?;
+    let thinking = opens_thinking(loaded.markers.as_ref(), &prompt);
+    Ok((prompt, thinking))
+}
+
+/// Whether `prompt` ends inside an opened thinking channel (`<think>`, or XTML's
+/// `<|open|>think<|sep|>`), so the output starts with reasoning.
+pub fn opens_thinking(markers: Option<&Markers>, prompt: &[u32]) -> bool {
+    match markers {
+        Some(Markers::Think(t)) => prompt.last() == Some(&t.open),
+        Some(Markers::Xtml(x)) => {
+            let mut tail = vec![x.open];
+            tail.extend(&x.think);
+            tail.push(x.sep);
+            prompt.ends_with(&tail)
+        }
+        None => false,
+    }
+}
+
+/// Decode options of a chat request: bias, penalties, log-probabilities and the grammar.
+fn decode_options(
+    loaded: &Loaded,
+    req: &ChatRequest,
+    common: &Common,
+    thinking: bool,
+) -> Result<DecodeOptions, ApiError> {
+    let mut decode = sampling_options(common);
+    let forced = match &req.tool_choice {
+        ToolChoice::Required => Some(Forced::Required),
+        ToolChoice::Named(n) => Some(Forced::Named(n.clone())),
+        _ => None,
+    };
+    let grammar_text = match (forced, &req.response_format) {
+        (Some(forced), _) => {
+            let markers = loaded.tool_markers.as_ref().ok_or_else(|| {
+                ApiError::unsupported("tool_choice", "this model has no native tool-call format")
+            })?;
+            let specs: Vec<FunctionSpec> = req
+                .tools
+                .iter()
+                .map(|t| FunctionSpec {
+                    name: t.name.clone(),
+                    parameters: t.parameters.clone(),
+                })
+                .collect();
+            let g = grammar::forced_call_grammar(markers, &specs, forced, req.parallel_tool_calls, thinking)
+                .map_err(|e| ApiError::field("tools", format!("cannot constrain this tool call: {e}")))?;
+            Some((g, "tools"))
+        }
+        (None, ResponseFormat::Text) => None,
+        (None, rf) => {
+            let schema = match rf {
+                ResponseFormat::JsonSchema { schema, .. } => Some(schema),
+                _ => None,
+            };
+            let answer = match &loaded.tool_markers {
+                Some(m) => Answer::Native(m),
+                None => Answer::Plain {
+                    end_of_turn: chat_end_id(loaded).ok_or_else(|| {
+                        ApiError::unsupported("response_format", "this model has no end-of-turn token to end JSON")
+                    })?,
+                    think_close: match &loaded.markers {
+                        Some(Markers::Think(t)) => Some(t.close),
+                        _ => None,
+                    },
+                },
+            };
+            let g = grammar::json_response_grammar(answer, schema, thinking)
+                .map_err(|e| ApiError::field("response_format", format!("Invalid schema for response_format: {e}")))?;
+            Some((g, "response_format"))
+        }
+    };
+    if let Some((text, param)) = grammar_text {
+        let vocab: Arc<Vocabulary> = loaded.vocabulary()?;
+        let g = vocab.lark(&text).map_err(|e| match param {
+            "response_format" => ApiError::field(param, format!("Invalid schema for response_format: {e}")),
+            _ => ApiError::field(param, format!("Invalid schema for function parameters: {e}")),
+        })?;
+        decode.constraint = Some(g);
+    }
+    Ok(decode)
+}
+
+/// The token that ends a chat turn: the first chat stop id, else EOS.
+fn chat_end_id(loaded: &Loaded) -> Option<u32> {
+    loaded
+        .chat_stop_ids
+        .first()
+        .or(loaded.stop_ids.first())
+        .copied()
+        .or(loaded.tokenizer.eos_id())
+}
+
+/// Bias, penalties and log-probabilities of `common` (no constraint).
+pub fn sampling_options(common: &Common) -> DecodeOptions {
+    let s = &common.sampling;
+    DecodeOptions {
+        logit_bias: s.logit_bias.clone(),
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        repetition_penalty: s.repetition_penalty,
+        logprobs: common.logprobs.then_some(common.top_logprobs),
+        constraint: None,
+    }
+}
+
+/// The kind of request for the draft proposers.
+pub fn kind_of(endpoint: Endpoint) -> RequestKind {
+    if endpoint == Endpoint::Completions {
+        RequestKind::Completion
+    } else {
+        RequestKind::Chat
+    }
+}
