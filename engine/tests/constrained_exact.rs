@@ -33,7 +33,7 @@ fn fixture() -> Fixture {
     let model = arch::load(dir.path()).unwrap();
     let info = model.info().clone();
     let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
-    let vocab = Arc::new(Vocabulary::new(tok.clone(), info.vocab_size).unwrap());
+    let vocab = Arc::new(Vocabulary::new(tok.clone(), info.vocab_size, &[]).unwrap());
     let mut eos = info.eos_token_ids.clone();
     eos.extend(tok.eos_id());
     Fixture {
@@ -49,7 +49,9 @@ fn engine(f: &Fixture, max_batch: usize, drafts: bool, reuse: bool) -> Scheduler
     let model = arch::load(f.dir.path()).unwrap();
     let drafts = if drafts {
         let head_dir = tempfile::tempdir().unwrap();
-        DSparkSynth::for_target(model.info(), 5).write(head_dir.path()).unwrap();
+        DSparkSynth::for_target(model.info(), 5)
+            .write(head_dir.path())
+            .unwrap();
         let head = deltafin_engine::spec::dspark::DSpark::load(head_dir.path()).unwrap();
         Drafts {
             dspark: Some(Arc::new(head)),
@@ -158,12 +160,25 @@ fn a_schema_constraint_gives_the_same_valid_json_alone_batched_drafted_and_reuse
     let f = fixture();
     let plain: Vec<GenRequest> = (0..8).map(|i| request(&f, i, true, SpecMode::Off)).collect();
     let alone = engine(&f, 1, false, false);
-    let reference: Vec<Output> = plain.iter().map(|r| run_all(&alone, std::slice::from_ref(r)).remove(0)).collect();
+    let reference: Vec<Output> = plain
+        .iter()
+        .map(|r| run_all(&alone, std::slice::from_ref(r)).remove(0))
+        .collect();
     for (i, (ids, lps, done)) in reference.iter().enumerate() {
         let v = json_of(&f, ids);
-        assert!(v["ok"].is_boolean() && v["n"].is_u64() && v["tag"].is_string(), "{i}: {v}");
-        assert!(v["note"].as_str().is_some_and(|s| s.chars().count() <= 12), "{i}: {v}");
-        assert_eq!(done.finish_reason, deltafin_engine::generate::FinishReason::Stop, "{i}");
+        assert!(
+            v["ok"].is_boolean() && v["n"].is_u64() && v["tag"].is_string(),
+            "{i}: {v}"
+        );
+        assert!(
+            v["note"].as_str().is_some_and(|s| s.chars().count() <= 12),
+            "{i}: {v}"
+        );
+        assert_eq!(
+            done.finish_reason,
+            deltafin_engine::generate::FinishReason::Stop,
+            "{i}"
+        );
         assert_eq!(lps.len(), ids.len(), "one logprobs entry per token");
         if i % 2 == 0 {
             for (lp, &id) in lps.iter().zip(ids) {
@@ -176,7 +191,11 @@ fn a_schema_constraint_gives_the_same_valid_json_alone_batched_drafted_and_reuse
     for (label, handle, reqs) in [
         ("batch of 8", engine(&f, 8, false, false), &plain),
         ("batch of 8, drafts forced", engine(&f, 8, true, false), &drafted),
-        ("one at a time, drafts forced", engine(&f, 1, true, false), &drafted),
+        (
+            "one at a time, drafts forced",
+            engine(&f, 1, true, false),
+            &drafted,
+        ),
     ] {
         let got = run_all(&handle, reqs);
         for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
@@ -210,7 +229,11 @@ fn a_schema_constraint_gives_the_same_valid_json_alone_batched_drafted_and_reuse
     for (i, (b, r)) in again.iter().zip(&next).enumerate() {
         let mut solo = r.clone();
         solo.spec = SpecMode::Off;
-        assert_eq!(b.0, run_all(&alone, &[solo]).remove(0).0, "reused continuation {i}");
+        assert_eq!(
+            b.0,
+            run_all(&alone, &[solo]).remove(0).0,
+            "reused continuation {i}"
+        );
         json_of(&f, &b.0);
     }
     let s = reuse.stats().snapshot();
@@ -238,8 +261,14 @@ fn n_choices_share_one_prefill_and_each_equals_its_request_alone() {
         batched.submit_choices(req.clone(), sinks).unwrap();
         let outs: Vec<Output> = rxs.iter().map(drain).collect();
         let prefilled = batched.stats().snapshot().prefilled - before;
-        assert_eq!(prefilled as usize, req.prompt.len(), "the prompt was prefilled once for 3 choices");
-        let Sampling::Random { seed, .. } = req.sampling else { unreachable!() };
+        assert_eq!(
+            prefilled as usize,
+            req.prompt.len(),
+            "the prompt was prefilled once for 3 choices"
+        );
+        let Sampling::Random { seed, .. } = req.sampling else {
+            unreachable!()
+        };
         for (k, out) in outs.iter().enumerate() {
             let mut solo = req.clone();
             solo.sampling = req.sampling.with_seed(choice_seed(seed, k));

@@ -126,6 +126,8 @@ struct Inner {
     prompt_tokens: [u64; Endpoint::ALL.len()],
     generation_tokens: [u64; Endpoint::ALL.len()],
     model_load_seconds: Option<f64>,
+    /// `[endpoint][parsed, malformed]`.
+    tool_calls: [[u64; 2]; Endpoint::ALL.len()],
 }
 
 /// Labels of `deltafin_build_info`.
@@ -163,6 +165,7 @@ impl Metrics {
             prompt_tokens: [0; Endpoint::ALL.len()],
             generation_tokens: [0; Endpoint::ALL.len()],
             model_load_seconds: None,
+            tool_calls: [[0; 2]; Endpoint::ALL.len()],
         };
         Metrics {
             inner: Mutex::new(inner),
@@ -178,6 +181,15 @@ impl Metrics {
     /// Count a finished request.
     pub fn request(&self, endpoint: Endpoint, outcome: &str) {
         self.with(|m| m.requests[endpoint as usize][outcome_index(outcome)] += 1);
+    }
+
+    /// Count the native tool calls of one finished response: parsed into `tool_calls`, and
+    /// malformed ones returned as text.
+    pub fn tool_calls(&self, endpoint: Endpoint, parsed: usize, malformed: usize) {
+        self.with(|m| {
+            m.tool_calls[endpoint as usize][0] += parsed as u64;
+            m.tool_calls[endpoint as usize][1] += malformed as u64;
+        });
     }
 
     pub fn set_model_load_seconds(&self, s: f64) {
@@ -240,6 +252,22 @@ impl Metrics {
                 header(&mut out, name, help, "counter");
                 for e in Endpoint::GENERATING {
                     let _ = writeln!(out, "{name}{{endpoint=\"{}\"}} {}", e.label(), values[e as usize]);
+                }
+            }
+            header(
+                &mut out,
+                "deltafin_tool_calls_total",
+                "Native tool calls in responses: parsed into tool_calls, or malformed and returned as text.",
+                "counter",
+            );
+            for e in Endpoint::GENERATING {
+                for (o, outcome) in ["parsed", "malformed"].iter().enumerate() {
+                    let n = m.tool_calls[e as usize][o];
+                    let _ = writeln!(
+                        out,
+                        "deltafin_tool_calls_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} {n}",
+                        e.label()
+                    );
                 }
             }
             header(
@@ -314,11 +342,27 @@ impl Metrics {
                 "Prompt tokens taken from a reused conversation state.",
                 s.reused_tokens,
             ),
+            (
+                "deltafin_constrained_tokens_total",
+                "Tokens sampled under a grammar constraint (structured output, forced tool calls).",
+                s.masked_rows,
+            ),
         ];
         for (name, help, v) in counters {
             header(out, name, help, "counter");
             let _ = writeln!(out, "{name} {v}");
         }
+        header(
+            out,
+            "deltafin_constraint_mask_seconds_total",
+            "Seconds spent computing grammar-constraint masks over the vocabulary.",
+            "counter",
+        );
+        let _ = writeln!(
+            out,
+            "deltafin_constraint_mask_seconds_total {}",
+            s.mask_nanos as f64 / 1e9
+        );
         header(
             out,
             "deltafin_state_reuse_total",

@@ -6,8 +6,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deltafin_engine::cache::OocRuntime;
-use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::constrain::Vocabulary;
+use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::tokenizer::Tokenizer;
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
@@ -68,7 +68,12 @@ impl Loaded {
         if let Some(v) = self.vocabulary.get() {
             return Ok(v.clone());
         }
-        let v = Vocabulary::new(self.tokenizer.clone(), self.vocab_size).map_err(|e| {
+        let structural: Vec<u32> = self
+            .tool_markers
+            .as_ref()
+            .map(|m| m.structural_ids())
+            .unwrap_or_default();
+        let v = Vocabulary::new(self.tokenizer.clone(), self.vocab_size, &structural).map_err(|e| {
             tracing::error!(error = %e, "constrained decoding is unavailable");
             ApiError::Internal("constrained decoding is unavailable for this tokenizer")
         })?;

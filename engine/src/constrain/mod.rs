@@ -39,15 +39,18 @@ impl TokenizerEnv for TokenizerView {
 }
 
 /// The token bytes toktrie needs for `vocab` ids (`vocab` may exceed the tokenizer's size when
-/// the model pads its embedding; those ids get no bytes and are never allowed).
-pub fn token_env(tokenizer: Arc<Tokenizer>, vocab: usize) -> Result<TokEnv> {
+/// the model pads its embedding; those ids get no bytes and are never allowed). Special tokens,
+/// and the `structural` ids (markers a tokenizer lists as ordinary added tokens, such as
+/// DeepSeek-V3's tool-call tokens), are marked so that no text rule can ever produce them: a
+/// grammar names them by id.
+pub fn token_env(tokenizer: Arc<Tokenizer>, vocab: usize, structural: &[u32]) -> Result<TokEnv> {
     let eos = tokenizer.eos_id().ok_or_else(|| {
         Error::Constraint("the tokenizer has no end-of-sequence token to end a constrained output".into())
     })?;
     let words: Vec<Vec<u8>> = (0..vocab as u32)
         .map(|id| {
             let bytes = tokenizer.decode_bytes(&[id]);
-            if tokenizer.is_special(id) {
+            if tokenizer.is_special(id) || structural.contains(&id) {
                 let name = tokenizer.id_to_token(id).unwrap_or_default();
                 let mut marked = Vec::with_capacity(name.len() + 1);
                 marked.push(TokTrie::SPECIAL_TOKEN_MARKER);
@@ -96,9 +99,9 @@ impl std::fmt::Debug for Vocabulary {
 }
 
 impl Vocabulary {
-    /// Index the tokenizer's `vocab` ids.
-    pub fn new(tokenizer: Arc<Tokenizer>, vocab: usize) -> Result<Vocabulary> {
-        let env = token_env(tokenizer, vocab)?;
+    /// Index the tokenizer's `vocab` ids ([`token_env`]: `structural` ids count as specials).
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab: usize, structural: &[u32]) -> Result<Vocabulary> {
+        let env = token_env(tokenizer, vocab, structural)?;
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Constraint(e.to_string()))?;
         factory.quiet();
         Ok(Vocabulary {

@@ -13,7 +13,7 @@ fn vocab() -> (Arc<Tokenizer>, Vocabulary) {
     let n = write_byte_tokenizer_flavor(dir.path(), TokenizerFlavor::K3).unwrap();
     let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
     // Pad like a model whose embedding is larger than the tokenizer.
-    let v = Vocabulary::new(tok.clone(), n + 64).unwrap();
+    let v = Vocabulary::new(tok.clone(), n + 64, &[]).unwrap();
     (tok, v)
 }
 
@@ -54,7 +54,10 @@ fn a_json_schema_walk_gives_valid_json() {
     let out = walk(c.as_mut(), tok.vocab_size() + 64, eos, 200);
     let text = tok.decode(&out[..out.len() - usize::from(out.last() == Some(&eos))]);
     let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
-    assert!(value["ok"].is_boolean() && value["n"].is_u64() && value["tag"].is_string(), "{text}");
+    assert!(
+        value["ok"].is_boolean() && value["n"].is_u64() && value["tag"].is_string(),
+        "{text}"
+    );
 }
 
 #[test]
@@ -84,6 +87,8 @@ fn padded_ids_are_never_allowed_and_bad_grammars_are_typed_errors() {
     assert!(logits[tok.encode("q")[0] as usize].is_finite());
     let err = v.lark("start: undefined_rule").unwrap_err();
     assert_eq!(err.kind(), "constraint");
-    let err = v.json_schema(serde_json::json!({"type": "no-such-type"})).unwrap_err();
+    let err = v
+        .json_schema(serde_json::json!({"type": "no-such-type"}))
+        .unwrap_err();
     assert_eq!(err.kind(), "constraint", "{err}");
 }

@@ -68,7 +68,10 @@ impl DecodeOptions {
     pub fn validate(&self, vocab: usize) -> Result<()> {
         let bad = |field: &'static str, reason: String| Err(Error::InvalidArgument { field, reason });
         if let Some(&(id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
-            return bad("logit_bias", format!("token id {id} is outside the vocabulary ({vocab})"));
+            return bad(
+                "logit_bias",
+                format!("token id {id} is outside the vocabulary ({vocab})"),
+            );
         }
         if self.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
             return bad("logit_bias", "biases must be finite".into());
@@ -94,7 +97,8 @@ impl DecodeOptions {
 pub struct TokenLogprobs {
     pub token: u32,
     pub logprob: f32,
-    /// The most likely tokens, most likely first (lowest id first on ties).
+    /// The most likely tokens, most likely first (lowest id first on ties); tokens a constraint
+    /// forbids are never among them, so there may be fewer than asked for.
     pub top: Vec<(u32, f32)>,
 }
 
@@ -240,7 +244,10 @@ pub fn logprobs_of(row: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let lp = |x: f32| (x as f64 - log_z) as f32;
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
     if k > 0 {
-        let mut order: Vec<usize> = (0..row.len()).filter(|&i| !row[i].is_nan()).collect();
+        // Masked (-inf) tokens are impossible, not merely unlikely: they are never listed.
+        let mut order: Vec<usize> = (0..row.len())
+            .filter(|&i| !row[i].is_nan() && row[i] != f32::NEG_INFINITY)
+            .collect();
         let cut = k.min(order.len());
         let cmp = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
         if cut < order.len() {
@@ -265,7 +272,11 @@ mod tests {
     struct OnlyEven;
     impl TokenConstraint for OnlyEven {
         fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-            logits.iter_mut().skip(1).step_by(2).for_each(|x| *x = f32::NEG_INFINITY);
+            logits
+                .iter_mut()
+                .skip(1)
+                .step_by(2)
+                .for_each(|x| *x = f32::NEG_INFINITY);
             Ok(())
         }
         fn accept(&mut self, token: u32) -> Result<()> {
@@ -289,7 +300,13 @@ mod tests {
     fn neutral_options_are_plain_sampling() {
         let mut d = decoder(DecodeOptions::default());
         let p = d.pick(&[0.0, 2.0, 1.0], 0).unwrap();
-        assert_eq!(p, Pick { token: 1, logprobs: None });
+        assert_eq!(
+            p,
+            Pick {
+                token: 1,
+                logprobs: None
+            }
+        );
     }
 
     #[test]
@@ -342,6 +359,8 @@ mod tests {
         assert_eq!(lp.top[0].0, p.token);
         assert_eq!(lp.top.len(), 2);
         assert!(lp.top.iter().all(|t| t.0 % 2 == 0));
+        let only_one = logprobs_of(&[f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY], 1, 5);
+        assert_eq!(only_one.top, vec![(1, 0.0)]);
     }
 
     #[test]

@@ -6,7 +6,9 @@ mod run;
 mod sampling;
 mod state;
 
-pub use decode::{ConstraintFactory, DecodeOptions, Decoder, Pick, TokenConstraint, TokenLogprobs, logprobs_of};
+pub use decode::{
+    ConstraintFactory, DecodeOptions, Decoder, Pick, TokenConstraint, TokenLogprobs, logprobs_of,
+};
 pub use run::{FinishReason, Flow, GenerateOptions, Generation, GenerationStats, generate, generate_with};
 pub use sampling::{Sampling, sample, sample_filtered, uniform};
 pub use state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};

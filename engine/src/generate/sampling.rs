@@ -78,7 +78,13 @@ impl Sampling {
     /// The same settings drawing from another seed (greedy is unchanged).
     pub fn with_seed(self, new_seed: u64) -> Sampling {
         match self {
-            Sampling::Random { temperature, top_p, top_k, min_p, .. } => Sampling::Random {
+            Sampling::Random {
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                ..
+            } => Sampling::Random {
                 temperature,
                 top_p,
                 top_k,
@@ -114,7 +120,14 @@ pub fn sample(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, u: f64
 
 /// [`sample`] with a `min_p` filter, applied after top-k and before top-p (pure). Tokens whose
 /// logit is `-inf` (masked) are never drawn.
-pub fn sample_filtered(logits: &[f32], temperature: f32, top_p: f32, top_k: usize, min_p: f32, u: f64) -> u32 {
+pub fn sample_filtered(
+    logits: &[f32],
+    temperature: f32,
+    top_p: f32,
+    top_k: usize,
+    min_p: f32,
+    u: f64,
+) -> u32 {
     let mut order: Vec<usize> = (0..logits.len())
         .filter(|&i| !logits[i].is_nan() && logits[i] != f32::NEG_INFINITY)
         .collect();

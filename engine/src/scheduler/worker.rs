@@ -210,9 +210,15 @@ impl Worker {
                 Ok(d) => d,
                 Err(e) => {
                     let (kind, message) = (e.kind(), e.to_string());
-                    job.sink.send(Event::Failed { kind, message: message.clone() });
+                    job.sink.send(Event::Failed {
+                        kind,
+                        message: message.clone(),
+                    });
                     for fork in &job.forks {
-                        fork.send(Event::Failed { kind, message: message.clone() });
+                        fork.send(Event::Failed {
+                            kind,
+                            message: message.clone(),
+                        });
                     }
                     continue;
                 }
@@ -438,7 +444,9 @@ impl Worker {
         for (k, sink) in forks.into_iter().enumerate() {
             let parent = &self.running[i];
             let req = &parent.job.req;
-            let sampling = req.sampling.with_seed(super::choice_seed(seed_of(req.sampling), k + 1));
+            let sampling = req
+                .sampling
+                .with_seed(super::choice_seed(seed_of(req.sampling), k + 1));
             let made = Decoder::new(sampling, req.decode.clone(), &req.prompt).and_then(|mut d| {
                 let p = d.pick(row, position)?;
                 d.accept(p.token)?;

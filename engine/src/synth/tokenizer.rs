@@ -23,6 +23,11 @@ pub const KIMI_SPECIALS: &[(usize, &str)] = &[
     (7, "<|end_header_id|>"),
     (9, "[EOT]"),
     (10, "<|im_system|>"),
+    (11, "<|tool_calls_section_begin|>"),
+    (12, "<|tool_calls_section_end|>"),
+    (13, "<|tool_call_begin|>"),
+    (14, "<|tool_call_argument_begin|>"),
+    (15, "<|tool_call_end|>"),
     (17, "<|im_middle|>"),
     (22, "<think>"),
     (23, "</think>"),
@@ -30,7 +35,25 @@ pub const KIMI_SPECIALS: &[(usize, &str)] = &[
     (255, "[PAD]"),
 ];
 
-const CHAT_TEMPLATE: &str = "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>{%- endif -%}{%- for message in messages -%}<|im_{{ message['role'] }}|>{{ message['role'] }}<|im_middle|>{{ message['content'] }}<|im_end|>{%- endfor -%}{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}";
+/// K2's chat format in a small template of our own: a `tool_declare` turn with the tools as
+/// compact JSON, assistant tool calls as `<|tool_calls_section_begin|>` sections with their ids
+/// verbatim, tool results as `## Return of {id}` system turns.
+const CHAT_TEMPLATE: &str = concat!(
+    "{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}",
+    "{%- if messages[0]['role'] != 'system' -%}<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>{%- endif -%}",
+    "{%- for message in messages -%}",
+    "{%- if message['role'] == 'tool' -%}",
+    "<|im_system|>tool<|im_middle|>## Return of {{ message['tool_call_id'] }}\n{{ message['content'] }}<|im_end|>",
+    "{%- else -%}",
+    "<|im_{{ message['role'] }}|>{{ message['role'] }}<|im_middle|>{{ message['content'] }}",
+    "{%- if message['tool_calls'] -%}<|tool_calls_section_begin|>",
+    "{%- for tc in message['tool_calls'] -%}<|tool_call_begin|>{{ tc['id'] }}<|tool_call_argument_begin|>",
+    "{{ tc['function']['arguments'] }}<|tool_call_end|>{%- endfor -%}<|tool_calls_section_end|>{%- endif -%}",
+    "<|im_end|>",
+    "{%- endif -%}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}",
+);
 
 /// K3 special tokens as offsets from the number of ranks (`163584 + offset` in the real
 /// tokenizer). `<|end_of_msg|>` is the generation EOS.

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::grammar::{
     Answer, Forced, FunctionSpec, GrammarError, forced_call_grammar, json_response_grammar,
 };
-use super::test_support::{setup, tok_env};
+use super::test_support::setup;
 use super::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
 use crate::tokenizer::Tokenizer;
 
@@ -36,13 +36,10 @@ fn tools() -> Vec<FunctionSpec> {
     ]
 }
 
-/// The environment of the constrain module for Kimi (all markers are specials there); ours,
-/// which also marks DeepSeek's non-special tool tokens, for DeepSeek-V3.
+/// The constrain module's environment, with the format's structural ids marked (DeepSeek's
+/// tool tokens are non-special added tokens).
 fn env_for(tok: &std::sync::Arc<Tokenizer>, markers: &ToolMarkers) -> TokEnv {
-    match markers {
-        ToolMarkers::DeepSeekV3(_) => tok_env(tok, markers),
-        _ => crate::constrain::token_env(tok.clone(), tok.vocab_size()).expect("token env"),
-    }
+    crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).expect("token env")
 }
 
 fn matcher(env: &TokEnv, lark: &str) -> Matcher {

@@ -49,7 +49,11 @@ pub(super) enum Out {
 
 impl ToolCallParser {
     /// A parser for `markers`' format. `id_prefix` makes minted call ids unique per request
-    /// (see [`mint_call_id`]); K2 calls keep the model's own `functions.NAME:IDX` id.
+    /// (see [`mint_call_id`]). Every call gets a minted id, K2's too: K2's own
+    /// `functions.NAME:IDX` restarts at 0 every turn, so clients that key calls by id (the
+    /// Responses API's `call_id`, agent SDKs) would merge calls of different turns; the prompt
+    /// side restores the native ids (`tokenizer::normalize_k2_tool_ids`), so the model sees
+    /// exactly what it wrote.
     pub fn new(tokenizer: Arc<Tokenizer>, markers: ToolMarkers, id_prefix: String) -> Self {
         let machine = match markers {
             ToolMarkers::KimiK2(m) => Machine::Section(SectionParser::new(
@@ -135,7 +139,7 @@ impl ToolCallParser {
                 Out::Call(call) => {
                     let index = self.calls;
                     self.calls += 1;
-                    let id = call.id.unwrap_or_else(|| mint_call_id(&self.id_prefix, index));
+                    let id = mint_call_id(&self.id_prefix, index);
                     out.push(ToolEvent::CallStart {
                         index,
                         id,

@@ -1,10 +1,8 @@
-//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 tokenizers with tool-call tokens, id builders,
-//! and a toktrie environment for compiling grammars against them.
+//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 tokenizers with tool-call tokens
+//! and id builders for the parser and grammar tests.
 
 use std::path::Path;
 use std::sync::Arc;
-
-use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie};
 
 use super::{ToolFormat, ToolMarkers};
 use crate::synth::{TokenizerFlavor, write_byte_tokenizer_flavor};
@@ -64,25 +62,4 @@ pub fn ids(tok: &Tokenizer, pieces: &[P<'_>]) -> Vec<u32> {
             P::T(s) => tok.encode(s),
         })
         .collect()
-}
-
-/// A toktrie environment over `tok`: token bytes as decoded; specials and every marker of
-/// `markers` as `0xFF` + their text, so text can never match them.
-pub fn tok_env(tok: &Tokenizer, markers: &ToolMarkers) -> TokEnv {
-    let structural = markers.structural_ids();
-    let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
-        .map(|id| {
-            let bytes = tok.decode_bytes(&[id]);
-            if tok.is_special(id) || structural.contains(&id) {
-                let mut w = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
-                w.extend(bytes);
-                w
-            } else {
-                bytes
-            }
-        })
-        .collect();
-    let info = TokRxInfo::new(words.len() as u32, markers.end_of_turn());
-    let trie = TokTrie::from(&info, &words);
-    Arc::new(toktrie::ApproximateTokEnv::new(trie))
 }

@@ -75,11 +75,11 @@ fn formats_are_detected_from_their_tokens() {
         ToolMarkers::resolve(ToolFormat::KimiK2, &k3),
         Err(ToolError::MissingToken { .. })
     ));
-    // The synthetic K2 byte tokenizer has no tool tokens.
+    // The synthetic K2 byte tokenizer has K2's tool tokens at K2's offsets.
     let dir = tempfile::tempdir().unwrap();
     crate::synth::write_byte_tokenizer(dir.path()).unwrap();
-    let plain = crate::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
-    assert_eq!(ToolFormat::detect(&plain), None);
+    let synth = crate::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(ToolFormat::detect(&synth), Some(ToolFormat::KimiK2));
 }
 
 #[test]
@@ -108,8 +108,8 @@ fn k2_calls_with_content_dotted_names_and_marker_text_in_arguments() {
     assert_eq!(
         r.calls,
         vec![
-            call(0, "functions.get_weather:0", "get_weather", args1),
-            call(1, "functions.ns.tool.v2:1", "ns.tool.v2", "{}"),
+            call(0, "call_req_0", "get_weather", args1),
+            call(1, "call_req_1", "ns.tool.v2", "{}"),
         ]
     );
     assert!(r.malformed.is_empty());
@@ -167,7 +167,7 @@ fn k2_malformed_calls_come_back_as_text_and_later_calls_still_parse() {
     input.push(section_end);
     let r = run(ToolFormat::KimiK2, &input);
     assert_eq!(r.malformed, vec![bad_json, no_index, unclosed]);
-    assert_eq!(r.calls, vec![call(0, "functions.h:3", "h", r#"{"ok": true}"#)]);
+    assert_eq!(r.calls, vec![call(0, "call_req_0", "h", r#"{"ok": true}"#)]);
     assert!(r.tokens.is_empty());
     // A call cut off by the end of the output is malformed too.
     let mut cut = vec![section_begin];

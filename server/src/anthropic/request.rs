@@ -147,14 +147,6 @@ pub fn parse(body: &Value, limits: &Limits, count_only: bool) -> Result<ChatRequ
         None if req.tools.is_empty() => (ToolChoice::None, true),
         None => (ToolChoice::Auto, true),
     };
-    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_))
-        && req.response_format != ResponseFormat::Text
-    {
-        return Err(ApiError::unsupported(
-            "output_config.format",
-            "`output_config.format` cannot be combined with a forced `tool_choice`",
-        ));
-    }
     req.tool_choice = choice;
     req.parallel_tool_calls = parallel;
     let messages = messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;

@@ -125,7 +125,9 @@ impl ChatRun {
             usage = Usage::new(
                 self.prompt_tokens,
                 usage.completion_tokens + u.completion_tokens,
-                u.prompt_tokens_details.cached_tokens.max(usage.prompt_tokens_details.cached_tokens),
+                u.prompt_tokens_details
+                    .cached_tokens
+                    .max(usage.prompt_tokens_details.cached_tokens),
             );
             choices.push(ChoiceOutcome {
                 index,
@@ -149,11 +151,11 @@ pub fn start(
 ) -> Result<ChatRun, ApiError> {
     let loaded = app.loaded()?;
     super::handlers::check_model(&loaded, &req.common)?;
-    let tools_on = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+    let tools_on = tools_callable(req);
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;
@@ -201,7 +203,7 @@ fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), ApiErr
         if loaded.tool_format != Some(ToolFormat::KimiK3) {
             return Err(ApiError::unsupported(
                 "reasoning_effort",
-                "this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
+                "`reasoning_effort`: this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
             ));
         }
         match effort {
@@ -272,6 +274,10 @@ fn decode_options(
             Some((g, "tools"))
         }
         (None, ResponseFormat::Text) => None,
+        // With `auto` the model may call a tool instead of answering: the answer format is
+        // then rendered into the prompt where the template does so (K3) but not enforced, so a
+        // call stays possible. It is enforced when no call can be made (no tools, or `none`).
+        (None, _) if tools_callable(req) => None,
         (None, rf) => {
             let schema = match rf {
                 ResponseFormat::JsonSchema { schema, .. } => Some(schema),
@@ -281,7 +287,10 @@ fn decode_options(
                 Some(m) => Answer::Native(m),
                 None => Answer::Plain {
                     end_of_turn: chat_end_id(loaded).ok_or_else(|| {
-                        ApiError::unsupported("response_format", "this model has no end-of-turn token to end JSON")
+                        ApiError::unsupported(
+                            "response_format",
+                            "this model has no end-of-turn token to end JSON",
+                        )
                     })?,
                     think_close: match &loaded.markers {
                         Some(Markers::Think(t)) => Some(t.close),
@@ -289,8 +298,12 @@ fn decode_options(
                     },
                 },
             };
-            let g = grammar::json_response_grammar(answer, schema, thinking)
-                .map_err(|e| ApiError::field("response_format", format!("Invalid schema for response_format: {e}")))?;
+            let g = grammar::json_response_grammar(answer, schema, thinking).map_err(|e| {
+                ApiError::field(
+                    "response_format",
+                    format!("Invalid schema for response_format: {e}"),
+                )
+            })?;
             Some((g, "response_format"))
         }
     };
@@ -303,6 +316,11 @@ fn decode_options(
         decode.constraint = Some(g);
     }
     Ok(decode)
+}
+
+/// Whether the model may call a tool in this turn.
+fn tools_callable(req: &ChatRequest) -> bool {
+    !req.tools.is_empty() && req.tool_choice != ToolChoice::None
 }
 
 /// The token that ends a chat turn: the first chat stop id, else EOS.

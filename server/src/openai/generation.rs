@@ -14,7 +14,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::output::{Delta, OutputParser};
 use super::types::Usage;
 use crate::error::ApiError;
-use crate::metrics::{Endpoint, RequestTimer};
+use crate::metrics::{Endpoint, Metrics, RequestTimer};
 use crate::state::{AppState, Loaded};
 
 /// Engine events into a tokio channel; a dropped receiver reads as closed.
@@ -36,7 +36,10 @@ pub enum Step {
     /// Output text and tool-call fragments; with `logprobs`, the log-probabilities of the
     /// tokens that made them arrive in [`Generation::take_logprobs`].
     Text(Delta),
-    Finished { reason: &'static str, usage: Usage },
+    Finished {
+        reason: &'static str,
+        usage: Usage,
+    },
     Failed(ApiError),
 }
 
@@ -52,6 +55,8 @@ pub struct Generation {
     pending_logprob: Option<TokenLogprobs>,
     /// Named tool choice: OpenAI reports `stop`, not `tool_calls`.
     named_choice: bool,
+    metrics: Arc<Metrics>,
+    endpoint: Endpoint,
     prompt_tokens: usize,
     cached_tokens: usize,
     completion_tokens: usize,
@@ -102,6 +107,8 @@ impl Generation {
                 logprobs: Vec::new(),
                 pending_logprob: None,
                 named_choice: false,
+                metrics: Arc::clone(app.metrics()),
+                endpoint,
                 prompt_tokens,
                 cached_tokens: 0,
                 completion_tokens: 0,
@@ -140,6 +147,10 @@ impl Generation {
         });
         if let Some(t) = self.timer.as_mut() {
             t.finish("success", self.prompt_tokens);
+        }
+        let (parsed, malformed) = self.tool_call_counts();
+        if parsed + malformed > 0 {
+            self.metrics.tool_calls(self.endpoint, parsed, malformed);
         }
         self.done = true;
         // A stop string may end output before the engine does: stop its work now.

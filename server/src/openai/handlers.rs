@@ -207,7 +207,13 @@ fn header(run: &ChatRun, endpoint: Endpoint, include_usage: bool) -> ChunkHeader
     }
 }
 
-async fn respond(app: &AppState, endpoint: Endpoint, run: ChatRun, stream: bool, include_usage: bool) -> Response {
+async fn respond(
+    app: &AppState,
+    endpoint: Endpoint,
+    run: ChatRun,
+    stream: bool,
+    include_usage: bool,
+) -> Response {
     let h = header(&run, endpoint, include_usage);
     let tok = match app.loaded_any() {
         Some(l) => Arc::clone(&l.tokenizer),
@@ -310,7 +316,11 @@ fn choice_stream(
     total: Arc<Mutex<Usage>>,
 ) -> impl Stream<Item = String> + Send + 'static {
     let chat_api = endpoint == Endpoint::Chat;
-    let first = if chat_api { vec![h.chat_role(index)] } else { vec![] };
+    let first = if chat_api {
+        vec![h.chat_role(index)]
+    } else {
+        vec![]
+    };
     let state = (g, VecDeque::from(first), false, 0usize);
     futures_util::stream::unfold(state, move |(mut g, mut queue, mut ended, mut offset)| {
         let (h, tok, total) = (h.clone(), tok.clone(), total.clone());
@@ -345,7 +355,9 @@ fn choice_stream(
                         *t = Usage::new(
                             usage.prompt_tokens,
                             t.completion_tokens + usage.completion_tokens,
-                            t.prompt_tokens_details.cached_tokens.max(usage.prompt_tokens_details.cached_tokens),
+                            t.prompt_tokens_details
+                                .cached_tokens
+                                .max(usage.prompt_tokens_details.cached_tokens),
                         );
                         ended = true;
                     }
@@ -375,7 +387,14 @@ fn into_stream(
         .into_iter()
         .enumerate()
         .map(|(i, g)| {
-            Box::pin(choice_stream(i as u32, g, h.clone(), endpoint, tok.clone(), total.clone()))
+            Box::pin(choice_stream(
+                i as u32,
+                g,
+                h.clone(),
+                endpoint,
+                tok.clone(),
+                total.clone(),
+            ))
         })
         .collect();
     let tail = {

@@ -446,12 +446,7 @@ mod tests {
         );
         assert_eq!(
             calls(&d),
-            vec![(
-                0,
-                "functions.get.weather:0",
-                "get.weather",
-                r#"{"city": "Paris"}"#
-            )]
+            vec![(0, "call_x_0", "get.weather", r#"{"city": "Paris"}"#)]
         );
         assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (1, 1));
     }
@@ -474,7 +469,7 @@ mod tests {
             OutputParser::new(tok, markers, &[m.open], vec![]).with_tools(ToolFormat::KimiK2, "x".into());
         let d = run_streamed(&mut p, &ids);
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("hmm", "after"));
-        assert_eq!(calls(&d), vec![(0, "functions.a:0", "a", "{}")]);
+        assert_eq!(calls(&d), vec![(0, "call_x_0", "a", "{}")]);
     }
 
     fn k3_output(think_close: bool) -> String {
@@ -556,7 +551,7 @@ mod tests {
             .with_tools(ToolFormat::KimiK2, String::new());
         let d = run_streamed(&mut p, &ids);
         assert_eq!(d.content, "a");
-        assert_eq!(calls(&d), vec![(0, "functions.f:0", "f", r#"{"s": "STOP"}"#)]);
+        assert_eq!(calls(&d), vec![(0, "call_0", "f", r#"{"s": "STOP"}"#)]);
         // Tools off: the call is not parsed; specials hidden, its text is content up to STOP.
         let d = run(&mut OutputParser::new(tok, None, &[], vec!["STOP".into()]), &ids);
         assert!(d.tool_calls.is_empty());

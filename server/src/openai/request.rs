@@ -327,7 +327,10 @@ impl Common {
             "repetition_penalty" => {
                 let r = number(v, key, 0.0, 2.0)?;
                 if r == 0.0 {
-                    return Err(ApiError::field(key, "`repetition_penalty` must be greater than 0"));
+                    return Err(ApiError::field(
+                        key,
+                        "`repetition_penalty` must be greater than 0",
+                    ));
                 }
                 self.sampling.repetition_penalty = r as f32;
             }
@@ -405,13 +408,6 @@ pub fn parse_chat(body: &Value, limits: &Limits) -> Result<ChatRequest, ApiError
         None if req.tools.is_empty() => ToolChoice::None,
         None => ToolChoice::Auto,
     };
-    let forced = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
-    if forced && req.response_format != ResponseFormat::Text {
-        return Err(ApiError::unsupported(
-            "response_format",
-            "`response_format` cannot be combined with a forced `tool_choice`",
-        ));
-    }
     req.messages = messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
     Ok(req)
 }

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use super::output::{Delta, ToolCallDelta};
 use super::logprobs::{ChatLogprobs, CompletionLogprobs};
+use super::output::{Delta, ToolCallDelta};
 
 /// Token accounting of one response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -282,7 +282,12 @@ impl ChunkHeader {
     }
 
     /// A completions chunk of choice `index` for `d` (completions have no reasoning channel).
-    pub fn completion_delta(&self, index: u32, d: Delta, logprobs: Option<CompletionLogprobs>) -> Option<String> {
+    pub fn completion_delta(
+        &self,
+        index: u32,
+        d: Delta,
+        logprobs: Option<CompletionLogprobs>,
+    ) -> Option<String> {
         let text = d.content;
         (!text.is_empty() || logprobs.is_some()).then(|| {
             let choice = CompletionChoice {

@@ -174,13 +174,6 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<ResponsesRequest, ApiError
         None if chat.tools.is_empty() => ToolChoice::None,
         None => ToolChoice::Auto,
     };
-    let forced = matches!(chat.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
-    if forced && chat.response_format != ResponseFormat::Text {
-        return Err(ApiError::unsupported(
-            "text.format",
-            "`text.format` cannot be combined with a forced `tool_choice`",
-        ));
-    }
     chat.messages = input.ok_or_else(|| ApiError::field("input", "`input` is required"))?;
     Ok(out)
 }

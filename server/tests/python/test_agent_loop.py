@@ -14,17 +14,29 @@ ROUNDS = 2
 
 
 def test_openai_agents_sdk_runs_two_tool_rounds_and_finishes(server):
+    from typing import Annotated, Literal
+
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents.tool_context import ToolContext
+    from pydantic import BaseModel, Field
 
     set_tracing_disabled(True)
     seen = []
 
+    class Verdict(BaseModel):
+        """The final answer: a structured output, so random weights still end it (the grammar
+        closes the JSON and the turn)."""
+
+        umbrella: Literal["yes", "no"]
+
+    # Bounded argument types: with random weights an unbounded string never ends.
     @function_tool
-    def lookup(city: str, days: int) -> str:
+    def lookup(ctx: ToolContext, city: Literal["Paris", "Rome", "Oslo"], days: Annotated[int, Field(ge=1, le=7)]) -> str:
         """The weather forecast for a city."""
         seen.append((city, days))
         if len(seen) == ROUNDS:
-            agent.model_settings = ModelSettings(tool_choice="none", temperature=0, max_tokens=16)
+            # The run works on its own copy of the agent: switch the copy to answering.
+            ctx.agent.model_settings = ModelSettings(tool_choice="none", temperature=0, max_tokens=64)
         return f"sunny for {days} days in {city}"
 
     client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -32,6 +44,7 @@ def test_openai_agents_sdk_runs_two_tool_rounds_and_finishes(server):
         name="forecaster",
         instructions="Use the lookup tool, then answer.",
         tools=[lookup],
+        output_type=Verdict,
         model=OpenAIResponsesModel(model=server.model_id(), openai_client=client),
         model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, temperature=0,
                                      max_tokens=200),
@@ -46,8 +59,8 @@ def test_openai_agents_sdk_runs_two_tool_rounds_and_finishes(server):
 
     result = asyncio.run(run())
     assert len(seen) == ROUNDS, seen
-    assert all(isinstance(c, str) and isinstance(d, int) for c, d in seen)
-    assert isinstance(result.final_output, str)
+    assert all(c in ("Paris", "Rome", "Oslo") and 1 <= d <= 7 for c, d in seen)
+    assert isinstance(result.final_output, Verdict)
     kinds = [i.type for i in result.new_items]
     assert kinds.count("tool_call_item") == ROUNDS and kinds.count("tool_call_output_item") == ROUNDS
     assert kinds[-1] == "message_output_item"

@@ -130,17 +130,17 @@ def test_plain_template_has_no_reasoning(server):
 @pytest.mark.parametrize(
     "field,kwargs",
     [
-        ("n", dict(n=2)),
-        ("logprobs", dict(logprobs=True)),
-        ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
-        ("response_format", dict(response_format={"type": "json_object"})),
-        ("logit_bias", dict(logit_bias={"65": 5})),
-        ("presence_penalty", dict(presence_penalty=0.5)),
+        ("n", dict(n=9)),
+        ("top_logprobs", dict(top_logprobs=3)),
+        ("tools[0].type", dict(tools=[{"type": "web_search", "function": {"name": "f"}}])),
+        ("response_format.type", dict(response_format={"type": "yaml"})),
+        ("logit_bias", dict(logit_bias={"65": 101})),
+        ("presence_penalty", dict(presence_penalty=3)),
         ("reasoning_effort", dict(reasoning_effort="low")),
         ("frobnicate", dict(extra_body={"frobnicate": True})),
     ],
 )
-def test_unsupported_fields_are_400_naming_the_field(server, field, kwargs):
+def test_unsupported_or_invalid_fields_are_400_naming_the_field(server, field, kwargs):
     with pytest.raises(openai.BadRequestError) as e:
         chat(server.client(), server.model_id(), **kwargs)
     err = e.value.body

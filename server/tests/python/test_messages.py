@@ -20,7 +20,7 @@ WEATHER = {
     "description": "The weather in a city.",
     "input_schema": {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
         "required": ["city", "days"],
         "additionalProperties": False,
     },

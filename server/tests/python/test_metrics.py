@@ -61,7 +61,7 @@ def test_counters_move_with_known_requests():
         assert s.metric("deltafin_generation_tokens_total", endpoint="completions") == 3
         assert s.metric("deltafin_prompt_tokens_total", endpoint="completions") == r2.usage.prompt_tokens
         with pytest.raises(Exception):
-            c.chat.completions.create(model=m, messages=[{"role": "user", "content": "x"}], n=3)
+            c.chat.completions.create(model=m, messages=[{"role": "user", "content": "x"}], n=9)
         assert s.metric("deltafin_requests_total", endpoint="chat_completions", outcome="invalid") == 1
         c.models.list()
         assert s.metric("deltafin_requests_total", endpoint="models", outcome="success") >= 1

@@ -109,7 +109,10 @@ fn schema(v: &Value, param: &str) -> Result<Value, ApiError> {
     match v {
         Value::Object(_) => Ok(v.clone()),
         Value::Bool(true) => Ok(serde_json::json!({})),
-        _ => Err(ApiError::field(param, format!("`{param}` must be a JSON Schema object"))),
+        _ => Err(ApiError::field(
+            param,
+            format!("`{param}` must be a JSON Schema object"),
+        )),
     }
 }
 
@@ -128,17 +131,22 @@ pub fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
         only(o, &["type", "function"], &at)?;
         match o.get("type").and_then(Value::as_str) {
             Some("function") => {}
-            None => return Err(ApiError::field(format!("{at}.type"), "Missing required parameter: 'tools.type'")),
+            None => {
+                return Err(ApiError::field(
+                    format!("{at}.type"),
+                    "Missing required parameter: 'tools.type'",
+                ));
+            }
             Some(other) => {
                 return Err(ApiError::unsupported(
                     format!("{at}.type"),
-                    format!("tool type `{other}` is not supported (only \"function\")"),
+                    format!("`{at}.type`: tool type `{other}` is not supported (only \"function\")"),
                 ));
             }
         }
-        let f = o
-            .get("function")
-            .ok_or_else(|| ApiError::field(format!("{at}.function"), format!("`{at}.function` is required")))?;
+        let f = o.get("function").ok_or_else(|| {
+            ApiError::field(format!("{at}.function"), format!("`{at}.function` is required"))
+        })?;
         let tool = function_tool(f, &format!("{at}.function"))?;
         if out.iter().any(|t| t.name == tool.name) {
             return Err(ApiError::field(
@@ -183,12 +191,19 @@ pub fn function_from_parts(
                 format!("`{at}.name` must match ^[a-zA-Z0-9_-]{{1,64}}$"),
             ));
         }
-        None => return Err(ApiError::field(format!("{at}.name"), format!("`{at}.name` is required"))),
+        None => {
+            return Err(ApiError::field(
+                format!("{at}.name"),
+                format!("`{at}.name` is required"),
+            ));
+        }
     };
     let description = match description.filter(|d| !d.is_null()) {
         Some(d) => Some(
             d.as_str()
-                .ok_or_else(|| ApiError::field(format!("{at}.description"), "`description` must be a string"))?
+                .ok_or_else(|| {
+                    ApiError::field(format!("{at}.description"), "`description` must be a string")
+                })?
                 .to_string(),
         ),
         None => None,
@@ -268,7 +283,10 @@ pub fn parse_response_format(v: &Value) -> Result<ResponseFormat, ApiError> {
         Some("json_schema") => {
             only(o, &["type", "json_schema"], "response_format")?;
             let js = o.get("json_schema").ok_or_else(|| {
-                ApiError::field("response_format.json_schema", "`response_format.json_schema` is required")
+                ApiError::field(
+                    "response_format.json_schema",
+                    "`response_format.json_schema` is required",
+                )
             })?;
             json_schema_format(js, "response_format.json_schema")
         }
@@ -295,7 +313,12 @@ pub fn json_schema_format(js: &Value, at: &str) -> Result<ResponseFormat, ApiErr
     };
     let schema = match o.get("schema") {
         Some(s) => schema(s, &format!("{at}.schema"))?,
-        None => return Err(ApiError::field(format!("{at}.schema"), format!("`{at}.schema` is required"))),
+        None => {
+            return Err(ApiError::field(
+                format!("{at}.schema"),
+                format!("`{at}.schema` is required"),
+            ));
+        }
     };
     let strict = match o.get("strict").filter(|s| !s.is_null()) {
         Some(s) => s
@@ -310,7 +333,10 @@ pub fn json_schema_format(js: &Value, at: &str) -> Result<ResponseFormat, ApiErr
 pub fn parse_logit_bias(v: &Value) -> Result<Vec<(u32, f32)>, ApiError> {
     let o = obj(v, "logit_bias")?;
     if o.len() > 1024 {
-        return Err(ApiError::field("logit_bias", "`logit_bias` may hold at most 1024 entries"));
+        return Err(ApiError::field(
+            "logit_bias",
+            "`logit_bias` may hold at most 1024 entries",
+        ));
     }
     o.iter()
         .map(|(k, b)| {
@@ -344,11 +370,13 @@ pub fn parse_history_calls(v: &Value, at: &str) -> Result<Vec<Value>, ApiError> 
                 .get("id")
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::field(format!("{at}.id"), format!("`{at}.id` is required")))?;
-            let f = obj(o.get("function").unwrap_or(&Value::Null), &format!("{at}.function"))?;
-            let name = f
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::field(format!("{at}.function.name"), "`function.name` is required"))?;
+            let f = obj(
+                o.get("function").unwrap_or(&Value::Null),
+                &format!("{at}.function"),
+            )?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::field(format!("{at}.function.name"), "`function.name` is required")
+            })?;
             let arguments = match f.get("arguments") {
                 Some(Value::String(s)) => Value::from(s.clone()),
                 Some(Value::Object(_)) => Value::from(f["arguments"].to_string()),

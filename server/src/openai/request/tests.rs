@@ -38,7 +38,8 @@ fn a_full_chat_request_becomes_typed() {
             temperature: 0.5,
             top_p: 0.9,
             top_k: 40,
-            seed: Some(-3i64 as u64)
+            seed: Some(-3i64 as u64),
+            ..Common::new().sampling
         }
     );
     assert_eq!(r.common.stop, vec!["a", "b"]);
@@ -50,16 +51,38 @@ fn a_full_chat_request_becomes_typed() {
 #[test]
 fn unsupported_fields_fail_closed_naming_the_field() {
     let cases = [
-        (json!({"n": 2}), "n"),
-        (json!({"logprobs": true}), "logprobs"),
-        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (json!({"n": 9}), "n"),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (json!({"top_logprobs": 21, "logprobs": true}), "top_logprobs"),
+        (json!({"tools": [{"type": "function"}]}), "tools[0].function"),
         (
-            json!({"response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"tools": [{"type": "custom", "function": {}}]}),
+            "tools[0].type",
         ),
-        (json!({"logit_bias": {"50": 1}}), "logit_bias"),
-        (json!({"frequency_penalty": 0.5}), "frequency_penalty"),
-        (json!({"reasoning_effort": "low"}), "reasoning_effort"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "a.b"}}]}),
+            "tools[0].function.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+        (json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"reasoning_effort": "medium"}), "reasoning_effort"),
         (json!({"bogus": 1}), "bogus"),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
@@ -67,7 +90,15 @@ fn unsupported_fields_fail_closed_naming_the_field() {
         ),
         (
             json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "function", "content": "x"}]}),
             "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]}),
+            "messages[0].tool_calls[0].id",
         ),
         (
             json!({"messages": [{"role": "user", "content": "x", "extra": 1}]}),
@@ -130,6 +161,56 @@ fn bad_values_are_400_with_the_field() {
 }
 
 #[test]
+fn agent_fields_become_typed() {
+    let r = chat(json!({
+        "n": 3, "logprobs": true, "top_logprobs": 5, "logit_bias": {"7": -100, "9": 2.5},
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1, "min_p": 0.05,
+        "parallel_tool_calls": false, "reasoning_effort": "none",
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+    }))
+    .unwrap();
+    assert_eq!(
+        (r.common.n, r.common.logprobs, r.common.top_logprobs),
+        (3, true, 5)
+    );
+    assert_eq!(r.common.sampling.logit_bias, vec![(7, -100.0), (9, 2.5)]);
+    assert_eq!(r.common.sampling.repetition_penalty, 1.1);
+    assert_eq!(r.tool_choice, ToolChoice::Named("get_weather".into()));
+    assert!(!r.parallel_tool_calls);
+    assert_eq!(r.reasoning_effort, Some(None));
+    assert_eq!(r.tools[0].name, "get_weather");
+    let calls = r.messages[1].tool_calls.as_ref().unwrap();
+    assert_eq!(calls[0]["function"]["arguments"], json!("{\"city\":\"Paris\"}"));
+    assert_eq!(r.messages[2].tool_call_id.as_deref(), Some("call_1"));
+    let auto = chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})).unwrap();
+    assert_eq!(auto.tool_choice, ToolChoice::Auto);
+    assert_eq!(
+        auto.tools[0].parameters,
+        json!({"type": "object", "properties": {}})
+    );
+    let rf = chat(json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}))
+    .unwrap();
+    assert!(matches!(
+        rf.response_format,
+        ResponseFormat::JsonSchema { strict: true, .. }
+    ));
+    let c = parse_completion(&json!({"prompt": "x", "logprobs": 2, "n": 2}), &LIMITS).unwrap();
+    assert_eq!(
+        (c.common.logprobs, c.common.top_logprobs, c.common.n),
+        (true, 2, 2)
+    );
+}
+
+#[test]
 fn nulls_are_absent_and_text_parts_join() {
     let r = chat(json!({"temperature": null, "stop": null, "messages": [
         {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
@@ -164,7 +245,7 @@ fn completions_prompts_and_defaults() {
     for (body, field) in [
         (json!({"prompt": "x", "echo": true}), "echo"),
         (json!({"prompt": "x", "best_of": 2}), "best_of"),
-        (json!({"prompt": "x", "logprobs": 2}), "logprobs"),
+        (json!({"prompt": "x", "logprobs": 6}), "logprobs"),
         (json!({"prompt": "x", "suffix": "s"}), "suffix"),
         (json!({"prompt": "x", "messages": []}), "messages"),
     ] {
