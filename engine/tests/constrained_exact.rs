@@ -90,7 +90,7 @@ const SCHEMA: &str = r#"{
 
 fn request(f: &Fixture, i: usize, constrained: bool, spec: SpecMode) -> GenRequest {
     let text = format!("Request {i}: answer in JSON, request {i} of eight. a b a b a b");
-    let sampling = if i % 2 == 0 {
+    let sampling = if i.is_multiple_of(2) {
         Sampling::Greedy
     } else {
         Sampling::new(0.9, 0.95, 0, 17 + i as u64).unwrap()
@@ -180,7 +180,7 @@ fn a_schema_constraint_gives_the_same_valid_json_alone_batched_drafted_and_reuse
             "{i}"
         );
         assert_eq!(lps.len(), ids.len(), "one logprobs entry per token");
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             for (lp, &id) in lps.iter().zip(ids) {
                 assert_eq!(lp.top[0].0, id, "greedy picks the most likely allowed token");
                 assert_eq!(lp.token, id);

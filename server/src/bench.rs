@@ -44,6 +44,9 @@ enum BenchWhat {
     /// Speculative decoding per proposer at controlled acceptance rates: tokens/s against
     /// target-only, with the economics gate and with drafting forced on.
     Spec(crate::bench_spec::SpecBenchArgs),
+    /// Constrained decoding on a 163,840-id vocabulary: mask time per token for a JSON schema
+    /// and a forced tool call, beside the decode time of a model pass.
+    Grammar(crate::bench_grammar::GrammarBenchArgs),
 }
 
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
@@ -52,6 +55,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
         BenchWhat::Run(a) => crate::bench_model::run(a),
         BenchWhat::Disk(a) => crate::bench_disk::run(a),
         BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),
+        BenchWhat::Grammar(a) => crate::bench_grammar::run(a, cache_dir),
         BenchWhat::Kernels {
             json,
             formats,

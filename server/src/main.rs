@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_disk;
+mod bench_grammar;
 mod bench_model;
 mod bench_serve;
 mod bench_spec;

@@ -60,7 +60,6 @@ pub fn load(
         .filter_map(|t| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id)))
         .filter(|id| !stop_ids.contains(id))
         .collect();
-    let bos = model.info().bos_token_id.or(tokenizer.bos_id());
     let markers = reasoning_markers(&tokenizer);
     let vocab_size = model.info().vocab_size;
     let tool_format = ToolFormat::detect(&tokenizer);
@@ -78,7 +77,6 @@ pub fn load(
         stop_ids,
         chat_stop_ids,
         markers,
-        bos,
         ooc,
         tool_format,
         tool_markers: tool_format.and_then(|f| ToolMarkers::resolve(f, &tokenizer).ok()),

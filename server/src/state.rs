@@ -48,8 +48,6 @@ pub struct Loaded {
     pub chat_stop_ids: Vec<u32>,
     /// How the chat format marks thinking, if it does.
     pub markers: Option<Markers>,
-    /// BOS, prepended to completions prompts given as text.
-    pub bos: Option<u32>,
     /// The out-of-core machinery when loaded under a memory budget (expert-read metrics).
     pub ooc: Option<Arc<OocRuntime>>,
     /// The model's native tool-call format, if its tokenizer has one.

@@ -179,6 +179,7 @@ impl ConstraintFactory for Grammar {
     fn start(&self) -> Result<Box<dyn TokenConstraint>> {
         Ok(Box::new(GrammarConstraint {
             matcher: self.matcher()?,
+            eos: self.factory.tok_env().tok_trie().eos_token(),
         }))
     }
 }
@@ -186,6 +187,9 @@ impl ConstraintFactory for Grammar {
 /// One sequence's position in a [`Grammar`].
 struct GrammarConstraint {
     matcher: Matcher,
+    /// The trie's end-of-sequence id (allowed by the mask when the grammar may end; checked
+    /// by the full mask only).
+    eos: u32,
 }
 
 impl std::fmt::Debug for GrammarConstraint {
@@ -214,6 +218,17 @@ impl TokenConstraint for GrammarConstraint {
             return Err(Error::Constraint("the grammar allows no next token".into()));
         }
         Ok(())
+    }
+
+    fn allows(&mut self, token: u32) -> Result<Option<bool>> {
+        if self.matcher.is_stopped() || token == self.eos {
+            return Ok(None);
+        }
+        let valid = self
+            .matcher
+            .validate_tokens(&[token])
+            .map_err(|e| Error::Constraint(e.to_string()))?;
+        Ok(Some(valid == 1))
     }
 
     fn accept(&mut self, token: u32) -> Result<()> {

@@ -92,3 +92,50 @@ fn padded_ids_are_never_allowed_and_bad_grammars_are_typed_errors() {
         .unwrap_err();
     assert_eq!(err.kind(), "constraint", "{err}");
 }
+
+#[test]
+fn the_greedy_fast_path_picks_what_the_full_mask_picks() {
+    use crate::generate::{DecodeOptions, Decoder, Sampling};
+    let (tok, v) = vocab();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 6}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    });
+    let g = v.json_schema(schema).unwrap();
+    let n = tok.vocab_size() + 64;
+    // With logprobs requested the decoder always computes the whole mask.
+    let opts = |logprobs| DecodeOptions {
+        constraint: Some(g.clone() as Arc<dyn ConstraintFactory>),
+        logprobs,
+        ..Default::default()
+    };
+    let mut fast = Decoder::new(Sampling::Greedy, opts(None), &[]).unwrap();
+    let mut full = Decoder::new(Sampling::Greedy, opts(Some(0)), &[]).unwrap();
+    let eos = tok.eos_id().unwrap();
+    let mut fast_hits = 0;
+    for step in 0..120 {
+        // Logits that often favour JSON-ish bytes, so both paths get exercised.
+        let logits: Vec<f32> = (0..n)
+            .map(|i| {
+                let bonus = if b"{}\":,0123456789ab ".contains(&(i as u8)) && i < 256 {
+                    3.0
+                } else {
+                    0.0
+                };
+                ((i * 7919 + step * 104_729) % 1000) as f32 / 300.0 + bonus
+            })
+            .collect();
+        let a = fast.pick(&logits, step).unwrap().token;
+        let b = full.pick(&logits, step).unwrap().token;
+        assert_eq!(a, b, "step {step}");
+        let (_, rows_before) = fast.mask_time();
+        fast.accept(a).unwrap();
+        full.accept(b).unwrap();
+        fast_hits += usize::from(rows_before > 0);
+        if a == eos {
+            break;
+        }
+    }
+    assert!(fast_hits > 0);
+}

@@ -24,6 +24,12 @@ pub trait TokenConstraint: Send + Debug {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()>;
     /// Advance past `token` (one the mask allowed).
     fn accept(&mut self, token: u32) -> Result<()>;
+    /// Whether `token` may come next, if that can be told without a whole mask (`None`: it
+    /// cannot; compute the mask). Lets greedy decoding skip the mask when the model's own
+    /// choice is allowed: the masked argmax is then that same token.
+    fn allows(&mut self, _token: u32) -> Result<Option<bool>> {
+        Ok(None)
+    }
 }
 
 /// Starts a fresh [`TokenConstraint`] per sequence (a request with `n` choices starts `n`).
@@ -170,15 +176,57 @@ impl Decoder {
         let mut row = std::mem::take(&mut self.scratch);
         row.clear();
         row.extend_from_slice(logits);
-        self.process(&mut row)?;
+        self.adjust(&mut row);
+        if let Some(token) = self.greedy_fast_path(&row)? {
+            self.scratch = row;
+            return Ok(Pick {
+                token,
+                logprobs: None,
+            });
+        }
+        self.apply_mask(&mut row)?;
         let token = self.sampling.pick(&row, position);
         let logprobs = self.opts.logprobs.map(|k| logprobs_of(&row, token, k));
         self.scratch = row;
         Ok(Pick { token, logprobs })
     }
 
-    /// Bias, penalties and mask, in that order.
-    fn process(&mut self, row: &mut [f32]) -> Result<()> {
+    /// Greedy without log-probabilities under a constraint: the argmax of the adjusted but
+    /// unmasked row, if the constraint allows it, is the masked argmax too (the highest logit,
+    /// lowest id on ties, of the whole row is also that of any subset containing it), so the mask
+    /// is skipped. `None`: the mask decides.
+    fn greedy_fast_path(&mut self, row: &[f32]) -> Result<Option<u32>> {
+        if self.sampling != Sampling::Greedy || self.opts.logprobs.is_some() {
+            return Ok(None);
+        }
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(None);
+        };
+        let token = crate::kernels::ops::argmax(row) as u32;
+        let started = Instant::now();
+        let allowed = c.allows(token)?;
+        self.mask_nanos += started.elapsed().as_nanos() as u64;
+        if allowed == Some(true) {
+            self.masked_rows += 1;
+            return Ok(Some(token));
+        }
+        Ok(None)
+    }
+
+    /// The constraint's mask, timed.
+    fn apply_mask(&mut self, row: &mut [f32]) -> Result<()> {
+        if let Some(c) = self.constraint.as_mut() {
+            let started = Instant::now();
+            let masked = c.mask(row);
+            self.mask_nanos += started.elapsed().as_nanos() as u64;
+            self.masked_rows += 1;
+            masked?;
+        }
+        Ok(())
+    }
+
+    /// Bias and penalties.
+    fn adjust(&self, row: &mut [f32]) {
         for &(id, bias) in &self.opts.logit_bias {
             row[id as usize] += bias;
         }
@@ -202,14 +250,6 @@ impl Decoder {
                 }
             }
         }
-        if let Some(c) = self.constraint.as_mut() {
-            let started = Instant::now();
-            let masked = c.mask(row);
-            self.mask_nanos += started.elapsed().as_nanos() as u64;
-            self.masked_rows += 1;
-            masked?;
-        }
-        Ok(())
     }
 
     /// Advance past an emitted `token`.

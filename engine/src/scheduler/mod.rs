@@ -192,7 +192,7 @@ struct Job {
 }
 
 enum Command {
-    Submit(Job),
+    Submit(Box<Job>),
     CancelAll,
 }
 
@@ -257,7 +257,7 @@ impl SchedulerHandle {
             _slot: Some(Slot(self.stats.clone())),
         };
         self.tx
-            .send(Command::Submit(job))
+            .send(Command::Submit(Box::new(job)))
             .map_err(|_| SubmitError::Stopped)
     }
 

@@ -141,7 +141,7 @@ impl Worker {
 
     fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit(job) => self.waiting.push_back(job),
+            Command::Submit(job) => self.waiting.push_back(*job),
             Command::CancelAll => {
                 let message = "the server is shutting down".to_string();
                 for job in self.waiting.drain(..) {

@@ -33,8 +33,6 @@ enum Machine {
 
 /// A call as read from the output, before an index is assigned.
 pub(super) struct ParsedCall {
-    /// The model's own id (K2), if the format carries one.
-    pub id: Option<String>,
     pub name: String,
     pub arguments: String,
 }
@@ -307,9 +305,9 @@ fn parse_section_call(
     let body = text_of(tok, raw.get(sep_at + 1..raw.len().checked_sub(1)?)?)?;
     let call = match format {
         ToolFormat::KimiK2 => {
-            let (id, name) = parse_k2_id(&head)?;
+            // The model's own `functions.NAME:IDX` is checked but not kept: ids are minted.
+            let (_, name) = parse_k2_id(&head)?;
             ParsedCall {
-                id: Some(id),
                 name,
                 arguments: body,
             }
@@ -346,7 +344,6 @@ fn parse_deepseek(head: &str, body: &str) -> Option<ParsedCall> {
         None => rest.trim(),
     };
     Some(ParsedCall {
-        id: None,
         name: name.to_string(),
         arguments: arguments.to_string(),
     })

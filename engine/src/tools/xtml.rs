@@ -279,7 +279,6 @@ fn build_call(call: &CallBuf) -> Option<ParsedCall> {
         }
     };
     Some(ParsedCall {
-        id: None,
         name: call.name.clone()?,
         arguments,
     })

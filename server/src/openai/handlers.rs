@@ -261,7 +261,8 @@ fn chat_body(h: &ChunkHeader, tok: &Tokenizer, out: ChatOutcome) -> ChatCompleti
                     },
                 })
                 .collect();
-            let content = (!(c.content.is_empty() && !calls.is_empty())).then_some(c.content);
+            // `null` content when the turn is only tool calls.
+            let content = (!c.content.is_empty() || calls.is_empty()).then_some(c.content);
             ChatChoice {
                 index: c.index as u32,
                 message: AssistantMessage {

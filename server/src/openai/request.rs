@@ -261,6 +261,12 @@ fn stream_options(v: &Value) -> Result<bool, ApiError> {
     Ok(include)
 }
 
+impl Default for Common {
+    fn default() -> Self {
+        Common::new()
+    }
+}
+
 impl Common {
     /// Every field at its default (temperature 1, no limits beyond the server's).
     pub fn new() -> Self {
