@@ -36,6 +36,9 @@ fn openai_client_suite() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, qwen_dst.join(path.file_name().unwrap())).unwrap();
     }
+    // The built-in default model (Kimi K3: XTML chat format and tool calls).
+    let k3 = tmp.path().join("builtin-k3");
+    deltafin_engine::synth::builtin_default().write(&k3).unwrap();
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
@@ -47,7 +50,8 @@ fn openai_client_suite() {
         )
         .current_dir(&suite)
         .env("DELTAFIN_BIN", env!("CARGO_BIN_EXE_deltafin"))
-        .env("DELTAFIN_TEST_MODEL", &model);
+        .env("DELTAFIN_TEST_MODEL", &model)
+        .env("DELTAFIN_TEST_K3_MODEL", &k3);
     let status = cmd.status().expect("running pytest");
     assert!(status.success(), "the pytest suite failed");
 }

@@ -107,7 +107,7 @@ fn the_real_server_answers_over_http() {
         ("/v1/chat/completions", &b"{not json"[..], 400),
         (
             "/v1/chat/completions",
-            &br#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#[..],
+            &br#"{"messages": [{"role": "user", "content": "x"}], "n": 9}"#[..],
             400,
         ),
         ("/v1/completions", &[b'"'; 5000][..], 413),

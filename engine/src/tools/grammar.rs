@@ -6,8 +6,9 @@
 //! [`forced_call_grammar`] (`tool_choice` `required` or a named function) enforces:
 //! * an optional reasoning prefix when the generation prompt opened one (`thinking`): any
 //!   tokens but the format's markers, then the close (`</think>`; K3 `<|close|>think<|sep|>`);
-//! * K3 only: the `response` element (opened by the grammar after thinking), any text without
-//!   markers, closed; then the `tools` element. K2 and DeepSeek-V3 go straight to the section;
+//! * K3 only: the `response` element (opened by the grammar after thinking), closed empty; then
+//!   the `tools` element. K2 and DeepSeek-V3 go straight to the section: a forced call is the
+//!   whole answer;
 //! * one call (`parallel == false`) or 1..=[`MAX_CALLS`] calls, each to an allowed function
 //!   (the named one, or any of `tools`);
 //! * K2: the id text `functions.NAME:IDX` with IDX counting from 0, then arguments that are
@@ -277,11 +278,10 @@ fn reasoning_prefix(
         Answer::Native(ToolMarkers::KimiK3(m)) => {
             let x = Xtml(*m);
             g.rule("free", &x.free());
-            let response = if calls {
-                format!("free {}", x.close("response"))
-            } else {
-                String::new()
-            };
+            // A forced call is the whole answer, as on K2 and DeepSeek-V3: the response
+            // element is closed empty (an unbounded free text before the call would let an
+            // unsure model talk until `max_tokens` without ever calling).
+            let response = if calls { x.close("response") } else { String::new() };
             return Ok(if thinking {
                 format!("free {} {} {response}", x.close("think"), x.open("response"))
             } else {

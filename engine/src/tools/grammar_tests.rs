@@ -186,7 +186,7 @@ fn k3_forced_calls_after_think_and_response() {
     };
     let out = |calls: &str| {
         s(&format!(
-            "plan<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|open|>tools<|sep|>{calls}<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+            "plan<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>{calls}<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
         ))
     };
     let call = |name: &str, i: usize, body: &str| {
@@ -204,6 +204,9 @@ fn k3_forced_calls_after_think_and_response() {
     );
     let both = out(&(weather.clone() + &search));
     accepts(&env, &g, &both);
+    // A forced call is the whole answer: no response text before it.
+    let chatty = s("plan<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|>");
+    assert!(!admitted(&env, &g, &chatty).1 || admitted(&env, &g, &chatty).0 < chatty.len());
     assert_eq!(
         parse(&tok, markers, &both),
         vec![

@@ -9,10 +9,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use deltafin_engine::tokenizer::{ChatOptions, normalize_k2_tool_ids};
-use deltafin_engine::tools::ToolFormat;
 use futures_util::Stream;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::error::AnthropicError;
 use super::request::parse;
@@ -92,39 +90,9 @@ fn refuse(app: &AppState, e: ApiError) -> Response {
     AnthropicError(e).into_response()
 }
 
-/// The rendered prompt's token count, rendered as the chat pipeline renders it (tools, tool
-/// choice and template variables included). Kept beside `chat::render`, which is private.
+/// The rendered prompt's token count, exactly as the chat pipeline renders it.
 fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
-    let mut messages = req.messages.clone();
-    if loaded.tool_format == Some(ToolFormat::KimiK2) {
-        normalize_k2_tool_ids(&mut messages);
-    }
-    let mut extra = req.template_kwargs.clone();
-    if let Some(effort) = &req.reasoning_effort {
-        if loaded.tool_format != Some(ToolFormat::KimiK3) {
-            return Err(ApiError::unsupported(
-                "output_config.effort",
-                "this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
-            ));
-        }
-        match effort {
-            Some(e) => extra.insert("thinking_effort".into(), Value::from(e.clone())),
-            None => extra.insert("thinking".into(), Value::Bool(false)),
-        };
-    }
-    let opts = ChatOptions {
-        add_generation_prompt: true,
-        tools: (!req.tools.is_empty()).then(|| req.tools.iter().map(|t| t.to_openai()).collect()),
-        extra,
-        tool_choice: (!req.tools.is_empty()).then(|| req.tool_choice.label().to_string()),
-        response_format: req.response_format.to_openai(),
-    };
-    let prompt = loaded.tokenizer.encode_chat(&messages, &opts).map_err(|e| {
-        ApiError::field(
-            "messages",
-            format!("the chat template cannot render these messages: {e}"),
-        )
-    })?;
+    let (prompt, _) = crate::openai::chat::render(loaded, req).map_err(|e| renamed(e, NAMES))?;
     Ok(prompt.len())
 }
 

@@ -193,7 +193,7 @@ pub fn start(
 }
 
 /// The prompt ids, and whether the generation prompt opened a thinking channel.
-fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), ApiError> {
+pub fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), ApiError> {
     let mut messages: Vec<ChatMessage> = req.messages.clone();
     if loaded.tool_format == Some(ToolFormat::KimiK2) {
         normalize_k2_tool_ids(&mut messages);

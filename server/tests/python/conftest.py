@@ -20,6 +20,7 @@ import pytest
 
 BIN = os.environ.get("DELTAFIN_BIN", "")
 MODEL = os.environ.get("DELTAFIN_TEST_MODEL", "")
+K3_MODEL = os.environ.get("DELTAFIN_TEST_K3_MODEL", "")
 
 
 class Server:
@@ -104,6 +105,16 @@ class Server:
 @pytest.fixture(scope="session")
 def server():
     s = Server("--max-request-bytes", "65536", "--max-tokens", "512")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def k3_server():
+    """The built-in default model (Kimi K3 architecture and chat format, random weights)."""
+    if not K3_MODEL:
+        pytest.skip("DELTAFIN_TEST_K3_MODEL not set (run through cargo test --test python_suite)")
+    s = Server("--max-tokens", "1024", model=K3_MODEL)
     yield s
     s.stop()
 
