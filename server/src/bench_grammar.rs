@@ -20,7 +20,7 @@ use clap::Args;
 use deltafin_engine::constrain::Vocabulary;
 use deltafin_engine::generate::{ConstraintFactory, GenerateOptions, Sampling, generate};
 use deltafin_engine::kernels::ops::argmax;
-use deltafin_engine::synth::Rng;
+use deltafin_engine::synth::{KIMI_SPECIALS, Rng};
 use deltafin_engine::tokenizer::Tokenizer;
 use deltafin_engine::tools::grammar::{Forced, FunctionSpec, forced_call_grammar};
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
@@ -58,20 +58,6 @@ struct Report {
     decode_ms_per_token: f64,
 }
 
-const SPECIALS: &[(usize, &str)] = &[
-    (0, "[BOS]"),
-    (1, "[EOS]"),
-    (2, "<|im_end|>"),
-    (3, "<|im_user|>"),
-    (4, "<|im_assistant|>"),
-    (10, "<|im_system|>"),
-    (11, "<|tool_calls_section_begin|>"),
-    (12, "<|tool_calls_section_end|>"),
-    (13, "<|tool_call_begin|>"),
-    (14, "<|tool_call_argument_begin|>"),
-    (15, "<|tool_call_end|>"),
-    (17, "<|im_middle|>"),
-];
 
 /// The rank strings: the 256 bytes, then unique pieces until `ranks` are made.
 fn pieces(ranks: usize) -> Vec<Vec<u8>> {
@@ -121,7 +107,8 @@ fn write_vocab(dir: &Path, vocab: usize) -> Result<()> {
     }
     std::fs::write(dir.join("tiktoken.model"), text)?;
     let mut added = serde_json::Map::new();
-    for &(offset, name) in SPECIALS {
+    // K2's specials at K2's offsets (the tool tokens included), as the synthetic K2 tokenizer.
+    for &(offset, name) in KIMI_SPECIALS {
         added.insert(
             (ranks + offset).to_string(),
             serde_json::json!({"content": name, "special": true}),

@@ -73,6 +73,27 @@ impl ApiError {
         }
     }
 
+    /// The same error with field names replaced (`(from, to)` pairs): an API surface that
+    /// validates through the chat pipeline reports its own names (`text.format` for
+    /// `response_format`, …).
+    pub fn renamed(self, names: &[(&str, &str)]) -> Self {
+        let rename = |param: String, message: String| match names.iter().find(|(from, _)| param == *from) {
+            Some((from, to)) => (to.to_string(), message.replace(from, to)),
+            None => (param, message),
+        };
+        match self {
+            ApiError::InvalidField { param, message } => {
+                let (param, message) = rename(param, message);
+                ApiError::InvalidField { param, message }
+            }
+            ApiError::Unsupported { param, message } => {
+                let (param, message) = rename(param, message);
+                ApiError::Unsupported { param, message }
+            }
+            e => e,
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {

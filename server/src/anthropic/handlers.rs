@@ -31,7 +31,7 @@ pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiErr
     let start = || -> Result<(bool, ChatRun), ApiError> {
         let JsonBody(body) = body?;
         let req = parse(&body, &app.config().limits, false)?;
-        let run = chat::start(&app, &req, Endpoint::Messages, started).map_err(|e| renamed(e, NAMES))?;
+        let run = chat::start(&app, &req, Endpoint::Messages, started).map_err(|e| e.renamed(NAMES))?;
         Ok((req.common.stream, run))
     };
     match start() {
@@ -65,25 +65,6 @@ const NAMES: &[(&str, &str)] = &[
     ("reasoning_effort", "output_config.effort"),
 ];
 
-/// `e` with the chat pipeline's field names replaced by this API's (`(chat, ours)` pairs).
-fn renamed(e: ApiError, names: &[(&str, &str)]) -> ApiError {
-    let rename = |param: String, message: String| match names.iter().find(|(from, _)| param == *from) {
-        Some((from, to)) => (to.to_string(), message.replace(from, to)),
-        None => (param, message),
-    };
-    match e {
-        ApiError::InvalidField { param, message } => {
-            let (param, message) = rename(param, message);
-            ApiError::InvalidField { param, message }
-        }
-        ApiError::Unsupported { param, message } => {
-            let (param, message) = rename(param, message);
-            ApiError::Unsupported { param, message }
-        }
-        e => e,
-    }
-}
-
 fn refuse(app: &AppState, e: ApiError) -> Response {
     app.metrics().request(Endpoint::Messages, e.outcome());
     tracing::info!(endpoint = Endpoint::Messages.label(), status = e.status().as_u16(), error = %e, "request refused");
@@ -92,7 +73,7 @@ fn refuse(app: &AppState, e: ApiError) -> Response {
 
 /// The rendered prompt's token count, exactly as the chat pipeline renders it.
 fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
-    let (prompt, _) = crate::openai::chat::render(loaded, req).map_err(|e| renamed(e, NAMES))?;
+    let (prompt, _) = crate::openai::chat::render(loaded, req).map_err(|e| e.renamed(NAMES))?;
     Ok(prompt.len())
 }
 

@@ -18,12 +18,12 @@ use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
+use crate::openai::request::fields::{integer, number, obj, only_except, string};
 use crate::openai::request::{ChatRequest, Limits};
 
 /// Most stop sequences per request.
 pub const MAX_STOP_SEQUENCES: usize = 16;
 const MAX_STOP_BYTES: usize = 256;
-const MAX_TOOLS: usize = 128;
 
 const FIELDS: &[&str] = &[
     "model",
@@ -44,51 +44,9 @@ const FIELDS: &[&str] = &[
     "cache_control",
 ];
 
-fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object")))
-}
-
-fn string<'a>(v: &'a Value, at: &str) -> Result<&'a str, ApiError> {
-    v.as_str()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be a string")))
-}
-
-fn number(v: &Value, at: &str, min: f64, max: f64) -> Result<f64, ApiError> {
-    match v.as_f64() {
-        Some(x) if x.is_finite() && (min..=max).contains(&x) => Ok(x),
-        _ => Err(ApiError::field(
-            at,
-            format!("`{at}` must be a number between {min} and {max}"),
-        )),
-    }
-}
-
-fn integer(v: &Value, at: &str, min: u64, max: u64) -> Result<u64, ApiError> {
-    match v.as_u64() {
-        Some(u) if (min..=max).contains(&u) => Ok(u),
-        _ => Err(ApiError::field(
-            at,
-            format!("`{at}` must be an integer between {min} and {max}"),
-        )),
-    }
-}
-
 /// Refuse keys of `o` outside `allowed` (`cache_control` is always allowed and ignored).
 fn only(o: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), ApiError> {
-    match o
-        .keys()
-        .find(|k| k.as_str() != "cache_control" && !allowed.contains(&k.as_str()))
-    {
-        Some(k) => {
-            let k: String = k.chars().take(64).collect();
-            Err(ApiError::unsupported(
-                format!("{at}.{k}"),
-                format!("unknown or unsupported field `{at}.{k}`"),
-            ))
-        }
-        None => Ok(()),
-    }
+    only_except(o, allowed, &["cache_control"], at)
 }
 
 /// Validate a `/v1/messages` body (`count_only`: a `/v1/messages/count_tokens` body, which has
@@ -254,19 +212,7 @@ fn stop_sequences(v: &Value) -> Result<Vec<String>, ApiError> {
 
 /// `tools: [{name, description?, input_schema, type?: "custom"}]`.
 fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
-    let list = v
-        .as_array()
-        .ok_or_else(|| ApiError::field("tools", "`tools` must be an array"))?;
-    if list.len() > MAX_TOOLS {
-        return Err(ApiError::field(
-            "tools",
-            format!("`tools` may hold at most {MAX_TOOLS} tools"),
-        ));
-    }
-    let mut out: Vec<FunctionTool> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let o = obj(t, &at)?;
+    agent::tool_list(v, "name", |o, at| {
         match o.get("type").and_then(Value::as_str) {
             None | Some("custom") => {}
             Some(other) => {
@@ -287,7 +233,7 @@ fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
                 "strict",
                 "eager_input_streaming",
             ],
-            &at,
+            at,
         )?;
         if o.get("input_schema").is_none_or(Value::is_null) {
             return Err(ApiError::field(
@@ -295,23 +241,15 @@ fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
                 format!("`{at}.input_schema` is required"),
             ));
         }
-        let tool = agent::function_from_parts(
+        agent::function_from_parts(
             o.get("name"),
             o.get("description"),
             o.get("input_schema"),
             o.get("strict"),
-            &at,
+            at,
             "input_schema",
-        )?;
-        if out.iter().any(|t| t.name == tool.name) {
-            return Err(ApiError::field(
-                format!("{at}.name"),
-                format!("duplicate tool name `{}`", tool.name),
-            ));
-        }
-        out.push(tool);
-    }
-    Ok(out)
+        )
+    })
 }
 
 /// `tool_choice` and whether parallel calls are allowed.

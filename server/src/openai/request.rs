@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 pub mod agent;
+pub mod fields;
 pub use agent::{FunctionTool, ResponseFormat, ToolChoice};
 
 /// Most `n` choices per request.

@@ -77,25 +77,6 @@ const NAMES: &[(&str, &str)] = &[
     ("messages", "input"),
 ];
 
-/// `e` with the chat pipeline's field names replaced by this API's (`(chat, ours)` pairs).
-fn renamed(e: ApiError, names: &[(&str, &str)]) -> ApiError {
-    let rename = |param: String, message: String| match names.iter().find(|(from, _)| param == *from) {
-        Some((from, to)) => (to.to_string(), message.replace(from, to)),
-        None => (param, message),
-    };
-    match e {
-        ApiError::InvalidField { param, message } => {
-            let (param, message) = rename(param, message);
-            ApiError::InvalidField { param, message }
-        }
-        ApiError::Unsupported { param, message } => {
-            let (param, message) = rename(param, message);
-            ApiError::Unsupported { param, message }
-        }
-        e => e,
-    }
-}
-
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -127,7 +108,7 @@ fn start(
         .as_ref()
         .map(|i| ChatMessage::new("system", i.clone()));
     chat.messages = system.into_iter().chain(conversation.iter().cloned()).collect();
-    let run = chat::start(app, &chat, Endpoint::Responses, started).map_err(|e| renamed(e, NAMES))?;
+    let run = chat::start(app, &chat, Endpoint::Responses, started).map_err(|e| e.renamed(NAMES))?;
     let head = Head::new(format!("resp_{}", run.id), now(), run.model.clone(), &req);
     let turn = Turn {
         head,

@@ -11,29 +11,12 @@ use deltafin_engine::tokenizer::ChatMessage;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-
-fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object")))
-}
+use crate::openai::request::fields::{obj, only};
 
 fn string<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
     o.get(key)
         .and_then(Value::as_str)
         .ok_or_else(|| ApiError::field(format!("{at}.{key}"), format!("`{at}.{key}` must be a string")))
-}
-
-fn only(o: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => {
-            let k: String = k.chars().take(64).collect();
-            Err(ApiError::unsupported(
-                format!("{at}.{k}"),
-                format!("unknown or unsupported field `{at}.{k}`"),
-            ))
-        }
-        None => Ok(()),
-    }
 }
 
 /// Parse `input`.

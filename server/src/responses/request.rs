@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use super::input::parse_input;
 use crate::error::ApiError;
 use crate::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
+use crate::openai::request::fields::{boolean, neutral, number, obj, only, string};
 use crate::openai::request::{ChatRequest, Limits};
 
 /// A validated `/v1/responses` request.
@@ -51,55 +52,6 @@ const FIELDS: &[&str] = &[
     "top_logprobs",
     "background",
 ];
-
-fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be an object")))
-}
-
-fn string<'a>(v: &'a Value, at: &str) -> Result<&'a str, ApiError> {
-    v.as_str()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be a string")))
-}
-
-fn boolean(v: &Value, at: &str) -> Result<bool, ApiError> {
-    v.as_bool()
-        .ok_or_else(|| ApiError::field(at, format!("`{at}` must be a boolean")))
-}
-
-fn number(v: &Value, at: &str, min: f64, max: f64) -> Result<f64, ApiError> {
-    match v.as_f64() {
-        Some(x) if x.is_finite() && (min..=max).contains(&x) => Ok(x),
-        _ => Err(ApiError::field(
-            at,
-            format!("`{at}` must be a number between {min} and {max}"),
-        )),
-    }
-}
-
-/// A field accepted only with its neutral value.
-fn neutral(at: &str, ok: bool, value: &str) -> Result<(), ApiError> {
-    match ok {
-        true => Ok(()),
-        false => Err(ApiError::unsupported(
-            at,
-            format!("`{at}` is not supported by this server (only {value} is accepted)"),
-        )),
-    }
-}
-
-fn only(o: &Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => {
-            let k: String = k.chars().take(64).collect();
-            Err(ApiError::unsupported(
-                format!("{at}.{k}"),
-                format!("unknown or unsupported field `{at}.{k}`"),
-            ))
-        }
-        None => Ok(()),
-    }
-}
 
 /// Validate a `/v1/responses` body.
 pub fn parse(body: &Value, limits: &Limits) -> Result<ResponsesRequest, ApiError> {
@@ -180,50 +132,18 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<ResponsesRequest, ApiError
 
 /// Flat function tools `{type: "function", name, description?, parameters?, strict?}`.
 fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
-    let list = v
-        .as_array()
-        .ok_or_else(|| ApiError::field("tools", "`tools` must be an array"))?;
-    if list.len() > 128 {
-        return Err(ApiError::field("tools", "`tools` may hold at most 128 functions"));
-    }
-    let mut out: Vec<FunctionTool> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let o = obj(t, &at)?;
-        match o.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            None => {
-                return Err(ApiError::field(
-                    format!("{at}.type"),
-                    "Missing required parameter: 'tools.type'",
-                ));
-            }
-            Some(other) => {
-                let other: String = other.chars().take(64).collect();
-                return Err(ApiError::unsupported(
-                    format!("{at}.type"),
-                    format!("tool type `{other}` is not supported (only \"function\")"),
-                ));
-            }
-        }
-        only(o, &["type", "name", "description", "parameters", "strict"], &at)?;
-        let tool = agent::function_from_parts(
+    agent::tool_list(v, "name", |o, at| {
+        agent::function_type(o, at)?;
+        only(o, &["type", "name", "description", "parameters", "strict"], at)?;
+        agent::function_from_parts(
             o.get("name"),
             o.get("description"),
             o.get("parameters"),
             o.get("strict"),
-            &at,
+            at,
             "parameters",
-        )?;
-        if out.iter().any(|t| t.name == tool.name) {
-            return Err(ApiError::field(
-                format!("{at}.name"),
-                format!("duplicate function name `{}`", tool.name),
-            ));
-        }
-        out.push(tool);
-    }
-    Ok(out)
+        )
+    })
 }
 
 /// `none` | `auto` | `required` | `{type: "function", name}`.

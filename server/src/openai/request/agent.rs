@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use super::fields::{obj, only};
 use crate::error::ApiError;
 
 /// One function the model may call.
@@ -87,22 +88,6 @@ fn name_ok(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn obj<'a>(v: &'a Value, param: &str) -> Result<&'a Map<String, Value>, ApiError> {
-    v.as_object()
-        .ok_or_else(|| ApiError::field(param, format!("`{param}` must be an object")))
-}
-
-/// Refuse keys of `o` outside `allowed`.
-fn only(o: &Map<String, Value>, allowed: &[&str], param: &str) -> Result<(), ApiError> {
-    match o.keys().find(|k| !allowed.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::unsupported(
-            format!("{param}.{k}"),
-            format!("unknown or unsupported field `{param}.{k}`"),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// A JSON schema object (`parameters`, `schema`): an object, checked for shape only here; the
 /// grammar compiler refuses what it cannot honour.
 fn schema(v: &Value, param: &str) -> Result<Value, ApiError> {
@@ -118,6 +103,23 @@ fn schema(v: &Value, param: &str) -> Result<Value, ApiError> {
 
 /// `tools` (Chat Completions shape: `{"type": "function", "function": {...}}`).
 pub fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
+    tool_list(v, "function.name", |o, at| {
+        only(o, &["type", "function"], at)?;
+        function_type(o, at)?;
+        let f = o.get("function").ok_or_else(|| {
+            ApiError::field(format!("{at}.function"), format!("`{at}.function` is required"))
+        })?;
+        function_tool(f, &format!("{at}.function"))
+    })
+}
+
+/// A `tools` array (at most 128, names unique) of objects each read by `one(object, at)`;
+/// `name_path` locates the name inside an entry for the duplicate-name error.
+pub fn tool_list(
+    v: &Value,
+    name_path: &str,
+    one: impl Fn(&Map<String, Value>, &str) -> Result<FunctionTool, ApiError>,
+) -> Result<Vec<FunctionTool>, ApiError> {
     let list = v
         .as_array()
         .ok_or_else(|| ApiError::field("tools", "`tools` must be an array"))?;
@@ -127,36 +129,34 @@ pub fn parse_tools(v: &Value) -> Result<Vec<FunctionTool>, ApiError> {
     let mut out: Vec<FunctionTool> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let at = format!("tools[{i}]");
-        let o = obj(t, &at)?;
-        only(o, &["type", "function"], &at)?;
-        match o.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            None => {
-                return Err(ApiError::field(
-                    format!("{at}.type"),
-                    "Missing required parameter: 'tools.type'",
-                ));
-            }
-            Some(other) => {
-                return Err(ApiError::unsupported(
-                    format!("{at}.type"),
-                    format!("`{at}.type`: tool type `{other}` is not supported (only \"function\")"),
-                ));
-            }
-        }
-        let f = o.get("function").ok_or_else(|| {
-            ApiError::field(format!("{at}.function"), format!("`{at}.function` is required"))
-        })?;
-        let tool = function_tool(f, &format!("{at}.function"))?;
+        let tool = one(obj(t, &at)?, &at)?;
         if out.iter().any(|t| t.name == tool.name) {
             return Err(ApiError::field(
-                format!("{at}.function.name"),
+                format!("{at}.{name_path}"),
                 format!("duplicate function name `{}`", tool.name),
             ));
         }
         out.push(tool);
     }
     Ok(out)
+}
+
+/// A tool entry's `type` must be `function`.
+pub fn function_type(o: &Map<String, Value>, at: &str) -> Result<(), ApiError> {
+    match o.get("type").and_then(Value::as_str) {
+        Some("function") => Ok(()),
+        None => Err(ApiError::field(
+            format!("{at}.type"),
+            "Missing required parameter: 'tools.type'",
+        )),
+        Some(other) => {
+            let other: String = other.chars().take(64).collect();
+            Err(ApiError::unsupported(
+                format!("{at}.type"),
+                format!("`{at}.type`: tool type `{other}` is not supported (only \"function\")"),
+            ))
+        }
+    }
 }
 
 /// One function declaration `{name, description?, parameters?, strict?}` (also the flat shape
