@@ -206,13 +206,17 @@ impl TokenConstraint for GrammarConstraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| Error::Constraint(e.to_string()))?;
-        let mut allowed = 0usize;
-        for (id, x) in logits.iter_mut().enumerate() {
-            if mask.is_allowed(id as u32) {
-                allowed += 1;
-            } else {
-                *x = f32::NEG_INFINITY;
+        // The mask covers the model's vocabulary (the trie was built for it); any row entry past
+        // it is forbidden too.
+        let n = logits.len();
+        let allowed = mask.num_set();
+        mask.iter_unset_entries(|id| {
+            if id < n {
+                logits[id] = f32::NEG_INFINITY;
             }
+        });
+        if mask.len() < n {
+            logits[mask.len()..].fill(f32::NEG_INFINITY);
         }
         if allowed == 0 {
             return Err(Error::Constraint("the grammar allows no next token".into()));
