@@ -58,7 +58,6 @@ struct Report {
     decode_ms_per_token: f64,
 }
 
-
 /// The rank strings: the 256 bytes, then unique pieces until `ranks` are made.
 fn pieces(ranks: usize) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
