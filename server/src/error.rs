@@ -199,6 +199,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The `param` an error's body names (tests of the request validators).
+#[cfg(test)]
+pub(crate) fn param_of(e: ApiError) -> String {
+    e.body()["error"]["param"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

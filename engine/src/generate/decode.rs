@@ -10,7 +10,7 @@
 //! its own sequence in position order and [`Decoder::accept`] advances it only by tokens that are
 //! emitted, so verification of drafted rows reproduces plain decoding exactly.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,8 +123,8 @@ pub struct Decoder {
     constraint: Option<Box<dyn TokenConstraint>>,
     /// Occurrences of each generated token.
     generated: HashMap<u32, u32>,
-    /// Tokens of the prompt (for the repetition penalty).
-    prompt_seen: HashMap<u32, ()>,
+    /// Tokens of the prompt and of the output (for the repetition penalty), each once.
+    seen: HashSet<u32>,
     scratch: Vec<f32>,
     mask_nanos: u64,
     masked_rows: u64,
@@ -137,17 +137,17 @@ impl Decoder {
             Some(f) => Some(f.start()?),
             None => None,
         };
-        let prompt_seen = if opts.repetition_active() {
-            prompt.iter().map(|&t| (t, ())).collect()
+        let seen = if opts.repetition_active() {
+            prompt.iter().copied().collect()
         } else {
-            HashMap::new()
+            HashSet::new()
         };
         Ok(Decoder {
             sampling,
             opts,
             constraint,
             generated: HashMap::new(),
-            prompt_seen,
+            seen,
             scratch: Vec::new(),
             mask_nanos: 0,
             masked_rows: 0,
@@ -240,11 +240,7 @@ impl Decoder {
         }
         if self.opts.repetition_active() {
             let r = self.opts.repetition_penalty;
-            let seen = self.prompt_seen.keys().chain(self.generated.keys());
-            let mut ids: Vec<u32> = seen.copied().collect();
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
+            for &id in &self.seen {
                 if let Some(x) = row.get_mut(id as usize) {
                     *x = if *x > 0.0 { *x / r } else { *x * r };
                 }
@@ -257,11 +253,11 @@ impl Decoder {
         if let Some(c) = self.constraint.as_mut() {
             c.accept(token)?;
         }
-        if self.opts.presence_penalty != 0.0
-            || self.opts.frequency_penalty != 0.0
-            || self.opts.repetition_active()
-        {
+        if self.opts.presence_penalty != 0.0 || self.opts.frequency_penalty != 0.0 {
             *self.generated.entry(token).or_insert(0) += 1;
+        }
+        if self.opts.repetition_active() {
+            self.seen.insert(token);
         }
         Ok(())
     }

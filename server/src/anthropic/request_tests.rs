@@ -15,12 +15,7 @@ fn messages(extra: Value) -> Result<ChatRequest, ApiError> {
     parse(&body, &LIMITS, false)
 }
 
-fn param(e: ApiError) -> String {
-    e.body()["error"]["param"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
+use crate::error::param_of as param;
 
 #[test]
 fn a_full_request_becomes_a_typed_chat_request() {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::error::AnthropicError;
 use super::response::{call_as_text, call_input, stop_reason};
-use crate::openai::chat::ToolCall;
+use crate::openai::chat::{ToolCall, fold_call};
 
 /// One SSE event: its `event:` name and `data:` object.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,21 +125,7 @@ impl MessageStream {
 
     /// A tool-call fragment (`index`: the call's; `id` and `name` on its first fragment).
     pub fn call(&mut self, index: usize, id: Option<&str>, name: Option<&str>, arguments: &str) {
-        if index >= self.calls.len() {
-            self.calls.resize_with(index + 1, || ToolCall {
-                id: String::new(),
-                name: String::new(),
-                arguments: String::new(),
-            });
-        }
-        let call = &mut self.calls[index];
-        if let Some(id) = id {
-            call.id = id.to_string();
-        }
-        if let Some(name) = name {
-            call.name = name.to_string();
-        }
-        call.arguments.push_str(arguments);
+        fold_call(&mut self.calls, index, id, name, arguments);
     }
 
     /// The end: held calls as text or `tool_use` blocks, `message_delta`, `message_stop`.

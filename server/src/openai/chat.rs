@@ -84,23 +84,41 @@ impl Accumulator {
         self.reasoning.push_str(&d.reasoning);
         self.content.push_str(&d.content);
         for t in &d.tool_calls {
-            if t.index >= self.tool_calls.len() {
-                self.tool_calls.resize_with(t.index + 1, || ToolCall {
-                    id: String::new(),
-                    name: String::new(),
-                    arguments: String::new(),
-                });
-            }
-            let call = &mut self.tool_calls[t.index];
-            if let Some(id) = &t.id {
-                call.id = id.clone();
-            }
-            if let Some(name) = &t.name {
-                call.name = name.clone();
-            }
-            call.arguments.push_str(&t.arguments);
+            fold_call(
+                &mut self.tool_calls,
+                t.index,
+                t.id.as_deref(),
+                t.name.as_deref(),
+                &t.arguments,
+            );
         }
     }
+}
+
+/// Fold one streamed call fragment into `calls` (`index`: the call's; `id` and `name` on its
+/// first fragment, then argument pieces).
+pub fn fold_call(
+    calls: &mut Vec<ToolCall>,
+    index: usize,
+    id: Option<&str>,
+    name: Option<&str>,
+    arguments: &str,
+) {
+    if index >= calls.len() {
+        calls.resize_with(index + 1, || ToolCall {
+            id: String::new(),
+            name: String::new(),
+            arguments: String::new(),
+        });
+    }
+    let call = &mut calls[index];
+    if let Some(id) = id {
+        call.id = id.to_string();
+    }
+    if let Some(name) = name {
+        call.name = name.to_string();
+    }
+    call.arguments.push_str(arguments);
 }
 
 impl ChatRun {
@@ -224,23 +242,8 @@ pub fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), Ap
             format!("the chat template cannot render these messages: {e}"),
         )
     })?;
-    let thinking = opens_thinking(loaded.markers.as_ref(), &prompt);
+    let thinking = super::reasoning::opens_thinking(loaded.markers.as_ref(), &prompt);
     Ok((prompt, thinking))
-}
-
-/// Whether `prompt` ends inside an opened thinking channel (`<think>`, or XTML's
-/// `<|open|>think<|sep|>`), so the output starts with reasoning.
-pub fn opens_thinking(markers: Option<&Markers>, prompt: &[u32]) -> bool {
-    match markers {
-        Some(Markers::Think(t)) => prompt.last() == Some(&t.open),
-        Some(Markers::Xtml(x)) => {
-            let mut tail = vec![x.open];
-            tail.extend(&x.think);
-            tail.push(x.sep);
-            prompt.ends_with(&tail)
-        }
-        None => false,
-    }
 }
 
 /// Decode options of a chat request: bias, penalties, log-probabilities and the grammar.

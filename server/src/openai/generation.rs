@@ -65,20 +65,8 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Submit `req`; a full queue or an invalid request fails here (before any response).
-    pub fn submit(
-        app: &AppState,
-        loaded: &Loaded,
-        endpoint: Endpoint,
-        req: GenRequest,
-        parser: OutputParser,
-        started: Instant,
-    ) -> Result<Generation, ApiError> {
-        let mut all = Self::submit_choices(app, loaded, endpoint, req, vec![parser], started)?;
-        Ok(all.remove(0))
-    }
-
-    /// Submit `req` for one choice per parser (`n` choices sharing one prefill).
+    /// Submit `req` for one choice per parser (`n` choices sharing one prefill); a full queue
+    /// or an invalid request fails here (before any response).
     pub fn submit_choices(
         app: &AppState,
         loaded: &Loaded,

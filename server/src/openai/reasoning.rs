@@ -72,21 +72,26 @@ pub struct ReasoningSplit {
     tag: Option<(bool, Vec<u32>)>,
 }
 
+/// Whether `prompt` ends inside an opened thinking element (`<think>`, or XTML's
+/// `<|open|>think<|sep|>`), so the output starts with reasoning.
+pub fn opens_thinking(markers: Option<&Markers>, prompt: &[u32]) -> bool {
+    match markers {
+        Some(Markers::Think(m)) => prompt.last() == Some(&m.open),
+        Some(Markers::Xtml(x)) => {
+            let mut opened = vec![x.open];
+            opened.extend(&x.think);
+            opened.push(x.sep);
+            prompt.ends_with(&opened)
+        }
+        None => false,
+    }
+}
+
 impl ReasoningSplit {
     /// A splitter; `markers: None` sends all text to `Content`. `prompt` is the rendered
     /// prompt: one ending in an opened thinking element starts inside the thinking.
     pub fn new(markers: Option<Markers>, prompt: &[u32]) -> Self {
-        let thinking = match &markers {
-            Some(Markers::Think(m)) => prompt.last() == Some(&m.open),
-            Some(Markers::Xtml(x)) => {
-                let mut opened = vec![x.open];
-                opened.extend(&x.think);
-                opened.push(x.sep);
-                prompt.ends_with(&opened)
-            }
-            None => false,
-        };
-        let channel = if thinking {
+        let channel = if opens_thinking(markers.as_ref(), prompt) {
             Channel::Reasoning
         } else {
             Channel::Content

@@ -205,12 +205,7 @@ fn reasoning_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 mod tests {
     use super::*;
 
-    fn param(e: ApiError) -> String {
-        e.body()["error"]["param"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
+    use crate::error::param_of as param;
 
     #[test]
     fn a_string_is_one_user_message() {

@@ -15,12 +15,7 @@ fn chat(extra: Value) -> Result<ChatRequest, ApiError> {
     parse_chat(&body, &LIMITS)
 }
 
-fn param(e: ApiError) -> String {
-    e.body()["error"]["param"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
+use crate::error::param_of as param;
 
 #[test]
 fn a_full_chat_request_becomes_typed() {
