@@ -162,13 +162,17 @@ impl Worker {
     }
 
     fn drop_cancelled(&mut self) {
-        let before = self.waiting.len() + self.running.len();
-        self.waiting.retain(|j| !j.sink.is_closed());
-        self.running.retain(|s| !s.job.sink.is_closed());
-        add(
-            &self.stats.cancelled,
-            before - self.waiting.len() - self.running.len(),
-        );
+        // Counted before they are dropped: dropping a request frees its in-flight slot, and a
+        // reader that sees the slot free must also see the cancellation.
+        let (closed_jobs, waiting): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|j| j.sink.is_closed());
+        let (closed_seqs, running): (Vec<Seq>, Vec<Seq>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| s.job.sink.is_closed());
+        (self.waiting, self.running) = (waiting, running);
+        add(&self.stats.cancelled, closed_jobs.len() + closed_seqs.len());
+        drop((closed_jobs, closed_seqs));
         self.stats
             .running
             .store(self.running.len() as u64, Ordering::Relaxed);
