@@ -39,6 +39,9 @@ enum BenchWhat {
     /// rate, read bandwidth, compute vs I/O wait, ratio to the I/O bound.
     #[command(alias = "model")]
     Run(crate::bench_model::BenchRunArgs),
+    /// Prefill tokens/s at 1k, 4k and 16k prompt tokens (in memory or under a budget), beside
+    /// the prefill I/O bound.
+    Prefill(crate::bench_prefill::BenchPrefillArgs),
     /// Read bandwidth of the model's own expert reads: O_DIRECT, buffered and mmap.
     Disk(crate::bench_disk::BenchDiskArgs),
     /// Speculative decoding per proposer at controlled acceptance rates: tokens/s against
@@ -53,6 +56,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
         BenchWhat::Run(a) => crate::bench_model::run(a),
+        BenchWhat::Prefill(a) => crate::bench_prefill::run(a, cache_dir),
         BenchWhat::Disk(a) => crate::bench_disk::run(a),
         BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),
         BenchWhat::Grammar(a) => crate::bench_grammar::run(a, cache_dir),

@@ -8,6 +8,7 @@ mod bench;
 mod bench_disk;
 mod bench_grammar;
 mod bench_model;
+mod bench_prefill;
 mod bench_serve;
 mod bench_spec;
 mod doctor;

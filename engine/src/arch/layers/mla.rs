@@ -8,10 +8,13 @@
 //! Variants: NoPE attention (Kimi-Linear, K3: `rotary: None`, the shared key channels are used
 //! unrotated) and K3's gated MLA (`out_gate`: `attn ← attn ⊙ σ(W_g x)` before `o_proj`).
 
+use rayon::prelude::*;
+
+use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
 use super::rope::Rope;
 use crate::generate::MlaCache;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
-use crate::kernels::reference::{decode_row, dot};
+use crate::kernels::reference::decode_row;
 use crate::kernels::{Matrix, matmul};
 
 /// The query projection.
@@ -180,14 +183,15 @@ impl Mla {
             );
             self.append(cache, row);
         }
-        let mut attn = vec![0.0f32; n * d.heads * d.v];
-        let wkv = self.decoded_kv_b();
-        for i in 0..n {
-            let cache = &*rows.caches[rows.seq[i]];
-            let len = rows.pos[i] + 1;
-            let sources = [(&cache.latent[..len * d.kv_lora], &cache.k_rope[..len * d.rope])];
-            self.attend_row(&q, i, &sources, &wkv, &mut attn);
-        }
+        let shape = self.latent_shape();
+        let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
+        let keys: Vec<LatentKeys<'_>> = (0..n)
+            .map(|i| {
+                let c = caches[rows.seq[i]];
+                LatentKeys::one(&c.latent, &c.k_rope, shape)
+            })
+            .collect();
+        let attn = self.attend_rows(&q, n, &|i| (keys[i], rows.pos[i] + 1));
         self.output(x, n, attn)
     }
 
@@ -195,41 +199,82 @@ impl Mla {
     /// `base..base + n` that attend to every position of `cache` and to all `n` rows (no causal
     /// mask inside the block, as a block draft head needs); nothing is cached.
     pub fn forward_block(&self, x: &[f32], n: usize, cache: &MlaCache, base: usize) -> Vec<f32> {
-        let d = &self.dims;
         let (ckv, q) = self.project(x, n, &|i| base + i);
         let mut block = MlaCache::default();
         self.append(&mut block, &ckv);
-        let sources = [
-            (&cache.latent[..], &cache.k_rope[..]),
-            (&block.latent[..], &block.k_rope[..]),
-        ];
-        let mut attn = vec![0.0f32; n * d.heads * d.v];
-        let wkv = self.decoded_kv_b();
-        for i in 0..n {
-            self.attend_row(&q, i, &sources, &wkv, &mut attn);
-        }
+        let shape = self.latent_shape();
+        let keys = LatentKeys::two(
+            (&cache.latent, &cache.k_rope),
+            (&block.latent, &block.k_rope),
+            shape,
+        );
+        let len = keys.len(shape);
+        let attn = self.attend_rows(&q, n, &|_| (keys, len));
         self.output(x, n, attn)
     }
 
-    /// Every head of query row `i` over the positions of `sources` (in order), written to
-    /// `attn[i]`.
-    fn attend_row(&self, q: &[f32], i: usize, sources: &[(&[f32], &[f32])], wkv: &[f32], attn: &mut [f32]) {
+    fn latent_shape(&self) -> LatentShape {
         let d = &self.dims;
-        let qk = d.nope + d.rope;
-        let mut q_abs = vec![0.0f32; d.kv_lora];
-        let mut ctx = vec![0.0f32; d.kv_lora];
-        let mut scores = Vec::new();
-        for h in 0..d.heads {
-            let qh = &q[i * d.heads * qk + h * qk..][..qk];
-            let head_rows = &wkv[h * (d.nope + d.v) * d.kv_lora..(h + 1) * (d.nope + d.v) * d.kv_lora];
-            absorb_query(&qh[..d.nope], &head_rows[..d.nope * d.kv_lora], &mut q_abs);
-            attend(sources, &q_abs, &qh[d.nope..], d, &mut scores, &mut ctx);
-            let out = &mut attn[(i * d.heads + h) * d.v..][..d.v];
-            for (e, o) in out.iter_mut().enumerate() {
-                let w = &head_rows[(d.nope + e) * d.kv_lora..(d.nope + e + 1) * d.kv_lora];
-                *o = dot(w, &ctx);
-            }
+        LatentShape {
+            heads: d.heads,
+            latent: d.kv_lora,
+            rope: d.rope,
+            scale: d.scale,
         }
+    }
+
+    /// Attention values `[n, heads * v]` of the rotated queries `q` `[n, heads * (nope + rope)]`;
+    /// row `i` attends to the first `len` positions of `keys` where `(keys, len) = at(i)`.
+    /// Absorption and the value projection run row-parallel; the softmax core is
+    /// [`latent_attention::attend`].
+    fn attend_rows<'k>(
+        &self,
+        q: &[f32],
+        n: usize,
+        at: &(dyn Fn(usize) -> (LatentKeys<'k>, usize) + Sync),
+    ) -> Vec<f32> {
+        let d = &self.dims;
+        let (qk, c) = (d.nope + d.rope, d.kv_lora);
+        let wkv = self.decoded_kv_b();
+        let head_rows = |h: usize| &wkv[h * (d.nope + d.v) * c..(h + 1) * (d.nope + d.v) * c];
+        let mut q_abs = vec![0.0f32; n * d.heads * c];
+        let mut q_rope = vec![0.0f32; n * d.heads * d.rope];
+        q_abs
+            .par_chunks_mut(d.heads * c)
+            .zip(q_rope.par_chunks_mut(d.heads * d.rope))
+            .enumerate()
+            .for_each(|(i, (qa, qr))| {
+                for h in 0..d.heads {
+                    let qh = &q[i * d.heads * qk + h * qk..][..qk];
+                    absorb_query(&qh[..d.nope], &head_rows(h)[..d.nope * c], &mut qa[h * c..][..c]);
+                    qr[h * d.rope..][..d.rope].copy_from_slice(&qh[d.nope..]);
+                }
+            });
+        let queries: Vec<LatentQuery<'_>> = (0..n)
+            .map(|i| {
+                let (keys, len) = at(i);
+                LatentQuery {
+                    q_abs: &q_abs[i * d.heads * c..][..d.heads * c],
+                    q_rope: &q_rope[i * d.heads * d.rope..][..d.heads * d.rope],
+                    keys,
+                    len,
+                }
+            })
+            .collect();
+        let mut ctx = vec![0.0f32; n * d.heads * c];
+        latent_attention::attend(&queries, self.latent_shape(), &mut ctx);
+        let mut attn = vec![0.0f32; n * d.heads * d.v];
+        attn.par_chunks_mut(d.heads * d.v)
+            .zip(ctx.par_chunks(d.heads * c))
+            .for_each(|(out, ctx)| {
+                for h in 0..d.heads {
+                    let rows = head_rows(h);
+                    for (e, o) in out[h * d.v..][..d.v].iter_mut().enumerate() {
+                        *o = dot16(&rows[(d.nope + e) * c..][..c], &ctx[h * c..][..c]);
+                    }
+                }
+            });
+        attn
     }
 
     /// Output gate (K3) and `o_proj`.
@@ -264,43 +309,4 @@ fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
             *a += qv * w;
         }
     }
-}
-
-/// Softmax attention of one head over the positions of `sources` (latent rows and shared-key
-/// rows, consecutive positions in order), producing the latent context.
-fn attend(
-    sources: &[(&[f32], &[f32])],
-    q_abs: &[f32],
-    q_rope: &[f32],
-    d: &MlaDims,
-    scores: &mut Vec<f32>,
-    ctx: &mut [f32],
-) {
-    scores.clear();
-    for (latents, k_ropes) in sources {
-        for j in 0..latents.len() / d.kv_lora {
-            let latent = &latents[j * d.kv_lora..(j + 1) * d.kv_lora];
-            let k_rope = &k_ropes[j * d.rope..(j + 1) * d.rope];
-            let s = seq_dot(q_abs, latent) + seq_dot(q_rope, k_rope);
-            scores.push(s * d.scale);
-        }
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    ctx.iter_mut().for_each(|v| *v = 0.0);
-    let latents = sources.iter().flat_map(|(l, _)| l.chunks_exact(d.kv_lora));
-    for (s, latent) in scores.iter().zip(latents) {
-        let p = s / sum;
-        for (c, &l) in ctx.iter_mut().zip(latent) {
-            *c += p * l;
-        }
-    }
-}
-
-fn seq_dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

@@ -3,6 +3,7 @@
 
 pub mod attn_res;
 pub mod kda;
+pub mod latent_attention;
 pub mod mla;
 pub mod mlp;
 pub mod moe;

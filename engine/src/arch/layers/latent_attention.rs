@@ -1,0 +1,436 @@
+//! The attention core of absorbed MLA: softmax over latent keys, for many query rows at once,
+//! on every core, with SIMD dot products, tiled over keys.
+//!
+//! Each query row carries, per head, its absorbed query `q_abs = W_UKᵀ q_nope` (`kv_lora`
+//! values) and its rotated query part (`rope` values); the keys are the cache's normalised
+//! latents and shared rotated keys (one per position, shared by every head: MLA is multi-query
+//! in the latent space, so one read of a key serves all heads). The result is each head's latent
+//! context `Σ_j softmax(s)_j · c_j`.
+//!
+//! ## A fixed reduction order
+//! Positions are cut into blocks of [`BLOCK`] at fixed offsets from position 0, and blocks into
+//! tiles of [`TILE`]. Inside a block the softmax runs online tile by tile; a block yields a
+//! partial `(max, sum, Σ p·c)` per head; a row's blocks are merged in ascending order by one fold
+//! ([`Partial::merge`]). The work is split over threads by rows (many rows: prefill) or by
+//! `(row, block)` (few rows over a long cache: decode), but every row is always computed by
+//! exactly this sequence of floating-point operations, so its result does not depend on the
+//! thread count, on which rows share the pass, or on how its prompt was chunked (a row at
+//! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use the
+//! canonical 16-lane order of [`crate::kernels::reference::dot`]; no fused multiply-add, so the
+//! AVX2 instantiation and the portable one give the same bits.
+//!
+//! [`attend_reference`] is the scalar twin (exact two-pass softmax per head) for parity tests.
+
+use rayon::prelude::*;
+
+use crate::kernels::reference::reduce_lanes;
+
+/// Positions per block (the unit of the cross-block merge and of decode parallelism).
+pub const BLOCK: usize = 1024;
+/// Positions per tile (scores of one tile are held for all heads at once).
+pub const TILE: usize = 64;
+const LANES: usize = 16;
+
+/// Per-head widths and the softmax scale.
+#[derive(Debug, Clone, Copy)]
+pub struct LatentShape {
+    pub heads: usize,
+    /// Latent width (`kv_lora_rank`).
+    pub latent: usize,
+    /// Shared rotated key width (`qk_rope_head_dim`).
+    pub rope: usize,
+    pub scale: f32,
+}
+
+/// The keys one row attends to: up to two runs of consecutive positions (a sequence's cache,
+/// and for block drafting the block's own rows after it), `latent` and `rope` values per position.
+#[derive(Debug, Clone, Copy)]
+pub struct LatentKeys<'a> {
+    parts: [(&'a [f32], &'a [f32]); 2],
+    /// Positions in the first part.
+    first: usize,
+}
+
+impl<'a> LatentKeys<'a> {
+    /// One run of positions.
+    pub fn one(latent: &'a [f32], rope: &'a [f32], shape: LatentShape) -> Self {
+        Self::two((latent, rope), (&[], &[]), shape)
+    }
+
+    /// Two runs: the positions of `a` come first.
+    pub fn two(a: (&'a [f32], &'a [f32]), b: (&'a [f32], &'a [f32]), shape: LatentShape) -> Self {
+        LatentKeys {
+            parts: [a, b],
+            first: a.0.len() / shape.latent.max(1),
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self, shape: LatentShape) -> usize {
+        self.first + self.parts[1].0.len() / shape.latent.max(1)
+    }
+
+    #[inline(always)]
+    fn key(&self, j: usize, s: LatentShape) -> (&'a [f32], &'a [f32]) {
+        let (part, j) = if j < self.first {
+            (self.parts[0], j)
+        } else {
+            (self.parts[1], j - self.first)
+        };
+        (
+            &part.0[j * s.latent..][..s.latent],
+            &part.1[j * s.rope..][..s.rope],
+        )
+    }
+}
+
+/// One query row: absorbed queries `[heads, latent]`, rotated query parts `[heads, rope]`, and
+/// the first `len` positions of `keys` it attends to.
+#[derive(Debug, Clone, Copy)]
+pub struct LatentQuery<'a> {
+    pub q_abs: &'a [f32],
+    pub q_rope: &'a [f32],
+    pub keys: LatentKeys<'a>,
+    pub len: usize,
+}
+
+/// Softmax state of every head over a run of positions: running max, sum of `exp(s - max)`,
+/// and `Σ exp(s - max) · c`.
+#[derive(Debug, Clone)]
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl Partial {
+    fn empty(s: LatentShape) -> Self {
+        Partial {
+            max: vec![f32::NEG_INFINITY; s.heads],
+            sum: vec![0.0; s.heads],
+            acc: vec![0.0; s.heads * s.latent],
+        }
+    }
+
+    /// Fold the next run's partial into this one (the only cross-block combination).
+    fn merge(&mut self, next: &Partial, s: LatentShape) {
+        for h in 0..s.heads {
+            let m = self.max[h].max(next.max[h]);
+            let (a, b) = ((self.max[h] - m).exp(), (next.max[h] - m).exp());
+            self.max[h] = m;
+            self.sum[h] = self.sum[h] * a + next.sum[h] * b;
+            let acc = &mut self.acc[h * s.latent..][..s.latent];
+            for (x, &y) in acc.iter_mut().zip(&next.acc[h * s.latent..][..s.latent]) {
+                *x = *x * a + y * b;
+            }
+        }
+    }
+
+    /// Each head's normalised context into `out` `[heads, latent]`.
+    fn finish(&self, s: LatentShape, out: &mut [f32]) {
+        for h in 0..s.heads {
+            let inv = 1.0 / self.sum[h];
+            let acc = &self.acc[h * s.latent..][..s.latent];
+            out[h * s.latent..][..s.latent]
+                .iter_mut()
+                .zip(acc)
+                .for_each(|(o, &a)| *o = a * inv);
+        }
+    }
+}
+
+/// The canonical 16-lane dot product (equal to `reference::dot` up to the sign of a zero).
+#[inline(always)]
+pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let whole = a.len() / LANES * LANES;
+    for (x, y) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
+        acc[l] += x * y;
+    }
+    reduce_lanes(&mut acc)
+}
+
+/// The partial of block `block` of row `q` (positions `block * BLOCK ..` up to `q.len`).
+#[inline(always)]
+fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
+    let mut part = Partial::empty(s);
+    let start = block * BLOCK;
+    let end = (start + BLOCK).min(q.len);
+    let mut scores = vec![0.0f32; s.heads * TILE];
+    let mut t0 = start;
+    while t0 < end {
+        let t1 = (t0 + TILE).min(end);
+        let width = t1 - t0;
+        for j in t0..t1 {
+            let (latent, rope) = q.keys.key(j, s);
+            for h in 0..s.heads {
+                let qa = &q.q_abs[h * s.latent..][..s.latent];
+                let qr = &q.q_rope[h * s.rope..][..s.rope];
+                scores[h * TILE + (j - t0)] = (dot16(qa, latent) + dot16(qr, rope)) * s.scale;
+            }
+        }
+        for h in 0..s.heads {
+            let tile_max = scores[h * TILE..][..width]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            let m = part.max[h].max(tile_max);
+            let a = (part.max[h] - m).exp();
+            part.max[h] = m;
+            part.sum[h] *= a;
+            part.acc[h * s.latent..][..s.latent]
+                .iter_mut()
+                .for_each(|x| *x *= a);
+        }
+        for j in t0..t1 {
+            let (latent, _) = q.keys.key(j, s);
+            for h in 0..s.heads {
+                let p = (scores[h * TILE + (j - t0)] - part.max[h]).exp();
+                part.sum[h] += p;
+                let acc = &mut part.acc[h * s.latent..][..s.latent];
+                acc.iter_mut().zip(latent).for_each(|(x, &c)| *x += p * c);
+            }
+        }
+        t0 = t1;
+    }
+    part
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn block_partial_avx2(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
+    block_partial_impl(q, block, s)
+}
+
+fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, avx2: bool) -> Partial {
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` is only set when the CPU reports AVX2 (see `use_avx2`).
+        #[allow(unsafe_code)]
+        return unsafe { block_partial_avx2(q, block, s) };
+    }
+    let _ = avx2;
+    block_partial_impl(q, block, s)
+}
+
+fn use_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One row, its blocks in order (the row-parallel path).
+fn attend_row(q: &LatentQuery<'_>, s: LatentShape, avx2: bool, out: &mut [f32]) {
+    let mut total = block_partial(q, 0, s, avx2);
+    for b in 1..q.len.div_ceil(BLOCK) {
+        total.merge(&block_partial(q, b, s, avx2), s);
+    }
+    total.finish(s, out);
+}
+
+/// Each row's per-head latent context into `out` `[rows, heads, latent]`.
+///
+/// # Panics
+/// If a row attends to no position or to more than its keys hold, or `out` has the wrong size.
+pub fn attend(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
+    let width = s.heads * s.latent;
+    assert_eq!(
+        out.len(),
+        queries.len() * width,
+        "out must hold rows × heads × latent"
+    );
+    for q in queries {
+        assert!(
+            q.len >= 1 && q.len <= q.keys.len(s),
+            "a row attends to 1..=keys positions"
+        );
+    }
+    let avx2 = use_avx2();
+    let threads = rayon::current_num_threads();
+    if queries.len() >= threads || queries.iter().all(|q| q.len <= BLOCK) {
+        out.par_chunks_mut(width)
+            .zip(queries.par_iter())
+            .for_each(|(o, q)| attend_row(q, s, avx2, o));
+        return;
+    }
+    // Few rows over long caches: every (row, block) is a task; blocks merge in order.
+    let tasks: Vec<(usize, usize)> = queries
+        .iter()
+        .enumerate()
+        .flat_map(|(i, q)| (0..q.len.div_ceil(BLOCK)).map(move |b| (i, b)))
+        .collect();
+    let partials: Vec<Partial> = tasks
+        .par_iter()
+        .map(|&(i, b)| block_partial(&queries[i], b, s, avx2))
+        .collect();
+    let mut next = partials.into_iter();
+    for (q, o) in queries.iter().zip(out.chunks_mut(width)) {
+        let mut total = next.next().expect("one partial per block");
+        for _ in 1..q.len.div_ceil(BLOCK) {
+            total.merge(&next.next().expect("one partial per block"), s);
+        }
+        total.finish(s, o);
+    }
+}
+
+/// The scalar twin: per head, an exact two-pass softmax over all positions in order.
+pub fn attend_reference(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
+    let width = s.heads * s.latent;
+    for (q, o) in queries.iter().zip(out.chunks_mut(width)) {
+        for h in 0..s.heads {
+            let qa = &q.q_abs[h * s.latent..][..s.latent];
+            let qr = &q.q_rope[h * s.rope..][..s.rope];
+            let scores: Vec<f32> = (0..q.len)
+                .map(|j| {
+                    let (latent, rope) = q.keys.key(j, s);
+                    let d = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+                    (d(qa, latent) + d(qr, rope)) * s.scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = scores.iter().map(|x| (x - max).exp()).collect();
+            let sum: f32 = exps.iter().sum();
+            let oh = &mut o[h * s.latent..][..s.latent];
+            oh.iter_mut().for_each(|x| *x = 0.0);
+            for (j, &e) in exps.iter().enumerate() {
+                let (latent, _) = q.keys.key(j, s);
+                oh.iter_mut().zip(latent).for_each(|(x, &c)| *x += e / sum * c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> LatentShape {
+        LatentShape {
+            heads: 3,
+            latent: 20,
+            rope: 5,
+            scale: 0.3,
+        }
+    }
+
+    /// Deterministic values in [-2, 2) (xorshift).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 22) as f32 - 2.0
+            })
+            .collect()
+    }
+
+    struct Case {
+        latent: Vec<f32>,
+        rope: Vec<f32>,
+        q_abs: Vec<f32>,
+        q_rope: Vec<f32>,
+    }
+
+    fn case(positions: usize, rows: usize) -> Case {
+        let s = shape();
+        Case {
+            latent: values(positions * s.latent, 1),
+            rope: values(positions * s.rope, 2),
+            q_abs: values(rows * s.heads * s.latent, 3),
+            q_rope: values(rows * s.heads * s.rope, 4),
+        }
+    }
+
+    fn queries<'a>(c: &'a Case, lens: &[usize]) -> Vec<LatentQuery<'a>> {
+        let s = shape();
+        let keys = LatentKeys::one(&c.latent, &c.rope, s);
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| LatentQuery {
+                q_abs: &c.q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
+                q_rope: &c.q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
+                keys,
+                len,
+            })
+            .collect()
+    }
+
+    fn run(qs: &[LatentQuery<'_>], threads: usize) -> Vec<f32> {
+        let s = shape();
+        let mut out = vec![0.0; qs.len() * s.heads * s.latent];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| attend(qs, s, &mut out));
+        out
+    }
+
+    #[test]
+    fn tiled_attention_matches_the_two_pass_reference() {
+        let lens = [1, 63, 64, 65, 1023, 1025, 2500];
+        let c = case(2500, lens.len());
+        let qs = queries(&c, &lens);
+        let got = run(&qs, 2);
+        let mut want = vec![0.0; got.len()];
+        attend_reference(&qs, shape(), &mut want);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn results_are_bit_identical_for_any_thread_count_and_company() {
+        let lens = [3000, 2999, 1500, 7];
+        let c = case(3000, lens.len());
+        let qs = queries(&c, &lens);
+        let base = run(&qs, 1);
+        for threads in [2, 3, 8] {
+            assert_eq!(run(&qs, threads), base, "threads = {threads}");
+        }
+        // Alone (one row over a long cache takes the per-block path), each row is the same.
+        let width = shape().heads * shape().latent;
+        for (i, q) in qs.iter().enumerate() {
+            for threads in [1, 4] {
+                assert_eq!(run(&[*q], threads), base[i * width..][..width], "row {i} alone");
+            }
+        }
+    }
+
+    #[test]
+    fn keys_beyond_a_row_do_not_change_it_and_two_runs_equal_one() {
+        let s = shape();
+        let c = case(2100, 1);
+        let q = queries(&c, &[1800])[0];
+        let short_cache = LatentKeys::one(&c.latent[..1800 * s.latent], &c.rope[..1800 * s.rope], s);
+        let split = LatentKeys::two(
+            (&c.latent[..1000 * s.latent], &c.rope[..1000 * s.rope]),
+            (&c.latent[1000 * s.latent..], &c.rope[1000 * s.rope..]),
+            s,
+        );
+        let base = run(&[q], 2);
+        assert_eq!(
+            run(
+                &[LatentQuery {
+                    keys: short_cache,
+                    ..q
+                }],
+                2
+            ),
+            base
+        );
+        assert_eq!(run(&[LatentQuery { keys: split, ..q }], 2), base);
+    }
+}
