@@ -48,6 +48,11 @@ pub struct ServeArgs {
     /// Prompt tokens per pass, shared by the requests being prefilled.
     #[arg(long, default_value_t = 256, env = "DELTAFIN_PREFILL_CHUNK")]
     prefill_chunk: usize,
+    /// Attended positions per pass for prefill rows (a row at position p attends p + 1): bounds
+    /// one step's attention cost, so a long prompt's later chunks get shorter and running streams
+    /// and new short requests wait at most about one bounded step for it.
+    #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_PREFILL_POSITIONS, env = "DELTAFIN_PREFILL_POSITIONS")]
+    prefill_positions: usize,
     /// Conversation states kept for reuse (0 disables reuse).
     #[arg(long, default_value_t = 4, env = "DELTAFIN_STATE_CACHE")]
     state_cache: usize,
@@ -113,6 +118,7 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
         max_batch: args.max_batch,
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk.max(1),
+        prefill_positions: args.prefill_positions.max(1),
         context_limit: args.context_limit,
         state_cache_entries: args.state_cache,
         step_delay: Duration::from_millis(args.step_delay_ms),

@@ -107,6 +107,9 @@ impl EventSink for mpsc::Sender<Event> {
     }
 }
 
+/// Default attended positions per prefill step: 256 rows at a depth of 4,096 positions.
+pub const DEFAULT_PREFILL_POSITIONS: usize = 256 * 4096;
+
 /// Settings of the engine loop.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -114,8 +117,12 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Accepted requests that may wait for a batch slot.
     pub max_queue: usize,
-    /// Prompt tokens per pass, shared by all prefilling sequences.
+    /// Prompt tokens per pass, shared by all prefilling sequences (shortest remaining first).
     pub prefill_chunk: usize,
+    /// Attended positions per pass for prefill rows (`Σ (p + 1)` over rows at positions `p`):
+    /// bounds a step's attention cost, so chunks deep into a long prompt get shorter and a long
+    /// prefill delays the other requests' steps by a bounded time.
+    pub prefill_positions: usize,
     /// Context limit (capped by the model's); `None` = the model's.
     pub context_limit: Option<usize>,
     /// Committed states kept for reuse (0 disables reuse).
@@ -136,6 +143,7 @@ impl Default for SchedulerConfig {
             max_batch: 8,
             max_queue: 32,
             prefill_chunk: 256,
+            prefill_positions: DEFAULT_PREFILL_POSITIONS,
             context_limit: None,
             state_cache_entries: 4,
             state_cache_bytes: 1 << 30,

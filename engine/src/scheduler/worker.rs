@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use super::plan::{Phase, Work, plan_step};
+use super::plan::{Phase, PrefillBudget, Work, plan_step};
 use super::reuse::StateCache;
 use super::{Command, Completion, Event, EventSink, FinishReason, Job, SchedulerConfig, SchedulerStats};
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
@@ -274,7 +274,11 @@ impl Worker {
     /// One batched pass over every running sequence, then verification and sampling.
     fn step(&mut self) {
         let phases: Vec<Phase> = self.running.iter().map(Seq::phase).collect();
-        let works = plan_step(&phases, self.cfg.prefill_chunk);
+        let budget = PrefillBudget {
+            tokens: self.cfg.prefill_chunk,
+            positions: self.cfg.prefill_positions,
+        };
+        let works = plan_step(&phases, budget);
         self.plan_drafts(&phases);
         let mut names: Vec<String> = Vec::new();
         for w in &works {
