@@ -155,6 +155,44 @@ fn reused_state_gives_identical_output_and_skips_prefill() {
     assert_eq!((s.reuse_hits, s.reuse_misses), (2, 1));
 }
 
+#[test]
+fn a_shared_prompt_is_reusable_once_prefilled_while_its_request_still_runs() {
+    let dir = model_dir();
+    let cfg = SchedulerConfig {
+        min_reuse_tokens: 4,
+        step_delay: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let system = prompt(40, 9);
+    let first = request(system.clone(), 200, Sampling::Greedy);
+    let (tx1, rx1) = mpsc::channel();
+    handle.submit(first, Box::new(tx1)).unwrap();
+    // Wait until the first request has produced a token: its prompt is prefilled, it still runs.
+    loop {
+        if let Event::Token(_) = rx1.recv_timeout(Duration::from_secs(60)).expect("event") {
+            break;
+        }
+    }
+    let mut second = system.clone();
+    second.extend(prompt(5, 3));
+    let second = request(second, 6, Sampling::Greedy);
+    let (tx2, rx2) = mpsc::channel();
+    handle.submit(second.clone(), Box::new(tx2)).unwrap();
+    let (tokens, done) = drain(&rx2);
+    assert_eq!(
+        done.unwrap().cached_tokens,
+        system.len(),
+        "the shared prompt was not prefilled again"
+    );
+    assert_eq!(
+        tokens,
+        alone(dir.path(), &second),
+        "reuse never changes the output"
+    );
+    drop(rx1);
+}
+
 /// A sink whose receiver "disconnects" after `limit` tokens.
 struct Flaky {
     tx: mpsc::Sender<Event>,

@@ -411,6 +411,15 @@ impl Worker {
                     }
                     let Some(row) = got.first() else { continue };
                     let position = seq.state.len();
+                    if seq.fed == seq.job.req.prompt.len()
+                        && seq.job.req.reuse_state
+                        && self.cfg.state_cache_entries > 0
+                    {
+                        // The prompt's state is reusable as soon as it is prefilled: a request
+                        // sharing this prompt as a prefix (a second agent with the same system
+                        // prompt and tools) starts from it without waiting for this one to end.
+                        self.cache.insert(seq.job.req.prompt.clone(), seq.state.clone());
+                    }
                     let forks = std::mem::take(&mut seq.job.forks);
                     let picked = pick_and_accept(&mut seq.decoder, row, position);
                     let forked = self.fork(w.seq, forks, row, position);
