@@ -117,14 +117,25 @@ mod tests {
     #[test]
     fn a_short_prompt_goes_first_and_is_not_queued_behind_a_long_one() {
         let phases = [
-            Phase::Prefill { done: 256, total: 16_000 },
+            Phase::Prefill {
+                done: 256,
+                total: 16_000,
+            },
             Phase::Prefill { done: 0, total: 3 },
             Phase::Decode,
         ];
         let w = plan_step(&phases, tokens(256));
         assert_eq!(w.len(), 3);
-        assert_eq!((w[1].seq, w[1].len, w[1].logits), (1, 3, true), "the short prompt completes");
-        assert_eq!((w[0].seq, w[0].start, w[0].len), (0, 256, 253), "the long one gets the rest");
+        assert_eq!(
+            (w[1].seq, w[1].len, w[1].logits),
+            (1, 3, true),
+            "the short prompt completes"
+        );
+        assert_eq!(
+            (w[0].seq, w[0].start, w[0].len),
+            (0, 256, 253),
+            "the long one gets the rest"
+        );
     }
 
     #[test]
@@ -133,15 +144,40 @@ mod tests {
             tokens: 256,
             positions: 256 * 4096,
         };
-        let shallow = plan_step(&[Phase::Prefill { done: 0, total: 20_000 }], budget);
+        let shallow = plan_step(
+            &[Phase::Prefill {
+                done: 0,
+                total: 20_000,
+            }],
+            budget,
+        );
         assert_eq!(shallow[0].len, 256);
-        let deep = plan_step(&[Phase::Prefill { done: 16_000, total: 20_000 }], budget);
+        let deep = plan_step(
+            &[Phase::Prefill {
+                done: 16_000,
+                total: 20_000,
+            }],
+            budget,
+        );
         assert!(deep[0].len < 70 && deep[0].len > 60, "{}", deep[0].len);
         assert!(positions(16_000, deep[0].len) <= budget.positions);
         assert!(positions(16_000, deep[0].len + 1) > budget.positions);
         // Even a budget smaller than one row's cost makes progress.
-        let tiny = PrefillBudget { tokens: 256, positions: 1 };
-        assert_eq!(plan_step(&[Phase::Prefill { done: 9_000, total: 9_001 }], tiny)[0].len, 1);
+        let tiny = PrefillBudget {
+            tokens: 256,
+            positions: 1,
+        };
+        assert_eq!(
+            plan_step(
+                &[Phase::Prefill {
+                    done: 9_000,
+                    total: 9_001
+                }],
+                tiny
+            )[0]
+            .len,
+            1
+        );
     }
 
     #[test]
@@ -168,7 +204,10 @@ mod tests {
             ]
         );
         let w = plan_step(&phases, tokens(2));
-        assert_eq!(w, vec![work(1, 0, 1, true), work(2, 4, 2, true), work(3, 0, 1, true)]);
+        assert_eq!(
+            w,
+            vec![work(1, 0, 1, true), work(2, 4, 2, true), work(3, 0, 1, true)]
+        );
         let w = plan_step(&phases, tokens(12));
         assert_eq!((w[0], w[2]), (work(0, 0, 10, true), work(2, 4, 2, true)));
     }
