@@ -172,6 +172,43 @@ fn chunked_prefill_equals_one_pass() {
     assert_eq!(bits(&one), bits(&last));
 }
 
+/// A long prompt (several 1,024-position attention blocks): chunks of 64, 256 and 4096 tokens
+/// and one pass give bit-identical last-position logits.
+#[test]
+fn long_prompt_logits_do_not_depend_on_the_chunk_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth = DeepseekSynth {
+        max_position: 8192,
+        ..DeepseekSynth::tiny(ExpertFormat::Bf16)
+    };
+    synth.write(dir.path()).unwrap();
+    let m = arch::load(dir.path()).unwrap();
+    let tokens = prompt(5_000, 3);
+    let logits_with = |chunk: usize| {
+        let mut s = m.new_state();
+        let mut out = Vec::new();
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let last = (i + 1) * chunk >= tokens.len();
+            let logits = if last { LogitRows::Last } else { LogitRows::None };
+            out = m
+                .forward(
+                    &mut [SeqInput {
+                        state: &mut s,
+                        tokens: part,
+                        logits,
+                    }],
+                    None,
+                )
+                .unwrap();
+        }
+        bits(&out)
+    };
+    let whole = logits_with(tokens.len());
+    for chunk in [64, 256, 4096] {
+        assert_eq!(logits_with(chunk), whole, "chunk {chunk}");
+    }
+}
+
 #[test]
 fn rollback_restores_the_exact_state() {
     let (_dir, m) = model(ExpertFormat::Int4);

@@ -422,6 +422,32 @@ fn sixteen_k_token_context() {
     );
 }
 
+/// Long prompts: the last position's logits are bit-identical whether the prompt is prefilled in
+/// chunks of 64, 256 or 4096 tokens or in one pass (the tiled attention merges its key blocks in
+/// a fixed order whatever the chunking and the thread count), on K3 and Kimi-Linear.
+#[test]
+fn long_prompt_logits_do_not_depend_on_the_chunk_size() {
+    let len = 5_000; // crosses several attention blocks (1,024 positions) at every chunking
+    for synth in variants() {
+        let (_dir, m) = model_of(&synth);
+        let tokens: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % 500).collect();
+        let logits_with = |chunk: usize| {
+            let mut s = m.new_state();
+            let mut out = Vec::new();
+            for (i, part) in tokens.chunks(chunk).enumerate() {
+                let last = (i + 1) * chunk >= tokens.len();
+                let rows = if last { LogitRows::Last } else { LogitRows::None };
+                out = run(m.as_ref(), &mut s, part, rows);
+            }
+            bits(&out)
+        };
+        let whole = logits_with(len);
+        for chunk in [64, 256, 4096] {
+            assert_eq!(logits_with(chunk), whole, "chunk {chunk}");
+        }
+    }
+}
+
 // ---- fail-closed configs -------------------------------------------------------------------
 
 fn k3_config() -> Value {

@@ -433,4 +433,16 @@ mod tests {
         );
         assert_eq!(run(&[LatentQuery { keys: split, ..q }], 2), base);
     }
+
+    #[test]
+    fn the_avx2_instantiation_gives_the_portable_bits() {
+        let s = shape();
+        let c = case(2100, 1);
+        let q = queries(&c, &[2100])[0];
+        let width = s.heads * s.latent;
+        let (mut portable, mut simd) = (vec![0.0; width], vec![0.0; width]);
+        attend_row(&q, s, false, &mut portable);
+        attend_row(&q, s, use_avx2(), &mut simd);
+        assert_eq!(portable, simd);
+    }
 }
