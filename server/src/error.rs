@@ -54,6 +54,22 @@ pub enum ApiError {
     /// A failure inside the engine; the detail is logged, not returned.
     #[error("internal error ({0}); see the server log")]
     Internal(&'static str),
+    /// The request head breaks HTTP/1.1 framing, size or timing rules; answered before routing
+    /// (see [`crate::http_guard`]).
+    #[error(transparent)]
+    Http(#[from] crate::http_guard::HeadError),
+    /// The body has a `Content-Encoding` (bodies are read as they are, never decompressed).
+    #[error("request bodies with Content-Encoding `{0}` are not supported: send the JSON body uncompressed")]
+    UnsupportedContentEncoding(String),
+    /// The body ended before its `Content-Length` or its final chunk.
+    #[error("the request body was incomplete: the client aborted it before its declared end")]
+    IncompleteBody,
+    /// The body could not be read for another reason (broken chunk framing, …).
+    #[error("the request body could not be read: {0}")]
+    UnreadableBody(String),
+    /// Two or more instances of a credentials header (`Authorization`, `x-api-key`).
+    #[error("the request has two or more {0} headers: send exactly one")]
+    DuplicateCredentials(&'static str),
 }
 
 impl ApiError {
@@ -108,6 +124,11 @@ impl ApiError {
             ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Loading | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Http(e) => e.status(),
+            ApiError::UnsupportedContentEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::IncompleteBody | ApiError::UnreadableBody(_) | ApiError::DuplicateCredentials(_) => {
+                StatusCode::BAD_REQUEST
+            }
         }
     }
 
@@ -145,6 +166,17 @@ impl ApiError {
             ApiError::Loading => ("server_error", None, Some("model_loading")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
             ApiError::Internal(_) => ("server_error", None, Some("internal_error")),
+            ApiError::Http(e) => ("invalid_request_error", None, Some(e.code())),
+            ApiError::UnsupportedContentEncoding(_) => (
+                "invalid_request_error",
+                None,
+                Some("unsupported_content_encoding"),
+            ),
+            ApiError::IncompleteBody => ("invalid_request_error", None, Some("incomplete_body")),
+            ApiError::UnreadableBody(_) => ("invalid_request_error", None, Some("unreadable_body")),
+            ApiError::DuplicateCredentials(_) => {
+                ("invalid_request_error", None, Some("duplicate_credentials"))
+            }
         }
     }
 

@@ -1,6 +1,8 @@
 //! Probes and the metrics endpoint. `/livez` answers whenever the process can serve HTTP (never
-//! behind the engine); `/readyz` is 503 until the model is loaded and again while draining, and
-//! stays 200 while busy (a full queue answers 429, it does not make the pod unready).
+//! behind the engine, and still 200 while draining); `/readyz` is 503 until the model is loaded
+//! (`"status": "unavailable"`) and again while draining (`"status": "draining"`: the listener
+//! keeps accepting during the drain so that probes see this), and stays 200 while busy (a full
+//! queue answers 429, it does not make the pod unready).
 
 use axum::Json;
 use axum::extract::State;
@@ -8,6 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::error::ApiError;
 use crate::state::AppState;
 
 /// `GET /livez`.
@@ -19,6 +22,11 @@ pub async fn livez() -> Json<serde_json::Value> {
 pub async fn readyz(State(app): State<AppState>) -> Response {
     match app.loaded() {
         Ok(_) => Json(json!({"status": "ready"})).into_response(),
+        Err(e @ ApiError::ShuttingDown) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining", "reason": e.to_string()})),
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "unavailable", "reason": e.to_string()})),

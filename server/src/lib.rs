@@ -6,7 +6,8 @@
 //! ([`deltafin_engine::scheduler`]) over channels; responses are JSON or SSE built by pure
 //! functions ([`openai::types`], [`openai::output`]). [`error::ApiError`] is the one mapping
 //! from failures to HTTP statuses. Health probes and Prometheus metrics live in [`health`] and
-//! [`metrics`]; graceful shutdown in [`shutdown`].
+//! [`metrics`]; the accept loop and graceful shutdown in [`shutdown`], which checks each
+//! connection's first request head ([`http_guard`], [`http_conn`]) before hyper serves it.
 //!
 //! Nothing here reads environment variables: `main` parses flags (each with a `DELTAFIN_*`
 //! variable) into a [`state::ServerConfig`].
@@ -17,6 +18,8 @@ pub mod body;
 pub mod drafts;
 pub mod error;
 pub mod health;
+pub mod http_conn;
+pub mod http_guard;
 pub mod metrics;
 pub mod model;
 pub mod openai;

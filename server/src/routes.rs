@@ -1,15 +1,20 @@
-//! The whole route table, on one screen.
+//! The whole route table, on one screen. While the server drains (after SIGTERM) the probes
+//! and `/metrics` still run (`/readyz` says 503 `draining`), every other new request is a 503
+//! `shutting_down`, and every response carries `Connection: close`; requests that were already
+//! running are not affected (see [`crate::shutdown`]).
 
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
-use axum::http::Uri;
-use axum::middleware::from_fn_with_state;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::CONNECTION;
+use axum::http::{HeaderValue, Uri};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 
 use crate::anthropic::{count_tokens, messages};
-use crate::auth::require_key;
+use crate::auth::{refuse, require_key};
 use crate::error::ApiError;
 use crate::health::{livez, metrics, readyz};
 use crate::openai::handlers::{chat_completions, completions, models};
@@ -35,7 +40,25 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config().max_request_bytes))
+        .layer(from_fn_with_state(state.clone(), while_draining))
         .with_state(state)
+}
+
+/// Middleware: once draining, only the probes and `/metrics` run, and every connection closes
+/// after its response.
+async fn while_draining(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if !matches!(app.loaded(), Err(ApiError::ShuttingDown)) {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let mut response = match path.as_str() {
+        "/livez" | "/readyz" | "/metrics" => next.run(req).await,
+        _ => refuse(&app, &path, ApiError::ShuttingDown),
+    };
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 async fn not_found(uri: Uri) -> ApiError {
