@@ -108,7 +108,7 @@ fn measure(model: &dyn Model, rt: Option<&OocRuntime>, a: &BenchPrefillArgs, len
     let mut rng = Rng::new(a.seed ^ len as u64);
     let prompt: Vec<u32> = (0..len.max(1)).map(|_| (rng.next_u64() % vocab) as u32).collect();
     let mut state = model.new_state();
-    let read0 = rt.map(|r| r.stats().experts.miss_bytes + r.stats().experts.prefetch_read_bytes);
+    let read0 = rt.map(expert_reads);
     let t = Instant::now();
     let chunks = prompt.chunks(a.chunk.max(1));
     let last = chunks.len() - 1;
@@ -128,9 +128,7 @@ fn measure(model: &dyn Model, rt: Option<&OocRuntime>, a: &BenchPrefillArgs, len
         )?;
     }
     let seconds = t.elapsed().as_secs_f64();
-    let read = rt
-        .zip(read0)
-        .map(|(r, r0)| r.stats().experts.miss_bytes + r.stats().experts.prefetch_read_bytes - r0);
+    let read = rt.zip(read0).map(|(r, r0)| expert_reads(r) - r0);
     let io_bound_seconds = read
         .zip(a.disk_gib_s)
         .map(|(b, bw)| b as f64 / (bw * (1u64 << 30) as f64));
@@ -142,6 +140,12 @@ fn measure(model: &dyn Model, rt: Option<&OocRuntime>, a: &BenchPrefillArgs, len
         io_bound_seconds,
         ratio_to_io_bound: io_bound_seconds.filter(|&b| b > 0.0).map(|b| seconds / b),
     })
+}
+
+/// Expert bytes read from storage so far (on demand and by prefetch), from one stats snapshot.
+fn expert_reads(rt: &OocRuntime) -> u64 {
+    let e = rt.stats().experts;
+    e.miss_bytes + e.prefetch_read_bytes
 }
 
 fn print_table(r: &Report) {
