@@ -382,6 +382,54 @@ fn truncate_rewinds_only_what_it_can() {
     assert!(matches!(err, Err(Error::InvalidArgument { field: "state", .. })));
 }
 
+/// A state rewound to a recurrent-state checkpoint continues exactly as a fresh state fed only
+/// that prefix: the KDA layers are restored from the checkpoint, the MLA caches cut. Positions
+/// between checkpoints cannot be rewound to, and the thinning bound holds.
+#[test]
+fn a_checkpointed_state_rewinds_to_any_checkpoint_bit_identically() {
+    for synth in variants() {
+        let (_dir, m) = model_of(&synth);
+        let shared = prompt(300, 4);
+        let mut s = m.new_state();
+        for chunk in shared.chunks(64) {
+            run(m.as_ref(), &mut s, chunk, LogitRows::None);
+            s.checkpoint(3);
+        }
+        // 5 chunk ends (64..300); the newest is kept, the rest thinned to spread out.
+        let marks = s.checkpoint_positions();
+        assert_eq!(marks.len(), 3, "{marks:?}");
+        assert_eq!(*marks.last().unwrap(), 300);
+        assert!(s.checkpoint_bytes() > 0);
+        let mark = marks[1];
+        assert_eq!(s.rewind_point(mark + 10), mark);
+        assert!(!s.can_truncate(mark + 10));
+        let suffix = prompt(9, 8);
+        let mut rewound = s.clone();
+        rewound.truncate(mark).unwrap();
+        assert_eq!(rewound.len(), mark);
+        assert_eq!(rewound.checkpoint_positions(), &marks[..2]);
+        let got = run(m.as_ref(), &mut rewound, &suffix, LogitRows::All);
+        let mut fresh = m.new_state();
+        run(m.as_ref(), &mut fresh, &shared[..mark], LogitRows::None);
+        let want = run(m.as_ref(), &mut fresh, &suffix, LogitRows::All);
+        assert_eq!(bits(&got), bits(&want), "{:?}", synth.variant);
+        // The original state is untouched by its clone's rewind and still continues.
+        let err = s.truncate(mark + 10).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidArgument {
+                    field: "truncate",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        s.truncate(marks[0]).unwrap();
+        assert_eq!(s.len(), marks[0]);
+    }
+}
+
 /// A 16k-token context on a tiny K3-architecture model completes; the MLA cache holds the
 /// compressed latent (kv_lora + rope floats per position and layer). About 30 s under the test
 /// profile (opt-level 1) on one core.

@@ -27,6 +27,12 @@ pub enum ApiError {
         needed: usize,
         limit: usize,
     },
+    /// The prompt's state does not fit in the context memory planned inside `--memory-budget`.
+    #[error("{0}")]
+    OverBudget(String),
+    /// The context memory filled up while the request ran (others hold it); it was stopped.
+    #[error("{0}")]
+    MemoryExhausted(String),
     /// Missing or wrong bearer API key.
     #[error("missing or incorrect API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
@@ -116,7 +122,9 @@ impl ApiError {
             ApiError::InvalidJson(_)
             | ApiError::InvalidField { .. }
             | ApiError::Unsupported { .. }
-            | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
+            | ApiError::ContextLength { .. }
+            | ApiError::OverBudget(_) => StatusCode::BAD_REQUEST,
+            ApiError::MemoryExhausted(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -157,6 +165,12 @@ impl ApiError {
                 Some(param),
                 Some("context_length_exceeded"),
             ),
+            ApiError::OverBudget(_) => (
+                "invalid_request_error",
+                Some("messages"),
+                Some("context_length_exceeded"),
+            ),
+            ApiError::MemoryExhausted(_) => ("server_error", None, Some("context_memory_exhausted")),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model"), Some("model_not_found")),
             ApiError::NotFound(_) => ("invalid_request_error", None, Some("not_found")),
@@ -205,6 +219,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Invalid(deltafin_engine::Error::InvalidArgument { field, reason }) => {
                 ApiError::field(field, format!("`{field}` {reason}"))
             }
+            SubmitError::Invalid(deltafin_engine::Error::Budget(message)) => ApiError::OverBudget(message),
             SubmitError::Invalid(_) => ApiError::Internal("engine"),
         }
     }

@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use deltafin_engine::backend::BackendStats;
-use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource, StatsSnapshot};
+use deltafin_engine::scheduler::{
+    ExpertIoStats, ExpertSource, HistogramSnapshot, PREFILL_ROW_BOUNDS, QUEUE_WAIT_BOUNDS,
+    STEP_SECONDS_BOUNDS, StatsSnapshot,
+};
 use deltafin_engine::spec::{ProposerKind, ProposerStats, SpecSummary};
 
 /// Time to first token (seconds).
@@ -99,16 +102,40 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        header(out, name, help, "histogram");
-        let mut cumulative = 0;
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cumulative += c;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        render_histogram(out, (name, help), self.bounds, &self.counts, self.sum, self.count);
     }
+}
+
+/// One histogram in the exposition format; `counts` are per bucket (not cumulative).
+fn render_histogram(
+    out: &mut String,
+    (name, help): (&str, &str),
+    bounds: &[f64],
+    counts: &[u64],
+    sum: f64,
+    count: u64,
+) {
+    header(out, name, help, "histogram");
+    let mut cumulative = 0;
+    for (b, c) in bounds.iter().zip(counts) {
+        cumulative += c;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {count}");
+}
+
+/// An engine histogram snapshot.
+fn render_engine_histogram(out: &mut String, name_help: (&str, &str), bounds: &[f64], h: &HistogramSnapshot) {
+    render_histogram(
+        out,
+        name_help,
+        bounds,
+        &h.buckets,
+        h.sum_micros as f64 / 1e6,
+        h.count,
+    );
 }
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -379,6 +406,29 @@ impl Metrics {
             "deltafin_state_reuse_total{{result=\"miss\"}} {}",
             s.reuse_misses
         );
+        let histograms = [
+            (
+                "deltafin_queue_wait_seconds",
+                "Time a request waited in the queue before joining the running batch.",
+                &QUEUE_WAIT_BOUNDS,
+                &s.queue_wait,
+            ),
+            (
+                "deltafin_engine_step_seconds",
+                "Duration of each batched model pass (decode rows, drafts and prefill chunks).",
+                &STEP_SECONDS_BOUNDS,
+                &s.step_seconds,
+            ),
+            (
+                "deltafin_prefill_chunk_tokens",
+                "Prompt tokens prefilled per batched pass (passes that prefilled).",
+                &PREFILL_ROW_BOUNDS,
+                &s.prefill_rows,
+            ),
+        ];
+        for (name, help, bounds, h) in histograms {
+            render_engine_histogram(out, (name, help), bounds, h);
+        }
     }
 }
 

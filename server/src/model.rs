@@ -49,7 +49,8 @@ pub fn load(
     let (model, ooc) = match ooc {
         None => (arch::load(dir).map_err(LoadError::Model)?, None),
         Some(o) => {
-            let (m, rt) = arch::load_budgeted(dir, o).map_err(LoadError::Model)?;
+            let o = with_context_memory(dir, o, &mut cfg)?;
+            let (m, rt) = arch::load_budgeted(dir, &o).map_err(LoadError::Model)?;
             (m, Some(Arc::new(rt)))
         }
     };
@@ -84,6 +85,24 @@ pub fn load(
         vocabulary: std::sync::OnceLock::new(),
     };
     Ok((loaded, thread))
+}
+
+/// Plan the context memory inside the budget (`auto` when `context_bytes` is 0) and make the
+/// scheduler keep every sequence state inside it.
+fn with_context_memory(
+    dir: &Path,
+    o: &OocOptions,
+    cfg: &mut SchedulerConfig,
+) -> Result<OocOptions, LoadError> {
+    let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
+    let size = arch::state_size(&spec.arch);
+    let mut o = o.clone();
+    if o.context_bytes == 0 {
+        let limit = cfg.context_limit.unwrap_or(usize::MAX);
+        o.context_bytes = scheduler::auto_context_bytes(size, o.budget, cfg.max_batch, limit).max(1);
+    }
+    cfg.context_memory = Some(o.context_bytes);
+    Ok(o)
 }
 
 /// EOS ids: config.json's, generation_config.json's and the tokenizer's.

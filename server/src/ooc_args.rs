@@ -32,6 +32,12 @@ pub struct OocArgs {
     /// Persistent expert heat histogram (recorded, used to pre-warm the cache).
     #[arg(long, env = "DELTAFIN_HEAT_FILE")]
     pub heat_file: Option<PathBuf>,
+    /// Memory for sequence state inside the budget (every request's attention caches and
+    /// recurrent states, their checkpoints, the reuse cache): a size, or `auto` (the batch at
+    /// up to 32k tokens each, at most a quarter of the budget). A prompt that cannot fit is
+    /// refused; requests wait for room instead of growing past the budget.
+    #[arg(long, default_value = "auto", env = "DELTAFIN_CONTEXT_MEMORY")]
+    pub context_memory: String,
     /// Append every pass's routed-expert selections to FILE as JSON lines (for `deltafin warm`).
     #[arg(long, value_name = "FILE", env = "DELTAFIN_ROUTE_TRACE")]
     pub route_trace: Option<PathBuf>,
@@ -63,6 +69,17 @@ impl OocArgs {
         o.prefetch = !self.no_prefetch;
         o.heat_file = self.heat_file.clone();
         o.route_trace = self.route_trace.clone();
+        // 0 = `auto`, resolved when the model's state size is known (crate::model::load).
+        o.context_bytes = match self.context_memory.as_str() {
+            "auto" => 0,
+            s => {
+                let n = parse_size(s)
+                    .map_err(anyhow::Error::msg)
+                    .context("--context-memory")?;
+                anyhow::ensure!(n > 0, "--context-memory must be a size above 0 or `auto`");
+                n
+            }
+        };
         Ok(Some(o))
     }
 }
@@ -70,10 +87,11 @@ impl OocArgs {
 /// The plan as printed at start.
 pub fn describe_plan(p: &ResidencyPlan) -> String {
     format!(
-        "memory budget {}: fixed {} + reserve {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts)",
+        "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts)",
         human(p.budget),
         human(p.fixed_bytes),
         human(p.reserve_bytes),
+        human(p.context_bytes),
         p.resident_layers,
         human(p.resident_spine_bytes),
         p.streamed_layers.len(),

@@ -53,9 +53,19 @@ pub struct ServeArgs {
     /// and new short requests wait at most about one bounded step for it.
     #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_PREFILL_POSITIONS, env = "DELTAFIN_PREFILL_POSITIONS")]
     prefill_positions: usize,
+    /// Milliseconds a step may add for prefill: the prefill budget above is scaled down by the
+    /// measured cost of recent steps so a long prompt delays running streams and new requests by
+    /// about this much per step (0: always the whole budget).
+    #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_PREFILL_STEP.as_millis() as u64, env = "DELTAFIN_PREFILL_STEP_MS")]
+    prefill_step_ms: u64,
     /// Conversation states kept for reuse (0 disables reuse).
     #[arg(long, default_value_t = 4, env = "DELTAFIN_STATE_CACHE")]
     state_cache: usize,
+    /// Recurrent-state (KDA) checkpoints a prompt keeps at its prefill chunk ends, so K3 and
+    /// Kimi-Linear prompts sharing only a prefix with a cached one reuse it (0: exact
+    /// extensions only).
+    #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_STATE_CHECKPOINTS, env = "DELTAFIN_STATE_CHECKPOINTS")]
+    state_checkpoints: usize,
     /// Model id served by /v1/models (default: the model directory's name).
     #[arg(long, env = "DELTAFIN_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
@@ -119,8 +129,10 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk.max(1),
         prefill_positions: args.prefill_positions.max(1),
+        prefill_step: (args.prefill_step_ms > 0).then(|| Duration::from_millis(args.prefill_step_ms)),
         context_limit: args.context_limit,
         state_cache_entries: args.state_cache,
+        state_checkpoints: args.state_checkpoints,
         step_delay: Duration::from_millis(args.step_delay_ms),
         ..SchedulerConfig::default()
     }
@@ -170,6 +182,9 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
                 let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), &drafts)?;
                 if let Some(rt) = &loaded.ooc {
                     tracing::info!(plan = %crate::ooc_args::describe_plan(&rt.plan), "out-of-core");
+                }
+                if let Some(memory) = loaded.engine.describe_memory(128 * 1024) {
+                    tracing::info!(%memory, "context memory");
                 }
                 metrics.set_model_load_seconds(started.elapsed().as_secs_f64());
                 tracing::info!(model = %loaded.model_id, dir = %dir.display(), seconds = started.elapsed().as_secs_f64(), "model loaded; ready");

@@ -14,7 +14,7 @@ use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::layers::rope::Rope;
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, mla_caches};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, mla_caches};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -40,6 +40,14 @@ struct Layer {
     post_norm: Vec<f32>,
     attn: Mla,
     ffn: Ffn,
+}
+
+/// Sequence-state bytes: every layer caches the normalised latent and the shared key part.
+pub(crate) fn state_size(cfg: &DeepseekV3Config) -> StateSize {
+    StateSize {
+        per_token: (cfg.num_hidden_layers * 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)) as u64,
+        per_sequence: 0,
+    }
 }
 
 /// A loaded DeepSeek-V3-architecture model.
@@ -119,6 +127,7 @@ impl DeepseekV3 {
                 .filter_map(|n| ld.index.info(n).ok())
                 .map(|i| i.len)
                 .sum(),
+            state: state_size(&cfg),
         };
         DeepseekV3 {
             norm,

@@ -20,7 +20,9 @@ use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate}
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig};
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, kda_caches, mla_caches};
+use super::{
+    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, kda_caches, mla_caches,
+};
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
@@ -436,6 +438,17 @@ pub(crate) fn model_info(arch: &'static str, cfg: &KimiLinearConfig, ld: &Loader
             .filter_map(|n| ld.index.info(n).ok())
             .map(|i| i.len)
             .sum(),
+        state: state_size(cfg),
+    }
+}
+
+/// Sequence-state bytes: MLA layers cache the latent and shared key of every position; KDA
+/// layers hold a convolution history and a delta-rule matrix whatever the context.
+pub(crate) fn state_size(cfg: &KimiLinearConfig) -> StateSize {
+    let fresh = new_layer_states(cfg);
+    StateSize {
+        per_token: (fresh.mla_layers() * 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)) as u64,
+        per_sequence: fresh.kda_state_bytes() as u64,
     }
 }
 

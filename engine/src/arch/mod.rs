@@ -39,6 +39,27 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// Bytes of weights the model references (all shards).
     pub weight_bytes: u64,
+    /// Bytes of sequence state (attention caches, recurrent states), from the config.
+    pub state: StateSize,
+}
+
+/// What one sequence's state costs, from the model's hyperparameters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateSize {
+    /// Attention-cache bytes per position (every attention layer: the MLA latent and shared
+    /// key, or per-head keys and values), in fp32.
+    pub per_token: u64,
+    /// Bytes that do not grow with the context (every recurrent layer's convolution history
+    /// and delta-rule state); also the size of one recurrent-state checkpoint.
+    pub per_sequence: u64,
+}
+
+impl StateSize {
+    /// Bytes of a sequence holding `tokens` positions, with `checkpoints` recurrent-state
+    /// checkpoints.
+    pub fn bytes(self, tokens: usize, checkpoints: usize) -> u64 {
+        self.per_token * tokens as u64 + self.per_sequence * (1 + checkpoints as u64)
+    }
 }
 
 /// Which rows of a sequence need logits.
@@ -172,6 +193,17 @@ pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
     let spec = ModelSpec::load(dir)?;
     let index = WeightIndex::open(dir)?;
     load_with(&spec, &index)
+}
+
+/// What one sequence's state costs for the model `arch` describes (each architecture's own
+/// function; the same figure its [`ModelInfo::state`] reports once loaded).
+pub fn state_size(arch: &ArchConfig) -> StateSize {
+    match arch {
+        ArchConfig::DeepseekV3(cfg) => deepseek_v3::state_size(cfg),
+        ArchConfig::KimiLinear(cfg) => kimi_linear::state_size(cfg),
+        ArchConfig::KimiK3(cfg) => kimi_linear::state_size(&cfg.text),
+        ArchConfig::Qwen3(cfg) => qwen3::state_size(cfg),
+    }
 }
 
 /// Load the model in `dir` under a memory budget: weights are read (not mapped), a prefix of

@@ -9,7 +9,7 @@
 
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::rope::Rope;
-use super::{Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass, foreign_state};
+use super::{Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
 use crate::arch::Loader;
 use crate::config::Qwen3Config;
 use crate::error::Result;
@@ -29,6 +29,14 @@ struct Layer {
     k_norm: Vec<f32>,
     post_norm: Vec<f32>,
     mlp: Mlp,
+}
+
+/// Sequence-state bytes: every layer caches per-head keys and values.
+pub(crate) fn state_size(cfg: &Qwen3Config) -> StateSize {
+    StateSize {
+        per_token: (cfg.num_hidden_layers * 4 * 2 * cfg.num_key_value_heads * cfg.head_dim) as u64,
+        per_sequence: 0,
+    }
 }
 
 /// A loaded Qwen3 model.
@@ -91,6 +99,7 @@ impl Qwen3 {
                 .filter_map(|n| ld.index.info(n).ok())
                 .map(|i| i.len)
                 .sum(),
+            state: state_size(&cfg),
         };
         Ok(Qwen3 {
             norm: ld.vector("model.norm.weight", h)?,

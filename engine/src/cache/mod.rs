@@ -71,8 +71,10 @@ pub struct OocOptions {
     pub prewarm: bool,
     /// Fewest expert slots accepted.
     pub min_expert_slots: u64,
-    /// Bytes reserved for sequence state, activations and scratch.
+    /// Bytes reserved for activations and scratch.
     pub reserve_bytes: u64,
+    /// Bytes planned for sequence state (the scheduler's context memory); 0: none planned.
+    pub context_bytes: u64,
     /// Threads computing routed experts at once.
     pub compute_threads: usize,
     /// A partly remote checkpoint (stream install): where its shards are read from and what
@@ -104,6 +106,7 @@ impl OocOptions {
             prewarm: true,
             min_expert_slots: 1,
             reserve_bytes: 32 << 20,
+            context_bytes: 0,
             compute_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             remote: None,
             route_trace: None,
@@ -239,6 +242,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         budget: options.budget,
         fixed_bytes: parts.fixed_bytes,
         reserve_bytes: options.reserve_bytes,
+        context_bytes: options.context_bytes,
         layer_bytes: parts.layer_layouts.iter().map(|l| l.total as u64).collect(),
         slot_bytes,
         experts,

@@ -21,8 +21,11 @@ pub struct PlanInput {
     pub budget: u64,
     /// Always-resident tensor bytes.
     pub fixed_bytes: u64,
-    /// Reserved for sequence state, activations and scratch.
+    /// Reserved for activations and scratch.
     pub reserve_bytes: u64,
+    /// The context memory: every sequence's attention caches, recurrent states, checkpoints
+    /// and the reuse cache (the scheduler keeps them inside it).
+    pub context_bytes: u64,
     /// Spine bytes of each layer, in layer order.
     pub layer_bytes: Vec<u64>,
     /// Bytes of one expert slot.
@@ -39,6 +42,8 @@ pub struct ResidencyPlan {
     pub budget: u64,
     pub fixed_bytes: u64,
     pub reserve_bytes: u64,
+    /// Sequence state (see [`PlanInput::context_bytes`]).
+    pub context_bytes: u64,
     /// Layers `0..resident_layers` keep their spine in memory.
     pub resident_layers: usize,
     /// Layers whose spine is read every pass.
@@ -61,6 +66,7 @@ impl ResidencyPlan {
     pub fn total_bytes(&self) -> u64 {
         self.fixed_bytes
             + self.reserve_bytes
+            + self.context_bytes
             + self.resident_spine_bytes
             + self.arena_bytes
             + self.expert_cache_bytes
@@ -70,7 +76,7 @@ impl ResidencyPlan {
 /// Make the plan, or explain why the budget cannot work.
 pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
     let layers = input.layer_bytes.len();
-    let base = input.fixed_bytes + input.reserve_bytes;
+    let base = input.fixed_bytes + input.reserve_bytes + input.context_bytes;
     let min_slots = input.min_expert_slots.max(1).min(input.experts.max(1));
     let min_cache = min_slots * input.slot_bytes;
     let spine_cost = |k: usize| -> u64 {
@@ -84,10 +90,11 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
     else {
         let need = base + spine_cost(0) + min_cache;
         return Err(Error::Budget(format!(
-            "{} is too small: fixed tensors {} + reserve {} + two streamed-layer buffers {} + {min_slots} expert slot(s) {} need {}",
+            "{} is too small: fixed tensors {} + reserve {} + context memory {} + two streamed-layer buffers {} + {min_slots} expert slot(s) {} need {}",
             human(input.budget),
             human(input.fixed_bytes),
             human(input.reserve_bytes),
+            human(input.context_bytes),
             human(spine_cost(0)),
             human(min_cache),
             human(need)
@@ -101,6 +108,7 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
         budget: input.budget,
         fixed_bytes: input.fixed_bytes,
         reserve_bytes: input.reserve_bytes,
+        context_bytes: input.context_bytes,
         resident_layers: k,
         streamed_layers: (k..layers).collect(),
         resident_spine_bytes: resident_spine,
@@ -236,7 +244,8 @@ mod tests {
         PlanInput {
             budget,
             fixed_bytes: 100,
-            reserve_bytes: 50,
+            reserve_bytes: 20,
+            context_bytes: 30,
             layer_bytes: vec![40, 60, 60, 60],
             slot_bytes: 30,
             experts: 100,
@@ -280,6 +289,22 @@ mod tests {
         let e = plan(&input(300)).unwrap_err();
         assert_eq!(e.kind(), "budget");
         assert!(e.to_string().contains("too small"), "{e}");
+        assert!(e.to_string().contains("context memory 30 B"), "{e}");
+    }
+
+    #[test]
+    fn the_context_memory_is_inside_the_budget() {
+        let mut i = input(500);
+        let base = plan(&i).unwrap();
+        i.context_bytes += 60;
+        let p = plan(&i).unwrap();
+        assert_eq!(p.context_bytes, 90);
+        assert_eq!(
+            p.expert_slots,
+            base.expert_slots - 2,
+            "its bytes come out of the expert cache"
+        );
+        assert!(p.total_bytes() <= 500);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Generation: per-sequence state with staged passes that can be committed to a prefix or
 //! rolled back (see [`SeqState`]), sampling, chunked prefill and decode with token streaming.
 
+mod checkpoint;
 mod decode;
 mod run;
 mod sampling;

@@ -26,7 +26,13 @@
 //! row). `commit(m)` with `m` equal to the pass length keeps the live state; otherwise it swaps
 //! the snapshot back in and replays `m` rows with the same two functions the forward pass uses
 //! ([`kda::conv_push`], [`kda::delta_rule_step`]), so the result is bit-identical by construction.
+//!
+//! ## Rewinding committed positions
+//! [`SeqState::truncate`] drops committed positions: attention caches are cut, and recurrent
+//! layers are restored from a [`SeqState::checkpoint`] taken at that position (see
+//! [`super::checkpoint`]); [`SeqState::rewind_point`] says how far back a state can go.
 
+use super::checkpoint::{self, Checkpoint};
 use crate::arch::layers::kda;
 use crate::error::{Error, Result};
 
@@ -199,6 +205,21 @@ impl KdaCache {
         self.first_step_pending = false;
     }
 
+    /// Copies of the committed convolution history and recurrent matrix (nothing may be staged).
+    fn snapshot(&self) -> (Vec<f32>, Vec<f32>) {
+        debug_assert!(!self.staged, "commit before taking a checkpoint");
+        (self.conv.clone(), self.recurrent.clone())
+    }
+
+    /// Replace the committed state with a checkpoint's copy (nothing may be staged).
+    fn restore(&mut self, conv: &[f32], recurrent: &[f32]) {
+        debug_assert!(!self.staged, "commit before restoring a checkpoint");
+        self.conv.clear();
+        self.conv.extend_from_slice(conv);
+        self.recurrent.clear();
+        self.recurrent.extend_from_slice(recurrent);
+    }
+
     /// Bytes of live state (convolution history and recurrent matrix).
     pub fn state_bytes(&self) -> usize {
         4 * (self.conv.len() + self.recurrent.len())
@@ -251,6 +272,9 @@ pub struct SeqState {
     pub(crate) len: usize,
     /// Rows of the last pass that are not committed yet.
     pub(crate) staged: usize,
+    /// Recurrent-state checkpoints at committed positions, oldest first (empty for models
+    /// without KDA layers).
+    checkpoints: Vec<Checkpoint>,
 }
 
 impl SeqState {
@@ -260,6 +284,7 @@ impl SeqState {
             layers,
             len: 0,
             staged: 0,
+            checkpoints: Vec::new(),
         }
     }
 
@@ -324,15 +349,64 @@ impl SeqState {
         self.staged = rows;
     }
 
-    /// Whether [`SeqState::truncate`]`(len)` would succeed: always within the staged pass, and
-    /// for committed positions only when no layer holds a recurrent (KDA) state.
+    /// Whether any layer holds a recurrent (KDA) state, which cannot be rewound without a
+    /// checkpoint.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+    }
+
+    /// Checkpoint the committed recurrent state at the current position (commits a staged pass
+    /// first), keeping at most `max` checkpoints ([`checkpoint::thin`] picks which to drop). A
+    /// no-op for models without KDA layers, at position 0, or when one exists here already.
+    pub fn checkpoint(&mut self, max: usize) {
+        self.commit_all();
+        let position = self.len;
+        if max == 0 || position == 0 || !self.has_recurrent_layers() {
+            return;
+        }
+        if self.checkpoints.last().is_some_and(|c| c.position >= position) {
+            return;
+        }
+        let layers = self
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerState::Kda(c) => Some(c.snapshot()),
+                _ => None,
+            })
+            .collect();
+        self.checkpoints.push(Checkpoint { position, layers });
+        while let Some(i) = checkpoint::thin(&self.checkpoint_positions(), max) {
+            self.checkpoints.remove(i);
+        }
+    }
+
+    /// Positions of the checkpoints held, oldest first.
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.iter().map(|c| c.position).collect()
+    }
+
+    /// The longest prefix `<= len` this state can be rolled back to: `len` itself within the
+    /// staged pass or when no layer is recurrent; otherwise the latest checkpoint at or before
+    /// `len` (0 when there is none: nothing reusable).
+    pub fn rewind_point(&self, len: usize) -> usize {
+        let len = len.min(self.len);
+        if len >= self.committed_len() || !self.has_recurrent_layers() {
+            return len;
+        }
+        checkpoint::at_or_before(&self.checkpoint_positions(), len)
+            .map_or(0, |i| self.checkpoints[i].position)
+    }
+
+    /// Whether [`SeqState::truncate`]`(len)` would succeed: always within the staged pass; for
+    /// committed positions when no layer is recurrent or a checkpoint is held at `len`.
     pub fn can_truncate(&self, len: usize) -> bool {
-        len >= self.committed_len() || !self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
+        len >= self.len || self.rewind_point(len) == len
     }
 
     /// Forget every position at or after `len` (no-op if `len >= self.len()`). Positions of
-    /// the staged pass can always be dropped; committed positions only when every layer is an
-    /// MLA cache (a recurrent state cannot be rewound past its pass).
+    /// the staged pass can always be dropped; committed positions when every layer is an
+    /// attention cache, or at a checkpoint (the recurrent layers are restored from it).
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len >= self.len {
             return Ok(());
@@ -344,27 +418,43 @@ impl SeqState {
             return Err(Error::InvalidArgument {
                 field: "truncate",
                 reason: format!(
-                    "recurrent (KDA) state can only be rewound within the staged pass (to >= {}), not to {len}",
-                    self.committed_len()
+                    "recurrent (KDA) state can only be rewound within the staged pass (to >= {}) \
+                     or to a checkpoint ({:?}), not to {len}",
+                    self.committed_len(),
+                    self.checkpoint_positions()
                 ),
             });
         }
         self.commit_all();
         let old_len = self.len;
+        self.checkpoints.retain(|c| c.position <= len);
+        let restore = self.checkpoints.last().filter(|c| c.position == len);
+        let mut kda = restore.map(|c| c.layers.iter());
         for layer in &mut self.layers {
             match layer {
                 LayerState::Mla(c) => truncate_mla(c, old_len, len),
                 LayerState::Kv(c) => truncate_kv(c, old_len, len),
-                LayerState::Kda(_) => {}
+                LayerState::Kda(c) => {
+                    let (conv, recurrent) = kda
+                        .as_mut()
+                        .and_then(Iterator::next)
+                        .expect("can_truncate checked for a checkpoint of every KDA layer");
+                    c.restore(conv, recurrent);
+                }
             }
         }
         self.len = len;
         Ok(())
     }
 
-    /// Bytes held by caches and recurrent states.
+    /// Bytes held by recurrent-state checkpoints.
+    pub fn checkpoint_bytes(&self) -> usize {
+        self.checkpoints.iter().map(Checkpoint::bytes).sum()
+    }
+
+    /// Bytes held by caches, recurrent states and their checkpoints.
     pub fn cache_bytes(&self) -> usize {
-        self.mla_cache_bytes() + self.kda_state_bytes()
+        self.mla_cache_bytes() + self.kda_state_bytes() + self.checkpoint_bytes()
     }
 
     /// Bytes held by the attention caches (MLA latents, per-head keys and values; grows with

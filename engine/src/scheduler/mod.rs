@@ -9,8 +9,10 @@
 //!   [`SchedulerHandle::submit`] fails at once with [`SubmitError::Busy`] (the caller's 429).
 //! * **Cancellation.** A sink whose receiver is gone ([`EventSink::is_closed`], or a failed
 //!   send) is dropped before the next step: a disconnected client costs at most one more step.
-//! * **State reuse.** Finished sequences commit their state to a small LRU ([`reuse`]); a new
-//!   prompt sharing a prefix with a committed one starts from it instead of re-running prefill.
+//! * **State reuse.** A sequence's state enters a small LRU ([`reuse`]) once its prompt is
+//!   prefilled and again when it finishes; a new prompt sharing a prefix with a cached one
+//!   starts from it instead of re-running prefill. Recurrent (KDA) states are checkpointed at
+//!   prefill chunk ends, so K3 and Kimi-Linear prompts that share only a prefix reuse it too.
 //!
 //! * **Speculative decoding.** A decoding request may contribute its pending token plus drafts
 //!   from its proposers ([`crate::spec`]); the pass verifies them and commits the accepted rows.
@@ -19,6 +21,8 @@
 //! [`crate::generate::generate`], so the server, `deltafin run`, every batch composition and
 //! every draft agree.
 
+mod memory;
+mod pace;
 mod plan;
 mod reuse;
 mod stats;
@@ -30,7 +34,11 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use stats::{ExpertIoStats, ExpertSource, SchedulerStats, StatsSnapshot};
+pub use memory::{AUTO_CONTEXT_TOKENS, auto_context_bytes, longest_context};
+pub use stats::{
+    ExpertIoStats, ExpertSource, HistogramSnapshot, PREFILL_ROW_BOUNDS, QUEUE_WAIT_BOUNDS,
+    STEP_SECONDS_BOUNDS, SchedulerStats, StatsSnapshot,
+};
 
 use crate::arch::Model;
 use crate::error::Error;
@@ -107,6 +115,12 @@ impl EventSink for mpsc::Sender<Event> {
     }
 }
 
+/// Default time a step may add for prefill.
+pub const DEFAULT_PREFILL_STEP: Duration = Duration::from_millis(250);
+
+/// Default recurrent-state checkpoints per sequence.
+pub const DEFAULT_STATE_CHECKPOINTS: usize = 32;
+
 /// Default attended positions per prefill step: 256 rows at a depth of 4,096 positions.
 pub const DEFAULT_PREFILL_POSITIONS: usize = 256 * 4096;
 
@@ -123,14 +137,28 @@ pub struct SchedulerConfig {
     /// bounds a step's attention cost, so chunks deep into a long prompt get shorter and a long
     /// prefill delays the other requests' steps by a bounded time.
     pub prefill_positions: usize,
+    /// Time a step may add for prefill (`None`: always the whole `prefill_chunk` /
+    /// `prefill_positions` budget). The budget is scaled down by the measured cost of recent
+    /// steps ([`pace`]), so a long prompt delays running streams and new requests by about
+    /// this much per step.
+    pub prefill_step: Option<Duration>,
     /// Context limit (capped by the model's); `None` = the model's.
     pub context_limit: Option<usize>,
     /// Committed states kept for reuse (0 disables reuse).
     pub state_cache_entries: usize,
     /// Bytes the kept states may hold.
     pub state_cache_bytes: usize,
+    /// Bytes every sequence state may hold together — running requests' caches and recurrent
+    /// states, their checkpoints and the reuse cache ([`memory`]): the pool planned inside the
+    /// memory budget. `None`: unbounded (no budget).
+    pub context_memory: Option<u64>,
     /// Shortest shared prefix worth reusing.
     pub min_reuse_tokens: usize,
+    /// Recurrent-state checkpoints a prefilling sequence keeps (taken at its chunk ends), so a
+    /// K3 or Kimi-Linear prompt sharing only a prefix with a cached one can rewind to it (0: a
+    /// recurrent state is reused only by exact extensions). Fewer when they would not fit in
+    /// half of `state_cache_bytes`.
+    pub state_checkpoints: usize,
     /// Sleep before every pass (testing and demonstrations only: simulates a slow model).
     pub step_delay: Duration,
     /// Draft models and drafting settings for speculative decoding.
@@ -144,10 +172,13 @@ impl Default for SchedulerConfig {
             max_queue: 32,
             prefill_chunk: 256,
             prefill_positions: DEFAULT_PREFILL_POSITIONS,
+            prefill_step: Some(DEFAULT_PREFILL_STEP),
             context_limit: None,
             state_cache_entries: 4,
             state_cache_bytes: 1 << 30,
+            context_memory: None,
             min_reuse_tokens: 16,
+            state_checkpoints: DEFAULT_STATE_CHECKPOINTS,
             step_delay: Duration::ZERO,
             drafts: Drafts::default(),
         }
@@ -197,6 +228,8 @@ struct Job {
     forks: Vec<Box<dyn EventSink>>,
     /// The in-flight count of the request (forks hold none: the request counts once).
     _slot: Option<Slot>,
+    /// When it was accepted (its queue wait ends when it joins the batch).
+    submitted: std::time::Instant,
 }
 
 enum Command {
@@ -212,6 +245,37 @@ pub struct SchedulerHandle {
     capacity: u64,
     context_limit: usize,
     vocab_size: usize,
+    /// The context-memory pool and what a request's state costs in it.
+    pool: Option<Pool>,
+}
+
+/// The context-memory pool of a budgeted engine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pool {
+    pub bytes: u64,
+    pub size: crate::arch::StateSize,
+    /// Checkpoints a sequence may hold (what its reservation counts).
+    pub checkpoints: usize,
+}
+
+impl Pool {
+    /// Bytes a request reserves to join: its prompt plus the first sampled position, with its
+    /// checkpoints, for each choice.
+    pub(crate) fn need(&self, prompt: usize, choices: usize) -> u64 {
+        memory::state_bytes(self.size, prompt + 1, self.checkpoints, choices)
+    }
+}
+
+/// Recurrent-state checkpoints one sequence keeps: the configured number, fewer when they would
+/// not fit in half the reuse cache's byte budget (or of the context memory).
+pub(crate) fn checkpoint_limit(cfg: &SchedulerConfig, size: crate::arch::StateSize) -> usize {
+    if cfg.state_cache_entries == 0 || size.per_sequence == 0 {
+        return 0;
+    }
+    let cap = cfg.context_memory.map_or(cfg.state_cache_bytes as u64, |p| {
+        p.min(cfg.state_cache_bytes as u64)
+    });
+    cfg.state_checkpoints.min((cap / 2 / size.per_sequence) as usize)
 }
 
 impl std::fmt::Debug for Command {
@@ -245,6 +309,19 @@ impl SchedulerHandle {
                 reason: "must be at least 1".into(),
             }));
         }
+        if let Some(pool) = self.pool
+            && pool.need(req.prompt.len(), sinks.len()) > pool.bytes
+        {
+            let tokens = req.prompt.len() + 1;
+            let cap = self.context_limit;
+            return Err(SubmitError::Invalid(memory::too_long(
+                pool.size,
+                pool.bytes / sinks.len() as u64,
+                tokens,
+                pool.checkpoints,
+                cap,
+            )));
+        }
         let sink = sinks.remove(0);
         let taken = self
             .stats
@@ -263,6 +340,7 @@ impl SchedulerHandle {
             sink,
             forks: sinks,
             _slot: Some(Slot(self.stats.clone())),
+            submitted: std::time::Instant::now(),
         };
         self.tx
             .send(Command::Submit(Box::new(job)))
@@ -319,6 +397,23 @@ impl SchedulerHandle {
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+
+    /// The context memory in words (`None` without a budget): its size, the longest context
+    /// one request holds in it, and what `tokens` tokens of this model need.
+    pub fn describe_memory(&self, tokens: usize) -> Option<String> {
+        let pool = self.pool?;
+        let human = crate::cache::plan::human;
+        Some(format!(
+            "context memory {}: longest context {} tokens for one request ({} per token, {} per \
+             sequence, {} checkpoint(s) of recurrent state); {tokens} tokens need {}",
+            human(pool.bytes),
+            longest_context(pool.size, pool.bytes, pool.checkpoints, self.context_limit),
+            human(pool.size.per_token),
+            human(pool.size.per_sequence),
+            pool.checkpoints,
+            human(pool.size.bytes(tokens, 0)),
+        ))
+    }
 }
 
 /// The seed of choice `index` of a request seeded with `seed` (choice 0 keeps it).
@@ -344,14 +439,20 @@ pub fn start(
         .context_limit
         .map_or(info.max_context, |l| l.min(info.max_context))
         .max(1);
+    let pool = cfg.context_memory.map(|bytes| Pool {
+        bytes,
+        size: info.state,
+        checkpoints: checkpoint_limit(&cfg, info.state),
+    });
     let handle = SchedulerHandle {
         tx,
         stats: stats.clone(),
         capacity: (cfg.max_batch.max(1) + cfg.max_queue) as u64,
         context_limit,
         vocab_size: info.vocab_size,
+        pool,
     };
-    let worker = worker::Worker::new(model, cfg, rx, stats, context_limit);
+    let worker = worker::Worker::new(model, cfg, rx, stats, context_limit, pool);
     let thread = std::thread::Builder::new()
         .name("deltafin-engine".into())
         .spawn(move || worker.run())?;

@@ -40,7 +40,7 @@ pub(crate) struct PrefillBudget {
 }
 
 /// Attended positions of the rows `start..start + len`.
-fn positions(start: usize, len: usize) -> usize {
+pub(crate) fn positions(start: usize, len: usize) -> usize {
     len * (start + 1) + len * len.saturating_sub(1) / 2
 }
 

@@ -1,6 +1,7 @@
 //! Conversation state reuse: a small LRU of committed sequence states keyed by the token ids
 //! they hold. A new prompt reuses the entry sharing its longest common prefix (rolled back to
-//! that prefix, and always leaving at least one prompt token to run so the pass yields logits).
+//! that prefix — for recurrent models, to the latest checkpoint inside it — and always leaving
+//! at least one prompt token to run so the pass yields logits).
 //! A state's rows depend only on the tokens before them, so a reused prefix is bit-identical to
 //! recomputing it: output never changes, only prefill work.
 //!
@@ -12,21 +13,21 @@ use crate::generate::SeqState;
 
 /// What the cache needs from a state.
 pub(crate) trait Reusable: Clone {
-    /// Whether the state can be rolled back to its first `len` positions (a recurrent state
-    /// cannot be rewound past its last committed pass).
-    fn can_truncate(&self, len: usize) -> bool;
-    /// Roll back to the first `len` positions (only called when `can_truncate(len)`).
+    /// The longest prefix `<= len` the state can be rolled back to (a recurrent state only to
+    /// its checkpoints).
+    fn rewind_point(&self, len: usize) -> usize;
+    /// Roll back to the first `len` positions (only called with a `rewind_point`).
     fn truncate(&mut self, len: usize);
     /// Bytes held (for the byte budget).
     fn bytes(&self) -> usize;
 }
 
 impl Reusable for SeqState {
-    fn can_truncate(&self, len: usize) -> bool {
-        SeqState::can_truncate(self, len)
+    fn rewind_point(&self, len: usize) -> usize {
+        SeqState::rewind_point(self, len)
     }
     fn truncate(&mut self, len: usize) {
-        // `lookup` only asks for lengths `can_truncate` accepts, so this cannot fail; if it
+        // `lookup` only asks for lengths `rewind_point` returned, so this cannot fail; if it
         // somehow did, the state is left as it was and the caller re-runs the prompt.
         let _ = SeqState::truncate(self, len);
     }
@@ -83,7 +84,7 @@ impl<S: Reusable> StateCache<S> {
         // Keep one prompt token to run: its pass produces the first logits.
         let usable = |e: &Entry<S>| {
             let len = common_prefix(&e.ids, prompt).min(prompt.len().saturating_sub(1));
-            if e.state.can_truncate(len) { len } else { 0 }
+            e.state.rewind_point(len)
         };
         let (best, len) = self
             .entries
@@ -114,8 +115,16 @@ impl<S: Reusable> StateCache<S> {
         }
     }
 
-    fn bytes(&self) -> usize {
+    /// Bytes the cached states hold.
+    pub(crate) fn bytes(&self) -> usize {
         self.entries.iter().map(|e| e.state.bytes()).sum()
+    }
+
+    /// Evict least recently used entries until at most `max_bytes` are held.
+    pub(crate) fn evict_to(&mut self, max_bytes: usize) {
+        while self.bytes() > max_bytes {
+            self.entries.pop_back();
+        }
     }
 }
 
@@ -128,8 +137,8 @@ mod tests {
     struct Ids(Vec<u32>);
 
     impl Reusable for Ids {
-        fn can_truncate(&self, _len: usize) -> bool {
-            true
+        fn rewind_point(&self, len: usize) -> usize {
+            len
         }
         fn truncate(&mut self, len: usize) {
             self.0.truncate(len)
@@ -210,5 +219,65 @@ mod tests {
         let mut c = StateCache::new(0, 1 << 20, 1);
         commit(&mut c, &[1, 2]);
         assert_eq!(c.len(), 0, "zero entries disables reuse");
+        let mut c = StateCache::new(8, 1 << 20, 1);
+        commit(&mut c, &[1, 1]);
+        commit(&mut c, &[2, 2, 2]);
+        c.evict_to(12);
+        assert_eq!((c.len(), c.bytes()), (1, 12), "the older entry goes first");
+        c.evict_to(0);
+        assert_eq!(c.len(), 0);
+    }
+
+    /// A stand-in recurrent state: rewinds only to its checkpoints.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Recurrent {
+        ids: Vec<u32>,
+        marks: Vec<usize>,
+    }
+
+    impl Reusable for Recurrent {
+        fn rewind_point(&self, len: usize) -> usize {
+            self.marks
+                .iter()
+                .copied()
+                .filter(|&m| m <= len)
+                .max()
+                .unwrap_or(0)
+        }
+        fn truncate(&mut self, len: usize) {
+            self.ids.truncate(len);
+            self.marks.retain(|&m| m <= len);
+        }
+        fn bytes(&self) -> usize {
+            self.ids.len() * 4
+        }
+    }
+
+    #[test]
+    fn a_recurrent_state_rewinds_to_its_latest_checkpoint_inside_the_shared_prefix() {
+        let mut c = StateCache::new(4, 1 << 20, 2);
+        let ids: Vec<u32> = (0..10).collect();
+        let state = |marks: Vec<usize>| Recurrent {
+            ids: ids.clone(),
+            marks,
+        };
+        c.insert(ids.clone(), state(vec![4, 8, 10]));
+        // Shares 9 tokens: the checkpoint at 8 is the latest inside it.
+        let mut prompt = ids[..9].to_vec();
+        prompt.push(99);
+        let r = c.lookup(&prompt).unwrap();
+        assert_eq!(
+            (r.len, r.state.ids.len(), r.state.marks.clone()),
+            (8, 8, vec![4, 8])
+        );
+        // Shares 3 tokens, below the first checkpoint: nothing reusable.
+        assert!(c.lookup(&[0, 1, 2, 77]).is_none());
+        // Another entry with a checkpoint closer to the divergence wins.
+        c.insert(vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 50], {
+            let mut s = state(vec![9]);
+            s.ids = vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 50];
+            s
+        });
+        assert_eq!(c.lookup(&prompt).unwrap().len, 9);
     }
 }

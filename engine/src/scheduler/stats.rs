@@ -34,6 +34,60 @@ pub struct SchedulerStats {
     pub(crate) masked_rows: AtomicU64,
     /// Speculative decoding figures of every request.
     pub(crate) spec: Arc<SpecStats>,
+    /// Seconds requests waited in the queue before joining the batch.
+    queue_wait: AtomicHistogram,
+    /// Seconds of each batched pass.
+    step_seconds: AtomicHistogram,
+    /// Prompt rows each pass prefilled (passes with prefill only).
+    prefill_rows: AtomicHistogram,
+}
+
+/// Upper bounds of the queue-wait histogram buckets, in seconds.
+pub const QUEUE_WAIT_BOUNDS: [f64; BUCKETS] = [0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Upper bounds of the step-time histogram buckets, in seconds.
+pub const STEP_SECONDS_BOUNDS: [f64; BUCKETS] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+/// Upper bounds of the prefill-rows-per-step histogram buckets.
+pub const PREFILL_ROW_BOUNDS: [f64; BUCKETS] =
+    [1.0, 4.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+const BUCKETS: usize = 10;
+
+/// A histogram the engine loop writes without locking.
+#[derive(Debug, Default)]
+struct AtomicHistogram {
+    /// Observations per bucket (not cumulative); values above the last bound are only counted.
+    buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+    /// Sum of the observed values, in millionths.
+    sum_micros: AtomicU64,
+}
+
+impl AtomicHistogram {
+    fn observe(&self, bounds: &[f64; BUCKETS], v: f64) {
+        if let Some(i) = bounds.iter().position(|&b| v <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((v * 1e6).round() as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            count: self.count.load(Ordering::Relaxed),
+            sum_micros: self.sum_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A point-in-time copy of one engine histogram (bounds: the matching `*_BOUNDS` constant).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Observations per bucket, not cumulative.
+    pub buckets: [u64; BUCKETS],
+    pub count: u64,
+    /// Sum of the observations, in millionths.
+    pub sum_micros: u64,
 }
 
 /// A point-in-time copy of [`SchedulerStats`].
@@ -56,6 +110,12 @@ pub struct StatsSnapshot {
     pub mask_nanos: u64,
     /// Rows (sampled tokens) that were masked by a constraint.
     pub masked_rows: u64,
+    /// Seconds requests waited in the queue ([`QUEUE_WAIT_BOUNDS`]).
+    pub queue_wait: HistogramSnapshot,
+    /// Seconds per batched pass ([`STEP_SECONDS_BOUNDS`]).
+    pub step_seconds: HistogramSnapshot,
+    /// Prompt rows prefilled per pass, passes with prefill only ([`PREFILL_ROW_BOUNDS`]).
+    pub prefill_rows: HistogramSnapshot,
 }
 
 impl SchedulerStats {
@@ -79,6 +139,23 @@ impl SchedulerStats {
             forward_seconds_x1e9: get(&self.forward_nanos),
             mask_nanos: get(&self.mask_nanos),
             masked_rows: get(&self.masked_rows),
+            queue_wait: self.queue_wait.snapshot(),
+            step_seconds: self.step_seconds.snapshot(),
+            prefill_rows: self.prefill_rows.snapshot(),
+        }
+    }
+
+    /// A request joined the batch after waiting `wait`.
+    pub(crate) fn record_queue_wait(&self, wait: std::time::Duration) {
+        self.queue_wait.observe(&QUEUE_WAIT_BOUNDS, wait.as_secs_f64());
+    }
+
+    /// A pass took `elapsed` and prefilled `rows` prompt rows.
+    pub(crate) fn record_step(&self, elapsed: std::time::Duration, rows: usize) {
+        self.step_seconds
+            .observe(&STEP_SECONDS_BOUNDS, elapsed.as_secs_f64());
+        if rows > 0 {
+            self.prefill_rows.observe(&PREFILL_ROW_BOUNDS, rows as f64);
         }
     }
 

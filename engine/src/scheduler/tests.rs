@@ -193,6 +193,59 @@ fn a_shared_prompt_is_reusable_once_prefilled_while_its_request_still_runs() {
     drop(rx1);
 }
 
+/// Two prompts that share a long prefix and then diverge (two agents with the same system
+/// prompt and tools): the second reuses the prefix on every architecture — MLA caches cut to
+/// the common prefix, K3 and Kimi-Linear recurrent states rewound to the latest checkpoint
+/// (prefill chunk end) inside it — and its tokens are those it gets alone.
+#[test]
+fn a_divergent_prompt_reuses_the_shared_prefix_on_every_architecture() {
+    use crate::synth::KimiSynth;
+    let write = |f: &dyn Fn(&std::path::Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        f(dir.path());
+        dir
+    };
+    let models = [
+        (
+            "deepseek_v3",
+            write(&|p| DeepseekSynth::tiny(ExpertFormat::Bf16).write(p).unwrap()),
+            200,
+        ),
+        ("kimi_k3", write(&|p| KimiSynth::k3_tiny().write(p).unwrap()), 192),
+        (
+            "kimi_linear",
+            write(&|p| KimiSynth::linear_tiny().write(p).unwrap()),
+            192,
+        ),
+    ];
+    for (name, dir, expect_cached) in &models {
+        let cfg = SchedulerConfig {
+            prefill_chunk: 64,
+            min_reuse_tokens: 4,
+            ..Default::default()
+        };
+        let handle = start_with(dir.path(), cfg);
+        let shared = prompt(200, 5);
+        let with = |salt| {
+            let mut p = shared.clone();
+            p.extend(prompt(10, salt));
+            request(p, 6, Sampling::Greedy)
+        };
+        let (first, second) = (with(1), with(2));
+        for (req, cached) in [(&first, 0), (&second, *expect_cached)] {
+            let (tx, rx) = mpsc::channel();
+            handle.submit(req.clone(), Box::new(tx)).unwrap();
+            let (tokens, done) = drain(&rx);
+            assert_eq!(done.unwrap().cached_tokens, cached, "{name}");
+            assert_eq!(
+                tokens,
+                alone(dir.path(), req),
+                "{name}: reuse never changes the output"
+            );
+        }
+    }
+}
+
 /// A sink whose receiver "disconnects" after `limit` tokens.
 struct Flaky {
     tx: mpsc::Sender<Event>,
@@ -445,4 +498,83 @@ fn batched_requests_that_draft_get_the_tokens_they_get_alone() {
     );
     let s = handle.stats().snapshot();
     assert!(s.rows > s.steps, "drafted rows were verified in shared passes");
+}
+
+/// Under a context-memory pool: a prompt that cannot fit is refused at submission with a budget
+/// error; two requests that fit together at admission but not once grown: the later one is
+/// stopped with a budget error when the pool fills, and the earlier one finishes with exactly
+/// the tokens it gets alone.
+#[test]
+fn the_context_memory_pool_refuses_waits_and_stops_instead_of_growing() {
+    let dir = model_dir();
+    let size = arch::load(dir.path()).unwrap().info().state;
+    assert!(size.per_token > 0 && size.per_sequence == 0);
+    let pool = size.bytes(70, 0);
+    let cfg = SchedulerConfig {
+        context_memory: Some(pool),
+        state_cache_entries: 0,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let (tx, _rx) = mpsc::channel();
+    let err = handle
+        .submit(request(prompt(80, 1), 4, Sampling::Greedy), Box::new(tx))
+        .unwrap_err();
+    assert_eq!(err.kind(), "budget", "{err}");
+    assert!(
+        err.to_string().contains("longest context it holds is 70 tokens"),
+        "{err}"
+    );
+
+    let first = request(prompt(10, 2), 50, Sampling::Greedy);
+    let second = request(prompt(10, 3), 50, Sampling::Greedy);
+    let (tx1, rx1) = mpsc::channel();
+    let (tx2, rx2) = mpsc::channel();
+    handle.submit(first.clone(), Box::new(tx1)).unwrap();
+    handle.submit(second, Box::new(tx2)).unwrap();
+    let (tokens, done) = drain(&rx1);
+    assert!(done.is_some(), "the earlier request finishes");
+    assert_eq!(tokens, alone(dir.path(), &first));
+    let failed = loop {
+        match rx2.recv_timeout(Duration::from_secs(60)).expect("event") {
+            Event::Failed { kind, message } => break (kind, message),
+            Event::Done(_) => panic!("both cannot grow to 60 tokens in a 70-token pool"),
+            _ => {}
+        }
+    };
+    assert_eq!(failed.0, "budget");
+    assert!(failed.1.contains("context memory"), "{}", failed.1);
+}
+
+/// A request that fits the pool alone waits while others hold it, then runs.
+#[test]
+fn a_request_waits_for_context_memory_instead_of_failing() {
+    let dir = model_dir();
+    let size = arch::load(dir.path()).unwrap().info().state;
+    let cfg = SchedulerConfig {
+        context_memory: Some(size.bytes(40, 0)),
+        state_cache_entries: 0,
+        ..Default::default()
+    };
+    let handle = start_with(dir.path(), cfg);
+    let reqs = [
+        request(prompt(30, 4), 5, Sampling::Greedy),
+        request(prompt(30, 5), 5, Sampling::Greedy),
+    ];
+    let receivers: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            handle.submit(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    for (req, rx) in reqs.iter().zip(&receivers) {
+        let (tokens, done) = drain(rx);
+        assert!(done.is_some());
+        assert_eq!(tokens, alone(dir.path(), req));
+    }
+    let s = handle.stats().snapshot();
+    assert_eq!(s.queue_wait.count, 2);
+    assert!(s.queue_wait.sum_micros > 0, "the second waited for the first");
 }

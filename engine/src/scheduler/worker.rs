@@ -10,9 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use super::plan::{Phase, PrefillBudget, Work, plan_step};
+use super::memory::{self, Admission};
+use super::pace::{Pacer, fraction};
+use super::plan::{Phase, PrefillBudget, Work, plan_step, positions};
 use super::reuse::StateCache;
-use super::{Command, Completion, Event, EventSink, FinishReason, Job, SchedulerConfig, SchedulerStats};
+use super::{
+    Command, Completion, Event, EventSink, FinishReason, Job, Pool, SchedulerConfig, SchedulerStats,
+    checkpoint_limit,
+};
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
 use crate::generate::{Decoder, Pick, SeqState};
 use crate::spec::{Observation, Speculator, draft_budget, verify};
@@ -32,6 +37,8 @@ struct Seq {
     /// Token selection (bias, penalties, constraint, log-probabilities).
     decoder: Decoder,
     cached: usize,
+    /// Context-memory bytes reserved at admission (its prompt's state and checkpoints).
+    reserved: u64,
     /// Set when the request leaves the batch after this step.
     end: Option<End>,
 }
@@ -43,6 +50,11 @@ enum End {
 }
 
 impl Seq {
+    /// Context-memory bytes it holds or has reserved.
+    fn held(&self) -> u64 {
+        self.reserved.max(self.state.cache_bytes() as u64)
+    }
+
     fn phase(&self) -> Phase {
         let total = self.job.req.prompt.len();
         if self.fed < total {
@@ -68,6 +80,12 @@ pub(super) struct Worker {
     connected: bool,
     /// Choices forked during this step's `advance`, joined once it is done.
     pending_forks: Vec<(Seq, Pick)>,
+    /// Sizes each step's prefill budget by measured step times.
+    pacer: Pacer,
+    /// The context-memory pool (under a memory budget).
+    pool: Option<Pool>,
+    /// Recurrent-state checkpoints a prefilling sequence keeps.
+    checkpoints: usize,
 }
 
 fn add(counter: &AtomicU64, n: usize) {
@@ -81,7 +99,10 @@ impl Worker {
         rx: Receiver<Command>,
         stats: Arc<SchedulerStats>,
         limit: usize,
+        pool: Option<Pool>,
     ) -> Self {
+        let checkpoints = checkpoint_limit(&cfg, model.info().state);
+        let cfg_step = cfg.prefill_step;
         let cache = StateCache::new(
             cfg.state_cache_entries,
             cfg.state_cache_bytes,
@@ -98,6 +119,9 @@ impl Worker {
             limit,
             connected: true,
             pending_forks: Vec::new(),
+            pacer: Pacer::new(cfg_step),
+            pool,
+            checkpoints,
         }
     }
 
@@ -119,6 +143,15 @@ impl Worker {
             }
             self.step();
             self.retire();
+            self.trim_cache();
+        }
+    }
+
+    /// Under a context-memory pool, the reuse cache holds only what the running sequences leave.
+    fn trim_cache(&mut self) {
+        if let Some(pool) = self.pool {
+            let used: u64 = self.running.iter().map(Seq::held).sum();
+            self.cache.evict_to(pool.bytes.saturating_sub(used) as usize);
         }
     }
 
@@ -181,9 +214,26 @@ impl Worker {
     /// Move queued requests into the batch (FIFO), starting each from a reused state if any.
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_batch.max(1) {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let reserved = match self.pool {
+                Some(pool) => {
+                    let need = pool.need(front.req.prompt.len(), 1 + front.forks.len());
+                    let used: u64 = self.running.iter().map(Seq::held).sum();
+                    match memory::admit(pool.bytes, used, need) {
+                        Admission::Now { cache_limit } => self.cache.evict_to(cache_limit as usize),
+                        // Running requests hold the memory: wait for one to finish (FIFO).
+                        Admission::Wait => break,
+                    }
+                    need
+                }
+                None => 0,
+            };
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
+            self.stats.record_queue_wait(job.submitted.elapsed());
             let reused = if job.req.reuse_state {
                 self.cache.lookup(&job.req.prompt)
             } else {
@@ -241,6 +291,7 @@ impl Worker {
                 spec,
                 decoder,
                 cached,
+                reserved,
                 end: None,
             });
         }
@@ -274,12 +325,20 @@ impl Worker {
     /// One batched pass over every running sequence, then verification and sampling.
     fn step(&mut self) {
         let phases: Vec<Phase> = self.running.iter().map(Seq::phase).collect();
-        let budget = PrefillBudget {
+        let max = PrefillBudget {
             tokens: self.cfg.prefill_chunk,
             positions: self.cfg.prefill_positions,
         };
-        let works = plan_step(&phases, budget);
+        let mut works = plan_step(&phases, self.pacer.budget(max));
         self.plan_drafts(&phases);
+        self.fit_pass(&mut works, &phases);
+        if works.is_empty() {
+            return;
+        }
+        let (prefill_rows, prefill_positions) = works
+            .iter()
+            .filter(|w| matches!(phases[w.seq], Phase::Prefill { .. }))
+            .fold((0, 0), |(r, p), w| (r + w.len, p + positions(w.start, w.len)));
         let mut names: Vec<String> = Vec::new();
         for w in &works {
             for c in self.running[w.seq]
@@ -326,6 +385,11 @@ impl Worker {
             std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(&mut inputs, trace)))
         };
         let elapsed = started.elapsed();
+        self.pacer.observe(
+            elapsed.as_secs_f64(),
+            fraction(prefill_rows, prefill_positions, max),
+        );
+        self.stats.record_step(elapsed, prefill_rows);
         add(&self.stats.forward_nanos, elapsed.as_nanos() as usize);
         add(&self.stats.steps, 1);
         let rows: usize = works.iter().map(|w| self.pass_rows(w, &phases)).sum();
@@ -335,6 +399,44 @@ impl Worker {
             Ok(Err(e)) => self.fail(&works, e.kind(), &e.to_string()),
             Err(_) => self.fail(&works, "internal", "the model pass panicked"),
         }
+    }
+
+    /// Under a context-memory pool: make this pass's growth fit. The reuse cache gives way
+    /// first; then the latest admitted growing sequences are stopped with a budget error and
+    /// leave the pass (the others' tokens are unaffected: rows are batch-invariant).
+    fn fit_pass(&mut self, works: &mut Vec<Work>, phases: &[Phase]) {
+        let Some(pool) = self.pool else { return };
+        let mut growth = vec![0u64; self.running.len()];
+        for w in works.iter() {
+            let seq = &self.running[w.seq];
+            let (rows, checkpoint) = match phases[w.seq] {
+                Phase::Prefill { .. } => (w.len, self.checkpoints > 0 && seq.job.req.reuse_state),
+                Phase::Decode => (seq.rows.len(), false),
+            };
+            let now = seq.state.cache_bytes() as u64;
+            let after =
+                now + pool.size.per_token * rows as u64 + if checkpoint { pool.size.per_sequence } else { 0 };
+            // Growth beyond what the sequence already reserved.
+            growth[w.seq] = after.saturating_sub(seq.held());
+        }
+        let held: Vec<(u64, u64)> = self
+            .running
+            .iter()
+            .zip(&growth)
+            .map(|(seq, &g)| (seq.held(), g))
+            .collect();
+        let (stop, cache_limit) = memory::fit_pass(pool.bytes, &held);
+        self.cache.evict_to(cache_limit as usize);
+        for &i in &stop {
+            let seq = &mut self.running[i];
+            let e = memory::exhausted(pool.bytes, seq.state.len());
+            seq.job.sink.send(Event::Failed {
+                kind: e.kind(),
+                message: e.to_string(),
+            });
+            seq.end = Some(End::Failed);
+        }
+        works.retain(|w| !stop.contains(&w.seq));
     }
 
     /// Rows a work contributed to the pass.
@@ -397,6 +499,11 @@ impl Worker {
                     seq.fed += w.len;
                     add(&self.stats.prefilled, w.len);
                     seq.state.commit_all();
+                    if seq.job.req.reuse_state {
+                        // Free here (the state is committed); lets a later prompt that shares
+                        // only part of this one rewind a recurrent state to it.
+                        seq.state.checkpoint(self.checkpoints);
+                    }
                     if let Some(spec) = seq.spec.as_mut() {
                         let hidden = capture(spec, w.len);
                         let chunk = &seq.job.req.prompt[w.start..w.start + w.len];
@@ -497,6 +604,7 @@ impl Worker {
                     sink,
                     forks: Vec::new(),
                     _slot: None,
+                    submitted: Instant::now(),
                 },
                 state: parent.state.clone(),
                 fed: parent.fed,
@@ -505,6 +613,7 @@ impl Worker {
                 spec,
                 decoder,
                 cached: parent.cached,
+                reserved: 0,
                 end: None,
             };
             out.push((seq, pick));

@@ -186,10 +186,10 @@ impl Generation {
                 }
                 Some(Event::Failed { kind, message }) => {
                     tracing::error!(kind, %message, "generation failed");
-                    self.fail(if kind == "shutdown" {
-                        ApiError::ShuttingDown
-                    } else {
-                        ApiError::Internal("generation")
+                    self.fail(match kind {
+                        "shutdown" => ApiError::ShuttingDown,
+                        "budget" => ApiError::MemoryExhausted(message),
+                        _ => ApiError::Internal("generation"),
                     });
                 }
                 None => self.fail(ApiError::Internal("engine stopped")),
