@@ -68,6 +68,7 @@ fn engine(f: &Fixture, max_batch: usize, drafts: bool, reuse: bool) -> Scheduler
     let cfg = SchedulerConfig {
         max_batch,
         prefill_chunk: 7,
+        prefill_chunk_solo: 7,
         state_cache_entries: if reuse { 16 } else { 0 },
         min_reuse_tokens: 2,
         drafts,

@@ -28,8 +28,8 @@ pub struct BenchPrefillArgs {
     /// Prompt lengths to measure.
     #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 4096, 16384])]
     pub lengths: Vec<usize>,
-    /// Prompt tokens per pass (the server's `--prefill-chunk`).
-    #[arg(long, default_value_t = 256)]
+    /// Prompt tokens per pass (the server's `--prefill-chunk-solo`: a prompt prefilling alone).
+    #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_PREFILL_CHUNK_SOLO)]
     pub chunk: usize,
     /// Disk bandwidth for the I/O bound, GiB/s (from `deltafin bench disk`).
     #[arg(long)]

@@ -48,6 +48,11 @@ pub struct ServeArgs {
     /// Prompt tokens per pass, shared by the requests being prefilled.
     #[arg(long, default_value_t = 256, env = "DELTAFIN_PREFILL_CHUNK")]
     prefill_chunk: usize,
+    /// Prompt tokens per pass for a prompt prefilling alone (nothing decoding, nobody waiting):
+    /// it delays no one, and out of core each chunk reads the experts it touches once, so
+    /// larger chunks read less per token. The positions budget scales alike.
+    #[arg(long, default_value_t = deltafin_engine::scheduler::DEFAULT_PREFILL_CHUNK_SOLO, env = "DELTAFIN_PREFILL_CHUNK_SOLO")]
+    prefill_chunk_solo: usize,
     /// Attended positions per pass for prefill rows (a row at position p attends p + 1): bounds
     /// one step's attention cost, so a long prompt's later chunks get shorter and running streams
     /// and new short requests wait at most about one bounded step for it.
@@ -128,6 +133,7 @@ fn scheduler_config(args: &ServeArgs) -> SchedulerConfig {
         max_batch: args.max_batch,
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk.max(1),
+        prefill_chunk_solo: args.prefill_chunk_solo.max(1),
         prefill_positions: args.prefill_positions.max(1),
         prefill_step: (args.prefill_step_ms > 0).then(|| Duration::from_millis(args.prefill_step_ms)),
         context_limit: args.context_limit,

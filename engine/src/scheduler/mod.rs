@@ -115,6 +115,9 @@ impl EventSink for mpsc::Sender<Event> {
     }
 }
 
+/// Default prompt tokens per pass for a prompt prefilling alone.
+pub const DEFAULT_PREFILL_CHUNK_SOLO: usize = 1024;
+
 /// Default time a step may add for prefill.
 pub const DEFAULT_PREFILL_STEP: Duration = Duration::from_millis(250);
 
@@ -133,6 +136,10 @@ pub struct SchedulerConfig {
     pub max_queue: usize,
     /// Prompt tokens per pass, shared by all prefilling sequences (shortest remaining first).
     pub prefill_chunk: usize,
+    /// Prompt tokens per pass for a prompt prefilling alone (no decode rows, no other prompt,
+    /// nobody waiting): it delays no one, and larger chunks cost less per token (out of core,
+    /// each chunk reads the experts it touches once). The positions budget scales alike.
+    pub prefill_chunk_solo: usize,
     /// Attended positions per pass for prefill rows (`Σ (p + 1)` over rows at positions `p`):
     /// bounds a step's attention cost, so chunks deep into a long prompt get shorter and a long
     /// prefill delays the other requests' steps by a bounded time.
@@ -171,6 +178,7 @@ impl Default for SchedulerConfig {
             max_batch: 8,
             max_queue: 32,
             prefill_chunk: 256,
+            prefill_chunk_solo: DEFAULT_PREFILL_CHUNK_SOLO,
             prefill_positions: DEFAULT_PREFILL_POSITIONS,
             prefill_step: Some(DEFAULT_PREFILL_STEP),
             context_limit: None,

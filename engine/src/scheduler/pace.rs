@@ -60,6 +60,28 @@ impl Pacer {
         }
     }
 
+    /// The budget of the next step. When it would delay someone — decode rows run, another
+    /// prompt prefills, or requests wait for a slot — it is paced ([`Pacer::budget`]); a prompt
+    /// prefilling alone delays no one and gets `solo_tokens` rows (positions scaled alike), since
+    /// larger chunks are cheaper per token (out of core, each chunk reads every expert it
+    /// touches once).
+    pub(crate) fn step_budget(
+        &self,
+        max: PrefillBudget,
+        solo_tokens: usize,
+        contended: bool,
+    ) -> PrefillBudget {
+        if contended {
+            return self.budget(max);
+        }
+        let solo = solo_tokens.max(max.tokens);
+        let factor = solo as f64 / max.tokens.max(1) as f64;
+        PrefillBudget {
+            tokens: solo,
+            positions: (max.positions as f64 * factor).min(usize::MAX as f64 / 2.0) as usize,
+        }
+    }
+
     /// Learn from a step that took `seconds` and ran prefill worth `fraction` of the configured
     /// budget (0 when it ran no prefill row).
     pub(crate) fn observe(&mut self, seconds: f64, fraction: f64) {
@@ -156,6 +178,22 @@ mod tests {
         let before = p.scale();
         p.observe(50.0, 1.0 / 1000.0);
         assert_eq!(p.scale(), before);
+    }
+
+    #[test]
+    fn a_prompt_alone_gets_the_solo_budget_and_company_gets_the_paced_one() {
+        let mut p = Pacer::new(Some(Duration::from_millis(250)));
+        p.observe(4.0, 1.0);
+        let paced = p.step_budget(MAX, 1024, true);
+        assert_eq!(paced, p.budget(MAX));
+        assert!(paced.tokens < MAX.tokens);
+        let solo = p.step_budget(MAX, 1024, false);
+        assert_eq!((solo.tokens, solo.positions), (1024, 4 * MAX.positions));
+        assert_eq!(
+            p.step_budget(MAX, 8, false),
+            MAX,
+            "never below the configured budget"
+        );
     }
 
     #[test]

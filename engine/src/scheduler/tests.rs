@@ -81,6 +81,7 @@ fn concurrent_requests_get_the_tokens_they_get_alone() {
     let cfg = SchedulerConfig {
         max_batch: 4,
         prefill_chunk: 8,
+        prefill_chunk_solo: 8,
         state_cache_entries: 0,
         ..Default::default()
     };
@@ -221,6 +222,7 @@ fn a_divergent_prompt_reuses_the_shared_prefix_on_every_architecture() {
     for (name, dir, expect_cached) in &models {
         let cfg = SchedulerConfig {
             prefill_chunk: 64,
+            prefill_chunk_solo: 64,
             min_reuse_tokens: 4,
             ..Default::default()
         };
@@ -401,6 +403,7 @@ fn kimi_k3_recurrent_states_batch_and_reuse_exactly() {
     let cfg = SchedulerConfig {
         max_batch: 3,
         prefill_chunk: 7,
+        prefill_chunk_solo: 7,
         min_reuse_tokens: 4,
         ..Default::default()
     };
@@ -452,6 +455,7 @@ fn batched_requests_that_draft_get_the_tokens_they_get_alone() {
     let cfg = SchedulerConfig {
         max_batch: 8,
         prefill_chunk: 16,
+        prefill_chunk_solo: 16,
         state_cache_entries: 0,
         drafts,
         ..Default::default()

@@ -329,7 +329,12 @@ impl Worker {
             tokens: self.cfg.prefill_chunk,
             positions: self.cfg.prefill_positions,
         };
-        let mut works = plan_step(&phases, self.pacer.budget(max));
+        let prefilling = phases.iter().filter(|p| **p != Phase::Decode).count();
+        let contended = prefilling != phases.len() || prefilling > 1 || !self.waiting.is_empty();
+        let budget = self
+            .pacer
+            .step_budget(max, self.cfg.prefill_chunk_solo, contended);
+        let mut works = plan_step(&phases, budget);
         self.plan_drafts(&phases);
         self.fit_pass(&mut works, &phases);
         if works.is_empty() {
