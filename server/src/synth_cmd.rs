@@ -49,6 +49,9 @@ pub struct SynthArgs {
     /// Override the routed experts per MoE layer.
     #[arg(long)]
     pub experts: Option<usize>,
+    /// Override the context length (`max_position_embeddings`; e.g. 32768 for 16k prompts).
+    #[arg(long)]
+    pub max_position: Option<usize>,
     /// Grow the layer count until the checkpoint reaches about this size (e.g. `30G`).
     #[arg(long)]
     pub size: Option<String>,
@@ -153,6 +156,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
     if let Some(e) = a.experts {
         s.experts = e;
     }
+    if let Some(m) = a.max_position {
+        s.max_position = m.max(1);
+    }
     if let Some(want) = wanted_size(&a)? {
         while s.data_bytes() < want {
             s.layers += 1;
@@ -190,6 +196,9 @@ fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
     }
     s.shards = a.shards.max(1);
     s.seed = a.seed;
+    if let Some(m) = a.max_position {
+        s.max_position = m.max(1);
+    }
     let relayer = |s: &mut KimiK3Synth, layers: usize| {
         s.layers = layers.max(s.first_dense + 1);
         s.full_attn_layers = k3_full_attn_layers(s.layers);

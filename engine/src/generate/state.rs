@@ -139,21 +139,24 @@ impl KdaCache {
         }
     }
 
-    /// One delta-rule step of the staged pass.
-    pub(crate) fn step(&mut self, x: kda::StepInputs<'_>) {
-        debug_assert!(self.staged, "begin_rows first");
-        if self.first_step_pending {
-            let prev = Some(&self.snapshot_recurrent[..]);
-            kda::delta_rule_step_from(prev, &mut self.recurrent, x, self.shape);
-            self.first_step_pending = false;
-        } else {
-            kda::delta_rule_step(&mut self.recurrent, x, self.shape);
-        }
+    /// Set the committed delta-rule state (tests of the recurrence).
+    #[cfg(test)]
+    pub(crate) fn restore_for_test(&mut self, recurrent: &[f32]) {
+        self.recurrent.copy_from_slice(recurrent);
     }
 
-    /// The live delta-rule state.
-    pub(crate) fn recurrent(&self) -> &[f32] {
-        &self.recurrent
+    /// The staged pass's recurrent state for a head-split recurrence: the pre-pass matrix to
+    /// read out of place while the pass's first step is pending, and the live buffer. Call
+    /// [`KdaCache::pass_steps_done`] once the rows have stepped.
+    pub(crate) fn pass_states(&mut self) -> (Option<&[f32]>, &mut [f32]) {
+        debug_assert!(self.staged, "begin_rows first");
+        let prev = self.first_step_pending.then_some(&self.snapshot_recurrent[..]);
+        (prev, &mut self.recurrent)
+    }
+
+    /// The staged rows have stepped: the live buffer holds the state.
+    pub(crate) fn pass_steps_done(&mut self) {
+        self.first_step_pending = false;
     }
 
     pub(crate) fn conv_history(&self) -> &[f32] {

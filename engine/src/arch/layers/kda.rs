@@ -13,8 +13,10 @@
 //! 5. per head `o ← w ⊙ RMS(o)` (eps `rms_norm_eps`) `⊙ σ(gate)`, gate full-rank or low-rank;
 //!    `y = W_o o`.
 //!
-//! Multi-row passes run every projection as one multi-row matmul and the convolution and
-//! recurrence sequentially row by row, so a prefill is bit-identical to token-by-token decoding.
+//! Multi-row passes run every projection as one multi-row matmul and the convolution row by
+//! row; the recurrence runs per `(sequence, head)` — on all cores for large passes — each over
+//! its rows in order with the same operations as one-row decoding, so a prefill is bit-identical
+//! to token-by-token decoding whatever the split.
 //! Each row's recurrence inputs (raw projections, `k`, `v`, `g`, `β`) are recorded in the
 //! sequence's [`KdaCache`] so a pass can be committed to a prefix by replay (see
 //! `generate::state`); [`conv_push`] and [`delta_rule_step`] are the shared replay primitives.
@@ -168,11 +170,41 @@ impl Kda {
 
     /// Attention output `[n, hidden]` for normalised rows `x`, advancing each row's sequence
     /// state (rows of one sequence are consecutive positions, in order).
+    ///
+    /// Three phases: the per-row channel work (convolution, norms, decay, β) runs in row order,
+    /// as the convolution history requires; the delta rule and read-out then run per
+    /// `(sequence, head)` — independent recurrences — on all cores when the pass is large
+    /// enough, each over its rows in order ([`head_step`], [`head_readout`]: the operations of
+    /// the sequential twin, so the bits do not depend on the split); last the gated norm.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
         let s = self.shape;
-        let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
+        let p = s.channels();
         let proj = self.project(x, n);
+        let inputs = self.channel_phase(&proj, n, rows);
         let mut o = vec![0.0f32; n * p];
+        let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
+        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
+        for (i, out) in o.chunks_mut(p).enumerate() {
+            self.gated_norm(out, &proj.gate[i * p..(i + 1) * p]);
+        }
+        let mut y = vec![0.0f32; n * self.o.rows];
+        matmul(&self.o, &o, n, &mut y);
+        y
+    }
+
+    /// Per row, in order: the convolution (advancing each sequence's history), SiLU, the L2
+    /// norms and q scale, the decay `g` and `β`; each row's recurrence inputs are recorded in its
+    /// sequence's cache.
+    fn channel_phase(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> RowInputs {
+        let s = self.shape;
+        let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
+        let mut inp = RowInputs {
+            q: vec![0.0; n * p],
+            k: vec![0.0; n * p],
+            v: vec![0.0; n * p],
+            g: vec![0.0; n * p],
+            beta: vec![0.0; n * heads],
+        };
         let mut record = vec![0.0f32; s.record_len()];
         for i in 0..n {
             let cache = &mut *rows.caches[rows.seq[i]];
@@ -183,8 +215,8 @@ impl Kda {
             let (k, rest) = rest.split_at_mut(p);
             let (v, rest) = rest.split_at_mut(p);
             let (g, beta) = rest.split_at_mut(p);
-            let mut q = vec![0.0f32; p];
-            self.convolve(cache.conv_history(), raw, &mut q, k, v);
+            let q = &mut inp.q[i * p..(i + 1) * p];
+            self.convolve(cache.conv_history(), raw, q, k, v);
             conv_push(cache.conv_history_mut(), raw, s);
             for h in 0..heads {
                 let qh = &mut q[h * hd..(h + 1) * hd];
@@ -202,15 +234,13 @@ impl Kda {
             for (b, &logit) in beta.iter_mut().zip(&proj.beta[i * heads..(i + 1) * heads]) {
                 *b = sigmoid(logit);
             }
-            cache.step(StepInputs { k, v, g, beta });
-            let out = &mut o[i * p..(i + 1) * p];
-            readout(cache.recurrent(), &q, s, out);
-            self.gated_norm(out, &proj.gate[i * p..(i + 1) * p]);
+            inp.k[i * p..(i + 1) * p].copy_from_slice(k);
+            inp.v[i * p..(i + 1) * p].copy_from_slice(v);
+            inp.g[i * p..(i + 1) * p].copy_from_slice(g);
+            inp.beta[i * heads..(i + 1) * heads].copy_from_slice(beta);
             cache.record(&record);
         }
-        let mut y = vec![0.0f32; n * self.o.rows];
-        matmul(&self.o, &o, n, &mut y);
-        y
+        inp
     }
 
     /// Causal depthwise convolution of one row (history + current raw values), then SiLU.
@@ -284,52 +314,181 @@ pub fn delta_rule_step_from(prev: Option<&[f32]>, state: &mut [f32], x: StepInpu
     let StepInputs { k, v, g, beta } = x;
     let d = shape.head_dim;
     let mut delta = vec![0.0f32; d];
-    for h in 0..shape.heads {
-        let s = &mut state[h * d * d..(h + 1) * d * d];
+    for (h, s) in state.chunks_mut(d * d).enumerate().take(shape.heads) {
+        let c = h * d..(h + 1) * d;
         let src = prev.map(|p| &p[h * d * d..(h + 1) * d * d]);
-        let (kh, vh, gh) = (
-            &k[h * d..(h + 1) * d],
-            &v[h * d..(h + 1) * d],
-            &g[h * d..(h + 1) * d],
-        );
-        for (i, (row, &gi)) in s.chunks_mut(d).zip(gh).enumerate() {
-            let decay = gi.exp();
-            match src {
-                Some(p) => row
-                    .iter_mut()
-                    .zip(&p[i * d..(i + 1) * d])
-                    .for_each(|(x, &y)| *x = y * decay),
-                None => row.iter_mut().for_each(|x| *x *= decay),
-            }
+        head_step_with(src, s, (&k[c.clone()], &v[c.clone()], &g[c]), beta[h], &mut delta);
+    }
+}
+
+/// One head's delta-rule step on its `[d, d]` state (see [`delta_rule_step`]; `prev`: read the
+/// pre-step state out of place).
+pub(crate) fn head_step(
+    prev: Option<&[f32]>,
+    s: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    d: usize,
+) {
+    let mut delta = [0.0f32; 256];
+    if d <= delta.len() {
+        head_step_with(prev, s, (k, v, g), beta, &mut delta[..d]);
+    } else {
+        head_step_with(prev, s, (k, v, g), beta, &mut vec![0.0; d]);
+    }
+}
+
+/// [`head_step`] with a scratch `delta` of `d` values.
+fn head_step_with(
+    prev: Option<&[f32]>,
+    s: &mut [f32],
+    (kh, vh, gh): (&[f32], &[f32], &[f32]),
+    beta: f32,
+    delta: &mut [f32],
+) {
+    let d = delta.len();
+    for (i, (row, &gi)) in s.chunks_mut(d).zip(gh).enumerate() {
+        let decay = gi.exp();
+        match prev {
+            Some(p) => row
+                .iter_mut()
+                .zip(&p[i * d..(i + 1) * d])
+                .for_each(|(x, &y)| *x = y * decay),
+            None => row.iter_mut().for_each(|x| *x *= decay),
         }
-        delta.iter_mut().for_each(|x| *x = 0.0);
-        for (row, &ki) in s.chunks(d).zip(kh) {
-            for (acc, &x) in delta.iter_mut().zip(row) {
-                *acc += x * ki;
-            }
+    }
+    delta.iter_mut().for_each(|x| *x = 0.0);
+    for (row, &ki) in s.chunks(d).zip(kh) {
+        for (acc, &x) in delta.iter_mut().zip(row) {
+            *acc += x * ki;
         }
-        for (dj, &vj) in delta.iter_mut().zip(vh) {
-            *dj = (vj - *dj) * beta[h];
-        }
-        for (row, &ki) in s.chunks_mut(d).zip(kh) {
-            for (x, &dj) in row.iter_mut().zip(&delta) {
-                *x += ki * dj;
-            }
+    }
+    for (dj, &vj) in delta.iter_mut().zip(vh) {
+        *dj = (vj - *dj) * beta;
+    }
+    for (row, &ki) in s.chunks_mut(d).zip(kh) {
+        for (x, &dj) in row.iter_mut().zip(delta.iter()) {
+            *x += ki * dj;
         }
     }
 }
 
 /// `o = qᵀS` per head (sum over the key index in order).
+#[cfg(test)]
 fn readout(state: &[f32], q: &[f32], shape: KdaShape, out: &mut [f32]) {
     let d = shape.head_dim;
-    out.iter_mut().for_each(|x| *x = 0.0);
     for h in 0..shape.heads {
-        let s = &state[h * d * d..(h + 1) * d * d];
-        let oh = &mut out[h * d..(h + 1) * d];
-        for (row, &qi) in s.chunks(d).zip(&q[h * d..(h + 1) * d]) {
-            for (acc, &x) in oh.iter_mut().zip(row) {
-                *acc += x * qi;
+        head_readout(
+            &state[h * d * d..(h + 1) * d * d],
+            &q[h * d..(h + 1) * d],
+            &mut out[h * d..(h + 1) * d],
+            d,
+        );
+    }
+}
+
+/// One head's read-out `o = qᵀS` (sum over the key index in order).
+pub(crate) fn head_readout(s: &[f32], q: &[f32], out: &mut [f32], d: usize) {
+    out.iter_mut().for_each(|x| *x = 0.0);
+    for (row, &qi) in s.chunks(d).zip(q) {
+        for (acc, &x) in out.iter_mut().zip(row) {
+            *acc += x * qi;
+        }
+    }
+}
+
+/// Every row's recurrence inputs (`[n, P]` each, `beta` `[n, heads]`).
+struct RowInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+/// Below this many multiply-adds the recurrence runs on the calling thread (one decode row).
+const PARALLEL_WORK: usize = 1 << 16;
+
+/// One `(sequence, head)` recurrence of a pass: that head's state (and, for the pass's first
+/// step, the pre-pass state to read out of place) and the sequence's rows in order.
+struct HeadTask<'a> {
+    head: usize,
+    prev: Option<&'a [f32]>,
+    state: &'a mut [f32],
+    rows: &'a [usize],
+}
+
+/// The delta rule and read-out of every row, per `(sequence, head)`; writes `o`.
+/// `parallel`: spread the tasks over the thread pool (the bits do not depend on it).
+fn recurrence_phase(
+    inp: &RowInputs,
+    n: usize,
+    rows: &mut KdaRows<'_, '_>,
+    o: &mut [f32],
+    s: KdaShape,
+    parallel: bool,
+) {
+    let (p, heads, d) = (s.channels(), s.heads, s.head_dim);
+    let mut by_seq: Vec<Vec<usize>> = vec![Vec::new(); rows.caches.len()];
+    for (i, &seq) in rows.seq.iter().enumerate().take(n) {
+        by_seq[seq].push(i);
+    }
+    let mut tasks: Vec<HeadTask<'_>> = Vec::with_capacity(rows.caches.len() * heads);
+    for (cache, seq_rows) in rows.caches.iter_mut().zip(&by_seq) {
+        if seq_rows.is_empty() {
+            continue;
+        }
+        let (prev, live) = cache.pass_states();
+        for (head, state) in live.chunks_mut(d * d).enumerate() {
+            let prev = prev.map(|p| &p[head * d * d..(head + 1) * d * d]);
+            tasks.push(HeadTask {
+                head,
+                prev,
+                state,
+                rows: seq_rows,
+            });
+        }
+    }
+    let run = |t: HeadTask<'_>| -> (usize, Vec<f32>) {
+        let mut out = vec![0.0f32; t.rows.len() * d];
+        let c = t.head * d..(t.head + 1) * d;
+        for (j, &i) in t.rows.iter().enumerate() {
+            let prev = if j == 0 { t.prev } else { None };
+            let ch = i * p + c.start..i * p + c.end;
+            head_step(
+                prev,
+                t.state,
+                &inp.k[ch.clone()],
+                &inp.v[ch.clone()],
+                &inp.g[ch.clone()],
+                inp.beta[i * heads + t.head],
+                d,
+            );
+            head_readout(t.state, &inp.q[ch], &mut out[j * d..(j + 1) * d], d);
+        }
+        (t.head, out)
+    };
+    let outs: Vec<(usize, Vec<f32>)> = if parallel && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        tasks.into_par_iter().map(run).collect()
+    } else {
+        tasks.into_iter().map(run).collect()
+    };
+    // Tasks were made per sequence, heads in order: scatter each back to its rows.
+    let mut outs = outs.into_iter();
+    for seq_rows in by_seq.iter().filter(|r| !r.is_empty()) {
+        for _ in 0..heads {
+            let (head, out) = outs.next().expect("one output per (sequence, head) task");
+            for (j, &i) in seq_rows.iter().enumerate() {
+                o[i * p + head * d..i * p + (head + 1) * d].copy_from_slice(&out[j * d..(j + 1) * d]);
             }
+        }
+    }
+    for (cache, seq_rows) in rows.caches.iter_mut().zip(&by_seq) {
+        if !seq_rows.is_empty() {
+            cache.pass_steps_done();
         }
     }
 }
@@ -384,6 +543,67 @@ mod tests {
         let mut out_of_place = vec![f32::NAN; 4];
         delta_rule_step_from(Some(&s), &mut out_of_place, x, shape);
         assert_eq!(in_place, out_of_place);
+    }
+
+    /// The head-split recurrence (parallel or not, two sequences interleaved in one pass, the
+    /// first step read out of place) gives the bits of the scalar twin: every row stepped with
+    /// [`delta_rule_step`] and read out with [`readout`], one sequence at a time.
+    #[test]
+    fn the_head_split_recurrence_matches_the_row_by_row_twin() {
+        let s = KdaShape {
+            heads: 3,
+            head_dim: 8,
+            kernel: 2,
+        };
+        let (p, n) = (s.channels(), 7);
+        let mut rng = crate::synth::Rng::new(9);
+        let mut vals =
+            |len: usize, scale: f32| -> Vec<f32> { (0..len).map(|_| rng.symmetric(scale)).collect() };
+        let inp = RowInputs {
+            q: vals(n * p, 0.5),
+            k: vals(n * p, 0.3),
+            v: vals(n * p, 1.0),
+            g: vals(n * p, 0.2).into_iter().map(|x| -x.abs()).collect(),
+            beta: vals(n * s.heads, 1.0).into_iter().map(sigmoid).collect(),
+        };
+        let seq = [0, 1, 0, 0, 1, 0, 1];
+        let start = [vals(s.state_len(), 0.1), vals(s.state_len(), 0.1)];
+        // The twin: each sequence's rows in order, whole-state steps.
+        let mut want = vec![0.0f32; n * p];
+        for (which, init) in start.iter().enumerate() {
+            let mut state = init.clone();
+            for i in (0..n).filter(|&i| seq[i] == which) {
+                let c = i * p..(i + 1) * p;
+                let x = StepInputs {
+                    k: &inp.k[c.clone()],
+                    v: &inp.v[c.clone()],
+                    g: &inp.g[c.clone()],
+                    beta: &inp.beta[i * s.heads..(i + 1) * s.heads],
+                };
+                delta_rule_step(&mut state, x, s);
+                readout(&state, &inp.q[c.clone()], s, &mut want[c]);
+            }
+        }
+        for parallel in [false, true] {
+            let mut caches: Vec<KdaCache> = start
+                .iter()
+                .map(|init| {
+                    let mut c = KdaCache::new(s);
+                    c.restore_for_test(init);
+                    c.begin_rows();
+                    c
+                })
+                .collect();
+            let mut refs: Vec<&mut KdaCache> = caches.iter_mut().collect();
+            let mut rows = KdaRows {
+                caches: &mut refs,
+                seq: &seq,
+            };
+            let mut got = vec![0.0f32; n * p];
+            recurrence_phase(&inp, n, &mut rows, &mut got, s, parallel);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "parallel: {parallel}");
+        }
     }
 
     #[test]
