@@ -217,18 +217,17 @@ impl Worker {
             let Some(front) = self.waiting.front() else {
                 break;
             };
-            let reserved = match self.pool {
+            let (reserved, cache_limit) = match self.pool {
                 Some(pool) => {
                     let need = pool.need(front.req.prompt.len(), 1 + front.forks.len());
                     let used: u64 = self.running.iter().map(Seq::held).sum();
                     match memory::admit(pool.bytes, used, need) {
-                        Admission::Now { cache_limit } => self.cache.evict_to(cache_limit as usize),
+                        Admission::Now { cache_limit } => (need, Some(cache_limit)),
                         // Running requests hold the memory: wait for one to finish (FIFO).
                         Admission::Wait => break,
                     }
-                    need
                 }
-                None => 0,
+                None => (0, None),
             };
             let Some(job) = self.waiting.pop_front() else {
                 break;
@@ -239,6 +238,10 @@ impl Worker {
             } else {
                 None
             };
+            // The reuse cache gives way to the new request (after it took its own copy).
+            if let Some(limit) = cache_limit {
+                self.cache.evict_to(limit as usize);
+            }
             if job.req.reuse_state {
                 add(
                     if reused.is_some() {
