@@ -398,6 +398,11 @@ fn a_checkpointed_state_rewinds_to_any_checkpoint_bit_identically() {
         // 5 chunk ends (64..300); the newest is kept, the rest thinned to spread out.
         let marks = s.checkpoint_positions();
         assert_eq!(marks.len(), 3, "{marks:?}");
+        // The config's state size is what a state really holds.
+        let size = m.info().state;
+        assert_eq!(size.per_sequence as usize, s.kda_state_bytes());
+        assert_eq!(size.per_token as usize * s.len(), s.mla_cache_bytes());
+        assert_eq!(size.per_sequence as usize * marks.len(), s.checkpoint_bytes());
         assert_eq!(*marks.last().unwrap(), 300);
         assert!(s.checkpoint_bytes() > 0);
         let mark = marks[1];

@@ -445,10 +445,11 @@ pub(crate) fn model_info(arch: &'static str, cfg: &KimiLinearConfig, ld: &Loader
 /// Sequence-state bytes: MLA layers cache the latent and shared key of every position; KDA
 /// layers hold a convolution history and a delta-rule matrix whatever the context.
 pub(crate) fn state_size(cfg: &KimiLinearConfig) -> StateSize {
-    let fresh = new_layer_states(cfg);
+    let count = |kind: AttnKind| cfg.layer_kinds.iter().filter(|&&k| k == kind).count();
+    let kda = kda_shape(cfg);
     StateSize {
-        per_token: (fresh.mla_layers() * 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)) as u64,
-        per_sequence: fresh.kda_state_bytes() as u64,
+        per_token: (count(AttnKind::Mla) * 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)) as u64,
+        per_sequence: (count(AttnKind::Kda) * 4 * (kda.conv_len() + kda.state_len())) as u64,
     }
 }
 

@@ -83,15 +83,24 @@ pub(crate) fn fit_pass(pool: u64, sequences: &[(u64, u64)]) -> (Vec<usize>, u64)
     (stop, pool.saturating_sub(total))
 }
 
-/// The error for a request whose prompt cannot fit.
-pub(crate) fn too_long(size: StateSize, pool: u64, tokens: usize, checkpoints: usize, cap: usize) -> Error {
+/// The error for a request whose prompt (`tokens` positions, for each of `choices`) cannot fit.
+pub(crate) fn too_long(
+    size: StateSize,
+    pool: u64,
+    tokens: usize,
+    checkpoints: usize,
+    choices: usize,
+    cap: usize,
+) -> Error {
+    let per_choice = if choices > 1 { " per choice" } else { "" };
     Error::Budget(format!(
         "the context memory planned inside the memory budget is {}: a {tokens}-token prompt needs {} of \
-         sequence state; the longest context it holds is {} tokens (raise --memory-budget or \
-         --context-memory)",
+         sequence state for {} choice(s); the longest context it holds is {} tokens{per_choice} (raise \
+         --memory-budget or --context-memory)",
         human(pool),
-        human(size.bytes(tokens, checkpoints)),
-        longest_context(size, pool, checkpoints, cap)
+        human(state_bytes(size, tokens, checkpoints, choices)),
+        choices.max(1),
+        longest_context(size, pool / choices.max(1) as u64, checkpoints, cap)
     ))
 }
 
@@ -191,9 +200,14 @@ mod tests {
             per_token: 1024,
             per_sequence: 0,
         };
-        let e = too_long(s, 1 << 20, 5000, 0, 1 << 20).to_string();
+        let e = too_long(s, 1 << 20, 5000, 0, 1, 1 << 20).to_string();
         assert!(
             e.contains("1.00 MiB") && e.contains("1024 tokens") && e.contains("5000-token"),
+            "{e}"
+        );
+        let e = too_long(s, 1 << 20, 700, 0, 2, 1 << 20).to_string();
+        assert!(
+            e.contains("1.00 MiB") && e.contains("2 choice(s)") && e.contains("512 tokens per choice"),
             "{e}"
         );
         assert!(exhausted(1 << 20, 77).to_string().contains("77 tokens"));

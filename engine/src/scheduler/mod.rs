@@ -320,14 +320,13 @@ impl SchedulerHandle {
         if let Some(pool) = self.pool
             && pool.need(req.prompt.len(), sinks.len()) > pool.bytes
         {
-            let tokens = req.prompt.len() + 1;
-            let cap = self.context_limit;
             return Err(SubmitError::Invalid(memory::too_long(
                 pool.size,
-                pool.bytes / sinks.len() as u64,
-                tokens,
+                pool.bytes,
+                req.prompt.len() + 1,
                 pool.checkpoints,
-                cap,
+                sinks.len(),
+                self.context_limit,
             )));
         }
         let sink = sinks.remove(0);

@@ -102,7 +102,7 @@ impl Worker {
         pool: Option<Pool>,
     ) -> Self {
         let checkpoints = checkpoint_limit(&cfg, model.info().state);
-        let cfg_step = cfg.prefill_step;
+        let pacer = Pacer::new(cfg.prefill_step);
         let cache = StateCache::new(
             cfg.state_cache_entries,
             cfg.state_cache_bytes,
@@ -119,7 +119,7 @@ impl Worker {
             limit,
             connected: true,
             pending_forks: Vec::new(),
-            pacer: Pacer::new(cfg_step),
+            pacer,
             pool,
             checkpoints,
         }

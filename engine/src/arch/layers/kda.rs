@@ -174,7 +174,7 @@ impl Kda {
     /// Three phases: the per-row channel work (convolution, norms, decay, β) runs in row order,
     /// as the convolution history requires; the delta rule and read-out then run per
     /// `(sequence, head)` — independent recurrences — on all cores when the pass is large
-    /// enough, each over its rows in order ([`head_step`], [`head_readout`]: the operations of
+    /// enough, each over its rows in order ([`head_step_with`], [`head_readout`]: the operations of
     /// the sequential twin, so the bits do not depend on the split); last the gated norm.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
         let s = self.shape;
@@ -322,25 +322,7 @@ pub fn delta_rule_step_from(prev: Option<&[f32]>, state: &mut [f32], x: StepInpu
 }
 
 /// One head's delta-rule step on its `[d, d]` state (see [`delta_rule_step`]; `prev`: read the
-/// pre-step state out of place).
-pub(crate) fn head_step(
-    prev: Option<&[f32]>,
-    s: &mut [f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: f32,
-    d: usize,
-) {
-    let mut delta = [0.0f32; 256];
-    if d <= delta.len() {
-        head_step_with(prev, s, (k, v, g), beta, &mut delta[..d]);
-    } else {
-        head_step_with(prev, s, (k, v, g), beta, &mut vec![0.0; d]);
-    }
-}
-
-/// [`head_step`] with a scratch `delta` of `d` values.
+/// pre-step state out of place), with a scratch `delta` of `d` values.
 fn head_step_with(
     prev: Option<&[f32]>,
     s: &mut [f32],
@@ -453,19 +435,13 @@ fn recurrence_phase(
     }
     let run = |t: HeadTask<'_>| -> (usize, Vec<f32>) {
         let mut out = vec![0.0f32; t.rows.len() * d];
+        let mut delta = vec![0.0f32; d];
         let c = t.head * d..(t.head + 1) * d;
         for (j, &i) in t.rows.iter().enumerate() {
             let prev = if j == 0 { t.prev } else { None };
             let ch = i * p + c.start..i * p + c.end;
-            head_step(
-                prev,
-                t.state,
-                &inp.k[ch.clone()],
-                &inp.v[ch.clone()],
-                &inp.g[ch.clone()],
-                inp.beta[i * heads + t.head],
-                d,
-            );
+            let khv = (&inp.k[ch.clone()], &inp.v[ch.clone()], &inp.g[ch.clone()]);
+            head_step_with(prev, t.state, khv, inp.beta[i * heads + t.head], &mut delta);
             head_readout(t.state, &inp.q[ch], &mut out[j * d..(j + 1) * d], d);
         }
         (t.head, out)
