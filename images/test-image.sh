@@ -8,20 +8,28 @@
 #     then `deltafin serve` answering /livez, /readyz and one chat completion. A binary without
 #     a `serve` subcommand stops after the `run` check and says so (exit 3).
 #
-# Not part of scripts/test-all: a cold build compiles the whole server in release mode inside
-# the container (about 6-10 minutes on 2 cores with RELEASE_LTO=off; the debootstrap base adds
-# about 30 s once). Needs root, buildah, podman, runc and debootstrap (apt-get install buildah podman
-# runc debootstrap).
+# scripts/test-all runs `--all`. A cold build compiles the server in release mode inside the
+# container (about 6-10 minutes on 2 cores with RELEASE_LTO=off; the debootstrap base adds about
+# 30 s once); the three builds share one cargo target cache (id deltafin-target), so the operator
+# and the CUDA stage then compile little beyond their own crates. Needs root, buildah, podman,
+# runc and debootstrap (scripts/install-test-deps installs them).
 #
 # Usage: images/test-image.sh [SOURCE_DIR]            server image (default SOURCE_DIR: this
 #        checkout; any workspace checkout with the same layout works)
 #        images/test-image.sh --operator [SOURCE_DIR] operator image instead: build, then run
-#        `deltafin-operator --version` and `crd` read-only as uid 65532 (about 5-8 minutes cold)
+#        `deltafin-operator --version` and `crd` read-only as uid 65532
+#        images/test-image.sh --cuda-build-stage [SOURCE_DIR]  the Rust stage of
+#        images/server-cuda.Containerfile (`--features cuda`) on the local builder; no GPU run
+#        images/test-image.sh --all [SOURCE_DIR]     all three, in that order (server, operator, CUDA stage)
 # Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off), CODEGEN_UNITS (16).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-OPERATOR=0
-if [ "${1:-}" = --operator ]; then OPERATOR=1; shift; fi
+MODE=server
+case "${1:-}" in
+    --operator) MODE=operator; shift ;;
+    --cuda-build-stage) MODE=cuda; shift ;;
+    --all) MODE=all; shift ;;
+esac
 SRC=$(cd "${1:-$HERE/..}" && pwd)
 IMAGE=${IMAGE:-localhost/deltafin:test}
 BASE=localhost/debian:bookworm-min
@@ -64,7 +72,7 @@ EOF
     rm -rf "$ctx"
 fi
 
-if [ "$OPERATOR" = 1 ]; then
+operator_image() {
     step "buildah bud images/operator.Containerfile ($SRC) -> localhost/deltafin-operator:test"
     buildah "${SD[@]}" bud --isolation chroot --layers=false -f "$HERE/operator.Containerfile" \
         --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" \
@@ -75,8 +83,26 @@ if [ "$OPERATOR" = 1 ]; then
     "${PODMAN[@]}" run "${RUN_OPTS[@]}" --network none localhost/deltafin-operator:test --version
     "${PODMAN[@]}" run "${RUN_OPTS[@]}" --network none localhost/deltafin-operator:test crd | diff -q - "$HERE/../charts/deltafin/files/crd.yaml"
     step "operator image checks passed (crd output equals charts/deltafin/files/crd.yaml)"
-    exit 0
-fi
+}
+
+# The CUDA image's Rust stage (`--target build`): the CUDA devel base cannot be pulled here, so
+# the local builder stands in for it; the feature builds without a CUDA toolkit.
+cuda_build_stage() {
+    step "buildah bud --target build images/server-cuda.Containerfile ($SRC) -> localhost/deltafin-cuda-build:test"
+    buildah "${SD[@]}" bud --isolation chroot --layers=false --target build -f "$HERE/server-cuda.Containerfile" \
+        --build-arg BUILD_IMAGE="$BUILDER" \
+        --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
+        -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
+        -t localhost/deltafin-cuda-build:test "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 20
+    "${PODMAN[@]}" run --rm --network none --entrypoint /out/deltafin localhost/deltafin-cuda-build:test --version
+    "${PODMAN[@]}" rmi localhost/deltafin-cuda-build:test >/dev/null
+    step "CUDA image Rust stage built (--features cuda)"
+}
+
+case "$MODE" in
+    operator) operator_image; exit 0 ;;
+    cuda) cuda_build_stage; exit 0 ;;
+esac
 
 step "buildah bud images/server-cpu.Containerfile ($SRC, RELEASE_LTO=$RELEASE_LTO) -> $IMAGE"
 buildah "${SD[@]}" bud --isolation chroot --layers=false \
@@ -114,10 +140,25 @@ curl -sf http://127.0.0.1:18000/livez >/dev/null || { "${PODMAN[@]}" logs "$name
 step "/livez 200, /readyz 200"
 model=$(curl -sf http://127.0.0.1:18000/v1/models | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
 step "/v1/models: $model"
-resp=$(curl -s http://127.0.0.1:18000/v1/chat/completions -H 'content-type: application/json' \
-    -d "{\"model\":\"$model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8}")
-echo "$resp" | head -c 600; echo
-echo "$resp" | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["choices"][0]["message"]["role"]=="assistant"'
-step "chat completion OK"
+PY=${DELTAFIN_TEST_PYTHON:-python3}
+"$PY" - "$model" <<'PYEOF'
+import sys
+import openai
+c = openai.OpenAI(base_url="http://127.0.0.1:18000/v1", api_key="unused", max_retries=0, timeout=120)
+r = c.chat.completions.create(model=sys.argv[1], messages=[{"role": "user", "content": "Once upon a time"}], max_tokens=16)
+assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0, r
+print("chat:", repr(r.choices[0].message.content))
+PYEOF
+step "chat completion OK (official openai client)"
+metrics=$(curl -sf http://127.0.0.1:18000/metrics)
+echo "$metrics" | grep -q '^deltafin_requests_total{endpoint="chat_completions",outcome="success"} 1$' \
+    || { echo "/metrics does not count the chat completion" >&2; exit 1; }
+step "/metrics counts it"
 
-step "image checks passed"
+step "server image checks passed"
+if [ "$MODE" = all ]; then
+    "${PODMAN[@]}" rm -f "$name" >/dev/null 2>&1 || true
+    operator_image
+    cuda_build_stage
+    step "all image checks passed"
+fi

@@ -12,11 +12,13 @@
 
 pub mod arch;
 pub mod backend;
+pub mod builtin;
 pub mod cache;
 pub mod config;
 pub mod constrain;
 pub mod error;
 pub mod generate;
+pub mod histogram;
 pub mod kernels;
 pub mod scheduler;
 pub mod spec;

@@ -16,7 +16,7 @@ use deltafin_engine::scheduler::{
     self, Completion, Event, GenRequest, SchedulerConfig, SchedulerHandle, choice_seed,
 };
 use deltafin_engine::spec::{Drafts, EconomicsConfig, RequestKind, SpecMode};
-use deltafin_engine::synth::{DSparkSynth, builtin_default};
+use deltafin_engine::synth::{DSparkSynth, KimiK3Synth};
 use deltafin_engine::tokenizer::Tokenizer;
 
 struct Fixture {
@@ -29,7 +29,7 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    builtin_default().write(dir.path()).unwrap();
+    KimiK3Synth::k3_builtin().write(dir.path()).unwrap();
     let model = arch::load(dir.path()).unwrap();
     let info = model.info().clone();
     let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());

@@ -52,7 +52,10 @@ fn compare(name: &str, ours: &[f32], oracle: &[f32]) -> f32 {
 }
 
 fn check(name: &str) {
-    let dir = fixture(name);
+    check_dir(name, &fixture(name));
+}
+
+fn check_dir(name: &str, dir: &std::path::Path) {
     let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
     let model = arch::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
     let prompt = ids(&golden["prompt_ids"]);
@@ -107,6 +110,16 @@ fn check(name: &str) {
         got.output_ids, want,
         "{name}: greedy tokens differ from the oracle"
     );
+}
+
+/// The built-in default (trained weights: outlier features, peaked attention, routing with
+/// locality), 64 greedy tokens against HF on the files the binary ships.
+#[test]
+fn trained_default_model_matches_hf_for_64_tokens() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/austen-moe");
+    check_dir("austen-moe", &dir);
+    let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    assert!(ids(&golden["greedy"]["output_ids"]).len() >= 64);
 }
 
 #[test]

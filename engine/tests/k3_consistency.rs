@@ -57,17 +57,15 @@ fn checkpoints_load_as_the_intended_architectures() {
     assert_eq!(m.info().arch, "kimi_linear");
 }
 
-/// The built-in default model is a K3-architecture checkpoint with MXFP4 experts and a
-/// tokenizer carrying K3's special tokens and chat format.
+/// The built-in K3 preset (`--model builtin:k3`) is a K3-architecture checkpoint with MXFP4
+/// experts and a tokenizer carrying K3's special tokens and chat format.
 #[test]
-fn builtin_default_is_a_k3_checkpoint() {
+fn builtin_k3_preset_is_a_k3_checkpoint() {
+    use deltafin_engine::builtin::Builtin;
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("builtin");
-    assert!(deltafin_engine::synth::ensure_builtin(&target).unwrap());
-    assert!(
-        !deltafin_engine::synth::ensure_builtin(&target).unwrap(),
-        "second call reuses it"
-    );
+    assert!(Builtin::K3.ensure(&target).unwrap());
+    assert!(!Builtin::K3.ensure(&target).unwrap(), "second call reuses it");
     let spec = ModelSpec::load(&target).unwrap();
     assert!(matches!(spec.arch, ArchConfig::KimiK3(_)));
     assert!(matches!(
@@ -475,12 +473,12 @@ fn sixteen_k_token_context() {
     );
 }
 
-/// Long prompts: the last position's logits are bit-identical whether the prompt is prefilled in
+/// 16k-token prompts: the last position's logits are bit-identical whether the prompt is prefilled in
 /// chunks of 64, 256 or 4096 tokens or in one pass (the tiled attention merges its key blocks in
 /// a fixed order whatever the chunking and the thread count), on K3 and Kimi-Linear.
 #[test]
 fn long_prompt_logits_do_not_depend_on_the_chunk_size() {
-    let len = 5_000; // crosses several attention blocks (1,024 positions) at every chunking
+    let len = 16_384; // sixteen attention blocks (1,024 positions) at every chunking
     for synth in variants() {
         let (_dir, m) = model_of(&synth);
         let tokens: Vec<u32> = (0..len as u32).map(|i| (i * 7919 + 13) % 500).collect();

@@ -450,7 +450,8 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
             b.writes.push(Write::Apply(Child::Service(Box::new(svc))));
         }
         if settings.service_monitors {
-            if m.cr.spec.metrics.service_monitor == ServiceMonitorMode::Auto {
+            // Auto and Enabled both create it where the CRD is served (Enabled is "always").
+            if m.cr.spec.metrics.service_monitor != ServiceMonitorMode::Disabled {
                 let sm = resources::service_monitor(m);
                 if changed(&sm, obs.service_monitor.as_ref()) {
                     b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));

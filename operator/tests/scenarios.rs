@@ -296,6 +296,25 @@ async fn setup_progress_is_read_from_the_job_pod_log() {
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Verifying));
 }
 
+/// `metrics.serviceMonitor: Enabled` ("always") creates the ServiceMonitor like `Auto` does.
+#[tokio::test]
+async fn service_monitor_enabled_creates_it() {
+    let w = World::new(true);
+    let mut cr = example("kimi-k2-pvc");
+    cr.spec.metrics.service_monitor = deltafin_operator::crd::ServiceMonitorMode::Enabled;
+    w.create(cr);
+    w.reconcile("kimi-k2").await;
+    w.reconcile("kimi-k2").await;
+    let job = w.job_named("kimi-k2-setup-").pop().unwrap();
+    w.finish_job(&job, true);
+    let ws = writes(&w.reconcile("kimi-k2").await);
+    let monitors = FakeApi::collection("monitoring.coreos.com/v1", NS, "servicemonitors");
+    assert!(
+        ws.contains(&format!("PATCH {monitors}/kimi-k2")),
+        "ServiceMonitor: {ws:#?}"
+    );
+}
+
 #[tokio::test]
 async fn job_done_creates_deployment_then_ready_and_a_second_reconcile_writes_nothing() {
     let w = World::new(true);

@@ -55,7 +55,7 @@ enum BenchWhat {
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
-        BenchWhat::Run(a) => crate::bench_model::run(a),
+        BenchWhat::Run(a) => crate::bench_model::run(a, cache_dir),
         BenchWhat::Prefill(a) => crate::bench_prefill::run(a, cache_dir),
         BenchWhat::Disk(a) => crate::bench_disk::run(a),
         BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),

@@ -4,9 +4,11 @@
 //! `(1 - h) * expert bytes per token / disk bandwidth` (plus streamed spine bytes).
 //!
 //! Decode feeds a seeded random token stream (one token per pass, like llama-bench), so routing
-//! depends on the model, not on generated text.
+//! depends on the model, not on generated text; `--text` instead prefills that text and decodes
+//! greedily, so a trained model's routing locality (experts shared with the previous token) and
+//! the prefetcher's recall are those of real generation.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -15,14 +17,19 @@ use deltafin_engine::arch::{self, LogitRows, SeqInput};
 use deltafin_engine::cache::OocStats;
 use deltafin_engine::cache::store::TraceStep;
 use deltafin_engine::synth::Rng;
+use deltafin_engine::tokenizer::Tokenizer;
 use serde::Serialize;
 
 use crate::ooc_args::{OocArgs, describe_plan};
 
 #[derive(Debug, Args)]
 pub struct BenchRunArgs {
+    /// Model directory, or `builtin:k3`; default: the built-in trained model.
     #[arg(long, env = "DELTAFIN_MODEL")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
+    /// Prefill this text and decode greedily (real generation) instead of random tokens.
+    #[arg(long)]
+    pub text: Option<String>,
     #[command(flatten)]
     pub ooc: OocArgs,
     #[arg(long, default_value_t = 32)]
@@ -135,6 +142,8 @@ struct Bound {
 struct Report {
     label: String,
     model: PathBuf,
+    /// What decode fed: `random` ids or `text, greedy`.
+    tokens: &'static str,
     load_seconds: f64,
     prefill_tokens: usize,
     prefill_tokens_per_second: f64,
@@ -145,25 +154,31 @@ struct Report {
     stats: OocStats,
 }
 
-pub fn run(a: BenchRunArgs) -> Result<()> {
+pub fn run(mut a: BenchRunArgs, cache_dir: &Path) -> Result<()> {
     let Some(options) = a.ooc.options()? else {
         bail!("bench run needs a memory budget (not `off`)")
     };
+    let dir = crate::run::resolve_model(a.model.take(), cache_dir)?;
     let t = Instant::now();
-    let (model, rt) = arch::load_budgeted(&a.model, &options)?;
+    let (model, rt) = arch::load_budgeted(&dir, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();
     if !a.json {
         eprintln!("{}", describe_plan(&rt.plan));
     }
     let vocab = model.info().vocab_size as u64;
     let mut rng = Rng::new(a.seed);
-    let mut token = move || (rng.next_u64() % vocab) as u32;
+    let mut random = move || (rng.next_u64() % vocab) as u32;
     rt.experts.start_trace();
     let mut state = model.new_state();
-    let prompt: Vec<u32> = (0..a.prompt_tokens.max(1)).map(|_| token()).collect();
+    let prompt: Vec<u32> = match &a.text {
+        Some(text) => Tokenizer::from_dir(&dir)?.encode_prompt(text),
+        None => (0..a.prompt_tokens.max(1)).map(|_| random()).collect(),
+    };
+    let greedy = a.text.is_some();
     let t = Instant::now();
+    let mut logits = Vec::new();
     for part in prompt.chunks(32) {
-        model.forward(
+        logits = model.forward(
             &mut [SeqInput {
                 state: &mut state,
                 tokens: part,
@@ -173,15 +188,17 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
         )?;
     }
     let prefill_tokens_per_second = prompt.len() as f64 / t.elapsed().as_secs_f64();
-    let mut step = |state: &mut _| {
-        model.forward(
+    let mut step = |state: &mut _| -> Result<()> {
+        let next = if greedy { argmax(&logits) } else { random() };
+        logits = model.forward(
             &mut [SeqInput {
                 state,
-                tokens: &[token()],
+                tokens: &[next],
                 logits: LogitRows::Last,
             }],
             None,
-        )
+        )?;
+        Ok(())
     };
     for _ in 0..a.warmup_tokens {
         step(&mut state)?;
@@ -198,13 +215,14 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
     let steps = rt.experts.take_trace();
     drop((state, model, rt));
     let io_replay = if a.io_replay {
-        Some(replay(&a, &options, &steps, bound.as_ref())?)
+        Some(replay(&a, &dir, &options, &steps, bound.as_ref())?)
     } else {
         None
     };
     let report = Report {
         label: a.label.clone(),
-        model: a.model.clone(),
+        model: dir,
+        tokens: if greedy { "text, greedy" } else { "random" },
         load_seconds,
         prefill_tokens: prompt.len(),
         prefill_tokens_per_second,
@@ -224,6 +242,7 @@ pub fn run(a: BenchRunArgs) -> Result<()> {
 
 fn replay(
     a: &BenchRunArgs,
+    dir: &Path,
     options: &deltafin_engine::cache::OocOptions,
     steps: &[TraceStep],
     bound: Option<&Bound>,
@@ -240,7 +259,7 @@ fn replay(
         bail!("trace too short for replay");
     }
     let split = ends[ends.len() - n - 1] + 1;
-    let (_model, rt) = arch::load_budgeted(&a.model, options)?;
+    let (_model, rt) = arch::load_budgeted(dir, options)?;
     rt.experts.replay(&steps[..split])?;
     let s0 = rt.stats();
     let t = Instant::now();
@@ -378,10 +397,15 @@ fn print_table(r: &Report) {
         "s/token compute / I-O wait", d.compute_seconds_per_token, d.io_wait_seconds_per_token
     );
     println!(
-        "{:<34} {:.1}% / {:.1}%",
-        "recall look-ahead / previous",
-        100.0 * d.lookahead_recall,
-        100.0 * d.previous_recall
+        "{:<34} {:.1}% ({} tokens)",
+        "routing locality (prev. experts)",
+        100.0 * d.previous_recall,
+        r.tokens
+    );
+    println!(
+        "{:<34} {:.1}%",
+        "prefetch recall (look-ahead)",
+        100.0 * d.lookahead_recall
     );
     if let Some(b) = &r.bound {
         println!(
@@ -414,4 +438,15 @@ fn print_table(r: &Report) {
         );
     }
     println!("{:<34} {:.0} MiB", "peak RSS", mb(r.peak_rss_bytes as f64));
+}
+
+/// The first index of the largest logit.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
 }

@@ -71,7 +71,9 @@ pub fn run(a: BenchPrefillArgs, cache_dir: &Path) -> Result<()> {
     let loading = || format!("loading model {}", dir.display());
     let (model, rt): (Box<dyn Model>, Option<OocRuntime>) = match a.ooc.options()? {
         None => (arch::load(&dir).with_context(loading)?, None),
-        Some(o) => {
+        Some(mut o) => {
+            let longest = a.lengths.iter().copied().max().unwrap_or(1);
+            crate::ooc_args::plan_context(&dir, &mut o, longest)?;
             let (m, rt) = arch::load_budgeted(&dir, &o).with_context(loading)?;
             if !a.json {
                 eprintln!("{}", describe_plan(&rt.plan));

@@ -2,14 +2,15 @@
 //! `reference/operator.md` §4. Request-path metrics are recorded by [`RequestTimer`], a `Drop`
 //! guard: a request that ends early (a disconnect drops its future or stream) is still
 //! counted, as `outcome="cancelled"`. Engine gauges and counters are read from the scheduler's
-//! atomics at scrape time. Expert reads/bytes by source come from [`ExpertIoStats`], which the
-//! expert cache feeds (zero until out-of-core streaming records into it).
+//! atomics at scrape time. Expert reads/bytes by source and the expert-fetch histogram come from
+//! [`ExpertIoStats`], which the expert store feeds (zero for a model loaded in memory).
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use deltafin_engine::backend::BackendStats;
+use deltafin_engine::cache::FETCH_SECONDS_BOUNDS;
 use deltafin_engine::scheduler::{
     ExpertIoStats, ExpertSource, HistogramSnapshot, PREFILL_ROW_BOUNDS, QUEUE_WAIT_BOUNDS,
     STEP_SECONDS_BOUNDS, StatsSnapshot,
@@ -29,10 +30,6 @@ pub const ITL_BUCKETS: &[f64] = &[
 pub const E2E_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
     32768.0, 65536.0, 86400.0,
-];
-/// Expert fetch time (seconds).
-pub const FETCH_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// The API endpoint a request used (`endpoint` label).
@@ -127,7 +124,12 @@ fn render_histogram(
 }
 
 /// An engine histogram snapshot.
-fn render_engine_histogram(out: &mut String, name_help: (&str, &str), bounds: &[f64], h: &HistogramSnapshot) {
+fn render_engine_histogram<const N: usize>(
+    out: &mut String,
+    name_help: (&str, &str),
+    bounds: &[f64],
+    h: &HistogramSnapshot<N>,
+) {
     render_histogram(
         out,
         name_help,
@@ -147,7 +149,6 @@ struct Inner {
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
-    fetch: Histogram,
     /// `[endpoint][outcome]`.
     requests: [[u64; OUTCOMES.len()]; Endpoint::ALL.len()],
     prompt_tokens: [u64; Endpoint::ALL.len()],
@@ -187,7 +188,6 @@ impl Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
-            fetch: Histogram::new(FETCH_BUCKETS),
             requests: [[0; OUTCOMES.len()]; Endpoint::ALL.len()],
             prompt_tokens: [0; Endpoint::ALL.len()],
             generation_tokens: [0; Endpoint::ALL.len()],
@@ -242,10 +242,14 @@ impl Metrics {
                 "deltafin_e2e_request_latency_seconds",
                 "Time from request arrival to its last byte of output.",
             );
-            m.fetch.render(
+            render_engine_histogram(
                 &mut out,
-                "deltafin_expert_fetch_seconds",
-                "Time to fetch one expert that missed the cache.",
+                (
+                    "deltafin_expert_fetch_seconds",
+                    "Time to fetch one expert that missed the cache (demand read, or network fetch of a stream install).",
+                ),
+                &FETCH_SECONDS_BOUNDS,
+                &io.fetch(),
             );
             header(
                 &mut out,

@@ -133,8 +133,9 @@ pub fn default_model_id(dir: &Path) -> String {
 }
 
 /// Expert reads of an out-of-core model by source: cache hits (demand or prefetched slots) are
-/// `pinned` memory; demand misses and prefetch reads came from `disk`, except the first reads of
-/// experts a stream install had to fetch, which count as `network`.
+/// `pinned` memory; demand misses and prefetch reads came from `disk`, except buffered reads the
+/// page cache already held in full (`page_cache`) and the first reads of experts a stream
+/// install had to fetch (`network`). Also the store's expert-fetch histogram.
 pub fn expert_io(rt: &OocRuntime) -> ExpertIoStats {
     let e = rt.stats().experts;
     let io = ExpertIoStats::default();
@@ -143,11 +144,13 @@ pub fn expert_io(rt: &OocRuntime) -> ExpertIoStats {
         e.hits + e.prefetch_hits,
         e.hit_bytes + e.prefetch_hit_bytes,
     );
+    io.add(ExpertSource::PageCache, e.page_cache_reads, e.page_cache_bytes);
     io.add(
         ExpertSource::Disk,
-        (e.misses + e.prefetch_reads).saturating_sub(e.remote_experts),
-        (e.miss_bytes + e.prefetch_read_bytes).saturating_sub(e.remote_bytes),
+        (e.misses + e.prefetch_reads).saturating_sub(e.remote_experts + e.page_cache_reads),
+        (e.miss_bytes + e.prefetch_read_bytes).saturating_sub(e.remote_bytes + e.page_cache_bytes),
     );
     io.add(ExpertSource::Network, e.remote_experts, e.remote_bytes);
+    io.set_fetch(e.fetch_seconds);
     io
 }

@@ -1,6 +1,6 @@
 //! Flags shared by commands that load a model under a memory budget.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -82,6 +82,22 @@ impl OocArgs {
         };
         Ok(Some(o))
     }
+}
+
+/// Size `--context-memory auto` for one sequence of `tokens` positions — what `run` and `bench
+/// prefill` hold — so its attention caches and recurrent state are planned inside the budget
+/// (the expert cache gives way) instead of growing beside it. A context that cannot fit beside
+/// the fixed tensors is refused by the plan with the budget named.
+pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<()> {
+    if o.context_bytes != 0 {
+        return Ok(());
+    }
+    let spec = deltafin_engine::config::ModelSpec::load(dir)
+        .with_context(|| format!("reading {}", dir.display()))?;
+    o.context_bytes = deltafin_engine::arch::state_size(&spec.arch)
+        .bytes(tokens, 0)
+        .max(1);
+    Ok(())
 }
 
 /// The plan as printed at start.

@@ -11,10 +11,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch::{self, Model};
 use deltafin_engine::backend;
+use deltafin_engine::builtin::Builtin;
 use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::generate::{Flow, GenerateOptions, GenerationStats, Sampling, generate_with};
 use deltafin_engine::spec::RequestKind;
-use deltafin_engine::synth;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
 use deltafin_fetch::EngineSource;
 use serde_json::json;
@@ -26,7 +26,8 @@ use crate::stream_mode::{self, StreamArgs};
 /// Arguments of `deltafin run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Model directory (a Hugging Face checkpoint). Default: the built-in synthetic model.
+    /// Model directory (a Hugging Face checkpoint), or `builtin:k3` (the synthetic K3 preset).
+    /// Default: the built-in trained model.
     #[arg(long, env = "DELTAFIN_MODEL")]
     model: Option<PathBuf>,
     /// Prompt text.
@@ -70,21 +71,34 @@ pub struct RunArgs {
     json: bool,
 }
 
-/// The model directory to use, generating the built-in default if needed.
+/// The model directory to use: `--model DIR`, or a built-in (`builtin:k3`, or no `--model` for
+/// the trained default), written into `cache_dir` on first use.
 pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBuf> {
-    if let Some(dir) = model {
-        return Ok(dir);
-    }
-    let dir = cache_dir.join(format!("builtin-kimi-k3-{}", env!("CARGO_PKG_VERSION")));
-    if synth::ensure_builtin(&dir)
-        .with_context(|| format!("generating the built-in model in {}", dir.display()))?
+    let builtin = match &model {
+        None => Builtin::Default,
+        Some(dir) => match dir.to_str().and_then(Builtin::from_model_arg) {
+            None => return Ok(dir.clone()),
+            Some(b) => b?,
+        },
+    };
+    let dir = cache_dir.join(builtin.dir_name());
+    if builtin
+        .ensure(&dir)
+        .with_context(|| format!("writing the built-in model in {}", dir.display()))?
     {
-        eprintln!("generated the built-in default model in {}", dir.display());
+        eprintln!("wrote the built-in model in {}", dir.display());
     }
-    eprintln!(
-        "note: no --model given; using the built-in default model at {} — its weights are SYNTHETIC (random), so its text is meaningless",
-        dir.display()
-    );
+    if builtin.synthetic() {
+        eprintln!(
+            "note: using the built-in K3 preset at {} — its weights are SYNTHETIC (random), so its text is meaningless",
+            dir.display()
+        );
+    } else if model.is_none() {
+        eprintln!(
+            "note: no --model given; using the built-in default at {} (a small MoE trained on Jane Austen; `--model builtin:k3` for the synthetic K3 preset)",
+            dir.display()
+        );
+    }
     Ok(dir)
 }
 
@@ -92,13 +106,15 @@ pub(crate) fn resolve_model(model: Option<PathBuf>, cache_dir: &Path) -> Result<
 /// stream install).
 type LoadedModel = (Box<dyn Model>, Option<OocRuntime>, Option<Arc<EngineSource>>);
 
-fn load_model(dir: &Path, args: &RunArgs) -> Result<LoadedModel> {
+/// Load `dir`; under a budget, the plan holds a `context_tokens`-position state.
+fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<LoadedModel> {
     let stream = stream_mode::open(dir, &args.stream)?;
     let loading = || format!("loading model {}", dir.display());
     Ok(
         match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
             None => (arch::load(dir).with_context(loading)?, None, stream),
-            Some(o) => {
+            Some(mut o) => {
+                crate::ooc_args::plan_context(dir, &mut o, context_tokens)?;
                 let (m, rt) = arch::load_budgeted(dir, &o).with_context(loading)?;
                 if args.stats {
                     eprintln!("{}", describe_plan(&rt.plan));
@@ -148,10 +164,11 @@ fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::f
 pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model.clone(), cache_dir)?;
     let load_start = Instant::now();
-    let (model, ooc, stream) = load_model(&dir, &args)?;
     let tok = Arc::new(
         Tokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?,
     );
+    let prompt_ids = prompt_ids(&args, &tok)?;
+    let (model, ooc, stream) = load_model(&dir, &args, prompt_ids.len() + args.max_new)?;
     let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
     let kind = if args.chat {
         RequestKind::Chat
@@ -160,7 +177,6 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     };
     let mut spec = drafts.speculator(kind, args.spec.spec, None);
     let load_seconds = load_start.elapsed().as_secs_f64();
-    let prompt_ids = prompt_ids(&args, &tok)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new,
         sampling: Sampling::new(args.temperature, args.top_p, args.top_k, args.seed)?,

@@ -18,7 +18,8 @@ use deltafin_server::{AppState, ServerConfig, model, shutdown};
 /// Arguments of `deltafin serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Model directory (a Hugging Face checkpoint). Default: the built-in synthetic model.
+    /// Model directory (a Hugging Face checkpoint), or `builtin:k3` (the synthetic K3 preset).
+    /// Default: the built-in trained model.
     #[arg(long, env = "DELTAFIN_MODEL")]
     model: Option<PathBuf>,
     /// Address to listen on (loopback by default; use 0.0.0.0 in a container).

@@ -120,20 +120,93 @@ fn chat_mode_renders_the_template() {
     );
 }
 
+/// The README's first command: the trained default prints readable English (no reserved-token
+/// noise) and its greedy tokens are HF's (the golden's prompt and path).
 #[test]
-fn builtin_default_model_runs_with_stats() {
+fn builtin_default_model_prints_readable_english() {
     let cache = tempfile::tempdir().unwrap();
     let out = deltafin(
-        &["run", "--prompt", "Hello", "--max-new", "8", "--stats"],
+        &[
+            "run",
+            "--prompt",
+            "Once upon a time",
+            "--max-new",
+            "32",
+            "--stats",
+        ],
         cache.path(),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("SYNTHETIC"),
-        "must say the weights are synthetic: {stderr}"
-    );
     assert!(stderr.contains("tok/s"), "{stderr}");
+    assert!(!stderr.contains("SYNTHETIC"), "{stderr}");
+    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(
+        !text.contains("<|") && !text.contains('\u{fffd}'),
+        "noise: {text}"
+    );
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let common = [
+        "the", "and", "of", "to", "a", "her", "was", "in", "he", "she", "it", "had", "not", "be",
+    ];
+    let known = words.iter().filter(|w| common.contains(w)).count();
+    assert!(words.len() >= 16 && known >= 4, "not English-looking: {text}");
+
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/assets/austen-moe/golden.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let prompt = golden["prompt_text"].as_str().unwrap();
+    let want: Vec<u64> = golden["greedy"]["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let n = want.len().to_string();
+    let out = deltafin(
+        &["run", "--prompt", prompt, "--max-new", &n, "--json"],
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        got["prompt_ids"], golden["prompt_ids"],
+        "the prompt encodes as HF's"
+    );
+    let ids: Vec<u64> = got["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, want, "the binary's greedy path is HF's");
+}
+
+#[test]
+fn builtin_k3_preset_says_its_weights_are_synthetic() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = deltafin(
+        &[
+            "run",
+            "--model",
+            "builtin:k3",
+            "--prompt",
+            "Hello",
+            "--max-new",
+            "4",
+        ],
+        cache.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("SYNTHETIC"), "{stderr}");
+    let out = deltafin(&["run", "--model", "builtin:gpt", "--prompt", "x"], cache.path());
+    assert_clean_failure(&out, "builtin:k3");
 }
 
 #[test]

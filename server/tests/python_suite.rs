@@ -36,9 +36,11 @@ fn openai_client_suite() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, qwen_dst.join(path.file_name().unwrap())).unwrap();
     }
-    // The built-in default model (Kimi K3: XTML chat format and tool calls).
+    // The built-in K3 preset (Kimi K3: XTML chat format and tool calls).
     let k3 = tmp.path().join("builtin-k3");
-    deltafin_engine::synth::builtin_default().write(&k3).unwrap();
+    deltafin_engine::synth::KimiK3Synth::k3_builtin()
+        .write(&k3)
+        .unwrap();
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
     let mut cmd = Command::new(python);
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])

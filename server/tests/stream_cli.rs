@@ -474,4 +474,15 @@ fn serve_on_a_stream_install_answers_like_the_full_checkpoint() {
         fetched.len()
     );
     assert!(metrics.contains(&want), "{want} in\n{metrics}");
+    // Every fetched expert's network time is observed (beside the demand reads that follow).
+    let count: usize = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("deltafin_expert_fetch_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        count >= fetched.len(),
+        "fetch count {count} < {} fetched",
+        fetched.len()
+    );
 }

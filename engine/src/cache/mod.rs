@@ -41,8 +41,8 @@ use serde::Serialize;
 pub use layers::{LayerStore, SpineStats};
 pub use plan::ResidencyPlan;
 pub use policy::PolicyKind;
-pub use reader::{ReadMode, ReadStats, ReaderConfig, ReaderPool};
-pub use store::{ExpertStats, ExpertStore};
+pub use reader::{Origin, ReadMode, ReadStats, ReaderConfig, ReaderPool};
+pub use store::{ExpertStats, ExpertStore, FETCH_BUCKETS, FETCH_SECONDS_BOUNDS};
 
 use crate::arch::Loader;
 use crate::config::ModelSpec;

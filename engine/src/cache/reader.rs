@@ -6,6 +6,10 @@
 //! demand chunks before prefetch chunks. A request that no worker has started can be cancelled
 //! (prefetch losers); a started one always finishes into its buffer, which the requester keeps
 //! exclusive until the [`Ticket`] completes (see the invariant in [`super::buffer`]).
+//!
+//! Buffered reads first take what the page cache already holds without blocking (`preadv2` with
+//! `RWF_NOWAIT`), so each completed request knows its [`Origin`]: entirely from the page cache,
+//! or (partly) from storage. Direct reads are always storage.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -83,6 +87,8 @@ pub struct ReadStats {
     pub bytes: u64,
     pub direct_bytes: u64,
     pub buffered_bytes: u64,
+    /// Buffered bytes the page cache already held (read without blocking).
+    pub page_cache_bytes: u64,
     pub cancelled: u64,
     /// Seconds during which at least one read was in flight.
     pub busy_seconds: f64,
@@ -92,7 +98,17 @@ const QUEUED: u8 = 0;
 const STARTED: u8 = 1;
 const CANCELLED: u8 = 2;
 
-type Callback = Box<dyn FnOnce(std::result::Result<(), String>) + Send>;
+/// Where a completed request's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Every byte was already in the kernel page cache (a buffered read that did not block).
+    PageCache,
+    /// At least one byte came from the storage device (or the kernel could not tell).
+    Storage,
+}
+
+/// Called once when a request completes: its result and where its bytes came from.
+pub type Callback = Box<dyn FnOnce(std::result::Result<(), String>, Origin) + Send>;
 
 struct Job {
     state: AtomicU8,
@@ -101,13 +117,20 @@ struct Job {
     done: Mutex<Option<std::result::Result<(), String>>>,
     cv: Condvar,
     on_done: Mutex<Option<Callback>>,
+    /// Still true while every chunk read so far came from the page cache.
+    cached: AtomicBool,
 }
 
 impl Job {
     fn finish(&self, result: std::result::Result<(), String>, call: bool) {
         let callback = self.on_done.lock().unwrap().take();
         if call && let Some(f) = callback {
-            f(result.clone());
+            let origin = if self.cached.load(Ordering::Acquire) {
+                Origin::PageCache
+            } else {
+                Origin::Storage
+            };
+            f(result.clone(), origin);
         }
         *self.done.lock().unwrap() = Some(result);
         self.cv.notify_all();
@@ -189,6 +212,7 @@ struct Inner {
     reads: AtomicU64,
     direct_bytes: AtomicU64,
     buffered_bytes: AtomicU64,
+    page_cache_bytes: AtomicU64,
     cancelled: AtomicU64,
     busy: Mutex<(usize, Option<Instant>, f64)>,
 }
@@ -257,6 +281,7 @@ impl ReaderPool {
             reads: AtomicU64::new(0),
             direct_bytes: AtomicU64::new(0),
             buffered_bytes: AtomicU64::new(0),
+            page_cache_bytes: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             busy: Mutex::new((0, None, 0.0)),
         });
@@ -329,6 +354,7 @@ impl ReaderPool {
             done: Mutex::new(None),
             cv: Condvar::new(),
             on_done: Mutex::new(on_done),
+            cached: AtomicBool::new(true),
         });
         for s in segments {
             assert!(s.dest + s.len <= buf.len(), "segment beyond its buffer");
@@ -404,6 +430,7 @@ impl ReaderPool {
             bytes: direct + buffered,
             direct_bytes: direct,
             buffered_bytes: buffered,
+            page_cache_bytes: i.page_cache_bytes.load(Ordering::Relaxed),
             cancelled: i.cancelled.load(Ordering::Relaxed),
             busy_seconds: busy.2 + live,
         }
@@ -489,6 +516,7 @@ impl Inner {
         {
             match read_full(direct, dst, c.offset) {
                 Ok(()) => {
+                    c.job.cached.store(false, Ordering::Release);
                     self.reads.fetch_add(1, Ordering::Relaxed);
                     self.direct_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
                     return Ok(());
@@ -499,12 +527,60 @@ impl Inner {
                 Err(e) => return Err(format!("{}: read at {}: {e}", file.path.display(), c.offset)),
             }
         }
-        read_full(&file.buffered, dst, c.offset)
+        let cached = read_cached(&file.buffered, dst, c.offset)
             .map_err(|e| format!("{}: read at {}: {e}", file.path.display(), c.offset))?;
+        if cached < c.len {
+            c.job.cached.store(false, Ordering::Release);
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.buffered_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
+        self.page_cache_bytes.fetch_add(cached as u64, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Fill `dst` from `offset` through the page cache: first whatever it holds without blocking
+/// (`preadv2(RWF_NOWAIT)`), then the rest with ordinary reads. Returns how many bytes the page
+/// cache already held (all of `dst` when the read ends at end of file without blocking).
+#[cfg(target_os = "linux")]
+fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0;
+    while done < dst.len() {
+        let rest = &mut dst[done..];
+        let iov = libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        };
+        let at = libc::off_t::try_from(offset + done as u64).map_err(std::io::Error::other)?;
+        // SAFETY: `iov` describes `rest`, which is valid for writes of its length and borrowed
+        // mutably for the call; the descriptor is open for as long as `file` lives.
+        #[allow(unsafe_code)]
+        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        match n {
+            0 => return Ok(dst.len()), // end of file: nothing more to read, nothing blocked
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    // Not cached (EAGAIN), or the kernel/filesystem cannot say: read normally.
+                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => {
+                        read_full(file, &mut dst[done..], offset + done as u64)?;
+                        return Ok(done);
+                    }
+                    _ => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Without `RWF_NOWAIT` the origin is unknown: every byte counts as storage.
+#[cfg(not(target_os = "linux"))]
+fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    read_full(file, dst, offset).map(|()| 0)
 }
 
 /// Fill `dst` from `offset`, stopping early only at end of file (aligned reads may extend past
@@ -589,7 +665,7 @@ mod tests {
         for _ in 0..64 {
             let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
             let c = calls.clone();
-            let cb: Callback = Box::new(move |r| {
+            let cb: Callback = Box::new(move |r, _| {
                 assert!(r.is_ok());
                 c.fetch_add(1, Ordering::SeqCst);
             });

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::ExpertKey;
 use super::heat::{Heat, HeatRecorder};
 use super::prefetch::{RecallGate, plan_prefetch, rank_lookahead};
-use super::reader::{Priority, ReaderPool};
+use super::reader::{Origin, Priority, ReaderPool};
 use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup};
 use super::source::BufferSource;
@@ -34,8 +34,42 @@ use crate::arch::layers::mlp::Mlp;
 use crate::arch::layers::moe::{ExpertProvider, Moe};
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
+use crate::histogram::{AtomicHistogram, HistogramSnapshot};
 use crate::kernels::ops::rms_norm;
 use crate::weights::{RangeSource, WeightIndex};
+
+/// Upper bounds (seconds) of the expert-fetch histogram: one demand read of an expert that
+/// missed the cache, or one expert's missing bytes fetched over the network (stream installs).
+pub const FETCH_SECONDS_BOUNDS: [f64; FETCH_BUCKETS] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// Buckets of [`FETCH_SECONDS_BOUNDS`].
+pub const FETCH_BUCKETS: usize = 14;
+
+/// Counters written by reader completions and fetch threads (off the compute thread's lock).
+#[derive(Debug, Default)]
+struct CompletionStats {
+    page_cache_reads: AtomicU64,
+    page_cache_bytes: AtomicU64,
+    fetch: AtomicHistogram<FETCH_BUCKETS>,
+}
+
+impl CompletionStats {
+    /// A read of `bytes` completed; `started` is set for demand reads (timed as fetches).
+    fn completed(&self, ok: bool, origin: Origin, bytes: u64, started: Option<Instant>) {
+        if !ok {
+            return;
+        }
+        if origin == Origin::PageCache {
+            self.page_cache_reads.fetch_add(1, Ordering::Relaxed);
+            self.page_cache_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if let Some(t) = started {
+            self.fetch
+                .observe(&FETCH_SECONDS_BOUNDS, t.elapsed().as_secs_f64());
+        }
+    }
+}
 
 /// Builds expert `(layer, expert)` from a loader.
 pub type ExpertBuilder = Arc<dyn Fn(&Loader<'_>, usize, usize) -> Result<Mlp> + Send + Sync>;
@@ -77,6 +111,14 @@ pub struct ExpertStats {
     pub remote_experts: u64,
     pub remote_bytes: u64,
     pub remote_seconds: f64,
+    /// Demand and prefetch reads whose every byte was already in the page cache (buffered
+    /// reads only; a subset of `misses + prefetch_reads`), and their bytes.
+    pub page_cache_reads: u64,
+    pub page_cache_bytes: u64,
+    /// Seconds per expert fetch ([`FETCH_SECONDS_BOUNDS`]): demand reads of experts that
+    /// missed the cache, and network fetches of a stream install's missing experts.
+    #[serde(skip)]
+    pub fetch_seconds: HistogramSnapshot<FETCH_BUCKETS>,
     /// Mean recall of the two predictors over the layers they were scored on.
     pub lookahead_recall: f64,
     pub previous_recall: f64,
@@ -149,6 +191,7 @@ pub struct ExpertStore {
     routes: Mutex<Option<RouteRecorder>>,
     remote: OnceLock<Remote>,
     stats: Mutex<ExpertStats>,
+    completions: Arc<CompletionStats>,
     trace: Mutex<Option<Vec<TraceStep>>>,
 }
 
@@ -213,6 +256,7 @@ impl ExpertStore {
             routes: Mutex::new(None),
             remote: OnceLock::new(),
             stats: Mutex::new(ExpertStats::default()),
+            completions: Arc::default(),
             trace: Mutex::new(None),
         }
     }
@@ -274,6 +318,10 @@ impl ExpertStore {
     pub fn stats(&self) -> ExpertStats {
         let mut s = self.stats.lock().unwrap().clone();
         s.prefetch_wasted = self.cache.wasted_prefetches();
+        let c = &self.completions;
+        s.page_cache_reads = c.page_cache_reads.load(Ordering::Relaxed);
+        s.page_cache_bytes = c.page_cache_bytes.load(Ordering::Relaxed);
+        s.fetch_seconds = c.fetch.snapshot();
         if s.recall_samples > 0 {
             s.lookahead_recall /= s.recall_samples as f64;
             s.previous_recall /= s.recall_samples as f64;
@@ -349,8 +397,11 @@ impl ExpertStore {
             return false;
         };
         let layout = &self.layouts[k.layer as usize][k.expert as usize];
-        let cache = self.cache.clone();
-        let done = Box::new(move |r| cache.complete(slot, k, r));
+        let (cache, completions, bytes) = (self.cache.clone(), self.completions.clone(), layout.read_bytes());
+        let done = Box::new(move |r: std::result::Result<(), String>, origin| {
+            completions.completed(r.is_ok(), origin, bytes, None);
+            cache.complete(slot, k, r);
+        });
         let ticket = self.reader.submit(
             self.cache.buffer(slot),
             &layout.segments,
@@ -507,17 +558,21 @@ impl ExpertStore {
         self.remote.get().is_none() || self.missing_ranges(layer, expert).is_empty()
     }
 
-    /// Make every selected expert of `layer` local, fetching missing ranges `parallel` at a time.
+    /// Make every selected expert of `layer` local, fetching missing ranges `parallel` at a time;
+    /// each fetched expert's time (from the start until its last range landed) is observed.
     fn fetch_missing(&self, layer: usize, ids: &[usize]) -> Result<()> {
         let Some(remote) = self.remote.get() else {
             return Ok(());
         };
+        // (index into `left`, shard, range): one work item per missing range.
         let mut missing = Vec::new();
-        let mut experts = 0;
+        let mut left = Vec::new();
         for &e in ids {
             let m = self.missing_ranges(layer, e);
-            experts += u64::from(!m.is_empty());
-            missing.extend(m);
+            if !m.is_empty() {
+                left.push(AtomicUsize::new(m.len()));
+                missing.extend(m.into_iter().map(|(shard, r)| (left.len() - 1, shard, r)));
+            }
         }
         if missing.is_empty() {
             return Ok(());
@@ -526,12 +581,16 @@ impl ExpertStore {
         let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
         let work = || -> Result<()> {
             while !failed.load(Ordering::Relaxed) {
-                let Some((shard, range)) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                let Some((expert, shard, range)) = missing.get(next.fetch_add(1, Ordering::Relaxed)) else {
                     return Ok(());
                 };
                 if let Err(e) = self.make_local(remote, *shard, range) {
                     failed.store(true, Ordering::Relaxed);
                     return Err(e);
+                }
+                if left[*expert].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let secs = started.elapsed().as_secs_f64();
+                    self.completions.fetch.observe(&FETCH_SECONDS_BOUNDS, secs);
                 }
             }
             Ok(())
@@ -549,8 +608,8 @@ impl ExpertStore {
         let mut st = self.stats.lock().unwrap();
         st.remote_seconds += started.elapsed().as_secs_f64();
         if result.is_ok() {
-            st.remote_experts += experts;
-            st.remote_bytes += missing.iter().map(|(_, r)| r.end - r.start).sum::<u64>();
+            st.remote_experts += left.len() as u64;
+            st.remote_bytes += missing.iter().map(|(_, _, r)| r.end - r.start).sum::<u64>();
         }
         result
     }
@@ -623,8 +682,12 @@ impl LayerExperts<'_> {
                 s.miss_bytes += bytes;
                 drop(s);
                 let layout = &st.layouts[self.layer][e];
-                let cache = st.cache.clone();
-                let done = Box::new(move |r| cache.complete(slot, k, r));
+                let (cache, completions) = (st.cache.clone(), st.completions.clone());
+                let started = Instant::now();
+                let done = Box::new(move |r: std::result::Result<(), String>, origin| {
+                    completions.completed(r.is_ok(), origin, bytes, Some(started));
+                    cache.complete(slot, k, r);
+                });
                 let ticket = st.reader.submit(
                     st.cache.buffer(slot),
                     &layout.segments,

@@ -4,6 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::cache::FETCH_BUCKETS;
+use crate::histogram::AtomicHistogram;
+pub use crate::histogram::HistogramSnapshot;
 use crate::spec::SpecStats;
 
 /// Counters and gauges of one scheduler.
@@ -35,11 +38,11 @@ pub struct SchedulerStats {
     /// Speculative decoding figures of every request.
     pub(crate) spec: Arc<SpecStats>,
     /// Seconds requests waited in the queue before joining the batch.
-    queue_wait: AtomicHistogram,
+    queue_wait: AtomicHistogram<BUCKETS>,
     /// Seconds of each batched pass.
-    step_seconds: AtomicHistogram,
+    step_seconds: AtomicHistogram<BUCKETS>,
     /// Prompt rows each pass prefilled (passes with prefill only).
-    prefill_rows: AtomicHistogram,
+    prefill_rows: AtomicHistogram<BUCKETS>,
 }
 
 /// Upper bounds of the queue-wait histogram buckets, in seconds.
@@ -50,45 +53,6 @@ pub const STEP_SECONDS_BOUNDS: [f64; BUCKETS] = [0.005, 0.01, 0.025, 0.05, 0.1, 
 pub const PREFILL_ROW_BOUNDS: [f64; BUCKETS] =
     [1.0, 4.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
 const BUCKETS: usize = 10;
-
-/// A histogram the engine loop writes without locking.
-#[derive(Debug, Default)]
-struct AtomicHistogram {
-    /// Observations per bucket (not cumulative); values above the last bound are only counted.
-    buckets: [AtomicU64; BUCKETS],
-    count: AtomicU64,
-    /// Sum of the observed values, in millionths.
-    sum_micros: AtomicU64,
-}
-
-impl AtomicHistogram {
-    fn observe(&self, bounds: &[f64; BUCKETS], v: f64) {
-        if let Some(i) = bounds.iter().position(|&b| v <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((v * 1e6).round() as u64, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot {
-            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
-            count: self.count.load(Ordering::Relaxed),
-            sum_micros: self.sum_micros.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// A point-in-time copy of one engine histogram (bounds: the matching `*_BOUNDS` constant).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HistogramSnapshot {
-    /// Observations per bucket, not cumulative.
-    pub buckets: [u64; BUCKETS],
-    pub count: u64,
-    /// Sum of the observations, in millionths.
-    pub sum_micros: u64,
-}
 
 /// A point-in-time copy of [`SchedulerStats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -208,6 +172,8 @@ impl ExpertSource {
 pub struct ExpertIoStats {
     reads: [AtomicU64; 4],
     bytes: [AtomicU64; 4],
+    /// Seconds per expert fetch ([`crate::cache::FETCH_SECONDS_BOUNDS`]), as the store saw them.
+    fetch: std::sync::Mutex<HistogramSnapshot<FETCH_BUCKETS>>,
 }
 
 impl ExpertIoStats {
@@ -221,6 +187,22 @@ impl ExpertIoStats {
     pub fn add(&self, source: ExpertSource, reads: u64, bytes: u64) {
         self.reads[source as usize].fetch_add(reads, Ordering::Relaxed);
         self.bytes[source as usize].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Set the expert-fetch histogram (the store keeps it; this is a copy taken at scrape time).
+    pub fn set_fetch(&self, h: HistogramSnapshot<FETCH_BUCKETS>) {
+        *self
+            .fetch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = h;
+    }
+
+    /// The expert-fetch histogram (empty until a store reported one).
+    pub fn fetch(&self) -> HistogramSnapshot<FETCH_BUCKETS> {
+        *self
+            .fetch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `(reads, bytes)` from `source`.

@@ -127,6 +127,7 @@ pub fn budgets(dir: &Path, chunk_bytes: usize) -> Vec<u64> {
 }
 
 pub const CGROUP_V1: &str = "/sys/fs/cgroup/memory";
+pub const CGROUP_V2: &str = "/sys/fs/cgroup";
 
 /// What the memory cgroup saw of a child run.
 #[derive(Debug)]
@@ -137,26 +138,97 @@ pub struct CgroupRun {
     pub oom_kills: u64,
 }
 
-/// A fresh cgroup v1 memory child named `name`, or `None` (with the reason printed) where the
-/// controller is not mounted or the group cannot be created (not root).
-pub fn cgroup(name: &str) -> Option<PathBuf> {
-    if !Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
-        eprintln!("skipped: cgroup v1 memory controller not mounted at {CGROUP_V1}");
-        return None;
+/// A memory cgroup made for one test run: v1 (`memory.limit_in_bytes`) or v2 (`memory.max`).
+#[derive(Debug)]
+pub struct Cgroup {
+    path: PathBuf,
+    v2: bool,
+}
+
+/// A fresh memory cgroup named `name` (v1 where the v1 memory controller is mounted, else v2
+/// with the memory controller enabled for children), or `None` where neither can be made.
+/// Under `DELTAFIN_REQUIRE_SERVICES=1` (the README's test command) a missing cgroup is a
+/// failure, never a skip.
+pub fn cgroup(name: &str) -> Option<Cgroup> {
+    let leaf = format!("{name}-{}", std::process::id());
+    let made = if Path::new(CGROUP_V1).join("memory.limit_in_bytes").exists() {
+        let path = Path::new(CGROUP_V1).join(&leaf);
+        std::fs::create_dir(&path).map(|()| Cgroup { path, v2: false })
+    } else if std::fs::read_to_string(Path::new(CGROUP_V2).join("cgroup.subtree_control"))
+        .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+    {
+        let path = Path::new(CGROUP_V2).join(&leaf);
+        std::fs::create_dir(&path).map(|()| Cgroup { path, v2: true })
+    } else {
+        Err(std::io::Error::other(
+            "no cgroup v1 memory controller and no cgroup v2 hierarchy delegating `memory`",
+        ))
+    };
+    match made {
+        Ok(group) => Some(group),
+        Err(e) => {
+            let required = std::env::var("DELTAFIN_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "a memory cgroup is required (DELTAFIN_REQUIRE_SERVICES=1) and cannot be made: {e}; run as root on a host with cgroup v1 or v2"
+            );
+            eprintln!("skipped: cannot make a memory cgroup ({e}); run as root");
+            None
+        }
     }
-    let group = Path::new(CGROUP_V1).join(format!("{name}-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&group) {
-        eprintln!("skipped: cannot create a memory cgroup ({e}); run as root on a cgroup v1 host");
-        return None;
+}
+
+impl Cgroup {
+    fn limit(&self, bytes: u64) {
+        let file = if self.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(self.path.join(file), bytes.to_string()).unwrap();
+        if self.v2 {
+            // Swap would hide the limit's pressure: none, where the kernel has the file.
+            let _ = std::fs::write(self.path.join("memory.swap.max"), "0");
+        }
     }
-    Some(group)
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.path.join(file)).unwrap_or_default()
+    }
+
+    fn field(text: &str, key: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// (peak charged bytes, times the limit was hit, OOM kills).
+    fn observed(&self) -> (u64, u64, u64) {
+        if self.v2 {
+            let events = self.read("memory.events");
+            let peak = self.read("memory.peak").trim().parse();
+            let peak = peak.expect("cgroup v2 without memory.peak (kernel 5.19+ needed)");
+            (
+                peak,
+                Self::field(&events, "max"),
+                Self::field(&events, "oom_kill"),
+            )
+        } else {
+            (
+                self.read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0),
+                self.read("memory.failcnt").trim().parse().unwrap_or(0),
+                Self::field(&self.read("memory.oom_control"), "oom_kill"),
+            )
+        }
+    }
 }
 
 /// Run the ignored test `child` of this binary inside `group` limited to `limit` bytes, passing
 /// the model, the expected ids and the budget (plus `extra` variables); the child waits on stdin
 /// until it has been moved into the group. Removes the group afterwards.
 pub fn run_in_cgroup(
-    group: &Path,
+    group: &Cgroup,
     limit: u64,
     child: &str,
     model: &Path,
@@ -164,7 +236,7 @@ pub fn run_in_cgroup(
     budget: u64,
     extra: &[(&str, &str)],
 ) -> CgroupRun {
-    std::fs::write(group.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+    group.limit(limit);
     let ids: Vec<String> = want.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
@@ -176,22 +248,17 @@ pub fn run_in_cgroup(
         cmd.env(k, v);
     }
     let mut process = cmd.spawn().unwrap();
-    std::fs::write(group.join("cgroup.procs"), process.id().to_string()).unwrap();
+    std::fs::write(group.path.join("cgroup.procs"), process.id().to_string()).unwrap();
     process.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let status = process.wait().unwrap();
-    let read = |f: &str| std::fs::read_to_string(group.join(f)).unwrap_or_default();
-    let run = CgroupRun {
+    let (max_usage, failcnt, oom_kills) = group.observed();
+    let _ = std::fs::remove_dir(&group.path);
+    CgroupRun {
         status,
-        max_usage: read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0),
-        failcnt: read("memory.failcnt").trim().parse().unwrap_or(0),
-        oom_kills: read("memory.oom_control")
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0),
-    };
-    let _ = std::fs::remove_dir(group);
-    run
+        max_usage,
+        failcnt,
+        oom_kills,
+    }
 }
 
 /// The child side: `(model dir, expected ids, budget)` once moved into the group, or `None`

@@ -37,6 +37,11 @@ pub fn server_args(m: &Model<'_>) -> Vec<String> {
         "--port".into(),
         SERVER_PORT.to_string(),
     ];
+    // Clients name the model as the DeltafinModel is named (the directory's name is a revision),
+    // unless extraArgs choose another name.
+    if !s.extra_args.iter().any(|x| x.starts_with("--served-model-name")) {
+        a.extend(["--served-model-name".into(), m.name.clone()]);
+    }
     let mut opt = |flag: &str, v: Option<String>| {
         if let Some(v) = v {
             a.push(flag.into());

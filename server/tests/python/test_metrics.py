@@ -1,8 +1,10 @@
 """/metrics: valid Prometheus text (promtool check metrics) with the operator's names and
 buckets, and counters that move exactly as known requests say."""
 
+import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -21,8 +23,8 @@ NAMES = [
 
 def test_promtool_accepts_the_exposition(server):
     promtool = shutil.which("promtool")
-    if not promtool:
-        pytest.skip("promtool not installed (scripts/test-server installs the prometheus package)")
+    # Required, never skipped: scripts/install-test-deps installs Debian's `prometheus` package.
+    assert promtool, "promtool is required (scripts/install-test-deps installs the prometheus package)"
     text = server.metrics()
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -68,3 +70,102 @@ def test_counters_move_with_known_requests():
         assert s.metric("deltafin_requests_running") == 0 and s.metric("deltafin_requests_waiting") == 0
     finally:
         s.stop()
+
+
+def documented_series():
+    """Every metric name in the table of docs/server.md's "Metrics" section."""
+    import pathlib
+
+    doc = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "server.md").read_text()
+    section = doc.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = []
+    for line in section.splitlines():
+        if line.startswith("| `deltafin_"):
+            names += re.findall(r"`(deltafin_[a-z_]+)`", line.split("|")[1])
+    return names
+
+
+def sample_sum(text, name):
+    """Sum of a series' samples (a histogram: its _count)."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key = line.split("{", 1)[0].split(" ", 1)[0]
+        if key in (name, name + "_count"):
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    assert seen, f"{name} is documented but not exposed"
+    return total
+
+
+# Series that cannot move on a CPU machine: they exist and stay zero (docs: "GPU only").
+GPU_ONLY = {
+    "deltafin_device_weight_upload_bytes_total", "deltafin_device_weight_evictions_total",
+    "deltafin_device_weight_resident_bytes", "deltafin_device_cpu_fallbacks_total",
+}
+# Series whose non-zero value is checked by a request below, but which do not count up
+# (gauges that return to their idle value, info): checked for their expected value instead.
+STATIC = {"deltafin_model_load_seconds", "deltafin_build_info", "deltafin_expert_cache_hit_ratio",
+          "deltafin_requests_running", "deltafin_requests_waiting"}
+
+
+def test_every_documented_series_moves_after_the_request_that_should_move_it():
+    """Each series in docs/server.md moves after a request that should move it; the
+    `page_cache` source with buffered reads of cached files, the `network` source and the
+    stream-install fetch times in server/tests/stream_cli.rs."""
+    names = documented_series()
+    assert len(names) > 25, names
+    s = Server("--max-tokens", "256")
+    try:
+        before = s.metrics()
+        c, m = s.client(), s.model_id()
+        # Plain chat (latency histograms, tokens, steps, queue wait, prefill chunks, expert reads
+        # and fetches), then the same conversation extended (state reuse).
+        msgs = [{"role": "user", "content": "metrics " * 40}]
+        r = c.chat.completions.create(model=m, messages=msgs, max_tokens=6, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "more"}]
+        c.chat.completions.create(model=m, messages=msgs, max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+        # A forced tool call under a grammar (tool calls, constrained tokens and mask time).
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        c.chat.completions.create(model=m, messages=[{"role": "user", "content": "weather?"}], tools=[tool],
+                                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=64)
+        # A stream dropped after its first chunk (engine cancellation); the running gauge while it runs.
+        running = []
+        stream = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "long"}], max_tokens=200,
+                                           stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        running.append(s.metric("deltafin_requests_running"))
+        stream.close()
+        deadline = time.time() + 30
+        while s.metric("deltafin_engine_cancelled_total") < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        after = s.metrics()
+    finally:
+        s.stop()
+    # Buffered reads of files the page cache holds (they were just read by the server above).
+    b = Server("--max-tokens", "64", "--read-mode", "buffered")
+    try:
+        b.client().completions.create(model=b.model_id(), prompt="page cache", max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        page_cache = b.metric("deltafin_expert_reads_total", source="page_cache")
+        page_cache_bytes = b.metric("deltafin_expert_read_bytes_total", source="page_cache")
+    finally:
+        b.stop()
+
+    assert page_cache > 0 and page_cache_bytes > 0, "buffered reads of cached files count as page_cache"
+    moved, missing = [], []
+    for name in names:
+        if name in GPU_ONLY:
+            assert sample_sum(after, name) == 0, name
+            continue
+        if name in STATIC:
+            continue
+        (moved if sample_sum(after, name) > sample_sum(before, name) else missing).append(name)
+    assert not missing, f"documented series that did not move: {missing}"
+    assert running == [1.0], running
+    assert sample_sum(after, "deltafin_model_load_seconds") > 0
+    assert 0 <= float(re.search(r"^deltafin_expert_cache_hit_ratio (\S+)$", after, re.M).group(1)) <= 1
+    assert 'deltafin_build_info{version="' in after
