@@ -94,7 +94,7 @@ cuda_build_stage() {
         --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
         -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
         -t localhost/deltafin-cuda-build:test "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 20
-    "${PODMAN[@]}" run --rm --network none --entrypoint /out/deltafin localhost/deltafin-cuda-build:test --version
+    "${PODMAN[@]}" run "${RUN_OPTS[@]}" --network none --entrypoint /out/deltafin localhost/deltafin-cuda-build:test --version
     "${PODMAN[@]}" rmi localhost/deltafin-cuda-build:test >/dev/null
     step "CUDA image Rust stage built (--features cuda)"
 }

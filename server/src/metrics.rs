@@ -246,7 +246,7 @@ impl Metrics {
                 &mut out,
                 (
                     "deltafin_expert_fetch_seconds",
-                    "Time to fetch one expert that missed the cache (demand read, or network fetch of a stream install).",
+                    "Time to fetch one expert: a storage read (demand or prefetch) or a stream install's network fetch.",
                 ),
                 &FETCH_SECONDS_BOUNDS,
                 &io.fetch(),

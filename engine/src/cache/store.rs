@@ -38,8 +38,9 @@ use crate::histogram::{AtomicHistogram, HistogramSnapshot};
 use crate::kernels::ops::rms_norm;
 use crate::weights::{RangeSource, WeightIndex};
 
-/// Upper bounds (seconds) of the expert-fetch histogram: one demand read of an expert that
-/// missed the cache, or one expert's missing bytes fetched over the network (stream installs).
+/// Upper bounds (seconds) of the expert-fetch histogram: one read of an expert from storage
+/// (a demand read of an expert that missed the cache, or a prefetch), submission to completion,
+/// or one expert's missing bytes fetched over the network (stream installs).
 pub const FETCH_SECONDS_BOUNDS: [f64; FETCH_BUCKETS] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
@@ -55,8 +56,8 @@ struct CompletionStats {
 }
 
 impl CompletionStats {
-    /// A read of `bytes` completed; `started` is set for demand reads (timed as fetches).
-    fn completed(&self, ok: bool, origin: Origin, bytes: u64, started: Option<Instant>) {
+    /// A read of `bytes` submitted at `started` completed.
+    fn completed(&self, ok: bool, origin: Origin, bytes: u64, started: Instant) {
         if !ok {
             return;
         }
@@ -64,10 +65,8 @@ impl CompletionStats {
             self.page_cache_reads.fetch_add(1, Ordering::Relaxed);
             self.page_cache_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        if let Some(t) = started {
-            self.fetch
-                .observe(&FETCH_SECONDS_BOUNDS, t.elapsed().as_secs_f64());
-        }
+        self.fetch
+            .observe(&FETCH_SECONDS_BOUNDS, started.elapsed().as_secs_f64());
     }
 }
 
@@ -115,8 +114,8 @@ pub struct ExpertStats {
     /// reads only; a subset of `misses + prefetch_reads`), and their bytes.
     pub page_cache_reads: u64,
     pub page_cache_bytes: u64,
-    /// Seconds per expert fetch ([`FETCH_SECONDS_BOUNDS`]): demand reads of experts that
-    /// missed the cache, and network fetches of a stream install's missing experts.
+    /// Seconds per expert fetch ([`FETCH_SECONDS_BOUNDS`]): storage reads (demand and prefetch)
+    /// and network fetches of a stream install's missing experts.
     #[serde(skip)]
     pub fetch_seconds: HistogramSnapshot<FETCH_BUCKETS>,
     /// Mean recall of the two predictors over the layers they were scored on.
@@ -398,8 +397,9 @@ impl ExpertStore {
         };
         let layout = &self.layouts[k.layer as usize][k.expert as usize];
         let (cache, completions, bytes) = (self.cache.clone(), self.completions.clone(), layout.read_bytes());
+        let started = Instant::now();
         let done = Box::new(move |r: std::result::Result<(), String>, origin| {
-            completions.completed(r.is_ok(), origin, bytes, None);
+            completions.completed(r.is_ok(), origin, bytes, started);
             cache.complete(slot, k, r);
         });
         let ticket = self.reader.submit(
@@ -685,7 +685,7 @@ impl LayerExperts<'_> {
                 let (cache, completions) = (st.cache.clone(), st.completions.clone());
                 let started = Instant::now();
                 let done = Box::new(move |r: std::result::Result<(), String>, origin| {
-                    completions.completed(r.is_ok(), origin, bytes, Some(started));
+                    completions.completed(r.is_ok(), origin, bytes, started);
                     cache.complete(slot, k, r);
                 });
                 let ticket = st.reader.submit(
