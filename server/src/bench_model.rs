@@ -155,10 +155,12 @@ struct Report {
 }
 
 pub fn run(mut a: BenchRunArgs, cache_dir: &Path) -> Result<()> {
-    let Some(options) = a.ooc.options()? else {
+    let Some(mut options) = a.ooc.options()? else {
         bail!("bench run needs a memory budget (not `off`)")
     };
     let dir = crate::run::resolve_model(a.model.take(), cache_dir)?;
+    let held = a.prompt_tokens.max(1) + a.warmup_tokens + a.decode_tokens.max(1);
+    crate::ooc_args::plan_context(&dir, &mut options, held.max(512))?;
     let t = Instant::now();
     let (model, rt) = arch::load_budgeted(&dir, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();
