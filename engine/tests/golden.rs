@@ -57,7 +57,7 @@ fn check(name: &str) {
 
 fn check_dir(name: &str, dir: &std::path::Path) {
     let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-    let model = arch::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = arch::load(dir).unwrap_or_else(|e| panic!("{name}: {e}"));
     let prompt = ids(&golden["prompt_ids"]);
     let mut state = model.new_state();
     let mut trace = Trace::default();
