@@ -21,7 +21,8 @@
 #        images/test-image.sh --cuda-build-stage [SOURCE_DIR]  the Rust stage of
 #        images/server-cuda.Containerfile (`--features cuda`) on the local builder; no GPU run
 #        images/test-image.sh --all [SOURCE_DIR]     all three, in that order (server, operator, CUDA stage)
-# Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off), CODEGEN_UNITS (16).
+# Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off), CODEGEN_UNITS (16),
+# OPT_LEVEL (1; releases keep the workspace profile: fat LTO, one codegen unit, opt-level 3).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=server
@@ -36,6 +37,7 @@ BASE=localhost/debian:bookworm-min
 BUILDER=localhost/deltafin-rust:local
 RELEASE_LTO=${RELEASE_LTO:-off}
 CODEGEN_UNITS=${CODEGEN_UNITS:-16}
+OPT_LEVEL=${OPT_LEVEL:-1}   # test builds: the images' behaviour, not their speed, is under test
 TOOLCHAIN=$(rustc --print sysroot)
 REGISTRY=${CARGO_HOME:-$HOME/.cargo}/registry
 SD=(--storage-driver vfs)
@@ -76,7 +78,7 @@ operator_image() {
     step "buildah bud images/operator.Containerfile ($SRC) -> localhost/deltafin-operator:test"
     buildah "${SD[@]}" bud --isolation chroot --layers=false -f "$HERE/operator.Containerfile" \
         --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" \
-        --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
+        --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" --build-arg CARGO_PROFILE_RELEASE_OPT_LEVEL="$OPT_LEVEL" \
         -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
         -t localhost/deltafin-operator:test "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 20
     step "image: $("${PODMAN[@]}" image inspect localhost/deltafin-operator:test --format '{{.Config.User}} {{.Config.Entrypoint}} {{.Config.Cmd}} {{.Size}} bytes')"
@@ -91,7 +93,7 @@ cuda_build_stage() {
     step "buildah bud --target build images/server-cuda.Containerfile ($SRC) -> localhost/deltafin-cuda-build:test"
     buildah "${SD[@]}" bud --isolation chroot --layers=false --target build -f "$HERE/server-cuda.Containerfile" \
         --build-arg BUILD_IMAGE="$BUILDER" \
-        --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
+        --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" --build-arg CARGO_PROFILE_RELEASE_OPT_LEVEL="$OPT_LEVEL" \
         -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
         -t localhost/deltafin-cuda-build:test "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 20
     "${PODMAN[@]}" run "${RUN_OPTS[@]}" --network none --entrypoint /out/deltafin localhost/deltafin-cuda-build:test --version
@@ -107,7 +109,7 @@ esac
 step "buildah bud images/server-cpu.Containerfile ($SRC, RELEASE_LTO=$RELEASE_LTO) -> $IMAGE"
 buildah "${SD[@]}" bud --isolation chroot --layers=false \
     -f "$HERE/server-cpu.Containerfile" \
-    --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" \
+    --build-arg RUST_IMAGE="$BUILDER" --build-arg RUNTIME_IMAGE="$BASE" --build-arg CARGO_PROFILE_RELEASE_LTO="$RELEASE_LTO" --build-arg CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$CODEGEN_UNITS" --build-arg CARGO_PROFILE_RELEASE_OPT_LEVEL="$OPT_LEVEL" \
     -v "$TOOLCHAIN:/opt/rust:ro" -v "$REGISTRY:/usr/local/cargo/registry" \
     -t "$IMAGE" "$SRC" 2>&1 | grep -vE '^\s*(Compiling|Downloaded|Downloading) ' | tail -n 40
 step "image: $("${PODMAN[@]}" image inspect "$IMAGE" --format '{{.Config.User}} {{.Config.Entrypoint}} {{.Config.Cmd}} {{.Size}} bytes')"
