@@ -20,12 +20,14 @@ pub enum Format {
 /// Shape presets.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Preset {
-    /// The built-in default model (~20 MB).
+    /// A small synthetic DeepSeek-V3-architecture model (~12 MB, 16 BF16 experts, top-4,
+    /// group-limited routing).
     Builtin,
     /// A ~12.5 GB DeepSeek-V3-architecture model (16 layers, 64 experts of 12 MiB, top-8),
     /// the shape of the llama.cpp peer baseline.
     Dsv3Bench,
-    /// The built-in Kimi K3-architecture model (~20 MB, MXFP4 experts).
+    /// The built-in K3 preset (`--model builtin:k3`): Kimi K3 architecture, ~20 MB, MXFP4
+    /// experts.
     K3Builtin,
     /// A ~4.4 GB Kimi K3-architecture model: hidden 2048, 16 layers (KDA, gated MLA every 4th
     /// layer, AttnRes blocks of 4), 128 MXFP4 experts of 1.6 MiB at latent width 1024, top-8,
