@@ -22,7 +22,7 @@
 #        images/server-cuda.Containerfile (`--features cuda`) on the local builder; no GPU run
 #        images/test-image.sh --all [SOURCE_DIR]     all three, in that order (server, operator, CUDA stage)
 # Environment: IMAGE (default localhost/deltafin:test), RELEASE_LTO (default off), CODEGEN_UNITS (16),
-# OPT_LEVEL (1; releases keep the workspace profile: fat LTO, one codegen unit, opt-level 3).
+# OPT_LEVEL (0; releases keep the workspace profile: fat LTO, one codegen unit, opt-level 3).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MODE=server
@@ -37,7 +37,7 @@ BASE=localhost/debian:bookworm-min
 BUILDER=localhost/deltafin-rust:local
 RELEASE_LTO=${RELEASE_LTO:-off}
 CODEGEN_UNITS=${CODEGEN_UNITS:-16}
-OPT_LEVEL=${OPT_LEVEL:-1}   # test builds: the images' behaviour, not their speed, is under test
+OPT_LEVEL=${OPT_LEVEL:-0}   # test builds: the images' behaviour, not their speed, is under test
 TOOLCHAIN=$(rustc --print sysroot)
 REGISTRY=${CARGO_HOME:-$HOME/.cargo}/registry
 SD=(--storage-driver vfs)
