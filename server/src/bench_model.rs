@@ -160,7 +160,7 @@ pub fn run(mut a: BenchRunArgs, cache_dir: &Path) -> Result<()> {
     };
     let dir = crate::run::resolve_model(a.model.take(), cache_dir)?;
     let held = a.prompt_tokens.max(1) + a.warmup_tokens + a.decode_tokens.max(1);
-    crate::ooc_args::plan_context(&dir, &mut options, held.max(512))?;
+    crate::ooc_args::plan_context(&dir, &mut options, held)?;
     let t = Instant::now();
     let (model, rt) = arch::load_budgeted(&dir, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();

@@ -120,6 +120,14 @@ fn chat_mode_renders_the_template() {
     );
 }
 
+fn u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
 /// The README's first command: the trained default prints readable English (no reserved-token
 /// noise) and its greedy tokens are HF's (the golden's prompt and path).
 #[test]
@@ -161,12 +169,7 @@ fn builtin_default_model_prints_readable_english() {
     )
     .unwrap();
     let prompt = golden["prompt_text"].as_str().unwrap();
-    let want: Vec<u64> = golden["greedy"]["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
+    let want = u64s(&golden["greedy"]["output_ids"]);
     let n = want.len().to_string();
     let out = deltafin(
         &["run", "--prompt", prompt, "--max-new", &n, "--json"],
@@ -178,12 +181,7 @@ fn builtin_default_model_prints_readable_english() {
         got["prompt_ids"], golden["prompt_ids"],
         "the prompt encodes as HF's"
     );
-    let ids: Vec<u64> = got["output_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
+    let ids = u64s(&got["output_ids"]);
     assert_eq!(ids, want, "the binary's greedy path is HF's");
 }
 
