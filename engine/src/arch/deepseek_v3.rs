@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Combine, Moe, RouterConfig};
+use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, mla_caches};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
@@ -79,6 +79,30 @@ fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp
         down: ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
         act: Activation::Silu,
     })
+}
+
+impl super::Architecture for DeepseekV3Config {
+    fn state_size(&self) -> StateSize {
+        state_size(self)
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(DeepseekV3::load(self.clone(), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        true
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &ModelSpec,
+        index: Arc<crate::weights::WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        let (model, runtime) = DeepseekV3::load_budgeted(self.clone(), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
 }
 
 impl DeepseekV3 {
@@ -224,6 +248,7 @@ impl DeepseekV3 {
             gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, cfg.hidden_size)?,
             bias: ld.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
             router: RouterConfig {
+                scoring: Scoring::Sigmoid,
                 top_k: cfg.num_experts_per_tok,
                 n_group: cfg.n_group,
                 topk_group: cfg.topk_group,

@@ -30,7 +30,7 @@ use super::layers::attn_res::AttnRes;
 use super::layers::kda::L2Norm;
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, ExpertProvider};
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, Trace, begin_pass};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass};
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
@@ -117,6 +117,30 @@ fn load_fixed(t: &KimiLinearConfig, ld: &Loader<'_>) -> Result<Fixed> {
         output_res: load_res(ld, "model.", "output_attn", t.hidden_size, t.rms_norm_eps)?,
         norm: ld.vector("model.norm.weight", t.hidden_size)?,
     })
+}
+
+impl super::Architecture for KimiK3Config {
+    fn state_size(&self) -> StateSize {
+        super::kimi_linear::state_size(&self.text)
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(KimiK3::load(self.clone(), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        true
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        let (model, runtime) = KimiK3::load_budgeted(self.clone(), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
 }
 
 impl KimiK3 {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig};
+use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig, Scoring};
 use super::{
     Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, kda_caches, mla_caches,
 };
@@ -296,6 +296,7 @@ pub(crate) fn load_router(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, v: 
         gate: ld.dense(&format!("{m}.gate.weight"), e, cfg.hidden_size)?,
         bias: ld.vector(&format!("{m}.gate.e_score_correction_bias"), e)?,
         router: RouterConfig {
+            scoring: Scoring::Sigmoid,
             top_k: cfg.num_experts_per_token,
             n_group: cfg.num_expert_group,
             topk_group: cfg.topk_group,
@@ -481,6 +482,30 @@ struct Fixed {
     embed: Matrix,
     lm_head: Matrix,
     norm: Vec<f32>,
+}
+
+impl super::Architecture for KimiLinearConfig {
+    fn state_size(&self) -> StateSize {
+        state_size(self)
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(KimiLinear::load(self.clone(), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        true
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        let (model, runtime) = KimiLinear::load_budgeted(self.clone(), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
 }
 
 impl KimiLinear {

@@ -6,18 +6,22 @@
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
 pub mod deepseek_v3;
+mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
 pub mod layers;
 mod loader;
 pub mod qwen3;
+mod qwen3_moe;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::Path;
 
 pub use loader::Loader;
+pub use registry::{Architecture, architecture};
 
 use crate::config::{ArchConfig, ModelSpec};
 use crate::error::{Error, Result};
@@ -198,12 +202,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
 /// What one sequence's state costs for the model `arch` describes (each architecture's own
 /// function; the same figure its [`ModelInfo::state`] reports once loaded).
 pub fn state_size(arch: &ArchConfig) -> StateSize {
-    match arch {
-        ArchConfig::DeepseekV3(cfg) => deepseek_v3::state_size(cfg),
-        ArchConfig::KimiLinear(cfg) => kimi_linear::state_size(cfg),
-        ArchConfig::KimiK3(cfg) => kimi_linear::state_size(&cfg.text),
-        ArchConfig::Qwen3(cfg) => qwen3::state_size(cfg),
-    }
+    architecture(arch).state_size()
 }
 
 /// Load the model in `dir` under a memory budget: weights are read (not mapped), a prefix of
@@ -216,46 +215,17 @@ pub fn load_budgeted(
 ) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
     let spec = ModelSpec::load(dir)?;
     let index = std::sync::Arc::new(options.open_index(dir)?);
-    match &spec.arch {
-        ArchConfig::DeepseekV3(cfg) => {
-            let (model, runtime) =
-                deepseek_v3::DeepseekV3::load_budgeted(cfg.clone(), &spec, index, options)?;
-            Ok((Box::new(model), runtime))
-        }
-        ArchConfig::KimiLinear(cfg) => {
-            let (model, runtime) =
-                kimi_linear::KimiLinear::load_budgeted(cfg.clone(), &spec, index, options)?;
-            Ok((Box::new(model), runtime))
-        }
-        ArchConfig::KimiK3(cfg) => {
-            let (model, runtime) = kimi_k3::KimiK3::load_budgeted(cfg.clone(), &spec, index, options)?;
-            Ok((Box::new(model), runtime))
-        }
-        ArchConfig::Qwen3(_) => Err(Error::Budget(format!(
-            "{}: out-of-core loading is implemented for DeepSeek-V3 / Kimi-K2, Kimi-Linear and Kimi K3 checkpoints \
-             (dense Qwen3 drafters load in memory)",
-            spec.model_type
-        ))),
-    }
+    architecture(&spec.arch).load_budgeted(&spec, index, options)
 }
 
 /// Whether [`load_budgeted`] supports the model in `dir`.
 pub fn supports_budget(dir: &Path) -> Result<bool> {
-    Ok(matches!(
-        ModelSpec::load(dir)?.arch,
-        ArchConfig::DeepseekV3(_) | ArchConfig::KimiLinear(_) | ArchConfig::KimiK3(_)
-    ))
+    Ok(architecture(&ModelSpec::load(dir)?.arch).supports_budget())
 }
 
 /// Build the architecture for an already-parsed spec and index.
 pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>> {
-    let loader = Loader::new(index, spec);
-    match &spec.arch {
-        ArchConfig::DeepseekV3(cfg) => Ok(Box::new(deepseek_v3::DeepseekV3::load(cfg.clone(), &loader)?)),
-        ArchConfig::KimiLinear(cfg) => Ok(Box::new(kimi_linear::KimiLinear::load(cfg.clone(), &loader)?)),
-        ArchConfig::KimiK3(cfg) => Ok(Box::new(kimi_k3::KimiK3::load(cfg.clone(), &loader)?)),
-        ArchConfig::Qwen3(cfg) => Ok(Box::new(qwen3::Qwen3::load(cfg.clone(), &loader)?)),
-    }
+    architecture(&spec.arch).load(&Loader::new(index, spec))
 }
 
 /// Stage a new pass over every sequence of a validated batch (commits each one's previous

@@ -7,8 +7,8 @@
 //! holds every position's rotated keys and values ([`KvCache`]). Tied embeddings when
 //! configured. Traced tensors: `embed`, `layers.{l}`, `norm`.
 
+use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::rope::Rope;
 use super::{Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
 use crate::arch::Loader;
 use crate::config::Qwen3Config;
@@ -21,12 +21,7 @@ use crate::kernels::{Matrix, matmul};
 #[derive(Debug)]
 struct Layer {
     input_norm: Vec<f32>,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
-    o: Matrix,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    attn: Gqa,
     post_norm: Vec<f32>,
     mlp: Mlp,
 }
@@ -48,21 +43,26 @@ pub struct Qwen3 {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Matrix,
-    rope: Rope,
 }
 
 fn load_layer(cfg: &Qwen3Config, ld: &Loader<'_>, i: usize) -> Result<Layer> {
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let p = format!("model.layers.{i}");
-    let a = format!("{p}.self_attn");
+    let dims = GqaDims {
+        heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: d,
+        rotary_dim: d,
+    };
+    let opts = GqaOptions {
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: true,
+        eps: cfg.rms_norm_eps,
+    };
     Ok(Layer {
         input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-        q: ld.linear(&format!("{a}.q_proj"), cfg.num_attention_heads * d, h)?,
-        k: ld.linear(&format!("{a}.k_proj"), cfg.num_key_value_heads * d, h)?,
-        v: ld.linear(&format!("{a}.v_proj"), cfg.num_key_value_heads * d, h)?,
-        o: ld.linear(&format!("{a}.o_proj"), h, cfg.num_attention_heads * d)?,
-        q_norm: ld.vector(&format!("{a}.q_norm.weight"), d)?,
-        k_norm: ld.vector(&format!("{a}.k_norm.weight"), d)?,
+        attn: Gqa::load(ld, &format!("{p}.self_attn"), h, dims, &cfg.rope, opts)?,
         post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
         mlp: Mlp {
             gate: ld.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?,
@@ -71,6 +71,16 @@ fn load_layer(cfg: &Qwen3Config, ld: &Loader<'_>, i: usize) -> Result<Layer> {
             act: Activation::Silu,
         },
     })
+}
+
+impl super::Architecture for Qwen3Config {
+    fn state_size(&self) -> StateSize {
+        state_size(self)
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(Qwen3::load(self.clone(), ld)?))
+    }
 }
 
 impl Qwen3 {
@@ -103,7 +113,6 @@ impl Qwen3 {
         };
         Ok(Qwen3 {
             norm: ld.vector("model.norm.weight", h)?,
-            rope: Rope::new(&cfg.rope, cfg.head_dim, false),
             cfg,
             info,
             embed,
@@ -117,63 +126,6 @@ impl Qwen3 {
         out.chunks_mut(weight.len())
             .for_each(|r| rms_norm_inplace(r, weight, self.cfg.rms_norm_eps));
         out
-    }
-
-    /// Attention of every row over its sequence's cache (rows appended first).
-    fn attention(&self, layer: &Layer, xn: &[f32], plan: &RowPlan, caches: &mut [&mut KvCache]) -> Vec<f32> {
-        let c = &self.cfg;
-        let (n, d) = (plan.len(), c.head_dim);
-        let (qw, kw) = (c.num_attention_heads * d, c.num_key_value_heads * d);
-        let mut q = vec![0.0f32; n * qw];
-        let mut k = vec![0.0f32; n * kw];
-        let mut v = vec![0.0f32; n * kw];
-        matmul(&layer.q, xn, n, &mut q);
-        matmul(&layer.k, xn, n, &mut k);
-        matmul(&layer.v, xn, n, &mut v);
-        for i in 0..n {
-            for head in q[i * qw..(i + 1) * qw].chunks_mut(d) {
-                rms_norm_inplace(head, &layer.q_norm, c.rms_norm_eps);
-                self.rope.apply(head, plan.pos[i]);
-            }
-            for head in k[i * kw..(i + 1) * kw].chunks_mut(d) {
-                rms_norm_inplace(head, &layer.k_norm, c.rms_norm_eps);
-                self.rope.apply(head, plan.pos[i]);
-            }
-            let cache = &mut caches[plan.seq[i]];
-            cache.k.extend_from_slice(&k[i * kw..(i + 1) * kw]);
-            cache.v.extend_from_slice(&v[i * kw..(i + 1) * kw]);
-        }
-        let scale = (d as f32).powf(-0.5);
-        let mut out = vec![0.0f32; n * qw];
-        let mut scores = Vec::new();
-        for i in 0..n {
-            let cache = &*caches[plan.seq[i]];
-            let len = plan.pos[i] + 1;
-            for h in 0..c.num_attention_heads {
-                let kv = h / c.group();
-                let qh = &q[i * qw + h * d..][..d];
-                scores.clear();
-                for j in 0..len {
-                    let kj = &cache.k[j * kw + kv * d..][..d];
-                    scores.push(qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale);
-                }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                scores.iter_mut().for_each(|s| {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                });
-                let o = &mut out[i * qw + h * d..][..d];
-                for (j, s) in scores.iter().enumerate() {
-                    let p = s / sum;
-                    let vj = &cache.v[j * kw + kv * d..][..d];
-                    o.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
-                }
-            }
-        }
-        let mut y = vec![0.0f32; n * c.hidden_size];
-        matmul(&layer.o, &out, n, &mut y);
-        y
     }
 }
 
@@ -225,7 +177,12 @@ impl Model for Qwen3 {
                 .iter_mut()
                 .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
                 .collect();
-            let a = self.attention(layer, &xn, &plan, &mut caches);
+            let mut rows = KvRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
+            let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(&x, &layer.post_norm);
             let f = layer.mlp.forward(&xn, n);

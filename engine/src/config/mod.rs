@@ -10,6 +10,7 @@ mod kimi_k3;
 mod kimi_linear;
 mod quant;
 mod qwen3;
+mod qwen3_moe;
 mod rope;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ pub use kimi_k3::KimiK3Config;
 pub use kimi_linear::{AttnKind, KdaConfig, KdaDecay, KimiLinearConfig};
 pub use quant::{IgnoreRule, Quantization};
 pub use qwen3::Qwen3Config;
+pub use qwen3_moe::Qwen3MoeConfig;
 pub use rope::{RopeConfig, RopeScaling};
 
 use crate::error::{Error, Result};
@@ -37,6 +39,8 @@ pub enum ArchConfig {
     KimiK3(KimiK3Config),
     /// Qwen3 dense (`qwen3`), used as a raw-completion drafter.
     Qwen3(Qwen3Config),
+    /// Qwen3-MoE (`qwen3_moe`): GQA with q/k norm, softmax-routed experts.
+    Qwen3Moe(Qwen3MoeConfig),
 }
 
 /// Everything `config.json` says about a checkpoint.
@@ -55,7 +59,7 @@ pub struct ModelSpec {
 }
 
 /// Model types accepted at the top level, listed in errors.
-pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3";
+pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3, qwen3_moe";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +127,17 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The whole (text) config deserialised into `T` (a serde-derived config): an error names
+    /// the field path and what was wrong with it.
+    pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_path_to_error::deserialize(Value::Object(self.map.clone())).map_err(|e| {
+            // A missing field is reported at its parent: the root renders as `.`.
+            let path = e.path().to_string();
+            let field = if path == "." { "<root>" } else { &path };
+            self.err(field, e.inner().to_string())
+        })
+    }
+
     /// A token id that may be written as an integer or a list of integers (first wins).
     pub fn opt_token_ids(&self, field: &str) -> Result<Vec<u32>> {
         match self.get(field) {
@@ -140,6 +155,33 @@ impl<'a> Fields<'a> {
                 .collect(),
             Some(v) => Err(self.err(field, format!("expected a token id, found {v}"))),
         }
+    }
+}
+
+/// A token id field written as one integer, a list of integers, or null (HF accepts all three
+/// for `bos_token_id` / `eos_token_id`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    #[default]
+    None,
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    /// Every id, in order.
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::None => Vec::new(),
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+
+    /// The first id (HF's `bos_token_id` when a list is given).
+    pub fn first(&self) -> Option<u32> {
+        self.to_vec().first().copied()
     }
 }
 
@@ -203,6 +245,7 @@ impl ModelSpec {
                 ArchConfig::KimiK3(KimiK3Config::parse(top, fields)?)
             }
             "qwen3" if scope.is_empty() => ArchConfig::Qwen3(Qwen3Config::parse(fields)?),
+            "qwen3_moe" if scope.is_empty() => ArchConfig::Qwen3Moe(Qwen3MoeConfig::parse(fields)?),
             _ => {
                 return Err(Error::UnknownModelType {
                     path: path.to_path_buf(),

@@ -24,11 +24,20 @@ pub enum RopeScaling {
     },
 }
 
-/// RoPE configuration.
+/// RoPE configuration (the default is HF's when nothing is given: plain RoPE, θ = 10,000).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeConfig {
     pub theta: f64,
     pub scaling: RopeScaling,
+}
+
+impl Default for RopeConfig {
+    fn default() -> Self {
+        RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Default,
+        }
+    }
 }
 
 impl RopeConfig {

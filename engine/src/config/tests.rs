@@ -179,3 +179,41 @@ fn unsupported_quantisation_fails_closed() {
         }
     ));
 }
+
+fn qwen3_moe() -> Value {
+    json!({
+        "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "moe_intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
+        "mlp_only_layers": [0], "max_position_embeddings": 256, "rope_theta": 1000000.0,
+        "eos_token_id": [2, 0]
+    })
+}
+
+#[test]
+fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
+    let ArchConfig::Qwen3Moe(c) = parse(&qwen3_moe()).unwrap().arch else {
+        panic!("not qwen3_moe")
+    };
+    assert_eq!((c.head_dim(), c.decoder_sparse_step, c.norm_topk_prob), (32, 1, false));
+    assert_eq!(c.eos_token_id.to_vec(), vec![2, 0]);
+    assert_eq!((0..3).map(|i| c.is_moe_layer(i)).collect::<Vec<_>>(), vec![false, true, true]);
+    let mut v = qwen3_moe();
+    v["num_local_experts"] = v["num_experts"].take();
+    v.as_object_mut().unwrap().remove("num_experts");
+    assert!(parse(&v).is_ok(), "transformers 5 spells it num_local_experts");
+    for (field, value, want) in [
+        ("hidden_size", json!("wide"), "hidden_size"),
+        ("num_experts_per_tok", json!(9), "num_experts_per_tok"),
+        ("num_key_value_heads", json!(3), "num_key_value_heads"),
+        ("use_sliding_window", json!(true), "use_sliding_window"),
+    ] {
+        let mut v = qwen3_moe();
+        v[field] = value;
+        let err = parse(&v).unwrap_err().to_string();
+        assert!(err.contains(want), "{field}: {err}");
+    }
+    let mut v = qwen3_moe();
+    v.as_object_mut().unwrap().remove("vocab_size");
+    assert!(parse(&v).unwrap_err().to_string().contains("vocab_size"));
+}

@@ -1,5 +1,6 @@
-//! The routed mixture of experts: sigmoid router with a selection-only correction bias,
-//! group-limited top-k, optional renormalisation and scaling, experts run over the union of a
+//! The routed mixture of experts: a sigmoid router with a selection-only correction bias and
+//! group-limited top-k (DeepSeek-V3, Kimi, GLM-4.5) or a softmax router with plain top-k
+//! (Qwen3-MoE), optional renormalisation and scaling, experts run over the union of a
 //! batch's selections (each expert's weights read once for all rows that chose it), then the
 //! shared experts.
 //!
@@ -35,9 +36,20 @@ impl ExpertProvider for Vec<Mlp> {
     }
 }
 
+/// How router logits become expert scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scoring {
+    /// `σ(logit)`, selection on `σ + e_score_correction_bias` (DeepSeek-V3 `noaux_tc`).
+    #[default]
+    Sigmoid,
+    /// `softmax(logits)` over all experts in f32, selection on the probabilities (Qwen3-MoE).
+    Softmax,
+}
+
 /// Router hyperparameters.
 #[derive(Debug, Clone)]
 pub struct RouterConfig {
+    pub scoring: Scoring,
     pub top_k: usize,
     pub n_group: usize,
     pub topk_group: usize,
@@ -71,7 +83,7 @@ pub struct Latent {
 pub struct Moe {
     /// `[E, H]` router weight (used in f32).
     pub gate: Matrix,
-    /// `e_score_correction_bias` (selection only).
+    /// `e_score_correction_bias` (selection only; empty when the router has none).
     pub bias: Vec<f32>,
     pub router: RouterConfig,
     pub experts: Vec<Mlp>,
@@ -113,13 +125,27 @@ pub fn select_experts(choice: &[f32], n_group: usize, topk_group: usize, top_k: 
     ids
 }
 
+/// `exp(l - max) / Σ exp(l - max)` in f32, summed in index order (torch's float softmax).
+fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let sum: f32 = exp.iter().sum();
+    exp.iter().map(|e| e / sum).collect()
+}
+
 impl Moe {
     /// Routing of one row from its router logits: `(expert, weight)` in router order
     /// (descending selection score, lower id first on ties).
     pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
-        let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
-        let choice: Vec<f32> = scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
         let r = &self.router;
+        let scores: Vec<f32> = match r.scoring {
+            Scoring::Sigmoid => logits.iter().map(|&l| sigmoid(l)).collect(),
+            Scoring::Softmax => softmax(logits),
+        };
+        let choice: Vec<f32> = match self.bias.is_empty() {
+            true => scores.clone(),
+            false => scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect(),
+        };
         let ids = select_experts(&choice, r.n_group, r.topk_group, r.top_k);
         let mut weights: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
         if r.norm_topk_prob {
@@ -242,7 +268,31 @@ impl Moe {
 
 #[cfg(test)]
 mod tests {
-    use super::select_experts;
+    use super::*;
+
+    #[test]
+    fn softmax_routing_picks_the_largest_probabilities_and_renormalises() {
+        let moe = Moe {
+            gate: Matrix::new(crate::kernels::Format::F32, 4, 2, crate::weights::Blob::from_vec(vec![0; 32]), None).unwrap(),
+            bias: Vec::new(),
+            router: RouterConfig {
+                scoring: Scoring::Softmax,
+                top_k: 2,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: true,
+                scaling: 1.0,
+            },
+            experts: Vec::new(),
+            shared: None,
+            latent: None,
+            combine: Combine::Ascending,
+        };
+        let route = moe.route(&[0.0, 2.0, 1.0, -1.0]);
+        assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
+        let (a, b) = (2.0f32.exp(), 1.0f32.exp());
+        assert!((route[0].1 - a / (a + b)).abs() < 1e-6 && (route[1].1 - b / (a + b)).abs() < 1e-6);
+    }
 
     #[test]
     fn plain_top_k_takes_best_scores_lowest_index_on_ties() {

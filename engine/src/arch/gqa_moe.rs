@@ -1,0 +1,397 @@
+//! The grouped-query-attention MoE decoder that Qwen3-MoE and GLM-4.5 share, run from a
+//! [`DecoderPlan`] each architecture derives from its own config (`qwen3_moe.rs`,
+//! `glm4_moe.rs`): which layers are MoE, the attention's options (biases, q/k norm, partial
+//! rotary), the router (softmax or sigmoid with correction bias, group limit, renormalisation,
+//! scaling) and the shared expert.
+//!
+//! Layer `i`: `x += o_proj(attn(RMSNorm_in(x)))`, `x += FFN(RMSNorm_post(x))`, the FFN a dense
+//! gated MLP or the routed MoE (experts in ascending id order, as HF's `index_add_` over hit
+//! experts) plus shared experts. Logits: `lm_head(RMSNorm(x))`. Tensor names follow the
+//! published per-expert layout: `model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj`,
+//! `model.layers.{i}.mlp.gate.weight` (+ `e_score_correction_bias`),
+//! `model.layers.{i}.mlp.shared_experts.*`. Tensors beyond `num_hidden_layers` (GLM's
+//! multi-token-prediction layer) are not read.
+//!
+//! Layers live in a [`LayerStore`]: all in memory ([`GqaMoe::load`]) or, under a memory budget
+//! ([`GqaMoe::load_budgeted`]), a resident prefix plus streamed layers with the routed experts
+//! served by the out-of-core [`ExpertStore`]; both build layers with the same code.
+
+use std::sync::Arc;
+
+use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
+use super::layers::mlp::{Activation, Mlp};
+use super::layers::moe::{Combine, Moe, RouterConfig};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
+use crate::cache::store::{ExpertBuilder, LookaheadLayer};
+use crate::cache::{
+    ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
+};
+use crate::config::{ModelSpec, RopeConfig};
+use crate::error::Result;
+use crate::generate::{KvCache, LayerState, SeqState};
+use crate::kernels::ops::rms_norm;
+use crate::kernels::reference::decode_row;
+use crate::kernels::{Matrix, matmul};
+use crate::weights::WeightIndex;
+
+/// The routed part of a MoE layer.
+#[derive(Debug, Clone)]
+pub(crate) struct MoePlan {
+    pub experts: usize,
+    /// Each routed expert's width (`moe_intermediate_size`).
+    pub width: usize,
+    /// The shared experts' combined width (`0`: none).
+    pub shared_width: usize,
+    pub router: RouterConfig,
+    /// The router has an `e_score_correction_bias`.
+    pub correction_bias: bool,
+}
+
+/// Everything the decoder needs, derived from an architecture's config.
+#[derive(Debug, Clone)]
+pub(crate) struct DecoderPlan {
+    /// Architecture name reported in [`ModelInfo::arch`].
+    pub arch: &'static str,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Dense FFN width (`intermediate_size`).
+    pub dense_width: usize,
+    pub num_layers: usize,
+    pub max_context: usize,
+    pub rms_norm_eps: f32,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub attn: GqaDims,
+    pub attn_options: GqaOptions,
+    pub rope: RopeConfig,
+    /// Per layer: whether its FFN is the routed MoE.
+    pub moe_layers: Vec<bool>,
+    pub moe: MoePlan,
+}
+
+impl DecoderPlan {
+    fn is_moe(&self, l: usize) -> bool {
+        self.moe_layers[l]
+    }
+}
+
+// One per layer, built once at load: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+#[derive(Debug)]
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attn: Gqa,
+    ffn: Ffn,
+}
+
+/// The always-resident tensors: embeddings, head, final norm, and each MoE layer's FFN norm
+/// and router for the look-ahead predictor.
+struct Fixed {
+    embed: Matrix,
+    lm_head: Matrix,
+    norm: Vec<f32>,
+    lookahead: Vec<Option<LookaheadLayer>>,
+}
+
+/// Sequence-state bytes: every layer caches per-head keys and values in f32.
+pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
+    StateSize {
+        per_token: (plan.num_layers * 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim) as u64,
+        per_sequence: 0,
+    }
+}
+
+/// A loaded GQA MoE decoder.
+#[derive(Debug)]
+pub struct GqaMoe {
+    plan: DecoderPlan,
+    info: ModelInfo,
+    embed: Matrix,
+    layers: Arc<LayerStore<Layer>>,
+    norm: Vec<f32>,
+    lm_head: Matrix,
+    /// Routed experts when they are not inside the layers (out-of-core mode).
+    experts: Option<Arc<ExpertStore>>,
+}
+
+fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
+    Ok(Mlp {
+        gate: ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
+        up: ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
+        down: ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
+        act: Activation::Silu,
+    })
+}
+
+fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matrix> {
+    if plan.tie_word_embeddings && !ld.has("lm_head.weight") {
+        Ok(embed.clone())
+    } else {
+        ld.dense("lm_head.weight", plan.vocab_size, plan.hidden_size)
+    }
+}
+
+/// Layer `i`'s router (its experts and shared experts as given).
+fn router(plan: &DecoderPlan, ld: &Loader<'_>, i: usize, experts: Vec<Mlp>, shared: Option<Mlp>) -> Result<Moe> {
+    let (p, m) = (format!("model.layers.{i}.mlp.gate"), &plan.moe);
+    Ok(Moe {
+        gate: ld.dense(&format!("{p}.weight"), m.experts, plan.hidden_size)?,
+        bias: match m.correction_bias {
+            true => ld.vector(&format!("{p}.e_score_correction_bias"), m.experts)?,
+            false => Vec::new(),
+        },
+        router: m.router.clone(),
+        experts,
+        shared,
+        latent: None,
+        combine: Combine::Ascending,
+    })
+}
+
+fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
+    let h = plan.hidden_size;
+    let p = format!("model.layers.{i}");
+    let attn = Gqa::load(ld, &format!("{p}.self_attn"), h, plan.attn, &plan.rope, plan.attn_options)?;
+    let ffn = if plan.is_moe(i) {
+        let m = &plan.moe;
+        let n = if ld.routed_experts() { m.experts } else { 0 };
+        let experts = (0..n)
+            .map(|e| mlp(ld, &format!("{p}.mlp.experts.{e}"), h, m.width))
+            .collect::<Result<Vec<_>>>()?;
+        let shared = match m.shared_width {
+            0 => None,
+            w => Some(mlp(ld, &format!("{p}.mlp.shared_experts"), h, w)?),
+        };
+        Ffn::Moe(router(plan, ld, i, experts, shared)?)
+    } else {
+        Ffn::Dense(mlp(ld, &format!("{p}.mlp"), h, plan.dense_width)?)
+    };
+    Ok(Layer {
+        input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
+        post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        attn,
+        ffn,
+    })
+}
+
+fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
+    let h = plan.hidden_size;
+    let embed = ld.dense("model.embed_tokens.weight", plan.vocab_size, h)?;
+    let lm_head = load_head(plan, ld, &embed)?;
+    let lookahead = (0..plan.num_layers)
+        .map(|i| match plan.is_moe(i) {
+            false => Ok(None),
+            true => Ok(Some(LookaheadLayer {
+                norm: ld.vector(&format!("model.layers.{i}.post_attention_layernorm.weight"), h)?,
+                eps: plan.rms_norm_eps,
+                router: router(plan, ld, i, Vec::new(), None)?,
+            })),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Fixed {
+        embed,
+        lm_head,
+        norm: ld.vector("model.norm.weight", h)?,
+        lookahead,
+    })
+}
+
+impl GqaMoe {
+    /// Load and shape-check every tensor (memory-mapped).
+    pub(crate) fn load(plan: DecoderPlan, ld: &Loader<'_>) -> Result<Self> {
+        let fixed = load_fixed(&plan, ld)?;
+        let layers = (0..plan.num_layers)
+            .map(|i| load_layer(&plan, ld, i))
+            .collect::<Result<Vec<_>>>()?;
+        let layers = Arc::new(LayerStore::resident(layers));
+        Ok(Self::assemble(plan, ld.index, fixed, layers, None))
+    }
+
+    /// Load under `options.budget`: the fixed tensors and a prefix of layers resident, the
+    /// other layers streamed each pass, routed experts through the expert cache.
+    pub(crate) fn load_budgeted(
+        plan: DecoderPlan,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Self, OocRuntime)> {
+        let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
+        let (mut fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| load_fixed(&plan, ld))?;
+        let layer_layouts = (0..plan.num_layers)
+            .map(|i| source::record(&index, spec, false, |ld| load_layer(&plan, ld, i)))
+            .collect::<Result<Vec<_>>>()?;
+        let (h, width) = (plan.hidden_size, plan.moe.width);
+        let expert_builder: ExpertBuilder =
+            Arc::new(move |ld, l, e| mlp(ld, &format!("model.layers.{l}.mlp.experts.{e}"), h, width));
+        let expert_layouts = (0..plan.num_layers)
+            .map(|l| match plan.is_moe(l) {
+                false => Ok(Vec::new()),
+                true => (0..plan.moe.experts)
+                    .map(|e| source::record(&index, spec, true, |ld| expert_builder(ld, l, e)))
+                    .collect::<Result<Vec<_>>>(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let layer_plan = plan.clone();
+        let parts = OocParts {
+            layer_builder: Arc::new(move |ld, i| load_layer(&layer_plan, ld, i)),
+            layer_layouts,
+            expert_builder,
+            expert_layouts,
+            lookahead: std::mem::take(&mut fixed.lookahead),
+            fixed_bytes,
+        };
+        let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
+        let experts = Some(runtime.experts.clone());
+        Ok((Self::assemble(plan, &index, fixed, layers, experts), runtime))
+    }
+
+    fn assemble(
+        plan: DecoderPlan,
+        index: &WeightIndex,
+        fixed: Fixed,
+        layers: Arc<LayerStore<Layer>>,
+        experts: Option<Arc<ExpertStore>>,
+    ) -> Self {
+        let info = ModelInfo {
+            arch: plan.arch,
+            vocab_size: plan.vocab_size,
+            hidden_size: plan.hidden_size,
+            num_layers: plan.num_layers,
+            max_context: plan.max_context,
+            bos_token_id: plan.bos_token_id,
+            eos_token_ids: plan.eos_token_ids.clone(),
+            weight_bytes: index.names().filter_map(|n| index.info(n).ok()).map(|i| i.len).sum(),
+            state: state_size(&plan),
+        };
+        GqaMoe {
+            info,
+            embed: fixed.embed,
+            layers,
+            norm: fixed.norm,
+            lm_head: fixed.lm_head,
+            experts,
+            plan,
+        }
+    }
+
+    fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
+        let h = self.plan.hidden_size;
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
+            rms_norm(src, weight, self.plan.rms_norm_eps, dst);
+        }
+        out
+    }
+
+    /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        x: &mut [f32],
+        mut trace: Option<&mut Trace>,
+    ) -> Result<()> {
+        let n = plan.len();
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let xn = self.norm_rows(x, &layer.input_norm);
+            let mut caches: Vec<&mut KvCache> = batch
+                .iter_mut()
+                .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
+                .collect();
+            let mut rows = KvRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
+            let a = layer.attn.forward(&xn, n, &mut rows);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = self.norm_rows(x, &layer.post_norm);
+            if let Some(store) = &self.experts {
+                store.hint_next(l, x, n);
+            }
+            let f = match (&layer.ffn, &self.experts) {
+                (Ffn::Dense(m), _) => m.forward(&xn, n),
+                (Ffn::Moe(m), None) => m.forward(&xn, n),
+                (Ffn::Moe(m), Some(store)) => m.forward_with(&xn, n, &store.layer(l))?,
+            };
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), x);
+            }
+        }
+        if let Some(store) = &self.experts {
+            store.end_pass()?;
+        }
+        Ok(())
+    }
+}
+
+/// Every layer of the state is a key/value cache.
+fn check_state(state: &SeqState, layers: usize) -> Result<()> {
+    let ok = state.layers.len() == layers && state.layers.iter().all(|l| matches!(l, LayerState::Kv(_)));
+    if ok { Ok(()) } else { Err(foreign_state()) }
+}
+
+impl Model for GqaMoe {
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        super::embed_tokens(&self.embed, tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        super::head_logits(&self.lm_head, normed, rows)
+    }
+
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> SeqState {
+        SeqState::new(
+            (0..self.layers.len())
+                .map(|_| LayerState::Kv(KvCache::default()))
+                .collect(),
+        )
+    }
+
+    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let h = self.plan.hidden_size;
+        let plan = RowPlan::new(batch, self.plan.vocab_size, self.info.max_context)?;
+        for b in batch.iter_mut() {
+            check_state(b.state, self.layers.len())?;
+        }
+        begin_pass(batch);
+        let logit_rows = plan.logit_rows(batch);
+        let mut x = vec![0.0f32; plan.len() * h];
+        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+        for (row, t) in x.chunks_mut(h).zip(tokens) {
+            decode_row(&self.embed, t as usize, row);
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.record("embed", &x);
+        }
+        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
+            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
+            return Err(e);
+        }
+        let selected: Vec<f32> = logit_rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
+        let normed = self.norm_rows(&selected, &self.norm);
+        if let Some(t) = trace {
+            t.record("norm", &normed);
+        }
+        let mut logits = vec![0.0f32; logit_rows.len() * self.plan.vocab_size];
+        matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,257 @@
+//! Grouped-query attention of the Llama family (HF `LlamaAttention` and its descendants: Qwen3,
+//! Qwen3-MoE, GLM-4.5): `q/k/v_proj` (optional biases), an optional per-head RMSNorm of queries
+//! and keys (`q_norm`, `k_norm` over `head_dim`), `rotate_half` RoPE on the first `rotary_dim`
+//! values of each head (partial rotary: the rest pass through), causal softmax with scale
+//! `head_dim^-0.5`, query head `h` reading key/value head `h / (heads / kv_heads)`, then `o_proj`.
+//!
+//! The cache ([`KvCache`]) holds every position's rotated keys and values. A pass appends all its
+//! rows first, then each `(row, head)` attends over positions `0..=pos` in ascending order, by
+//! the same operations whatever the thread count, the batch or the chunking of the prompt: each
+//! task reads only its own query and the cache prefix it may see, so results are batch invariant
+//! and chunk invariant. Tasks run on the rayon pool when a pass is large enough to pay for it.
+
+use rayon::prelude::*;
+
+use super::rope::Rope;
+use crate::arch::Loader;
+use crate::config::RopeConfig;
+use crate::error::Result;
+use crate::generate::KvCache;
+use crate::kernels::ops::rms_norm_inplace;
+use crate::kernels::{Matrix, matmul};
+
+/// Below this many score multiply-adds a pass attends on the calling thread.
+const PARALLEL_WORK: usize = 1 << 16;
+
+/// Head layout and norm epsilon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GqaDims {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Leading values of each head that are rotated (`head_dim` unless partial rotary).
+    pub rotary_dim: usize,
+}
+
+/// Which optional tensors a checkpoint's attention has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GqaOptions {
+    /// `q_proj`/`k_proj`/`v_proj` carry biases (`attention_bias`).
+    pub qkv_bias: bool,
+    /// `o_proj` carries a bias (Qwen3-MoE with `attention_bias`; never in GLM-4.5).
+    pub o_bias: bool,
+    /// `q_norm`/`k_norm` per-head RMSNorms (`use_qk_norm`, always on in Qwen3).
+    pub qk_norm: bool,
+    /// RMSNorm epsilon of the q/k norms.
+    pub eps: f32,
+}
+
+/// One attention layer.
+#[derive(Debug, Clone)]
+pub struct Gqa {
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    o: Matrix,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    o_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    eps: f32,
+    rope: Rope,
+    dims: GqaDims,
+}
+
+/// The rows of a pass: the caches of its sequences, and each row's sequence and position.
+#[derive(Debug)]
+pub struct KvRows<'a, 'c> {
+    pub caches: &'a mut [&'c mut KvCache],
+    pub seq: &'a [usize],
+    pub pos: &'a [usize],
+}
+
+impl Gqa {
+    /// Load `{prefix}.{q,k,v,o}_proj` (+ biases, norms as `opts` says) for a model of width
+    /// `hidden`.
+    pub fn load(
+        ld: &Loader<'_>,
+        prefix: &str,
+        hidden: usize,
+        dims: GqaDims,
+        rope: &RopeConfig,
+        opts: GqaOptions,
+    ) -> Result<Gqa> {
+        let (qw, kw, d) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, dims.head_dim);
+        let bias = |name: &str, len, present| -> Result<Option<Vec<f32>>> {
+            match present {
+                true => Ok(Some(ld.vector(&format!("{prefix}.{name}.bias"), len)?)),
+                false => Ok(None),
+            }
+        };
+        let norm = |name: &str| -> Result<Option<Vec<f32>>> {
+            match opts.qk_norm {
+                true => Ok(Some(ld.vector(&format!("{prefix}.{name}.weight"), d)?)),
+                false => Ok(None),
+            }
+        };
+        Ok(Gqa {
+            q: ld.linear(&format!("{prefix}.q_proj"), qw, hidden)?,
+            k: ld.linear(&format!("{prefix}.k_proj"), kw, hidden)?,
+            v: ld.linear(&format!("{prefix}.v_proj"), kw, hidden)?,
+            o: ld.linear(&format!("{prefix}.o_proj"), hidden, qw)?,
+            q_bias: bias("q_proj", qw, opts.qkv_bias)?,
+            k_bias: bias("k_proj", kw, opts.qkv_bias)?,
+            v_bias: bias("v_proj", kw, opts.qkv_bias)?,
+            o_bias: bias("o_proj", hidden, opts.o_bias)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            eps: opts.eps,
+            rope: Rope::new(rope, dims.rotary_dim, false),
+            dims,
+        })
+    }
+
+    /// Project, normalise and rotate `n` rows, append their keys and values to the caches, and
+    /// return each row's attention output through `o_proj` (`hidden` values per row).
+    pub fn forward(&self, xn: &[f32], n: usize, rows: &mut KvRows<'_, '_>) -> Vec<f32> {
+        let d = self.dims;
+        let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        let q = self.project(&self.q, self.q_bias.as_deref(), self.q_norm.as_deref(), xn, n, rows.pos);
+        let k = self.project(&self.k, self.k_bias.as_deref(), self.k_norm.as_deref(), xn, n, rows.pos);
+        let mut v = vec![0.0f32; n * kw];
+        matmul(&self.v, xn, n, &mut v);
+        if let Some(b) = &self.v_bias {
+            v.chunks_mut(kw).for_each(|r| add_bias(r, b));
+        }
+        for i in 0..n {
+            let cache = &mut rows.caches[rows.seq[i]];
+            cache.k.extend_from_slice(&k[i * kw..(i + 1) * kw]);
+            cache.v.extend_from_slice(&v[i * kw..(i + 1) * kw]);
+        }
+        let caches: Vec<&KvCache> = rows.caches.iter().map(|c| &**c).collect();
+        let mut out = vec![0.0f32; n * qw];
+        let task = |(t, o): (usize, &mut [f32])| {
+            let (i, h) = (t / d.heads, t % d.heads);
+            let qh = &q[i * qw + h * d.head_dim..][..d.head_dim];
+            attend_head(qh, caches[rows.seq[i]], rows.pos[i] + 1, h / (d.heads / d.kv_heads), d, o);
+        };
+        let work: usize = rows.pos.iter().map(|p| p + 1).sum::<usize>() * qw;
+        if work >= PARALLEL_WORK {
+            out.par_chunks_mut(d.head_dim).enumerate().for_each(task);
+        } else {
+            out.chunks_mut(d.head_dim).enumerate().for_each(task);
+        }
+        let mut y = vec![0.0f32; n * self.o.rows];
+        matmul(&self.o, &out, n, &mut y);
+        if let Some(b) = &self.o_bias {
+            y.chunks_mut(b.len()).for_each(|r| add_bias(r, b));
+        }
+        y
+    }
+
+    /// `W x (+ b)`, then per head: RMSNorm (when configured) and RoPE on the rotary part.
+    fn project(
+        &self,
+        w: &Matrix,
+        bias: Option<&[f32]>,
+        norm: Option<&[f32]>,
+        xn: &[f32],
+        n: usize,
+        pos: &[usize],
+    ) -> Vec<f32> {
+        let width = w.rows;
+        let mut y = vec![0.0f32; n * width];
+        matmul(w, xn, n, &mut y);
+        for (row, &p) in y.chunks_mut(width).zip(pos) {
+            if let Some(b) = bias {
+                add_bias(row, b);
+            }
+            for head in row.chunks_mut(self.dims.head_dim) {
+                if let Some(w) = norm {
+                    rms_norm_inplace(head, w, self.eps);
+                }
+                self.rope.apply(&mut head[..self.dims.rotary_dim], p);
+            }
+        }
+        y
+    }
+}
+
+fn add_bias(row: &mut [f32], bias: &[f32]) {
+    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+}
+
+/// One query head over positions `0..len` of key/value head `kv`: exact two-pass softmax
+/// (max, then `exp(s - max)` summed in position order), then `Σ_j p_j v_j` in position order.
+fn attend_head(q: &[f32], cache: &KvCache, len: usize, kv: usize, d: GqaDims, out: &mut [f32]) {
+    let (hd, kw) = (d.head_dim, d.kv_heads * d.head_dim);
+    let scale = (hd as f32).powf(-0.5);
+    let mut scores: Vec<f32> = (0..len)
+        .map(|j| {
+            let k = &cache.k[j * kw + kv * hd..][..hd];
+            q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
+        })
+        .collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (j, s) in scores.iter().enumerate() {
+        let p = s / sum;
+        let v = &cache.v[j * kw + kv * hd..][..hd];
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims() -> GqaDims {
+        GqaDims {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            rotary_dim: 4,
+        }
+    }
+
+    fn cache(len: usize, seed: u32) -> KvCache {
+        let kw = 2 * 8;
+        let val = |i: usize| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0;
+        KvCache {
+            k: (0..len * kw).map(val).collect(),
+            v: (0..len * kw).map(|i| val(i + 7)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_head_sees_only_the_positions_up_to_its_own() {
+        let d = dims();
+        let short = cache(5, 1);
+        let mut long = short.clone();
+        let extra = cache(9, 2);
+        long.k.extend_from_slice(&extra.k[5 * 16..]);
+        long.v.extend_from_slice(&extra.v[5 * 16..]);
+        let q: Vec<f32> = (0..8).map(|i| i as f32 * 0.1 - 0.3).collect();
+        let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
+        attend_head(&q, &short, 5, 1, d, &mut a);
+        attend_head(&q, &long, 5, 1, d, &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn one_position_returns_its_value() {
+        let d = dims();
+        let c = cache(1, 3);
+        let q = vec![0.5; 8];
+        let mut o = vec![9.0; 8];
+        attend_head(&q, &c, 1, 1, d, &mut o);
+        assert_eq!(o, c.v[8..16].to_vec());
+    }
+}

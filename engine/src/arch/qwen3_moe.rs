@@ -1,0 +1,85 @@
+//! Qwen3-MoE (HF `transformers/models/qwen3_moe/modeling_qwen3_moe.py`): the GQA MoE decoder
+//! ([`super::gqa_moe`]) with per-head q/k RMSNorm, full-width `rotate_half` RoPE, biases on all
+//! four projections when `attention_bias`, a softmax router (`softmax` over all experts in f32,
+//! plain top-k, optional `norm_topk_prob` renormalisation, no scaling, no shared experts), and
+//! dense MLPs on `mlp_only_layers` and layers off `decoder_sparse_step`.
+
+use std::sync::Arc;
+
+use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
+use super::layers::gqa::{GqaDims, GqaOptions};
+use super::layers::moe::{RouterConfig, Scoring};
+use super::{Architecture, Loader, Model, StateSize};
+use crate::cache::{OocOptions, OocRuntime};
+use crate::config::{ModelSpec, Qwen3MoeConfig};
+use crate::error::Result;
+use crate::weights::WeightIndex;
+
+/// The decoder plan of a Qwen3-MoE config.
+fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
+    let d = c.head_dim();
+    DecoderPlan {
+        arch: "qwen3_moe",
+        vocab_size: c.vocab_size,
+        hidden_size: c.hidden_size,
+        dense_width: c.intermediate_size,
+        num_layers: c.num_hidden_layers,
+        max_context: c.max_position_embeddings,
+        rms_norm_eps: c.rms_norm_eps,
+        tie_word_embeddings: c.tie_word_embeddings,
+        bos_token_id: c.bos_token_id.first(),
+        eos_token_ids: c.eos_token_id.to_vec(),
+        attn: GqaDims {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: d,
+            rotary_dim: d,
+        },
+        attn_options: GqaOptions {
+            qkv_bias: c.attention_bias,
+            o_bias: c.attention_bias,
+            qk_norm: true,
+            eps: c.rms_norm_eps,
+        },
+        rope: c.rope.clone(),
+        moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
+        moe: MoePlan {
+            experts: c.num_experts,
+            width: c.moe_intermediate_size,
+            shared_width: 0,
+            router: RouterConfig {
+                scoring: Scoring::Softmax,
+                top_k: c.num_experts_per_tok,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: c.norm_topk_prob,
+                scaling: 1.0,
+            },
+            correction_bias: false,
+        },
+    }
+}
+
+impl Architecture for Qwen3MoeConfig {
+    fn state_size(&self) -> StateSize {
+        state_size(&plan(self))
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        true
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
+}
