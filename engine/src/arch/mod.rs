@@ -6,6 +6,7 @@
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
 pub mod deepseek_v3;
+mod glm4_moe;
 mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;

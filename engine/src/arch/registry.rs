@@ -53,5 +53,6 @@ pub fn architecture(cfg: &ArchConfig) -> &dyn Architecture {
         ArchConfig::KimiK3(c) => c,
         ArchConfig::Qwen3(c) => c,
         ArchConfig::Qwen3Moe(c) => c,
+        ArchConfig::Glm4Moe(c) => c,
     }
 }

@@ -6,6 +6,7 @@
 //! unknown `model_type` or an inconsistent field is a typed error naming the field.
 
 mod deepseek_v3;
+mod glm4_moe;
 mod kimi_k3;
 mod kimi_linear;
 mod quant;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 pub use deepseek_v3::DeepseekV3Config;
+pub use glm4_moe::Glm4MoeConfig;
 pub use kimi_k3::KimiK3Config;
 pub use kimi_linear::{AttnKind, KdaConfig, KdaDecay, KimiLinearConfig};
 pub use quant::{IgnoreRule, Quantization};
@@ -41,6 +43,8 @@ pub enum ArchConfig {
     Qwen3(Qwen3Config),
     /// Qwen3-MoE (`qwen3_moe`): GQA with q/k norm, softmax-routed experts.
     Qwen3Moe(Qwen3MoeConfig),
+    /// GLM-4.5 / GLM-4.6 (`glm4_moe`): GQA with biases and partial rotary, sigmoid-routed experts.
+    Glm4Moe(Glm4MoeConfig),
 }
 
 /// Everything `config.json` says about a checkpoint.
@@ -59,7 +63,7 @@ pub struct ModelSpec {
 }
 
 /// Model types accepted at the top level, listed in errors.
-pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3, qwen3_moe";
+pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3, qwen3_moe, glm4_moe";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -246,6 +250,7 @@ impl ModelSpec {
             }
             "qwen3" if scope.is_empty() => ArchConfig::Qwen3(Qwen3Config::parse(fields)?),
             "qwen3_moe" if scope.is_empty() => ArchConfig::Qwen3Moe(Qwen3MoeConfig::parse(fields)?),
+            "glm4_moe" if scope.is_empty() => ArchConfig::Glm4Moe(Glm4MoeConfig::parse(fields)?),
             _ => {
                 return Err(Error::UnknownModelType {
                     path: path.to_path_buf(),

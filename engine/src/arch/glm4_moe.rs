@@ -1,0 +1,87 @@
+//! GLM-4.5 / GLM-4.6 (HF `transformers/models/glm4_moe/modeling_glm4_moe.py`): the GQA MoE
+//! decoder ([`super::gqa_moe`]) with biases on `q/k/v_proj` when `attention_bias` (none on
+//! `o_proj`), per-head q/k RMSNorm when `use_qk_norm`, `rotate_half` RoPE on the first
+//! `head_dim · partial_rotary_factor` values of each head, dense MLPs on the first
+//! `first_k_dense_replace` layers, and DeepSeek-V3's router: sigmoid scores, selection on
+//! `score + e_score_correction_bias` limited to the best `topk_group` of `n_group` groups,
+//! renormalised (`norm_topk_prob`) and scaled by `routed_scaling_factor`, plus shared experts.
+//! The multi-token-prediction layer GLM ships after the last decoder layer is not read.
+
+use std::sync::Arc;
+
+use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
+use super::layers::gqa::{GqaDims, GqaOptions};
+use super::layers::moe::{RouterConfig, Scoring};
+use super::{Architecture, Loader, Model, StateSize};
+use crate::cache::{OocOptions, OocRuntime};
+use crate::config::{Glm4MoeConfig, ModelSpec};
+use crate::error::Result;
+use crate::weights::WeightIndex;
+
+/// The decoder plan of a GLM-4.5 config.
+fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
+    DecoderPlan {
+        arch: "glm4_moe",
+        vocab_size: c.vocab_size,
+        hidden_size: c.hidden_size,
+        dense_width: c.intermediate_size,
+        num_layers: c.num_hidden_layers,
+        max_context: c.max_position_embeddings,
+        rms_norm_eps: c.rms_norm_eps,
+        tie_word_embeddings: c.tie_word_embeddings,
+        bos_token_id: c.bos_token_id.first(),
+        eos_token_ids: c.eos_token_id.to_vec(),
+        attn: GqaDims {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim(),
+            rotary_dim: c.rotary_dim(),
+        },
+        attn_options: GqaOptions {
+            qkv_bias: c.attention_bias,
+            o_bias: false,
+            qk_norm: c.use_qk_norm,
+            eps: c.rms_norm_eps,
+        },
+        rope: c.rope.clone(),
+        moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
+        moe: MoePlan {
+            experts: c.n_routed_experts,
+            width: c.moe_intermediate_size,
+            shared_width: c.moe_intermediate_size * c.n_shared_experts,
+            router: RouterConfig {
+                scoring: Scoring::Sigmoid,
+                top_k: c.num_experts_per_tok,
+                n_group: c.n_group,
+                topk_group: c.topk_group,
+                norm_topk_prob: c.norm_topk_prob,
+                scaling: c.routed_scaling_factor,
+            },
+            correction_bias: true,
+        },
+    }
+}
+
+impl Architecture for Glm4MoeConfig {
+    fn state_size(&self) -> StateSize {
+        state_size(&plan(self))
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        true
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
+}
