@@ -20,6 +20,7 @@ pub mod error;
 pub mod generate;
 pub mod histogram;
 pub mod kernels;
+pub mod model;
 pub mod scheduler;
 pub mod spec;
 pub mod synth;

@@ -14,3 +14,8 @@ fn glm4_moe_fp8_matches_hf_in_memory() {
 fn glm4_moe_fp8_gives_hf_ids_under_every_memory_budget() {
     golden_support::check_out_of_core("glm4-moe-fp8");
 }
+
+#[test]
+fn glm4_moe_tokenizer_and_chat_template_match_hf() {
+    golden_support::check_tokenizer("glm4-moe-fp8");
+}

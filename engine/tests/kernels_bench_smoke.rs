@@ -1,11 +1,11 @@
-//! `kernels::bench::run` end to end. The default test runs tiny shapes and checks the report's
+//! `backend::bench::run` end to end. The default test runs tiny shapes and checks the report's
 //! structure only (no timed assertion). The ignored test runs the real benchmark (7168x2048 and
 //! 2048x7168, 512 MiB probe, 2 threads) and prints it:
 //! `cargo test --release -p deltafin-engine --test kernels_bench_smoke -- --ignored --nocapture`.
 
 use std::time::Duration;
 
-use deltafin_engine::kernels::bench::{self, BenchFormat, BenchOptions};
+use deltafin_engine::backend::bench::{self, BenchFormat, BenchOptions};
 
 #[test]
 fn bench_report_covers_every_format_and_batch_size() {

@@ -7,7 +7,7 @@
 
 mod kernel_support;
 
-use deltafin_engine::kernels::{self, Isa, Matrix, ScaleDtype, matmul_with, reference};
+use deltafin_engine::kernels::{Isa, Matrix, ScaleDtype, matmul_with, reference};
 use deltafin_engine::weights::Blob;
 use kernel_support::*;
 
@@ -23,7 +23,7 @@ fn check(m: &Matrix, ns: &[usize], label: &str) {
             assert_same(&want, &got, &format!("{label} {}x{} n={n} {isa}", m.rows, m.cols));
         }
         let mut got = vec![f32::NAN; n * m.rows];
-        kernels::matmul(m, &x, n, &mut got);
+        deltafin_engine::backend::matmul(m, &x, n, &mut got);
         assert_same(
             &want,
             &got,

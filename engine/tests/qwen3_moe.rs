@@ -13,3 +13,8 @@ fn qwen3_moe_matches_hf_in_memory() {
 fn qwen3_moe_gives_hf_ids_under_every_memory_budget() {
     golden_support::check_out_of_core("qwen3-moe");
 }
+
+#[test]
+fn qwen3_moe_tokenizer_and_chat_template_match_hf() {
+    golden_support::check_tokenizer("qwen3-moe");
+}

@@ -24,7 +24,8 @@ use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 // One per layer, built once at load: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]

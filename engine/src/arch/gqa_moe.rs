@@ -31,7 +31,8 @@ use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.

@@ -30,7 +30,8 @@ use crate::error::{Error, Result};
 use crate::generate::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 use crate::weights::WeightIndex;
 
 /// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for

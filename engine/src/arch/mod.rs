@@ -11,8 +11,6 @@ mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
-pub mod layers;
-mod loader;
 pub mod qwen3;
 mod qwen3_moe;
 mod registry;
@@ -21,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::Path;
 
-pub use loader::Loader;
+pub use crate::model::{Loader, layers};
 pub use registry::{Architecture, architecture};
 
 use crate::config::{ArchConfig, ModelSpec};
@@ -189,15 +187,18 @@ pub(crate) fn head_logits(lm_head: &crate::kernels::Matrix, normed: &[f32], rows
         });
     }
     let mut logits = vec![0.0f32; rows * lm_head.rows];
-    crate::kernels::matmul(lm_head, normed, rows, &mut logits);
+    crate::backend::matmul(lm_head, normed, rows, &mut logits);
     Ok(logits)
 }
 
 /// Load the model in `dir` (config, weights index, architecture).
 pub fn load(dir: &Path) -> Result<Box<dyn Model>> {
-    let spec = ModelSpec::load(dir)?;
-    let index = WeightIndex::open(dir)?;
-    load_with(&spec, &index)
+    load_spec(&ModelSpec::load(dir)?, dir)
+}
+
+/// Load the model in `dir` whose `config.json` the caller already parsed into `spec`.
+pub fn load_spec(spec: &ModelSpec, dir: &Path) -> Result<Box<dyn Model>> {
+    load_with(spec, &WeightIndex::open(dir)?)
 }
 
 /// What one sequence's state costs for the model `arch` describes (each architecture's own
@@ -214,9 +215,17 @@ pub fn load_budgeted(
     dir: &Path,
     options: &crate::cache::OocOptions,
 ) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
-    let spec = ModelSpec::load(dir)?;
+    load_budgeted_spec(&ModelSpec::load(dir)?, dir, options)
+}
+
+/// [`load_budgeted`] for a `config.json` the caller already parsed into `spec`.
+pub fn load_budgeted_spec(
+    spec: &ModelSpec,
+    dir: &Path,
+    options: &crate::cache::OocOptions,
+) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
     let index = std::sync::Arc::new(options.open_index(dir)?);
-    architecture(&spec.arch).load_budgeted(&spec, index, options)
+    architecture(&spec.arch).load_budgeted(spec, index, options)
 }
 
 /// Whether [`load_budgeted`] supports the model in `dir`.

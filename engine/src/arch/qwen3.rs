@@ -10,13 +10,14 @@
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::{Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
-use crate::arch::Loader;
+use crate::model::Loader;
 use crate::config::Qwen3Config;
 use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
 use crate::kernels::ops::rms_norm_inplace;
 use crate::kernels::reference::decode_row;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 #[derive(Debug)]
 struct Layer {

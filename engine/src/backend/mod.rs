@@ -1,12 +1,13 @@
-//! Where the matrix products run: the process-wide [`Backend`] behind
-//! [`crate::kernels::matmul`]. `Backend` is a closed enum (CPU, and CUDA with the `cuda`
-//! feature); model code calls `kernels::matmul` and never names a device.
+//! Where the matrix products run: the process-wide [`Backend`] behind [`matmul`]. `Backend` is a
+//! closed enum (CPU, and CUDA with the `cuda` feature); model code calls [`matmul`] and never
+//! names a device. The kernels sit below this module and never call back into it.
 //!
 //! Every backend computes the canonical dot product of [`crate::kernels`] bit for bit, so the
 //! choice of device changes speed, never output. The binary picks one at start-up
 //! ([`Backend::open`] then [`install`]); until then, and in every library test, it is the CPU.
 
 pub mod abi;
+pub mod bench;
 pub mod residency;
 
 #[cfg(feature = "cuda")]
@@ -18,6 +19,17 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
+
+/// `y[i * m.rows + r] = dot(W[r, :], x[i * m.cols ..][.. m.cols])` for `i < n`.
+///
+/// `x` holds `n` rows of `m.cols` f32 values and `y` receives `n` rows of `m.rows` values.
+/// Reads each weight once for all `n` rows. Bit-identical to
+/// [`crate::kernels::reference::matmul`]. Runs on the process's backend ([`current`]): by
+/// default the best detected ISA ([`crate::kernels::Isa::detected`]) over the current rayon pool
+/// (see [`crate::kernels::matmul_with`]), or a GPU.
+pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    current().matmul(m, x, n, y)
+}
 
 /// A compute device named on the command line: `cpu`, `cuda` (GPU 0) or `cuda:N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +88,7 @@ pub struct BackendStats {
     pub cpu_fallbacks: u64,
 }
 
-/// The device that runs [`crate::kernels::matmul`].
+/// The device that runs [`matmul`].
 #[derive(Debug)]
 pub enum Backend {
     /// The CPU kernels (SIMD over the rayon pool).
@@ -110,7 +122,7 @@ impl Backend {
         }
     }
 
-    /// `y[i * m.rows + r] = dot(W[r, :], x[i])` for `i < n` (see [`crate::kernels::matmul`]).
+    /// `y[i * m.rows + r] = dot(W[r, :], x[i])` for `i < n` (see [`matmul`]).
     pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         match self {
             Backend::Cpu => crate::kernels::cpu::matmul(m, x, n, y),

@@ -16,9 +16,9 @@ use super::buffer::AlignedBuf;
 use super::reader::{Priority, ReaderPool, Ticket};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::arch::Loader;
+use crate::model::Loader;
 use crate::config::ModelSpec;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::weights::WeightIndex;
 
 /// Builds layer `i` from a loader.
@@ -215,9 +215,7 @@ impl<T> LayerStore<T> {
         };
         let (_, ticket) = arena.loaded[b].take().expect("just found");
         let start = Instant::now();
-        ticket
-            .wait()
-            .map_err(|reason| Error::io(st.index.dir(), std::io::Error::other(reason)))?;
+        ticket.wait()?;
         let waited = start.elapsed().as_secs_f64();
         let buf = arena.bufs[b].clone();
         let pos = st.streamed.iter().position(|&x| x == i).expect("streamed");

@@ -102,10 +102,7 @@ pub fn timed_reads(
     let start = Instant::now();
     let mut pending = std::collections::VecDeque::new();
     let mut bytes = 0;
-    let wait = |t: super::reader::Ticket| {
-        t.wait()
-            .map_err(|e| crate::error::Error::io("probe", std::io::Error::other(e)))
-    };
+    let wait = |t: super::reader::Ticket| t.wait().map_err(crate::error::Error::from);
     for (i, &l) in chosen.iter().enumerate() {
         if pending.len() == inflight {
             wait(pending.pop_front().expect("non-empty"))?;

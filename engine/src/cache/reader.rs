@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -107,14 +107,66 @@ pub enum Origin {
     Storage,
 }
 
+/// Why a read request did not complete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Cancelled before a worker started it (the buffer is the requester's again).
+    #[error("cancelled")]
+    Cancelled,
+    /// The storage read failed (the first failing chunk of the request).
+    #[error("{}: read of {len} bytes at {offset}: {message}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        offset: u64,
+        len: usize,
+        kind: std::io::ErrorKind,
+        message: String,
+    },
+}
+
+impl ReadError {
+    pub(crate) fn io(path: &Path, offset: u64, len: usize, e: &std::io::Error) -> Self {
+        ReadError::Io {
+            path: path.to_path_buf(),
+            offset,
+            len,
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<ReadError> for Error {
+    /// An I/O error naming the shard, keeping the OS error's kind.
+    fn from(e: ReadError) -> Error {
+        match e {
+            ReadError::Io {
+                path,
+                offset,
+                len,
+                kind,
+                message,
+            } => Error::io(
+                path,
+                std::io::Error::new(kind, format!("read of {len} bytes at {offset}: {message}")),
+            ),
+            ReadError::Cancelled => Error::io("read", std::io::Error::other("cancelled")),
+        }
+    }
+}
+
+/// The result of a read request.
+pub type ReadResult = std::result::Result<(), ReadError>;
+
 /// Called once when a request completes: its result and where its bytes came from.
-pub type Callback = Box<dyn FnOnce(std::result::Result<(), String>, Origin) + Send>;
+pub type Callback = Box<dyn FnOnce(ReadResult, Origin) + Send>;
 
 struct Job {
     state: AtomicU8,
     remaining: AtomicUsize,
-    error: Mutex<Option<String>>,
-    done: Mutex<Option<std::result::Result<(), String>>>,
+    error: Mutex<Option<ReadError>>,
+    done: Mutex<Option<ReadResult>>,
     cv: Condvar,
     on_done: Mutex<Option<Callback>>,
     /// Still true while every chunk read so far came from the page cache.
@@ -122,7 +174,7 @@ struct Job {
 }
 
 impl Job {
-    fn finish(&self, result: std::result::Result<(), String>, call: bool) {
+    fn finish(&self, result: ReadResult, call: bool) {
         let callback = self.on_done.lock().unwrap().take();
         if call && let Some(f) = callback {
             let origin = if self.cached.load(Ordering::Acquire) {
@@ -157,13 +209,13 @@ impl Ticket {
             .compare_exchange(QUEUED, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if ok {
-            self.0.finish(Err("cancelled".into()), false);
+            self.0.finish(Err(ReadError::Cancelled), false);
         }
         ok
     }
 
     /// Block until the request completed; the error names the file on failure.
-    pub fn wait(&self) -> std::result::Result<(), String> {
+    pub fn wait(&self) -> ReadResult {
         let mut done = self.0.done.lock().unwrap();
         loop {
             if let Some(r) = done.as_ref() {
@@ -413,8 +465,7 @@ impl ReaderPool {
     /// Read synchronously (submit at demand priority and wait).
     pub fn read_now(&self, buf: Arc<AlignedBuf>, segments: &[Segment]) -> Result<()> {
         let t = self.submit(buf, segments, Priority::Demand, None);
-        t.wait()
-            .map_err(|reason| Error::io("weights", std::io::Error::other(reason)))
+        Ok(t.wait()?)
     }
 
     /// Counters so far.
@@ -504,7 +555,7 @@ impl Inner {
         }
     }
 
-    fn read_chunk(&self, c: &Chunk) -> std::result::Result<(), String> {
+    fn read_chunk(&self, c: &Chunk) -> ReadResult {
         let file = &self.files[c.shard];
         // SAFETY: the requester keeps `c.buf[c.dest..c.dest + c.len]` exclusive until the
         // ticket completes (module invariant of `buffer`), chunks of one request never overlap,
@@ -524,11 +575,11 @@ impl Inner {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.mode == ReadMode::Auto => {
                     file.direct_ok.store(false, Ordering::Relaxed);
                 }
-                Err(e) => return Err(format!("{}: read at {}: {e}", file.path.display(), c.offset)),
+                Err(e) => return Err(ReadError::io(&file.path, c.offset, c.len, &e)),
             }
         }
         let cached = read_cached(&file.buffered, dst, c.offset)
-            .map_err(|e| format!("{}: read at {}: {e}", file.path.display(), c.offset))?;
+            .map_err(|e| ReadError::io(&file.path, c.offset, c.len, &e))?;
         if cached < c.len {
             c.job.cached.store(false, Ordering::Release);
         }
@@ -685,7 +736,7 @@ mod tests {
         assert!(cancelled > 0, "one worker cannot have started all 64 requests");
         for t in &tickets {
             let r = t.wait();
-            assert!(r.is_ok() || r == Err("cancelled".into()));
+            assert!(r.is_ok() || r == Err(ReadError::Cancelled));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 64 - cancelled);
         assert_eq!(pool.stats().cancelled, cancelled as u64);

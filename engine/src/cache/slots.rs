@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 use super::ExpertKey;
 use super::buffer::AlignedBuf;
 use super::policy::EvictionPolicy;
-use super::reader::Ticket;
-use crate::error::{Error, Result};
+use super::reader::{ReadError, ReadResult, Ticket};
+use crate::error::Result;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Status {
     Empty,
     Loading,
     Ready,
-    Failed(String),
+    Failed(ReadError),
 }
 
 #[derive(Debug)]
@@ -273,7 +273,7 @@ impl ExpertCache {
     }
 
     /// The read of `slot` for `key` finished.
-    pub fn complete(&self, slot: usize, key: ExpertKey, result: std::result::Result<(), String>) {
+    pub fn complete(&self, slot: usize, key: ExpertKey, result: ReadResult) {
         let mut st = self.lock();
         let s = &mut st.slots[slot];
         if s.key == Some(key) && s.status == Status::Loading {
@@ -336,7 +336,7 @@ impl ExpertCache {
                 match &st.slots[slot].status {
                     Status::Ready => return Ok((i, start.elapsed())),
                     Status::Failed(e) => {
-                        return Err(Error::io("expert read", std::io::Error::other(e.clone())));
+                        return Err(e.clone().into());
                     }
                     _ => {}
                 }
@@ -458,7 +458,8 @@ mod tests {
         let Lookup::Miss { slot } = c.acquire(k(1)) else {
             panic!()
         };
-        c.complete(slot, k(1), Err("disk on fire".into()));
+        let e = std::io::Error::other("disk on fire");
+        c.complete(slot, k(1), Err(ReadError::io(std::path::Path::new("s.safetensors"), 0, 8, &e)));
         assert!(
             c.wait_any(&[slot])
                 .unwrap_err()

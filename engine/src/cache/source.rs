@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::spans::SpanLayout;
-use crate::arch::Loader;
+use crate::model::Loader;
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
 use crate::weights::{Blob, BlobSource, TensorInfo, WeightIndex};

@@ -24,14 +24,14 @@ use serde::Serialize;
 use super::ExpertKey;
 use super::heat::{Heat, HeatRecorder};
 use super::prefetch::{RecallGate, plan_prefetch, rank_lookahead};
-use super::reader::{Origin, Priority, ReaderPool};
+use super::reader::{Origin, Priority, ReadResult, ReaderPool};
 use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::arch::Loader;
-use crate::arch::layers::mlp::Mlp;
-use crate::arch::layers::moe::{ExpertProvider, Moe};
+use crate::model::Loader;
+use crate::model::layers::mlp::Mlp;
+use crate::model::layers::moe::{ExpertProvider, Moe};
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
 use crate::histogram::{AtomicHistogram, HistogramSnapshot};
@@ -398,7 +398,7 @@ impl ExpertStore {
         let layout = &self.layouts[k.layer as usize][k.expert as usize];
         let (cache, completions, bytes) = (self.cache.clone(), self.completions.clone(), layout.read_bytes());
         let started = Instant::now();
-        let done = Box::new(move |r: std::result::Result<(), String>, origin| {
+        let done = Box::new(move |r: ReadResult, origin| {
             completions.completed(r.is_ok(), origin, bytes, started);
             cache.complete(slot, k, r);
         });
@@ -684,7 +684,7 @@ impl LayerExperts<'_> {
                 let layout = &st.layouts[self.layer][e];
                 let (cache, completions) = (st.cache.clone(), st.completions.clone());
                 let started = Instant::now();
-                let done = Box::new(move |r: std::result::Result<(), String>, origin| {
+                let done = Box::new(move |r: ReadResult, origin| {
                     completions.completed(r.is_ok(), origin, bytes, started);
                     cache.complete(slot, k, r);
                 });

@@ -33,7 +33,7 @@
 //! [`super::checkpoint`]); [`SeqState::rewind_point`] says how far back a state can go.
 
 use super::checkpoint::{self, Checkpoint};
-use crate::arch::layers::kda;
+use crate::model::layers::kda;
 use crate::error::{Error, Result};
 
 /// The compressed MLA cache of one layer: the normalised latent `c_kv` and the shared key part

@@ -15,8 +15,10 @@
 //! (AVX2 = two 8-lane registers, AVX-512 = one 16-lane register, NEON = four 4-lane registers)
 //! and the multi-row kernel all produce bit-identical results: row `i` of a multi-row call equals
 //! the single-row call, on any thread count.
+//!
+//! Model code multiplies through `backend::matmul`, which picks the device; nothing here
+//! calls back into the backend.
 
-pub mod bench;
 pub mod cpu;
 pub mod format;
 pub mod ops;
@@ -27,13 +29,3 @@ pub use format::{Format, Matrix, ScaleDtype};
 
 /// Lanes of the canonical accumulator.
 pub const LANES: usize = 16;
-
-/// `y[i * m.rows + r] = dot(W[r, :], x[i * m.cols ..][.. m.cols])` for `i < n`.
-///
-/// `x` holds `n` rows of `m.cols` f32 values and `y` receives `n` rows of `m.rows` values.
-/// Reads each weight once for all `n` rows. Bit-identical to [`reference::matmul`]. Runs on the
-/// process's backend ([`crate::backend::current`]): by default the best detected ISA
-/// ([`Isa::detected`]) over the current rayon pool (see [`cpu::matmul_with`]), or a GPU.
-pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    crate::backend::current().matmul(m, x, n, y)
-}

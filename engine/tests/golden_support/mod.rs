@@ -166,3 +166,47 @@ pub fn check_out_of_core(name: &str) {
         }
     }
 }
+
+/// The fixture's tokenizer against HF's (`golden.json["tokenizer"]`, from the fixture's own
+/// `tokenizer.json` and `chat_template` through transformers): plain encodes (specials
+/// recognised, nothing added: `add_special_tokens=False`), decode round trips, and a rendered
+/// multi-turn chat with its ids (`apply_chat_template`), plus the golden prompt's ids.
+pub fn check_tokenizer(name: &str) {
+    use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+    let dir = fixture(name);
+    let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let t = Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let tok = &golden["tokenizer"];
+    let cases = tok["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        assert_eq!(t.encode_with_special(text), want, "{name}: encode {text:?}");
+        assert_eq!(t.decode(&want), text, "{name}: decode {text:?}");
+    }
+    let chat = &tok["chat"];
+    let messages: Vec<ChatMessage> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap().to_string()))
+        .collect();
+    let opts = ChatOptions {
+        add_generation_prompt: chat["add_generation_prompt"].as_bool().unwrap(),
+        ..ChatOptions::default()
+    };
+    assert_eq!(t.render_chat(&messages, &opts).unwrap(), chat["rendered"].as_str().unwrap(), "{name}: chat");
+    assert_eq!(t.encode_chat(&messages, &opts).unwrap(), ids(&chat["ids"]), "{name}: chat ids");
+    let prompt: Vec<ChatMessage> = golden["prompt_messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap().to_string()))
+        .collect();
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        ..ChatOptions::default()
+    };
+    assert_eq!(t.encode_chat(&prompt, &opts).unwrap(), ids(&golden["prompt_ids"]), "{name}: prompt ids");
+}

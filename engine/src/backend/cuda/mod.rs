@@ -1,4 +1,4 @@
-//! The CUDA backend (feature `cuda`): the matrix products of [`crate::kernels::matmul`] on an
+//! The CUDA backend (feature `cuda`): the matrix products of [`crate::backend::matmul`] on an
 //! NVIDIA GPU through cudarc (driver API + NVRTC, both loaded at run time, so the crate builds
 //! without a CUDA toolkit).
 //!
@@ -169,7 +169,7 @@ impl CudaBackend {
         }
     }
 
-    /// [`crate::kernels::matmul`] on the GPU (bit-identical), or on the CPU once the device
+    /// [`crate::backend::matmul`] on the GPU (bit-identical), or on the CPU once the device
     /// has failed.
     pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         assert_eq!(x.len(), n * m.cols, "x must hold n rows of cols");

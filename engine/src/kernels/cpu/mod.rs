@@ -98,7 +98,7 @@ const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// Output rows per rayon task at most / at least (multiples of 4 keep register tiles full).
 const TASK_ROWS_MIN: usize = 16;
 
-/// [`crate::kernels::matmul`] on the best detected ISA.
+/// `backend::matmul` on the best detected ISA.
 pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_with(Isa::detected(), m, x, n, y);
 }

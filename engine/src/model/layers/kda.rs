@@ -26,7 +26,8 @@
 use crate::config::KdaDecay;
 use crate::generate::{KdaCache, KdaShape};
 use crate::kernels::ops::{rms_inv, sigmoid, silu};
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 /// The L2 normalisation of q/k; the three oracles use different formulas (model-formats §3.4).
 #[derive(Debug, Clone, Copy, PartialEq)]

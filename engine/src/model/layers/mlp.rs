@@ -2,7 +2,8 @@
 //! SwiGLU (`silu(g) * u`) or K3's SiTU (`kimi-k3.md` §1.5).
 
 use crate::kernels::ops::sigmoid;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 /// Gate activation.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,12 +13,13 @@
 use rayon::prelude::*;
 
 use super::rope::Rope;
-use crate::arch::Loader;
+use crate::model::Loader;
 use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::generate::KvCache;
 use crate::kernels::ops::rms_norm_inplace;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 /// Below this many score multiply-adds a pass attends on the calling thread.
 const PARALLEL_WORK: usize = 1 << 16;

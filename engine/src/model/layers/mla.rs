@@ -15,7 +15,8 @@ use super::rope::Rope;
 use crate::generate::MlaCache;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::reference::decode_row;
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 /// The query projection.
 #[derive(Debug, Clone)]
@@ -68,7 +69,7 @@ impl Mla {
     /// `q_a_layernorm` + `q_b_proj` when `q_lora_rank` is set; `kv_a_proj_with_mqa`,
     /// `kv_a_layernorm`, `kv_b_proj`, `o_proj`), every shape checked against `dims`.
     pub fn load(
-        ld: &crate::arch::Loader<'_>,
+        ld: &crate::model::Loader<'_>,
         a: &str,
         hidden: usize,
         q_lora_rank: Option<usize>,

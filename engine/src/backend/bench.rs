@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::cpu::{Isa, matmul_with, read_sum};
-use super::format::{Format, Matrix, ScaleDtype};
+use crate::kernels::cpu::{Isa, matmul_with, read_sum};
+use crate::kernels::format::{Format, Matrix, ScaleDtype};
 use crate::weights::Blob;
 
 /// A benchmarked weight format with the layout parameters of the real checkpoints.

@@ -18,7 +18,8 @@
 use super::mlp::Mlp;
 use crate::error::Result;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
-use crate::kernels::{Matrix, matmul};
+use crate::backend::matmul;
+use crate::kernels::Matrix;
 
 /// Serves a layer's routed experts to [`Moe::forward_with`].
 pub trait ExpertProvider {
