@@ -5,28 +5,13 @@
 //! usage errors exit 2.
 
 mod bench;
-mod bench_disk;
-mod bench_grammar;
-mod bench_model;
-mod bench_prefill;
-mod bench_serve;
-mod bench_spec;
-mod doctor;
-mod ooc_args;
-mod progress;
-mod push;
-mod run;
-mod serve;
-mod setup;
-mod spec_args;
-mod stream_mode;
-mod synth_cmd;
-mod warm;
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cli::{doctor, push, run, serve, setup, synth, warm};
 
 /// Exact-weights inference for giant mixture-of-experts models.
 #[derive(Debug, Parser)]
@@ -69,7 +54,7 @@ enum Command {
     /// Fetch the routed experts a route trace used most into a stream install.
     Warm(warm::WarmArgs),
     /// Write a deterministic synthetic checkpoint (any size, routing skew and locality knobs).
-    Synth(synth_cmd::SynthArgs),
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -98,7 +83,7 @@ fn main() -> ExitCode {
         Command::Push(args) => push::push(args),
         Command::Doctor(args) => doctor::doctor(args, cli.device),
         Command::Warm(args) => warm::warm(args),
-        Command::Synth(args) => done(synth_cmd::run(args)),
+        Command::Synth(args) => done(synth::run(args)),
     };
     match result {
         Ok(code) => code,

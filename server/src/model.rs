@@ -13,7 +13,7 @@ use deltafin_engine::tokenizer::Tokenizer;
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
 use crate::drafts::{DraftError, DraftSources};
-use crate::openai::output::reasoning_markers;
+use crate::http::openai::output::reasoning_markers;
 use crate::state::Loaded;
 
 /// Special tokens that end an assistant turn in the chat formats we know.
@@ -46,11 +46,12 @@ pub fn load(
     ooc: Option<&OocOptions>,
     drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
+    let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
     let (model, ooc) = match ooc {
-        None => (arch::load(dir).map_err(LoadError::Model)?, None),
+        None => (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None),
         Some(o) => {
-            let o = with_context_memory(dir, o, &mut cfg)?;
-            let (m, rt) = arch::load_budgeted(dir, &o).map_err(LoadError::Model)?;
+            let o = with_context_memory(&spec, o, &mut cfg);
+            let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).map_err(LoadError::Model)?;
             (m, Some(Arc::new(rt)))
         }
     };
@@ -90,11 +91,10 @@ pub fn load(
 /// Plan the context memory inside the budget (`auto` when `context_bytes` is 0) and make the
 /// scheduler keep every sequence state inside it.
 fn with_context_memory(
-    dir: &Path,
+    spec: &deltafin_engine::config::ModelSpec,
     o: &OocOptions,
     cfg: &mut SchedulerConfig,
-) -> Result<OocOptions, LoadError> {
-    let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
+) -> OocOptions {
     let size = arch::state_size(&spec.arch);
     let mut o = o.clone();
     if o.context_bytes == 0 {
@@ -102,7 +102,7 @@ fn with_context_memory(
         o.context_bytes = scheduler::auto_context_bytes(size, o.budget, cfg.max_batch, limit).max(1);
     }
     cfg.context_memory = Some(o.context_bytes);
-    Ok(o)
+    o
 }
 
 /// EOS ids: config.json's, generation_config.json's and the tokenizer's.

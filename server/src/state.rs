@@ -11,10 +11,10 @@ use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::tokenizer::Tokenizer;
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::metrics::Metrics;
-use crate::openai::reasoning::Markers;
-use crate::openai::request::Limits;
+use crate::http::openai::reasoning::Markers;
+use crate::http::openai::request::Limits;
 
 /// Process-level server settings (built from the command line in `main`).
 #[derive(Debug, Clone)]

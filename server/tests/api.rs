@@ -9,7 +9,7 @@ use axum::http::{Request, StatusCode};
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerConfig};
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 use deltafin_server::metrics::{BuildInfo, Metrics};
-use deltafin_server::openai::request::Limits;
+use deltafin_server::http::openai::request::Limits;
 use deltafin_server::{AppState, ServerConfig, app, model};
 use serde_json::{Value, json};
 use tower::ServiceExt;

@@ -167,7 +167,7 @@ fn figure(name: &'static str, compile_ms: f64, mut times: Vec<f64>) -> GrammarFi
 }
 
 fn decode_ms_per_token(cache_dir: &Path) -> Result<f64> {
-    let dir = crate::run::resolve_model(None, cache_dir)?;
+    let dir = crate::cli::run::resolve_model(None, cache_dir)?;
     let model = deltafin_engine::arch::load(&dir)?;
     let opts = GenerateOptions {
         max_new_tokens: 64,

@@ -6,7 +6,14 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use deltafin_engine::kernels::bench::{self as kernel_bench, BenchFormat, BenchOptions};
+use deltafin_engine::backend::bench::{self as kernel_bench, BenchFormat, BenchOptions};
+
+mod disk;
+mod grammar;
+mod model;
+mod prefill;
+mod serve;
+mod spec;
 
 /// Arguments of `deltafin bench`.
 #[derive(Debug, Args)]
@@ -34,32 +41,32 @@ enum BenchWhat {
         probe_bytes: usize,
     },
     /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
-    Serve(crate::bench_serve::ServeBenchArgs),
+    Serve(self::serve::ServeBenchArgs),
     /// A model under a memory budget: prefill/decode tokens/s, bytes per token by source, hit
     /// rate, read bandwidth, compute vs I/O wait, ratio to the I/O bound.
     #[command(alias = "model")]
-    Run(crate::bench_model::BenchRunArgs),
+    Run(self::model::BenchRunArgs),
     /// Prefill tokens/s at 1k, 4k and 16k prompt tokens (in memory or under a budget), beside
     /// the prefill I/O bound.
-    Prefill(crate::bench_prefill::BenchPrefillArgs),
+    Prefill(self::prefill::BenchPrefillArgs),
     /// Read bandwidth of the model's own expert reads: O_DIRECT, buffered and mmap.
-    Disk(crate::bench_disk::BenchDiskArgs),
+    Disk(self::disk::BenchDiskArgs),
     /// Speculative decoding per proposer at controlled acceptance rates: tokens/s against
     /// target-only, with the economics gate and with drafting forced on.
-    Spec(crate::bench_spec::SpecBenchArgs),
+    Spec(self::spec::SpecBenchArgs),
     /// Constrained decoding on a 163,840-id vocabulary: mask time per token for a JSON schema
     /// and a forced tool call, beside the decode time of a model pass.
-    Grammar(crate::bench_grammar::GrammarBenchArgs),
+    Grammar(self::grammar::GrammarBenchArgs),
 }
 
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
-        BenchWhat::Serve(a) => crate::bench_serve::bench_serve(a, cache_dir),
-        BenchWhat::Run(a) => crate::bench_model::run(a, cache_dir),
-        BenchWhat::Prefill(a) => crate::bench_prefill::run(a, cache_dir),
-        BenchWhat::Disk(a) => crate::bench_disk::run(a),
-        BenchWhat::Spec(a) => crate::bench_spec::run(a, cache_dir),
-        BenchWhat::Grammar(a) => crate::bench_grammar::run(a, cache_dir),
+        BenchWhat::Serve(a) => self::serve::bench_serve(a, cache_dir),
+        BenchWhat::Run(a) => self::model::run(a, cache_dir),
+        BenchWhat::Prefill(a) => self::prefill::run(a, cache_dir),
+        BenchWhat::Disk(a) => self::disk::run(a),
+        BenchWhat::Spec(a) => self::spec::run(a, cache_dir),
+        BenchWhat::Grammar(a) => self::grammar::run(a, cache_dir),
         BenchWhat::Kernels {
             json,
             formats,

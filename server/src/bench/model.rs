@@ -20,7 +20,7 @@ use deltafin_engine::synth::Rng;
 use deltafin_engine::tokenizer::Tokenizer;
 use serde::Serialize;
 
-use crate::ooc_args::{OocArgs, describe_plan};
+use crate::cli::ooc_args::{OocArgs, describe_plan};
 
 #[derive(Debug, Args)]
 pub struct BenchRunArgs {
@@ -158,11 +158,11 @@ pub fn run(mut a: BenchRunArgs, cache_dir: &Path) -> Result<()> {
     let Some(mut options) = a.ooc.options()? else {
         bail!("bench run needs a memory budget (not `off`)")
     };
-    let dir = crate::run::resolve_model(a.model.take(), cache_dir)?;
+    let dir = crate::cli::run::resolve_model(a.model.take(), cache_dir)?;
     let held = a.prompt_tokens.max(1) + a.warmup_tokens + a.decode_tokens.max(1);
-    crate::ooc_args::plan_context(&dir, &mut options, held)?;
+    let spec = crate::cli::ooc_args::plan_context(&dir, &mut options, held)?;
     let t = Instant::now();
-    let (model, rt) = arch::load_budgeted(&dir, &options)?;
+    let (model, rt) = arch::load_budgeted_spec(&spec, &dir, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();
     if !a.json {
         eprintln!("{}", describe_plan(&rt.plan));

@@ -16,7 +16,7 @@ use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::synth::Rng;
 use serde::Serialize;
 
-use crate::ooc_args::{OocArgs, describe_plan};
+use crate::cli::ooc_args::{OocArgs, describe_plan};
 
 #[derive(Debug, Args)]
 pub struct BenchPrefillArgs {
@@ -67,14 +67,14 @@ struct Report {
 }
 
 pub fn run(a: BenchPrefillArgs, cache_dir: &Path) -> Result<()> {
-    let dir = crate::run::resolve_model(a.model.clone(), cache_dir)?;
+    let dir = crate::cli::run::resolve_model(a.model.clone(), cache_dir)?;
     let loading = || format!("loading model {}", dir.display());
     let (model, rt): (Box<dyn Model>, Option<OocRuntime>) = match a.ooc.options()? {
         None => (arch::load(&dir).with_context(loading)?, None),
         Some(mut o) => {
             let longest = a.lengths.iter().copied().max().unwrap_or(1);
-            crate::ooc_args::plan_context(&dir, &mut o, longest)?;
-            let (m, rt) = arch::load_budgeted(&dir, &o).with_context(loading)?;
+            let spec = crate::cli::ooc_args::plan_context(&dir, &mut o, longest)?;
+            let (m, rt) = arch::load_budgeted_spec(&spec, &dir, &o).with_context(loading)?;
             if !a.json {
                 eprintln!("{}", describe_plan(&rt.plan));
             }

@@ -40,7 +40,7 @@ pub struct ServeBenchArgs {
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
     #[command(flatten)]
-    ooc: crate::ooc_args::OocArgs,
+    ooc: crate::cli::ooc_args::OocArgs,
 }
 
 /// One concurrency level's result.
@@ -201,7 +201,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
         Some(o) => {
             let (m, rt) =
                 arch::load_budgeted(&dir, &o).with_context(|| format!("loading {}", dir.display()))?;
-            eprintln!("{}", crate::ooc_args::describe_plan(&rt.plan));
+            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan));
             (m, Some(rt))
         }
     };

@@ -73,7 +73,7 @@ pub struct SpecBenchArgs {
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
     #[command(flatten)]
-    ooc: crate::ooc_args::OocArgs,
+    ooc: crate::cli::ooc_args::OocArgs,
 }
 
 /// Wraps a real proposer and imposes an acceptance rate on its drafts.
@@ -270,14 +270,14 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
         Some(o) => {
             let (m, rt) =
                 arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
-            eprintln!("{}", crate::ooc_args::describe_plan(&rt.plan));
+            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan));
             (m, Some(rt))
         }
     })
 }
 
 pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
-    let dir = crate::bench_serve::resolve_with(args.model.clone(), cache_dir, args.route_locality)?;
+    let dir = crate::bench::serve::resolve_with(args.model.clone(), cache_dir, args.route_locality)?;
     let (model, _ooc) = load(&dir, &args)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?);
     let vocab = model.info().vocab_size;

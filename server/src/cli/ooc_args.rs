@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
 use deltafin_engine::cache::{OocOptions, PolicyKind, ReadMode, ResidencyPlan};
+use deltafin_engine::config::ModelSpec;
 
 /// Out-of-core settings.
 #[derive(Debug, Clone, Args)]
@@ -87,17 +88,16 @@ impl OocArgs {
 /// Size `--context-memory auto` for one sequence of `tokens` positions — what `run` and `bench
 /// prefill` hold — so its attention caches and recurrent state are planned inside the budget
 /// (the expert cache gives way) instead of growing beside it. A context that cannot fit beside
-/// the fixed tensors is refused by the plan with the budget named.
-pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<()> {
-    if o.context_bytes != 0 {
-        return Ok(());
+/// the fixed tensors is refused by the plan with the budget named. Returns the parsed
+/// `config.json` for the load (parsed once).
+pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<ModelSpec> {
+    let spec = ModelSpec::load(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if o.context_bytes == 0 {
+        o.context_bytes = deltafin_engine::arch::state_size(&spec.arch)
+            .bytes(tokens, 0)
+            .max(1);
     }
-    let spec = deltafin_engine::config::ModelSpec::load(dir)
-        .with_context(|| format!("reading {}", dir.display()))?;
-    o.context_bytes = deltafin_engine::arch::state_size(&spec.arch)
-        .bytes(tokens, 0)
-        .max(1);
-    Ok(())
+    Ok(spec)
 }
 
 /// The plan as printed at start.

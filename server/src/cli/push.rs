@@ -11,7 +11,7 @@ use clap::Args;
 use deltafin_fetch::artifact::push_plan;
 use deltafin_fetch::error::human_bytes;
 
-use crate::setup::{NetArgs, oci_options};
+use crate::cli::setup::{NetArgs, oci_options};
 
 /// `deltafin push`.
 #[derive(Debug, Args)]

@@ -1,6 +1,6 @@
 //! `deltafin run`: load a model (or the built-in default), tokenize the prompt (optionally
 //! through the chat template), generate, stream text to stdout, and report statistics. On a
-//! stream install the routed experts a pass selects are fetched on first use ([`crate::stream_mode`]).
+//! stream install the routed experts a pass selects are fetched on first use ([`crate::cli::stream_mode`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,9 +19,9 @@ use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, T
 use deltafin_fetch::EngineSource;
 use serde_json::json;
 
-use crate::ooc_args::{OocArgs, describe_plan};
-use crate::spec_args::SpecArgs;
-use crate::stream_mode::{self, StreamArgs};
+use crate::cli::ooc_args::{OocArgs, describe_plan};
+use crate::cli::spec_args::SpecArgs;
+use crate::cli::stream_mode::{self, StreamArgs};
 
 /// Arguments of `deltafin run`.
 #[derive(Debug, Args)]
@@ -114,8 +114,8 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
         match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
             None => (arch::load(dir).with_context(loading)?, None, stream),
             Some(mut o) => {
-                crate::ooc_args::plan_context(dir, &mut o, context_tokens)?;
-                let (m, rt) = arch::load_budgeted(dir, &o).with_context(loading)?;
+                let spec = crate::cli::ooc_args::plan_context(dir, &mut o, context_tokens)?;
+                let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).with_context(loading)?;
                 if args.stats {
                     eprintln!("{}", describe_plan(&rt.plan));
                 }

@@ -1,7 +1,7 @@
 //! `deltafin serve`: the OpenAI-compatible server. Binds first (so `/livez` answers and
 //! `/readyz` says 503 while the model loads), loads the model on a blocking thread, then serves
 //! until SIGTERM/SIGINT and drains within `--shutdown-timeout`. A stream install is served like
-//! a full one; each routed expert is fetched on first use ([`crate::stream_mode`]).
+//! a full one; each routed expert is fetched on first use ([`crate::cli::stream_mode`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,8 +12,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerConfig};
 use deltafin_server::metrics::{BuildInfo, Metrics};
-use deltafin_server::openai::request::Limits;
-use deltafin_server::{AppState, ServerConfig, model, shutdown};
+use deltafin_server::http::openai::request::Limits;
+use deltafin_server::http::shutdown;
+use deltafin_server::{AppState, ServerConfig, model};
 
 /// Arguments of `deltafin serve`.
 #[derive(Debug, Args)]
@@ -85,11 +86,11 @@ pub struct ServeArgs {
     #[arg(long, env = "DELTAFIN_LOG_PROMPTS")]
     log_prompts: bool,
     #[command(flatten)]
-    ooc: crate::ooc_args::OocArgs,
+    ooc: crate::cli::ooc_args::OocArgs,
     #[command(flatten)]
-    spec: crate::spec_args::SpecArgs,
+    spec: crate::cli::spec_args::SpecArgs,
     #[command(flatten)]
-    stream: crate::stream_mode::StreamArgs,
+    stream: crate::cli::stream_mode::StreamArgs,
     /// Testing aid: sleep this many milliseconds after every engine pass (a slow model).
     #[arg(long, default_value_t = 0, hide = true, env = "DELTAFIN_STEP_DELAY_MS")]
     step_delay_ms: u64,
@@ -154,7 +155,7 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         .try_init();
     let config = server_config(&args)?;
     let deadline = seconds(args.shutdown_timeout, "shutdown-timeout")?;
-    let dir = crate::run::resolve_model(args.model.clone(), cache_dir)?;
+    let dir = crate::cli::run::resolve_model(args.model.clone(), cache_dir)?;
     let model_id = args
         .served_model_name
         .clone()
@@ -179,8 +180,8 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!("deltafin: listening on {local}");
-        let stream = crate::stream_mode::open(&dir, &args.stream)?;
-        let ooc = crate::stream_mode::ooc_options(&dir, &args.ooc, stream.as_ref(), &args.stream)?;
+        let stream = crate::cli::stream_mode::open(&dir, &args.stream)?;
+        let ooc = crate::cli::stream_mode::ooc_options(&dir, &args.ooc, stream.as_ref(), &args.stream)?;
         let loading = tokio::task::spawn_blocking({
             let (state, dir, sched) = (state.clone(), dir.clone(), scheduler_config(&args));
             let drafts = args.spec.sources();
@@ -188,7 +189,7 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
                 let started = Instant::now();
                 let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), &drafts)?;
                 if let Some(rt) = &loaded.ooc {
-                    tracing::info!(plan = %crate::ooc_args::describe_plan(&rt.plan), "out-of-core");
+                    tracing::info!(plan = %crate::cli::ooc_args::describe_plan(&rt.plan), "out-of-core");
                 }
                 if let Some(memory) = loaded.engine.describe_memory(128 * 1024) {
                     tracing::info!(%memory, "context memory");

@@ -19,7 +19,7 @@ use deltafin_fetch::{InstallOptions, InstallReport, Mode, Remote, SourceSpec};
 use oci_auth::registry_auth;
 use serde_json::json;
 
-use crate::progress::{NotFinal, human_sink};
+use crate::cli::progress::{NotFinal, human_sink};
 
 /// The default Qwen drafter (`--include-qwen`, `setup-qwen`).
 pub const DEFAULT_QWEN: &str = "hf://Qwen/Qwen3-0.6B-Base";

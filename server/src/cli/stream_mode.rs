@@ -13,8 +13,8 @@ use deltafin_engine::cache::OocOptions;
 use deltafin_fetch::source::hf::DEFAULT_ENDPOINT;
 use deltafin_fetch::{EngineSource, SourceSpec};
 
-use crate::ooc_args::OocArgs;
-use crate::setup::{Connection, oci_options_of, remote_with, retry_policy_of};
+use crate::cli::ooc_args::OocArgs;
+use crate::cli::setup::{Connection, oci_options_of, remote_with, retry_policy_of};
 
 /// How a stream install reaches its source.
 #[derive(Debug, Clone, Args)]

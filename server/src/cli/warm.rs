@@ -15,7 +15,7 @@ use deltafin_fetch::manifest::Manifest;
 use deltafin_fetch::safetensors::ExpertKey;
 use deltafin_fetch::warm::WarmReport;
 
-use crate::stream_mode::{self, StreamArgs};
+use crate::cli::stream_mode::{self, StreamArgs};
 
 /// `deltafin warm`.
 #[derive(Debug, Args)]

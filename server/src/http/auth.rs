@@ -15,8 +15,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use crate::anthropic::error::AnthropicError;
-use crate::error::ApiError;
+use crate::http::anthropic::error::AnthropicError;
+use crate::http::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::state::AppState;
 

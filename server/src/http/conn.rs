@@ -1,4 +1,4 @@
-//! One accepted connection: read and check its first request head ([`crate::http_guard`]),
+//! One accepted connection: read and check its first request head ([`crate::http::guard`]),
 //! refuse a bad one with a JSON response and close, or hand hyper a stream that replays the bytes
 //! already read ([`Rewind`]) and then continues with the socket.
 //!
@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::http_guard::{HeadCheck, HeadError, HttpLimits, check_read, rejection};
+use crate::http::guard::{HeadCheck, HeadError, HttpLimits, check_read, rejection};
 
 /// Bytes asked of the socket per read while reading a head.
 const READ_CHUNK: usize = 8 << 10;

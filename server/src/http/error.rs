@@ -61,9 +61,9 @@ pub enum ApiError {
     #[error("internal error ({0}); see the server log")]
     Internal(&'static str),
     /// The request head breaks HTTP/1.1 framing, size or timing rules; answered before routing
-    /// (see [`crate::http_guard`]).
+    /// (see [`crate::http::guard`]).
     #[error(transparent)]
-    Http(#[from] crate::http_guard::HeadError),
+    Http(#[from] crate::http::guard::HeadError),
     /// The body has a `Content-Encoding` (bodies are read as they are, never decompressed).
     #[error("request bodies with Content-Encoding `{0}` are not supported: send the JSON body uncompressed")]
     UnsupportedContentEncoding(String),

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use axum::http::{StatusCode, Uri};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// Largest request head (request line and headers) by default: 64 KiB.
 pub const DEFAULT_MAX_HEAD_BYTES: usize = 64 << 10;

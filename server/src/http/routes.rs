@@ -1,7 +1,7 @@
 //! The whole route table, on one screen. While the server drains (after SIGTERM) the probes
 //! and `/metrics` still run (`/readyz` says 503 `draining`), every other new request is a 503
 //! `shutting_down`, and every response carries `Connection: close`; requests that were already
-//! running are not affected (see [`crate::shutdown`]).
+//! running are not affected (see [`crate::http::shutdown`]).
 
 use std::sync::Arc;
 
@@ -13,12 +13,12 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 
-use crate::anthropic::{count_tokens, messages};
-use crate::auth::{refuse, require_key};
-use crate::error::ApiError;
-use crate::health::{livez, metrics, readyz};
-use crate::openai::handlers::{chat_completions, completions, models};
-use crate::responses::{ResponseStore, responses};
+use crate::http::anthropic::{count_tokens, messages};
+use crate::http::auth::{refuse, require_key};
+use crate::http::error::ApiError;
+use crate::http::health::{livez, metrics, readyz};
+use crate::http::openai::handlers::{chat_completions, completions, models};
+use crate::http::responses::{ResponseStore, responses};
 use crate::state::AppState;
 
 /// The server's router over `state`.

@@ -1,8 +1,8 @@
 //! The accept loop and graceful shutdown. Each accepted connection is served by
-//! [`crate::http_conn`] (its first request head is checked before hyper reads it). On
+//! [`crate::http::conn`] (its first request head is checked before hyper reads it). On
 //! SIGTERM/SIGINT the drain begins: readiness turns off, idle keep-alive connections close, and
 //! the listener keeps accepting, so that `/readyz` answers 503 `draining` and other new requests
-//! a 503 `shutting_down` with `Connection: close` ([`crate::routes`]), instead of connections
+//! a 503 `shutting_down` with `Connection: close` ([`crate::http::routes`]), instead of connections
 //! being refused. The drain ends when every connection that had started a request when it
 //! began has closed (in-flight requests finish normally); then the listener closes, silent
 //! connections close, and the rest get to finish. If that all takes longer than the deadline,
@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::http_conn::{Phase, Watch, reached};
-use crate::http_guard::HttpLimits;
-use crate::routes::app;
+use crate::http::conn::{Phase, Watch, reached};
+use crate::http::guard::HttpLimits;
+use crate::http::routes::app;
 use crate::state::AppState;
 
 /// Completes on SIGTERM or SIGINT.
@@ -145,7 +145,7 @@ async fn accept_loop(
         };
         let app = app.clone();
         tokio::spawn(async move {
-            crate::http_conn::serve(stream, app, limits, watch).await;
+            crate::http::conn::serve(stream, app, limits, watch).await;
             drop(open);
         });
     }

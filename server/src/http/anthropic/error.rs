@@ -8,7 +8,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// An [`ApiError`] rendered for the Messages API.
 #[derive(Debug, Clone, PartialEq)]

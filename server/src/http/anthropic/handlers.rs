@@ -16,13 +16,13 @@ use super::error::AnthropicError;
 use super::request::parse;
 use super::response::message;
 use super::stream::{Event, MessageStream};
-use crate::body::JsonBody;
-use crate::error::ApiError;
+use crate::http::body::JsonBody;
+use crate::http::error::ApiError;
 use crate::metrics::Endpoint;
-use crate::openai::chat::{self, ChatRun};
-use crate::openai::generation::{Generation, Step};
-use crate::openai::handlers::check_model;
-use crate::openai::request::ChatRequest;
+use crate::http::openai::chat::{self, ChatRun};
+use crate::http::openai::generation::{Generation, Step};
+use crate::http::openai::handlers::check_model;
+use crate::http::openai::request::ChatRequest;
 use crate::state::{AppState, Loaded};
 
 /// `POST /v1/messages`.
@@ -73,7 +73,7 @@ fn refuse(app: &AppState, e: ApiError) -> Response {
 
 /// The rendered prompt's token count, exactly as the chat pipeline renders it.
 fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
-    let (prompt, _) = crate::openai::chat::render(loaded, req).map_err(|e| e.renamed(NAMES))?;
+    let (prompt, _) = crate::http::openai::chat::render(loaded, req).map_err(|e| e.renamed(NAMES))?;
     Ok(prompt.len())
 }
 

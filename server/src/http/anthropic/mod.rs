@@ -1,6 +1,6 @@
 //! The Anthropic Messages API (agent-api.md §7): `POST /v1/messages` (also with `?beta=true`,
 //! as Claude Code sends it) and `POST /v1/messages/count_tokens`. A body is translated into
-//! the same typed [`ChatRequest`](crate::openai::request::ChatRequest) the Chat Completions
+//! the same typed [`ChatRequest`](crate::http::openai::request::ChatRequest) the Chat Completions
 //! endpoint runs ([`request`]), so tools, forced tool choice, sampling and reasoning behave
 //! identically; the chat pipeline's output is rendered back as a `message` ([`response`]) or
 //! the Messages event stream ([`stream`]). Errors carry Anthropic's body shape ([`error`])

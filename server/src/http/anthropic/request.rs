@@ -16,10 +16,10 @@
 use deltafin_engine::tokenizer::ChatMessage;
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
-use crate::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
-use crate::openai::request::fields::{integer, number, obj, only_except, string};
-use crate::openai::request::{ChatRequest, Limits};
+use crate::http::error::ApiError;
+use crate::http::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
+use crate::http::openai::request::fields::{integer, number, obj, only_except, string};
+use crate::http::openai::request::{ChatRequest, Limits};
 
 /// Most stop sequences per request.
 pub const MAX_STOP_SEQUENCES: usize = 16;

@@ -15,7 +15,7 @@ fn messages(extra: Value) -> Result<ChatRequest, ApiError> {
     parse(&body, &LIMITS, false)
 }
 
-use crate::error::param_of as param;
+use crate::http::error::param_of as param;
 
 #[test]
 fn a_full_request_becomes_a_typed_chat_request() {

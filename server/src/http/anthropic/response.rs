@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-use crate::openai::chat::{ChoiceOutcome, ToolCall};
-use crate::openai::types::Usage;
+use crate::http::openai::chat::{ChoiceOutcome, ToolCall};
+use crate::http::openai::types::Usage;
 
 /// A call's `input`: its arguments when they are a JSON object.
 pub fn call_input(arguments: &str) -> Option<Value> {

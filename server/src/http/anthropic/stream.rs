@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::error::AnthropicError;
 use super::response::{call_as_text, call_input, stop_reason};
-use crate::openai::chat::{ToolCall, fold_call};
+use crate::http::openai::chat::{ToolCall, fold_call};
 
 /// One SSE event: its `event:` name and `data:` object.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,7 +177,7 @@ impl MessageStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ApiError;
+    use crate::http::error::ApiError;
 
     fn names(events: &[Event]) -> Vec<&'static str> {
         events.iter().map(|e| e.name).collect()

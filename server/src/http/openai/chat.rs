@@ -21,7 +21,7 @@ use super::output::{Delta, OutputParser};
 use super::reasoning::Markers;
 use super::request::{ChatRequest, Common, ResponseFormat, ToolChoice};
 use super::types::Usage;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::state::{AppState, Loaded};
 

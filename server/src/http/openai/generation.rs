@@ -13,7 +13,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::output::{Delta, OutputParser};
 use super::types::Usage;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::metrics::{Endpoint, Metrics, RequestTimer};
 use crate::state::{AppState, Loaded};
 

@@ -26,8 +26,8 @@ use super::types::{
     AssistantMessage, ChatChoice, ChatCompletion, ChunkHeader, Completion, CompletionChoice, FunctionOut,
     ModelCard, ModelList, ToolCallOut, Usage,
 };
-use crate::body::JsonBody;
-use crate::error::ApiError;
+use crate::http::body::JsonBody;
+use crate::http::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::state::{AppState, Loaded};
 

@@ -13,7 +13,7 @@
 use deltafin_engine::tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 pub mod agent;
 pub mod fields;

@@ -20,11 +20,11 @@ use super::object::{Head, output_items, status};
 use super::request::parse;
 use super::store::ResponseStore;
 use super::stream::{Event, ResponseStream};
-use crate::body::JsonBody;
-use crate::error::ApiError;
+use crate::http::body::JsonBody;
+use crate::http::error::ApiError;
 use crate::metrics::Endpoint;
-use crate::openai::chat::{self, Accumulator, ChatRun, ToolCall};
-use crate::openai::generation::{Generation, Step};
+use crate::http::openai::chat::{self, Accumulator, ChatRun, ToolCall};
+use crate::http::openai::generation::{Generation, Step};
 use crate::state::AppState;
 
 /// `POST /v1/responses`.

@@ -10,8 +10,8 @@
 use deltafin_engine::tokenizer::ChatMessage;
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
-use crate::openai::request::fields::{obj, only};
+use crate::http::error::ApiError;
+use crate::http::openai::request::fields::{obj, only};
 
 fn string<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
     o.get(key)
@@ -205,7 +205,7 @@ fn reasoning_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 mod tests {
     use super::*;
 
-    use crate::error::param_of as param;
+    use crate::http::error::param_of as param;
 
     #[test]
     fn a_string_is_one_user_message() {

@@ -1,5 +1,5 @@
 //! The OpenAI Responses API subset agents use (agent-api.md §6): `POST /v1/responses`. A body
-//! is translated into the same typed [`ChatRequest`](crate::openai::request::ChatRequest) the
+//! is translated into the same typed [`ChatRequest`](crate::http::openai::request::ChatRequest) the
 //! Chat Completions endpoint runs ([`request`], [`input`]), so tools, forced tool choice,
 //! `text.format` constraints, sampling and reasoning behave identically; the chat pipeline's
 //! output is rendered back as a `response` object ([`object`]) or the Responses event stream

@@ -8,9 +8,9 @@
 use serde_json::{Map, Value, json};
 
 use super::request::ResponsesRequest;
-use crate::openai::chat::{ChoiceOutcome, ToolCall};
-use crate::openai::request::ResponseFormat;
-use crate::openai::types::Usage;
+use crate::http::openai::chat::{ChoiceOutcome, ToolCall};
+use crate::http::openai::request::ResponseFormat;
+use crate::http::openai::types::Usage;
 
 /// What every rendering of one response shares: its id and the request fields it echoes.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,7 +171,7 @@ pub fn output_items(head: &Head, choice: &ChoiceOutcome) -> Vec<Value> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::openai::request::ChatRequest;
+    use crate::http::openai::request::ChatRequest;
 
     pub(crate) fn request() -> ResponsesRequest {
         ResponsesRequest {

@@ -7,10 +7,10 @@
 use serde_json::{Map, Value};
 
 use super::input::parse_input;
-use crate::error::ApiError;
-use crate::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
-use crate::openai::request::fields::{boolean, neutral, number, obj, only, string};
-use crate::openai::request::{ChatRequest, Limits};
+use crate::http::error::ApiError;
+use crate::http::openai::request::agent::{self, FunctionTool, ResponseFormat, ToolChoice};
+use crate::http::openai::request::fields::{boolean, neutral, number, obj, only, string};
+use crate::http::openai::request::{ChatRequest, Limits};
 
 /// A validated `/v1/responses` request.
 #[derive(Debug, Clone, PartialEq)]

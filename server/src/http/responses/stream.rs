@@ -14,9 +14,9 @@
 use serde_json::{Value, json};
 
 use super::object::{Head, call_item, message_item, reasoning_item, status, text_part};
-use crate::error::ApiError;
-use crate::openai::chat::ToolCall;
-use crate::openai::types::Usage;
+use crate::http::error::ApiError;
+use crate::http::openai::chat::ToolCall;
+use crate::http::openai::types::Usage;
 
 /// One SSE event: its `event:` name (the data's `type`) and `data:` object.
 #[derive(Debug, Clone, PartialEq)]
@@ -267,9 +267,9 @@ impl ResponseStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::chat::ChoiceOutcome;
-    use crate::responses::object::output_items;
-    use crate::responses::object::tests::request;
+    use crate::http::openai::chat::ChoiceOutcome;
+    use crate::http::responses::object::output_items;
+    use crate::http::responses::object::tests::request;
 
     fn names(events: &[Event]) -> Vec<&'static str> {
         events.iter().map(|e| e.name).collect()

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::fields::{obj, only};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// One function the model may call.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// `v` as an object.
 pub fn obj<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, ApiError> {

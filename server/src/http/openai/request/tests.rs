@@ -15,7 +15,7 @@ fn chat(extra: Value) -> Result<ChatRequest, ApiError> {
     parse_chat(&body, &LIMITS)
 }
 
-use crate::error::param_of as param;
+use crate::http::error::param_of as param;
 
 #[test]
 fn a_full_chat_request_becomes_typed() {
