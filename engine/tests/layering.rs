@@ -7,9 +7,20 @@ use std::path::{Path, PathBuf};
 
 /// `(module directory, paths it must not name)`.
 const RULES: &[(&str, &[&str])] = &[
-    ("model", &["crate::arch", "crate::cache", "crate::scheduler", "crate::backend::current"]),
+    (
+        "model",
+        &[
+            "crate::arch",
+            "crate::cache",
+            "crate::scheduler",
+            "crate::backend::current",
+        ],
+    ),
     ("cache", &["crate::arch"]),
-    ("kernels", &["crate::backend", "crate::model", "crate::arch", "crate::cache"]),
+    (
+        "kernels",
+        &["crate::backend", "crate::model", "crate::arch", "crate::cache"],
+    ),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -12,9 +12,9 @@ use deltafin_engine::tokenizer::Tokenizer;
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 
 use crate::http::error::ApiError;
-use crate::metrics::Metrics;
 use crate::http::openai::reasoning::Markers;
 use crate::http::openai::request::Limits;
+use crate::metrics::Metrics;
 
 /// Process-level server settings (built from the command line in `main`).
 #[derive(Debug, Clone)]

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerConfig};
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 use deltafin_server::http::guard::HttpLimits;
-use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::http::openai::request::Limits;
 use deltafin_server::http::shutdown;
+use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::{AppState, ServerConfig, model};
 use serde_json::Value;
 

@@ -15,6 +15,7 @@ use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, mla_caches};
+use crate::backend::matmul;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -22,10 +23,9 @@ use crate::cache::{
 use crate::config::{DeepseekV3Config, ModelSpec};
 use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
+use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::backend::matmul;
-use crate::kernels::Matrix;
 
 // One per layer, built once at load: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]

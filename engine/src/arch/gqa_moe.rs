@@ -22,6 +22,7 @@ use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
+use crate::backend::matmul;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -29,10 +30,9 @@ use crate::cache::{
 use crate::config::{ModelSpec, RopeConfig};
 use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
+use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::backend::matmul;
-use crate::kernels::Matrix;
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.
@@ -141,7 +141,13 @@ fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matr
 }
 
 /// Layer `i`'s router (its experts and shared experts as given).
-fn router(plan: &DecoderPlan, ld: &Loader<'_>, i: usize, experts: Vec<Mlp>, shared: Option<Mlp>) -> Result<Moe> {
+fn router(
+    plan: &DecoderPlan,
+    ld: &Loader<'_>,
+    i: usize,
+    experts: Vec<Mlp>,
+    shared: Option<Mlp>,
+) -> Result<Moe> {
     let (p, m) = (format!("model.layers.{i}.mlp.gate"), &plan.moe);
     Ok(Moe {
         gate: ld.dense(&format!("{p}.weight"), m.experts, plan.hidden_size)?,
@@ -160,7 +166,14 @@ fn router(plan: &DecoderPlan, ld: &Loader<'_>, i: usize, experts: Vec<Mlp>, shar
 fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
     let h = plan.hidden_size;
     let p = format!("model.layers.{i}");
-    let attn = Gqa::load(ld, &format!("{p}.self_attn"), h, plan.attn, &plan.rope, plan.attn_options)?;
+    let attn = Gqa::load(
+        ld,
+        &format!("{p}.self_attn"),
+        h,
+        plan.attn,
+        &plan.rope,
+        plan.attn_options,
+    )?;
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;
         let n = if ld.routed_experts() { m.experts } else { 0 };
@@ -269,7 +282,11 @@ impl GqaMoe {
             max_context: plan.max_context,
             bos_token_id: plan.bos_token_id,
             eos_token_ids: plan.eos_token_ids.clone(),
-            weight_bytes: index.names().filter_map(|n| index.info(n).ok()).map(|i| i.len).sum(),
+            weight_bytes: index
+                .names()
+                .filter_map(|n| index.info(n).ok())
+                .map(|i| i.len)
+                .sum(),
             state: state_size(&plan),
         };
         GqaMoe {

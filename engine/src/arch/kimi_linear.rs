@@ -23,15 +23,15 @@ use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig, Sco
 use super::{
     Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, kda_caches, mla_caches,
 };
+use crate::backend::matmul;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
 use crate::error::{Error, Result};
 use crate::generate::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
+use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
-use crate::backend::matmul;
-use crate::kernels::Matrix;
 use crate::weights::WeightIndex;
 
 /// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for

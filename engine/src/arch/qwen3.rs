@@ -10,14 +10,14 @@
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::{Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
-use crate::model::Loader;
+use crate::backend::matmul;
 use crate::config::Qwen3Config;
 use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
+use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm_inplace;
 use crate::kernels::reference::decode_row;
-use crate::backend::matmul;
-use crate::kernels::Matrix;
+use crate::model::Loader;
 
 #[derive(Debug)]
 struct Layer {

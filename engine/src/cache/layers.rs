@@ -16,9 +16,9 @@ use super::buffer::AlignedBuf;
 use super::reader::{Priority, ReaderPool, Ticket};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::model::Loader;
 use crate::config::ModelSpec;
 use crate::error::Result;
+use crate::model::Loader;
 use crate::weights::WeightIndex;
 
 /// Builds layer `i` from a loader.

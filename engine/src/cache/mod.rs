@@ -44,9 +44,9 @@ pub use policy::PolicyKind;
 pub use reader::{Origin, ReadMode, ReadStats, ReaderConfig, ReaderPool};
 pub use store::{ExpertStats, ExpertStore, FETCH_BUCKETS, FETCH_SECONDS_BOUNDS};
 
-use crate::model::Loader;
 use crate::config::ModelSpec;
 use crate::error::Result;
+use crate::model::Loader;
 use crate::weights::{RangeSource, ShardFile, WeightIndex};
 
 /// Identifies one routed expert.

@@ -459,7 +459,11 @@ mod tests {
             panic!()
         };
         let e = std::io::Error::other("disk on fire");
-        c.complete(slot, k(1), Err(ReadError::io(std::path::Path::new("s.safetensors"), 0, 8, &e)));
+        c.complete(
+            slot,
+            k(1),
+            Err(ReadError::io(std::path::Path::new("s.safetensors"), 0, 8, &e)),
+        );
         assert!(
             c.wait_any(&[slot])
                 .unwrap_err()

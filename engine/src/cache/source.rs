@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex};
 
 use super::spans::SpanLayout;
-use crate::model::Loader;
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
+use crate::model::Loader;
 use crate::weights::{Blob, BlobSource, TensorInfo, WeightIndex};
 
 /// Records every tensor asked for; serves the bytes from the memory map (never touched for

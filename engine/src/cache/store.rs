@@ -29,13 +29,13 @@ use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::model::Loader;
-use crate::model::layers::mlp::Mlp;
-use crate::model::layers::moe::{ExpertProvider, Moe};
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
 use crate::histogram::{AtomicHistogram, HistogramSnapshot};
 use crate::kernels::ops::rms_norm;
+use crate::model::Loader;
+use crate::model::layers::mlp::Mlp;
+use crate::model::layers::moe::{ExpertProvider, Moe};
 use crate::weights::{RangeSource, WeightIndex};
 
 /// Upper bounds (seconds) of the expert-fetch histogram: one read of an expert from storage

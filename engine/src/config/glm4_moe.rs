@@ -162,10 +162,16 @@ impl Glm4MoeConfig {
             return Err(f.err("topk_group", format!("must be in 1..={}", self.n_group)));
         }
         if self.n_group > 1 && e / self.n_group < 2 {
-            return Err(f.err("n_group", "group-limited routing needs at least 2 experts per group"));
+            return Err(f.err(
+                "n_group",
+                "group-limited routing needs at least 2 experts per group",
+            ));
         }
         if self.topk_group * (e / self.n_group) < k {
-            return Err(f.err("topk_group", "the kept groups hold fewer experts than num_experts_per_tok"));
+            return Err(f.err(
+                "topk_group",
+                "the kept groups hold fewer experts than num_experts_per_tok",
+            ));
         }
         Ok(())
     }
@@ -223,7 +229,8 @@ mod tests {
         let mut v = published();
         v.as_object_mut().unwrap().remove("partial_rotary_factor");
         assert_eq!(parse(&v).unwrap().rotary_dim(), 16, "HF's default is 0.5");
-        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25});
+        v["rope_parameters"] =
+            json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25});
         assert_eq!(parse(&v).unwrap().rotary_dim(), 8);
     }
 

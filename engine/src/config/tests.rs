@@ -195,9 +195,15 @@ fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
     let ArchConfig::Qwen3Moe(c) = parse(&qwen3_moe()).unwrap().arch else {
         panic!("not qwen3_moe")
     };
-    assert_eq!((c.head_dim(), c.decoder_sparse_step, c.norm_topk_prob), (32, 1, false));
+    assert_eq!(
+        (c.head_dim(), c.decoder_sparse_step, c.norm_topk_prob),
+        (32, 1, false)
+    );
     assert_eq!(c.eos_token_id.to_vec(), vec![2, 0]);
-    assert_eq!((0..3).map(|i| c.is_moe_layer(i)).collect::<Vec<_>>(), vec![false, true, true]);
+    assert_eq!(
+        (0..3).map(|i| c.is_moe_layer(i)).collect::<Vec<_>>(),
+        vec![false, true, true]
+    );
     let mut v = qwen3_moe();
     v["num_local_experts"] = v["num_experts"].take();
     v.as_object_mut().unwrap().remove("num_experts");

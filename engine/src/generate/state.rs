@@ -33,8 +33,8 @@
 //! [`super::checkpoint`]); [`SeqState::rewind_point`] says how far back a state can go.
 
 use super::checkpoint::{self, Checkpoint};
-use crate::model::layers::kda;
 use crate::error::{Error, Result};
+use crate::model::layers::kda;
 
 /// The compressed MLA cache of one layer: the normalised latent `c_kv` and the shared key part
 /// `k_rope` (rotated, or raw for NoPE attention) of every position (never expanded per head).

@@ -114,7 +114,6 @@ pub fn check_dir(name: &str, dir: &std::path::Path) {
     );
 }
 
-
 /// The oracle's greedy path of fixture `name` under every budget of the out-of-core loader
 /// (one expert slot with every layer streamed, up to everything resident; both read modes):
 /// the same ids as HF, and all-row prompt logits bit-identical to the in-memory model.
@@ -131,7 +130,11 @@ pub fn check_out_of_core(name: &str) {
             tokens: &prompt,
             logits: LogitRows::All,
         }];
-        m.forward(inputs, None).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        m.forward(inputs, None)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
     };
     let in_memory = prompt_logits(arch::load(&dir).unwrap().as_ref());
     let options = |budget: u64, mode: ReadMode| {
@@ -190,23 +193,45 @@ pub fn check_tokenizer(name: &str) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap().to_string()))
+        .map(|m| {
+            ChatMessage::new(
+                m["role"].as_str().unwrap(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let opts = ChatOptions {
         add_generation_prompt: chat["add_generation_prompt"].as_bool().unwrap(),
         ..ChatOptions::default()
     };
-    assert_eq!(t.render_chat(&messages, &opts).unwrap(), chat["rendered"].as_str().unwrap(), "{name}: chat");
-    assert_eq!(t.encode_chat(&messages, &opts).unwrap(), ids(&chat["ids"]), "{name}: chat ids");
+    assert_eq!(
+        t.render_chat(&messages, &opts).unwrap(),
+        chat["rendered"].as_str().unwrap(),
+        "{name}: chat"
+    );
+    assert_eq!(
+        t.encode_chat(&messages, &opts).unwrap(),
+        ids(&chat["ids"]),
+        "{name}: chat ids"
+    );
     let prompt: Vec<ChatMessage> = golden["prompt_messages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap().to_string()))
+        .map(|m| {
+            ChatMessage::new(
+                m["role"].as_str().unwrap(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let opts = ChatOptions {
         add_generation_prompt: true,
         ..ChatOptions::default()
     };
-    assert_eq!(t.encode_chat(&prompt, &opts).unwrap(), ids(&golden["prompt_ids"]), "{name}: prompt ids");
+    assert_eq!(
+        t.encode_chat(&prompt, &opts).unwrap(),
+        ids(&golden["prompt_ids"]),
+        "{name}: prompt ids"
+    );
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerConfig};
-use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::http::openai::request::Limits;
 use deltafin_server::http::shutdown;
+use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::{AppState, ServerConfig, model};
 
 /// Arguments of `deltafin serve`.

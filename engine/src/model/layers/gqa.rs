@@ -13,13 +13,13 @@
 use rayon::prelude::*;
 
 use super::rope::Rope;
-use crate::model::Loader;
+use crate::backend::matmul;
 use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::generate::KvCache;
-use crate::kernels::ops::rms_norm_inplace;
-use crate::backend::matmul;
 use crate::kernels::Matrix;
+use crate::kernels::ops::rms_norm_inplace;
+use crate::model::Loader;
 
 /// Below this many score multiply-adds a pass attends on the calling thread.
 const PARALLEL_WORK: usize = 1 << 16;
@@ -84,7 +84,11 @@ impl Gqa {
         rope: &RopeConfig,
         opts: GqaOptions,
     ) -> Result<Gqa> {
-        let (qw, kw, d) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, dims.head_dim);
+        let (qw, kw, d) = (
+            dims.heads * dims.head_dim,
+            dims.kv_heads * dims.head_dim,
+            dims.head_dim,
+        );
         let bias = |name: &str, len, present| -> Result<Option<Vec<f32>>> {
             match present {
                 true => Ok(Some(ld.vector(&format!("{prefix}.{name}.bias"), len)?)),
@@ -119,8 +123,22 @@ impl Gqa {
     pub fn forward(&self, xn: &[f32], n: usize, rows: &mut KvRows<'_, '_>) -> Vec<f32> {
         let d = self.dims;
         let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        let q = self.project(&self.q, self.q_bias.as_deref(), self.q_norm.as_deref(), xn, n, rows.pos);
-        let k = self.project(&self.k, self.k_bias.as_deref(), self.k_norm.as_deref(), xn, n, rows.pos);
+        let q = self.project(
+            &self.q,
+            self.q_bias.as_deref(),
+            self.q_norm.as_deref(),
+            xn,
+            n,
+            rows.pos,
+        );
+        let k = self.project(
+            &self.k,
+            self.k_bias.as_deref(),
+            self.k_norm.as_deref(),
+            xn,
+            n,
+            rows.pos,
+        );
         let mut v = vec![0.0f32; n * kw];
         matmul(&self.v, xn, n, &mut v);
         if let Some(b) = &self.v_bias {
@@ -136,7 +154,14 @@ impl Gqa {
         let task = |(t, o): (usize, &mut [f32])| {
             let (i, h) = (t / d.heads, t % d.heads);
             let qh = &q[i * qw + h * d.head_dim..][..d.head_dim];
-            attend_head(qh, caches[rows.seq[i]], rows.pos[i] + 1, h / (d.heads / d.kv_heads), d, o);
+            attend_head(
+                qh,
+                caches[rows.seq[i]],
+                rows.pos[i] + 1,
+                h / (d.heads / d.kv_heads),
+                d,
+                o,
+            );
         };
         let work: usize = rows.pos.iter().map(|p| p + 1).sum::<usize>() * qw;
         if work >= PARALLEL_WORK {
@@ -224,7 +249,9 @@ mod tests {
 
     fn cache(len: usize, seed: u32) -> KvCache {
         let kw = 2 * 8;
-        let val = |i: usize| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0;
+        let val = |i: usize| {
+            ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
+        };
         KvCache {
             k: (0..len * kw).map(val).collect(),
             v: (0..len * kw).map(|i| val(i + 7)).collect(),

@@ -23,11 +23,11 @@
 //! The first row of a pass reads the pre-pass state out of place ([`delta_rule_step_from`]), so
 //! keeping that state for a rollback costs no copy.
 
+use crate::backend::matmul;
 use crate::config::KdaDecay;
 use crate::generate::{KdaCache, KdaShape};
-use crate::kernels::ops::{rms_inv, sigmoid, silu};
-use crate::backend::matmul;
 use crate::kernels::Matrix;
+use crate::kernels::ops::{rms_inv, sigmoid, silu};
 
 /// The L2 normalisation of q/k; the three oracles use different formulas (model-formats §3.4).
 #[derive(Debug, Clone, Copy, PartialEq)]

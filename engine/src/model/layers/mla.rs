@@ -12,11 +12,11 @@ use rayon::prelude::*;
 
 use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
 use super::rope::Rope;
+use crate::backend::matmul;
 use crate::generate::MlaCache;
+use crate::kernels::Matrix;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::reference::decode_row;
-use crate::backend::matmul;
-use crate::kernels::Matrix;
 
 /// The query projection.
 #[derive(Debug, Clone)]

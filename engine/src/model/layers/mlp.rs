@@ -1,9 +1,9 @@
 //! The gated MLP `down(act(gate(x), up(x)))` used as dense FFN, shared expert and routed expert:
 //! SwiGLU (`silu(g) * u`) or K3's SiTU (`kimi-k3.md` §1.5).
 
-use crate::kernels::ops::sigmoid;
 use crate::backend::matmul;
 use crate::kernels::Matrix;
+use crate::kernels::ops::sigmoid;
 
 /// Gate activation.
 #[derive(Debug, Clone, Copy, PartialEq)]

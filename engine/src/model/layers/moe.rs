@@ -16,10 +16,10 @@
 //! combined in the configured order, so the result does not depend on that order.
 
 use super::mlp::Mlp;
-use crate::error::Result;
-use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::backend::matmul;
+use crate::error::Result;
 use crate::kernels::Matrix;
+use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 
 /// Serves a layer's routed experts to [`Moe::forward_with`].
 pub trait ExpertProvider {
@@ -274,7 +274,14 @@ mod tests {
     #[test]
     fn softmax_routing_picks_the_largest_probabilities_and_renormalises() {
         let moe = Moe {
-            gate: Matrix::new(crate::kernels::Format::F32, 4, 2, crate::weights::Blob::from_vec(vec![0; 32]), None).unwrap(),
+            gate: Matrix::new(
+                crate::kernels::Format::F32,
+                4,
+                2,
+                crate::weights::Blob::from_vec(vec![0; 32]),
+                None,
+            )
+            .unwrap(),
             bias: Vec::new(),
             router: RouterConfig {
                 scoring: Scoring::Softmax,

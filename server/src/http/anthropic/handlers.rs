@@ -18,11 +18,11 @@ use super::response::message;
 use super::stream::{Event, MessageStream};
 use crate::http::body::JsonBody;
 use crate::http::error::ApiError;
-use crate::metrics::Endpoint;
 use crate::http::openai::chat::{self, ChatRun};
 use crate::http::openai::generation::{Generation, Step};
 use crate::http::openai::handlers::check_model;
 use crate::http::openai::request::ChatRequest;
+use crate::metrics::Endpoint;
 use crate::state::{AppState, Loaded};
 
 /// `POST /v1/messages`.

@@ -22,9 +22,9 @@ use super::store::ResponseStore;
 use super::stream::{Event, ResponseStream};
 use crate::http::body::JsonBody;
 use crate::http::error::ApiError;
-use crate::metrics::Endpoint;
 use crate::http::openai::chat::{self, Accumulator, ChatRun, ToolCall};
 use crate::http::openai::generation::{Generation, Step};
+use crate::metrics::Endpoint;
 use crate::state::AppState;
 
 /// `POST /v1/responses`.
