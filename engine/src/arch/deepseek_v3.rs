@@ -14,8 +14,7 @@ use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, mla_caches};
-use crate::backend::matmul;
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_caches};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -25,7 +24,6 @@ use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
-use crate::kernels::reference::decode_row;
 
 // One per layer, built once at load: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
@@ -353,38 +351,22 @@ impl Model for DeepseekV3 {
         )
     }
 
-    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
-        let h = self.cfg.hidden_size;
-        let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
-        for b in batch.iter_mut() {
-            check_state(b.state, self.layers.len())?;
-        }
-        begin_pass(batch);
-        let n = plan.len();
-        let logit_rows = plan.logit_rows(batch);
-        let mut x = vec![0.0f32; n * h];
-        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
-        for (row, t) in x.chunks_mut(h).zip(tokens) {
-            decode_row(&self.embed, t as usize, row);
-        }
-        if let Some(t) = trace.as_deref_mut() {
-            t.record("embed", &x);
-        }
-        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
-            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
-            return Err(e);
-        }
-        let selected: Vec<f32> = logit_rows
-            .iter()
-            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
-            .collect();
-        let normed = self.norm_rows(&selected, &self.norm);
-        if let Some(t) = trace {
-            t.record("norm", &normed);
-        }
-        let mut logits = vec![0.0f32; logit_rows.len() * self.cfg.vocab_size];
-        matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
-        Ok(logits)
+    fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let ends = super::DecoderEnds {
+            embed: &self.embed,
+            norm: &self.norm,
+            lm_head: &self.lm_head,
+            eps: self.cfg.rms_norm_eps,
+            info: &self.info,
+        };
+        let layers = self.layers.len();
+        super::decoder_pass(
+            ends,
+            batch,
+            trace,
+            |s| check_state(s, layers),
+            |batch, plan, x, trace| self.run_layers(batch, plan, x, trace),
+        )
     }
 }
 

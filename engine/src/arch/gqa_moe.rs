@@ -1,6 +1,6 @@
-//! The grouped-query-attention MoE decoder that Qwen3-MoE and GLM-4.5 share, run from a
-//! [`DecoderPlan`] each architecture derives from its own config (`qwen3_moe.rs`,
-//! `glm4_moe.rs`): which layers are MoE, the attention's options (biases, q/k norm, partial
+//! The grouped-query-attention decoder that Qwen3-MoE, GLM-4.5 and dense Qwen3 share, run from
+//! a [`DecoderPlan`] each architecture derives from its own config (`qwen3_moe.rs`,
+//! `glm4_moe.rs`, `qwen3.rs`): which layers are MoE, the attention's options (biases, q/k norm, partial
 //! rotary), the router (softmax or sigmoid with correction bias, group limit, renormalisation,
 //! scaling) and the shared expert.
 //!
@@ -21,8 +21,7 @@ use std::sync::Arc;
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, foreign_state};
-use crate::backend::matmul;
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -32,7 +31,6 @@ use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
-use crate::kernels::reference::decode_row;
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.
@@ -69,6 +67,26 @@ pub(crate) struct DecoderPlan {
     /// Per layer: whether its FFN is the routed MoE.
     pub moe_layers: Vec<bool>,
     pub moe: MoePlan,
+}
+
+impl MoePlan {
+    /// The plan of a model without routed experts (every layer dense).
+    pub(crate) fn none() -> MoePlan {
+        MoePlan {
+            experts: 0,
+            width: 0,
+            shared_width: 0,
+            router: RouterConfig {
+                scoring: Default::default(),
+                top_k: 0,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: false,
+                scaling: 1.0,
+            },
+            correction_bias: false,
+        }
+    }
 }
 
 impl DecoderPlan {
@@ -380,36 +398,21 @@ impl Model for GqaMoe {
         )
     }
 
-    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
-        let h = self.plan.hidden_size;
-        let plan = RowPlan::new(batch, self.plan.vocab_size, self.info.max_context)?;
-        for b in batch.iter_mut() {
-            check_state(b.state, self.layers.len())?;
-        }
-        begin_pass(batch);
-        let logit_rows = plan.logit_rows(batch);
-        let mut x = vec![0.0f32; plan.len() * h];
-        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
-        for (row, t) in x.chunks_mut(h).zip(tokens) {
-            decode_row(&self.embed, t as usize, row);
-        }
-        if let Some(t) = trace.as_deref_mut() {
-            t.record("embed", &x);
-        }
-        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
-            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
-            return Err(e);
-        }
-        let selected: Vec<f32> = logit_rows
-            .iter()
-            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
-            .collect();
-        let normed = self.norm_rows(&selected, &self.norm);
-        if let Some(t) = trace {
-            t.record("norm", &normed);
-        }
-        let mut logits = vec![0.0f32; logit_rows.len() * self.plan.vocab_size];
-        matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
-        Ok(logits)
+    fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let ends = super::DecoderEnds {
+            embed: &self.embed,
+            norm: &self.norm,
+            lm_head: &self.lm_head,
+            eps: self.plan.rms_norm_eps,
+            info: &self.info,
+        };
+        let layers = self.layers.len();
+        super::decoder_pass(
+            ends,
+            batch,
+            trace,
+            |s| check_state(s, layers),
+            |batch, plan, x, trace| self.run_layers(batch, plan, x, trace),
+        )
     }
 }

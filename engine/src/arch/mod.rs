@@ -270,6 +270,58 @@ pub(crate) fn kda_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a
         .collect()
 }
 
+/// The tensors around the decoder layers that a plain decoder pass needs.
+pub(crate) struct DecoderEnds<'a> {
+    pub embed: &'a crate::kernels::Matrix,
+    pub norm: &'a [f32],
+    pub lm_head: &'a crate::kernels::Matrix,
+    pub eps: f32,
+    pub info: &'a ModelInfo,
+}
+
+/// One decoder pass shared by the architectures whose layers sit between an embedding and
+/// `lm_head(RMSNorm(x))`: validate the batch and every state (`check`), stage the pass, embed
+/// (traced as `embed`), run `layers` over the rows (rolling every state back when it fails, so
+/// a failed read leaves no trace), then the final norm of the rows whose logits were asked for
+/// (traced as `norm`) and the head.
+pub(crate) fn decoder_pass(
+    ends: DecoderEnds<'_>,
+    batch: &mut [SeqInput<'_>],
+    mut trace: Option<&mut Trace>,
+    check: impl Fn(&SeqState) -> Result<()>,
+    layers: impl FnOnce(&mut [SeqInput<'_>], &RowPlan, &mut [f32], Option<&mut Trace>) -> Result<()>,
+) -> Result<Vec<f32>> {
+    let (h, vocab) = (ends.info.hidden_size, ends.info.vocab_size);
+    let plan = RowPlan::new(batch, vocab, ends.info.max_context)?;
+    for b in batch.iter() {
+        check(b.state)?;
+    }
+    begin_pass(batch);
+    let logit_rows = plan.logit_rows(batch);
+    let mut x = vec![0.0f32; plan.len() * h];
+    let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
+    for (row, t) in x.chunks_mut(h).zip(tokens) {
+        crate::kernels::reference::decode_row(ends.embed, t as usize, row);
+    }
+    if let Some(t) = trace.as_deref_mut() {
+        t.record("embed", &x);
+    }
+    if let Err(e) = layers(batch, &plan, &mut x, trace.as_deref_mut()) {
+        batch.iter_mut().for_each(|b| b.state.rollback());
+        return Err(e);
+    }
+    let mut normed = vec![0.0f32; logit_rows.len() * h];
+    for (&r, dst) in logit_rows.iter().zip(normed.chunks_mut(h)) {
+        crate::kernels::ops::rms_norm(&x[r * h..(r + 1) * h], ends.norm, ends.eps, dst);
+    }
+    if let Some(t) = trace {
+        t.record("norm", &normed);
+    }
+    let mut logits = vec![0.0f32; logit_rows.len() * vocab];
+    crate::backend::matmul(ends.lm_head, &normed, logit_rows.len(), &mut logits);
+    Ok(logits)
+}
+
 /// Per-row bookkeeping of a batched pass: which sequence each row belongs to and its position.
 #[derive(Debug, Clone)]
 pub(crate) struct RowPlan {
