@@ -151,3 +151,16 @@ impl Error {
         }
     }
 }
+
+/// A command-line choice that is not one of the accepted words (`--read-mode`, `--cache-policy`,
+/// `--spec`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{input}` (expected one of: {expected})")]
+pub struct UnknownChoice {
+    /// What was being chosen.
+    pub what: &'static str,
+    /// What was given.
+    pub input: String,
+    /// The accepted words.
+    pub expected: &'static str,
+}

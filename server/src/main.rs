@@ -114,8 +114,7 @@ fn init_device(device: deltafin_engine::backend::Device, memory: Option<&str>) -
     let memory = memory
         .map(deltafin_engine::cache::plan::parse_size)
         .transpose()
-        .map_err(anyhow::Error::msg)
-        .map_err(|e| e.context("--device-memory"))?;
+        .map_err(|e| anyhow::Error::new(e).context("--device-memory"))?;
     let b = Backend::open(device, memory)?;
     eprintln!("deltafin: matrix products on {}", b.describe());
     backend::install(b).map_err(|_| anyhow::anyhow!("a compute backend was already installed"))?;

@@ -30,6 +30,25 @@ pub struct Heat {
     pub values: Vec<f32>,
 }
 
+/// Why a heat file was not used (the run then starts cold).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeatError {
+    #[error("not a heat file")]
+    NotHeat,
+    #[error("recorded for {} layers x {} experts, model has {} x {}", recorded.0, recorded.1, model.0, model.1)]
+    Shape {
+        recorded: (usize, usize),
+        model: (usize, usize),
+    },
+    #[error("{found} bytes, expected {expected} (truncated or padded)")]
+    Length { found: usize, expected: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("negative or non-finite heat")]
+    Values,
+}
+
 impl Heat {
     /// No history.
     pub fn empty(layers: usize, experts: usize) -> Heat {
@@ -57,27 +76,28 @@ impl Heat {
     }
 
     /// Parse a file's bytes for a model of this shape; the error says why it was rejected.
-    pub fn decode(bytes: &[u8], layers: usize, experts: usize) -> std::result::Result<Heat, String> {
+    pub fn decode(bytes: &[u8], layers: usize, experts: usize) -> std::result::Result<Heat, HeatError> {
         let want = HEADER + 4 * layers * experts + 4;
         if bytes.len() < HEADER || &bytes[..8] != MAGIC {
-            return Err("not a heat file".into());
+            return Err(HeatError::NotHeat);
         }
         let l = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
         let e = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
         if (l, e) != (layers, experts) {
-            return Err(format!(
-                "recorded for {l} layers x {e} experts, model has {layers} x {experts}"
-            ));
+            return Err(HeatError::Shape {
+                recorded: (l, e),
+                model: (layers, experts),
+            });
         }
         if bytes.len() != want {
-            return Err(format!(
-                "{} bytes, expected {want} (truncated or padded)",
-                bytes.len()
-            ));
+            return Err(HeatError::Length {
+                found: bytes.len(),
+                expected: want,
+            });
         }
         let crc = u32::from_le_bytes(bytes[want - 4..].try_into().unwrap());
         if crc32(&bytes[..want - 4]) != crc {
-            return Err("checksum mismatch".into());
+            return Err(HeatError::Checksum);
         }
         let passes = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
         let values: Vec<f32> = bytes[HEADER..want - 4]
@@ -85,7 +105,7 @@ impl Heat {
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
-            return Err("negative or non-finite heat".into());
+            return Err(HeatError::Values);
         }
         Ok(Heat {
             layers,
@@ -275,7 +295,16 @@ mod tests {
         let mut d = back.clone();
         d.decay(8, 8);
         assert_eq!(d.values[1], 2.0);
-        assert!(Heat::decode(&h.encode(), 3, 3).unwrap_err().contains("layers"));
+        assert!(
+            Heat::decode(&h.encode(), 3, 3)
+                .unwrap_err()
+                .to_string()
+                .contains("layers")
+        );
+        let mut bad = h.encode();
+        bad[30] ^= 1;
+        assert_eq!(Heat::decode(&bad, 2, 3), Err(HeatError::Checksum));
+        assert_eq!(Heat::decode(b"garbage", 2, 3), Err(HeatError::NotHeat));
     }
 
     #[test]

@@ -142,25 +142,42 @@ pub fn human(n: u64) -> String {
     }
 }
 
+/// A size on the command line that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SizeError {
+    #[error("`{0}` is not a size (e.g. 4G, 512M)")]
+    NotANumber(String),
+    #[error("unknown size unit `{unit}` in `{input}` (B, K, M, G, T, optionally with B or iB)")]
+    Unit { unit: String, input: String },
+    #[error("`{0}` is negative")]
+    Negative(String),
+}
+
 /// Parse a size such as `4G`, `512MiB`, `1.5g`, `123456` (bytes).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+pub fn parse_size(s: &str) -> std::result::Result<u64, SizeError> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("`{s}` is not a size (e.g. 4G, 512M)"))?;
+        .map_err(|_| SizeError::NotANumber(s.to_string()))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+        other => {
+            return Err(SizeError::Unit {
+                unit: other.to_string(),
+                input: s.to_string(),
+            });
+        }
     };
     if value.is_nan() || value < 0.0 {
-        return Err(format!("`{s}` is negative"));
+        return Err(SizeError::Negative(s.to_string()));
     }
     Ok((value * mult as f64) as u64)
 }
@@ -313,7 +330,9 @@ mod tests {
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
         assert_eq!(parse_size("100").unwrap(), 100);
-        assert!(parse_size("4X").is_err());
+        assert!(matches!(parse_size("4X"), Err(SizeError::Unit { .. })));
+        assert_eq!(parse_size("-1G"), Err(SizeError::Negative("-1G".into())));
+        assert_eq!(parse_size("lots"), Err(SizeError::NotANumber("lots".into())));
         assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
         assert_eq!(parse_cgroup_limit("max\n"), None);
         assert_eq!(parse_cgroup_limit("2147483648\n"), Some(2 << 30));

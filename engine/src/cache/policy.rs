@@ -23,12 +23,16 @@ pub enum PolicyKind {
 }
 
 impl std::str::FromStr for PolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::error::UnknownChoice;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "lru" => Ok(PolicyKind::Lru),
             "lfu" => Ok(PolicyKind::Lfu),
-            _ => Err(format!("unknown cache policy `{s}` (lru, lfu)")),
+            _ => Err(crate::error::UnknownChoice {
+                what: "cache policy",
+                input: s.into(),
+                expected: "lru, lfu",
+            }),
         }
     }
 }

@@ -39,13 +39,17 @@ pub enum ReadMode {
 }
 
 impl std::str::FromStr for ReadMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = crate::error::UnknownChoice;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
             "auto" => Ok(ReadMode::Auto),
             "direct" => Ok(ReadMode::Direct),
             "buffered" => Ok(ReadMode::Buffered),
-            _ => Err(format!("unknown read mode `{s}` (auto, direct, buffered)")),
+            _ => Err(crate::error::UnknownChoice {
+                what: "read mode",
+                input: s.into(),
+                expected: "auto, direct, buffered",
+            }),
         }
     }
 }

@@ -1,6 +1,9 @@
 //! DeepSeek-V3 / Kimi-K2 config (HF `DeepseekV3Config`; `kimi_k2` is the same architecture).
+//! Deserialised with serde (HF's defaults for what a checkpoint may omit), then validated.
 
-use super::{Fields, RopeConfig};
+use serde::Deserialize;
+
+use super::{Fields, RopeConfig, TokenIds};
 use crate::error::Result;
 
 /// Validated DeepSeek-V3 hyperparameters.
@@ -37,42 +40,110 @@ pub struct DeepseekV3Config {
     pub eos_token_ids: Vec<u32>,
 }
 
+fn one() -> usize {
+    1
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn scaling() -> f32 {
+    2.5
+}
+
+fn eps() -> f32 {
+    1e-6
+}
+
+/// `config.json` as written; [`DeepseekV3Config::parse`] resolves and validates it. The fields
+/// after `eos_token_id` are only checked (values this implementation does not support fail).
+#[derive(Debug, Deserialize)]
+struct Raw {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    moe_intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    q_lora_rank: Option<usize>,
+    kv_lora_rank: usize,
+    qk_nope_head_dim: usize,
+    qk_rope_head_dim: usize,
+    v_head_dim: usize,
+    n_routed_experts: usize,
+    num_experts_per_tok: usize,
+    #[serde(default = "one")]
+    n_shared_experts: usize,
+    n_group: usize,
+    topk_group: usize,
+    #[serde(default = "yes")]
+    norm_topk_prob: bool,
+    #[serde(default = "scaling")]
+    routed_scaling_factor: f32,
+    first_k_dense_replace: usize,
+    #[serde(default = "eps")]
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    #[serde(default = "yes")]
+    rope_interleave: bool,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    bos_token_id: TokenIds,
+    #[serde(default)]
+    eos_token_id: TokenIds,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    moe_layer_freq: Option<usize>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    scoring_func: Option<String>,
+    #[serde(default)]
+    topk_method: Option<String>,
+    #[serde(default)]
+    attention_bias: Option<bool>,
+}
+
 impl DeepseekV3Config {
     pub(crate) fn parse(f: Fields<'_>) -> Result<Self> {
-        let max_position_embeddings = f.usize("max_position_embeddings")?;
+        let raw: Raw = f.deserialize()?;
         let c = DeepseekV3Config {
-            vocab_size: f.usize("vocab_size")?,
-            hidden_size: f.usize("hidden_size")?,
-            intermediate_size: f.usize("intermediate_size")?,
-            moe_intermediate_size: f.usize("moe_intermediate_size")?,
-            num_hidden_layers: f.usize("num_hidden_layers")?,
-            num_attention_heads: f.usize("num_attention_heads")?,
-            q_lora_rank: f.opt_usize("q_lora_rank")?,
-            kv_lora_rank: f.usize("kv_lora_rank")?,
-            qk_nope_head_dim: f.usize("qk_nope_head_dim")?,
-            qk_rope_head_dim: f.usize("qk_rope_head_dim")?,
-            v_head_dim: f.usize("v_head_dim")?,
-            n_routed_experts: f.usize("n_routed_experts")?,
-            num_experts_per_tok: f.usize("num_experts_per_tok")?,
-            n_shared_experts: f.opt_usize("n_shared_experts")?.unwrap_or(1),
-            n_group: f.usize("n_group")?,
-            topk_group: f.usize("topk_group")?,
-            norm_topk_prob: f.opt_bool("norm_topk_prob")?.unwrap_or(true),
-            routed_scaling_factor: f.opt_f64("routed_scaling_factor")?.unwrap_or(2.5) as f32,
-            first_k_dense_replace: f.usize("first_k_dense_replace")?,
-            rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-            max_position_embeddings,
-            rope: RopeConfig::parse(f, max_position_embeddings)?,
-            rope_interleave: f.opt_bool("rope_interleave")?.unwrap_or(true),
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            bos_token_id: f.opt_token_ids("bos_token_id")?.first().copied(),
-            eos_token_ids: f.opt_token_ids("eos_token_id")?,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            moe_intermediate_size: raw.moe_intermediate_size,
+            num_hidden_layers: raw.num_hidden_layers,
+            num_attention_heads: raw.num_attention_heads,
+            q_lora_rank: raw.q_lora_rank,
+            kv_lora_rank: raw.kv_lora_rank,
+            qk_nope_head_dim: raw.qk_nope_head_dim,
+            qk_rope_head_dim: raw.qk_rope_head_dim,
+            v_head_dim: raw.v_head_dim,
+            n_routed_experts: raw.n_routed_experts,
+            num_experts_per_tok: raw.num_experts_per_tok,
+            n_shared_experts: raw.n_shared_experts,
+            n_group: raw.n_group,
+            topk_group: raw.topk_group,
+            norm_topk_prob: raw.norm_topk_prob,
+            routed_scaling_factor: raw.routed_scaling_factor,
+            first_k_dense_replace: raw.first_k_dense_replace,
+            rms_norm_eps: raw.rms_norm_eps,
+            max_position_embeddings: raw.max_position_embeddings,
+            rope: RopeConfig::parse(f, raw.max_position_embeddings)?,
+            rope_interleave: raw.rope_interleave,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            bos_token_id: raw.bos_token_id.first(),
+            eos_token_ids: raw.eos_token_id.to_vec(),
         };
-        c.validate(f)?;
+        c.validate(f, &raw)?;
         Ok(c)
     }
 
-    fn validate(&self, f: Fields<'_>) -> Result<()> {
+    fn validate(&self, f: Fields<'_>, raw: &Raw) -> Result<()> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -93,7 +164,7 @@ impl DeepseekV3Config {
                 format!("must be even, found {}", self.qk_rope_head_dim),
             ));
         }
-        if let Some(kv) = f.opt_usize("num_key_value_heads")?
+        if let Some(kv) = raw.num_key_value_heads
             && kv != self.num_attention_heads
         {
             return Err(f.err(
@@ -138,7 +209,7 @@ impl DeepseekV3Config {
                 ));
             }
         }
-        if let Some(freq) = f.opt_usize("moe_layer_freq")?
+        if let Some(freq) = raw.moe_layer_freq
             && freq != 1
         {
             return Err(f.err(
@@ -147,18 +218,18 @@ impl DeepseekV3Config {
             ));
         }
         let checks = [
-            ("hidden_act", "silu"),
-            ("scoring_func", "sigmoid"),
-            ("topk_method", "noaux_tc"),
+            ("hidden_act", &raw.hidden_act, "silu"),
+            ("scoring_func", &raw.scoring_func, "sigmoid"),
+            ("topk_method", &raw.topk_method, "noaux_tc"),
         ];
-        for (field, want) in checks {
-            if let Some(v) = f.opt_str(field)?
+        for (field, value, want) in checks {
+            if let Some(v) = value
                 && v != want
             {
                 return Err(f.err(field, format!("`{v}` is not supported (supported: {want})")));
             }
         }
-        if f.opt_bool("attention_bias")? == Some(true) {
+        if raw.attention_bias == Some(true) {
             return Err(f.err("attention_bias", "attention biases are not supported"));
         }
         Ok(())

@@ -135,10 +135,22 @@ impl<'a> Fields<'a> {
     /// the field path and what was wrong with it.
     pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
         serde_path_to_error::deserialize(Value::Object(self.map.clone())).map_err(|e| {
-            // A missing field is reported at its parent: the root renders as `.`.
-            let path = e.path().to_string();
-            let field = if path == "." { "<root>" } else { &path };
-            self.err(field, e.inner().to_string())
+            // serde reports a missing field at its parent (the root renders as `.`) and names
+            // it only in the message: name the field itself, as the hand-written parsers do.
+            let (path, message) = (e.path().to_string(), e.inner().to_string());
+            let parent = if path == "." {
+                String::new()
+            } else {
+                format!("{path}.")
+            };
+            match message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.strip_suffix('`'))
+            {
+                Some(name) => self.err(&format!("{parent}{name}"), "missing"),
+                None if path == "." => self.err("<root>", message),
+                None => self.err(&path, message),
+            }
         })
     }
 

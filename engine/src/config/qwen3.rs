@@ -1,6 +1,9 @@
-//! Qwen3 dense config (HF `Qwen3Config`), used for raw-completion drafters.
+//! Qwen3 dense config (HF `Qwen3Config`), used for raw-completion drafters. Deserialised with
+//! serde (HF's defaults for what a checkpoint may omit), then validated.
 
-use super::{Fields, RopeConfig};
+use serde::Deserialize;
+
+use super::{Fields, RopeConfig, TokenIds};
 use crate::error::Result;
 
 /// Validated Qwen3 hyperparameters.
@@ -21,35 +24,71 @@ pub struct Qwen3Config {
     pub eos_token_ids: Vec<u32>,
 }
 
+fn eps() -> f32 {
+    1e-6
+}
+
+fn silu() -> String {
+    "silu".into()
+}
+
+/// `config.json` as written; [`Qwen3Config::parse`] resolves and validates it.
+#[derive(Debug, Deserialize)]
+struct Raw {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    /// `num_attention_heads` when absent.
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    /// `hidden_size / num_attention_heads` when absent.
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default = "eps")]
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    bos_token_id: TokenIds,
+    #[serde(default)]
+    eos_token_id: TokenIds,
+    #[serde(default = "silu")]
+    hidden_act: String,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    use_sliding_window: bool,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+}
+
 impl Qwen3Config {
     pub(crate) fn parse(f: Fields<'_>) -> Result<Self> {
-        let max_position_embeddings = f.usize("max_position_embeddings")?;
-        let heads = f.usize("num_attention_heads")?;
-        let hidden_size = f.usize("hidden_size")?;
+        let raw: Raw = f.deserialize()?;
+        let heads = raw.num_attention_heads;
         let c = Qwen3Config {
-            vocab_size: f.usize("vocab_size")?,
-            hidden_size,
-            intermediate_size: f.usize("intermediate_size")?,
-            num_hidden_layers: f.usize("num_hidden_layers")?,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: raw.num_hidden_layers,
             num_attention_heads: heads,
-            num_key_value_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(heads),
-            head_dim: match f.opt_usize("head_dim")? {
-                Some(d) => d,
-                None if heads > 0 => hidden_size / heads,
-                None => 0,
-            },
-            rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-            max_position_embeddings,
-            rope: RopeConfig::parse(f, max_position_embeddings)?,
-            tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            bos_token_id: f.opt_token_ids("bos_token_id")?.first().copied(),
-            eos_token_ids: f.opt_token_ids("eos_token_id")?,
+            num_key_value_heads: raw.num_key_value_heads.unwrap_or(heads),
+            head_dim: raw.head_dim.unwrap_or(raw.hidden_size / heads.max(1)),
+            rms_norm_eps: raw.rms_norm_eps,
+            max_position_embeddings: raw.max_position_embeddings,
+            rope: RopeConfig::parse(f, raw.max_position_embeddings)?,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            bos_token_id: raw.bos_token_id.first(),
+            eos_token_ids: raw.eos_token_id.to_vec(),
         };
-        c.validate(f)?;
+        c.validate(f, &raw)?;
         Ok(c)
     }
 
-    fn validate(&self, f: Fields<'_>) -> Result<()> {
+    fn validate(&self, f: Fields<'_>, raw: &Raw) -> Result<()> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -73,27 +112,22 @@ impl Qwen3Config {
         if !self.head_dim.is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
         }
-        if let Some(act) = f.opt_str("hidden_act")?
-            && act != "silu"
-        {
+        if raw.hidden_act != "silu" {
             return Err(f.err(
                 "hidden_act",
-                format!("`{act}` is not supported (supported: silu)"),
+                format!("`{}` is not supported (supported: silu)", raw.hidden_act),
             ));
         }
-        if f.opt_bool("attention_bias")? == Some(true) {
+        if raw.attention_bias {
             return Err(f.err("attention_bias", "attention biases are not supported"));
         }
-        if f.opt_bool("use_sliding_window")? == Some(true) {
+        if raw.use_sliding_window {
             return Err(f.err("use_sliding_window", "sliding-window attention is not supported"));
         }
-        if let Some(types) = f.get("layer_types") {
-            let all_full = types
-                .as_array()
-                .is_some_and(|a| a.iter().all(|t| t.as_str() == Some("full_attention")));
-            if !all_full {
-                return Err(f.err("layer_types", "only full_attention layers are supported"));
-            }
+        if let Some(types) = &raw.layer_types
+            && types.iter().any(|t| t != "full_attention")
+        {
+            return Err(f.err("layer_types", "only full_attention layers are supported"));
         }
         Ok(())
     }

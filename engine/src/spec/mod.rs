@@ -134,13 +134,17 @@ pub enum SpecMode {
 }
 
 impl std::str::FromStr for SpecMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = crate::error::UnknownChoice;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
             "off" => Ok(SpecMode::Off),
             "auto" => Ok(SpecMode::Auto),
             "on" => Ok(SpecMode::On),
-            other => Err(format!("expected off, auto or on, found `{other}`")),
+            other => Err(crate::error::UnknownChoice {
+                what: "speculation mode",
+                input: other.into(),
+                expected: "off, auto, on",
+            }),
         }
     }
 }

@@ -58,9 +58,7 @@ impl OocArgs {
                 let (limit, usage, available) = probe_memory();
                 default_budget(limit, usage, available)
             }
-            s => parse_size(s)
-                .map_err(anyhow::Error::msg)
-                .context("--memory-budget")?,
+            s => parse_size(s).context("--memory-budget")?,
         };
         let mut o = OocOptions::with_budget(budget);
         o.policy = self.cache_policy;
@@ -74,9 +72,7 @@ impl OocArgs {
         o.context_bytes = match self.context_memory.as_str() {
             "auto" => 0,
             s => {
-                let n = parse_size(s)
-                    .map_err(anyhow::Error::msg)
-                    .context("--context-memory")?;
+                let n = parse_size(s).context("--context-memory")?;
                 anyhow::ensure!(n > 0, "--context-memory must be a size above 0 or `auto`");
                 n
             }

@@ -182,7 +182,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
 /// `--size` in bytes, checked.
 fn wanted_size(a: &SynthArgs) -> Result<Option<u64>> {
     let Some(size) = &a.size else { return Ok(None) };
-    let want = deltafin_engine::cache::plan::parse_size(size).map_err(anyhow::Error::msg)?;
+    let want = deltafin_engine::cache::plan::parse_size(size)?;
     if !(1 << 20..=200 << 30).contains(&want) {
         bail!("--size {size}: choose between 1M and 200G");
     }
