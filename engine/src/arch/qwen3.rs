@@ -48,4 +48,8 @@ impl Architecture for Qwen3Config {
     fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
         Ok(Box::new(GqaMoe::load(plan(self), ld)?))
     }
+
+    fn raw_completion_drafter(&self) -> bool {
+        true
+    }
 }

@@ -69,6 +69,10 @@ impl Architecture for Qwen3MoeConfig {
         Ok(Box::new(GqaMoe::load(plan(self), ld)?))
     }
 
+    fn raw_completion_drafter(&self) -> bool {
+        true
+    }
+
     fn supports_budget(&self) -> bool {
         true
     }

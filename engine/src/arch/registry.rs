@@ -29,6 +29,13 @@ pub trait Architecture: Sync {
         false
     }
 
+    /// Whether a checkpoint of this architecture can be a raw-completion drafter
+    /// (`--draft-qwen`): loaded in memory beside the target, proposing through its own
+    /// tokenizer.
+    fn raw_completion_drafter(&self) -> bool {
+        false
+    }
+
     /// Build the model under `options.budget`: a resident prefix of layers, the rest streamed,
     /// routed experts through the expert cache; bit-identical to [`Architecture::load`].
     fn load_budgeted(

@@ -1,4 +1,4 @@
-//! A Qwen3 dense drafter for raw completions, whose tokenizer differs from the target's,
+//! A Qwen3 drafter (dense or MoE, any architecture whose registry entry says it can draft) for raw completions, whose tokenizer differs from the target's,
 //! translated through text (string-level exact match): only proposals that re-tokenise
 //! consistently under the target tokenizer are offered, and the target verifies every one.
 //!
@@ -56,17 +56,18 @@ impl QwenDrafter {
     /// Load the Qwen3 checkpoint in `dir` (config, weights, `tokenizer.json`) as a drafter for a
     /// target that tokenises with `target_tokenizer`.
     pub fn load(dir: &Path, target_tokenizer: Arc<Tokenizer>, cfg: QwenDraftConfig) -> Result<QwenDrafter> {
-        let model = arch::load(dir)?;
-        if model.info().arch != "qwen3" {
+        let spec = crate::config::ModelSpec::load(dir)?;
+        if !arch::architecture(&spec.arch).raw_completion_drafter() {
             return Err(Error::config(
                 dir.join("config.json"),
                 "model_type",
                 format!(
-                    "a Qwen drafter must be a qwen3 checkpoint, found {}",
-                    model.info().arch
+                    "a Qwen drafter must be a qwen3 or qwen3_moe checkpoint, found {}",
+                    spec.model_type
                 ),
             ));
         }
+        let model = arch::load_spec(&spec, dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         Ok(QwenDrafter {
             model,
