@@ -1,5 +1,5 @@
-//! A Qwen3 drafter (dense or MoE, any architecture whose registry entry says it can draft) for raw completions, whose tokenizer differs from the target's,
-//! translated through text (string-level exact match): only proposals that re-tokenise
+//! A Qwen3 drafter (dense or MoE: any architecture whose registry entry says it can draft) for
+//! raw completions, whose tokenizer differs from the target's, translated through text (string-level exact match): only proposals that re-tokenise
 //! consistently under the target tokenizer are offered, and the target verifies every one.
 //!
 //! One proposal:
