@@ -1,6 +1,7 @@
 //! A Qwen3 drafter (dense or MoE: any architecture whose registry entry says it can draft) for
-//! raw completions, whose tokenizer differs from the target's, translated through text (string-level exact match): only proposals that re-tokenise
-//! consistently under the target tokenizer are offered, and the target verifies every one.
+//! raw completions, whose tokenizer differs from the target's, translated through text
+//! (string-level exact match): only proposals that re-tokenise consistently under the target
+//! tokenizer are offered, and the target verifies every one.
 //!
 //! One proposal:
 //! 1. decode the target history to text and require that re-encoding it with the target
