@@ -218,6 +218,16 @@ fn kimi_k3_fixture_drafts_never_change_output() {
 }
 
 #[test]
+fn qwen3_moe_fixture_drafts_never_change_output() {
+    check(&fixture("qwen3-moe"), "qwen3-moe");
+}
+
+#[test]
+fn glm4_moe_fixture_drafts_never_change_output() {
+    check(&fixture("glm4-moe-fp8"), "glm4-moe-fp8");
+}
+
+#[test]
 fn synthetic_deepseek_model_drafts_never_change_output() {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Int4).write(dir.path()).unwrap();
