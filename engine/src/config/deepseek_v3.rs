@@ -153,11 +153,7 @@ impl DeepseekV3Config {
             ("v_head_dim", self.v_head_dim),
             ("n_group", self.n_group),
         ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(f.err(field, "must be positive"));
-            }
-        }
+        f.positive(&positive)?;
         if !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(f.err(
                 "qk_rope_head_dim",

@@ -113,11 +113,7 @@ impl Glm4MoeConfig {
             ("head_dim", self.head_dim()),
             ("n_group", self.n_group),
         ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(f.err(field, "must be positive"));
-            }
-        }
+        f.positive(&positive)?;
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(f.err(
                 "num_key_value_heads",

@@ -271,11 +271,7 @@ impl KimiLinearConfig {
             ("v_head_dim", self.v_head_dim),
             ("num_expert_group", self.num_expert_group),
         ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(f.err(field, "must be positive"));
-            }
-        }
+        f.positive(&positive)?;
         if let Some(kv) = f.opt_usize("num_key_value_heads")?
             && kv != self.num_attention_heads
         {

@@ -79,6 +79,14 @@ impl<'a> Fields<'a> {
         Error::config(self.path, format!("{}{field}", self.scope), reason)
     }
 
+    /// The first of `fields` whose value is zero, as a "must be positive" error naming it.
+    pub fn positive(&self, fields: &[(&str, usize)]) -> Result<()> {
+        match fields.iter().find(|(_, v)| *v == 0) {
+            Some((field, _)) => Err(self.err(field, "must be positive")),
+            None => Ok(()),
+        }
+    }
+
     pub fn get(&self, field: &str) -> Option<&'a Value> {
         self.map.get(field).filter(|v| !v.is_null())
     }

@@ -98,11 +98,7 @@ impl Qwen3Config {
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
         ];
-        for (field, v) in positive {
-            if v == 0 {
-                return Err(f.err(field, "must be positive"));
-            }
-        }
+        f.positive(&positive)?;
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(f.err(
                 "num_key_value_heads",

@@ -151,7 +151,8 @@ impl Gqa {
         }
         let caches: Vec<&KvCache> = rows.caches.iter().map(|c| &**c).collect();
         let mut out = vec![0.0f32; n * qw];
-        let task = |(t, o): (usize, &mut [f32])| {
+        // `scores` is the per-thread scratch of one head's softmax (reused across heads).
+        let task = |scores: &mut Vec<f32>, (t, o): (usize, &mut [f32])| {
             let (i, h) = (t / d.heads, t % d.heads);
             let qh = &q[i * qw + h * d.head_dim..][..d.head_dim];
             attend_head(
@@ -160,14 +161,19 @@ impl Gqa {
                 rows.pos[i] + 1,
                 h / (d.heads / d.kv_heads),
                 d,
-                o,
+                (scores, o),
             );
         };
         let work: usize = rows.pos.iter().map(|p| p + 1).sum::<usize>() * qw;
         if work >= PARALLEL_WORK {
-            out.par_chunks_mut(d.head_dim).enumerate().for_each(task);
+            out.par_chunks_mut(d.head_dim)
+                .enumerate()
+                .for_each_init(Vec::new, task);
         } else {
-            out.chunks_mut(d.head_dim).enumerate().for_each(task);
+            let mut scores = Vec::new();
+            out.chunks_mut(d.head_dim)
+                .enumerate()
+                .for_each(|x| task(&mut scores, x));
         }
         let mut y = vec![0.0f32; n * self.o.rows];
         matmul(&self.o, &out, n, &mut y);
@@ -211,15 +217,22 @@ fn add_bias(row: &mut [f32], bias: &[f32]) {
 
 /// One query head over positions `0..len` of key/value head `kv`: exact two-pass softmax
 /// (max, then `exp(s - max)` summed in position order), then `Σ_j p_j v_j` in position order.
-fn attend_head(q: &[f32], cache: &KvCache, len: usize, kv: usize, d: GqaDims, out: &mut [f32]) {
+/// `scores` is scratch (its contents are overwritten).
+fn attend_head(
+    q: &[f32],
+    cache: &KvCache,
+    len: usize,
+    kv: usize,
+    d: GqaDims,
+    (scores, out): (&mut Vec<f32>, &mut [f32]),
+) {
     let (hd, kw) = (d.head_dim, d.kv_heads * d.head_dim);
     let scale = (hd as f32).powf(-0.5);
-    let mut scores: Vec<f32> = (0..len)
-        .map(|j| {
-            let k = &cache.k[j * kw + kv * hd..][..hd];
-            q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
-        })
-        .collect();
+    scores.clear();
+    scores.extend((0..len).map(|j| {
+        let k = &cache.k[j * kw + kv * hd..][..hd];
+        q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
+    }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
@@ -268,8 +281,8 @@ mod tests {
         long.v.extend_from_slice(&extra.v[5 * 16..]);
         let q: Vec<f32> = (0..8).map(|i| i as f32 * 0.1 - 0.3).collect();
         let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
-        attend_head(&q, &short, 5, 1, d, &mut a);
-        attend_head(&q, &long, 5, 1, d, &mut b);
+        attend_head(&q, &short, 5, 1, d, (&mut Vec::new(), &mut a));
+        attend_head(&q, &long, 5, 1, d, (&mut vec![7.0; 3], &mut b));
         assert_eq!(a, b);
     }
 
@@ -279,7 +292,7 @@ mod tests {
         let c = cache(1, 3);
         let q = vec![0.5; 8];
         let mut o = vec![9.0; 8];
-        attend_head(&q, &c, 1, 1, d, &mut o);
+        attend_head(&q, &c, 1, 1, d, (&mut Vec::new(), &mut o));
         assert_eq!(o, c.v[8..16].to_vec());
     }
 }
