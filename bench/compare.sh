@@ -8,10 +8,13 @@
 # 2. converts it to BF16 GGUF with llama.cpp's converter (bench/setup-llama.sh builds llama.cpp
 #    from the llama-cpp-python sdist into $BENCH_CACHE);
 # 3. probes the disk with the engine's own read pattern (`deltafin bench disk`), before and after;
-# 4. for each memory limit (GiB): drops the page cache and runs, each inside a fresh cgroup v1
+# 4. in memory (no limit, page cache warm): deltafin (`bench run` with a budget larger than the
+#    model, so every expert ends up resident) and llama-bench interleaved, INMEM_REPEATS times;
+# 5. for each memory limit (GiB): drops the page cache and runs, each inside a fresh cgroup v1
 #    memory child with that limit, deltafin (LRU with prefetch, LRU without, LFU with) and
 #    llama.cpp's llama-bench (default mmap loading; two run lengths give bytes per token);
-# 5. writes summary.md next to the raw JSON and logs.
+# 6. writes summary.md (every ratio: deltafin / llama.cpp, / the I/O bound, read / ideal) next
+#    to the raw JSON and logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${BENCH_CACHE:-/work/.bench-cache}
@@ -23,6 +26,9 @@ DECODE=${DECODE:-16}
 WARMUP=${WARMUP:-6}
 LLAMA_N=${LLAMA_N:-8}
 DELTAFIN=${DELTAFIN:-target/release/deltafin}
+INMEM_REPEATS=${INMEM_REPEATS:-2}
+INMEM_BUDGET=${INMEM_BUDGET:-20G}
+INMEM_WARMUP=${INMEM_WARMUP:-40}
 LLAMA=${LLAMA:-$CACHE/llama_cpp_python-0.3.36/vendor/llama.cpp}
 PY=${PY:-$CACHE/venv/bin/python}
 OUT=${OUT:-$CACHE/results/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -42,6 +48,19 @@ disk_probe() {
 disk_probe before
 DISK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["best_direct_gib_s"])' "$OUT/disk-before.json")
 echo "disk (direct, best in-flight count): $DISK GiB/s" >&2
+
+# In memory: nothing limited; each program's weights warm before its run (the model's shards and
+# the GGUF do not both fit in the page cache of a 24 GiB machine, so each is warmed in turn).
+for r in $(seq "$INMEM_REPEATS"); do
+  "$DELTAFIN" bench run --model "$MODEL" --memory-budget "$INMEM_BUDGET" --prompt-tokens 16 \
+    --warmup-tokens "$INMEM_WARMUP" --decode-tokens "$DECODE" --label "deltafin in-memory r$r" --json \
+    >> "$OUT/inmem-ours.jsonl" 2>> "$OUT/inmem-ours.err" || echo "ours in-memory $r failed" >&2
+  if [ -f "$GGUF" ]; then
+    cat "$GGUF" > /dev/null
+    "$LLAMA/build/bin/llama-bench" -m "$GGUF" -p 0 -n "$LLAMA_N" -t 2 -r 1 -o json \
+      > "$OUT/inmem-llama-$r.json" 2>> "$OUT/llama.err" || echo "llama in-memory $r failed" >&2
+  fi
+done
 
 for g in $LIMITS; do
   limit=$((g << 30))

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Summarise a bench/compare.sh results directory as a markdown table (ratios included)."""
+import glob
 import json
 import os
 import re
@@ -65,3 +66,39 @@ if rows:
     print("| limit GiB | tok/s | MiB/token read (from /proc/PID/io, 2 run lengths) | peak charged MiB | rc |\n|---|---|---|---|---|")
     for g, ts, per_tok, peak, rc in rows:
         print(f"| {g} | {ts:.3f} | {per_tok/MIB:.0f} | {peak:.0f} | {rc} |")
+
+
+def llama_ts(path):
+    try:
+        return json.load(open(path))[0]["avg_ts"]
+    except Exception:
+        return float("nan")
+
+
+inm_path = os.path.join(out, "inmem-ours.jsonl")
+inm = [json.loads(l) for l in open(inm_path)] if os.path.exists(inm_path) else []
+inm_llama = [llama_ts(f) for f in sorted(glob.glob(os.path.join(out, "inmem-llama-*.json")))]
+if inm or inm_llama:
+    print("\n## In memory (no limit, weights warm; runs interleaved)\n")
+    print("| repeat | deltafin tok/s | hit rate | compute s/token | llama.cpp tok/s | **deltafin / llama.cpp** |")
+    print("|---|---|---|---|---|---|")
+    for i in range(max(len(inm), len(inm_llama))):
+        d = inm[i]["decode"] if i < len(inm) else None
+        lt = inm_llama[i] if i < len(inm_llama) else float("nan")
+        ours_ts = d["tokens_per_second"] if d else float("nan")
+        print(f"| {i + 1} | {ours_ts:.2f} | {100 * d['hit_rate']:.1f}% | {d['compute_seconds_per_token']:.3f} | "
+              f"{lt:.2f} | **{ours_ts / lt:.2f}x** |" if d else f"| {i + 1} | - | - | - | {lt:.2f} | - |")
+
+if ours and rows:
+    print("\n## Under each limit: deltafin / llama.cpp\n")
+    print("| limit GiB | arm | deltafin tok/s | llama.cpp tok/s | **deltafin / llama.cpp** | deltafin / I/O bound | read / ideal |")
+    print("|---|---|---|---|---|---|---|")
+    llama_by = {g: ts for g, ts, *_ in rows}
+    for r in ours:
+        g = int(r["label"].split()[-1].replace("GiB", ""))
+        if g not in llama_by:
+            continue
+        b = r.get("bound") or {}
+        ts = r["decode"]["tokens_per_second"]
+        print(f"| {g} | {r['label'].split()[1]} | {ts:.3f} | {llama_by[g]:.3f} | **{ts / llama_by[g]:.1f}x** | "
+              f"{b.get('ratio_to_io_bound', float('nan')):.2f} | {b.get('bytes_over_ideal', float('nan')):.2f} |")

@@ -1,6 +1,6 @@
 //! Optimised CPU kernels versus the scalar reference, bit for bit: every format x every ISA this
 //! CPU can run x shapes with tails, partial FP8 blocks, odd group sizes (the generic path) and
-//! n = 1..9, 33 input rows; plus batch invariance under rayon pools of 1, 2 and 3 threads.
+//! n = 1..=33 input rows; plus batch invariance under rayon pools of 1, 2 and 3 threads.
 //!
 //! NaN results are compared as "both NaN": Rust does not specify NaN sign/payload of arithmetic
 //! results, so only NaN-ness is a contract. Every other value is compared with `to_bits()`.
@@ -32,7 +32,16 @@ fn check(m: &Matrix, ns: &[usize], label: &str) {
     }
 }
 
-const ALL_N: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 33];
+/// Every row count from one row (decode) to 33 (past every register tile and the panel switch).
+const ALL_N: [usize; 33] = {
+    let mut n = [0; 33];
+    let mut i = 0;
+    while i < 33 {
+        n[i] = i + 1;
+        i += 1;
+    }
+    n
+};
 const FEW_N: [usize; 4] = [1, 2, 5, 9];
 
 #[test]
@@ -97,12 +106,21 @@ fn fp8_special_scales_match_reference() {
 fn fp8_generic_paths_match_reference() {
     // block_cols not a multiple of 16: chunks straddle scale blocks.
     check(&fp8_matrix(11, 100, (3, 24), 5, false), &FEW_N, "fp8 3x24");
-    // A scale too large to pre-multiply by 256 (2^125).
+    // Scales around the pre-multiplication limit (2^119: decoders scale by 256): the largest
+    // fast-path scale, the limit itself and a huge one (both generic).
     let m = fp8_matrix(8, 64, (8, 32), 6, false);
-    let mut scales = m.scales.as_deref().unwrap().to_vec();
-    scales[..4].copy_from_slice(&(2.0f32.powi(125)).to_le_bytes());
-    let m = Matrix::new(m.format, 8, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
-    check(&m, &FEW_N, "fp8 huge scale");
+    for big in [
+        f32::from_bits(2.0f32.powi(119).to_bits() - 1),
+        2.0f32.powi(119),
+        2.0f32.powi(125),
+    ] {
+        for neg in [1.0f32, -1.0] {
+            let mut scales = m.scales.as_deref().unwrap().to_vec();
+            scales[..4].copy_from_slice(&(neg * big).to_le_bytes());
+            let m = Matrix::new(m.format, 8, 64, m.data.clone(), Some(Blob::from_vec(scales))).unwrap();
+            check(&m, &FEW_N, &format!("fp8 scale {}", neg * big));
+        }
+    }
 }
 
 #[test]

@@ -41,7 +41,7 @@ use serde::Serialize;
 pub use layers::{LayerStore, SpineStats};
 pub use plan::ResidencyPlan;
 pub use policy::PolicyKind;
-pub use reader::{Origin, ReadMode, ReadStats, ReaderConfig, ReaderPool};
+pub use reader::{Origin, ReadDecision, ReadMode, ReadStats, ReaderConfig, ReaderPool};
 pub use store::{ExpertStats, ExpertStore, FETCH_BUCKETS, FETCH_SECONDS_BOUNDS};
 
 use crate::config::ModelSpec;
@@ -129,7 +129,8 @@ pub struct OocStats {
     pub plan: ResidencyPlan,
     pub policy: PolicyKind,
     pub read_mode: ReadMode,
-    pub read_choice: Option<probe::ReadChoice>,
+    /// How the reader reads and why.
+    pub read_decision: ReadDecision,
     pub prefetch: bool,
     pub read: ReadStats,
     pub spine: SpineStats,
@@ -147,8 +148,8 @@ pub struct OocRuntime {
     pub heat_note: Option<String>,
     /// Pre-warm reads submitted at load.
     pub prewarmed: usize,
-    /// The measurement behind `ReadMode::Auto`'s choice.
-    pub read_choice: Option<probe::ReadChoice>,
+    /// How expert and layer reads are made, and why.
+    pub read: ReadDecision,
 }
 
 impl std::fmt::Debug for OocRuntime {
@@ -167,7 +168,7 @@ impl OocRuntime {
             plan: self.plan.clone(),
             policy: self.options.policy,
             read_mode: self.reader.mode(),
-            read_choice: self.read_choice.clone(),
+            read_decision: self.read.clone(),
             prefetch: self.options.prefetch,
             read: self.reader.stats(),
             spine: (self.spine)(),
@@ -249,19 +250,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         min_expert_slots: options.min_expert_slots,
     };
     let plan = plan::plan(&input)?;
-    // The probe times expert reads; on a partly remote checkpoint those would be holes.
-    let read_choice =
-        if options.reader.mode == ReadMode::Auto && reader.supports_direct() && options.remote.is_none() {
-            let experts: Vec<spans::SpanLayout> = parts.expert_layouts.iter().flatten().cloned().collect();
-            Some(probe::choose_read_mode(
-                &reader,
-                &index.shard_paths(),
-                &experts,
-                2 * reader.threads(),
-            )?)
-        } else {
-            None
-        };
+    let read = reader.decision();
     let layers = Arc::new(LayerStore::load(
         index.clone(),
         spec.clone(),
@@ -303,7 +292,7 @@ pub fn assemble<L: Send + Sync + 'static>(
         spine: Box::new(move || spine_layers.stats()),
         heat_note,
         prewarmed,
-        read_choice,
+        read,
     };
     Ok((layers, runtime))
 }

@@ -121,60 +121,6 @@ pub fn timed_reads(
     Ok((bytes, start.elapsed().as_secs_f64()))
 }
 
-/// How `ReadMode::Auto` chose between `O_DIRECT` and buffered reads.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReadChoice {
-    pub direct_gib_per_second: f64,
-    pub buffered_gib_per_second: f64,
-    pub direct: bool,
-}
-
-/// Buffered reads must beat `O_DIRECT` by this factor to be chosen: they also fill the page
-/// cache, memory the budget does not account for (under a cgroup limit it is charged too and
-/// its reclaim costs CPU), so a tie on bandwidth goes to `O_DIRECT`.
-pub const BUFFERED_MARGIN: f64 = 1.25;
-
-/// Time `reads` random expert reads each way through `pool` (distinct experts, the shards'
-/// page cache dropped after the buffered round) and keep `O_DIRECT` unless buffered reads are
-/// clearly faster ([`BUFFERED_MARGIN`]).
-pub fn choose_read_mode(
-    pool: &ReaderPool,
-    paths: &[PathBuf],
-    layouts: &[SpanLayout],
-    reads: usize,
-) -> Result<ReadChoice> {
-    let per = reads.min(layouts.len() / 2).max(1);
-    let gibs = |(b, s): (u64, f64)| {
-        if s > 0.0 {
-            b as f64 / s / (1u64 << 30) as f64
-        } else {
-            0.0
-        }
-    };
-    pool.set_direct(true);
-    let direct = gibs(timed_reads(
-        pool,
-        layouts,
-        &pick(layouts.len(), 0, per, 0xA070),
-        pool.threads(),
-    )?);
-    pool.set_direct(false);
-    let buffered = gibs(timed_reads(
-        pool,
-        layouts,
-        &pick(layouts.len(), per, per, 0xA070),
-        pool.threads(),
-    )?);
-    evict_page_cache(paths);
-    let choice = buffered < BUFFERED_MARGIN * direct;
-    pool.set_direct(choice);
-    Ok(ReadChoice {
-        direct_gib_per_second: direct,
-        buffered_gib_per_second: buffered,
-        direct: choice,
-    })
-}
-
 /// Touch one byte per page of the chosen layouts through the index's memory maps, from
 /// `threads` threads (what an mmap-based engine's page faults do).
 pub fn mmap_probe(

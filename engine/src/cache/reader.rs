@@ -30,12 +30,64 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReadMode {
-    /// `O_DIRECT` when the filesystem supports it, buffered otherwise (per file).
+    /// `O_DIRECT` when the filesystem supports it; otherwise (per file) buffered reads that drop
+    /// the pages they read at once, so expert reads never grow the page cache, which a cgroup
+    /// limit charges to the process and the budget cannot see.
     Auto,
     /// `O_DIRECT` only; opening a file that does not support it is an error.
     Direct,
-    /// Through the page cache.
+    /// Through the page cache, which keeps what it read (an explicit choice: fast when the
+    /// model fits in free memory outside the budget, but charged to a memory cgroup).
     Buffered,
+}
+
+/// How a reader pool reads its shards and why: a line of the residency plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReadDecision {
+    pub mode: ReadMode,
+    /// Shards opened with `O_DIRECT`, of `shards`.
+    pub direct_shards: usize,
+    pub shards: usize,
+    /// Whether buffered reads drop the pages they read.
+    pub drop_pages: bool,
+}
+
+impl ReadDecision {
+    /// The decision for `mode` when `direct_shards` of `shards` files accept `O_DIRECT`.
+    pub fn new(mode: ReadMode, direct_shards: usize, shards: usize) -> Self {
+        ReadDecision {
+            mode,
+            direct_shards,
+            shards,
+            drop_pages: mode == ReadMode::Auto,
+        }
+    }
+}
+
+impl std::fmt::Display for ReadDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (d, n) = (self.direct_shards, self.shards);
+        match self.mode {
+            ReadMode::Direct => write!(f, "O_DIRECT (--read-mode direct)"),
+            ReadMode::Buffered => write!(
+                f,
+                "buffered through the page cache (--read-mode buffered; a memory cgroup is charged for it)"
+            ),
+            ReadMode::Auto if d == n => write!(
+                f,
+                "O_DIRECT (auto: the filesystem supports it, so expert reads never go through the page cache)"
+            ),
+            ReadMode::Auto if d == 0 => write!(
+                f,
+                "buffered, each read's pages dropped at once (auto: the filesystem refuses O_DIRECT)"
+            ),
+            ReadMode::Auto => write!(
+                f,
+                "O_DIRECT on {d} of {n} shards; the others buffered, each read's pages dropped at once \
+                 (auto: their filesystem refuses O_DIRECT)"
+            ),
+        }
+    }
 }
 
 impl std::str::FromStr for ReadMode {
@@ -363,6 +415,12 @@ impl ReaderPool {
         self.inner.files.iter().all(|f| f.direct.is_some())
     }
 
+    /// How this pool reads (for the plan).
+    pub fn decision(&self) -> ReadDecision {
+        let direct = self.inner.files.iter().filter(|f| f.direct.is_some()).count();
+        ReadDecision::new(self.inner.mode, direct, self.inner.files.len())
+    }
+
     /// Use (or stop using) `O_DIRECT` for every shard that supports it.
     pub fn set_direct(&self, on: bool) {
         for f in &self.inner.files {
@@ -587,10 +645,29 @@ impl Inner {
         if cached < c.len {
             c.job.cached.store(false, Ordering::Release);
         }
+        if self.mode == ReadMode::Auto {
+            drop_pages(&file.buffered, c.offset, c.len);
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.buffered_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
         self.page_cache_bytes.fetch_add(cached as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Ask the kernel to drop the page cache of `len` bytes at `offset` of `file` (best effort:
+/// advice that fails changes nothing but memory use).
+fn drop_pages(file: &File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: advisory call on a descriptor owned by `file`; no memory is passed.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
     }
 }
 
@@ -744,6 +821,94 @@ mod tests {
         }
         assert_eq!(calls.load(Ordering::SeqCst), 64 - cancelled);
         assert_eq!(pool.stats().cancelled, cancelled as u64);
+    }
+
+    /// Pages of `path` in the page cache (`mincore` over a map of the file).
+    fn resident_pages(path: &Path) -> usize {
+        let file = File::open(path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY: the test's own file, not modified while mapped.
+        #[allow(unsafe_code)]
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let page = 4096;
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        // SAFETY: `map` covers `len` bytes and stays alive for the call; `vec` holds one byte
+        // per page of that range.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    fn evict(path: &Path) {
+        let f = File::open(path).unwrap();
+        f.sync_all().unwrap();
+        drop_pages(&f, 0, 0);
+    }
+
+    #[test]
+    fn auto_mode_buffered_reads_leave_nothing_in_the_page_cache() {
+        let len = 1 << 20;
+        // Beside the test binary, on the build's disk (not a tmpfs /tmp, whose pages are the
+        // file itself and cannot be dropped).
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let path = dir.path().join("f.bin");
+        std::fs::write(&path, vec![7u8; len]).unwrap();
+        let whole = [Segment {
+            shard: 0,
+            offset: 0,
+            len,
+            dest: 0,
+        }];
+        let read = |mode| {
+            evict(&path);
+            let pool = ReaderPool::new(
+                std::slice::from_ref(&path),
+                &ReaderConfig {
+                    mode,
+                    threads: 2,
+                    chunk_bytes: 64 << 10,
+                },
+            )
+            .unwrap();
+            // Buffered reads even where the filesystem allows O_DIRECT (as where it does not).
+            pool.set_direct(false);
+            pool.read_now(Arc::new(AlignedBuf::new(len).unwrap()), &whole)
+                .unwrap();
+            (resident_pages(&path), pool.decision())
+        };
+        let (kept, decision) = read(ReadMode::Buffered);
+        assert!(kept >= len / 4096 / 2, "buffered reads keep their pages: {kept}");
+        assert!(!decision.drop_pages);
+        let (left, decision) = read(ReadMode::Auto);
+        assert!(decision.drop_pages);
+        assert!(
+            left < len / 4096 / 8,
+            "auto left {left} of {} pages cached",
+            len / 4096
+        );
+    }
+
+    #[test]
+    fn the_read_decision_says_what_and_why() {
+        let all = ReadDecision::new(ReadMode::Auto, 3, 3).to_string();
+        assert!(all.starts_with("O_DIRECT (auto"), "{all}");
+        assert!(all.contains("never go through the page cache"), "{all}");
+        let none = ReadDecision::new(ReadMode::Auto, 0, 2).to_string();
+        assert!(
+            none.contains("dropped at once") && none.contains("refuses O_DIRECT"),
+            "{none}"
+        );
+        let some = ReadDecision::new(ReadMode::Auto, 1, 2).to_string();
+        assert!(some.starts_with("O_DIRECT on 1 of 2 shards"), "{some}");
+        let buffered = ReadDecision::new(ReadMode::Buffered, 2, 2);
+        assert!(!buffered.drop_pages && buffered.to_string().contains("--read-mode buffered"));
+        assert!(
+            ReadDecision::new(ReadMode::Direct, 2, 2)
+                .to_string()
+                .contains("--read-mode direct")
+        );
     }
 
     #[test]

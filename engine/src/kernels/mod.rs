@@ -7,8 +7,9 @@
 //! * `W[r, k]` is decoded to f32 by [`format`]'s element rule (exact, or one f32 rounding for
 //!   scaled FP8);
 //! * the row is padded with zeros to a multiple of [`LANES`] (16); lane `l` accumulates
-//!   `acc[l] = acc[l] + (w · x)` for every `k ≡ l (mod 16)`, product and sum each rounded to f32
-//!   (no fused multiply-add);
+//!   `acc[l] = fma(w, x, acc[l])` for every `k ≡ l (mod 16)` in increasing `k`: IEEE fused
+//!   multiply-add, one rounding per step, which every CPU ISA and CUDA (`__fmaf_rn`) compute
+//!   identically;
 //! * the lanes are reduced by the fixed tree `acc[l] += acc[l + s]` for `s = 8, 4, 2, 1`.
 //!
 //! Because the order depends only on `k`, the scalar reference ([`reference`]), the SIMD kernels

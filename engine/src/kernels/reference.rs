@@ -64,8 +64,7 @@ pub fn dot(w: &[f32], x: &[f32]) -> f32 {
     let padded = w.len().div_ceil(LANES) * LANES;
     for k in 0..padded {
         let (a, b) = if k < w.len() { (w[k], x[k]) } else { (0.0, 0.0) };
-        let p = a * b;
-        acc[k % LANES] += p;
+        acc[k % LANES] = a.mul_add(b, acc[k % LANES]);
     }
     reduce_lanes(&mut acc)
 }

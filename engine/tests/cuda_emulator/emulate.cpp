@@ -11,6 +11,7 @@
 #include <barrier>
 #include <cstdint>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@ static inline float __uint_as_float(unsigned u) {
 }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 template <class T>
 static inline T __ldg(const T* p) { return *p; }
 

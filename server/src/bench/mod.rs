@@ -39,6 +39,12 @@ enum BenchWhat {
         /// Bytes of the memory-bandwidth probe buffer (far larger than the L3 cache).
         #[arg(long, default_value_t = 512 << 20, env = "DELTAFIN_PROBE_BYTES")]
         probe_bytes: usize,
+        /// Measure the kernels' compute ceiling instead: two 256 x 1024 matrices per format,
+        /// which stay in the L2 cache, so no figure is limited by memory. Read its GB/s against
+        /// the probe: below 1.0 of it, the format's decode and arithmetic cannot keep up with
+        /// memory on this CPU.
+        #[arg(long, env = "DELTAFIN_CACHE_HOT")]
+        cache_hot: bool,
     },
     /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
     Serve(self::serve::ServeBenchArgs),
@@ -72,6 +78,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
             formats,
             min_time_ms,
             probe_bytes,
+            cache_hot,
         } => {
             let mut opts = BenchOptions {
                 threads: rayon::current_num_threads(),
@@ -82,6 +89,10 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
                     != deltafin_engine::backend::Device::Cpu,
                 ..BenchOptions::default()
             };
+            if cache_hot {
+                opts.shapes = vec![(256, 1024)];
+                opts.working_set_bytes = 0;
+            }
             if !formats.is_empty() {
                 opts.formats = formats
                     .iter()

@@ -165,7 +165,7 @@ pub fn run(mut a: BenchRunArgs, cache_dir: &Path) -> Result<()> {
     let (model, rt) = arch::load_budgeted_spec(&spec, &dir, &options)?;
     let load_seconds = t.elapsed().as_secs_f64();
     if !a.json {
-        eprintln!("{}", describe_plan(&rt.plan));
+        eprintln!("{}", describe_plan(&rt.plan, &rt.read));
     }
     let vocab = model.info().vocab_size as u64;
     let mut rng = Rng::new(a.seed);
@@ -432,13 +432,7 @@ fn print_table(r: &Report) {
             mb(x.read_bytes_per_token)
         );
     }
-    if let Some(c) = &r.stats.read_choice {
-        let mode = if c.direct { "O_DIRECT" } else { "buffered" };
-        println!(
-            "{:<34} {mode} (probe: direct {:.2} / buffered {:.2} GiB/s)",
-            "read mode (auto)", c.direct_gib_per_second, c.buffered_gib_per_second
-        );
-    }
+    println!("{:<34} {}", "reads", r.stats.read_decision);
     println!("{:<34} {:.0} MiB", "peak RSS", mb(r.peak_rss_bytes as f64));
 }
 

@@ -76,7 +76,7 @@ pub fn run(a: BenchPrefillArgs, cache_dir: &Path) -> Result<()> {
             let spec = crate::cli::ooc_args::plan_context(&dir, &mut o, longest)?;
             let (m, rt) = arch::load_budgeted_spec(&spec, &dir, &o).with_context(loading)?;
             if !a.json {
-                eprintln!("{}", describe_plan(&rt.plan));
+                eprintln!("{}", describe_plan(&rt.plan, &rt.read));
             }
             (m, Some(rt))
         }

@@ -201,7 +201,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
         Some(o) => {
             let (m, rt) =
                 arch::load_budgeted(&dir, &o).with_context(|| format!("loading {}", dir.display()))?;
-            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan));
+            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read));
             (m, Some(rt))
         }
     };

@@ -270,7 +270,7 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
         Some(o) => {
             let (m, rt) =
                 arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
-            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan));
+            eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read));
             (m, Some(rt))
         }
     })

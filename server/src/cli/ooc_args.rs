@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
-use deltafin_engine::cache::{OocOptions, PolicyKind, ReadMode, ResidencyPlan};
+use deltafin_engine::cache::{OocOptions, PolicyKind, ReadDecision, ReadMode, ResidencyPlan};
 use deltafin_engine::config::ModelSpec;
 
 /// Out-of-core settings.
@@ -18,7 +18,9 @@ pub struct OocArgs {
     /// Expert cache eviction policy: `lru` or `lfu` (decayed selection hotness).
     #[arg(long, default_value = "lru", env = "DELTAFIN_CACHE_POLICY")]
     pub cache_policy: PolicyKind,
-    /// `auto` (O_DIRECT where supported), `direct` or `buffered`.
+    /// `auto` (O_DIRECT where supported, else buffered reads that drop their pages at once:
+    /// expert reads never grow the page cache), `direct`, or `buffered` (through the page
+    /// cache, which keeps what it read and which a memory cgroup charges).
     #[arg(long, default_value = "auto", env = "DELTAFIN_READ_MODE")]
     pub read_mode: ReadMode,
     /// Disable next-layer expert prefetch (for A/B runs).
@@ -97,9 +99,9 @@ pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<Mod
 }
 
 /// The plan as printed at start.
-pub fn describe_plan(p: &ResidencyPlan) -> String {
+pub fn describe_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
     format!(
-        "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts)",
+        "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts); reads: {read}",
         human(p.budget),
         human(p.fixed_bytes),
         human(p.reserve_bytes),

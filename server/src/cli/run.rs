@@ -117,7 +117,7 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
                 let spec = crate::cli::ooc_args::plan_context(dir, &mut o, context_tokens)?;
                 let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).with_context(loading)?;
                 if args.stats {
-                    eprintln!("{}", describe_plan(&rt.plan));
+                    eprintln!("{}", describe_plan(&rt.plan, &rt.read));
                 }
                 if let Some(note) = &rt.heat_note {
                     eprintln!("heat: {note}");

@@ -189,7 +189,7 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
                 let started = Instant::now();
                 let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), &drafts)?;
                 if let Some(rt) = &loaded.ooc {
-                    tracing::info!(plan = %crate::cli::ooc_args::describe_plan(&rt.plan), "out-of-core");
+                    tracing::info!(plan = %crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read), "out-of-core");
                 }
                 if let Some(memory) = loaded.engine.describe_memory(128 * 1024) {
                     tracing::info!(%memory, "context memory");

@@ -4,8 +4,9 @@
 //   * W[r, k] decoded by the element rules of engine/src/kernels/format.rs (exact, or one f32
 //     rounding for scaled formats);
 //   * the row padded with zeros to a multiple of 16; lane l (threadIdx.x) accumulates
-//     acc = acc + (w * x) for every k = l (mod 16), product and sum each rounded to nearest
-//     (__fmul_rn / __fadd_rn are never contracted into an FMA);
+//     acc = fma(w, x, acc) for every k = l (mod 16) in increasing k, with __fmaf_rn (IEEE fused
+//     multiply-add, one rounding, as on the CPU); decoding multiplies stay __fmul_rn, never
+//     contracted (--fmad=false);
 //   * the lanes reduced by the fixed tree acc[l] += acc[l + s], s = 8, 4, 2, 1 (shuffles within
 //     the row's 16-lane segment).
 // So every output is bit-identical to the CPU kernels and to the scalar reference, and row i
@@ -126,7 +127,7 @@ __device__ __forceinline__ void matmul_body(const u8* __restrict__ data, const u
         for (int t = 0; t < TILE; ++t) {
             const int i = i0 + t;
             const float xv = (in && i < n) ? __ldg(&x[(u64)i * (u64)cols + (u64)k]) : 0.0f;
-            acc[t] = __fadd_rn(acc[t], __fmul_rn(w, xv));
+            acc[t] = __fmaf_rn(w, xv, acc[t]);
         }
     }
 #pragma unroll

@@ -1,11 +1,12 @@
-//! AVX2 + F16C implementation of the kernel operations: two ymm registers hold the 16 canonical
-//! lanes (`lo` = lanes 0..8, `hi` = lanes 8..16). Decoders mirror the AVX-512 ones: BF16 by a
-//! shift, FP8 through an f16 (`vcvtph2ps`) with a NaN patch only when a NaN code is present,
-//! INT4 by integer conversion of the nibble, MXFP4 by an 8-entry `vpermps` magnitude table plus
-//! the nibble's sign bit.
+//! AVX2 + F16C + FMA implementation of the kernel operations: two ymm registers hold the 16
+//! canonical lanes (`lo` = lanes 0..8, `hi` = lanes 8..16). Decoders: BF16 by a shift, FP8
+//! through an f16 (`vcvtph2ps`) with a NaN patch only when a NaN code is present, INT4 by integer
+//! conversion of the nibble, MXFP4 by an 8-entry `vpermps` magnitude table plus the nibble's sign
+//! bit.
 //!
-//! Safety model: an [`Avx2`] value exists only after runtime detection of AVX2 and F16C, so the
-//! intrinsics called through it are sound; every load reads from a slice whose length is checked.
+//! Safety model: an [`Avx2`] value exists only after runtime detection of AVX2, F16C and FMA, so
+//! the intrinsics called through it are sound; every load reads from a slice whose length is
+//! checked.
 
 #![allow(unsafe_code)]
 
@@ -15,16 +16,18 @@ use super::driver::{self, Chunk, Outs, Simd};
 use super::plan::Plan;
 use crate::kernels::format::E2M1_VALUES;
 
-/// Proof that the CPU supports AVX2 and F16C.
+/// Proof that the CPU supports AVX2, F16C and FMA.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx2 {
     _private: (),
 }
 
 impl Avx2 {
-    /// The token, if this CPU has AVX2 and F16C.
+    /// The token, if this CPU has AVX2, F16C and FMA.
     pub fn new() -> Option<Self> {
-        let ok = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
+        let ok = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("f16c")
+            && is_x86_feature_detected!("fma");
         ok.then_some(Avx2 { _private: () })
     }
 }
@@ -117,12 +120,12 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
-    fn mul(self, a: V2, b: V2) -> V2 {
-        // SAFETY: AVX proven by `self`.
+    fn fma(self, a: V2, b: V2, c: V2) -> V2 {
+        // SAFETY: FMA proven by `self`.
         unsafe {
             V2 {
-                lo: _mm256_mul_ps(a.lo, b.lo),
-                hi: _mm256_mul_ps(a.hi, b.hi),
+                lo: _mm256_fmadd_ps(a.lo, b.lo, c.lo),
+                hi: _mm256_fmadd_ps(a.hi, b.hi, c.hi),
             }
         }
     }
@@ -196,6 +199,10 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    fn fp8_seg(self, s: f32) -> V2 {
+        self.splat(s * 256.0)
+    }
+    #[inline(always)]
     fn dec_fp8(self, b: &[u8], s256: V2) -> V2 {
         assert!(b.len() >= 16);
         // SAFETY: 16 readable bytes (asserted); AVX2/F16C proven by `self`. Bit layout as in
@@ -220,12 +227,20 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    fn int4_seg(self, s: f32) -> V2 {
+        self.splat(s)
+    }
+    #[inline(always)]
     fn dec_int4(self, b: &[u8], s: V2) -> V2 {
         let (w0, w1) = words(b);
         V2 {
             lo: self.int4_half(w0, s.lo),
             hi: self.int4_half(w1, s.hi),
         }
+    }
+    #[inline(always)]
+    fn mxfp4_seg(self, s: f32) -> V2 {
+        self.splat(s)
     }
     #[inline(always)]
     fn dec_mxfp4(self, b: &[u8], s: V2) -> V2 {
@@ -237,12 +252,12 @@ impl Simd for Avx2 {
     }
 }
 
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 fn run_entry(tok: Avx2, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     driver::run_rows(tok, p, x, n, r0, r1, out);
 }
 
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 fn read_sum_entry(tok: Avx2, data: &[u8]) -> f32 {
     driver::read_sum(tok, data)
 }
@@ -250,7 +265,7 @@ fn read_sum_entry(tok: Avx2, data: &[u8]) -> f32 {
 /// Rows `r0..r1` of `p` (see [`driver::run_rows`]).
 ///
 /// # Panics
-/// If the CPU lacks AVX2/F16C (the dispatcher checks first).
+/// If the CPU lacks AVX2/F16C/FMA (the dispatcher checks first).
 pub(crate) fn run(p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let tok = Avx2::new().expect("dispatcher checked AVX2 availability");
     // SAFETY: `tok` exists, so every feature enabled on `run_entry` is present.

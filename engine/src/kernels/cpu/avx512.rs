@@ -1,8 +1,17 @@
 //! AVX-512 (F + BW + VL) implementation of the kernel operations: one zmm register holds the
-//! 16 canonical lanes. Decoders: BF16 by a 16-bit shift; FP8 E4M3 by moving the 7 magnitude bits
-//! into an f16 (`e4m3 / 256` exactly, subnormals included) converted with `vcvtph2ps`, NaN codes
-//! patched by a byte compare; INT4 and MXFP4 by `vpermps` lookup of the nibble (`vpermps` reads
-//! only the low 4 index bits, so the shifted words need no masking).
+//! 16 canonical lanes.
+//!
+//! Decoders, each computing the reference element value with the same single f32 rounding:
+//! * BF16 by a 16-bit shift;
+//! * FP8 E4M3 by moving the code into an f16 (`(sext(b) << 7) & 0xBF80` is `e4m3 / 256`
+//!   exactly, subnormal codes included: f16 subnormals convert exactly and without the microcode
+//!   assist that an f32 subnormal operand of a multiply costs) converted with `vcvtph2ps`, times
+//!   the block scale pre-multiplied by 256; a segment with a NaN code is found by one compare
+//!   per 64 bytes and gets a NaN operand (see `driver::Elem`), so chunks need no NaN patch;
+//! * INT4 and MXFP4 by a `vpermps` lookup of the nibble in a 16-entry table pre-multiplied by the
+//!   group's scale once per group (`table[u] * s` is the reference's own product). Each lane's
+//!   nibble comes from a broadcast of its 32-bit word shifted by `vpsrlvd`; `vpermps` reads only
+//!   the low 4 index bits, so the shifted words need no masking.
 //!
 //! Safety model: an [`Avx512`] value exists only after runtime detection of every feature used
 //! here, so the intrinsics called through it are sound; every load reads from a slice whose
@@ -36,8 +45,6 @@ impl Avx512 {
 
 /// `n`-th nibble shift for each lane (lane `l` reads bits `4 * (l % 8)` of word `l / 8`).
 const NIBBLE_SHIFTS: [i32; 16] = [0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28];
-/// Word index for each lane.
-const NIBBLE_WORDS: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 const INT4_LUT: [f32; 16] = [
     -8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.,
 ];
@@ -61,18 +68,26 @@ const E2M1_LUT: [f32; 16] = [
 ];
 
 impl Avx512 {
-    /// 16 nibbles of the first 8 bytes of `b` looked up in `lut`, times `s`.
+    /// `table` times `s`, lane by lane: a group's pre-scaled lookup table.
     #[inline(always)]
-    fn nibble_lut(self, b: &[u8], lut: &[f32; 16], s: __m512) -> __m512 {
+    fn scaled_table(self, table: &[f32; 16], s: f32) -> __m512 {
+        // SAFETY: the table holds 16 f32 (64 bytes, unaligned load); AVX-512F proven by `self`.
+        unsafe { _mm512_mul_ps(_mm512_loadu_ps(table.as_ptr()), _mm512_set1_ps(s)) }
+    }
+
+    /// The 16 nibbles of the first 8 bytes of `b` looked up in the pre-scaled table `lut`.
+    #[inline(always)]
+    fn nibble_lut(self, b: &[u8], lut: __m512) -> __m512 {
         assert!(b.len() >= 8);
-        // SAFETY: `b` has at least 8 readable bytes (asserted; `_mm_loadl_epi64` reads 8, unaligned
-        // allowed); the constant arrays hold 16 elements (64 bytes); features proven by `self`.
+        // SAFETY: `b` has at least 8 readable bytes (asserted; two unaligned 4-byte reads); the
+        // shift table holds 16 i32 (64 bytes); features proven by `self`. Lanes 0..8 hold word 0
+        // and lanes 8..16 word 1, each shifted right by `4 * (lane % 8)`.
         unsafe {
-            let q = _mm512_castsi128_si512(_mm_loadl_epi64(b.as_ptr().cast()));
-            let words = _mm512_permutexvar_epi32(_mm512_loadu_si512(NIBBLE_WORDS.as_ptr().cast()), q);
+            let p = b.as_ptr().cast::<i32>();
+            let lo = _mm512_set1_epi32(p.read_unaligned());
+            let words = _mm512_mask_set1_epi32(lo, 0xFF00, p.add(1).read_unaligned());
             let idx = _mm512_srlv_epi32(words, _mm512_loadu_si512(NIBBLE_SHIFTS.as_ptr().cast()));
-            let v = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(lut.as_ptr()));
-            _mm512_mul_ps(v, s)
+            _mm512_permutexvar_ps(idx, lut)
         }
     }
 }
@@ -98,9 +113,9 @@ impl Simd for Avx512 {
         unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
-    fn mul(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: AVX-512F proven by `self`.
-        unsafe { _mm512_mul_ps(a, b) }
+    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F proven by `self` (`vfmadd` is part of AVX-512F).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     fn load(self, c: &Chunk) -> __m512 {
@@ -148,28 +163,55 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    fn fp8_seg(self, s: f32) -> __m512 {
+        self.splat(s * 256.0)
+    }
+    #[inline(always)]
     fn dec_fp8(self, b: &[u8], s256: __m512) -> __m512 {
         assert!(b.len() >= 16);
         // SAFETY: 16 readable bytes (asserted); unaligned load; AVX2/F16C/AVX-512F/BW/VL proven
-        // by `self`. Bits: t = b << 7 puts the magnitude in f16 bits 7..13 (exponent field
-        // 0EEEE, mantissa MMM0000000 = e4m3 / 256) and the sign at bit 14; adding t & 0x4000
-        // carries the sign into bit 15.
+        // by `self`. Bits: the sign-extended byte shifted left by 7 puts the magnitude in f16
+        // bits 7..13 (exponent field 0EEEE, mantissa MMM0000000 = e4m3 / 256) and the sign in
+        // bits 14 and 15; the mask clears bit 14.
         unsafe {
             let v = _mm_loadu_si128(b.as_ptr().cast());
-            let t = _mm256_slli_epi16::<7>(_mm256_cvtepu8_epi16(v));
-            let h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
-            let w = _mm512_mul_ps(_mm512_cvtph_ps(h), s256);
-            let nan = _mm_cmpeq_epi8_mask(_mm_or_si128(v, _mm_set1_epi8(i8::MIN)), _mm_set1_epi8(-1));
-            _mm512_mask_mov_ps(w, nan, _mm512_set1_ps(f32::NAN))
+            let t = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(v));
+            let h = _mm256_and_si256(t, _mm256_set1_epi16(0xBF80_u16 as i16));
+            _mm512_mul_ps(_mm512_cvtph_ps(h), s256)
         }
     }
     #[inline(always)]
-    fn dec_int4(self, b: &[u8], s: __m512) -> __m512 {
-        self.nibble_lut(b, &INT4_LUT, s)
+    fn fp8_nan_in(self, b: &[u8]) -> bool {
+        let mut blocks = b.chunks_exact(64);
+        let mut found: __mmask64 = 0;
+        for blk in &mut blocks {
+            // SAFETY: `blk` has exactly 64 readable bytes (unaligned load); AVX-512F/BW proven by
+            // `self`. A code is NaN when its low 7 bits are all set: `code | 0x80 == 0xFF`.
+            found |= unsafe {
+                let v = _mm512_loadu_si512(blk.as_ptr().cast());
+                _mm512_cmpeq_epi8_mask(
+                    _mm512_or_si512(v, _mm512_set1_epi8(i8::MIN)),
+                    _mm512_set1_epi8(-1),
+                )
+            };
+        }
+        found != 0 || blocks.remainder().iter().any(|&c| c & 0x7F == 0x7F)
     }
     #[inline(always)]
-    fn dec_mxfp4(self, b: &[u8], s: __m512) -> __m512 {
-        self.nibble_lut(b, &E2M1_LUT, s)
+    fn int4_seg(self, s: f32) -> __m512 {
+        self.scaled_table(&INT4_LUT, s)
+    }
+    #[inline(always)]
+    fn dec_int4(self, b: &[u8], lut: __m512) -> __m512 {
+        self.nibble_lut(b, lut)
+    }
+    #[inline(always)]
+    fn mxfp4_seg(self, s: f32) -> __m512 {
+        self.scaled_table(&E2M1_LUT, s)
+    }
+    #[inline(always)]
+    fn dec_mxfp4(self, b: &[u8], lut: __m512) -> __m512 {
+        self.nibble_lut(b, lut)
     }
 }
 

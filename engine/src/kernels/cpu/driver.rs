@@ -12,11 +12,10 @@
 //!   small buffer between k-blocks.
 //!
 //! Both paths perform, for every `(weight row, input row)` pair, exactly the canonical sequence
-//! `acc[k % 16] = acc[k % 16] + w[k] * x[k]` in increasing `k` followed by the fixed reduction
-//! tree, so the result never depends on `n`, tiling or threads. Zero-padded tail lanes add `+0.0`,
-//! which never changes an accumulator (an accumulator that starts at `+0.0` can never be `-0.0`).
+//! `acc[k % 16] = fma(w[k], x[k], acc[k % 16])` in increasing `k` followed by the fixed reduction
+//! tree, so the result never depends on `n`, tiling or threads. The zero-padded tail lanes are
+//! part of that sequence (the reference pads its rows the same way).
 
-use std::array::from_fn;
 use std::cell::RefCell;
 
 use super::plan::{Kind, Plan};
@@ -32,7 +31,8 @@ pub(crate) const KB_CHUNKS: usize = 32;
 pub(crate) struct Chunk(pub [f32; LANES]);
 
 /// The operations an ISA provides. `V` holds 16 canonical lanes (one zmm, two ymm, four NEON
-/// registers, or an array). `add`/`mul` round each result to f32 (never fused).
+/// registers, or an array). `add` rounds each sum to f32; `fma` is IEEE fused multiply-add (one
+/// rounding), the canonical accumulation step.
 pub(crate) trait Simd: Copy {
     type V: Copy;
     /// Weight rows per register tile (and per fused n = 1 step).
@@ -43,7 +43,8 @@ pub(crate) trait Simd: Copy {
     fn zero(self) -> Self::V;
     fn splat(self, v: f32) -> Self::V;
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
-    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c`, rounded once.
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn load(self, c: &Chunk) -> Self::V;
     fn store(self, c: &mut Chunk, v: Self::V);
     /// `v` with lanes `len..16` set to `+0.0`.
@@ -55,26 +56,57 @@ pub(crate) trait Simd: Copy {
     fn dec_f32(self, b: &[u8]) -> Self::V;
     /// 16 bf16 from the first 32 bytes of `b`.
     fn dec_bf16(self, b: &[u8]) -> Self::V;
-    /// 16 E4M3 bytes: `(e4m3 / 256) * s256`; codes `0x7F`/`0xFF` give `f32::NAN`.
-    fn dec_fp8(self, b: &[u8], s256: Self::V) -> Self::V;
-    /// 16 INT4 nibbles (8 bytes, low nibble first): `(u - 8) * s`.
-    fn dec_int4(self, b: &[u8], s: Self::V) -> Self::V;
-    /// 16 E2M1 nibbles (8 bytes, low nibble first): `e2m1 * s`.
-    fn dec_mxfp4(self, b: &[u8], s: Self::V) -> Self::V;
+    /// The FP8 segment operand for block scale `s` (`|s| < 2^119`, see `plan`): `256 * s`.
+    fn fp8_seg(self, s: f32) -> Self::V;
+    /// Whether `b` holds an E4M3 NaN code (`0x7F`/`0xFF`).
+    #[inline(always)]
+    fn fp8_nan_in(self, b: &[u8]) -> bool {
+        b.iter().any(|&c| c & 0x7F == 0x7F)
+    }
+    /// 16 E4M3 bytes: `e4m3 * s` (one f32 rounding) from `fp8_seg(s)`. NaN codes give a NaN,
+    /// or anything when the segment was checked by `fp8_nan_in` (see [`Elem`]).
+    fn dec_fp8(self, b: &[u8], seg: Self::V) -> Self::V;
+    /// The INT4 segment operand for group scale `s` (a splat, or a pre-scaled lookup table).
+    fn int4_seg(self, s: f32) -> Self::V;
+    /// 16 INT4 nibbles (8 bytes, low nibble first): `(u - 8) * s` from `int4_seg(s)`.
+    fn dec_int4(self, b: &[u8], seg: Self::V) -> Self::V;
+    /// The MXFP4 segment operand for group scale `s` (a splat, or a pre-scaled lookup table).
+    fn mxfp4_seg(self, s: f32) -> Self::V;
+    /// 16 E2M1 nibbles (8 bytes, low nibble first): `e2m1 * s` from `mxfp4_seg(s)`.
+    fn dec_mxfp4(self, b: &[u8], seg: Self::V) -> Self::V;
 }
 
-/// A stored element format: bytes per canonical chunk and its chunk decoder.
+/// A stored element format: bytes per canonical chunk, how its scale number `i` is read, the
+/// per-segment operand made once from the segment's scale and stored bytes, and the chunk
+/// decoder.
+///
+/// FP8: a segment holding a NaN code gets a NaN operand, so all its elements decode to NaN. The
+/// row's result is NaN either way (a NaN element makes its lane, and so the sum, NaN; NaN-ness
+/// is the contract, not the payload), and decoders may then skip a per-chunk NaN patch.
 pub(crate) trait Elem {
     const BYTES: usize;
-    fn decode<S: Simd>(s: S, b: &[u8], scale: S::V) -> S::V;
+    fn scale_at(p: &Plan, i: usize) -> f32;
+    fn seg<S: Simd>(s: S, scale: f32, bytes: &[u8]) -> S::V;
+    fn decode<S: Simd>(s: S, b: &[u8], seg: S::V) -> S::V;
 }
 
 macro_rules! elem {
-    ($name:ident, $bytes:expr, |$s:ident, $b:ident, $sc:ident| $body:expr) => {
+    ($name:ident, $bytes:expr, |$p:ident, $i:ident| $scale:expr,
+     |$s:ident, $f:ident, $sb:ident| $seg:expr, |$b:ident, $sc:ident| $body:expr) => {
         #[derive(Debug)]
         pub(crate) struct $name;
         impl Elem for $name {
             const BYTES: usize = $bytes;
+            #[inline(always)]
+            #[allow(unused_variables)]
+            fn scale_at($p: &Plan, $i: usize) -> f32 {
+                $scale
+            }
+            #[inline(always)]
+            #[allow(unused_variables)]
+            fn seg<S: Simd>($s: S, $f: f32, $sb: &[u8]) -> S::V {
+                $seg
+            }
             #[inline(always)]
             #[allow(unused_variables)]
             fn decode<S: Simd>($s: S, $b: &[u8], $sc: S::V) -> S::V {
@@ -83,11 +115,33 @@ macro_rules! elem {
         }
     };
 }
-elem!(F32E, 64, |s, b, sc| s.dec_f32(b));
-elem!(Bf16E, 32, |s, b, sc| s.dec_bf16(b));
-elem!(Fp8E, 16, |s, b, sc| s.dec_fp8(b, sc));
-elem!(Int4E, 8, |s, b, sc| s.dec_int4(b, sc));
-elem!(Mxfp4E, 8, |s, b, sc| s.dec_mxfp4(b, sc));
+elem!(F32E, 64, |p, i| 1.0, |s, f, sb| s.zero(), |b, sc| s.dec_f32(b));
+elem!(Bf16E, 32, |p, i| 1.0, |s, f, sb| s.zero(), |b, sc| s.dec_bf16(b));
+elem!(
+    Fp8E,
+    16,
+    |p, i| p.fp8_scale(i),
+    |s, f, sb| if s.fp8_nan_in(sb) {
+        s.splat(f32::NAN)
+    } else {
+        s.fp8_seg(f)
+    },
+    |b, sc| s.dec_fp8(b, sc)
+);
+elem!(
+    Int4E,
+    8,
+    |p, i| p.int4_scale(i),
+    |s, f, sb| s.int4_seg(f),
+    |b, sc| s.dec_int4(b, sc)
+);
+elem!(
+    Mxfp4E,
+    8,
+    |p, i| p.mxfp4_scale(i),
+    |s, f, sb| s.mxfp4_seg(f),
+    |b, sc| s.dec_mxfp4(b, sc)
+);
 
 /// Where a task's results go: `out[i][r - r0]` is `y[i, r]`.
 pub(crate) type Outs<'o, 'y> = &'o mut [&'y mut [f32]];
@@ -109,18 +163,18 @@ pub(crate) fn run_rows<S: Simd>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
 #[inline(always)]
 fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     if n == 1 {
-        let out = &mut *out[0];
+        let cpr = p.m.cols.div_ceil(LANES);
         let mut r = r0;
         while r + S::TILE_ROWS <= r1 {
             if S::TILE_ROWS == 4 {
-                fused::<S, E, 4>(s, p, r, x, &mut out[r - r0..r - r0 + 4]);
+                fused_n::<S, E, 4, 1>(s, p, r, r0, x, cpr, out);
             } else {
-                fused::<S, E, 2>(s, p, r, x, &mut out[r - r0..r - r0 + 2]);
+                fused_n::<S, E, 2, 1>(s, p, r, r0, x, cpr, out);
             }
             r += S::TILE_ROWS;
         }
         for r in r..r1 {
-            fused::<S, E, 1>(s, p, r, x, &mut out[r - r0..r - r0 + 1]);
+            fused_n::<S, E, 1, 1>(s, p, r, r0, x, cpr, out);
         }
     } else if n <= 4 * S::TILE_XS {
         fused_rows::<S, E>(s, p, x, n, r0, r1, out);
@@ -164,7 +218,7 @@ fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
 }
 
 /// Fused dot of weight rows `r..r + R` against input rows `0..N` (`cpr` chunks each); results
-/// go to `out[i][r - base + j]`.
+/// go to `out[i][r - base + j]`. Each weight chunk is decoded once, in registers, for all `N`.
 #[inline(always)]
 fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     s: S,
@@ -177,27 +231,42 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
 ) {
     let cols = p.m.cols;
     let (full, tail) = (cols / LANES, cols % LANES);
-    let rows: [&[u8]; R] = from_fn(|j| p.row_bytes(r + j, E::BYTES));
-    let xs: [&[Chunk]; N] = from_fn(|i| &x[i * cpr..(i + 1) * cpr]);
-    // No closures (`from_fn`) around SIMD operations: they would not inherit target features.
+    // No closures (`array::from_fn`) anywhere in the kernels: a closure is a separate function
+    // that does not inherit the caller's `target_feature`s, and LLVM may leave it out of line
+    // (a call and a `vzeroupper` per segment), or compile the SIMD inside it to calls.
+    let (mut rows, mut sbase) = ([&[][..]; R], [0usize; R]);
+    for j in 0..R {
+        rows[j] = p.row_bytes(r + j, E::BYTES);
+        sbase[j] = p.scale_base(r + j);
+    }
+    let mut xs = [&[][..]; N];
+    for (i, xi) in xs.iter_mut().enumerate() {
+        *xi = &x[i * cpr..(i + 1) * cpr];
+    }
     let mut acc = [[s.zero(); N]; R];
     let mut c0 = 0;
     let mut seg = 0;
     while c0 < full {
         let c1 = (c0 + p.seg_chunks).min(full);
+        let mut wseg = [&[][..]; R];
         let mut sc = [s.zero(); R];
-        for (j, scale) in sc.iter_mut().enumerate() {
-            *scale = s.splat(p.scale(r + j, seg));
+        for j in 0..R {
+            wseg[j] = &rows[j][c0 * E::BYTES..c1 * E::BYTES];
+            sc[j] = E::seg(s, E::scale_at(p, sbase[j] + seg), wseg[j]);
         }
-        for c in c0..c1 {
+        let mut xseg = [&[][..]; N];
+        for i in 0..N {
+            xseg[i] = &xs[i][c0..c1];
+        }
+        for k in 0..c1 - c0 {
             let mut w = [s.zero(); R];
             for j in 0..R {
-                w[j] = E::decode(s, &rows[j][c * E::BYTES..(c + 1) * E::BYTES], sc[j]);
+                w[j] = E::decode(s, &wseg[j][k * E::BYTES..], sc[j]);
             }
             for i in 0..N {
-                let xv = s.load(&xs[i][c]);
+                let xv = s.load(&xseg[i][k]);
                 for j in 0..R {
-                    acc[j][i] = s.add(acc[j][i], s.mul(w[j], xv));
+                    acc[j][i] = s.fma(w[j], xv, acc[j][i]);
                 }
             }
         }
@@ -208,12 +277,13 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
         let seg = full / p.seg_chunks;
         let mut w = [s.zero(); R];
         for j in 0..R {
-            w[j] = decode_tail::<S, E>(s, rows[j], full, tail, s.splat(p.scale(r + j, seg)));
+            let sc = E::seg(s, E::scale_at(p, sbase[j] + seg), &rows[j][full * E::BYTES..]);
+            w[j] = decode_tail::<S, E>(s, rows[j], full, tail, sc);
         }
         for i in 0..N {
             let xv = s.load(&xs[i][full]);
             for j in 0..R {
-                acc[j][i] = s.add(acc[j][i], s.mul(w[j], xv));
+                acc[j][i] = s.fma(w[j], xv, acc[j][i]);
             }
         }
     }
@@ -221,45 +291,6 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
         for i in 0..N {
             out[i][r - base + j] = s.reduce(acc[j][i]);
         }
-    }
-}
-
-/// Fused n = 1 dot of rows `r0..r0 + R` against the single input row `x`.
-#[inline(always)]
-fn fused<S: Simd, E: Elem, const R: usize>(s: S, p: &Plan, r0: usize, x: &[Chunk], out: &mut [f32]) {
-    let cols = p.m.cols;
-    let (full, tail) = (cols / LANES, cols % LANES);
-    let rows: [&[u8]; R] = from_fn(|j| p.row_bytes(r0 + j, E::BYTES));
-    let x = &x[..cols.div_ceil(LANES)];
-    let mut acc = [s.zero(); R];
-    let mut c0 = 0;
-    let mut seg = 0;
-    while c0 < full {
-        let c1 = (c0 + p.seg_chunks).min(full);
-        let mut sc = [s.zero(); R];
-        for (j, scale) in sc.iter_mut().enumerate() {
-            *scale = s.splat(p.scale(r0 + j, seg));
-        }
-        for c in c0..c1 {
-            let xv = s.load(&x[c]);
-            for j in 0..R {
-                let w = E::decode(s, &rows[j][c * E::BYTES..(c + 1) * E::BYTES], sc[j]);
-                acc[j] = s.add(acc[j], s.mul(w, xv));
-            }
-        }
-        c0 = c1;
-        seg += 1;
-    }
-    if tail > 0 {
-        let seg = full / p.seg_chunks;
-        let xv = s.load(&x[full]);
-        for j in 0..R {
-            let w = decode_tail::<S, E>(s, rows[j], full, tail, s.splat(p.scale(r0 + j, seg)));
-            acc[j] = s.add(acc[j], s.mul(w, xv));
-        }
-    }
-    for j in 0..R {
-        out[j] = s.reduce(acc[j]);
     }
 }
 
@@ -284,7 +315,8 @@ fn decode_elem<S: Simd, E: Elem>(s: S, p: &Plan, r: usize, c0: usize, out: &mut 
     while c < end {
         let seg = c / p.seg_chunks;
         let seg_end = ((seg + 1) * p.seg_chunks).min(end);
-        let sc = s.splat(p.scale(r, seg));
+        let bytes = &row[c * E::BYTES..(seg_end * E::BYTES).min(row.len())];
+        let sc = E::seg(s, E::scale_at(p, p.scale_base(r) + seg), bytes);
         for c in c..seg_end.min(full) {
             let w = E::decode(s, &row[c * E::BYTES..(c + 1) * E::BYTES], sc);
             s.store(&mut out[c - c0], w);
@@ -413,11 +445,15 @@ fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, accs: &mut [Chunk]) {
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, accs: &mut [Chunk]) -> usize {
     let n = b.n;
-    let w: [&[Chunk]; R] = from_fn(|j| &b.w[j * b.stride..j * b.stride + b.kc]);
-    let x: [&[Chunk]; N] = from_fn(|i| {
+    let mut w = [&[][..]; R];
+    for (j, wj) in w.iter_mut().enumerate() {
+        *wj = &b.w[j * b.stride..j * b.stride + b.kc];
+    }
+    let mut x = [&[][..]; N];
+    for (i, xi) in x.iter_mut().enumerate() {
         let start = (i0 + i) * b.cpr + b.c0;
-        &b.x[start..start + b.kc]
-    });
+        *xi = &b.x[start..start + b.kc];
+    }
     // No closures (`from_fn`) around SIMD operations here: a closure does not inherit the
     // caller's `target_feature`s, so an intrinsic inside one is an out-of-line call.
     let mut acc = [[s.zero(); N]; R];
@@ -434,7 +470,7 @@ fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, acc
         for i in 0..N {
             let xv = s.load(&x[i][c]);
             for j in 0..R {
-                acc[j][i] = s.add(acc[j][i], s.mul(wv[j], xv));
+                acc[j][i] = s.fma(wv[j], xv, acc[j][i]);
             }
         }
     }

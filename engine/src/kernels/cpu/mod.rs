@@ -33,7 +33,7 @@ use crate::kernels::format::Matrix;
 pub enum Isa {
     /// Portable code (any target).
     Scalar,
-    /// x86-64 AVX2 + F16C: two 8-lane registers per canonical accumulator.
+    /// x86-64 AVX2 + F16C + FMA: two 8-lane registers per canonical accumulator.
     Avx2,
     /// x86-64 AVX-512 F/BW/VL: one 16-lane register.
     Avx512,

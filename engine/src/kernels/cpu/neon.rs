@@ -133,9 +133,11 @@ impl Simd for Neon {
         V4(std::array::from_fn(|k| unsafe { vaddq_f32(a.0[k], b.0[k]) }))
     }
     #[inline(always)]
-    fn mul(self, a: V4, b: V4) -> V4 {
-        // SAFETY: NEON proven by `self`.
-        V4(std::array::from_fn(|k| unsafe { vmulq_f32(a.0[k], b.0[k]) }))
+    fn fma(self, a: V4, b: V4, c: V4) -> V4 {
+        // SAFETY: NEON proven by `self`. `vfmaq_f32(c, a, b)` is `c + a * b`, rounded once.
+        V4(std::array::from_fn(|k| unsafe {
+            vfmaq_f32(c.0[k], a.0[k], b.0[k])
+        }))
     }
     #[inline(always)]
     fn load(self, c: &Chunk) -> V4 {
@@ -195,6 +197,10 @@ impl Simd for Neon {
         }
     }
     #[inline(always)]
+    fn fp8_seg(self, s: f32) -> V4 {
+        self.splat(s * 256.0)
+    }
+    #[inline(always)]
     fn dec_fp8(self, b: &[u8], s256: V4) -> V4 {
         assert!(b.len() >= 16);
         // SAFETY: 16 readable bytes (asserted); NEON proven by `self`. f32 bits
@@ -222,8 +228,16 @@ impl Simd for Neon {
         }
     }
     #[inline(always)]
+    fn int4_seg(self, s: f32) -> V4 {
+        self.splat(s)
+    }
+    #[inline(always)]
     fn dec_int4(self, b: &[u8], s: V4) -> V4 {
         self.nibble_lut(b, &INT4_TABLES, s)
+    }
+    #[inline(always)]
+    fn mxfp4_seg(self, s: f32) -> V4 {
+        self.splat(s)
     }
     #[inline(always)]
     fn dec_mxfp4(self, b: &[u8], s: V4) -> V4 {

@@ -5,10 +5,12 @@
 //! Invariant: a fast [`Kind`] is chosen only when every 16-column canonical chunk lies inside one
 //! scale segment and the SIMD decode rule reproduces the reference element value bit for bit;
 //! anything else (odd group sizes, FP8 scales so large that `256 * s` would overflow) is
-//! [`Kind::Generic`], which decodes rows with [`reference::decode_row`].
+//! [`Kind::Generic`], which decodes rows with [`reference::decode_row`]. The scale handed to the
+//! decoders is the stored one; each ISA turns it into its own per-segment operand once
+//! (`Simd::fp8_seg` and friends).
 
 use crate::kernels::LANES;
-use crate::kernels::format::{Format, Matrix, ScaleDtype, e8m0_to_f32};
+use crate::kernels::format::{Format, Matrix, ScaleDtype, bf16_to_f32, e8m0_to_f32};
 use crate::kernels::reference;
 
 /// Which decoder a plan uses.
@@ -28,7 +30,7 @@ pub(crate) enum Kind {
 enum ScaleRule {
     /// Unscaled formats: the scale operand is unused.
     One,
-    /// f32 block scales, pre-multiplied by 256 (the FP8 decoders produce `e4m3 / 256`).
+    /// f32 block scales (ISAs pre-multiply them by 256, see [`FP8_PRESCALE_LIMIT`]).
     Fp8 { block_rows: usize, scale_cols: usize },
     /// One scale per `group` columns of each row.
     Int4 { per_row: usize, dtype: ScaleDtype },
@@ -48,7 +50,8 @@ pub(crate) struct Plan<'a> {
     rule: ScaleRule,
 }
 
-/// `2^119`: FP8 scales at or above this magnitude would overflow when pre-multiplied by 256.
+/// `2^119`: FP8 scales at or above this magnitude would overflow when an ISA pre-multiplies
+/// them by 256 (its decoders produce `e4m3 / 256`); they take the exact generic path.
 const FP8_PRESCALE_LIMIT: f32 = f32::from_bits((119 + 127) << 23);
 
 impl<'a> Plan<'a> {
@@ -123,22 +126,47 @@ impl<'a> Plan<'a> {
         &self.data[r * len..(r + 1) * len]
     }
 
-    /// The scale operand of segment `seg` (columns `seg * seg_chunks * 16 ..`) of row `r`.
+    /// Index of the first scale of row `r` (segment `seg` of the row is scale `base + seg`).
     #[inline(always)]
-    pub fn scale(&self, r: usize, seg: usize) -> f32 {
+    pub fn scale_base(&self, r: usize) -> usize {
         match self.rule {
-            ScaleRule::One => 1.0,
+            ScaleRule::One => 0,
             ScaleRule::Fp8 {
                 block_rows,
                 scale_cols,
-            } => {
-                let i = 4 * ((r / block_rows) * scale_cols + seg);
-                let b = &self.scales[i..i + 4];
-                f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * 256.0
-            }
-            ScaleRule::Int4 { per_row, dtype } => dtype.get(self.scales, r * per_row + seg),
-            ScaleRule::Mxfp4 { per_row } => e8m0_to_f32(self.scales[r * per_row + seg]),
+            } => (r / block_rows) * scale_cols,
+            ScaleRule::Int4 { per_row, .. } | ScaleRule::Mxfp4 { per_row } => r * per_row,
         }
+    }
+
+    /// Stored f32 scale number `i` (FP8 block scales, f32 INT4 group scales).
+    #[inline(always)]
+    pub fn fp8_scale(&self, i: usize) -> f32 {
+        let b = &self.scales[4 * i..4 * i + 4];
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// INT4 group scale number `i`, widened exactly to f32.
+    #[inline(always)]
+    pub fn int4_scale(&self, i: usize) -> f32 {
+        match self.rule {
+            ScaleRule::Int4 {
+                dtype: ScaleDtype::Bf16,
+                ..
+            } => bf16_to_f32(u16::from_le_bytes([self.scales[2 * i], self.scales[2 * i + 1]])),
+            ScaleRule::Int4 {
+                dtype: ScaleDtype::F32,
+                ..
+            } => self.fp8_scale(i),
+            ScaleRule::Int4 { dtype, .. } => dtype.get(self.scales, i),
+            _ => 1.0,
+        }
+    }
+
+    /// MXFP4 group scale number `i` (E8M0).
+    #[inline(always)]
+    pub fn mxfp4_scale(&self, i: usize) -> f32 {
+        e8m0_to_f32(self.scales[i])
     }
 
     /// Decode row `r` with the reference rule (the [`Kind::Generic`] path).

@@ -71,8 +71,8 @@ impl Simd for Scalar {
         std::array::from_fn(|l| a[l] + b[l])
     }
     #[inline(always)]
-    fn mul(self, a: V, b: V) -> V {
-        std::array::from_fn(|l| a[l] * b[l])
+    fn fma(self, a: V, b: V, c: V) -> V {
+        std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
     }
     #[inline(always)]
     fn load(self, c: &Chunk) -> V {
@@ -108,13 +108,25 @@ impl Simd for Scalar {
         std::array::from_fn(|l| bf16_to_f32(u16::from_le_bytes([b[2 * l], b[2 * l + 1]])))
     }
     #[inline(always)]
+    fn fp8_seg(self, s: f32) -> V {
+        [s * 256.0; LANES]
+    }
+    #[inline(always)]
     fn dec_fp8(self, b: &[u8], s256: V) -> V {
         let (b, t) = (&b[..16], fp8_table());
         std::array::from_fn(|l| t[b[l] as usize] * s256[l])
     }
     #[inline(always)]
+    fn int4_seg(self, s: f32) -> V {
+        [s; LANES]
+    }
+    #[inline(always)]
     fn dec_int4(self, b: &[u8], s: V) -> V {
         nibbles(b, &INT4_VALUES, s[0])
+    }
+    #[inline(always)]
+    fn mxfp4_seg(self, s: f32) -> V {
+        [s; LANES]
     }
     #[inline(always)]
     fn dec_mxfp4(self, b: &[u8], s: V) -> V {

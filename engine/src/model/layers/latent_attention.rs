@@ -15,9 +15,9 @@
 //! `(row, block)` (few rows over a long cache: decode), but every row is always computed by
 //! exactly this sequence of floating-point operations, so its result does not depend on the
 //! thread count, on which rows share the pass, or on how its prompt was chunked (a row at
-//! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use the
-//! canonical 16-lane order of [`crate::kernels::reference::dot`]; no fused multiply-add, so the
-//! AVX2 instantiation and the portable one give the same bits.
+//! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
+//! lanes like [`crate::kernels::reference::dot`], but with a separate multiply and add (no fused
+//! multiply-add), so the AVX2 instantiation and the portable one give the same bits.
 //!
 //! [`attend_reference`] is the scalar twin (exact two-pass softmax per head) for parity tests.
 
@@ -139,7 +139,8 @@ impl Partial {
     }
 }
 
-/// The canonical 16-lane dot product (equal to `reference::dot` up to the sign of a zero).
+/// A 16-lane dot product: lane `l` sums `a[k] * b[k]` for `k ≡ l (mod 16)` (product and sum
+/// each rounded), then the fixed lane tree.
 #[inline(always)]
 pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
