@@ -39,6 +39,9 @@ pub(crate) trait Simd: Copy {
     const TILE_ROWS: usize;
     /// Input rows per register tile of the multi-row path.
     const TILE_XS: usize;
+    /// Input rows of the wide tile (2 weight rows x `WIDE_XS` inputs, one decode per weight
+    /// chunk) used when `TILE_XS < n <= WIDE_XS`; 0: none (the register file is too small).
+    const WIDE_XS: usize = 0;
 
     fn zero(self) -> Self::V;
     fn splat(self, v: f32) -> Self::V;
@@ -184,22 +187,33 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
 }
 
 /// `2 <= n <= 4 * TILE_XS` (verify passes of up to 15 drafts, small prefill chunks): the fused
-/// path with several input rows. Each weight chunk of a group of `TILE_ROWS` rows is decoded in registers and multiplied into up to `TILE_XS` input rows at
-/// once; more inputs take a second sweep over the same group, whose bytes are then still in
-/// L1/L2, so each weight byte still comes from memory once. No decoded panel is written and
-/// read back. Rows left over at the end of the range go through the panel path.
+/// path with several input rows. Each weight chunk of a group of `TILE_ROWS` rows is decoded in
+/// registers and multiplied into up to `TILE_XS` input rows at once; more inputs take a second
+/// sweep over the same group, whose bytes are then still in L1/L2, so each weight byte still
+/// comes from memory once. Where the ISA has a wide tile and `n` fits it, groups of 2 rows take
+/// all `n` inputs in one sweep, so each chunk is decoded once instead of once per sweep. No
+/// decoded panel is written and read back. Rows left over at the end go through the panel path.
 #[inline(always)]
 fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
-    let group = S::TILE_ROWS;
+    let wide = n > S::TILE_XS && n <= S::WIDE_XS;
+    let (group, per) = if wide {
+        (2, S::WIDE_XS)
+    } else {
+        (S::TILE_ROWS, S::TILE_XS)
+    };
     let mut r = r0;
     while r + group <= r1 {
         let mut i0 = 0;
         while i0 < n {
-            let ni = (n - i0).min(S::TILE_XS);
+            let ni = (n - i0).min(per);
             let xs = &x[i0 * cpr..(i0 + ni) * cpr];
             let outs = &mut out[i0..i0 + ni];
             match (group, ni) {
+                (2, 5) => fused_n::<S, E, 2, 5>(s, p, r, r0, xs, cpr, outs),
+                (2, 6) => fused_n::<S, E, 2, 6>(s, p, r, r0, xs, cpr, outs),
+                (2, 7) => fused_n::<S, E, 2, 7>(s, p, r, r0, xs, cpr, outs),
+                (2, 8) => fused_n::<S, E, 2, 8>(s, p, r, r0, xs, cpr, outs),
                 (4, 1) => fused_n::<S, E, 4, 1>(s, p, r, r0, xs, cpr, outs),
                 (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, xs, cpr, outs),
                 (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, xs, cpr, outs),
