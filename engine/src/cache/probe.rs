@@ -189,14 +189,9 @@ pub fn mmap_probe(
 /// Ask the kernel to drop the page cache of every shard (`posix_fadvise(DONTNEED)`), so a
 /// buffered or mmap probe reads from disk. Best effort.
 pub fn evict_page_cache(paths: &[PathBuf]) {
-    use std::os::fd::AsRawFd;
     for p in paths {
         if let Ok(f) = std::fs::File::open(p) {
-            // SAFETY: advisory call on a descriptor owned by `f`; no memory is passed.
-            #[allow(unsafe_code)]
-            unsafe {
-                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-            }
+            super::reader::drop_pages(&f, 0, 0);
         }
     }
 }

@@ -41,6 +41,13 @@ pub enum ReadMode {
     Buffered,
 }
 
+impl ReadMode {
+    /// Whether buffered reads in this mode drop the pages they read (`Auto` only).
+    pub fn drops_pages(self) -> bool {
+        self == ReadMode::Auto
+    }
+}
+
 /// How a reader pool reads its shards and why: a line of the residency plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReadDecision {
@@ -59,7 +66,7 @@ impl ReadDecision {
             mode,
             direct_shards,
             shards,
-            drop_pages: mode == ReadMode::Auto,
+            drop_pages: mode.drops_pages(),
         }
     }
 }
@@ -645,7 +652,7 @@ impl Inner {
         if cached < c.len {
             c.job.cached.store(false, Ordering::Release);
         }
-        if self.mode == ReadMode::Auto {
+        if self.mode.drops_pages() {
             drop_pages(&file.buffered, c.offset, c.len);
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -655,9 +662,9 @@ impl Inner {
     }
 }
 
-/// Ask the kernel to drop the page cache of `len` bytes at `offset` of `file` (best effort:
-/// advice that fails changes nothing but memory use).
-fn drop_pages(file: &File, offset: u64, len: usize) {
+/// Ask the kernel to drop the page cache of `len` bytes at `offset` of `file` (`len == 0`: to
+/// the end). Best effort: advice that fails changes nothing but memory use.
+pub(crate) fn drop_pages(file: &File, offset: u64, len: usize) {
     use std::os::fd::AsRawFd;
     // SAFETY: advisory call on a descriptor owned by `file`; no memory is passed.
     #[allow(unsafe_code)]

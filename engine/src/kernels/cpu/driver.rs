@@ -61,13 +61,15 @@ pub(crate) trait Simd: Copy {
     fn dec_bf16(self, b: &[u8]) -> Self::V;
     /// The FP8 segment operand for block scale `s` (`|s| < 2^119`, see `plan`): `256 * s`.
     fn fp8_seg(self, s: f32) -> Self::V;
-    /// Whether `b` holds an E4M3 NaN code (`0x7F`/`0xFF`).
+    /// Whether the segment `b` holds an E4M3 NaN code (`0x7F`/`0xFF`). An ISA whose `dec_fp8`
+    /// patches NaN codes itself keeps this default (`false`: no second scan); one that checks
+    /// per segment instead overrides it and decodes without a patch.
     #[inline(always)]
-    fn fp8_nan_in(self, b: &[u8]) -> bool {
-        b.iter().any(|&c| c & 0x7F == 0x7F)
+    fn fp8_nan_in(self, _b: &[u8]) -> bool {
+        false
     }
     /// 16 E4M3 bytes: `e4m3 * s` (one f32 rounding) from `fp8_seg(s)`. NaN codes give a NaN,
-    /// or anything when the segment was checked by `fp8_nan_in` (see [`Elem`]).
+    /// unless this ISA overrides `fp8_nan_in` (then the segment's operand is NaN, see [`Elem`]).
     fn dec_fp8(self, b: &[u8], seg: Self::V) -> Self::V;
     /// The INT4 segment operand for group scale `s` (a splat, or a pre-scaled lookup table).
     fn int4_seg(self, s: f32) -> Self::V;
