@@ -20,9 +20,8 @@ impl ScaleDtype {
         }
     }
 
-    /// Scale number `i` of `bytes` as f32 (exact widening). Always inlined: the kernels call it
-    /// once per scale group, where the `match` on a loop-invariant dtype folds away.
-    #[inline(always)]
+    /// Scale number `i` of `bytes` as f32 (exact widening).
+    #[inline]
     pub fn get(self, bytes: &[u8], i: usize) -> f32 {
         match self {
             ScaleDtype::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
