@@ -1,5 +1,11 @@
 //! Row-wise f32 operations used by the architectures (norms, activations, softmax). Each works on
-//! one row at a time, so results never depend on how many rows are processed together.
+//! one row at a time, so results never depend on how many rows are processed together, and uses
+//! the device-independent [`math`](super::math) functions and the canonical 16-lane sum, so a GPU
+//! kernel can compute the same bits (`backend/cuda/layers.cu`).
+
+pub use super::math::sigmoid;
+use super::math::exp;
+use super::reference::dot;
 
 /// HF-style RMSNorm of one row in f32: `out = weight * (x * 1/sqrt(mean(x²) + eps))`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -10,10 +16,10 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `1 / sqrt(mean(x²) + eps)` with a sequential f32 sum (matching a per-row reduction).
+/// `1 / sqrt(mean(x²) + eps)`, the sum of squares in the canonical 16-lane order
+/// ([`dot`]`(x, x)`), then one division, square root and division, each rounded once.
 pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
-    let ss: f32 = x.iter().map(|v| v * v).sum();
-    1.0 / (ss / x.len() as f32 + eps).sqrt()
+    1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt()
 }
 
 /// In-place RMSNorm.
@@ -22,12 +28,6 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     for (v, &w) in x.iter_mut().zip(weight) {
         *v = w * (*v * inv);
     }
-}
-
-/// Logistic sigmoid.
-#[inline]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// SiLU (`x * sigmoid(x)`).
@@ -41,7 +41,7 @@ pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = exp(*v - max);
         sum += *v;
     }
     for v in x.iter_mut() {

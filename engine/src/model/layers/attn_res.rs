@@ -7,6 +7,7 @@
 //! time as `res_norm.weight ⊙ res_proj.weight[0]` (the reference operation order, equal to a
 //! weighted RMSNorm followed by the `[1, H]` projection). Everything is f32 and row-local.
 
+use crate::kernels::math::exp;
 use crate::kernels::ops::rms_inv;
 
 /// One AttnRes site (attention input, FFN input, or the tail).
@@ -37,7 +38,7 @@ impl AttnRes {
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for s in scores.iter_mut() {
-            *s = (*s - max).exp();
+            *s = exp(*s - max);
             sum += *s;
         }
         out.iter_mut().for_each(|o| *o = 0.0);

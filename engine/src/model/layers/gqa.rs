@@ -18,6 +18,7 @@ use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::generate::KvCache;
 use crate::kernels::Matrix;
+use crate::kernels::math::exp;
 use crate::kernels::ops::rms_norm_inplace;
 use crate::model::Loader;
 
@@ -236,7 +237,7 @@ fn attend_head(
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
+        *s = exp(*s - max);
         sum += *s;
     }
     out.fill(0.0);

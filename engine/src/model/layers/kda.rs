@@ -27,6 +27,7 @@ use crate::backend::matmul;
 use crate::config::KdaDecay;
 use crate::generate::{KdaCache, KdaShape};
 use crate::kernels::Matrix;
+use crate::kernels::math::{self, exp};
 use crate::kernels::ops::{rms_inv, sigmoid, silu};
 
 /// The L2 normalisation of q/k; the three oracles use different formulas (model-formats §3.4).
@@ -116,7 +117,7 @@ pub fn broadcast_decay_rate(
     for h in 0..heads {
         for d in 0..head_dim {
             let i = (if rows == 1 { 0 } else { h }) * cols + if cols == 1 { 0 } else { d };
-            out.push(a_log[i].exp());
+            out.push(exp(a_log[i]));
         }
     }
     Ok(out)
@@ -228,7 +229,7 @@ impl Kda {
             let f = &proj.f[i * p..(i + 1) * p];
             for ((g, &f), &rate) in g.iter_mut().zip(f).zip(&self.decay_rate) {
                 *g = match self.decay {
-                    KdaDecay::Softplus => -rate * softplus(f),
+                    KdaDecay::Softplus => -rate * math::softplus(f),
                     KdaDecay::LowerBound(bound) => bound * sigmoid(rate * f),
                 };
             }
@@ -275,11 +276,6 @@ impl Kda {
             }
         }
     }
-}
-
-/// `log(1 + exp(x))`, linear above 20 (HF's thresholded form).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { (1.0 + x.exp()).ln() }
 }
 
 /// Shift one row of raw projections into the convolution history (oldest row dropped).
@@ -333,7 +329,7 @@ fn head_step_with(
 ) {
     let d = delta.len();
     for (i, (row, &gi)) in s.chunks_mut(d).zip(gh).enumerate() {
-        let decay = gi.exp();
+        let decay = exp(gi);
         match prev {
             Some(p) => row
                 .iter_mut()
@@ -477,10 +473,10 @@ mod tests {
     #[test]
     fn a_log_broadcasts_by_stored_shape() {
         let per_head = broadcast_decay_rate(&[1, 1, 2, 1], &[0.0, 1.0], 2, 3).unwrap();
-        assert_eq!(per_head, vec![1.0, 1.0, 1.0, 1f32.exp(), 1f32.exp(), 1f32.exp()]);
+        assert_eq!(per_head, vec![1.0, 1.0, 1.0, exp(1.0), exp(1.0), exp(1.0)]);
         let per_channel = broadcast_decay_rate(&[3], &[0.0, 1.0, 2.0], 2, 3).unwrap();
         assert_eq!(per_channel[..3], per_channel[3..]);
-        assert_eq!(per_channel[2], 2f32.exp());
+        assert_eq!(per_channel[2], exp(2.0));
         assert!(
             broadcast_decay_rate(&[2], &[0.0, 1.0], 2, 3).is_err(),
             "[H] with H != head_dim"

@@ -23,6 +23,7 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::math::exp;
 use crate::kernels::reference::reduce_lanes;
 
 /// Positions per block (the unit of the cross-block merge and of decode parallelism).
@@ -116,7 +117,7 @@ impl Partial {
     fn merge(&mut self, next: &Partial, s: LatentShape) {
         for h in 0..s.heads {
             let m = self.max[h].max(next.max[h]);
-            let (a, b) = ((self.max[h] - m).exp(), (next.max[h] - m).exp());
+            let (a, b) = (exp(self.max[h] - m), exp(next.max[h] - m));
             self.max[h] = m;
             self.sum[h] = self.sum[h] * a + next.sum[h] * b;
             let acc = &mut self.acc[h * s.latent..][..s.latent];
@@ -181,7 +182,7 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
             let m = part.max[h].max(tile_max);
-            let a = (part.max[h] - m).exp();
+            let a = exp(part.max[h] - m);
             part.max[h] = m;
             part.sum[h] *= a;
             part.acc[h * s.latent..][..s.latent]
@@ -191,7 +192,7 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
         for j in t0..t1 {
             let (latent, _) = q.keys.key(j, s);
             for h in 0..s.heads {
-                let p = (scores[h * TILE + (j - t0)] - part.max[h]).exp();
+                let p = exp(scores[h * TILE + (j - t0)] - part.max[h]);
                 part.sum[h] += p;
                 let acc = &mut part.acc[h * s.latent..][..s.latent];
                 acc.iter_mut().zip(latent).for_each(|(x, &c)| *x += p * c);
@@ -299,7 +300,7 @@ pub fn attend_reference(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [
                 })
                 .collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = scores.iter().map(|x| (x - max).exp()).collect();
+            let exps: Vec<f32> = scores.iter().map(|x| exp(x - max)).collect();
             let sum: f32 = exps.iter().sum();
             let oh = &mut o[h * s.latent..][..s.latent];
             oh.iter_mut().for_each(|x| *x = 0.0);

@@ -3,7 +3,7 @@
 
 use crate::backend::matmul;
 use crate::kernels::Matrix;
-use crate::kernels::ops::sigmoid;
+use crate::kernels::math::{exp, sigmoid, tanh};
 
 /// Gate activation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,11 +20,11 @@ impl Activation {
     #[inline]
     pub fn apply(self, g: f32, u: f32) -> f32 {
         match self {
-            Activation::Silu => g / (1.0 + (-g).exp()) * u,
+            Activation::Silu => g / (1.0 + exp(-g)) * u,
             Activation::Situ { beta, linear_beta } => {
-                let gate = (beta * (g / beta).tanh()) * sigmoid(g);
+                let gate = (beta * tanh(g / beta)) * sigmoid(g);
                 let up = match linear_beta {
-                    Some(b) => b * (u / b).tanh(),
+                    Some(b) => b * tanh(u / b),
                     None => u,
                 };
                 gate * up

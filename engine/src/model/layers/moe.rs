@@ -19,6 +19,7 @@ use super::mlp::Mlp;
 use crate::backend::matmul;
 use crate::error::Result;
 use crate::kernels::Matrix;
+use crate::kernels::math::exp;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 
 /// Serves a layer's routed experts to [`Moe::forward_with`].
@@ -129,7 +130,7 @@ pub fn select_experts(choice: &[f32], n_group: usize, topk_group: usize, top_k: 
 /// `exp(l - max) / Σ exp(l - max)` in f32, summed in index order (torch's float softmax).
 fn softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exp: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let exp: Vec<f32> = logits.iter().map(|&l| exp(l - max)).collect();
     let sum: f32 = exp.iter().sum();
     exp.iter().map(|e| e / sum).collect()
 }
