@@ -17,7 +17,7 @@
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
 /// `ln 2` split for Cody–Waite reduction: `LN2_HI` has 8 significant bits, so `n · LN2_HI` is
 /// exact for every `|n| ≤ 255`; `LN2_HI + LN2_LO` is `ln 2` to about 2^-32.
-const LN2_HI: f32 = 0.693_359_375;
+const LN2_HI: f32 = f32::from_bits(0x3f31_8000); // 0.693359375
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// Above this `exp` overflows (`ln(f32::MAX)` rounded down); below `EXP_UNDER` it rounds to 0.
 const EXP_OVER: f32 = 88.722_83;
