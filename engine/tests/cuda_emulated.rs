@@ -8,11 +8,10 @@
 //! repository's CI); `engine/tests/cuda.rs` checks the same on a real device. Needs a C++20
 //! compiler (`g++`); without one the test is skipped, unless `DELTAFIN_REQUIRE_SERVICES=1`.
 
+mod emulator_support;
 mod kernel_support;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use deltafin_engine::backend::abi::kernel_args;
@@ -22,33 +21,8 @@ use kernel_support::*;
 /// The emulator binary, compiled once per test run (`None`: no compiler, skip).
 fn emulator() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emulator/emulate.cpp");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deltafin-cuda-emulator");
-        let status = Command::new("g++")
-            .args([
-                "-std=c++20",
-                "-O2",
-                "-ffp-contract=off",
-                "-fno-fast-math",
-                "-pthread",
-            ])
-            .args(["-Wall", "-Wno-unknown-pragmas", "-Werror", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status();
-        match status {
-            Ok(s) if s.success() => Some(out),
-            Ok(s) => panic!("the CUDA source does not compile in the emulator: {s}"),
-            Err(e) => {
-                let required = std::env::var_os("DELTAFIN_REQUIRE_SERVICES").is_some_and(|v| v == "1");
-                assert!(!required, "g++ is required (DELTAFIN_REQUIRE_SERVICES=1): {e}");
-                eprintln!("skipping: no g++ ({e})");
-                None
-            }
-        }
-    })
-    .as_deref()
+    BIN.get_or_init(|| emulator_support::compile("emulate.cpp", "deltafin-cuda-emulator"))
+        .as_deref()
 }
 
 /// `m` times `n` rows of `x` through the emulated kernel.
@@ -72,19 +46,9 @@ fn emulate(bin: &Path, m: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
     input.extend(&m.data[..]);
     input.extend(scales);
     input.extend(x.iter().flat_map(|v| v.to_le_bytes()));
-    let mut child = Command::new(bin)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(&input).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "emulator failed: {}", out.status);
-    assert_eq!(out.stdout.len(), 4 * n * m.rows);
-    out.stdout
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    let out = emulator_support::run(bin, &input);
+    assert_eq!(out.len(), 4 * n * m.rows);
+    emulator_support::floats(&out)
 }
 
 fn check(m: &Matrix, ns: &[usize], label: &str) {

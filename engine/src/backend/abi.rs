@@ -1,7 +1,8 @@
-//! The launch interface of the CUDA kernels in `cuda/matmul.cu`: which kernel a stored format
-//! uses and the integer parameters it is passed. Kept apart from the feature-gated backend so
-//! that the CPU emulation of the kernel source (`engine/tests/cuda_emulated.rs`) launches them
-//! exactly as the backend does.
+//! The launch interface of the CUDA kernels: which matrix kernel (`cuda/matmul.cu`) a stored
+//! format uses and the integers it is passed, and the grid, block and [`LayerParams`] of each
+//! layer kernel (`cuda/layers.cu`). Kept apart from the feature-gated backend so that the CPU
+//! emulation of the kernel sources (`engine/tests/cuda_emulated*.rs`) launches them exactly as
+//! the backend does.
 
 use crate::kernels::{Format, ScaleDtype};
 
@@ -56,4 +57,110 @@ pub fn kernel_args(format: Format) -> KernelArgs {
         p1,
         scale_dtype,
     }
+}
+
+/// Buffer, integer and float slots of [`LayerParams`] (`DF_BUFS`, `DF_INTS`, `DF_FLOATS` in
+/// `cuda/layers.cu`).
+pub const LAYER_BUFS: usize = 8;
+pub const LAYER_INTS: usize = 12;
+pub const LAYER_FLOATS: usize = 4;
+
+/// The one by-value argument of every layer kernel in `cuda/layers.cu` (`struct LayerParams`):
+/// device addresses of its buffers, then its integers and floats, in the order each kernel
+/// documents.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerParams {
+    pub buf: [u64; LAYER_BUFS],
+    pub int: [i32; LAYER_INTS],
+    pub float: [f32; LAYER_FLOATS],
+}
+
+/// One layer-kernel launch: entry point, grid and block, and the scalar arguments. The caller
+/// supplies the buffers in the kernel's order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerLaunch {
+    pub name: &'static str,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub int: [i32; LAYER_INTS],
+    pub float: [f32; LAYER_FLOATS],
+}
+
+/// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
+const THREADS: u32 = 256;
+/// Rows per RMSNorm block (`DF_NORM_ROWS`), each on 16 lanes.
+const NORM_ROWS: u32 = 16;
+
+/// A launch of `blocks` blocks of `block` threads (at least one block).
+fn launch(name: &'static str, blocks: usize, block: [u32; 3], ints: &[i32], floats: &[f32]) -> LayerLaunch {
+    let mut l = LayerLaunch {
+        name,
+        grid: [blocks.max(1) as u32, 1, 1],
+        block,
+        int: [0; LAYER_INTS],
+        float: [0.0; LAYER_FLOATS],
+    };
+    l.int[..ints.len()].copy_from_slice(ints);
+    l.float[..floats.len()].copy_from_slice(floats);
+    l
+}
+
+/// Blocks of [`THREADS`] for one thread per item.
+fn per_thread(items: usize) -> usize {
+    items.div_ceil(THREADS as usize)
+}
+
+/// RMSNorm of `rows` rows of `width` (buffers: x, weight, out).
+pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
+    let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
+    let blocks = rows.div_ceil(NORM_ROWS as usize);
+    launch("deltafin_rms_norm", blocks, block, &[rows as i32, width as i32], &[eps])
+}
+
+/// `act(g, u)` over `count` elements (buffers: g, u, out).
+pub fn gated_act(count: usize, act: crate::model::layers::mlp::Activation) -> LayerLaunch {
+    use crate::model::layers::mlp::Activation;
+    let (kind, beta, linear) = match act {
+        Activation::Silu => (0, 0.0, 0.0),
+        Activation::Situ { beta, linear_beta: None } => (1, beta, 0.0),
+        Activation::Situ { beta, linear_beta: Some(l) } => (2, beta, l),
+    };
+    launch("deltafin_gated_act", per_thread(count), [THREADS, 1, 1], &[count as i32, kind], &[beta, linear])
+}
+
+/// `a + b` over `count` elements (buffers: a, b, out).
+pub fn add(count: usize) -> LayerLaunch {
+    launch("deltafin_add", per_thread(count), [THREADS, 1, 1], &[count as i32], &[])
+}
+
+/// Routing of `rows` rows of `experts` router logits (buffers: logits, bias or empty, ids (i32),
+/// weights, scratch of [`route_scratch`] f32 values).
+pub fn route(rows: usize, experts: usize, r: &crate::model::layers::moe::RouterConfig) -> LayerLaunch {
+    use crate::model::layers::moe::Scoring;
+    let scoring = match r.scoring {
+        Scoring::Sigmoid => 0,
+        Scoring::Softmax => 1,
+    };
+    let ints = [
+        rows as i32,
+        experts as i32,
+        scoring,
+        r.n_group as i32,
+        r.topk_group as i32,
+        r.top_k as i32,
+        r.norm_topk_prob as i32,
+    ];
+    launch("deltafin_route", per_thread(rows), [THREADS, 1, 1], &ints, &[r.scaling])
+}
+
+/// f32 scratch values [`route`] needs.
+pub fn route_scratch(rows: usize, experts: usize, n_group: usize) -> usize {
+    rows * (3 * experts + n_group)
+}
+
+/// Weighted combine of routed outputs into `rows` rows of `width` (buffers: results, weights,
+/// offsets (i32, `rows + 1`), out).
+pub fn combine(rows: usize, width: usize) -> LayerLaunch {
+    launch("deltafin_combine", per_thread(rows * width), [THREADS, 1, 1], &[rows as i32, width as i32], &[])
 }

@@ -225,7 +225,7 @@ impl Moe {
                 users[expert].push((row, slot));
             }
         }
-        let mut offsets = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(n + 1);
         let mut total = 0;
         for route in routes {
             offsets.push(total);
@@ -254,18 +254,27 @@ impl Moe {
                 results[at..at + width].copy_from_slice(&y[k * width..(k + 1) * width]);
             }
         }
-        let mut out = vec![0.0f32; n * width];
-        for (row, route) in routes.iter().enumerate() {
-            let o = &mut out[row * width..(row + 1) * width];
-            for (slot, &(_, w)) in route.iter().enumerate() {
-                let at = (offsets[row] + slot) * width;
-                for (o, v) in o.iter_mut().zip(&results[at..at + width]) {
-                    *o += v * w;
-                }
+        offsets.push(total);
+        let weights: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
+        Ok(combine(&results, &weights, &offsets, width))
+    }
+}
+
+/// The weighted sum of routed outputs: row `r` is `Σ v·w` over its slots
+/// `offsets[r]..offsets[r + 1]` of `results` (`width` values each) and `weights`, in slot order,
+/// from zero, a multiply then an add per element (`deltafin_combine` on the GPU).
+pub fn combine(results: &[f32], weights: &[f32], offsets: &[usize], width: usize) -> Vec<f32> {
+    let rows = offsets.len().saturating_sub(1);
+    let mut out = vec![0.0f32; rows * width];
+    for (row, o) in out.chunks_mut(width.max(1)).enumerate() {
+        for slot in offsets[row]..offsets[row + 1] {
+            let w = weights[slot];
+            for (o, v) in o.iter_mut().zip(&results[slot * width..(slot + 1) * width]) {
+                *o += v * w;
             }
         }
-        Ok(out)
     }
+    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+// Deltafin's CUDA layer kernels: the row-wise operations of a forward pass besides the matrix
+// products (RMSNorm, the gated activations, the MoE router and its weighted combine, residual
+// adds), compiled with matmul.cu and math.cuh into one NVRTC module (--fmad=false --ftz=false).
+//
+// Each computes exactly the CPU's sequence of IEEE operations, so its outputs are the CPU's bits:
+//   * RMSNorm: the sum of squares in the canonical 16-lane order of kernels/reference.rs::dot
+//     (lane l accumulates fma(x, x, acc) over k = l mod 16, tree 8, 4, 2, 1), then
+//     1 / sqrt(ss / width + eps) and w * (x * inv)    (kernels/ops.rs);
+//   * activations: model/layers/mlp.rs's Activation::apply with math.cuh's exp and tanh;
+//   * the router: model/layers/moe.rs's Moe::route (sigmoid or f32 softmax scores, selection
+//     bias, group-limited top-k ranked by the sum of each group's two best, ties to the lower
+//     index under IEEE total order, renormalisation, scaling), one thread per row;
+//   * the combine: per row, from zero, o += v * w over the row's routed outputs in route order.
+// engine/tests/cuda_emulated_layers.rs runs this source on the CPU against those functions.
+//
+// Every kernel takes one LayerParams by value (backend/abi.rs mirrors it): buffer addresses,
+// integers and floats, in the order each kernel's comment lists.
+
+#define DF_BUFS 8
+#define DF_INTS 12
+#define DF_FLOATS 4
+
+struct LayerParams {
+    u64 buf[DF_BUFS];
+    int i[DF_INTS];
+    float f[DF_FLOATS];
+};
+
+#define DF_NORM_ROWS 16  // rows per RMSNorm block: block (LANES, DF_NORM_ROWS)
+#define DF_THREADS 256   // threads per block of the element-wise kernels and the router
+
+// Sum of lanes 0..15 of a 16-lane segment by the fixed tree, broadcast to every lane.
+__device__ __forceinline__ float df_lane_sum(float v) {
+    for (int s = LANES / 2; s > 0; s /= 2) v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, s, LANES));
+    return __shfl_sync(0xffffffffu, v, 0, LANES);
+}
+
+// RMSNorm of `rows` rows of `width`: buf x, weight, out (may equal x); i rows, width; f eps.
+extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_norm(LayerParams p) {
+    const float* x = (const float*)p.buf[0];
+    const float* w = (const float*)p.buf[1];
+    float* out = (float*)p.buf[2];
+    const int rows = p.i[0], width = p.i[1];
+    const int lane = threadIdx.x;
+    const int r = blockIdx.x * DF_NORM_ROWS + threadIdx.y;
+    const bool live = r < rows;
+    const float* xr = x + (u64)(live ? r : 0) * (u64)width;
+    const int padded = (width + LANES - 1) / LANES * LANES;
+    float acc = 0.0f;
+    for (int k = lane; k < padded; k += LANES) {
+        const float v = (live && k < width) ? xr[k] : 0.0f;
+        acc = __fmaf_rn(v, v, acc);
+    }
+    const float ss = df_lane_sum(acc);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)width), p.f[0])));
+    if (!live) return;
+    float* o = out + (u64)r * (u64)width;
+    for (int k = lane; k < width; k += LANES) o[k] = __fmul_rn(w[k], __fmul_rn(xr[k], inv));
+}
+
+#define DF_ACT_SILU 0
+#define DF_ACT_SITU 1
+#define DF_ACT_SITU_LINEAR 2  // SiTU with a soft-capped up branch (linear_beta)
+
+// out = act(g, u) element-wise: buf g, u, out (may equal g); i count, kind; f beta, linear_beta.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_gated_act(LayerParams p) {
+    const float* g = (const float*)p.buf[0];
+    const float* u = (const float*)p.buf[1];
+    float* out = (float*)p.buf[2];
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e >= (u64)p.i[0]) return;
+    const float gv = g[e], uv = u[e];
+    const int kind = p.i[1];
+    if (kind == DF_ACT_SILU) {
+        out[e] = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, df_exp(-gv))), uv);
+        return;
+    }
+    const float beta = p.f[0], lb = p.f[1];
+    const float gate = __fmul_rn(__fmul_rn(beta, df_tanh(__fdiv_rn(gv, beta))), df_sigmoid(gv));
+    const float up = kind == DF_ACT_SITU_LINEAR ? __fmul_rn(lb, df_tanh(__fdiv_rn(uv, lb))) : uv;
+    out[e] = __fmul_rn(gate, up);
+}
+
+// out = a + b element-wise: buf a, b, out; i count.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_add(LayerParams p) {
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e >= (u64)p.i[0]) return;
+    ((float*)p.buf[2])[e] = __fadd_rn(((const float*)p.buf[0])[e], ((const float*)p.buf[1])[e]);
+}
+
+// Rust's f32::total_cmp as a signed key: flip the magnitude bits of negative values.
+__device__ __forceinline__ int df_total_key(float v) {
+    int k = (int)__float_as_uint(v);
+    return k ^ (int)(((u32)(k >> 31)) >> 1);
+}
+
+// True when (score a, index ia) ranks before (b, ib): larger under total order, lower index on ties.
+__device__ __forceinline__ bool df_ranks_before(float a, int ia, float b, int ib) {
+    const int ka = df_total_key(a), kb = df_total_key(b);
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+#define DF_SCORE_SIGMOID 0
+#define DF_SCORE_SOFTMAX 1
+
+// Router scores (sigmoid or f32 softmax over the row) into s; the selection scores into c.
+__device__ void df_router_scores(const float* l, const float* bias, float* s, float* c, int e, int scoring) {
+    if (scoring == DF_SCORE_SIGMOID) {
+        for (int j = 0; j < e; ++j) s[j] = df_sigmoid(l[j]);
+    } else {
+        float max = __uint_as_float(0xff800000u);
+        for (int j = 0; j < e; ++j) max = fmaxf(max, l[j]);
+        float sum = -0.0f;
+        for (int j = 0; j < e; ++j) {
+            s[j] = df_exp(__fsub_rn(l[j], max));
+            sum = __fadd_rn(sum, s[j]);
+        }
+        for (int j = 0; j < e; ++j) s[j] = __fdiv_rn(s[j], sum);
+    }
+    for (int j = 0; j < e; ++j) c[j] = bias ? __fadd_rn(s[j], bias[j]) : s[j];
+}
+
+// Group limitation: mark (allowed[j] = 1) the experts of the best topk_group groups, ranked by
+// the sum of each group's two best selection scores; every expert when n_group <= 1.
+__device__ void df_router_groups(const float* c, float* allowed, float* gscore, int e, int n_group, int topk_group) {
+    if (n_group <= 1) {
+        for (int j = 0; j < e; ++j) allowed[j] = 1.0f;
+        return;
+    }
+    const int per = e / n_group;
+    for (int g = 0; g < n_group; ++g) {
+        float b0 = __uint_as_float(0xff800000u), b1 = b0;
+        for (int j = g * per; j < (g + 1) * per; ++j) {
+            if (c[j] > b0) {
+                b1 = b0;
+                b0 = c[j];
+            } else if (c[j] > b1) {
+                b1 = c[j];
+            }
+        }
+        gscore[g] = __fadd_rn(b0, b1);
+    }
+    for (int j = 0; j < e; ++j) allowed[j] = 0.0f;
+    for (int t = 0; t < topk_group; ++t) {
+        int best = -1;
+        for (int g = 0; g < n_group; ++g) {
+            if (allowed[g * per] != 0.0f) continue;
+            if (best < 0 || df_ranks_before(gscore[g], g, gscore[best], best)) best = g;
+        }
+        for (int j = best * per; j < (best + 1) * per; ++j) allowed[j] = 1.0f;
+    }
+}
+
+// Routing of `rows` rows of router logits: buf logits [rows, E], bias [E] (0: none),
+// ids [rows, top_k] (i32, -1 past the selection), weights [rows, top_k], scratch [rows, 3E + n_group];
+// i rows, E, scoring, n_group, topk_group, top_k, norm_topk_prob; f scaling.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_route(LayerParams p) {
+    const int rows = p.i[0], e = p.i[1], scoring = p.i[2], n_group = p.i[3], topk_group = p.i[4];
+    const int top_k = p.i[5], norm = p.i[6];
+    const int r = blockIdx.x * DF_THREADS + threadIdx.x;
+    if (r >= rows) return;
+    const float* l = (const float*)p.buf[0] + (u64)r * (u64)e;
+    int* ids = (int*)p.buf[2] + (u64)r * (u64)top_k;
+    float* wts = (float*)p.buf[3] + (u64)r * (u64)top_k;
+    float* s = (float*)p.buf[4] + (u64)r * (u64)(3 * e + n_group);
+    float* c = s + e;
+    float* allowed = c + e;
+    df_router_scores(l, (const float*)p.buf[1], s, c, e, scoring);
+    df_router_groups(c, allowed, allowed + e, e, n_group, topk_group);
+    int picked = 0;
+    for (; picked < top_k; ++picked) {
+        int best = -1;
+        for (int j = 0; j < e; ++j) {
+            if (allowed[j] == 0.0f) continue;
+            if (best < 0 || df_ranks_before(c[j], j, c[best], best)) best = j;
+        }
+        if (best < 0) break;
+        allowed[best] = 0.0f;
+        ids[picked] = best;
+        wts[picked] = s[best];
+    }
+    for (int t = picked; t < top_k; ++t) {
+        ids[t] = -1;
+        wts[t] = 0.0f;
+    }
+    if (norm) {
+        float denom = -0.0f;  // Rust's f32 sum starts from -0.0
+        for (int t = 0; t < picked; ++t) denom = __fadd_rn(denom, wts[t]);
+        denom = __fadd_rn(denom, 1e-20f);
+        for (int t = 0; t < picked; ++t) wts[t] = __fdiv_rn(wts[t], denom);
+    }
+    for (int t = 0; t < picked; ++t) wts[t] = __fmul_rn(wts[t], p.f[0]);
+}
+
+// Weighted combine of routed outputs: out[row, j] = sum over the row's slots, in order, from
+// zero, of v * w. buf results [slots, width], weights [slots], offsets [rows + 1] (i32: the
+// row's slots are offsets[row] .. offsets[row + 1]), out [rows, width]; i rows, width.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerParams p) {
+    const int rows = p.i[0], width = p.i[1];
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e >= (u64)rows * (u64)width) return;
+    const u64 row = e / (u64)width, j = e % (u64)width;
+    const float* res = (const float*)p.buf[0];
+    const float* w = (const float*)p.buf[1];
+    const int* off = (const int*)p.buf[2];
+    float o = 0.0f;
+    for (int slot = off[row]; slot < off[row + 1]; ++slot)
+        o = __fadd_rn(o, __fmul_rn(res[(u64)slot * (u64)width + j], w[slot]));
+    ((float*)p.buf[3])[e] = o;
+}

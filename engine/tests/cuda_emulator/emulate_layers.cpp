@@ -1,0 +1,85 @@
+// Runs the CUDA layer kernels (engine/src/backend/cuda/layers.cu) and the device math
+// (math.cuh) on the CPU, unchanged, through cuda_shim.h. Used by
+// engine/tests/cuda_emulated_layers.rs to check them bit for bit against the CPU's functions.
+//
+// Input (stdin, little-endian), one request:
+//   u32 0 (launch): u32 name length, the name, grid 3 x u32, block 3 x u32, u32 buffer count,
+//     per buffer u64 length and its bytes, then DF_INTS x i32 and DF_FLOATS x f32.
+//     Output: every buffer's bytes after the kernel ran, in order.
+//   u32 1 (math): u32 function (0 exp, 1 exp_m1, 2 tanh, 3 ln, 4 ln_1p, 5 sigmoid, 6 softplus),
+//     u64 count, count x f32. Output: count x f32.
+
+#include <cstdio>
+#include <string>
+
+#include "cuda_shim.h"
+
+#include "../../src/backend/cuda/matmul.cu"
+#include "../../src/backend/cuda/math.cuh"
+#include "../../src/backend/cuda/layers.cu"
+
+static bool read_all(void* dst, size_t len) { return std::fread(dst, 1, len, stdin) == len; }
+static bool write_all(const void* src, size_t len) { return std::fwrite(src, 1, len, stdout) == len; }
+
+typedef void (*LayerKernel)(LayerParams);
+
+static LayerKernel find(const std::string& name) {
+    if (name == "deltafin_rms_norm") return deltafin_rms_norm;
+    if (name == "deltafin_gated_act") return deltafin_gated_act;
+    if (name == "deltafin_add") return deltafin_add;
+    if (name == "deltafin_route") return deltafin_route;
+    if (name == "deltafin_combine") return deltafin_combine;
+    return nullptr;
+}
+
+static int launch() {
+    uint32_t len;
+    if (!read_all(&len, 4) || len > 256) return 2;
+    std::string name(len, '\0');
+    uint32_t dims[6], nbufs;
+    if (!read_all(name.data(), len) || !read_all(dims, sizeof dims) || !read_all(&nbufs, 4)) return 2;
+    const LayerKernel k = find(name);
+    if (!k || nbufs > DF_BUFS) return 4;
+    std::vector<std::vector<unsigned char>> bufs(nbufs);
+    LayerParams p{};
+    for (uint32_t b = 0; b < nbufs; ++b) {
+        uint64_t n;
+        if (!read_all(&n, 8)) return 2;
+        bufs[b].resize(n + 64);  // slack: a kernel reading past its buffer reads zeros, not a crash
+        if (!read_all(bufs[b].data(), n)) return 2;
+        bufs[b].resize(n);
+        p.buf[b] = n ? (u64)(uintptr_t)bufs[b].data() : 0;
+    }
+    if (!read_all(p.i, sizeof p.i) || !read_all(p.f, sizeof p.f)) return 2;
+    emu_launch(dim3{dims[0], dims[1], dims[2]}, dim3{dims[3], dims[4], dims[5]}, [&] { k(p); });
+    for (auto& b : bufs)
+        if (!write_all(b.data(), b.size())) return 3;
+    return 0;
+}
+
+static int math() {
+    uint32_t fn;
+    uint64_t n;
+    if (!read_all(&fn, 4) || !read_all(&n, 8)) return 2;
+    std::vector<float> x(n);
+    if (!read_all(x.data(), 4 * n)) return 2;
+    for (auto& v : x) {
+        switch (fn) {
+            case 0: v = df_exp(v); break;
+            case 1: v = df_exp_m1(v); break;
+            case 2: v = df_tanh(v); break;
+            case 3: v = df_ln(v); break;
+            case 4: v = df_ln_1p(v); break;
+            case 5: v = df_sigmoid(v); break;
+            case 6: v = df_softplus(v); break;
+            default: return 4;
+        }
+    }
+    return write_all(x.data(), 4 * n) ? 0 : 3;
+}
+
+int main() {
+    uint32_t op;
+    if (!read_all(&op, 4)) return 2;
+    return op == 0 ? launch() : op == 1 ? math() : 4;
+}
