@@ -81,11 +81,14 @@ fn sweep() -> Vec<f32> {
         .collect()
 }
 
+type Unary = fn(f32) -> f32;
+
 #[test]
 fn device_math_matches_the_cpu_bit_for_bit() {
     let Some(bin) = emulator() else { return };
     let x = sweep();
-    let fns: [(&str, fn(f32) -> f32); 7] = [
+    // In the order of the emulator's function numbers.
+    let fns: [(&str, Unary); 7] = [
         ("exp", math::exp),
         ("exp_m1", math::exp_m1),
         ("tanh", math::tanh),
