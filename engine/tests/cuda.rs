@@ -192,3 +192,22 @@ fn models_give_the_same_logits_and_tokens_on_the_gpu_as_on_the_cpu() {
     let stats = backend::current().stats();
     assert!(stats.calls > 0 && stats.cpu_fallbacks == 0, "{stats:?}");
 }
+
+mod layer_cases;
+
+/// The layer kernels (`layers.cu`) on the device against the CPU functions, bit for bit: the
+/// cases the emulator runs in CI (`cuda_emulated_layers.rs`).
+#[test]
+fn layer_kernels_match_the_cpu_on_the_device() {
+    let Some(b) = gpu(None) else { return };
+    let Backend::Cuda(cuda) = &b else {
+        unreachable!("gpu() opens CUDA")
+    };
+    let run = |l: &deltafin_engine::backend::abi::LayerLaunch, bufs: &mut [Vec<u8>]| {
+        cuda.run_layer(l, bufs).unwrap()
+    };
+    layer_cases::rms_norm(&run);
+    layer_cases::gated_activations(&run);
+    layer_cases::routing(&run);
+    layer_cases::combine(&run);
+}

@@ -48,7 +48,7 @@ fn emulate(bin: &Path, m: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
     input.extend(x.iter().flat_map(|v| v.to_le_bytes()));
     let out = emulator_support::run(bin, &input);
     assert_eq!(out.len(), 4 * n * m.rows);
-    emulator_support::floats(&out)
+    floats(&out)
 }
 
 fn check(m: &Matrix, ns: &[usize], label: &str) {

@@ -87,6 +87,15 @@ pub struct LayerLaunch {
     pub float: [f32; LAYER_FLOATS],
 }
 
+/// Every layer kernel entry point in `cuda/layers.cu`.
+pub const LAYER_KERNELS: [&str; 5] = [
+    "deltafin_rms_norm",
+    "deltafin_gated_act",
+    "deltafin_add",
+    "deltafin_route",
+    "deltafin_combine",
+];
+
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
 const THREADS: u32 = 256;
 /// Rows per RMSNorm block (`DF_NORM_ROWS`), each on 16 lanes.

@@ -45,16 +45,3 @@ pub fn run(bin: &Path, input: &[u8]) -> Vec<u8> {
     assert!(out.status.success(), "emulator failed: {}", out.status);
     out.stdout
 }
-
-/// Little-endian f32 values.
-pub fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// Little-endian bytes of f32 values.
-pub fn bytes_of(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}

@@ -176,3 +176,16 @@ pub fn special_f32_matrix() -> Matrix {
     let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
     Matrix::new(Format::F32, 21, 40, Blob::from_vec(data), None).unwrap()
 }
+
+/// Little-endian f32 values.
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Little-endian bytes of f32 values.
+pub fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}

@@ -20,19 +20,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::BackendStats;
-use super::abi::{KERNELS, kernel_args};
+use super::abi::{KERNELS, LAYER_BUFS, LAYER_KERNELS, LayerLaunch, LayerParams, kernel_args};
 use super::residency::{Admit, Residency};
 use crate::error::{Error, Result};
 use crate::kernels::format::Matrix;
 use crate::weights::BlobKey;
 
-/// The kernel source, compiled for the device at start-up.
-const SOURCE: &str = include_str!("matmul.cu");
+/// The kernel source, compiled for the device at start-up as one module: the matrix kernels,
+/// the device math and the layer kernels.
+const SOURCE: &str = concat!(
+    include_str!("matmul.cu"),
+    include_str!("math.cuh"),
+    include_str!("layers.cu")
+);
 /// Output rows per thread block and input rows per register tile (as in `matmul.cu`).
 const ROWS_PER_BLOCK: u32 = 16;
 const TILE: usize = 8;
@@ -65,6 +70,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     /// The format kernels, indexed like [`KERNELS`].
     kernels: Vec<CudaFunction>,
+    /// The layer kernels, indexed like [`LAYER_KERNELS`].
+    layer_kernels: Vec<CudaFunction>,
     state: Mutex<State>,
     failed: AtomicBool,
 }
@@ -128,7 +135,7 @@ impl CudaBackend {
             .mem_get_info()
             .map_err(|e| device_error(ordinal, "memory query", e))?;
         let budget = memory.unwrap_or((free as f64 * (1.0 - DEFAULT_HEADROOM)) as u64);
-        let kernels = compile(&ctx, ordinal, major, minor)?;
+        let (kernels, layer_kernels) = compile(&ctx, ordinal, major, minor)?;
         let label = format!(
             "cuda:{ordinal} {name} (sm_{major}{minor}, {:.1} GiB, weight budget {:.1} GiB)",
             total as f64 / (1u64 << 30) as f64,
@@ -139,6 +146,7 @@ impl CudaBackend {
             label,
             stream: ctx.default_stream(),
             kernels,
+            layer_kernels,
             state: Mutex::new(State {
                 residency: Residency::new(budget),
                 weights: HashMap::new(),
@@ -195,6 +203,54 @@ impl CudaBackend {
         state.stats.cpu_fallbacks += 1;
         drop(state);
         crate::kernels::cpu::matmul(m, x, n, y);
+    }
+
+    /// Run one layer kernel on the device over `bufs` (each buffer's bytes, in the kernel's
+    /// order), copying them in and back: the on-device check of `layers.cu` against the CPU
+    /// (`engine/tests/cuda.rs`, `doctor`).
+    pub fn run_layer(&self, l: &LayerLaunch, bufs: &mut [Vec<u8>]) -> Result<()> {
+        let fail = |e: DriverError| device_error(self.ordinal, l.name, e);
+        let index = LAYER_KERNELS.iter().position(|&n| n == l.name);
+        let Some(func) = index.map(|i| &self.layer_kernels[i]) else {
+            return Err(device_error(self.ordinal, "no such layer kernel", l.name));
+        };
+        if bufs.len() > LAYER_BUFS {
+            return Err(device_error(self.ordinal, l.name, "too many buffers"));
+        }
+        let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // An empty buffer is passed as a null address (a bias a router does not have); one
+        // byte is still allocated, as the driver refuses empty allocations.
+        let device: Vec<CudaSlice<u8>> = bufs
+            .iter()
+            .map(|b| self.stream.clone_htod(if b.is_empty() { &[0u8][..] } else { &b[..] }))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(fail)?;
+        let mut params = LayerParams {
+            int: l.int,
+            float: l.float,
+            ..Default::default()
+        };
+        for ((slot, d), b) in params.buf.iter_mut().zip(&device).zip(bufs.iter()) {
+            let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(d, &self.stream);
+            *slot = if b.is_empty() { 0 } else { ptr };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+            block_dim: (l.block[0], l.block[1], l.block[2]),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(func);
+        launch.arg(&params);
+        // SAFETY: every layer kernel takes one `LayerParams` by value; its buffer addresses are
+        // the device copies of `bufs` above, alive until after the synchronize below, and
+        // `backend::abi` sized the grid and the integers from the same lengths the kernel
+        // guards its indices with.
+        #[allow(unsafe_code)]
+        unsafe { launch.launch(cfg) }.map_err(fail)?;
+        for (b, d) in bufs.iter_mut().zip(&device).filter(|(b, _)| !b.is_empty()) {
+            self.stream.memcpy_dtoh(d, &mut b[..]).map_err(fail)?;
+        }
+        self.stream.synchronize().map_err(fail)
     }
 
     fn try_matmul(
@@ -328,8 +384,10 @@ fn grow<'a>(
     Ok(slot.as_mut().expect("just allocated"))
 }
 
-/// Compile `matmul.cu` for the device's architecture and load the five kernels.
-fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Result<Vec<CudaFunction>> {
+type Kernels = (Vec<CudaFunction>, Vec<CudaFunction>);
+
+/// Compile [`SOURCE`] for the device's architecture; load the matrix and the layer kernels.
+fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Result<Kernels> {
     let opts = CompileOptions {
         ftz: Some(false),
         prec_div: Some(true),
@@ -344,12 +402,20 @@ fn compile(ctx: &Arc<CudaContext>, ordinal: usize, major: i32, minor: i32) -> Re
     let module = ctx
         .load_module(ptx)
         .map_err(|e| device_error(ordinal, "kernel load", e))?;
-    KERNELS
-        .iter()
-        .map(|name| {
-            module
-                .load_function(name)
-                .map_err(|e| device_error(ordinal, name, e))
-        })
-        .collect()
+    let load = |names: &[&str]| -> Result<Vec<CudaFunction>> {
+        names
+            .iter()
+            .map(|name| {
+                module
+                    .load_function(name)
+                    .map_err(|e| device_error(ordinal, name, e))
+            })
+            .collect()
+    };
+    Ok((load(&KERNELS)?, load(&LAYER_KERNELS)?))
 }
+
+// SAFETY: `LayerParams` is `#[repr(C)]` plain data (u64, i32 and f32 arrays) with the layout of
+// `struct LayerParams` in layers.cu, so its bytes are a valid by-value kernel argument.
+#[allow(unsafe_code)]
+unsafe impl DeviceRepr for LayerParams {}

@@ -1,0 +1,148 @@
+//! Layer-kernel cases shared by the emulator (`cuda_emulated_layers.rs`) and the GPU
+//! (`cuda.rs`): each builds inputs, runs one launch of `backend::abi` through the given runner
+//! and compares the result with the CPU function bit for bit.
+
+#![allow(dead_code)]
+
+use deltafin_engine::backend::abi::{self, LayerLaunch};
+use deltafin_engine::kernels::{Format, Matrix, ops};
+use deltafin_engine::model::layers::mlp::Activation;
+use deltafin_engine::model::layers::moe::{self, Combine, Moe, RouterConfig, Scoring};
+use deltafin_engine::weights::Blob;
+
+use crate::kernel_support::{Rng, assert_same, bytes_of, floats, patterned};
+
+/// Runs one launch over buffers (each buffer's bytes, rewritten in place).
+pub type Runner<'a> = &'a dyn Fn(&LayerLaunch, &mut [Vec<u8>]);
+
+fn run_on(run: Runner, l: &LayerLaunch, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut bufs = bufs.to_vec();
+    run(l, &mut bufs);
+    bufs
+}
+
+/// RMSNorm (`deltafin_rms_norm`) against `ops::rms_norm`: widths below, at and past 16 lanes.
+pub fn rms_norm(run: Runner) {
+    for (i, &(rows, width)) in [(1, 1), (3, 15), (17, 16), (5, 300), (20, 7)].iter().enumerate() {
+        let x = patterned(rows * width, 40 + i as u64);
+        let w = patterned(width, 50 + i as u64);
+        let eps = 1e-6;
+        let mut want = vec![0.0; rows * width];
+        for (o, r) in want.chunks_mut(width).zip(x.chunks(width)) {
+            ops::rms_norm(r, &w, eps, o);
+        }
+        let l = abi::rms_norm(rows, width, eps);
+        let out = run_on(run, &l, &[bytes_of(&x), bytes_of(&w), vec![0; 4 * rows * width]]);
+        assert_same(&want, &floats(&out[2]), &format!("rms_norm {rows}x{width}"));
+    }
+}
+
+/// SiLU, SiTU and SiTU with a capped up branch (`deltafin_gated_act`) against
+/// `Activation::apply`, and the residual add (`deltafin_add`).
+pub fn gated_activations(run: Runner) {
+    let n = 5000;
+    let scale = |v: Vec<f32>, s: f32| v.into_iter().map(|x| x * s).collect::<Vec<_>>();
+    let g = scale(patterned(n, 7), 12.0);
+    let u = scale(patterned(n, 8), 9.0);
+    for act in [
+        Activation::Silu,
+        Activation::Situ { beta: 10.0, linear_beta: None },
+        Activation::Situ { beta: 3.5, linear_beta: Some(7.0) },
+    ] {
+        let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| act.apply(g, u)).collect();
+        let out = run_on(run, &abi::gated_act(n, act), &[bytes_of(&g), bytes_of(&u), vec![0; 4 * n]]);
+        assert_same(&want, &floats(&out[2]), &format!("{act:?}"));
+    }
+    let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
+    let out = run_on(run, &abi::add(n), &[bytes_of(&g), bytes_of(&u), vec![0; 4 * n]]);
+    assert_same(&want, &floats(&out[2]), "add");
+}
+
+fn moe_with(experts: usize, bias: Vec<f32>, router: RouterConfig) -> Moe {
+    let gate = Matrix::new(Format::F32, experts, 1, Blob::from_vec(vec![0; 4 * experts]), None).unwrap();
+    Moe {
+        gate,
+        bias,
+        router,
+        experts: Vec::new(),
+        shared: None,
+        latent: None,
+        combine: Combine::RouteOrder,
+    }
+}
+
+/// Router logits with ties (repeated values) and either sign.
+fn logits(rows: usize, experts: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..rows * experts)
+        .map(|_| match rng.next() % 8 {
+            0 => 0.25,
+            1 => -1.5,
+            _ => rng.unit() * 6.0,
+        })
+        .collect()
+}
+
+/// The router (`deltafin_route`) against `Moe::route`: sigmoid with bias and groups, softmax,
+/// renormalised or not, ties in the logits.
+pub fn routing(run: Runner) {
+    let cases = [
+        (16, true, Scoring::Sigmoid, 4, 2, 4, true, 2.5),
+        (64, true, Scoring::Sigmoid, 8, 4, 8, true, 2.827),
+        (12, false, Scoring::Softmax, 1, 1, 3, true, 1.0),
+        (10, false, Scoring::Softmax, 1, 1, 4, false, 1.0),
+        (9, true, Scoring::Sigmoid, 1, 1, 9, false, 1.5),
+    ];
+    for (c, &(e, biased, scoring, n_group, topk_group, top_k, norm, scaling)) in cases.iter().enumerate() {
+        let rows = 37;
+        let router = RouterConfig {
+            scoring,
+            top_k,
+            n_group,
+            topk_group,
+            norm_topk_prob: norm,
+            scaling,
+        };
+        let bias = if biased { patterned(e, 90 + c as u64) } else { Vec::new() };
+        let moe = moe_with(e, bias.clone(), router.clone());
+        let l = logits(rows, e, 70 + c as u64);
+        let scratch = abi::route_scratch(rows, e, n_group);
+        let bufs = [
+            bytes_of(&l),
+            bytes_of(&bias),
+            vec![0; 4 * rows * top_k],
+            vec![0; 4 * rows * top_k],
+            vec![0; 4 * scratch],
+        ];
+        let out = run_on(run, &abi::route(rows, e, &router), &bufs);
+        let ids: Vec<i32> = out[2].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+        let weights = floats(&out[3]);
+        for r in 0..rows {
+            let want = moe.route(&l[r * e..(r + 1) * e]);
+            let got_ids: Vec<usize> = ids[r * top_k..][..want.len()].iter().map(|&i| i as usize).collect();
+            let want_ids: Vec<usize> = want.iter().map(|w| w.0).collect();
+            assert_eq!(got_ids, want_ids, "case {c} row {r}: experts");
+            let want_w: Vec<f32> = want.iter().map(|w| w.1).collect();
+            assert_same(&want_w, &weights[r * top_k..][..want.len()], &format!("case {c} row {r}: weights"));
+            assert!(ids[r * top_k + want.len()..(r + 1) * top_k].iter().all(|&i| i == -1));
+        }
+    }
+}
+
+/// The weighted combine (`deltafin_combine`) against `moe::combine`, rows with 0 to 4 slots.
+pub fn combine(run: Runner) {
+    let (rows, width) = (9, 37);
+    let mut rng = Rng(5);
+    let mut offsets = vec![0usize];
+    for _ in 0..rows {
+        offsets.push(offsets.last().unwrap() + (rng.next() % 5) as usize);
+    }
+    let slots = *offsets.last().unwrap();
+    let results = patterned(slots * width, 11);
+    let weights = patterned(slots, 12);
+    let want = moe::combine(&results, &weights, &offsets, width);
+    let off32: Vec<u8> = offsets.iter().flat_map(|&o| (o as i32).to_le_bytes()).collect();
+    let bufs = [bytes_of(&results), bytes_of(&weights), off32, vec![0; 4 * rows * width]];
+    let out = run_on(run, &abi::combine(rows, width), &bufs);
+    assert_same(&want, &floats(&out[3]), "combine");
+}
