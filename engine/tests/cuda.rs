@@ -210,4 +210,5 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::gated_activations(&run);
     layer_cases::routing(&run);
     layer_cases::combine(&run);
+    layer_cases::mla_attention(&run);
 }

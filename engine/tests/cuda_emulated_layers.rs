@@ -128,3 +128,9 @@ fn the_combine_matches_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::combine(&|l, b| launch(bin, l, b));
 }
+
+#[test]
+fn mla_attention_matches_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::mla_attention(&|l, b| launch(bin, l, b));
+}

@@ -88,12 +88,13 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 5] = [
+pub const LAYER_KERNELS: [&str; 6] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
     "deltafin_route",
     "deltafin_combine",
+    "deltafin_mla_attend",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -166,6 +167,25 @@ pub fn route(rows: usize, experts: usize, r: &crate::model::layers::moe::RouterC
 /// f32 scratch values [`route`] needs.
 pub fn route_scratch(rows: usize, experts: usize, n_group: usize) -> usize {
     rows * (3 * experts + n_group)
+}
+
+/// Largest latent width the MLA attention kernel holds (`16 · DF_MLA_PER_LANE`).
+pub const MLA_MAX_LATENT: usize = 1024;
+
+/// Absorbed MLA attention of `rows` query rows over `heads` heads (buffers: absorbed queries,
+/// rotated queries, key latents, rope keys, per row (first key position, positions) as i32,
+/// out `[rows, heads, latent]`). A latent wider than [`MLA_MAX_LATENT`] is refused.
+pub fn mla_attend(rows: usize, heads: usize, latent: usize, rope: usize, scale: f32) -> crate::Result<LayerLaunch> {
+    if latent > MLA_MAX_LATENT {
+        return Err(crate::Error::InvalidArgument {
+            field: "kv_lora_rank",
+            reason: format!("{latent} is wider than the CUDA attention kernel's {MLA_MAX_LATENT}"),
+        });
+    }
+    let ints = [rows as i32, heads as i32, latent as i32, rope as i32];
+    let mut l = launch("deltafin_mla_attend", rows, [crate::kernels::LANES as u32, 1, 1], &ints, &[scale]);
+    l.grid[1] = heads.max(1) as u32;
+    Ok(l)
 }
 
 /// Weighted combine of routed outputs into `rows` rows of `width` (buffers: results, weights,

@@ -29,6 +29,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_add") return deltafin_add;
     if (name == "deltafin_route") return deltafin_route;
     if (name == "deltafin_combine") return deltafin_combine;
+    if (name == "deltafin_mla_attend") return deltafin_mla_attend;
     return nullptr;
 }
 

@@ -146,3 +146,74 @@ pub fn combine(run: Runner) {
     let out = run_on(run, &abi::combine(rows, width), &bufs);
     assert_same(&want, &floats(&out[3]), "combine");
 }
+
+/// Absorbed MLA attention (`deltafin_mla_attend`) against `latent_attention::attend`: two
+/// sequences' keys packed in one buffer, rows attending 1 position, a partial tile, a whole
+/// tile, across a block boundary and across two; latent and rope widths off the lane count.
+pub fn mla_attention(run: Runner) {
+    use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, LatentShape, attend};
+    let s = LatentShape {
+        heads: 4,
+        latent: 37,
+        rope: 5,
+        scale: 0.21,
+    };
+    let (first, second) = (1100, 70);
+    // Uniform values: `patterned`'s occasional large ones would make every softmax one-hot,
+    // which hides the order of the online softmax.
+    let mild = |len: usize, seed: u64| {
+        let mut rng = Rng(seed);
+        (0..len).map(|_| rng.unit() * 1.5).collect::<Vec<f32>>()
+    };
+    let mut lat = mild((first + second) * s.latent, 61);
+    let mut rope = mild((first + second) * s.rope, 62);
+    // Larger keys in the second block of the first run, so that its maximum often lies there
+    // and the block merge rescales the first block's sums (not only by exp(0) = 1).
+    lat[1024 * s.latent..first * s.latent].iter_mut().for_each(|v| *v *= 1.6);
+    rope[1024 * s.rope..first * s.rope].iter_mut().for_each(|v| *v *= 1.6);
+    let (a, b) = (
+        LatentKeys::one(&lat[..first * s.latent], &rope[..first * s.rope], s),
+        LatentKeys::one(&lat[first * s.latent..], &rope[first * s.rope..], s),
+    );
+    // (key run, its first position in the packed buffer, positions attended)
+    let rows = [
+        (a, 0, 1),
+        (a, 0, 63),
+        (b, first, 64),
+        (b, first, 70),
+        (a, 0, 1025),
+        (a, 0, 1040),
+        (a, 0, 1077),
+        (a, 0, 1100),
+    ];
+    let q_abs = mild(rows.len() * s.heads * s.latent, 63);
+    let q_rope = mild(rows.len() * s.heads * s.rope, 64);
+    let queries: Vec<LatentQuery<'_>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(keys, _, len))| LatentQuery {
+            q_abs: &q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
+            q_rope: &q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
+            keys,
+            len,
+        })
+        .collect();
+    let mut want = vec![0.0; rows.len() * s.heads * s.latent];
+    attend(&queries, s, &mut want);
+    let info: Vec<u8> = rows
+        .iter()
+        .flat_map(|&(_, at, len)| [at as i32, len as i32])
+        .flat_map(i32::to_le_bytes)
+        .collect();
+    let bufs = [
+        bytes_of(&q_abs),
+        bytes_of(&q_rope),
+        bytes_of(&lat),
+        bytes_of(&rope),
+        info,
+        vec![0; 4 * want.len()],
+    ];
+    let l = abi::mla_attend(rows.len(), s.heads, s.latent, s.rope, s.scale).unwrap();
+    let out = run_on(run, &l, &bufs);
+    assert_same(&want, &floats(&out[5]), "mla attention");
+}

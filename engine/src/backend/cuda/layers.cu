@@ -208,3 +208,86 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerP
         o = __fadd_rn(o, __fmul_rn(res[(u64)slot * (u64)width + j], w[slot]));
     ((float*)p.buf[3])[e] = o;
 }
+
+// ---- Absorbed MLA attention (model/layers/latent_attention.rs::attend) ----
+//
+// One 16-lane group per (row, head): grid (rows, heads), block (LANES, 1). Positions are cut
+// into blocks of DF_MLA_BLOCK from position 0 and blocks into tiles of DF_MLA_TILE; inside a
+// block the softmax runs online tile by tile; block partials (max, sum, acc) are folded in
+// ascending order, the same sequence of operations as the CPU whatever its thread split. Scores
+// are 16-lane dot products with a separate multiply and add (latent_attention.rs::dot16);
+// every lane keeps the scalar state (max, sum, the tile's scores) and owns the latent elements
+// x = lane (mod 16) of the accumulators.
+
+#define DF_MLA_BLOCK 1024
+#define DF_MLA_TILE 64
+#define DF_MLA_PER_LANE 64  // latent <= 16 * 64
+
+// Lane `lane`'s share of dot16(a, b) over n values, then the fixed tree (broadcast).
+__device__ __forceinline__ float df_dot16(const float* a, const float* b, int n, int lane) {
+    float acc = 0.0f;
+    for (int k = lane; k < n; k += LANES) acc = __fadd_rn(acc, __fmul_rn(a[k], b[k]));
+    return df_lane_sum(acc);
+}
+
+// Latent context of every (row, head): buf q_abs [rows, heads, latent], q_rope [rows, heads,
+// rope], key latents [positions, latent], rope keys [positions, rope], rows [rows, 2] (i32:
+// first key position, positions attended), out [rows, heads, latent]; i rows, heads, latent,
+// rope; f scale.
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerParams p) {
+    const int heads = p.i[1], latent = p.i[2], rope = p.i[3];
+    const float scale = p.f[0];
+    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int* info = (const int*)p.buf[4];
+    const u64 first = (u64)info[2 * row];
+    const int len = info[2 * row + 1];
+    const float* qa = (const float*)p.buf[0] + ((u64)row * heads + h) * (u64)latent;
+    const float* qr = (const float*)p.buf[1] + ((u64)row * heads + h) * (u64)rope;
+    const float* kl = (const float*)p.buf[2] + first * (u64)latent;
+    const float* kr = (const float*)p.buf[3] + first * (u64)rope;
+    const int mine = (latent - lane + LANES - 1) / LANES;  // latent elements this lane owns
+    const float neg_inf = __uint_as_float(0xff800000u);
+    float tmax = neg_inf, tsum = 0.0f, tacc[DF_MLA_PER_LANE], pacc[DF_MLA_PER_LANE], scores[DF_MLA_TILE];
+    for (int block = 0; block * DF_MLA_BLOCK < len; ++block) {
+        float pmax = neg_inf, psum = 0.0f;
+        for (int i = 0; i < mine; ++i) pacc[i] = 0.0f;
+        const int start = block * DF_MLA_BLOCK;
+        const int end = start + DF_MLA_BLOCK < len ? start + DF_MLA_BLOCK : len;
+        for (int t0 = start; t0 < end; t0 += DF_MLA_TILE) {
+            const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
+            float tile_max = neg_inf;
+            for (int j = t0; j < t1; ++j) {
+                const float d1 = df_dot16(qa, kl + (u64)j * latent, latent, lane);
+                const float d2 = df_dot16(qr, kr + (u64)j * rope, rope, lane);
+                scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), scale);
+            }
+            for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
+            const float m = fmaxf(pmax, tile_max);
+            const float a = df_exp(__fsub_rn(pmax, m));
+            pmax = m;
+            psum = __fmul_rn(psum, a);
+            for (int i = 0; i < mine; ++i) pacc[i] = __fmul_rn(pacc[i], a);
+            for (int j = t0; j < t1; ++j) {
+                const float pj = df_exp(__fsub_rn(scores[j - t0], pmax));
+                psum = __fadd_rn(psum, pj);
+                const float* c = kl + (u64)j * latent;
+                for (int i = 0; i < mine; ++i)
+                    pacc[i] = __fadd_rn(pacc[i], __fmul_rn(pj, c[lane + LANES * i]));
+            }
+        }
+        if (block == 0) {
+            tmax = pmax;
+            tsum = psum;
+            for (int i = 0; i < mine; ++i) tacc[i] = pacc[i];
+            continue;
+        }
+        const float m = fmaxf(tmax, pmax);
+        const float a = df_exp(__fsub_rn(tmax, m)), b = df_exp(__fsub_rn(pmax, m));
+        tmax = m;
+        tsum = __fadd_rn(__fmul_rn(tsum, a), __fmul_rn(psum, b));
+        for (int i = 0; i < mine; ++i) tacc[i] = __fadd_rn(__fmul_rn(tacc[i], a), __fmul_rn(pacc[i], b));
+    }
+    const float inv = __fdiv_rn(1.0f, tsum);
+    float* out = (float*)p.buf[5] + ((u64)row * heads + h) * (u64)latent;
+    for (int i = 0; i < mine; ++i) out[lane + LANES * i] = __fmul_rn(tacc[i], inv);
+}
