@@ -125,7 +125,13 @@ fn per_thread(items: usize) -> usize {
 pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
     let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
     let blocks = rows.div_ceil(NORM_ROWS as usize);
-    launch("deltafin_rms_norm", blocks, block, &[rows as i32, width as i32], &[eps])
+    launch(
+        "deltafin_rms_norm",
+        blocks,
+        block,
+        &[rows as i32, width as i32],
+        &[eps],
+    )
 }
 
 /// `act(g, u)` over `count` elements (buffers: g, u, out).
@@ -133,15 +139,33 @@ pub fn gated_act(count: usize, act: crate::model::layers::mlp::Activation) -> La
     use crate::model::layers::mlp::Activation;
     let (kind, beta, linear) = match act {
         Activation::Silu => (0, 0.0, 0.0),
-        Activation::Situ { beta, linear_beta: None } => (1, beta, 0.0),
-        Activation::Situ { beta, linear_beta: Some(l) } => (2, beta, l),
+        Activation::Situ {
+            beta,
+            linear_beta: None,
+        } => (1, beta, 0.0),
+        Activation::Situ {
+            beta,
+            linear_beta: Some(l),
+        } => (2, beta, l),
     };
-    launch("deltafin_gated_act", per_thread(count), [THREADS, 1, 1], &[count as i32, kind], &[beta, linear])
+    launch(
+        "deltafin_gated_act",
+        per_thread(count),
+        [THREADS, 1, 1],
+        &[count as i32, kind],
+        &[beta, linear],
+    )
 }
 
 /// `a + b` over `count` elements (buffers: a, b, out).
 pub fn add(count: usize) -> LayerLaunch {
-    launch("deltafin_add", per_thread(count), [THREADS, 1, 1], &[count as i32], &[])
+    launch(
+        "deltafin_add",
+        per_thread(count),
+        [THREADS, 1, 1],
+        &[count as i32],
+        &[],
+    )
 }
 
 /// Routing of `rows` rows of `experts` router logits (buffers: logits, bias or empty, ids (i32),
@@ -161,7 +185,13 @@ pub fn route(rows: usize, experts: usize, r: &crate::model::layers::moe::RouterC
         r.top_k as i32,
         r.norm_topk_prob as i32,
     ];
-    launch("deltafin_route", per_thread(rows), [THREADS, 1, 1], &ints, &[r.scaling])
+    launch(
+        "deltafin_route",
+        per_thread(rows),
+        [THREADS, 1, 1],
+        &ints,
+        &[r.scaling],
+    )
 }
 
 /// f32 scratch values [`route`] needs.
@@ -175,7 +205,13 @@ pub const MLA_MAX_LATENT: usize = 1024;
 /// Absorbed MLA attention of `rows` query rows over `heads` heads (buffers: absorbed queries,
 /// rotated queries, key latents, rope keys, per row (first key position, positions) as i32,
 /// out `[rows, heads, latent]`). A latent wider than [`MLA_MAX_LATENT`] is refused.
-pub fn mla_attend(rows: usize, heads: usize, latent: usize, rope: usize, scale: f32) -> crate::Result<LayerLaunch> {
+pub fn mla_attend(
+    rows: usize,
+    heads: usize,
+    latent: usize,
+    rope: usize,
+    scale: f32,
+) -> crate::Result<LayerLaunch> {
     if latent > MLA_MAX_LATENT {
         return Err(crate::Error::InvalidArgument {
             field: "kv_lora_rank",
@@ -183,7 +219,13 @@ pub fn mla_attend(rows: usize, heads: usize, latent: usize, rope: usize, scale: 
         });
     }
     let ints = [rows as i32, heads as i32, latent as i32, rope as i32];
-    let mut l = launch("deltafin_mla_attend", rows, [crate::kernels::LANES as u32, 1, 1], &ints, &[scale]);
+    let mut l = launch(
+        "deltafin_mla_attend",
+        rows,
+        [crate::kernels::LANES as u32, 1, 1],
+        &ints,
+        &[scale],
+    );
     l.grid[1] = heads.max(1) as u32;
     Ok(l)
 }
@@ -191,5 +233,11 @@ pub fn mla_attend(rows: usize, heads: usize, latent: usize, rope: usize, scale: 
 /// Weighted combine of routed outputs into `rows` rows of `width` (buffers: results, weights,
 /// offsets (i32, `rows + 1`), out).
 pub fn combine(rows: usize, width: usize) -> LayerLaunch {
-    launch("deltafin_combine", per_thread(rows * width), [THREADS, 1, 1], &[rows as i32, width as i32], &[])
+    launch(
+        "deltafin_combine",
+        per_thread(rows * width),
+        [THREADS, 1, 1],
+        &[rows as i32, width as i32],
+        &[],
+    )
 }

@@ -3,8 +3,8 @@
 //! the device-independent [`math`](super::math) functions and the canonical 16-lane sum, so a GPU
 //! kernel can compute the same bits (`backend/cuda/layers.cu`).
 
-pub use super::math::sigmoid;
 use super::math::exp;
+pub use super::math::sigmoid;
 use super::reference::dot;
 
 /// HF-style RMSNorm of one row in f32: `out = weight * (x * 1/sqrt(mean(x²) + eps))`.

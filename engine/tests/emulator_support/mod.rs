@@ -16,7 +16,13 @@ pub fn compile(source: &str, name: &str) -> Option<PathBuf> {
         .join(source);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let status = Command::new("g++")
-        .args(["-std=c++20", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread"])
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-pthread",
+        ])
         .args(["-Wall", "-Wno-unknown-pragmas", "-Werror", "-o"])
         .arg(&out)
         .arg(&src)

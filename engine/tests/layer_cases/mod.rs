@@ -46,11 +46,21 @@ pub fn gated_activations(run: Runner) {
     let u = scale(patterned(n, 8), 9.0);
     for act in [
         Activation::Silu,
-        Activation::Situ { beta: 10.0, linear_beta: None },
-        Activation::Situ { beta: 3.5, linear_beta: Some(7.0) },
+        Activation::Situ {
+            beta: 10.0,
+            linear_beta: None,
+        },
+        Activation::Situ {
+            beta: 3.5,
+            linear_beta: Some(7.0),
+        },
     ] {
         let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| act.apply(g, u)).collect();
-        let out = run_on(run, &abi::gated_act(n, act), &[bytes_of(&g), bytes_of(&u), vec![0; 4 * n]]);
+        let out = run_on(
+            run,
+            &abi::gated_act(n, act),
+            &[bytes_of(&g), bytes_of(&u), vec![0; 4 * n]],
+        );
         assert_same(&want, &floats(&out[2]), &format!("{act:?}"));
     }
     let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
@@ -59,7 +69,14 @@ pub fn gated_activations(run: Runner) {
 }
 
 fn moe_with(experts: usize, bias: Vec<f32>, router: RouterConfig) -> Moe {
-    let gate = Matrix::new(Format::F32, experts, 1, Blob::from_vec(vec![0; 4 * experts]), None).unwrap();
+    let gate = Matrix::new(
+        Format::F32,
+        experts,
+        1,
+        Blob::from_vec(vec![0; 4 * experts]),
+        None,
+    )
+    .unwrap();
     Moe {
         gate,
         bias,
@@ -103,7 +120,11 @@ pub fn routing(run: Runner) {
             norm_topk_prob: norm,
             scaling,
         };
-        let bias = if biased { patterned(e, 90 + c as u64) } else { Vec::new() };
+        let bias = if biased {
+            patterned(e, 90 + c as u64)
+        } else {
+            Vec::new()
+        };
         let moe = moe_with(e, bias.clone(), router.clone());
         let l = logits(rows, e, 70 + c as u64);
         let scratch = abi::route_scratch(rows, e, n_group);
@@ -115,16 +136,30 @@ pub fn routing(run: Runner) {
             vec![0; 4 * scratch],
         ];
         let out = run_on(run, &abi::route(rows, e, &router), &bufs);
-        let ids: Vec<i32> = out[2].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
+        let ids: Vec<i32> = out[2]
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
         let weights = floats(&out[3]);
         for r in 0..rows {
             let want = moe.route(&l[r * e..(r + 1) * e]);
-            let got_ids: Vec<usize> = ids[r * top_k..][..want.len()].iter().map(|&i| i as usize).collect();
+            let got_ids: Vec<usize> = ids[r * top_k..][..want.len()]
+                .iter()
+                .map(|&i| i as usize)
+                .collect();
             let want_ids: Vec<usize> = want.iter().map(|w| w.0).collect();
             assert_eq!(got_ids, want_ids, "case {c} row {r}: experts");
             let want_w: Vec<f32> = want.iter().map(|w| w.1).collect();
-            assert_same(&want_w, &weights[r * top_k..][..want.len()], &format!("case {c} row {r}: weights"));
-            assert!(ids[r * top_k + want.len()..(r + 1) * top_k].iter().all(|&i| i == -1));
+            assert_same(
+                &want_w,
+                &weights[r * top_k..][..want.len()],
+                &format!("case {c} row {r}: weights"),
+            );
+            assert!(
+                ids[r * top_k + want.len()..(r + 1) * top_k]
+                    .iter()
+                    .all(|&i| i == -1)
+            );
         }
     }
 }
@@ -142,7 +177,12 @@ pub fn combine(run: Runner) {
     let weights = patterned(slots, 12);
     let want = moe::combine(&results, &weights, &offsets, width);
     let off32: Vec<u8> = offsets.iter().flat_map(|&o| (o as i32).to_le_bytes()).collect();
-    let bufs = [bytes_of(&results), bytes_of(&weights), off32, vec![0; 4 * rows * width]];
+    let bufs = [
+        bytes_of(&results),
+        bytes_of(&weights),
+        off32,
+        vec![0; 4 * rows * width],
+    ];
     let out = run_on(run, &abi::combine(rows, width), &bufs);
     assert_same(&want, &floats(&out[3]), "combine");
 }
@@ -169,8 +209,12 @@ pub fn mla_attention(run: Runner) {
     let mut rope = mild((first + second) * s.rope, 62);
     // Larger keys in the second block of the first run, so that its maximum often lies there
     // and the block merge rescales the first block's sums (not only by exp(0) = 1).
-    lat[1024 * s.latent..first * s.latent].iter_mut().for_each(|v| *v *= 1.6);
-    rope[1024 * s.rope..first * s.rope].iter_mut().for_each(|v| *v *= 1.6);
+    lat[1024 * s.latent..first * s.latent]
+        .iter_mut()
+        .for_each(|v| *v *= 1.6);
+    rope[1024 * s.rope..first * s.rope]
+        .iter_mut()
+        .for_each(|v| *v *= 1.6);
     let (a, b) = (
         LatentKeys::one(&lat[..first * s.latent], &rope[..first * s.rope], s),
         LatentKeys::one(&lat[first * s.latent..], &rope[first * s.rope..], s),

@@ -222,7 +222,10 @@ impl CudaBackend {
         // byte is still allocated, as the driver refuses empty allocations.
         let device: Vec<CudaSlice<u8>> = bufs
             .iter()
-            .map(|b| self.stream.clone_htod(if b.is_empty() { &[0u8][..] } else { &b[..] }))
+            .map(|b| {
+                self.stream
+                    .clone_htod(if b.is_empty() { &[0u8][..] } else { &b[..] })
+            })
             .collect::<std::result::Result<_, _>>()
             .map_err(fail)?;
         let mut params = LayerParams {

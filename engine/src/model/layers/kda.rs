@@ -40,7 +40,8 @@ pub enum L2Norm {
 }
 
 impl L2Norm {
-    fn apply(self, x: &mut [f32]) {
+    /// Normalise one head's `x` in place (sum of squares in index order).
+    pub fn apply(self, x: &mut [f32]) {
         let ss: f32 = x.iter().map(|v| v * v).sum();
         let denom = match self {
             L2Norm::EpsInside(eps) => (ss + eps).sqrt(),
@@ -187,7 +188,7 @@ impl Kda {
         let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
         recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
         for (i, out) in o.chunks_mut(p).enumerate() {
-            self.gated_norm(out, &proj.gate[i * p..(i + 1) * p]);
+            gated_norm(out, &proj.gate[i * p..(i + 1) * p], &self.o_norm, self.eps);
         }
         let mut y = vec![0.0f32; n * self.o.rows];
         matmul(&self.o, &o, n, &mut y);
@@ -218,7 +219,7 @@ impl Kda {
             let (v, rest) = rest.split_at_mut(p);
             let (g, beta) = rest.split_at_mut(p);
             let q = &mut inp.q[i * p..(i + 1) * p];
-            self.convolve(cache.conv_history(), raw, q, k, v);
+            convolve(&self.conv, s, cache.conv_history(), raw, [q, k, v]);
             conv_push(cache.conv_history_mut(), raw, s);
             for h in 0..heads {
                 let qh = &mut q[h * hd..(h + 1) * hd];
@@ -228,10 +229,7 @@ impl Kda {
             }
             let f = &proj.f[i * p..(i + 1) * p];
             for ((g, &f), &rate) in g.iter_mut().zip(f).zip(&self.decay_rate) {
-                *g = match self.decay {
-                    KdaDecay::Softplus => -rate * math::softplus(f),
-                    KdaDecay::LowerBound(bound) => bound * sigmoid(rate * f),
-                };
+                *g = log_decay(self.decay, rate, f);
             }
             for (b, &logit) in beta.iter_mut().zip(&proj.beta[i * heads..(i + 1) * heads]) {
                 *b = sigmoid(logit);
@@ -244,36 +242,48 @@ impl Kda {
         }
         inp
     }
+}
 
-    /// Causal depthwise convolution of one row (history + current raw values), then SiLU.
-    fn convolve(&self, history: &[f32], raw: &[f32], q: &mut [f32], k: &mut [f32], v: &mut [f32]) {
-        let p = self.shape.channels();
-        let kernel = self.shape.kernel;
-        let width = 3 * p;
-        for c in 0..width {
-            let w = &self.conv[c * kernel..(c + 1) * kernel];
-            let mut acc = 0.0f32;
-            for (j, &wj) in w[..kernel - 1].iter().enumerate() {
-                acc += history[j * width + c] * wj;
-            }
-            acc += raw[c] * w[kernel - 1];
-            let y = silu(acc);
-            match c / p {
-                0 => q[c] = y,
-                1 => k[c - p] = y,
-                _ => v[c - 2 * p] = y,
-            }
+/// Causal depthwise convolution of one row (the `K − 1` history rows, then the current raw
+/// values, each `acc += x·w` in order), then SiLU, into the `[q, k, v]` outputs (`P` each).
+/// `conv` is `[3P, K]`.
+pub fn convolve(conv: &[f32], shape: KdaShape, history: &[f32], raw: &[f32], out: [&mut [f32]; 3]) {
+    let p = shape.channels();
+    let kernel = shape.kernel;
+    let width = 3 * p;
+    let [q, k, v] = out;
+    for c in 0..width {
+        let w = &conv[c * kernel..(c + 1) * kernel];
+        let mut acc = 0.0f32;
+        for (j, &wj) in w[..kernel - 1].iter().enumerate() {
+            acc += history[j * width + c] * wj;
+        }
+        acc += raw[c] * w[kernel - 1];
+        let y = silu(acc);
+        match c / p {
+            0 => q[c] = y,
+            1 => k[c - p] = y,
+            _ => v[c - 2 * p] = y,
         }
     }
+}
 
-    /// Per head: `o ← w ⊙ (o · rms_inv(o)) ⊙ σ(gate)`.
-    fn gated_norm(&self, o: &mut [f32], gate: &[f32]) {
-        let hd = self.shape.head_dim;
-        for (oh, gh) in o.chunks_mut(hd).zip(gate.chunks(hd)) {
-            let inv = rms_inv(oh, self.eps);
-            for ((v, &w), &g) in oh.iter_mut().zip(&self.o_norm).zip(gh) {
-                *v = (w * (*v * inv)) * sigmoid(g);
-            }
+/// One channel's log-decay `g` from `f` (after `dt_bias`) and its rate `exp(A_log)`.
+#[inline]
+pub fn log_decay(decay: KdaDecay, rate: f32, f: f32) -> f32 {
+    match decay {
+        KdaDecay::Softplus => -rate * math::softplus(f),
+        KdaDecay::LowerBound(bound) => bound * sigmoid(rate * f),
+    }
+}
+
+/// Per head of `o` (`o_norm.len()` values each): `o ← w ⊙ (o · rms_inv(o)) ⊙ σ(gate)`.
+pub fn gated_norm(o: &mut [f32], gate: &[f32], o_norm: &[f32], eps: f32) {
+    let hd = o_norm.len();
+    for (oh, gh) in o.chunks_mut(hd).zip(gate.chunks(hd)) {
+        let inv = rms_inv(oh, eps);
+        for ((v, &w), &g) in oh.iter_mut().zip(o_norm).zip(gh) {
+            *v = (w * (*v * inv)) * sigmoid(g);
         }
     }
 }
@@ -355,8 +365,7 @@ fn head_step_with(
 }
 
 /// `o = qᵀS` per head (sum over the key index in order).
-#[cfg(test)]
-fn readout(state: &[f32], q: &[f32], shape: KdaShape, out: &mut [f32]) {
+pub fn readout(state: &[f32], q: &[f32], shape: KdaShape, out: &mut [f32]) {
     let d = shape.head_dim;
     for h in 0..shape.heads {
         head_readout(
