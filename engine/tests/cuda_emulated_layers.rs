@@ -134,3 +134,9 @@ fn mla_attention_matches_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::mla_attention(&|l, b| launch(bin, l, b));
 }
+
+#[test]
+fn kda_kernels_match_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::kda(&|l, b| launch(bin, l, b));
+}

@@ -88,13 +88,17 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 6] = [
+pub const LAYER_KERNELS: [&str; 10] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
     "deltafin_route",
     "deltafin_combine",
     "deltafin_mla_attend",
+    "deltafin_kda_conv",
+    "deltafin_kda_l2",
+    "deltafin_kda_gates",
+    "deltafin_kda_recurrence",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -121,7 +125,8 @@ fn per_thread(items: usize) -> usize {
     items.div_ceil(THREADS as usize)
 }
 
-/// RMSNorm of `rows` rows of `width` (buffers: x, weight, out).
+/// RMSNorm of `rows` rows of `width` (buffers: x, weight, out, and optionally a gate: then
+/// `out = (w·(x·inv))·σ(gate)`, KDA's gated norm with rows = tokens × heads).
 pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
     let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
     let blocks = rows.div_ceil(NORM_ROWS as usize);
@@ -240,4 +245,86 @@ pub fn combine(rows: usize, width: usize) -> LayerLaunch {
         &[rows as i32, width as i32],
         &[],
     )
+}
+
+/// KDA convolution + SiLU of a pass's rows, `seqs` sequences of `width` (= 3P) raw channels and
+/// convolution width `kernel` (buffers: raw, conv weights, histories (advanced), sequence row
+/// offsets (i32), row ids (i32), out).
+pub fn kda_conv(seqs: usize, width: usize, kernel: usize) -> LayerLaunch {
+    let ints = [seqs as i32, width as i32, kernel as i32];
+    let mut l = launch(
+        "deltafin_kda_conv",
+        per_thread(width),
+        [THREADS, 1, 1],
+        &ints,
+        &[],
+    );
+    l.grid[1] = seqs.max(1) as u32;
+    l
+}
+
+/// KDA q/k L2 norms in place over `n` rows (buffer: the convolved `[n, 3P]`).
+pub fn kda_l2(
+    n: usize,
+    heads: usize,
+    head_dim: usize,
+    l2: crate::model::layers::kda::L2Norm,
+    q_scale: f32,
+) -> LayerLaunch {
+    use crate::model::layers::kda::L2Norm;
+    let (mode, eps) = match l2 {
+        L2Norm::EpsInside(e) => (0, e),
+        L2Norm::EpsFloor(e) => (1, e),
+    };
+    let ints = [n as i32, heads as i32, head_dim as i32, mode];
+    launch(
+        "deltafin_kda_l2",
+        per_thread(n * 2 * heads),
+        [THREADS, 1, 1],
+        &ints,
+        &[eps, q_scale],
+    )
+}
+
+/// KDA log-decay and β of `n` rows of `channels` (buffers: f, dt_bias, rate, β logits, g out,
+/// β out).
+pub fn kda_gates(n: usize, channels: usize, heads: usize, decay: crate::config::KdaDecay) -> LayerLaunch {
+    use crate::config::KdaDecay;
+    let (kind, bound) = match decay {
+        KdaDecay::Softplus => (0, 0.0),
+        KdaDecay::LowerBound(b) => (1, b),
+    };
+    let ints = [n as i32, channels as i32, heads as i32, kind];
+    launch(
+        "deltafin_kda_gates",
+        per_thread(n * channels),
+        [THREADS, 1, 1],
+        &ints,
+        &[bound],
+    )
+}
+
+/// Largest KDA head width the recurrence kernel holds (one thread per state column).
+pub const KDA_MAX_HEAD_DIM: usize = 1024;
+
+/// KDA delta rule and read-out of `seqs` sequences (buffers: states (advanced), normalised qkv,
+/// g, β, sequence row offsets (i32), row ids (i32), out). A head wider than
+/// [`KDA_MAX_HEAD_DIM`] is refused.
+pub fn kda_recurrence(seqs: usize, heads: usize, head_dim: usize) -> crate::Result<LayerLaunch> {
+    if head_dim > KDA_MAX_HEAD_DIM {
+        return Err(crate::Error::InvalidArgument {
+            field: "head_dim",
+            reason: format!("{head_dim} is wider than the CUDA KDA kernel's {KDA_MAX_HEAD_DIM}"),
+        });
+    }
+    let ints = [seqs as i32, heads as i32, head_dim as i32];
+    let mut l = launch(
+        "deltafin_kda_recurrence",
+        seqs,
+        [head_dim.max(1) as u32, 1, 1],
+        &ints,
+        &[],
+    );
+    l.grid[1] = heads.max(1) as u32;
+    Ok(l)
 }

@@ -261,3 +261,153 @@ pub fn mla_attention(run: Runner) {
     let out = run_on(run, &l, &bufs);
     assert_same(&want, &floats(&out[5]), "mla attention");
 }
+
+/// The KDA kernels against `kda`'s row functions, chained as a pass runs them: convolution +
+/// SiLU over two interleaved sequences (histories advanced), the q/k L2 norms (both formulas),
+/// log-decay (both kinds) and β, the delta rule with read-out (states advanced), and the gated
+/// norm (`deltafin_rms_norm` with a gate).
+pub fn kda(run: Runner) {
+    use deltafin_engine::config::KdaDecay;
+    use deltafin_engine::generate::KdaShape;
+    use deltafin_engine::model::layers::kda::{self, L2Norm, StepInputs};
+    let s = KdaShape {
+        heads: 3,
+        head_dim: 20,
+        kernel: 4,
+    };
+    let (p, hd, heads) = (s.channels(), s.head_dim, s.heads);
+    let width = 3 * p;
+    let mild = |len: usize, seed: u64, scale: f32| {
+        let mut rng = Rng(seed);
+        (0..len).map(|_| rng.unit() * scale).collect::<Vec<f32>>()
+    };
+    let seq_of = [0usize, 1, 0, 0, 1];
+    let n = seq_of.len();
+    let order: Vec<usize> = (0..2)
+        .flat_map(|q| (0..n).filter(move |&r| seq_of[r] == q))
+        .collect();
+    let offsets = [0i32, 3, 5];
+    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let row_ids = ints(&order.iter().map(|&r| r as i32).collect::<Vec<_>>());
+
+    // Convolution + SiLU.
+    let raw = mild(n * width, 80, 2.0);
+    let conv = mild(width * s.kernel, 81, 1.0);
+    let hist = mild(2 * s.conv_len(), 82, 2.0);
+    let (mut cpu_hist, mut cpu_qkv) = (hist.clone(), vec![0.0f32; n * width]);
+    for &r in &order {
+        let h = &mut cpu_hist[seq_of[r] * s.conv_len()..][..s.conv_len()];
+        let (q, rest) = cpu_qkv[r * width..(r + 1) * width].split_at_mut(p);
+        let (k, v) = rest.split_at_mut(p);
+        kda::convolve(&conv, s, h, &raw[r * width..(r + 1) * width], [q, k, v]);
+        kda::conv_push(h, &raw[r * width..(r + 1) * width], s);
+    }
+    let bufs = [
+        bytes_of(&raw),
+        bytes_of(&conv),
+        bytes_of(&hist),
+        ints(&offsets),
+        row_ids.clone(),
+        vec![0; 4 * n * width],
+    ];
+    let out = run_on(run, &abi::kda_conv(2, width, s.kernel), &bufs);
+    assert_same(&cpu_qkv, &floats(&out[5]), "kda conv");
+    assert_same(&cpu_hist, &floats(&out[2]), "kda conv history");
+
+    // L2 norms, both formulas.
+    let q_scale = 0.2236;
+    let mut normed = Vec::new();
+    for l2 in [L2Norm::EpsInside(1e-6), L2Norm::EpsFloor(1e-12)] {
+        let mut want = cpu_qkv.clone();
+        for row in want.chunks_mut(width) {
+            for h in 0..heads {
+                let q = &mut row[h * hd..(h + 1) * hd];
+                l2.apply(q);
+                q.iter_mut().for_each(|x| *x *= q_scale);
+                l2.apply(&mut row[p + h * hd..p + (h + 1) * hd]);
+            }
+        }
+        let out = run_on(
+            run,
+            &abi::kda_l2(n, heads, hd, l2, q_scale),
+            &[bytes_of(&cpu_qkv)],
+        );
+        assert_same(&want, &floats(&out[0]), &format!("kda {l2:?}"));
+        normed = want;
+    }
+
+    // Log-decay and β, both kinds.
+    let f = mild(n * p, 83, 4.0);
+    let dt_bias = mild(p, 84, 1.0);
+    let rate = mild(p, 85, 1.0)
+        .iter()
+        .map(|r| r.abs() + 0.05)
+        .collect::<Vec<_>>();
+    let logits = mild(n * heads, 86, 3.0);
+    let mut g = Vec::new();
+    let beta: Vec<f32> = logits
+        .iter()
+        .map(|&l| deltafin_engine::kernels::math::sigmoid(l))
+        .collect();
+    for decay in [KdaDecay::LowerBound(-5.0), KdaDecay::Softplus] {
+        let want: Vec<f32> = (0..n * p)
+            .map(|e| kda::log_decay(decay, rate[e % p], f[e] + dt_bias[e % p]))
+            .collect();
+        let bufs = [
+            bytes_of(&f),
+            bytes_of(&dt_bias),
+            bytes_of(&rate),
+            bytes_of(&logits),
+            vec![0; 4 * n * p],
+            vec![0; 4 * n * heads],
+        ];
+        let out = run_on(run, &abi::kda_gates(n, p, heads, decay), &bufs);
+        assert_same(&want, &floats(&out[4]), &format!("kda log-decay {decay:?}"));
+        assert_same(&beta, &floats(&out[5]), "kda beta");
+        g = want;
+    }
+
+    // The delta rule and read-out.
+    let states = mild(2 * heads * hd * hd, 87, 0.3);
+    let (mut cpu_states, mut cpu_o) = (states.clone(), vec![0.0f32; n * p]);
+    for &r in &order {
+        let st = &mut cpu_states[seq_of[r] * heads * hd * hd..][..heads * hd * hd];
+        let row = &normed[r * width..(r + 1) * width];
+        let x = StepInputs {
+            k: &row[p..2 * p],
+            v: &row[2 * p..],
+            g: &g[r * p..(r + 1) * p],
+            beta: &beta[r * heads..(r + 1) * heads],
+        };
+        kda::delta_rule_step(st, x, s);
+        kda::readout(st, &row[..p], s, &mut cpu_o[r * p..(r + 1) * p]);
+    }
+    let bufs = [
+        bytes_of(&states),
+        bytes_of(&normed),
+        bytes_of(&g),
+        bytes_of(&beta),
+        ints(&offsets),
+        row_ids,
+        vec![0; 4 * n * p],
+    ];
+    let out = run_on(run, &abi::kda_recurrence(2, heads, hd).unwrap(), &bufs);
+    assert_same(&cpu_o, &floats(&out[6]), "kda read-out");
+    assert_same(&cpu_states, &floats(&out[0]), "kda states");
+
+    // The gated norm.
+    let gate = mild(n * p, 88, 3.0);
+    let o_norm = mild(hd, 89, 1.5);
+    let mut want = cpu_o.clone();
+    for (o, gt) in want.chunks_mut(p).zip(gate.chunks(p)) {
+        kda::gated_norm(o, gt, &o_norm, 1e-5);
+    }
+    let bufs = [
+        bytes_of(&cpu_o),
+        bytes_of(&o_norm),
+        vec![0; 4 * n * p],
+        bytes_of(&gate),
+    ];
+    let out = run_on(run, &abi::rms_norm(n * heads, hd, 1e-5), &bufs);
+    assert_same(&want, &floats(&out[2]), "kda gated norm");
+}

@@ -35,7 +35,8 @@ __device__ __forceinline__ float df_lane_sum(float v) {
     return __shfl_sync(0xffffffffu, v, 0, LANES);
 }
 
-// RMSNorm of `rows` rows of `width`: buf x, weight, out (may equal x); i rows, width; f eps.
+// RMSNorm of `rows` rows of `width`: buf x, weight, out (may equal x), gate (optional: then
+// out = (w * (x * inv)) * sigmoid(gate), KDA's gated norm); i rows, width; f eps.
 extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_norm(LayerParams p) {
     const float* x = (const float*)p.buf[0];
     const float* w = (const float*)p.buf[1];
@@ -55,7 +56,11 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)width), p.f[0])));
     if (!live) return;
     float* o = out + (u64)r * (u64)width;
-    for (int k = lane; k < width; k += LANES) o[k] = __fmul_rn(w[k], __fmul_rn(xr[k], inv));
+    const float* gate = p.buf[3] ? (const float*)p.buf[3] + (u64)r * (u64)width : 0;
+    for (int k = lane; k < width; k += LANES) {
+        const float y = __fmul_rn(w[k], __fmul_rn(xr[k], inv));
+        o[k] = gate ? __fmul_rn(y, df_sigmoid(gate[k])) : y;
+    }
 }
 
 #define DF_ACT_SILU 0
@@ -290,4 +295,113 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerPar
     const float inv = __fdiv_rn(1.0f, tsum);
     float* out = (float*)p.buf[5] + ((u64)row * heads + h) * (u64)latent;
     for (int i = 0; i < mine; ++i) out[lane + LANES * i] = __fmul_rn(tacc[i], inv);
+}
+
+// ---- Kimi Delta Attention (model/layers/kda.rs) ----
+//
+// A pass's rows belong to sequences; `seq_rows` (i32, seqs + 1 offsets) and `row_ids` (i32)
+// list each sequence's rows in order. Every kernel below keeps the CPU's per-element order:
+// the convolution per channel over the sequence's rows (kda::convolve, conv_push), the L2 norm
+// per (row, head) (L2Norm::apply, sums in index order from -0.0 as Rust's f32 sum), the
+// log-decay and beta per element (kda::log_decay), and the delta rule per (sequence, head) with
+// one thread per state column: each column's decay, k^T S, update and read-out are sums over
+// the key index in order (kda::delta_rule_step, kda::readout), so no value crosses threads.
+
+// Convolution + SiLU: buf raw [n, 3P], conv [3P, K], history [seqs, (K - 1) * 3P] (advanced in
+// place), seq_rows, row_ids, out [n, 3P]; i seqs, width (3P), K. Grid (width / 256, seqs).
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_conv(LayerParams p) {
+    const int width = p.i[1], kernel = p.i[2];
+    const int c = blockIdx.x * DF_THREADS + threadIdx.x, seq = blockIdx.y;
+    if (c >= width) return;
+    const float* raw = (const float*)p.buf[0];
+    const float* w = (const float*)p.buf[1] + (u64)c * (u64)kernel;
+    float* hist = (float*)p.buf[2] + (u64)seq * (u64)(kernel - 1) * (u64)width;
+    const int* seq_rows = (const int*)p.buf[3];
+    const int* row_ids = (const int*)p.buf[4];
+    float* out = (float*)p.buf[5];
+    for (int t = seq_rows[seq]; t < seq_rows[seq + 1]; ++t) {
+        const u64 r = (u64)row_ids[t];
+        float acc = 0.0f;
+        for (int j = 0; j < kernel - 1; ++j) acc = __fadd_rn(acc, __fmul_rn(hist[(u64)j * width + c], w[j]));
+        const float x = raw[r * (u64)width + c];
+        acc = __fadd_rn(acc, __fmul_rn(x, w[kernel - 1]));
+        out[r * (u64)width + c] = __fmul_rn(acc, df_sigmoid(acc));
+        if (kernel > 1) {
+            for (int j = 0; j + 1 < kernel - 1; ++j) hist[(u64)j * width + c] = hist[(u64)(j + 1) * width + c];
+            hist[(u64)(kernel - 2) * width + c] = x;
+        }
+    }
+}
+
+#define DF_L2_EPS_INSIDE 0  // x / sqrt(sum x^2 + eps)
+#define DF_L2_EPS_FLOOR 1   // x / max(sqrt(sum x^2), eps)
+
+// L2 norms of q (then times q_scale) and k, in place: buf qkv [n, 3P]; i n, heads, head_dim,
+// mode; f eps, q_scale. One thread per (row, q or k, head).
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_l2(LayerParams p) {
+    const int n = p.i[0], heads = p.i[1], hd = p.i[2], mode = p.i[3];
+    const u64 t = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (t >= (u64)n * 2u * (u64)heads) return;
+    const u64 row = t / (2u * (u64)heads), part = (t / (u64)heads) % 2u, h = t % (u64)heads;
+    const u64 ch = (u64)heads * (u64)hd;
+    float* x = (float*)p.buf[0] + row * 3u * ch + part * ch + h * (u64)hd;
+    float ss = -0.0f;
+    for (int i = 0; i < hd; ++i) ss = __fadd_rn(ss, __fmul_rn(x[i], x[i]));
+    const float eps = p.f[0];
+    const float denom = mode == DF_L2_EPS_INSIDE ? __fsqrt_rn(__fadd_rn(ss, eps)) : fmaxf(__fsqrt_rn(ss), eps);
+    for (int i = 0; i < hd; ++i) {
+        const float v = __fdiv_rn(x[i], denom);
+        x[i] = part == 0 ? __fmul_rn(v, p.f[1]) : v;
+    }
+}
+
+#define DF_DECAY_SOFTPLUS 0     // g = -rate * softplus(f)
+#define DF_DECAY_LOWER_BOUND 1  // g = bound * sigmoid(rate * f)
+
+// Log-decay and beta: buf f [n, P], dt_bias [P], rate [P], beta logits [n, heads], g out [n, P],
+// beta out [n, heads]; i n, P, heads, decay kind; f bound. One thread per element of f.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_gates(LayerParams p) {
+    const int n = p.i[0], ch = p.i[1], heads = p.i[2];
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e < (u64)n * (u64)heads) {
+        ((float*)p.buf[5])[e] = df_sigmoid(((const float*)p.buf[3])[e]);
+    }
+    if (e >= (u64)n * (u64)ch) return;
+    const u64 c = e % (u64)ch;
+    const float f = __fadd_rn(((const float*)p.buf[0])[e], ((const float*)p.buf[1])[c]);
+    const float rate = ((const float*)p.buf[2])[c];
+    ((float*)p.buf[4])[e] = p.i[3] == DF_DECAY_SOFTPLUS ? __fmul_rn(-rate, df_softplus(f))
+                                                       : __fmul_rn(p.f[0], df_sigmoid(__fmul_rn(rate, f)));
+}
+
+// The delta rule and read-out: buf state [seqs, heads, d, d] (advanced in place), qkv [n, 3P]
+// (normalised), g [n, P], beta [n, heads], seq_rows, row_ids, out [n, P]; i seqs, heads, d.
+// Grid (seqs, heads), block (d): thread j owns column j of its head's state.
+extern "C" __global__ void __launch_bounds__(1024) deltafin_kda_recurrence(LayerParams p) {
+    const int heads = p.i[1], d = p.i[2];
+    const int seq = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+    if (j >= d) return;
+    const u64 ch = (u64)heads * (u64)d;
+    float* st = (float*)p.buf[0] + ((u64)seq * heads + h) * (u64)d * (u64)d;
+    const float* qkv = (const float*)p.buf[1];
+    const float* g = (const float*)p.buf[2];
+    const float* beta = (const float*)p.buf[3];
+    const int* seq_rows = (const int*)p.buf[4];
+    const int* row_ids = (const int*)p.buf[5];
+    float* out = (float*)p.buf[6];
+    for (int t = seq_rows[seq]; t < seq_rows[seq + 1]; ++t) {
+        const u64 r = (u64)row_ids[t];
+        const float* qh = qkv + r * 3u * ch + (u64)h * d;
+        const float* kh = qh + ch;
+        const float* vh = kh + ch;
+        const float* gh = g + r * ch + (u64)h * d;
+        for (int i = 0; i < d; ++i) st[(u64)i * d + j] = __fmul_rn(st[(u64)i * d + j], df_exp(gh[i]));
+        float acc = 0.0f;
+        for (int i = 0; i < d; ++i) acc = __fadd_rn(acc, __fmul_rn(st[(u64)i * d + j], kh[i]));
+        const float delta = __fmul_rn(__fsub_rn(vh[j], acc), beta[r * (u64)heads + h]);
+        for (int i = 0; i < d; ++i) st[(u64)i * d + j] = __fadd_rn(st[(u64)i * d + j], __fmul_rn(kh[i], delta));
+        float o = 0.0f;
+        for (int i = 0; i < d; ++i) o = __fadd_rn(o, __fmul_rn(st[(u64)i * d + j], qh[i]));
+        out[r * ch + (u64)h * d + j] = o;
+    }
 }
