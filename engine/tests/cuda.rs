@@ -212,4 +212,5 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::combine(&run);
     layer_cases::mla_attention(&run);
     layer_cases::kda(&run);
+    layer_cases::mla_projections(&run);
 }

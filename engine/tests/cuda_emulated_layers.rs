@@ -140,3 +140,9 @@ fn kda_kernels_match_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::kda(&|l, b| launch(bin, l, b));
 }
+
+#[test]
+fn mla_projections_match_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::mla_projections(&|l, b| launch(bin, l, b));
+}

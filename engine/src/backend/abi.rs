@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 10] = [
+pub const LAYER_KERNELS: [&str; 14] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -99,6 +99,10 @@ pub const LAYER_KERNELS: [&str; 10] = [
     "deltafin_kda_l2",
     "deltafin_kda_gates",
     "deltafin_kda_recurrence",
+    "deltafin_rope",
+    "deltafin_mla_absorb",
+    "deltafin_mla_values",
+    "deltafin_mul_sigmoid",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -327,4 +331,88 @@ pub fn kda_recurrence(seqs: usize, heads: usize, head_dim: usize) -> crate::Resu
     );
     l.grid[1] = heads.max(1) as u32;
     Ok(l)
+}
+
+/// Where the vectors RoPE rotates lie: `vecs` per row, the row's stride, the first vector's
+/// offset in the row and the stride between vectors (all in f32 values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeLayout {
+    pub vecs: usize,
+    pub row_stride: usize,
+    pub offset: usize,
+    pub vec_stride: usize,
+}
+
+/// Largest rotary width the RoPE kernel holds.
+pub const ROPE_MAX_DIM: usize = 512;
+
+/// RoPE in place on `rows` rows laid out as `at`, `dim` wide, by host-computed factors
+/// (buffers: x, factors `[rows, dim]`). A width above [`ROPE_MAX_DIM`] is refused.
+pub fn rope(rows: usize, at: RopeLayout, dim: usize, interleave: bool) -> crate::Result<LayerLaunch> {
+    if dim > ROPE_MAX_DIM {
+        return Err(crate::Error::InvalidArgument {
+            field: "qk_rope_head_dim",
+            reason: format!("{dim} is wider than the CUDA RoPE kernel's {ROPE_MAX_DIM}"),
+        });
+    }
+    let ints = [
+        rows as i32,
+        at.vecs as i32,
+        at.row_stride as i32,
+        at.offset as i32,
+        at.vec_stride as i32,
+        (dim / 2) as i32,
+        interleave as i32,
+    ];
+    Ok(launch(
+        "deltafin_rope",
+        per_thread(rows * at.vecs),
+        [THREADS, 1, 1],
+        &ints,
+        &[],
+    ))
+}
+
+/// The integers of the two MLA projection kernels: n, heads, nope, rope, v, kv_lora.
+fn mla_ints(n: usize, d: &crate::model::layers::mla::MlaDims) -> [i32; 6] {
+    [n, d.heads, d.nope, d.rope, d.v, d.kv_lora].map(|v| v as i32)
+}
+
+/// Absorbed and rotated query parts of `n` rows (buffers: q, decoded kv_b, q_abs out, q_rope
+/// out).
+pub fn mla_absorb(n: usize, d: &crate::model::layers::mla::MlaDims) -> LayerLaunch {
+    let span = d.kv_lora.max(d.rope);
+    launch(
+        "deltafin_mla_absorb",
+        per_thread(n * d.heads * span),
+        [THREADS, 1, 1],
+        &mla_ints(n, d),
+        &[],
+    )
+}
+
+/// Attention values of `n` rows from their latent contexts (buffers: decoded kv_b, contexts,
+/// out).
+pub fn mla_values(n: usize, d: &crate::model::layers::mla::MlaDims) -> LayerLaunch {
+    let [n32, heads, nope, _, v, c] = mla_ints(n, d);
+    let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
+    let blocks = (n * d.heads * d.v).div_ceil(NORM_ROWS as usize);
+    launch(
+        "deltafin_mla_values",
+        blocks,
+        block,
+        &[n32, heads, nope, v, c],
+        &[],
+    )
+}
+
+/// `a · σ(g)` over `count` elements (buffers: a, g, out).
+pub fn mul_sigmoid(count: usize) -> LayerLaunch {
+    launch(
+        "deltafin_mul_sigmoid",
+        per_thread(count),
+        [THREADS, 1, 1],
+        &[count as i32],
+        &[],
+    )
 }

@@ -34,6 +34,10 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_kda_l2") return deltafin_kda_l2;
     if (name == "deltafin_kda_gates") return deltafin_kda_gates;
     if (name == "deltafin_kda_recurrence") return deltafin_kda_recurrence;
+    if (name == "deltafin_rope") return deltafin_rope;
+    if (name == "deltafin_mla_absorb") return deltafin_mla_absorb;
+    if (name == "deltafin_mla_values") return deltafin_mla_values;
+    if (name == "deltafin_mul_sigmoid") return deltafin_mul_sigmoid;
     return nullptr;
 }
 

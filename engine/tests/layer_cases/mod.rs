@@ -411,3 +411,98 @@ pub fn kda(run: Runner) {
     let out = run_on(run, &abi::rms_norm(n * heads, hd, 1e-5), &bufs);
     assert_same(&want, &floats(&out[2]), "kda gated norm");
 }
+
+/// The MLA projections around the attention core: RoPE by host factors (`deltafin_rope`,
+/// interleaved queries at a stride and a split-half key) against `Rope::apply`, the absorbed
+/// queries (`deltafin_mla_absorb`) against `mla::absorb_query`, the values
+/// (`deltafin_mla_values`) against `mla::value_rows`, and K3's output gate
+/// (`deltafin_mul_sigmoid`).
+pub fn mla_projections(run: Runner) {
+    use deltafin_engine::backend::abi::RopeLayout;
+    use deltafin_engine::config::RopeConfig;
+    use deltafin_engine::model::layers::mla::{MlaDims, absorb_query, value_rows};
+    use deltafin_engine::model::layers::rope::Rope;
+    let d = MlaDims {
+        heads: 3,
+        nope: 7,
+        rope: 6,
+        v: 5,
+        kv_lora: 19,
+        eps: 1e-6,
+        scale: 0.3,
+    };
+    let (n, qk, c) = (4, d.nope + d.rope, d.kv_lora);
+    let mild = |len: usize, seed: u64| {
+        let mut rng = Rng(seed);
+        (0..len).map(|_| rng.unit() * 2.0).collect::<Vec<f32>>()
+    };
+    let pos = [0usize, 5, 1000, 70_000];
+
+    for interleave in [true, false] {
+        let rope = Rope::new(&RopeConfig::default(), d.rope, interleave);
+        let mut factors = vec![0.0f32; n * d.rope];
+        for (f, &p) in factors.chunks_mut(d.rope).zip(&pos) {
+            rope.factors_into(p, f);
+        }
+        // Queries: every head's rope part, at offset nope and stride qk.
+        let q = mild(n * d.heads * qk, 30);
+        let mut want = q.clone();
+        for (i, row) in want.chunks_mut(d.heads * qk).enumerate() {
+            for h in 0..d.heads {
+                rope.apply(&mut row[h * qk + d.nope..][..d.rope], pos[i]);
+            }
+        }
+        let at = RopeLayout {
+            vecs: d.heads,
+            row_stride: d.heads * qk,
+            offset: d.nope,
+            vec_stride: qk,
+        };
+        let l = abi::rope(n, at, d.rope, interleave).unwrap();
+        let out = run_on(run, &l, &[bytes_of(&q), bytes_of(&factors)]);
+        assert_same(&want, &floats(&out[0]), &format!("rope interleave={interleave}"));
+    }
+
+    let q = mild(n * d.heads * qk, 31);
+    let wkv = mild(d.heads * (d.nope + d.v) * c, 32);
+    let (mut q_abs, mut q_rope) = (vec![0.0f32; n * d.heads * c], vec![0.0f32; n * d.heads * d.rope]);
+    for i in 0..n {
+        for h in 0..d.heads {
+            let qh = &q[(i * d.heads + h) * qk..][..qk];
+            let w_uk = &wkv[h * (d.nope + d.v) * c..][..d.nope * c];
+            absorb_query(&qh[..d.nope], w_uk, &mut q_abs[(i * d.heads + h) * c..][..c]);
+            q_rope[(i * d.heads + h) * d.rope..][..d.rope].copy_from_slice(&qh[d.nope..]);
+        }
+    }
+    let bufs = [
+        bytes_of(&q),
+        bytes_of(&wkv),
+        vec![0; 4 * q_abs.len()],
+        vec![0; 4 * q_rope.len()],
+    ];
+    let out = run_on(run, &abi::mla_absorb(n, &d), &bufs);
+    assert_same(&q_abs, &floats(&out[2]), "mla absorbed queries");
+    assert_same(&q_rope, &floats(&out[3]), "mla rope queries");
+
+    let ctx = mild(n * d.heads * c, 33);
+    let mut want = vec![0.0f32; n * d.heads * d.v];
+    for (o, cx) in want.chunks_mut(d.heads * d.v).zip(ctx.chunks(d.heads * c)) {
+        value_rows(&wkv, cx, &d, o);
+    }
+    let bufs = [bytes_of(&wkv), bytes_of(&ctx), vec![0; 4 * want.len()]];
+    let out = run_on(run, &abi::mla_values(n, &d), &bufs);
+    assert_same(&want, &floats(&out[2]), "mla values");
+
+    let (a, g) = (mild(500, 34), mild(500, 35));
+    let want: Vec<f32> = a
+        .iter()
+        .zip(&g)
+        .map(|(a, g)| a * deltafin_engine::kernels::math::sigmoid(*g))
+        .collect();
+    let out = run_on(
+        run,
+        &abi::mul_sigmoid(500),
+        &[bytes_of(&a), bytes_of(&g), vec![0; 2000]],
+    );
+    assert_same(&want, &floats(&out[2]), "output gate");
+}

@@ -405,3 +405,70 @@ extern "C" __global__ void __launch_bounds__(1024) deltafin_kda_recurrence(Layer
         out[r * ch + (u64)h * d + j] = o;
     }
 }
+
+// ---- MLA projections around the attention core (model/layers/mla.rs, rope.rs) ----
+
+// RoPE in place by host-computed factors (rope.rs::Rope::apply_factors): buf x, factors
+// [rows, 2 * half] ((cos, sin) per frequency); i rows, vectors per row, row stride, offset of
+// the first vector, vector stride, half, interleave. One thread per (row, vector).
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_rope(LayerParams p) {
+    const int rows = p.i[0], vecs = p.i[1], half = p.i[5], interleave = p.i[6];
+    const u64 t = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (t >= (u64)rows * (u64)vecs || half > 256) return;
+    const u64 row = t / (u64)vecs, v = t % (u64)vecs;
+    float* x = (float*)p.buf[0] + row * (u64)p.i[2] + (u64)p.i[3] + v * (u64)p.i[4];
+    const float* f = (const float*)p.buf[1] + row * 2u * (u64)half;
+    float out[512];
+    for (int i = 0; i < half; ++i) {
+        const float c = f[2 * i], s = f[2 * i + 1];
+        const float a = interleave ? x[2 * i] : x[i];
+        const float b = interleave ? x[2 * i + 1] : x[i + half];
+        out[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        out[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+    for (int i = 0; i < 2 * half; ++i) x[i] = out[i];
+}
+
+// Absorbed queries (mla.rs::absorb_query) and the rotated query parts: buf q [n, heads * (nope
+// + rope)], decoded kv_b [heads * (nope + v), c], q_abs out [n, heads, c], q_rope out [n, heads,
+// rope]; i n, heads, nope, rope, v, c. One thread per (row, head, j < max(c, rope)).
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_mla_absorb(LayerParams p) {
+    const int n = p.i[0], heads = p.i[1], nope = p.i[2], rope = p.i[3], v = p.i[4], c = p.i[5];
+    const int span = c > rope ? c : rope;
+    const u64 t = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (t >= (u64)n * (u64)heads * (u64)span) return;
+    const u64 rh = t / (u64)span, row = rh / (u64)heads, h = rh % (u64)heads;
+    const int j = (int)(t % (u64)span);
+    const float* q = (const float*)p.buf[0] + row * (u64)heads * (u64)(nope + rope) + h * (u64)(nope + rope);
+    if (j < rope) ((float*)p.buf[3])[rh * (u64)rope + j] = q[nope + j];
+    if (j >= c) return;
+    const float* w = (const float*)p.buf[1] + h * (u64)(nope + v) * (u64)c;
+    float acc = 0.0f;
+    for (int dim = 0; dim < nope; ++dim) acc = __fadd_rn(acc, __fmul_rn(q[dim], w[(u64)dim * c + j]));
+    ((float*)p.buf[2])[rh * (u64)c + j] = acc;
+}
+
+// Attention values (mla.rs::value_rows): dot16 of kv_b's value rows with each head's latent
+// context. buf decoded kv_b, ctx [n, heads, c], out [n, heads * v]; i n, heads, nope, v, c.
+// Block (LANES, DF_NORM_ROWS): one 16-lane group per output value.
+extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_mla_values(LayerParams p) {
+    const int n = p.i[0], heads = p.i[1], nope = p.i[2], v = p.i[3], c = p.i[4];
+    const u64 total = (u64)n * (u64)heads * (u64)v;
+    const u64 o = (u64)blockIdx.x * DF_NORM_ROWS + threadIdx.y;
+    const bool live = o < total;
+    const u64 oo = live ? o : 0;
+    const u64 rh = oo / (u64)v, h = rh % (u64)heads;
+    const int e = (int)(oo % (u64)v);
+    const float* w = (const float*)p.buf[0] + (h * (u64)(nope + v) + (u64)(nope + e)) * (u64)c;
+    const float* ctx = (const float*)p.buf[1] + rh * (u64)c;
+    const float r = df_dot16(w, ctx, c, threadIdx.x);
+    if (live && threadIdx.x == 0) ((float*)p.buf[2])[o] = r;
+}
+
+// out = a * sigmoid(g) element-wise (K3's MLA output gate): buf a, g, out; i count.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_mul_sigmoid(LayerParams p) {
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e >= (u64)p.i[0]) return;
+    const float a = ((const float*)p.buf[0])[e], g = ((const float*)p.buf[1])[e];
+    ((float*)p.buf[2])[e] = __fmul_rn(a, df_sigmoid(g));
+}

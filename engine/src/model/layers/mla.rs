@@ -267,14 +267,7 @@ impl Mla {
         let mut attn = vec![0.0f32; n * d.heads * d.v];
         attn.par_chunks_mut(d.heads * d.v)
             .zip(ctx.par_chunks(d.heads * c))
-            .for_each(|(out, ctx)| {
-                for h in 0..d.heads {
-                    let rows = head_rows(h);
-                    for (e, o) in out[h * d.v..][..d.v].iter_mut().enumerate() {
-                        *o = dot16(&rows[(d.nope + e) * c..][..c], &ctx[h * c..][..c]);
-                    }
-                }
-            });
+            .for_each(|(out, ctx)| value_rows(&wkv, ctx, d, out));
         attn
     }
 
@@ -301,8 +294,20 @@ impl Mla {
     }
 }
 
-/// `q_abs = W_UKᵀ q_nope` (sum over the nope dimension in order).
-fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
+/// One row's attention values `[heads, v]` from its latent contexts `ctx` `[heads, kv_lora]`:
+/// `dot16(W_UV[h, e], ctx[h])` with `wkv` the decoded `kv_b_proj` (`deltafin_mla_values`).
+pub fn value_rows(wkv: &[f32], ctx: &[f32], d: &MlaDims, out: &mut [f32]) {
+    let c = d.kv_lora;
+    for h in 0..d.heads {
+        let rows = &wkv[h * (d.nope + d.v) * c..(h + 1) * (d.nope + d.v) * c];
+        for (e, o) in out[h * d.v..][..d.v].iter_mut().enumerate() {
+            *o = dot16(&rows[(d.nope + e) * c..][..c], &ctx[h * c..][..c]);
+        }
+    }
+}
+
+/// `q_abs = W_UKᵀ q_nope` (sum over the nope dimension in order; `deltafin_mla_absorb`).
+pub fn absorb_query(q_nope: &[f32], w_uk: &[f32], q_abs: &mut [f32]) {
     let c = q_abs.len();
     q_abs.iter_mut().for_each(|v| *v = 0.0);
     for (dim, &qv) in q_nope.iter().enumerate() {

@@ -24,16 +24,36 @@ impl Rope {
 
     /// Rotate `x` (length `dim`) in place for absolute position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let mut f = [0.0f32; 512];
+        let f = &mut f[..2 * self.inv_freq.len()];
+        self.factors_into(pos, f);
+        self.apply_factors(x, f);
+    }
+
+    /// The rotation factors of position `pos`, `(cos·m, sin·m)` per frequency (`m` the attention
+    /// factor), into `out` (`dim` values). Computed on the host only, so a GPU applying them
+    /// ([`Rope::apply_factors`], `deltafin_rope`) rotates with the CPU's exact values.
+    pub fn factors_into(&self, pos: usize, out: &mut [f32]) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            out[2 * i] = angle.cos() * self.attention_factor;
+            out[2 * i + 1] = angle.sin() * self.attention_factor;
+        }
+    }
+
+    /// Whether pairs are interleaved (DeepSeek) rather than split in halves (Llama).
+    pub fn interleaved(&self) -> bool {
+        self.interleave
+    }
+
+    /// Rotate `x` in place by precomputed `factors` (see [`Rope::factors_into`]).
+    pub fn apply_factors(&self, x: &mut [f32], factors: &[f32]) {
         let half = self.inv_freq.len();
         debug_assert_eq!(x.len(), 2 * half);
         let mut out = [0.0f32; 512];
         let out = &mut out[..2 * half];
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let angle = pos as f32 * f;
-            let (cos, sin) = (
-                angle.cos() * self.attention_factor,
-                angle.sin() * self.attention_factor,
-            );
+        for i in 0..half {
+            let (cos, sin) = (factors[2 * i], factors[2 * i + 1]);
             let (a, b) = if self.interleave {
                 (x[2 * i], x[2 * i + 1])
             } else {
