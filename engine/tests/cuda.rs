@@ -45,7 +45,7 @@ fn check(b: &Backend, m: &Matrix, ns: &[usize], label: &str) {
         let mut want = vec![0.0; n * m.rows];
         reference::matmul(m, &x, n, &mut want);
         let mut got = vec![f32::NAN; n * m.rows];
-        b.matmul(m, &x, n, &mut got);
+        b.matmul(m, &x, n, &mut got, backend::WeightClass::Spine);
         assert_same(&want, &got, &format!("cuda {label} {}x{} n={n}", m.rows, m.cols));
     }
 }
@@ -109,10 +109,16 @@ fn rows_are_batch_invariant_on_the_device() {
         let n = 37;
         let x = patterned(n * m.cols, 7);
         let mut batch = vec![0.0; n * m.rows];
-        b.matmul(&m, &x, n, &mut batch);
+        b.matmul(&m, &x, n, &mut batch, backend::WeightClass::Spine);
         for i in 0..n {
             let mut single = vec![0.0; m.rows];
-            b.matmul(&m, &x[i * m.cols..(i + 1) * m.cols], 1, &mut single);
+            b.matmul(
+                &m,
+                &x[i * m.cols..(i + 1) * m.cols],
+                1,
+                &mut single,
+                backend::WeightClass::Expert,
+            );
             assert_same(&single, &batch[i * m.rows..(i + 1) * m.rows], &format!("row {i}"));
         }
     }

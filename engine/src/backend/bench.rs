@@ -347,7 +347,7 @@ fn measure(
     let mut call = |n: usize, i: usize| {
         let (m, x, y) = (&mats[i % count], &x[..n * cols], &mut y[..n * rows]);
         if opts.backend {
-            crate::backend::current().matmul(m, x, n, y);
+            crate::backend::current().matmul(m, x, n, y, crate::backend::WeightClass::Spine);
         } else {
             matmul_with(isa, m, x, n, y);
         }

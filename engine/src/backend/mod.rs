@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
+pub use residency::WeightClass;
 
 /// `y[i * m.rows + r] = dot(W[r, :], x[i * m.cols ..][.. m.cols])` for `i < n`.
 ///
@@ -28,7 +29,13 @@ use crate::kernels::Matrix;
 /// default the best detected ISA ([`crate::kernels::Isa::detected`]) over the current rayon pool
 /// (see [`crate::kernels::matmul_with`]), or a GPU.
 pub fn matmul(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    current().matmul(m, x, n, y)
+    current().matmul(m, x, n, y, WeightClass::Spine)
+}
+
+/// [`matmul`] for a routed expert's matrix: the same bits; a GPU keeps it in the expert tier
+/// below the spine (see [`residency`]).
+pub fn matmul_expert(m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    current().matmul(m, x, n, y, WeightClass::Expert)
 }
 
 /// A compute device named on the command line: `cpu`, `cuda` (GPU 0) or `cuda:N`.
@@ -82,8 +89,14 @@ pub struct BackendStats {
     pub weight_hits: u64,
     /// Matrices dropped from the device to stay within its budget.
     pub evictions: u64,
-    /// Weight bytes on the device now.
+    /// Weight bytes on the device now, and the part of them that are routed experts (the rest
+    /// is the spine).
     pub resident_bytes: u64,
+    pub expert_resident_bytes: u64,
+    /// Routed-expert products whose weights were already on the device, and those that
+    /// uploaded them.
+    pub expert_hits: u64,
+    pub expert_uploads: u64,
     /// Products computed on the CPU after the device failed.
     pub cpu_fallbacks: u64,
 }
@@ -122,12 +135,25 @@ impl Backend {
         }
     }
 
-    /// `y[i * m.rows + r] = dot(W[r, :], x[i])` for `i < n` (see [`matmul`]).
-    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    /// `y[i * m.rows + r] = dot(W[r, :], x[i])` for `i < n` (see [`matmul`]); `class` is the
+    /// matrix's tier on a device.
+    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32], class: WeightClass) {
         match self {
-            Backend::Cpu => crate::kernels::cpu::matmul(m, x, n, y),
+            Backend::Cpu => {
+                let _ = class;
+                crate::kernels::cpu::matmul(m, x, n, y)
+            }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.matmul(m, x, n, y),
+            Backend::Cuda(c) => c.matmul(m, x, n, y, class),
+        }
+    }
+
+    /// The weight budget of a device (`None` on the CPU).
+    pub fn weight_budget(&self) -> Option<u64> {
+        match self {
+            Backend::Cpu => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Some(c.weight_budget()),
         }
     }
 

@@ -1,29 +1,67 @@
-//! Which weight matrices a device keeps resident: a least-recently-used set under a byte
-//! budget. Pure bookkeeping (no device calls) so the policy is tested without a GPU; the CUDA
-//! backend holds the device buffers and follows the decisions made here.
+//! Which weight matrices a device keeps resident, in tiers under one byte budget:
+//!
+//! * **the spine** (attention, norms, dense and shared FFNs, embeddings and head: every matrix a
+//!   pass uses every time) comes first: routed experts never evict it, and it evicts experts;
+//! * **routed experts** share what the spine leaves, in a segmented LRU: a newly uploaded
+//!   expert enters *probation*; a second use promotes it to *protected* (at most
+//!   [`PROTECTED_SHARE`] of the expert room); eviction takes probation's least recently used
+//!   first. So the experts a workload keeps choosing stay on the device while one-off choices
+//!   churn through probation, where a plain LRU would let every burst of cold experts flush the
+//!   hot ones. Host RAM (the out-of-core expert cache) is the tier below, disk the one below it.
+//!
+//! Pure bookkeeping (no device calls), so the policy is tested without a GPU; the CUDA backend
+//! holds the device buffers and follows the decisions made here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+
+/// What a matrix is to the model, which decides its tier on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightClass {
+    /// Used by every pass.
+    #[default]
+    Spine,
+    /// A routed expert: used by the passes whose router chose it.
+    Expert,
+}
+
+/// Share of the expert room (budget less the resident spine) the protected segment may hold.
+pub const PROTECTED_SHARE: f64 = 0.8;
 
 /// What to do with a matrix about to be used.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Admit<K> {
     /// Already resident; now the most recently used.
     Hit,
-    /// Not resident: drop `evict` (least recently used first), then upload and keep it.
+    /// Not resident: drop `evict` (in order), then upload and keep it.
     Insert { evict: Vec<K> },
-    /// Larger than the whole budget: upload for this call only, keep nothing.
+    /// Larger than the room its class may use: upload for this call only, keep nothing.
     Bypass,
 }
 
-/// The resident set: keys with their sizes, ordered by last use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    Spine,
+    Probation,
+    Protected,
+}
+
+const SEGMENTS: usize = 3;
+
+impl Segment {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The resident set: keys with their sizes and segments, each segment ordered by last use.
 #[derive(Debug)]
 pub struct Residency<K> {
     budget: u64,
-    used: u64,
     tick: u64,
-    entries: HashMap<K, (u64, u64)>,
-    by_use: BTreeMap<u64, K>,
+    entries: HashMap<K, (u64, Segment, u64)>,
+    by_use: [BTreeMap<u64, K>; SEGMENTS],
+    bytes: [u64; SEGMENTS],
 }
 
 impl<K: Hash + Eq + Clone> Residency<K> {
@@ -31,16 +69,26 @@ impl<K: Hash + Eq + Clone> Residency<K> {
     pub fn new(budget: u64) -> Self {
         Residency {
             budget,
-            used: 0,
             tick: 0,
             entries: HashMap::new(),
-            by_use: BTreeMap::new(),
+            by_use: Default::default(),
+            bytes: [0; SEGMENTS],
         }
     }
 
     /// Bytes resident now.
     pub fn used(&self) -> u64 {
-        self.used
+        self.bytes.iter().sum()
+    }
+
+    /// Bytes resident now of one class.
+    pub fn used_by(&self, class: WeightClass) -> u64 {
+        match class {
+            WeightClass::Spine => self.bytes[Segment::Spine.index()],
+            WeightClass::Expert => {
+                self.bytes[Segment::Probation.index()] + self.bytes[Segment::Protected.index()]
+            }
+        }
     }
 
     /// The byte budget.
@@ -48,37 +96,85 @@ impl<K: Hash + Eq + Clone> Residency<K> {
         self.budget
     }
 
-    /// Decide for `key` (of `bytes`), recording the use. After [`Admit::Insert`] the key counts
-    /// as resident; after [`Admit::Bypass`] it does not.
-    pub fn admit(&mut self, key: &K, bytes: u64) -> Admit<K> {
+    /// Decide for `key` (of `bytes`, used as `class`), recording the use. After
+    /// [`Admit::Insert`] the key counts as resident; after [`Admit::Bypass`] it does not.
+    pub fn admit(&mut self, key: &K, bytes: u64, class: WeightClass) -> Admit<K> {
         self.tick += 1;
-        if let Some((_, last)) = self.entries.get_mut(key) {
-            self.by_use.remove(last);
-            *last = self.tick;
-            self.by_use.insert(self.tick, key.clone());
+        if let Some(&(size, seg, last)) = self.entries.get(key) {
+            let to = if seg == Segment::Probation {
+                Segment::Protected
+            } else {
+                seg
+            };
+            self.unlink(key, size, seg, last);
+            self.link(key, size, to);
+            self.cap_protected();
             return Admit::Hit;
         }
-        if bytes > self.budget {
+        let room = match class {
+            WeightClass::Spine => self.budget,
+            WeightClass::Expert => self.budget - self.bytes[Segment::Spine.index()],
+        };
+        if bytes > room {
             return Admit::Bypass;
         }
         let mut evict = Vec::new();
-        while self.used + bytes > self.budget {
-            let (_, oldest) = self.by_use.pop_first().expect("used > 0 implies an entry");
-            let (size, _) = self.entries.remove(&oldest).expect("indexed entry");
-            self.used -= size;
-            evict.push(oldest);
+        let order: &[Segment] = match class {
+            WeightClass::Spine => &[Segment::Probation, Segment::Protected, Segment::Spine],
+            WeightClass::Expert => &[Segment::Probation, Segment::Protected],
+        };
+        for &seg in order {
+            while self.used() + bytes > self.budget {
+                let Some((_, oldest)) = self.by_use[seg.index()].pop_first() else {
+                    break;
+                };
+                let (size, _, _) = self.entries.remove(&oldest).expect("indexed entry");
+                self.bytes[seg.index()] -= size;
+                evict.push(oldest);
+            }
         }
-        self.used += bytes;
-        self.entries.insert(key.clone(), (bytes, self.tick));
-        self.by_use.insert(self.tick, key.clone());
+        let seg = match class {
+            WeightClass::Spine => Segment::Spine,
+            WeightClass::Expert => Segment::Probation,
+        };
+        self.link(key, bytes, seg);
         Admit::Insert { evict }
     }
 
     /// Forget `key` (its upload failed).
     pub fn forget(&mut self, key: &K) {
-        if let Some((size, last)) = self.entries.remove(key) {
-            self.by_use.remove(&last);
-            self.used -= size;
+        if let Some(&(size, seg, last)) = self.entries.get(key) {
+            self.unlink(key, size, seg, last);
+        }
+    }
+
+    fn link(&mut self, key: &K, bytes: u64, seg: Segment) {
+        self.entries.insert(key.clone(), (bytes, seg, self.tick));
+        self.by_use[seg.index()].insert(self.tick, key.clone());
+        self.bytes[seg.index()] += bytes;
+    }
+
+    fn unlink(&mut self, key: &K, bytes: u64, seg: Segment, last: u64) {
+        self.entries.remove(key);
+        self.by_use[seg.index()].remove(&last);
+        self.bytes[seg.index()] -= bytes;
+    }
+
+    /// Demote protected experts (least recently used first) to probation until the protected
+    /// segment fits its share of the expert room; each keeps its last-use order.
+    fn cap_protected(&mut self) {
+        let room = self.budget - self.bytes[Segment::Spine.index()];
+        let cap = (room as f64 * PROTECTED_SHARE) as u64;
+        let (prot, prob) = (Segment::Protected.index(), Segment::Probation.index());
+        while self.bytes[prot] > cap {
+            let Some((tick, key)) = self.by_use[prot].pop_first() else {
+                break;
+            };
+            let entry = self.entries.get_mut(&key).expect("indexed entry");
+            entry.1 = Segment::Probation;
+            self.bytes[prot] -= entry.0;
+            self.bytes[prob] += entry.0;
+            self.by_use[prob].insert(tick, key);
         }
     }
 }
@@ -87,27 +183,30 @@ impl<K: Hash + Eq + Clone> Residency<K> {
 mod tests {
     use super::*;
 
+    const S: WeightClass = WeightClass::Spine;
+    const E: WeightClass = WeightClass::Expert;
+
     #[test]
     fn hits_keep_entries_and_refresh_their_age() {
         let mut r = Residency::new(100);
-        assert_eq!(r.admit(&"a", 40), Admit::Insert { evict: vec![] });
-        assert_eq!(r.admit(&"b", 40), Admit::Insert { evict: vec![] });
-        assert_eq!(r.admit(&"a", 40), Admit::Hit);
+        assert_eq!(r.admit(&"a", 40, S), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&"b", 40, S), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&"a", 40, S), Admit::Hit);
         // "b" is now the least recently used one.
-        assert_eq!(r.admit(&"c", 40), Admit::Insert { evict: vec!["b"] });
+        assert_eq!(r.admit(&"c", 40, S), Admit::Insert { evict: vec!["b"] });
         assert_eq!(r.used(), 80);
-        assert_eq!(r.admit(&"a", 40), Admit::Hit);
-        assert_eq!(r.admit(&"b", 40), Admit::Insert { evict: vec!["c"] });
+        assert_eq!(r.admit(&"a", 40, S), Admit::Hit);
+        assert_eq!(r.admit(&"b", 40, S), Admit::Insert { evict: vec!["c"] });
     }
 
     #[test]
     fn evicts_as_many_as_needed_oldest_first_and_never_exceeds_the_budget() {
         let mut r = Residency::new(100);
         for k in 0..10 {
-            assert_eq!(r.admit(&k, 10), Admit::Insert { evict: vec![] });
+            assert_eq!(r.admit(&k, 10, S), Admit::Insert { evict: vec![] });
         }
         assert_eq!(
-            r.admit(&99, 35),
+            r.admit(&99, 35, S),
             Admit::Insert {
                 evict: vec![0, 1, 2, 3]
             }
@@ -119,21 +218,68 @@ mod tests {
     #[test]
     fn a_matrix_larger_than_the_budget_bypasses_without_evicting() {
         let mut r = Residency::new(100);
-        assert_eq!(r.admit(&1, 60), Admit::Insert { evict: vec![] });
-        assert_eq!(r.admit(&2, 101), Admit::Bypass);
-        assert_eq!(r.admit(&2, 101), Admit::Bypass, "never becomes resident");
-        assert_eq!(r.admit(&1, 60), Admit::Hit);
+        assert_eq!(r.admit(&1, 60, S), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&2, 101, S), Admit::Bypass);
+        assert_eq!(r.admit(&2, 101, S), Admit::Bypass, "never becomes resident");
+        assert_eq!(r.admit(&1, 60, S), Admit::Hit);
         assert_eq!(r.used(), 60);
     }
 
     #[test]
     fn forgetting_releases_the_bytes() {
         let mut r = Residency::new(100);
-        assert_eq!(r.admit(&1, 60), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&1, 60, S), Admit::Insert { evict: vec![] });
         r.forget(&1);
         assert_eq!(r.used(), 0);
-        assert_eq!(r.admit(&2, 100), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&2, 100, S), Admit::Insert { evict: vec![] });
         r.forget(&3);
+        assert_eq!(r.used(), 100);
+    }
+
+    #[test]
+    fn experts_never_evict_the_spine_and_the_spine_evicts_experts() {
+        let mut r = Residency::new(100);
+        assert_eq!(r.admit(&"spine", 60, S), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&"big", 41, E), Admit::Bypass, "only 40 left for experts");
+        assert_eq!(r.admit(&"e1", 20, E), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&"e2", 20, E), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&"e3", 20, E), Admit::Insert { evict: vec!["e1"] });
+        assert_eq!(r.used_by(S), 60);
+        assert_eq!(r.used_by(E), 40);
+        assert_eq!(
+            r.admit(&"spine2", 30, S),
+            Admit::Insert {
+                evict: vec!["e2", "e3"]
+            }
+        );
+        assert_eq!((r.used_by(S), r.used_by(E)), (90, 0));
+    }
+
+    #[test]
+    fn an_expert_chosen_again_outlives_a_burst_of_one_off_experts() {
+        let mut r = Residency::new(100);
+        assert_eq!(r.admit(&0, 20, E), Admit::Insert { evict: vec![] });
+        assert_eq!(r.admit(&0, 20, E), Admit::Hit, "promoted to protected");
+        // Ten cold experts, each used once: they cycle through probation.
+        for k in 1..=10 {
+            assert!(matches!(r.admit(&k, 20, E), Admit::Insert { .. }));
+            assert!(r.used() <= r.budget());
+        }
+        assert_eq!(r.admit(&0, 20, E), Admit::Hit, "the hot expert stayed");
+        // A plain LRU of the same size would have evicted it after four inserts.
+    }
+
+    #[test]
+    fn the_protected_segment_keeps_room_for_probation() {
+        let mut r = Residency::new(100);
+        for k in 0..5 {
+            r.admit(&k, 20, E);
+            assert_eq!(r.admit(&k, 20, E), Admit::Hit);
+        }
+        // All five were promoted, but protected holds at most 80: the oldest went back to
+        // probation and is the first to go.
+        assert_eq!(r.admit(&9, 20, E), Admit::Insert { evict: vec![0] });
+        assert_eq!(r.admit(&1, 20, E), Admit::Hit);
         assert_eq!(r.used(), 100);
     }
 }

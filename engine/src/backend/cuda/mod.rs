@@ -9,7 +9,8 @@
 //!   the CPU, so a model produces the same tokens and logits on either device.
 //! * **Weights as shipped.** A matrix is uploaded in its stored format (BF16, FP8 with scales,
 //!   INT4 with scales, MXFP4 with E8M0 scales) and decoded inside the kernel, never re-encoded.
-//!   Uploads are kept under a byte budget by [`Residency`] (least recently used first), keyed
+//!   Uploads are kept under a byte budget by [`Residency`] (the spine first, routed experts in
+//!   a segmented LRU below it), keyed
 //!   by the [`crate::weights::BlobKey`]s of the matrix bytes, which name immutable bytes.
 //! * **Failure keeps the answer.** If the device fails mid-run (a driver error, out of memory)
 //!   the backend logs it once, stops using the device and computes the same product on the CPU,
@@ -26,7 +27,7 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::BackendStats;
 use super::abi::{KERNELS, LAYER_BUFS, LAYER_KERNELS, LayerLaunch, LayerParams, kernel_args};
-use super::residency::{Admit, Residency};
+use super::residency::{Admit, Residency, WeightClass};
 use crate::error::{Error, Result};
 use crate::kernels::format::Matrix;
 use crate::weights::BlobKey;
@@ -173,13 +174,20 @@ impl CudaBackend {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         BackendStats {
             resident_bytes: s.residency.used(),
+            expert_resident_bytes: s.residency.used_by(WeightClass::Expert),
             ..s.stats
         }
     }
 
+    /// The byte budget for resident weights (`--device-memory`).
+    pub fn weight_budget(&self) -> u64 {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.residency.budget()
+    }
+
     /// [`crate::backend::matmul`] on the GPU (bit-identical), or on the CPU once the device
     /// has failed.
-    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32], class: WeightClass) {
         assert_eq!(x.len(), n * m.cols, "x must hold n rows of cols");
         assert_eq!(y.len(), n * m.rows, "y must hold n rows of rows");
         if n == 0 || m.rows == 0 {
@@ -188,7 +196,7 @@ impl CudaBackend {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.stats.calls += 1;
         if !self.failed.load(Ordering::Relaxed) {
-            match self.try_matmul(&mut state, m, x, n, y) {
+            match self.try_matmul(&mut state, (m, class), x, n, y) {
                 Ok(()) => return,
                 Err(e) => {
                     self.failed.store(true, Ordering::Relaxed);
@@ -259,7 +267,7 @@ impl CudaBackend {
     fn try_matmul(
         &self,
         state: &mut State,
-        m: &Matrix,
+        (m, class): (&Matrix, WeightClass),
         x: &[f32],
         n: usize,
         y: &mut [f32],
@@ -269,7 +277,7 @@ impl CudaBackend {
         let cols = i32::try_from(m.cols).map_err(|_| too_big())?;
         let n_i32 = i32::try_from(n).map_err(|_| too_big())?;
         let key = (m.data.key(), m.scales.as_ref().map(|s| s.key()));
-        let temporary = self.resident(state, &key, m)?;
+        let temporary = self.resident(state, &key, m, class)?;
         let State {
             weights,
             x: xs,
@@ -330,13 +338,17 @@ impl CudaBackend {
         state: &mut State,
         key: &MatrixKey,
         m: &Matrix,
+        class: WeightClass,
     ) -> std::result::Result<Option<DeviceMatrix>, DriverError> {
-        match state.residency.admit(key, m.nbytes() as u64) {
+        let expert = class == WeightClass::Expert;
+        match state.residency.admit(key, m.nbytes() as u64, class) {
             Admit::Hit => {
                 state.stats.weight_hits += 1;
+                state.stats.expert_hits += expert as u64;
                 Ok(None)
             }
             Admit::Bypass => {
+                state.stats.expert_uploads += expert as u64;
                 state.stats.weight_uploads += 1;
                 state.stats.weight_upload_bytes += m.nbytes() as u64;
                 self.upload(m).map(Some)
@@ -348,6 +360,7 @@ impl CudaBackend {
                 state.stats.evictions += evict.len() as u64;
                 match self.upload(m) {
                     Ok(dm) => {
+                        state.stats.expert_uploads += expert as u64;
                         state.stats.weight_uploads += 1;
                         state.stats.weight_upload_bytes += m.nbytes() as u64;
                         state.weights.insert(*key, dm);

@@ -1,7 +1,7 @@
 //! The gated MLP `down(act(gate(x), up(x)))` used as dense FFN, shared expert and routed expert:
 //! SwiGLU (`silu(g) * u`) or K3's SiTU (`kimi-k3.md` §1.5).
 
-use crate::backend::matmul;
+use crate::backend::{WeightClass, matmul, matmul_expert};
 use crate::kernels::Matrix;
 use crate::kernels::math::{exp, sigmoid, tanh};
 
@@ -50,16 +50,25 @@ impl Mlp {
 
     /// `n` rows of `x` (input width) to `n` rows of output width.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        self.forward_as(x, n, WeightClass::Spine)
+    }
+
+    /// [`Mlp::forward`] with the weights' device tier (`Expert` for a routed expert).
+    pub fn forward_as(&self, x: &[f32], n: usize, class: WeightClass) -> Vec<f32> {
+        let mm = match class {
+            WeightClass::Spine => matmul,
+            WeightClass::Expert => matmul_expert,
+        };
         let width = self.width();
         let mut g = vec![0.0f32; n * width];
         let mut u = vec![0.0f32; n * width];
-        matmul(&self.gate, x, n, &mut g);
-        matmul(&self.up, x, n, &mut u);
+        mm(&self.gate, x, n, &mut g);
+        mm(&self.up, x, n, &mut u);
         for (g, &u) in g.iter_mut().zip(&u) {
             *g = self.act.apply(*g, u);
         }
         let mut out = vec![0.0f32; n * self.down.rows];
-        matmul(&self.down, &g, n, &mut out);
+        mm(&self.down, &g, n, &mut out);
         out
     }
 }

@@ -240,7 +240,8 @@ impl Moe {
             for &(row, _) in rows {
                 gathered.extend_from_slice(&input[row * width..(row + 1) * width]);
             }
-            *outputs[expert].lock().unwrap() = Some(mlp.forward(&gathered, rows.len()));
+            *outputs[expert].lock().unwrap() =
+                Some(mlp.forward_as(&gathered, rows.len(), crate::backend::WeightClass::Expert));
         })?;
         let mut results = vec![0.0f32; total * width];
         for &expert in &ids {
