@@ -179,6 +179,64 @@ impl<K: Hash + Eq + Clone> Residency<K> {
     }
 }
 
+/// How a device's weight budget divides between the tiers, for the plan printed at start: the
+/// spine first, then as many routed experts as the rest holds; host RAM and disk below.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierPlan {
+    pub device: String,
+    pub budget: u64,
+    /// Every spine byte of the model (fixed tensors and each layer's spine).
+    pub spine_bytes: u64,
+    /// Bytes of one routed expert, and how many the model has.
+    pub expert_bytes: u64,
+    pub experts: u64,
+    /// Experts the host RAM cache holds (the tier below).
+    pub host_slots: u64,
+}
+
+impl TierPlan {
+    /// Spine bytes that stay on the device.
+    pub fn spine_resident(&self) -> u64 {
+        self.spine_bytes.min(self.budget)
+    }
+
+    /// Routed experts the device holds after the spine.
+    pub fn device_experts(&self) -> u64 {
+        let room = self.budget - self.spine_resident();
+        (room / self.expert_bytes.max(1)).min(self.experts)
+    }
+}
+
+impl std::fmt::Display for TierPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        write!(
+            f,
+            "device {} weights {:.2} GiB: spine ",
+            self.device,
+            gib(self.budget)
+        )?;
+        if self.spine_resident() == self.spine_bytes {
+            write!(f, "{:.2} GiB resident", gib(self.spine_bytes))?;
+        } else {
+            write!(
+                f,
+                "{:.2} of {:.2} GiB resident (the rest uploaded as used)",
+                gib(self.spine_resident()),
+                gib(self.spine_bytes)
+            )?;
+        }
+        let on = self.device_experts();
+        write!(
+            f,
+            ", then {on} of {} routed experts ({:.1}%, the most chosen kept); host RAM {} experts; disk the rest",
+            self.experts,
+            100.0 * on as f64 / self.experts.max(1) as f64,
+            self.host_slots
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +339,30 @@ mod tests {
         assert_eq!(r.admit(&9, 20, E), Admit::Insert { evict: vec![0] });
         assert_eq!(r.admit(&1, 20, E), Admit::Hit);
         assert_eq!(r.used(), 100);
+    }
+
+    #[test]
+    fn the_tier_plan_puts_the_spine_first_and_counts_the_experts_after_it() {
+        let gib = 1u64 << 30;
+        let t = TierPlan {
+            device: "cuda:0".into(),
+            budget: 20 * gib,
+            spine_bytes: 4 * gib,
+            expert_bytes: gib / 4,
+            experts: 256,
+            host_slots: 40,
+        };
+        assert_eq!((t.spine_resident(), t.device_experts()), (4 * gib, 64));
+        assert_eq!(
+            t.to_string(),
+            "device cuda:0 weights 20.00 GiB: spine 4.00 GiB resident, then 64 of 256 routed experts \
+             (25.0%, the most chosen kept); host RAM 40 experts; disk the rest"
+        );
+        let small = TierPlan { budget: 3 * gib, ..t };
+        assert_eq!(small.device_experts(), 0);
+        assert!(
+            small.to_string().contains("spine 3.00 of 4.00 GiB resident"),
+            "{small}"
+        );
     }
 }

@@ -57,6 +57,8 @@ pub struct ResidencyPlan {
     pub expert_slots: u64,
     pub slot_bytes: u64,
     pub expert_cache_bytes: u64,
+    /// Routed experts in the model.
+    pub experts: u64,
     /// Share of all experts the cache can hold.
     pub cache_fraction: f64,
 }
@@ -118,6 +120,7 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
         expert_slots: slots,
         slot_bytes: input.slot_bytes,
         expert_cache_bytes: slots * input.slot_bytes,
+        experts: input.experts,
         cache_fraction: if input.experts == 0 {
             1.0
         } else {

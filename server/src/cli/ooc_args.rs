@@ -98,8 +98,31 @@ pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<Mod
     Ok(spec)
 }
 
-/// The plan as printed at start.
+/// The plan as printed at start, with the device tier when a GPU computes.
 pub fn describe_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
+    let host = describe_host_plan(p, read);
+    match device_tiers(p) {
+        Some(t) => format!("{host}; {t}"),
+        None => host,
+    }
+}
+
+/// How the device's weight budget holds this plan's spine and experts (`None` on the CPU).
+fn device_tiers(p: &ResidencyPlan) -> Option<deltafin_engine::backend::residency::TierPlan> {
+    let backend = deltafin_engine::backend::current();
+    let budget = backend.weight_budget()?;
+    Some(deltafin_engine::backend::residency::TierPlan {
+        device: backend.device().to_string(),
+        budget,
+        spine_bytes: p.fixed_bytes + p.layer_bytes.iter().sum::<u64>(),
+        expert_bytes: p.slot_bytes,
+        experts: p.experts,
+        host_slots: p.expert_slots,
+    })
+}
+
+/// The host part of the plan.
+fn describe_host_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
     format!(
         "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts); reads: {read}",
         human(p.budget),

@@ -236,6 +236,21 @@ impl Snapshot {
             "Weight bytes resident on the GPU.",
             d.resident_bytes,
         )?;
+        gauge(
+            e,
+            "deltafin_device_expert_resident_bytes",
+            "Routed-expert bytes resident on the GPU (the tier below the spine).",
+            d.expert_resident_bytes,
+        )?;
+        labelled_counter(
+            e,
+            (
+                "deltafin_device_expert_lookups",
+                "Routed-expert products on the GPU: weights already resident (hit) or uploaded.",
+            ),
+            "result",
+            &[("hit", d.expert_hits), ("upload", d.expert_uploads)],
+        )?;
         counter(
             e,
             "deltafin_device_weight_evictions",

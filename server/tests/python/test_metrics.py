@@ -17,7 +17,8 @@ NAMES = [
     "deltafin_expert_reads_total", "deltafin_expert_read_bytes_total", "deltafin_expert_cache_hit_ratio",
     "deltafin_model_load_seconds", "deltafin_build_info", "deltafin_state_reuse_total",
     "deltafin_device_weight_upload_bytes_total", "deltafin_device_weight_resident_bytes",
-    "deltafin_device_cpu_fallbacks_total",
+    "deltafin_device_cpu_fallbacks_total", "deltafin_device_expert_resident_bytes",
+    "deltafin_device_expert_lookups_total",
 ]
 
 
@@ -103,6 +104,7 @@ def sample_sum(text, name):
 GPU_ONLY = {
     "deltafin_device_weight_upload_bytes_total", "deltafin_device_weight_evictions_total",
     "deltafin_device_weight_resident_bytes", "deltafin_device_cpu_fallbacks_total",
+    "deltafin_device_expert_resident_bytes", "deltafin_device_expert_lookups_total",
 }
 # Series whose non-zero value is checked by a request below, but which do not count up
 # (gauges that return to their idle value, info): checked for their expected value instead.
