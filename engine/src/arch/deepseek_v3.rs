@@ -10,11 +10,15 @@
 
 use std::sync::Arc;
 
+use super::layers::device::{self, DeviceMla, DeviceMlaCache};
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_caches};
+use crate::backend::WeightClass;
+use crate::backend::abi::RowSlice;
+use crate::backend::device::DeviceOps;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
     ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
@@ -409,5 +413,120 @@ impl DeepseekV3 {
             store.end_pass()?;
         }
         Ok(())
+    }
+}
+
+/// One decoder layer's device-resident constants.
+struct DeviceLayer<B> {
+    input_norm: B,
+    post_norm: B,
+    attn: DeviceMla<B>,
+    bias: Option<B>,
+}
+
+/// A DeepSeek-V3 model running whole passes of one sequence on a device: activations and the
+/// latent caches stay there; tokens go in, the last row's logits come out
+/// (`model::layers::device`). In-memory models only (an out-of-core expert store is refused).
+pub struct DeviceSession<'m, D: DeviceOps> {
+    model: &'m DeepseekV3,
+    dev: &'m D,
+    layers: Vec<DeviceLayer<D::Buf>>,
+    caches: Vec<DeviceMlaCache<D::Buf>>,
+    norm: D::Buf,
+}
+
+impl DeepseekV3 {
+    /// A device session of up to `capacity` positions (its caches are allocated now).
+    pub fn device_session<'m, D: DeviceOps>(
+        &'m self,
+        dev: &'m D,
+        capacity: usize,
+    ) -> Result<DeviceSession<'m, D>> {
+        if self.experts.is_some() {
+            return Err(crate::Error::InvalidArgument {
+                field: "device",
+                reason: "whole passes on a device need the model in memory (no out-of-core expert store)"
+                    .into(),
+            });
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        let mut caches = Vec::with_capacity(self.layers.len());
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let bias = match &layer.ffn {
+                Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
+                _ => None,
+            };
+            layers.push(DeviceLayer {
+                input_norm: dev.upload_f32(&layer.input_norm)?,
+                post_norm: dev.upload_f32(&layer.post_norm)?,
+                attn: DeviceMla::new(dev, &layer.attn)?,
+                bias,
+            });
+            let d = &layer.attn.dims;
+            caches.push(DeviceMlaCache {
+                latent: dev.zeros_f32(capacity * d.kv_lora)?,
+                rope: dev.zeros_f32(capacity * d.rope)?,
+                len: 0,
+                capacity,
+            });
+        }
+        Ok(DeviceSession {
+            model: self,
+            dev,
+            layers,
+            caches,
+            norm: dev.upload_f32(&self.norm)?,
+        })
+    }
+}
+
+impl<D: DeviceOps> std::fmt::Debug for DeviceSession<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceSession({} layers, {} positions)",
+            self.layers.len(),
+            self.len()
+        )
+    }
+}
+
+impl<D: DeviceOps> DeviceSession<'_, D> {
+    /// Positions cached so far.
+    pub fn len(&self) -> usize {
+        self.caches.first().map_or(0, |c| c.len)
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Run `tokens` (the sequence's next positions) through every layer on the device; the last
+    /// row's logits.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (m, dev, n) = (self.model, self.dev, tokens.len());
+        let (h, eps) = (m.cfg.hidden_size, m.cfg.rms_norm_eps);
+        let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        for (l, (k, cache)) in self.layers.iter().zip(&mut self.caches).enumerate() {
+            let layer = m.layers.get(l)?;
+            let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
+            let a = device::mla(dev, (&layer.attn, &k.attn), &xn, n, cache)?;
+            x = device::add(dev, &x, &a, n * h)?;
+            let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
+            let f = match &layer.ffn {
+                Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
+                Ffn::Moe(moe) => device::moe(dev, moe, k.bias.as_ref(), &xn, n)?,
+            };
+            x = device::add(dev, &x, &f, n * h)?;
+        }
+        let last = dev.zeros_f32(h)?;
+        let rows = RowSlice { stride: h, col: 0 };
+        let at = dev.upload_i32(&[(n - 1) as i32])?;
+        device::copy_rows(dev, (&x, rows, Some(&at)), (&last, rows, None), 1, h)?;
+        let normed = device::rms_norm(dev, &last, &self.norm, 1, h, eps)?;
+        let logits = device::project(dev, &m.lm_head, WeightClass::Spine, &normed, 1)?;
+        dev.download_f32(&logits)
     }
 }

@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 14] = [
+pub const LAYER_KERNELS: [&str; 15] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -103,6 +103,7 @@ pub const LAYER_KERNELS: [&str; 14] = [
     "deltafin_mla_absorb",
     "deltafin_mla_values",
     "deltafin_mul_sigmoid",
+    "deltafin_copy_rows",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -413,6 +414,26 @@ pub fn mul_sigmoid(count: usize) -> LayerLaunch {
         per_thread(count),
         [THREADS, 1, 1],
         &[count as i32],
+        &[],
+    )
+}
+
+/// Rows of a row copy: their stride and the first column copied (in f32 values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowSlice {
+    pub stride: usize,
+    pub col: usize,
+}
+
+/// Copy `count` rows of `width` values from `src` to `dst` (buffers: src, dst, source row ids
+/// (i32) or empty for 0.., destination row ids or empty for 0..).
+pub fn copy_rows(count: usize, width: usize, src: RowSlice, dst: RowSlice) -> LayerLaunch {
+    let ints = [count, width, src.stride, src.col, dst.stride, dst.col].map(|v| v as i32);
+    launch(
+        "deltafin_copy_rows",
+        per_thread(count * width),
+        [THREADS, 1, 1],
+        &ints,
         &[],
     )
 }

@@ -8,6 +8,7 @@
 
 pub mod abi;
 pub mod bench;
+pub mod device;
 pub mod residency;
 
 #[cfg(feature = "cuda")]

@@ -22,8 +22,13 @@ static bool read_all(void* dst, size_t len) { return std::fread(dst, 1, len, std
 static bool write_all(const void* src, size_t len) { return std::fwrite(src, 1, len, stdout) == len; }
 
 typedef void (*LayerKernel)(LayerParams);
+typedef void (*MatmulKernel)(const u8*, const u8*, const float*, float*, int, int, int, int, int, int, int);
+
+// A matrix product through the matmul kernels (name "deltafin_matmul"; grid from its sizes).
+static void emu_matmul(LayerParams) {}
 
 static LayerKernel find(const std::string& name) {
+    if (name == "deltafin_matmul") return emu_matmul;
     if (name == "deltafin_rms_norm") return deltafin_rms_norm;
     if (name == "deltafin_gated_act") return deltafin_gated_act;
     if (name == "deltafin_add") return deltafin_add;
@@ -38,6 +43,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_mla_absorb") return deltafin_mla_absorb;
     if (name == "deltafin_mla_values") return deltafin_mla_values;
     if (name == "deltafin_mul_sigmoid") return deltafin_mul_sigmoid;
+    if (name == "deltafin_copy_rows") return deltafin_copy_rows;
     return nullptr;
 }
 
@@ -60,7 +66,21 @@ static int launch() {
         p.buf[b] = n ? (u64)(uintptr_t)bufs[b].data() : 0;
     }
     if (!read_all(p.i, sizeof p.i) || !read_all(p.f, sizeof p.f)) return 2;
-    emu_launch(dim3{dims[0], dims[1], dims[2]}, dim3{dims[3], dims[4], dims[5]}, [&] { k(p); });
+    if (k == emu_matmul) {
+        // buf data, scales, x, y; i rows, cols, n, format code, p0, p1, scale dtype.
+        const int rows = p.i[0], n = p.i[2];
+        const unsigned gx = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, gy = (n + TILE - 1) / TILE;
+        const MatmulKernel kernels[] = {deltafin_matmul_f32, deltafin_matmul_bf16, deltafin_matmul_fp8,
+                                        deltafin_matmul_int4, deltafin_matmul_mxfp4};
+        if (p.i[3] < 0 || p.i[3] > 4) return 4;
+        const u8* scales = p.buf[1] ? (const u8*)p.buf[1] : (const u8*)p.buf[0];
+        emu_launch(dim3{gx, gy, 1}, dim3{LANES, ROWS_PER_BLOCK, 1}, [&] {
+            kernels[p.i[3]]((const u8*)p.buf[0], scales, (const float*)p.buf[2], (float*)p.buf[3], rows, p.i[1], n,
+                            0, p.i[4], p.i[5], p.i[6]);
+        });
+    } else {
+        emu_launch(dim3{dims[0], dims[1], dims[2]}, dim3{dims[3], dims[4], dims[5]}, [&] { k(p); });
+    }
     for (auto& b : bufs)
         if (!write_all(b.data(), b.size())) return 3;
     return 0;

@@ -51,3 +51,103 @@ pub fn run(bin: &Path, input: &[u8]) -> Vec<u8> {
     assert!(out.status.success(), "emulator failed: {}", out.status);
     out.stdout
 }
+
+/// A device whose memory is host memory and whose kernels run in the emulator
+/// (`emulate_layers.cpp`): the CUDA sources' arithmetic behind [`DeviceOps`], so a
+/// device-resident pass is checked on machines without a GPU. Every launch ships its buffers to
+/// the emulator and back, in slot order (so an output slot that aliases an input slot ends with
+/// the output).
+pub struct EmuDevice {
+    pub bin: PathBuf,
+    pub launches: std::cell::Cell<usize>,
+}
+
+pub type EmuBuf = std::rc::Rc<std::cell::RefCell<Vec<u8>>>;
+
+impl EmuDevice {
+    /// Ship `bufs` (None: a null address) through one launch.
+    fn launch(&self, name: &str, grid: [u32; 6], bufs: &[Option<&EmuBuf>], ints: &[i32], floats: &[f32]) {
+        use deltafin_engine::backend::abi::{LAYER_FLOATS, LAYER_INTS};
+        self.launches.set(self.launches.get() + 1);
+        let mut input = Vec::new();
+        input.extend(0u32.to_le_bytes());
+        input.extend((name.len() as u32).to_le_bytes());
+        input.extend(name.as_bytes());
+        grid.iter().for_each(|d| input.extend(d.to_le_bytes()));
+        input.extend((bufs.len() as u32).to_le_bytes());
+        for b in bufs {
+            let bytes = b.map(|b| b.borrow().clone()).unwrap_or_default();
+            input.extend((bytes.len() as u64).to_le_bytes());
+            input.extend(bytes);
+        }
+        let mut i = [0i32; LAYER_INTS];
+        i[..ints.len()].copy_from_slice(ints);
+        let mut f = [0f32; LAYER_FLOATS];
+        f[..floats.len()].copy_from_slice(floats);
+        input.extend(i.iter().flat_map(|v| v.to_le_bytes()));
+        input.extend(f.iter().flat_map(|v| v.to_le_bytes()));
+        let out = run(&self.bin, &input);
+        let mut at = 0;
+        for b in bufs.iter().flatten() {
+            let len = b.borrow().len();
+            b.borrow_mut().copy_from_slice(&out[at..at + len]);
+            at += len;
+        }
+    }
+}
+
+impl deltafin_engine::backend::device::DeviceOps for EmuDevice {
+    type Buf = EmuBuf;
+
+    fn upload(&self, bytes: &[u8]) -> deltafin_engine::Result<EmuBuf> {
+        Ok(std::rc::Rc::new(std::cell::RefCell::new(bytes.to_vec())))
+    }
+
+    fn zeros(&self, len: usize) -> deltafin_engine::Result<EmuBuf> {
+        Ok(std::rc::Rc::new(std::cell::RefCell::new(vec![0; len])))
+    }
+
+    fn download(&self, buf: &EmuBuf) -> deltafin_engine::Result<Vec<u8>> {
+        Ok(buf.borrow().clone())
+    }
+
+    fn layer(
+        &self,
+        l: &deltafin_engine::backend::abi::LayerLaunch,
+        bufs: &[Option<&EmuBuf>],
+    ) -> deltafin_engine::Result<()> {
+        let g = [
+            l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2],
+        ];
+        self.launch(l.name, g, bufs, &l.int, &l.float);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        m: &deltafin_engine::kernels::Matrix,
+        _class: deltafin_engine::backend::WeightClass,
+        x: &EmuBuf,
+        n: usize,
+        y: &EmuBuf,
+    ) -> deltafin_engine::Result<()> {
+        let a = deltafin_engine::backend::abi::kernel_args(m.format);
+        let data = std::rc::Rc::new(std::cell::RefCell::new(m.data[..].to_vec()));
+        let scales = m
+            .scales
+            .as_ref()
+            .map(|s| std::rc::Rc::new(std::cell::RefCell::new(s[..].to_vec())));
+        let ints = [
+            m.rows as i32,
+            m.cols as i32,
+            n as i32,
+            a.code,
+            a.p0,
+            a.p1,
+            a.scale_dtype,
+        ];
+        let bufs = [Some(&data), scales.as_ref(), Some(x), Some(y)];
+        self.launch("deltafin_matmul", [1; 6], &bufs, &ints, &[]);
+        Ok(())
+    }
+}

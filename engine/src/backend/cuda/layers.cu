@@ -472,3 +472,18 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_mul_sigmoid(La
     const float a = ((const float*)p.buf[0])[e], g = ((const float*)p.buf[1])[e];
     ((float*)p.buf[2])[e] = __fmul_rn(a, df_sigmoid(g));
 }
+
+// Row copies (gathers, scatters, column slices): dst[dst_row(i), dst_col + j] =
+// src[src_row(i), src_col + j] for i < count, j < width, where a row map is an i32 buffer or,
+// when absent, the identity. buf src, dst, src rows (optional), dst rows (optional); i count,
+// width, src stride, src col, dst stride, dst col. One thread per element.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_copy_rows(LayerParams p) {
+    const int count = p.i[0], width = p.i[1];
+    const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
+    if (e >= (u64)count * (u64)width) return;
+    const u64 i = e / (u64)width, j = e % (u64)width;
+    const int* sr = (const int*)p.buf[2];
+    const int* dr = (const int*)p.buf[3];
+    const u64 s = sr ? (u64)sr[i] : i, d = dr ? (u64)dr[i] : i;
+    ((float*)p.buf[1])[d * (u64)p.i[4] + (u64)p.i[5] + j] = ((const float*)p.buf[0])[s * (u64)p.i[2] + (u64)p.i[3] + j];
+}

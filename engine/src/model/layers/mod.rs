@@ -2,6 +2,7 @@
 //! Residuals, RoPE, the gated MLP (SiLU / SiTU) and the routed (optionally latent) MoE.
 
 pub mod attn_res;
+pub mod device;
 pub mod gqa;
 pub mod kda;
 pub mod latent_attention;

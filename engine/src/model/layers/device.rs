@@ -1,0 +1,325 @@
+//! The layers on a [`DeviceOps`]: RMSNorm, residual adds, the gated MLP, the routed MoE and
+//! absorbed MLA with its latent cache, every activation in device buffers. Each launches the
+//! kernels whose bits equal the CPU layer's (`backend/cuda/layers.cu`), in the CPU layer's
+//! order, so a pass on the device gives the CPU pass's hidden states and logits bit for bit.
+//!
+//! Only three things cross to the host: the input rows (embedding lookups), the router's
+//! choices (to pick the experts whose weights the device needs) and the logits.
+
+use crate::backend::WeightClass;
+use crate::backend::abi::{self, RopeLayout, RowSlice};
+use crate::backend::device::DeviceOps;
+use crate::error::Result;
+use crate::kernels::Matrix;
+use crate::kernels::reference::decode_row;
+
+use super::mla::{Mla, QProj};
+use super::mlp::Mlp;
+use super::moe::{Combine, Moe};
+
+/// `y = W x` into a new buffer.
+pub fn project<D: DeviceOps>(
+    dev: &D,
+    m: &Matrix,
+    class: WeightClass,
+    x: &D::Buf,
+    n: usize,
+) -> Result<D::Buf> {
+    let y = dev.zeros_f32(n * m.rows)?;
+    dev.matmul(m, class, x, n, &y)?;
+    Ok(y)
+}
+
+/// RMSNorm of `rows` rows of `weight.len()` into a new buffer (`weight` on the device).
+pub fn rms_norm<D: DeviceOps>(
+    dev: &D,
+    x: &D::Buf,
+    weight: &D::Buf,
+    rows: usize,
+    width: usize,
+    eps: f32,
+) -> Result<D::Buf> {
+    let out = dev.zeros_f32(rows * width)?;
+    dev.layer(
+        &abi::rms_norm(rows, width, eps),
+        &[Some(x), Some(weight), Some(&out)],
+    )?;
+    Ok(out)
+}
+
+/// `a + b` over `count` values, into `a`'s place (a new buffer returned).
+pub fn add<D: DeviceOps>(dev: &D, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
+    let out = dev.zeros_f32(count)?;
+    dev.layer(&abi::add(count), &[Some(a), Some(b), Some(&out)])?;
+    Ok(out)
+}
+
+/// Copy rows (see [`abi::copy_rows`]); `src_rows`/`dst_rows`: row maps, `None` for 0...
+pub fn copy_rows<D: DeviceOps>(
+    dev: &D,
+    (src, src_at, src_rows): (&D::Buf, RowSlice, Option<&D::Buf>),
+    (dst, dst_at, dst_rows): (&D::Buf, RowSlice, Option<&D::Buf>),
+    count: usize,
+    width: usize,
+) -> Result<()> {
+    let l = abi::copy_rows(count, width, src_at, dst_at);
+    dev.layer(&l, &[Some(src), Some(dst), src_rows, dst_rows])
+}
+
+/// The gated MLP on `n` rows.
+pub fn mlp<D: DeviceOps>(dev: &D, m: &Mlp, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
+    let g = project(dev, &m.gate, class, x, n)?;
+    let u = project(dev, &m.up, class, x, n)?;
+    dev.layer(
+        &abi::gated_act(n * m.width(), m.act),
+        &[Some(&g), Some(&u), Some(&g)],
+    )?;
+    project(dev, &m.down, class, &g, n)
+}
+
+/// The routed MoE (and its shared experts) on `n` normalised rows (see `Moe::forward_with`).
+pub fn moe<D: DeviceOps>(dev: &D, m: &Moe, bias: Option<&D::Buf>, x: &D::Buf, n: usize) -> Result<D::Buf> {
+    let (e, r) = (m.gate.rows, &m.router);
+    let logits = project(dev, &m.gate, WeightClass::Spine, x, n)?;
+    let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
+    let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
+    let launch = abi::route(n, e, r);
+    dev.layer(
+        &launch,
+        &[Some(&logits), bias, Some(&ids), Some(&weights), Some(&scratch)],
+    )?;
+    let ids: Vec<i32> = dev
+        .download(&ids)?
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let weights = dev.download_f32(&weights)?;
+    // The routes as the CPU holds them (router order, or ascending expert id).
+    let mut routes: Vec<Vec<(usize, f32)>> = (0..n)
+        .map(|row| {
+            (0..r.top_k)
+                .filter(|&t| ids[row * r.top_k + t] >= 0)
+                .map(|t| (ids[row * r.top_k + t] as usize, weights[row * r.top_k + t]))
+                .collect()
+        })
+        .collect();
+    if m.combine == Combine::Ascending {
+        routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
+    }
+    let latent_in = match &m.latent {
+        Some(l) => Some(project(dev, &l.down, WeightClass::Spine, x, n)?),
+        None => None,
+    };
+    let width = m.latent.as_ref().map_or(m.gate.cols, |l| l.down.rows);
+    let mut out = routed(dev, m, latent_in.as_ref().unwrap_or(x), width, &routes)?;
+    if let Some(l) = &m.latent {
+        if let Some(norm) = &l.norm {
+            let w = dev.upload_f32(norm)?;
+            out = rms_norm(dev, &out, &w, n, width, l.eps)?;
+        }
+        out = project(dev, &l.up, WeightClass::Spine, &out, n)?;
+    }
+    if let Some(shared) = &m.shared {
+        let s = mlp(dev, shared, WeightClass::Spine, x, n)?;
+        out = add(dev, &out, &s, n * m.gate.cols)?;
+    }
+    Ok(out)
+}
+
+/// `Σ w·expert(input)` per row in each route's order: every chosen expert once over the rows
+/// that chose it (gathered), its outputs scattered to their route slots, then the combine.
+fn routed<D: DeviceOps>(
+    dev: &D,
+    m: &Moe,
+    input: &D::Buf,
+    width: usize,
+    routes: &[Vec<(usize, f32)>],
+) -> Result<D::Buf> {
+    let n = routes.len();
+    let mut users: Vec<Vec<(i32, i32)>> = vec![Vec::new(); m.gate.rows];
+    let mut offsets = vec![0i32];
+    for (row, route) in routes.iter().enumerate() {
+        let base = *offsets.last().expect("starts at 0");
+        for (slot, &(expert, _)) in route.iter().enumerate() {
+            users[expert].push((row as i32, base + slot as i32));
+        }
+        offsets.push(base + route.len() as i32);
+    }
+    let slots = *offsets.last().expect("one offset per row") as usize;
+    let results = dev.zeros_f32(slots * width)?;
+    let rows = RowSlice {
+        stride: width,
+        col: 0,
+    };
+    for (expert, who) in users.iter().enumerate().filter(|(_, w)| !w.is_empty()) {
+        let k = who.len();
+        let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
+        let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
+        let gathered = dev.zeros_f32(k * width)?;
+        copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
+        let y = mlp(dev, &m.experts[expert], WeightClass::Expert, &gathered, k)?;
+        copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
+    }
+    let weights: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
+    let (w, off) = (dev.upload_f32(&weights)?, dev.upload_i32(&offsets)?);
+    let out = dev.zeros_f32(n * width)?;
+    dev.layer(
+        &abi::combine(n, width),
+        &[Some(&results), Some(&w), Some(&off), Some(&out)],
+    )?;
+    Ok(out)
+}
+
+/// One sequence's MLA cache on the device: normalised latents and rotated shared keys of
+/// `capacity` positions, the first `len` filled.
+#[derive(Debug)]
+pub struct DeviceMlaCache<B> {
+    pub latent: B,
+    pub rope: B,
+    pub len: usize,
+    pub capacity: usize,
+}
+
+/// An MLA layer's device-resident constants: the decoded `kv_b_proj` and the norm weights.
+#[derive(Debug)]
+pub struct DeviceMla<B> {
+    wkv: B,
+    kv_a_norm: B,
+    q_a_norm: Option<B>,
+}
+
+impl<B> DeviceMla<B> {
+    /// Upload `m`'s constants.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, m: &Mla) -> Result<Self> {
+        let kv = &m.kv_b;
+        let mut wkv = vec![0.0f32; kv.rows * kv.cols];
+        for (r, row) in wkv.chunks_mut(kv.cols).enumerate() {
+            decode_row(kv, r, row);
+        }
+        let q_a_norm = match &m.q {
+            QProj::LowRank { norm, .. } => Some(dev.upload_f32(norm)?),
+            QProj::Full(_) => None,
+        };
+        Ok(DeviceMla {
+            wkv: dev.upload_f32(&wkv)?,
+            kv_a_norm: dev.upload_f32(&m.kv_a_norm)?,
+            q_a_norm,
+        })
+    }
+}
+
+/// Absorbed MLA over `n` normalised rows of one sequence at positions `cache.len..`: appends
+/// their latents and keys to `cache`, attends and projects (see `Mla::forward`).
+pub fn mla<D: DeviceOps>(
+    dev: &D,
+    (m, k): (&Mla, &DeviceMla<D::Buf>),
+    x: &D::Buf,
+    n: usize,
+    cache: &mut DeviceMlaCache<D::Buf>,
+) -> Result<D::Buf> {
+    let d = &m.dims;
+    let (qk, c, start) = (d.nope + d.rope, d.kv_lora, cache.len);
+    if start + n > cache.capacity {
+        return Err(crate::Error::ContextOverflow {
+            needed: start + n,
+            limit: cache.capacity,
+        });
+    }
+    let q = match (&m.q, &k.q_a_norm) {
+        (QProj::LowRank { a, b, .. }, Some(norm)) => {
+            let qa = project(dev, a, WeightClass::Spine, x, n)?;
+            let qa = rms_norm(dev, &qa, norm, n, a.rows, d.eps)?;
+            project(dev, b, WeightClass::Spine, &qa, n)?
+        }
+        (QProj::Full(w), _) | (QProj::LowRank { b: w, .. }, None) => {
+            project(dev, w, WeightClass::Spine, x, n)?
+        }
+    };
+    let ckv = project(dev, &m.kv_a, WeightClass::Spine, x, n)?;
+    let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+    let at = dev.upload_i32(&positions)?;
+    // Latents: normalised, into the cache at rows start.. .
+    let latent = dev.zeros_f32(n * c)?;
+    let ckv_rows = |col| RowSlice {
+        stride: c + d.rope,
+        col,
+    };
+    let dense = |w| RowSlice { stride: w, col: 0 };
+    copy_rows(dev, (&ckv, ckv_rows(0), None), (&latent, dense(c), None), n, c)?;
+    let latent = rms_norm(dev, &latent, &k.kv_a_norm, n, c, d.eps)?;
+    copy_rows(
+        dev,
+        (&latent, dense(c), None),
+        (&cache.latent, dense(c), Some(&at)),
+        n,
+        c,
+    )?;
+    // Shared keys and queries: rotated by the host's factors of each position.
+    let k_rope = dev.zeros_f32(n * d.rope)?;
+    copy_rows(
+        dev,
+        (&ckv, ckv_rows(c), None),
+        (&k_rope, dense(d.rope), None),
+        n,
+        d.rope,
+    )?;
+    if let Some(rope) = &m.rotary {
+        let mut f = vec![0.0f32; n * d.rope];
+        for (i, row) in f.chunks_mut(d.rope.max(1)).enumerate() {
+            rope.factors_into(start + i, row);
+        }
+        let f = dev.upload_f32(&f)?;
+        let one = RopeLayout {
+            vecs: 1,
+            row_stride: d.rope,
+            offset: 0,
+            vec_stride: d.rope,
+        };
+        dev.layer(
+            &abi::rope(n, one, d.rope, rope.interleaved())?,
+            &[Some(&k_rope), Some(&f)],
+        )?;
+        let heads = RopeLayout {
+            vecs: d.heads,
+            row_stride: d.heads * qk,
+            offset: d.nope,
+            vec_stride: qk,
+        };
+        dev.layer(
+            &abi::rope(n, heads, d.rope, rope.interleaved())?,
+            &[Some(&q), Some(&f)],
+        )?;
+    }
+    copy_rows(
+        dev,
+        (&k_rope, dense(d.rope), None),
+        (&cache.rope, dense(d.rope), Some(&at)),
+        n,
+        d.rope,
+    )?;
+    cache.len += n;
+    // Absorb, attend over each row's prefix, project the values.
+    let (q_abs, q_rope) = (
+        dev.zeros_f32(n * d.heads * c)?,
+        dev.zeros_f32(n * d.heads * d.rope)?,
+    );
+    dev.layer(
+        &abi::mla_absorb(n, d),
+        &[Some(&q), Some(&k.wkv), Some(&q_abs), Some(&q_rope)],
+    )?;
+    let info: Vec<i32> = (0..n).flat_map(|i| [0, (start + i + 1) as i32]).collect();
+    let info = dev.upload_i32(&info)?;
+    let ctx = dev.zeros_f32(n * d.heads * c)?;
+    let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &ctx].map(Some);
+    dev.layer(&abi::mla_attend(n, d.heads, c, d.rope, d.scale)?, &bufs)?;
+    let attn = dev.zeros_f32(n * d.heads * d.v)?;
+    dev.layer(&abi::mla_values(n, d), &[Some(&k.wkv), Some(&ctx), Some(&attn)])?;
+    if let Some(gate) = &m.out_gate {
+        let g = project(dev, gate, WeightClass::Spine, x, n)?;
+        dev.layer(
+            &abi::mul_sigmoid(n * gate.rows),
+            &[Some(&attn), Some(&g), Some(&attn)],
+        )?;
+    }
+    project(dev, &m.o, WeightClass::Spine, &attn, n)
+}
