@@ -220,3 +220,16 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::kda(&run);
     layer_cases::mla_projections(&run);
 }
+
+mod forward_cases;
+
+/// A whole DeepSeek-V3 pass on the GPU (activations and caches on the device) gives the CPU's
+/// logits bit for bit: the check `cuda_emulated_forward.rs` runs through the emulator in CI.
+#[test]
+fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
+    let Some(b) = gpu(None) else { return };
+    let Backend::Cuda(cuda) = &b else {
+        unreachable!("gpu() opens CUDA")
+    };
+    forward_cases::device_pass_matches_the_cpu(cuda.as_ref());
+}

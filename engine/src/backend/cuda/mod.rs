@@ -16,6 +16,10 @@
 //!   the backend logs it once, stops using the device and computes the same product on the CPU,
 //!   which is bit-identical; [`BackendStats::cpu_fallbacks`] counts those calls.
 
+mod device_ops;
+
+pub use device_ops::GpuBuf;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +30,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use super::BackendStats;
-use super::abi::{KERNELS, LAYER_BUFS, LAYER_KERNELS, LayerLaunch, LayerParams, kernel_args};
+use super::abi::{KERNELS, LAYER_KERNELS, LayerLaunch, LayerParams, kernel_args};
 use super::residency::{Admit, Residency, WeightClass};
 use crate::error::{Error, Result};
 use crate::kernels::format::Matrix;
@@ -214,54 +218,20 @@ impl CudaBackend {
     }
 
     /// Run one layer kernel on the device over `bufs` (each buffer's bytes, in the kernel's
-    /// order), copying them in and back: the on-device check of `layers.cu` against the CPU
-    /// (`engine/tests/cuda.rs`, `doctor`).
+    /// order; an empty one is a null address), copying them in and back: the on-device check of
+    /// `layers.cu` against the CPU (`engine/tests/cuda.rs`).
     pub fn run_layer(&self, l: &LayerLaunch, bufs: &mut [Vec<u8>]) -> Result<()> {
-        let fail = |e: DriverError| device_error(self.ordinal, l.name, e);
-        let index = LAYER_KERNELS.iter().position(|&n| n == l.name);
-        let Some(func) = index.map(|i| &self.layer_kernels[i]) else {
-            return Err(device_error(self.ordinal, "no such layer kernel", l.name));
-        };
-        if bufs.len() > LAYER_BUFS {
-            return Err(device_error(self.ordinal, l.name, "too many buffers"));
-        }
-        let _state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // An empty buffer is passed as a null address (a bias a router does not have); one
-        // byte is still allocated, as the driver refuses empty allocations.
-        let device: Vec<CudaSlice<u8>> = bufs
+        use crate::backend::device::DeviceOps;
+        let device: Vec<GpuBuf> = bufs
             .iter()
-            .map(|b| {
-                self.stream
-                    .clone_htod(if b.is_empty() { &[0u8][..] } else { &b[..] })
-            })
-            .collect::<std::result::Result<_, _>>()
-            .map_err(fail)?;
-        let mut params = LayerParams {
-            int: l.int,
-            float: l.float,
-            ..Default::default()
-        };
-        for ((slot, d), b) in params.buf.iter_mut().zip(&device).zip(bufs.iter()) {
-            let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(d, &self.stream);
-            *slot = if b.is_empty() { 0 } else { ptr };
+            .map(|b| DeviceOps::upload(self, b))
+            .collect::<Result<_>>()?;
+        let refs: Vec<Option<&GpuBuf>> = device.iter().map(Some).collect();
+        DeviceOps::layer(self, l, &refs)?;
+        for (b, d) in bufs.iter_mut().zip(&device) {
+            *b = DeviceOps::download(self, d)?;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
-            block_dim: (l.block[0], l.block[1], l.block[2]),
-            shared_mem_bytes: 0,
-        };
-        let mut launch = self.stream.launch_builder(func);
-        launch.arg(&params);
-        // SAFETY: every layer kernel takes one `LayerParams` by value; its buffer addresses are
-        // the device copies of `bufs` above, alive until after the synchronize below, and
-        // `backend::abi` sized the grid and the integers from the same lengths the kernel
-        // guards its indices with.
-        #[allow(unsafe_code)]
-        unsafe { launch.launch(cfg) }.map_err(fail)?;
-        for (b, d) in bufs.iter_mut().zip(&device).filter(|(b, _)| !b.is_empty()) {
-            self.stream.memcpy_dtoh(d, &mut b[..]).map_err(fail)?;
-        }
-        self.stream.synchronize().map_err(fail)
+        Ok(())
     }
 
     fn try_matmul(
@@ -272,10 +242,6 @@ impl CudaBackend {
         n: usize,
         y: &mut [f32],
     ) -> std::result::Result<(), DriverError> {
-        let too_big = || DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
-        let rows = i32::try_from(m.rows).map_err(|_| too_big())?;
-        let cols = i32::try_from(m.cols).map_err(|_| too_big())?;
-        let n_i32 = i32::try_from(n).map_err(|_| too_big())?;
         let key = (m.data.key(), m.scales.as_ref().map(|s| s.key()));
         let temporary = self.resident(state, &key, m, class)?;
         let State {
@@ -288,6 +254,28 @@ impl CudaBackend {
         self.stream.memcpy_htod(x, xs)?;
         let ys = grow(&self.stream, ys, y.len())?;
         let dm = temporary.as_ref().unwrap_or_else(|| &weights[&key]);
+        {
+            let (xp, _x) = cudarc::driver::DevicePtr::device_ptr(&*xs, &self.stream);
+            let (yp, _y) = cudarc::driver::DevicePtr::device_ptr(&*ys, &self.stream);
+            self.launch_matmul(dm, m, (xp, yp), n)?;
+        }
+        self.stream.memcpy_dtoh(&ys.slice(0..y.len()), y)?;
+        self.stream.synchronize()
+    }
+
+    /// Launch the product of `dm` (the device copy of `m`) with `n` rows at device address
+    /// `x` (at least `n * cols` f32) into `y` (at least `n * rows` f32), on the stream.
+    fn launch_matmul(
+        &self,
+        dm: &DeviceMatrix,
+        m: &Matrix,
+        (x, y): (u64, u64),
+        n: usize,
+    ) -> std::result::Result<(), DriverError> {
+        let too_big = || DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+        let rows = i32::try_from(m.rows).map_err(|_| too_big())?;
+        let cols = i32::try_from(m.cols).map_err(|_| too_big())?;
+        let n_i32 = i32::try_from(n).map_err(|_| too_big())?;
         let args = kernel_args(m.format);
         let func = &self.kernels[args.code as usize];
         let (p0, p1, sdt) = (args.p0, args.p1, args.scale_dtype);
@@ -309,8 +297,8 @@ impl CudaBackend {
             launch
                 .arg(&dm.data)
                 .arg(scales)
-                .arg(&*xs)
-                .arg(&mut *ys)
+                .arg(&x)
+                .arg(&y)
                 .arg(&rows)
                 .arg(&cols)
                 .arg(&n_i32)
@@ -319,16 +307,16 @@ impl CudaBackend {
                 .arg(&p1)
                 .arg(&sdt);
             // SAFETY: the argument list matches `DELTAFIN_MATMUL` in matmul.cu (three device
-            // pointers, the output pointer, seven ints); `data`/`scales` hold exactly the bytes
-            // `Matrix::new` validated for this format and shape, `xs` holds at least n * cols
-            // floats and `ys` at least n * rows, and the kernel reads and writes only inside
-            // those bounds (rows, cols, n and i_base guard every index).
+            // pointers, the output pointer, seven ints; `x` and `y` are device addresses passed
+            // by value); `data`/`scales` hold exactly the bytes `Matrix::new` validated for this
+            // format and shape, the caller guarantees `x` holds at least n * cols floats and `y`
+            // at least n * rows, and the kernel reads and writes only inside those bounds (rows,
+            // cols, n and i_base guard every index).
             #[allow(unsafe_code)]
             unsafe { launch.launch(cfg) }?;
             i_base += here;
         }
-        self.stream.memcpy_dtoh(&ys.slice(0..y.len()), y)?;
-        self.stream.synchronize()
+        Ok(())
     }
 
     /// Make `key` resident (uploading and evicting as [`Residency`] decides); returns the

@@ -1,0 +1,56 @@
+//! The whole-pass device check shared by the emulator (`cuda_emulated_forward.rs`) and the GPU
+//! (`cuda.rs`): a DeepSeek-V3 session on the device against the CPU model, logits bit for bit.
+
+#![allow(dead_code)]
+
+use deltafin_engine::arch::deepseek_v3::DeepseekV3;
+use deltafin_engine::arch::{LogitRows, Model, SeqInput};
+use deltafin_engine::backend::device::DeviceOps;
+use deltafin_engine::config::{ArchConfig, ModelSpec};
+use deltafin_engine::model::Loader;
+use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
+use deltafin_engine::weights::WeightIndex;
+
+fn load(format: ExpertFormat) -> (tempfile::TempDir, DeepseekV3) {
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth::tiny(format).write(dir.path()).unwrap();
+    let spec = ModelSpec::load(dir.path()).unwrap();
+    let index = WeightIndex::open(dir.path()).unwrap();
+    let ArchConfig::DeepseekV3(cfg) = spec.arch.clone() else {
+        panic!("a DeepSeek-V3 config")
+    };
+    let model = DeepseekV3::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    (dir, model)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A 6-token prefill and two decode steps (greedy) on `dev` and on the CPU, with FP8 and INT4
+/// experts: the last row's logits of every pass must be the same bits.
+pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
+    for format in [ExpertFormat::Fp8, ExpertFormat::Int4] {
+        let (_dir, model) = load(format);
+        let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % 200).collect();
+        let mut state = model.new_state();
+        let mut session = model.device_session(dev, 16).unwrap();
+        let mut step = prompt.clone();
+        for pass in 0..3 {
+            let input = SeqInput {
+                state: &mut state,
+                tokens: &step,
+                logits: LogitRows::Last,
+            };
+            let want = model.forward(&mut [input], None).unwrap();
+            let got = session.forward(&step).unwrap();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{format:?} pass {pass}: device logits differ from the CPU"
+            );
+            step = vec![deltafin_engine::kernels::ops::argmax(&want) as u32];
+        }
+        assert_eq!(session.len(), prompt.len() + 2);
+    }
+}
