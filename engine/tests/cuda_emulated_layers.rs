@@ -53,27 +53,10 @@ fn launch(bin: &Path, l: &LayerLaunch, bufs: &mut [Vec<u8>]) {
 
 /// Every 4099th f32 bit pattern, a dense run over [1/16, 16) and the edges.
 fn sweep() -> Vec<f32> {
-    let edges = [
-        0.0f32,
-        -0.0,
-        1.0,
-        -1.0,
-        88.72283,
-        -103.97208,
-        -17.5,
-        9.1,
-        20.0,
-        f32::MIN_POSITIVE,
-        1e-45,
-        f32::MAX,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-    ];
     (0..u32::MAX / 4099)
         .map(|i| f32::from_bits(i * 4099))
         .chain((0x3d80_0000u32..0x4180_0000).step_by(61).map(f32::from_bits))
-        .chain(edges)
+        .chain(math::EDGE_INPUTS)
         .collect()
 }
 

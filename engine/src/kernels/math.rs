@@ -34,6 +34,30 @@ const INV_FACT: [f32; 7] = [
     1.0 / 40320.0,
 ];
 
+/// Inputs at the edges of the functions' ranges and reductions (overflow and underflow
+/// thresholds, the `exp_m1` and `tanh` cut-offs, the softplus threshold, subnormals, the
+/// specials), for the accuracy tests here and the device parity tests.
+pub const EDGE_INPUTS: [f32; 18] = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    EXP_OVER,
+    EXP_UNDER,
+    88.8,
+    -104.0,
+    -87.3,
+    -17.5,
+    9.1,
+    20.0,
+    f32::MIN_POSITIVE,
+    1e-45,
+    f32::MAX,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::NAN,
+];
+
 /// `2^k` for `-126 ≤ k ≤ 127`, built from its bits.
 #[inline(always)]
 fn pow2(k: i32) -> f32 {
@@ -223,30 +247,11 @@ mod tests {
     /// Every 1009th f32 bit pattern of both signs, every pattern of [0.25, 4) in steps of 7,
     /// plus the edges.
     fn sweep() -> impl Iterator<Item = f32> {
-        let edges = [
-            0.0f32,
-            -0.0,
-            1.0,
-            -1.0,
-            EXP_OVER,
-            EXP_UNDER,
-            88.8,
-            -104.0,
-            -87.3,
-            -17.5,
-            9.1,
-            f32::MIN_POSITIVE,
-            1e-45,
-            f32::MAX,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-        ];
         let near_one = (0x3e80_0000u32..0x4080_0000).step_by(7).map(f32::from_bits);
         (0..u32::MAX / 1009)
             .map(|i| f32::from_bits(i * 1009))
             .chain(near_one)
-            .chain(edges)
+            .chain(EDGE_INPUTS)
     }
 
     fn worst(f: fn(f32) -> f32, exact: fn(f64) -> f64, domain: impl Fn(f32) -> bool) -> (f64, f32) {

@@ -15,6 +15,13 @@ use crate::kernel_support::{Rng, assert_same, bytes_of, floats, patterned};
 /// Runs one launch over buffers (each buffer's bytes, rewritten in place).
 pub type Runner<'a> = &'a dyn Fn(&LayerLaunch, &mut [Vec<u8>]);
 
+/// `len` values uniform in `[-scale, scale)`: unlike [`patterned`], no occasional large value
+/// that would make a softmax one-hot and hide its order.
+fn uniform(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    (0..len).map(|_| rng.unit() * scale).collect()
+}
+
 fn run_on(run: Runner, l: &LayerLaunch, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut bufs = bufs.to_vec();
     run(l, &mut bufs);
@@ -199,12 +206,7 @@ pub fn mla_attention(run: Runner) {
         scale: 0.21,
     };
     let (first, second) = (1100, 70);
-    // Uniform values: `patterned`'s occasional large ones would make every softmax one-hot,
-    // which hides the order of the online softmax.
-    let mild = |len: usize, seed: u64| {
-        let mut rng = Rng(seed);
-        (0..len).map(|_| rng.unit() * 1.5).collect::<Vec<f32>>()
-    };
+    let mild = |len, seed| uniform(len, seed, 1.5);
     let mut lat = mild((first + second) * s.latent, 61);
     let mut rope = mild((first + second) * s.rope, 62);
     // Larger keys in the second block of the first run, so that its maximum often lies there
@@ -277,10 +279,7 @@ pub fn kda(run: Runner) {
     };
     let (p, hd, heads) = (s.channels(), s.head_dim, s.heads);
     let width = 3 * p;
-    let mild = |len: usize, seed: u64, scale: f32| {
-        let mut rng = Rng(seed);
-        (0..len).map(|_| rng.unit() * scale).collect::<Vec<f32>>()
-    };
+    let mild = uniform;
     let seq_of = [0usize, 1, 0, 0, 1];
     let n = seq_of.len();
     let order: Vec<usize> = (0..2)
@@ -432,10 +431,7 @@ pub fn mla_projections(run: Runner) {
         scale: 0.3,
     };
     let (n, qk, c) = (4, d.nope + d.rope, d.kv_lora);
-    let mild = |len: usize, seed: u64| {
-        let mut rng = Rng(seed);
-        (0..len).map(|_| rng.unit() * 2.0).collect::<Vec<f32>>()
-    };
+    let mild = |len, seed| uniform(len, seed, 2.0);
     let pos = [0usize, 5, 1000, 70_000];
 
     for interleave in [true, false] {
