@@ -232,4 +232,5 @@ fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
         unreachable!("gpu() opens CUDA")
     };
     forward_cases::device_pass_matches_the_cpu(cuda.as_ref());
+    forward_cases::kimi_linear_pass_matches_the_cpu(cuda.as_ref());
 }

@@ -1,9 +1,11 @@
-//! A whole DeepSeek-V3 forward pass on a device: every activation and the latent caches in
+//! Whole DeepSeek-V3 and Kimi-Linear forward passes on a device: every activation and the latent caches in
 //! device buffers, every operation a kernel of the CUDA sources (run by the CPU emulator behind
 //! `DeviceOps`), orchestrated by `model::layers::device`. Its logits must equal the CPU
 //! model's bit for bit, for a prefill and for the decode steps after it, with FP8 and INT4
 //! experts (group-limited sigmoid routing with a selection bias, shared experts, a dense first
-//! layer, low-rank queries, RoPE). `engine/tests/cuda.rs` runs the same check on a GPU.
+//! layer, low-rank queries, RoPE), and for the HF Kimi-Linear fixture (KDA states, NoPE MLA,
+//! 3-of-8 routing summed in ascending id order). `engine/tests/cuda.rs` runs the same checks on
+//! a GPU.
 //!
 //! Needs g++ (skipped without it, unless `DELTAFIN_REQUIRE_SERVICES=1`).
 
@@ -23,4 +25,16 @@ fn a_whole_pass_on_the_device_gives_the_cpu_logits() {
     };
     forward_cases::device_pass_matches_the_cpu(&dev);
     assert!(dev.launches.get() > 50, "{} launches", dev.launches.get());
+}
+
+#[test]
+fn a_whole_kimi_linear_pass_on_the_device_gives_the_cpu_logits() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-kimi") else {
+        return;
+    };
+    let dev = EmuDevice {
+        bin,
+        launches: Default::default(),
+    };
+    forward_cases::kimi_linear_pass_matches_the_cpu(&dev);
 }

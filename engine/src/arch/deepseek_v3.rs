@@ -17,7 +17,6 @@ use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_caches};
 use crate::backend::WeightClass;
-use crate::backend::abi::RowSlice;
 use crate::backend::device::DeviceOps;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{
@@ -521,12 +520,6 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             };
             x = device::add(dev, &x, &f, n * h)?;
         }
-        let last = dev.zeros_f32(h)?;
-        let rows = RowSlice { stride: h, col: 0 };
-        let at = dev.upload_i32(&[(n - 1) as i32])?;
-        device::copy_rows(dev, (&x, rows, Some(&at)), (&last, rows, None), 1, h)?;
-        let normed = device::rms_norm(dev, &last, &self.norm, 1, h, eps)?;
-        let logits = device::project(dev, &m.lm_head, WeightClass::Spine, &normed, 1)?;
-        dev.download_f32(&logits)
+        device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
 use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
 use super::layers::mlp::{Activation, Mlp};
@@ -23,7 +24,8 @@ use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig, Sco
 use super::{
     Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, kda_caches, mla_caches,
 };
-use crate::backend::matmul;
+use crate::backend::device::DeviceOps;
+use crate::backend::{WeightClass, matmul};
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
@@ -657,5 +659,129 @@ impl Model for KimiLinear {
             t.record("norm", &normed);
         }
         Ok(head(&self.lm_head, &normed, logit_rows.len()))
+    }
+}
+
+/// One decoder layer's device-resident constants and its sequence state.
+enum DeviceAttn<B> {
+    Kda(DeviceKda<B>, DeviceKdaState<B>),
+    Mla(DeviceMla<B>, DeviceMlaCache<B>),
+}
+
+struct DeviceLayer<B> {
+    input_norm: B,
+    post_norm: B,
+    attn: DeviceAttn<B>,
+    bias: Option<B>,
+}
+
+/// A Kimi-Linear model running whole passes of one sequence on a device: activations, MLA
+/// caches and KDA states stay there; tokens go in, the last row's logits come out
+/// (`model::layers::device`). In-memory models only.
+pub struct DeviceSession<'m, D: DeviceOps> {
+    model: &'m KimiLinear,
+    dev: &'m D,
+    layers: Vec<DeviceLayer<D::Buf>>,
+    norm: D::Buf,
+    len: usize,
+}
+
+impl<D: DeviceOps> std::fmt::Debug for DeviceSession<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceSession({} layers, {} positions)",
+            self.layers.len(),
+            self.len
+        )
+    }
+}
+
+impl KimiLinear {
+    /// A device session of up to `capacity` positions (its caches are allocated now).
+    pub fn device_session<'m, D: DeviceOps>(
+        &'m self,
+        dev: &'m D,
+        capacity: usize,
+    ) -> Result<DeviceSession<'m, D>> {
+        if self.experts.is_some() {
+            return Err(Error::InvalidArgument {
+                field: "device",
+                reason: "whole passes on a device need the model in memory (no out-of-core expert store)"
+                    .into(),
+            });
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let attn = match &layer.attn {
+                Attn::Kda(k) => DeviceAttn::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
+                Attn::Mla(m) => {
+                    let d = &m.dims;
+                    let cache = DeviceMlaCache {
+                        latent: dev.zeros_f32(capacity * d.kv_lora)?,
+                        rope: dev.zeros_f32(capacity * d.rope)?,
+                        len: 0,
+                        capacity,
+                    };
+                    DeviceAttn::Mla(DeviceMla::new(dev, m)?, cache)
+                }
+            };
+            let bias = match &layer.ffn {
+                Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
+                _ => None,
+            };
+            layers.push(DeviceLayer {
+                input_norm: dev.upload_f32(&layer.input_norm)?,
+                post_norm: dev.upload_f32(&layer.post_norm)?,
+                attn,
+                bias,
+            });
+        }
+        Ok(DeviceSession {
+            model: self,
+            dev,
+            layers,
+            norm: dev.upload_f32(&self.norm)?,
+            len: 0,
+        })
+    }
+}
+
+impl<D: DeviceOps> DeviceSession<'_, D> {
+    /// Positions run so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has run yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Run `tokens` (the sequence's next positions) through every layer on the device; the last
+    /// row's logits.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (m, dev, n) = (self.model, self.dev, tokens.len());
+        let (h, eps) = (m.cfg.hidden_size, m.cfg.rms_norm_eps);
+        let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        for (l, k) in self.layers.iter_mut().enumerate() {
+            let layer = m.layers.get(l)?;
+            let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
+            let a = match (&layer.attn, &mut k.attn) {
+                (Attn::Kda(kda), DeviceAttn::Kda(c, st)) => device::kda(dev, (kda, c), &xn, n, st)?,
+                (Attn::Mla(mla), DeviceAttn::Mla(c, cache)) => device::mla(dev, (mla, c), &xn, n, cache)?,
+                _ => unreachable!("the session mirrors the layers"),
+            };
+            x = device::add(dev, &x, &a, n * h)?;
+            let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
+            let f = match &layer.ffn {
+                Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
+                Ffn::Moe(moe) => device::moe(dev, moe, k.bias.as_ref(), &xn, n)?,
+            };
+            x = device::add(dev, &x, &f, n * h)?;
+        }
+        self.len += n;
+        device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

@@ -1,9 +1,11 @@
-//! The whole-pass device check shared by the emulator (`cuda_emulated_forward.rs`) and the GPU
-//! (`cuda.rs`): a DeepSeek-V3 session on the device against the CPU model, logits bit for bit.
+//! The whole-pass device checks shared by the emulator (`cuda_emulated_forward.rs`) and the GPU
+//! (`cuda.rs`): DeepSeek-V3 and Kimi-Linear sessions on the device against the CPU models,
+//! logits bit for bit.
 
 #![allow(dead_code)]
 
 use deltafin_engine::arch::deepseek_v3::DeepseekV3;
+use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput};
 use deltafin_engine::backend::device::DeviceOps;
 use deltafin_engine::config::{ArchConfig, ModelSpec};
@@ -53,4 +55,37 @@ pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
         }
         assert_eq!(session.len(), prompt.len() + 2);
     }
+}
+
+/// The HF-generated Kimi-Linear fixture (KDA and NoPE-MLA layers, a dense first FFN, MoE with
+/// 3 of 8 experts and a shared expert): a 7-token prefill and two decode steps on `dev` and on
+/// the CPU, the last row's logits the same bits.
+pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kimi-linear");
+    let spec = ModelSpec::load(&dir).unwrap();
+    let index = WeightIndex::open(&dir).unwrap();
+    let ArchConfig::KimiLinear(cfg) = spec.arch.clone() else {
+        panic!("a Kimi-Linear config")
+    };
+    let model = KimiLinear::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let prompt: Vec<u32> = (0..7).map(|i| (i * 53 + 11) % 300).collect();
+    let mut state = model.new_state();
+    let mut session = model.device_session(dev, 16).unwrap();
+    let mut step = prompt.clone();
+    for pass in 0..3 {
+        let input = SeqInput {
+            state: &mut state,
+            tokens: &step,
+            logits: LogitRows::Last,
+        };
+        let want = model.forward(&mut [input], None).unwrap();
+        let got = session.forward(&step).unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "kimi-linear pass {pass}: device logits differ from the CPU"
+        );
+        step = vec![deltafin_engine::kernels::ops::argmax(&want) as u32];
+    }
+    assert_eq!(session.len(), prompt.len() + 2);
 }

@@ -1,5 +1,6 @@
-//! The layers on a [`DeviceOps`]: RMSNorm, residual adds, the gated MLP, the routed MoE and
-//! absorbed MLA with its latent cache, every activation in device buffers. Each launches the
+//! The layers on a [`DeviceOps`]: RMSNorm, residual adds, the gated MLP, the routed MoE,
+//! absorbed MLA with its latent cache and KDA with its recurrent state, every activation in
+//! device buffers. Each launches the
 //! kernels whose bits equal the CPU layer's (`backend/cuda/layers.cu`), in the CPU layer's
 //! order, so a pass on the device gives the CPU pass's hidden states and logits bit for bit.
 //!
@@ -13,6 +14,7 @@ use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
 
+use super::kda::{Kda, OutputGate};
 use super::mla::{Mla, QProj};
 use super::mlp::Mlp;
 use super::moe::{Combine, Moe};
@@ -322,4 +324,117 @@ pub fn mla<D: DeviceOps>(
         )?;
     }
     project(dev, &m.o, WeightClass::Spine, &attn, n)
+}
+
+/// One sequence's KDA state on the device: the convolution history and the per-head state.
+#[derive(Debug)]
+pub struct DeviceKdaState<B> {
+    pub conv: B,
+    pub state: B,
+}
+
+impl<B> DeviceKdaState<B> {
+    /// A fresh (zero) state, as a new CPU sequence has.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, k: &Kda) -> Result<Self> {
+        let s = k.shape;
+        Ok(DeviceKdaState {
+            conv: dev.zeros_f32(s.conv_len())?,
+            state: dev.zeros_f32(s.heads * s.head_dim * s.head_dim)?,
+        })
+    }
+}
+
+/// A KDA layer's device-resident constants.
+#[derive(Debug)]
+pub struct DeviceKda<B> {
+    conv: B,
+    dt_bias: B,
+    rate: B,
+    o_norm: B,
+}
+
+impl<B> DeviceKda<B> {
+    /// Upload `k`'s constants.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, k: &Kda) -> Result<Self> {
+        Ok(DeviceKda {
+            conv: dev.upload_f32(&k.conv)?,
+            dt_bias: dev.upload_f32(&k.dt_bias)?,
+            rate: dev.upload_f32(&k.decay_rate)?,
+            o_norm: dev.upload_f32(&k.o_norm)?,
+        })
+    }
+}
+
+/// KDA over `n` normalised rows of one sequence, advancing its state (see `Kda::forward`).
+pub fn kda<D: DeviceOps>(
+    dev: &D,
+    (k, c): (&Kda, &DeviceKda<D::Buf>),
+    x: &D::Buf,
+    n: usize,
+    st: &mut DeviceKdaState<D::Buf>,
+) -> Result<D::Buf> {
+    let s = k.shape;
+    let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
+    let width = 3 * p;
+    // Raw projections per row as [q | k | v].
+    let raw = dev.zeros_f32(n * width)?;
+    for (part, m) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
+        let y = project(dev, m, WeightClass::Spine, x, n)?;
+        let dst = RowSlice {
+            stride: width,
+            col: part * p,
+        };
+        copy_rows(
+            dev,
+            (&y, RowSlice { stride: p, col: 0 }, None),
+            (&raw, dst, None),
+            n,
+            p,
+        )?;
+    }
+    let seq_rows = dev.upload_i32(&[0, n as i32])?;
+    let row_ids = dev.upload_i32(&(0..n as i32).collect::<Vec<_>>())?;
+    let qkv = dev.zeros_f32(n * width)?;
+    let conv = abi::kda_conv(1, width, s.kernel);
+    let bufs = [&raw, &c.conv, &st.conv, &seq_rows, &row_ids, &qkv].map(Some);
+    dev.layer(&conv, &bufs)?;
+    dev.layer(&abi::kda_l2(n, heads, hd, k.l2, k.q_scale), &[Some(&qkv)])?;
+    let f = project(dev, &k.f_a, WeightClass::Spine, x, n)?;
+    let f = project(dev, &k.f_b, WeightClass::Spine, &f, n)?;
+    let beta_logits = project(dev, &k.b, WeightClass::Spine, x, n)?;
+    let (g, beta) = (dev.zeros_f32(n * p)?, dev.zeros_f32(n * heads)?);
+    let bufs = [&f, &c.dt_bias, &c.rate, &beta_logits, &g, &beta].map(Some);
+    dev.layer(&abi::kda_gates(n, p, heads, k.decay), &bufs)?;
+    let o = dev.zeros_f32(n * p)?;
+    let bufs = [&st.state, &qkv, &g, &beta, &seq_rows, &row_ids, &o].map(Some);
+    dev.layer(&abi::kda_recurrence(1, heads, hd)?, &bufs)?;
+    let gate = match &k.gate {
+        OutputGate::LowRank { a, b } => {
+            let ga = project(dev, a, WeightClass::Spine, x, n)?;
+            project(dev, b, WeightClass::Spine, &ga, n)?
+        }
+        OutputGate::Full(m) => project(dev, m, WeightClass::Spine, x, n)?,
+    };
+    let normed = dev.zeros_f32(n * p)?;
+    let bufs = [&o, &c.o_norm, &normed, &gate].map(Some);
+    dev.layer(&abi::rms_norm(n * heads, hd, k.eps), &bufs)?;
+    project(dev, &k.o, WeightClass::Spine, &normed, n)
+}
+
+/// The last of `n` hidden rows (`h` wide) through the final norm and the head: its logits,
+/// copied to the host.
+pub fn last_row_logits<D: DeviceOps>(
+    dev: &D,
+    x: &D::Buf,
+    (n, h): (usize, usize),
+    (norm, eps): (&D::Buf, f32),
+    lm_head: &Matrix,
+) -> Result<Vec<f32>> {
+    let last = dev.zeros_f32(h)?;
+    let rows = RowSlice { stride: h, col: 0 };
+    let at = dev.upload_i32(&[n as i32 - 1])?;
+    copy_rows(dev, (x, rows, Some(&at)), (&last, rows, None), 1, h)?;
+    let normed = rms_norm(dev, &last, norm, 1, h, eps)?;
+    let logits = project(dev, lm_head, WeightClass::Spine, &normed, 1)?;
+    dev.download_f32(&logits)
 }
