@@ -31,7 +31,7 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 /// SiLU (`x * sigmoid(x)`).
-#[inline]
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
@@ -40,10 +40,12 @@ pub fn silu(x: f32) -> f32 {
 pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = exp(*v - max);
-        sum += *v;
-    }
+    super::math::fma_scope(|| {
+        for v in x.iter_mut() {
+            *v = exp(*v - max);
+            sum += *v;
+        }
+    });
     for v in x.iter_mut() {
         *v /= sum;
     }

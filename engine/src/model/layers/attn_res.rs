@@ -37,10 +37,12 @@ impl AttnRes {
         }
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
-        for s in scores.iter_mut() {
-            *s = exp(*s - max);
-            sum += *s;
-        }
+        crate::kernels::math::fma_scope(|| {
+            for s in scores.iter_mut() {
+                *s = exp(*s - max);
+                sum += *s;
+            }
+        });
         out.iter_mut().for_each(|o| *o = 0.0);
         for (v, s) in anchors.iter().copied().chain(std::iter::once(last)).zip(&scores) {
             let alpha = s / sum;

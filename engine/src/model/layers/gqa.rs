@@ -236,10 +236,12 @@ fn attend_head(
     }));
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = exp(*s - max);
-        sum += *s;
-    }
+    crate::kernels::math::fma_scope(|| {
+        for s in scores.iter_mut() {
+            *s = exp(*s - max);
+            sum += *s;
+        }
+    });
     out.fill(0.0);
     for (j, s) in scores.iter().enumerate() {
         let p = s / sum;

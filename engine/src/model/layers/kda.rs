@@ -200,7 +200,7 @@ impl Kda {
     /// sequence's cache.
     fn channel_phase(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> RowInputs {
         let s = self.shape;
-        let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
+        let (p, heads) = (s.channels(), s.heads);
         let mut inp = RowInputs {
             q: vec![0.0; n * p],
             k: vec![0.0; n * p],
@@ -209,6 +209,22 @@ impl Kda {
             beta: vec![0.0; n * heads],
         };
         let mut record = vec![0.0f32; s.record_len()];
+        math::fma_scope(|| self.channel_rows(proj, n, rows, &mut inp, &mut record));
+        inp
+    }
+
+    /// The rows of [`Kda::channel_phase`], in order.
+    #[inline(always)]
+    fn channel_rows(
+        &self,
+        proj: &Projections,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+        inp: &mut RowInputs,
+        record: &mut [f32],
+    ) {
+        let s = self.shape;
+        let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
         for i in 0..n {
             let cache = &mut *rows.caches[rows.seq[i]];
             cache.begin_rows();
@@ -238,15 +254,15 @@ impl Kda {
             inp.v[i * p..(i + 1) * p].copy_from_slice(v);
             inp.g[i * p..(i + 1) * p].copy_from_slice(g);
             inp.beta[i * heads..(i + 1) * heads].copy_from_slice(beta);
-            cache.record(&record);
+            cache.record(record);
         }
-        inp
     }
 }
 
 /// Causal depthwise convolution of one row (the `K − 1` history rows, then the current raw
 /// values, each `acc += x·w` in order), then SiLU, into the `[q, k, v]` outputs (`P` each).
 /// `conv` is `[3P, K]`.
+#[inline(always)]
 pub fn convolve(conv: &[f32], shape: KdaShape, history: &[f32], raw: &[f32], out: [&mut [f32]; 3]) {
     let p = shape.channels();
     let kernel = shape.kernel;
@@ -269,7 +285,7 @@ pub fn convolve(conv: &[f32], shape: KdaShape, history: &[f32], raw: &[f32], out
 }
 
 /// One channel's log-decay `g` from `f` (after `dt_bias`) and its rate `exp(A_log)`.
-#[inline]
+#[inline(always)]
 pub fn log_decay(decay: KdaDecay, rate: f32, f: f32) -> f32 {
     match decay {
         KdaDecay::Softplus => -rate * math::softplus(f),
@@ -280,12 +296,14 @@ pub fn log_decay(decay: KdaDecay, rate: f32, f: f32) -> f32 {
 /// Per head of `o` (`o_norm.len()` values each): `o ← w ⊙ (o · rms_inv(o)) ⊙ σ(gate)`.
 pub fn gated_norm(o: &mut [f32], gate: &[f32], o_norm: &[f32], eps: f32) {
     let hd = o_norm.len();
-    for (oh, gh) in o.chunks_mut(hd).zip(gate.chunks(hd)) {
-        let inv = rms_inv(oh, eps);
-        for ((v, &w), &g) in oh.iter_mut().zip(o_norm).zip(gh) {
-            *v = (w * (*v * inv)) * sigmoid(g);
+    math::fma_scope(|| {
+        for (oh, gh) in o.chunks_mut(hd).zip(gate.chunks(hd)) {
+            let inv = rms_inv(oh, eps);
+            for ((v, &w), &g) in oh.iter_mut().zip(o_norm).zip(gh) {
+                *v = (w * (*v * inv)) * sigmoid(g);
+            }
         }
-    }
+    })
 }
 
 /// Shift one row of raw projections into the convolution history (oldest row dropped).
@@ -330,6 +348,7 @@ pub fn delta_rule_step_from(prev: Option<&[f32]>, state: &mut [f32], x: StepInpu
 
 /// One head's delta-rule step on its `[d, d]` state (see [`delta_rule_step`]; `prev`: read the
 /// pre-step state out of place), with a scratch `delta` of `d` values.
+#[inline(always)]
 fn head_step_with(
     prev: Option<&[f32]>,
     s: &mut [f32],
@@ -439,7 +458,7 @@ fn recurrence_phase(
             });
         }
     }
-    let run = |t: HeadTask<'_>| -> (usize, Vec<f32>) {
+    let run_head = |t: HeadTask<'_>| -> (usize, Vec<f32>) {
         let mut out = vec![0.0f32; t.rows.len() * d];
         let mut delta = vec![0.0f32; d];
         let c = t.head * d..(t.head + 1) * d;
@@ -452,6 +471,7 @@ fn recurrence_phase(
         }
         (t.head, out)
     };
+    let run = |t: HeadTask<'_>| math::fma_scope(|| run_head(t));
     let outs: Vec<(usize, Vec<f32>)> = if parallel && rayon::current_num_threads() > 1 {
         use rayon::prelude::*;
         tasks.into_par_iter().map(run).collect()

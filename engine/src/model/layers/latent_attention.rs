@@ -204,7 +204,7 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn block_partial_avx2(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
     block_partial_impl(q, block, s)
 }
@@ -212,7 +212,7 @@ fn block_partial_avx2(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
 fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, avx2: bool) -> Partial {
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // SAFETY: `avx2` is only set when the CPU reports AVX2 (see `use_avx2`).
+        // SAFETY: `avx2` is only set when the CPU reports AVX2 and FMA (see `use_avx2`).
         #[allow(unsafe_code)]
         return unsafe { block_partial_avx2(q, block, s) };
     }
@@ -223,7 +223,7 @@ fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, avx2: bool) 
 fn use_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2")
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

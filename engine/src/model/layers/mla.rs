@@ -276,7 +276,7 @@ impl Mla {
         if let Some(gate) = &self.out_gate {
             let mut g = vec![0.0f32; n * gate.rows];
             matmul(gate, x, n, &mut g);
-            attn.iter_mut().zip(&g).for_each(|(a, g)| *a *= sigmoid(*g));
+            crate::kernels::math::fma_scope(|| attn.iter_mut().zip(&g).for_each(|(a, g)| *a *= sigmoid(*g)));
         }
         let mut y = vec![0.0; n * self.o.rows];
         matmul(&self.o, &attn, n, &mut y);

@@ -17,7 +17,7 @@ pub enum Activation {
 
 impl Activation {
     /// The gated activation of one (gate, up) pair.
-    #[inline]
+    #[inline(always)]
     pub fn apply(self, g: f32, u: f32) -> f32 {
         match self {
             Activation::Silu => g / (1.0 + exp(-g)) * u,
@@ -64,9 +64,11 @@ impl Mlp {
         let mut u = vec![0.0f32; n * width];
         mm(&self.gate, x, n, &mut g);
         mm(&self.up, x, n, &mut u);
-        for (g, &u) in g.iter_mut().zip(&u) {
-            *g = self.act.apply(*g, u);
-        }
+        crate::kernels::math::fma_scope(|| {
+            for (g, &u) in g.iter_mut().zip(&u) {
+                *g = self.act.apply(*g, u);
+            }
+        });
         let mut out = vec![0.0f32; n * self.down.rows];
         mm(&self.down, &g, n, &mut out);
         out

@@ -139,6 +139,11 @@ impl Moe {
     /// Routing of one row from its router logits: `(expert, weight)` in router order
     /// (descending selection score, lower id first on ties).
     pub fn route(&self, logits: &[f32]) -> Vec<(usize, f32)> {
+        crate::kernels::math::fma_scope(|| self.route_row(logits))
+    }
+
+    #[inline(always)]
+    fn route_row(&self, logits: &[f32]) -> Vec<(usize, f32)> {
         let r = &self.router;
         let scores: Vec<f32> = match r.scoring {
             Scoring::Sigmoid => logits.iter().map(|&l| sigmoid(l)).collect(),
