@@ -219,6 +219,7 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::mla_attention(&run);
     layer_cases::kda(&run);
     layer_cases::mla_projections(&run);
+    layer_cases::attn_res(&run);
 }
 
 mod forward_cases;
@@ -233,4 +234,5 @@ fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
     };
     forward_cases::device_pass_matches_the_cpu(cuda.as_ref());
     forward_cases::kimi_linear_pass_matches_the_cpu(cuda.as_ref());
+    forward_cases::k3_pass_matches_the_cpu(cuda.as_ref());
 }

@@ -1,11 +1,12 @@
-//! Whole DeepSeek-V3 and Kimi-Linear forward passes on a device: every activation and the latent caches in
+//! Whole DeepSeek-V3, Kimi-Linear and Kimi K3 forward passes on a device: every activation and the latent caches in
 //! device buffers, every operation a kernel of the CUDA sources (run by the CPU emulator behind
 //! `DeviceOps`), orchestrated by `model::layers::device`. Its logits must equal the CPU
 //! model's bit for bit, for a prefill and for the decode steps after it, with FP8 and INT4
 //! experts (group-limited sigmoid routing with a selection bias, shared experts, a dense first
 //! layer, low-rank queries, RoPE), and for the HF Kimi-Linear fixture (KDA states, NoPE MLA,
-//! 3-of-8 routing summed in ascending id order). `engine/tests/cuda.rs` runs the same checks on
-//! a GPU.
+//! 3-of-8 routing summed in ascending id order) and the HF K3 fixture (Block Attention
+//! Residuals, gated MLA, latent MoE, SiTU). `engine/tests/cuda.rs` runs the same checks on a
+//! GPU.
 //!
 //! Needs g++ (skipped without it, unless `DELTAFIN_REQUIRE_SERVICES=1`).
 
@@ -37,4 +38,16 @@ fn a_whole_kimi_linear_pass_on_the_device_gives_the_cpu_logits() {
         launches: Default::default(),
     };
     forward_cases::kimi_linear_pass_matches_the_cpu(&dev);
+}
+
+#[test]
+fn a_whole_k3_pass_on_the_device_gives_the_cpu_logits() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-k3") else {
+        return;
+    };
+    let dev = EmuDevice {
+        bin,
+        launches: Default::default(),
+    };
+    forward_cases::k3_pass_matches_the_cpu(&dev);
 }

@@ -129,3 +129,9 @@ fn mla_projections_match_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::mla_projections(&|l, b| launch(bin, l, b));
 }
+
+#[test]
+fn attn_res_matches_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::attn_res(&|l, b| launch(bin, l, b));
+}

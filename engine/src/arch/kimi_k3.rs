@@ -23,14 +23,16 @@
 use std::sync::Arc;
 
 use super::kimi_linear::{
-    Attn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn, model_info,
-    new_layer_states, norm_rows, run_attn,
+    Attn, DeviceAttn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn,
+    model_info, new_layer_states, norm_rows, run_attn,
 };
 use super::layers::attn_res::AttnRes;
+use super::layers::device;
 use super::layers::kda::L2Norm;
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, ExpertProvider};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass};
+use crate::backend::device::DeviceOps;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
@@ -330,5 +332,127 @@ impl KimiK3 {
             store.end_pass()?;
         }
         Ok((run, anchors))
+    }
+}
+
+/// One decoder layer's device-resident constants and sequence state.
+struct DeviceLayer<B> {
+    input_norm: B,
+    post_norm: B,
+    attn_res: B,
+    mlp_res: B,
+    attn: DeviceAttn<B>,
+    bias: Option<B>,
+}
+
+/// A Kimi K3 model running whole passes of one sequence on a device: activations, the Block
+/// Attention Residual anchors, MLA caches and KDA states stay there; tokens go in, the last
+/// row's logits come out (`model::layers::device`). In-memory models only.
+pub struct DeviceSession<'m, D: DeviceOps> {
+    model: &'m KimiK3,
+    dev: &'m D,
+    layers: Vec<DeviceLayer<D::Buf>>,
+    output_res: D::Buf,
+    norm: D::Buf,
+    len: usize,
+}
+
+impl<D: DeviceOps> std::fmt::Debug for DeviceSession<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceSession({} layers, {} positions)",
+            self.layers.len(),
+            self.len
+        )
+    }
+}
+
+impl KimiK3 {
+    /// A device session of up to `capacity` positions (its caches are allocated now).
+    pub fn device_session<'m, D: DeviceOps>(
+        &'m self,
+        dev: &'m D,
+        capacity: usize,
+    ) -> Result<DeviceSession<'m, D>> {
+        if self.experts.is_some() {
+            return Err(crate::Error::InvalidArgument {
+                field: "device",
+                reason: "whole passes on a device need the model in memory (no out-of-core expert store)"
+                    .into(),
+            });
+        }
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            layers.push(DeviceLayer {
+                input_norm: dev.upload_f32(&layer.input_norm)?,
+                post_norm: dev.upload_f32(&layer.post_norm)?,
+                attn_res: dev.upload_f32(&layer.attn_res.query)?,
+                mlp_res: dev.upload_f32(&layer.mlp_res.query)?,
+                attn: DeviceAttn::new(dev, &layer.attn, capacity)?,
+                bias: layer.ffn.device_bias(dev)?,
+            });
+        }
+        Ok(DeviceSession {
+            model: self,
+            dev,
+            layers,
+            output_res: dev.upload_f32(&self.output_res.query)?,
+            norm: dev.upload_f32(&self.norm)?,
+            len: 0,
+        })
+    }
+}
+
+impl<D: DeviceOps> DeviceSession<'_, D> {
+    /// Positions run so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has run yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Run `tokens` (the sequence's next positions) through every layer on the device, as
+    /// `KimiK3::run_layers` does (anchors every `attn_res_block_size` layers, each sub-layer's
+    /// input mixed over them); the last row's logits.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (m, dev, n) = (self.model, self.dev, tokens.len());
+        let t = &m.cfg.text;
+        let (h, eps, block) = (t.hidden_size, t.rms_norm_eps, m.cfg.attn_res_block_size);
+        let stack = dev.zeros_f32((self.layers.len().div_ceil(block) + 1) * n * h)?;
+        let mut anchors = 0;
+        let mut run = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        let mix = |site: (&D::Buf, f32), anchors: usize, last: &D::Buf| -> Result<D::Buf> {
+            device::stack_rows(dev, last, &stack, anchors, (n, h))?;
+            device::attn_res(dev, site, &stack, anchors + 1, (n, h))
+        };
+        for (l, k) in self.layers.iter_mut().enumerate() {
+            let layer = m.layers.get(l)?;
+            let u = if anchors == 0 {
+                None
+            } else {
+                Some(mix((&k.attn_res, layer.attn_res.eps), anchors, &run)?)
+            };
+            let xn = device::rms_norm(dev, u.as_ref().unwrap_or(&run), &k.input_norm, n, h, eps)?;
+            let a = k.attn.run(dev, &layer.attn, &xn, n)?;
+            let p = if l % block == 0 {
+                device::stack_rows(dev, &run, &stack, anchors, (n, h))?;
+                anchors += 1;
+                a
+            } else {
+                device::add(dev, &run, &a, n * h)?
+            };
+            let mixed = mix((&k.mlp_res, layer.mlp_res.eps), anchors, &p)?;
+            let xn = device::rms_norm(dev, &mixed, &k.post_norm, n, h, eps)?;
+            let f = layer.ffn.run_on(dev, k.bias.as_ref(), &xn, n)?;
+            run = device::add(dev, &p, &f, n * h)?;
+        }
+        self.len += n;
+        let z = mix((&self.output_res, m.output_res.eps), anchors, &run)?;
+        device::last_row_logits(dev, &z, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

@@ -662,10 +662,62 @@ impl Model for KimiLinear {
     }
 }
 
-/// One decoder layer's device-resident constants and its sequence state.
-enum DeviceAttn<B> {
+/// One attention layer's device-resident constants and its sequence state (shared with K3).
+pub(crate) enum DeviceAttn<B> {
     Kda(DeviceKda<B>, DeviceKdaState<B>),
     Mla(DeviceMla<B>, DeviceMlaCache<B>),
+}
+
+impl<B> DeviceAttn<B> {
+    /// Upload `attn`'s constants and make a fresh state of up to `capacity` positions.
+    pub(crate) fn new<D: DeviceOps<Buf = B>>(dev: &D, attn: &Attn, capacity: usize) -> Result<Self> {
+        Ok(match attn {
+            Attn::Kda(k) => DeviceAttn::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
+            Attn::Mla(m) => {
+                let d = &m.dims;
+                let cache = DeviceMlaCache {
+                    latent: dev.zeros_f32(capacity * d.kv_lora)?,
+                    rope: dev.zeros_f32(capacity * d.rope)?,
+                    len: 0,
+                    capacity,
+                };
+                DeviceAttn::Mla(DeviceMla::new(dev, m)?, cache)
+            }
+        })
+    }
+
+    /// `attn` over `n` normalised rows, advancing the state.
+    pub(crate) fn run<D: DeviceOps<Buf = B>>(&mut self, dev: &D, attn: &Attn, x: &B, n: usize) -> Result<B> {
+        match (attn, self) {
+            (Attn::Kda(kda), DeviceAttn::Kda(c, st)) => device::kda(dev, (kda, c), x, n, st),
+            (Attn::Mla(mla), DeviceAttn::Mla(c, cache)) => device::mla(dev, (mla, c), x, n, cache),
+            _ => unreachable!("the session mirrors the layers"),
+        }
+    }
+}
+
+impl Ffn {
+    /// The selection bias of a routed FFN on the device (`None`: dense, or no bias).
+    pub(crate) fn device_bias<D: DeviceOps>(&self, dev: &D) -> Result<Option<D::Buf>> {
+        match self {
+            Ffn::Moe(m) if !m.bias.is_empty() => dev.upload_f32(&m.bias).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The FFN over `n` normalised rows on the device.
+    pub(crate) fn run_on<D: DeviceOps>(
+        &self,
+        dev: &D,
+        bias: Option<&D::Buf>,
+        x: &D::Buf,
+        n: usize,
+    ) -> Result<D::Buf> {
+        match self {
+            Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
+            Ffn::Moe(moe) => device::moe(dev, moe, bias, x, n),
+        }
+    }
 }
 
 struct DeviceLayer<B> {
@@ -714,28 +766,11 @@ impl KimiLinear {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let attn = match &layer.attn {
-                Attn::Kda(k) => DeviceAttn::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
-                Attn::Mla(m) => {
-                    let d = &m.dims;
-                    let cache = DeviceMlaCache {
-                        latent: dev.zeros_f32(capacity * d.kv_lora)?,
-                        rope: dev.zeros_f32(capacity * d.rope)?,
-                        len: 0,
-                        capacity,
-                    };
-                    DeviceAttn::Mla(DeviceMla::new(dev, m)?, cache)
-                }
-            };
-            let bias = match &layer.ffn {
-                Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
-                _ => None,
-            };
             layers.push(DeviceLayer {
                 input_norm: dev.upload_f32(&layer.input_norm)?,
                 post_norm: dev.upload_f32(&layer.post_norm)?,
-                attn,
-                bias,
+                attn: DeviceAttn::new(dev, &layer.attn, capacity)?,
+                bias: layer.ffn.device_bias(dev)?,
             });
         }
         Ok(DeviceSession {
@@ -768,17 +803,10 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
             let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
-            let a = match (&layer.attn, &mut k.attn) {
-                (Attn::Kda(kda), DeviceAttn::Kda(c, st)) => device::kda(dev, (kda, c), &xn, n, st)?,
-                (Attn::Mla(mla), DeviceAttn::Mla(c, cache)) => device::mla(dev, (mla, c), &xn, n, cache)?,
-                _ => unreachable!("the session mirrors the layers"),
-            };
+            let a = k.attn.run(dev, &layer.attn, &xn, n)?;
             x = device::add(dev, &x, &a, n * h)?;
             let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            let f = match &layer.ffn {
-                Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
-                Ffn::Moe(moe) => device::moe(dev, moe, k.bias.as_ref(), &xn, n)?,
-            };
+            let f = layer.ffn.run_on(dev, k.bias.as_ref(), &xn, n)?;
             x = device::add(dev, &x, &f, n * h)?;
         }
         self.len += n;

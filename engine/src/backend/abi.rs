@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 15] = [
+pub const LAYER_KERNELS: [&str; 16] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -104,6 +104,7 @@ pub const LAYER_KERNELS: [&str; 15] = [
     "deltafin_mla_values",
     "deltafin_mul_sigmoid",
     "deltafin_copy_rows",
+    "deltafin_attn_res",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -436,4 +437,23 @@ pub fn copy_rows(count: usize, width: usize, src: RowSlice, dst: RowSlice) -> La
         &ints,
         &[],
     )
+}
+
+/// Most values (anchors and the partial sum) one AttnRes mix takes on the GPU (`DF_RES_MAX`).
+pub const ATTN_RES_MAX_VALUES: usize = 64;
+
+/// K3's Block Attention Residual mix of `rows` rows of `width` over `count` stacked values
+/// (buffers: values `[count, rows, width]`, pseudo-query, out). More than
+/// [`ATTN_RES_MAX_VALUES`] values are refused.
+pub fn attn_res(rows: usize, width: usize, count: usize, eps: f32) -> crate::Result<LayerLaunch> {
+    if count > ATTN_RES_MAX_VALUES {
+        return Err(crate::Error::InvalidArgument {
+            field: "attn_res_block_size",
+            reason: format!("{count} blocks is more than the CUDA AttnRes kernel's {ATTN_RES_MAX_VALUES}"),
+        });
+    }
+    let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
+    let blocks = rows.div_ceil(NORM_ROWS as usize);
+    let ints = [rows as i32, width as i32, count as i32];
+    Ok(launch("deltafin_attn_res", blocks, block, &ints, &[eps]))
 }

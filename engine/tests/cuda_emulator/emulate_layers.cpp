@@ -44,6 +44,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_mla_values") return deltafin_mla_values;
     if (name == "deltafin_mul_sigmoid") return deltafin_mul_sigmoid;
     if (name == "deltafin_copy_rows") return deltafin_copy_rows;
+    if (name == "deltafin_attn_res") return deltafin_attn_res;
     return nullptr;
 }
 

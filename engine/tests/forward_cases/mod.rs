@@ -1,10 +1,11 @@
 //! The whole-pass device checks shared by the emulator (`cuda_emulated_forward.rs`) and the GPU
-//! (`cuda.rs`): DeepSeek-V3 and Kimi-Linear sessions on the device against the CPU models,
-//! logits bit for bit.
+//! (`cuda.rs`): DeepSeek-V3, Kimi-Linear and Kimi K3 sessions on the device against the CPU
+//! models, logits bit for bit.
 
 #![allow(dead_code)]
 
 use deltafin_engine::arch::deepseek_v3::DeepseekV3;
+use deltafin_engine::arch::kimi_k3::KimiK3;
 use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput};
 use deltafin_engine::backend::device::DeviceOps;
@@ -88,4 +89,38 @@ pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
         step = vec![deltafin_engine::kernels::ops::argmax(&want) as u32];
     }
     assert_eq!(session.len(), prompt.len() + 2);
+}
+
+/// The HF-generated K3 fixture (Block Attention Residuals, KDA and gated MLA, latent MoE with
+/// a normalised expert sum, SiTU, router-order combine): a 5-token prefill and one decode step
+/// on `dev` and on the CPU (fewer than the others: the emulator is slow on this fixture), the
+/// last row's logits the same bits.
+pub fn k3_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/k3");
+    let spec = ModelSpec::load(&dir).unwrap();
+    let index = WeightIndex::open(&dir).unwrap();
+    let ArchConfig::KimiK3(cfg) = spec.arch.clone() else {
+        panic!("a K3 config")
+    };
+    let model = KimiK3::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let prompt: Vec<u32> = (0..5).map(|i| (i * 41 + 3) % 300).collect();
+    let mut state = model.new_state();
+    let mut session = model.device_session(dev, 16).unwrap();
+    let mut step = prompt.clone();
+    for pass in 0..2 {
+        let input = SeqInput {
+            state: &mut state,
+            tokens: &step,
+            logits: LogitRows::Last,
+        };
+        let want = model.forward(&mut [input], None).unwrap();
+        let got = session.forward(&step).unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "k3 pass {pass}: device logits differ from the CPU"
+        );
+        step = vec![deltafin_engine::kernels::ops::argmax(&want) as u32];
+    }
+    assert_eq!(session.len(), prompt.len() + 1);
 }

@@ -502,3 +502,23 @@ pub fn mla_projections(run: Runner) {
     );
     assert_same(&want, &floats(&out[2]), "output gate");
 }
+
+/// K3's Block Attention Residual mix (`deltafin_attn_res`) against `AttnRes::mix`: one value
+/// (the partial sum alone) and five (four anchors and the partial sum), a width off the lanes.
+pub fn attn_res(run: Runner) {
+    use deltafin_engine::model::layers::attn_res::AttnRes;
+    let (rows, width) = (5, 53);
+    let res = AttnRes::new(&uniform(width, 70, 1.5), &uniform(width, 71, 1.0), 1e-6);
+    for count in [1, 5] {
+        let values = uniform(count * rows * width, 72 + count as u64, 3.0);
+        let at = |i: usize, r: usize| &values[(i * rows + r) * width..][..width];
+        let mut want = vec![0.0f32; rows * width];
+        for (r, o) in want.chunks_mut(width).enumerate() {
+            let anchors: Vec<&[f32]> = (0..count - 1).map(|i| at(i, r)).collect();
+            res.mix(&anchors, at(count - 1, r), o);
+        }
+        let bufs = [bytes_of(&values), bytes_of(&res.query), vec![0; 4 * rows * width]];
+        let out = run_on(run, &abi::attn_res(rows, width, count, res.eps).unwrap(), &bufs);
+        assert_same(&want, &floats(&out[2]), &format!("attn_res with {count} values"));
+    }
+}

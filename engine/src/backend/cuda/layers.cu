@@ -487,3 +487,52 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_copy_rows(Laye
     const u64 s = sr ? (u64)sr[i] : i, d = dr ? (u64)dr[i] : i;
     ((float*)p.buf[1])[d * (u64)p.i[4] + (u64)p.i[5] + j] = ((const float*)p.buf[0])[s * (u64)p.i[2] + (u64)p.i[3] + j];
 }
+
+// Block Attention Residuals (model/layers/attn_res.rs::AttnRes::mix, K3): per row, the values
+// v_0 .. v_{count-1} (the anchors, then the partial sum) scored by s_i = dot16(v_i * rms_inv(v_i),
+// q) in the canonical 16-lane order, softmax in f32 (max, then exp and a sum in order), and
+// out = sum_i (e_i / sum) * v_i in order from zero. buf values [count, rows, H], query [H], out
+// [rows, H]; i rows, H, count; f eps. Block (LANES, DF_NORM_ROWS): one 16-lane group per row.
+#define DF_RES_MAX 64
+
+extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_attn_res(LayerParams p) {
+    const int rows = p.i[0], h = p.i[1], count = p.i[2];
+    const float* vals = (const float*)p.buf[0];
+    const float* q = (const float*)p.buf[1];
+    const int lane = threadIdx.x;
+    const int r = blockIdx.x * DF_NORM_ROWS + threadIdx.y;
+    const bool live = r < rows && count <= DF_RES_MAX;
+    const u64 row = live ? (u64)r : 0;
+    const int padded = (h + LANES - 1) / LANES * LANES;
+    float s[DF_RES_MAX];
+    const int n_vals = count <= DF_RES_MAX ? count : DF_RES_MAX;
+    for (int i = 0; i < n_vals; ++i) {
+        const float* v = vals + ((u64)i * rows + row) * (u64)h;
+        float acc = 0.0f;
+        for (int k = lane; k < padded; k += LANES) {
+            const float x = (live && k < h) ? v[k] : 0.0f;
+            acc = __fmaf_rn(x, x, acc);
+        }
+        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(df_lane_sum(acc), (float)h), p.f[0])));
+        float d = 0.0f;
+        for (int k = lane; k < padded; k += LANES) {
+            const float x = (live && k < h) ? __fmul_rn(v[k], inv) : 0.0f;
+            d = __fmaf_rn(x, (live && k < h) ? q[k] : 0.0f, d);
+        }
+        s[i] = df_lane_sum(d);
+    }
+    if (!live) return;
+    float max = __uint_as_float(0xff800000u), sum = 0.0f;
+    for (int i = 0; i < n_vals; ++i) max = fmaxf(max, s[i]);
+    for (int i = 0; i < n_vals; ++i) {
+        s[i] = df_exp(__fsub_rn(s[i], max));
+        sum = __fadd_rn(sum, s[i]);
+    }
+    float* out = (float*)p.buf[2] + row * (u64)h;
+    for (int k = lane; k < h; k += LANES) {
+        float o = 0.0f;
+        for (int i = 0; i < n_vals; ++i)
+            o = __fadd_rn(o, __fmul_rn(__fdiv_rn(s[i], sum), vals[((u64)i * rows + row) * (u64)h + k]));
+        out[k] = o;
+    }
+}

@@ -2,13 +2,16 @@
 //!
 //! A sub-layer's input is a softmax-weighted mix over depth of the completed block
 //! representations ("anchors") and the current partial sum. For values `v_0 … v_N`:
-//! `k_i = RMS(v_i)` (unweighted RMS normalisation), `s_i = Σ_j k_i[j] · q[j]`,
+//! `k_i = RMS(v_i)` (unweighted RMS normalisation), `s_i = Σ_j k_i[j] · q[j]` (in the canonical
+//! 16-lane order of `kernels::reference::dot`, so `deltafin_attn_res` on a GPU matches),
 //! `α = softmax(s)` in f32, output `Σ_i α_i v_i`. The pseudo-query `q` is formed once at load
 //! time as `res_norm.weight ⊙ res_proj.weight[0]` (the reference operation order, equal to a
 //! weighted RMSNorm followed by the `[1, H]` projection). Everything is f32 and row-local.
 
+use crate::kernels::LANES;
 use crate::kernels::math::exp;
 use crate::kernels::ops::rms_inv;
+use crate::kernels::reference::reduce_lanes;
 
 /// One AttnRes site (attention input, FFN input, or the tail).
 #[derive(Debug, Clone)]
@@ -52,10 +55,15 @@ impl AttnRes {
         }
     }
 
-    /// `Σ_j RMS(v)[j] · q[j]`, summed in order.
+    /// `Σ_j RMS(v)[j] · q[j]`: lane `j mod 16` accumulates `fma(v[j]·inv, q[j], acc)` in
+    /// order, then the fixed lane tree.
     fn score(&self, v: &[f32]) -> f32 {
         let inv = rms_inv(v, self.eps);
-        v.iter().zip(&self.query).map(|(&x, &q)| (x * inv) * q).sum()
+        let mut acc = [0.0f32; LANES];
+        for (j, (&x, &q)) in v.iter().zip(&self.query).enumerate() {
+            acc[j % LANES] = (x * inv).mul_add(q, acc[j % LANES]);
+        }
+        reduce_lanes(&mut acc)
     }
 }
 

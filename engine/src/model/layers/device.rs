@@ -438,3 +438,37 @@ pub fn last_row_logits<D: DeviceOps>(
     let logits = project(dev, lm_head, WeightClass::Spine, &normed, 1)?;
     dev.download_f32(&logits)
 }
+
+/// Copy `n` rows of `h` values into slot `slot` of a stack of `[slots, n, h]` values.
+pub fn stack_rows<D: DeviceOps>(
+    dev: &D,
+    v: &D::Buf,
+    stack: &D::Buf,
+    slot: usize,
+    (n, h): (usize, usize),
+) -> Result<()> {
+    let src = RowSlice { stride: h, col: 0 };
+    let dst = RowSlice {
+        stride: h,
+        col: slot * n * h,
+    };
+    copy_rows(dev, (v, src, None), (stack, dst, None), n, h)
+}
+
+/// K3's Block Attention Residual mix of `n` rows over the first `count` values of `stack`
+/// (`[slots, n, h]`: the anchors, then the partial sum), with the site's pseudo-query on the
+/// device (see `AttnRes::mix`).
+pub fn attn_res<D: DeviceOps>(
+    dev: &D,
+    (query, eps): (&D::Buf, f32),
+    stack: &D::Buf,
+    count: usize,
+    (n, h): (usize, usize),
+) -> Result<D::Buf> {
+    let out = dev.zeros_f32(n * h)?;
+    dev.layer(
+        &abi::attn_res(n, h, count, eps)?,
+        &[Some(stack), Some(query), Some(&out)],
+    )?;
+    Ok(out)
+}
