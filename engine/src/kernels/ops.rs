@@ -3,9 +3,10 @@
 //! the device-independent [`math`](super::math) functions and the canonical 16-lane sum, so a GPU
 //! kernel can compute the same bits (`backend/cuda/layers.cu`).
 
+use super::LANES;
 use super::math::exp;
 pub use super::math::sigmoid;
-use super::reference::dot;
+use super::reference::reduce_lanes;
 
 /// HF-style RMSNorm of one row in f32: `out = weight * (x * 1/sqrt(mean(x²) + eps))`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -17,9 +18,30 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// `1 / sqrt(mean(x²) + eps)`, the sum of squares in the canonical 16-lane order
-/// ([`dot`]`(x, x)`), then one division, square root and division, each rounded once.
+/// ([`lanes_dot`]`(x, x)`), then one division, square root and division, each rounded once.
 pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
-    1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt()
+    let ss = super::math::fma_scope(|| lanes_dot(x, x));
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
+
+/// The canonical 16-lane dot product of two f32 rows: the bits of [`reference::dot`], inlined
+/// so that a caller under [`super::math::fma_scope`] gets hardware FMA.
+///
+/// [`reference::dot`]: super::reference::dot
+#[inline(always)]
+pub fn lanes_dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let whole = a.len() / LANES * LANES;
+    for (x, y) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    reduce_lanes(&mut acc)
 }
 
 /// In-place RMSNorm.
@@ -60,4 +82,23 @@ pub fn argmax(x: &[f32]) -> usize {
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_dot_is_the_reference_dot() {
+        for len in [0usize, 1, 15, 16, 17, 100, 7168] {
+            let a: Vec<f32> = (0..len).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+            let b: Vec<f32> = (0..len).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.021).collect();
+            let want = super::super::reference::dot(&a, &b);
+            assert_eq!(lanes_dot(&a, &b).to_bits(), want.to_bits(), "len {len}");
+            assert_eq!(
+                super::super::math::fma_scope(|| lanes_dot(&a, &b)).to_bits(),
+                want.to_bits()
+            );
+        }
+    }
 }

@@ -59,11 +59,13 @@ impl AttnRes {
     /// order, then the fixed lane tree.
     fn score(&self, v: &[f32]) -> f32 {
         let inv = rms_inv(v, self.eps);
-        let mut acc = [0.0f32; LANES];
-        for (j, (&x, &q)) in v.iter().zip(&self.query).enumerate() {
-            acc[j % LANES] = (x * inv).mul_add(q, acc[j % LANES]);
-        }
-        reduce_lanes(&mut acc)
+        crate::kernels::math::fma_scope(|| {
+            let mut acc = [0.0f32; LANES];
+            for (j, (&x, &q)) in v.iter().zip(&self.query).enumerate() {
+                acc[j % LANES] = (x * inv).mul_add(q, acc[j % LANES]);
+            }
+            reduce_lanes(&mut acc)
+        })
     }
 }
 
