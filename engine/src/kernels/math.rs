@@ -111,21 +111,24 @@ fn exp_m1_small(r: f32) -> f32 {
 /// `e^x`.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x > EXP_OVER {
-        return f32::INFINITY;
-    }
-    if x < EXP_UNDER {
-        return 0.0;
-    }
-    let (n, r) = reduce(x);
+    // Branch-free so that loops over rows vectorise: the arithmetic runs on x clamped to the
+    // finite range (x itself there), and NaN, overflow and underflow are selected at the end.
+    let c = x.clamp(EXP_UNDER, EXP_OVER);
+    let (n, r) = reduce(c);
     let p = exp_m1_small(r) + 1.0;
     // n is in [-150, 128]: two exact power-of-two factors, so only the last product rounds
     // (once, also into the subnormal range).
     let half = n / 2;
-    (p * pow2(half)) * pow2(n - half)
+    let v = (p * pow2(half)) * pow2(n - half);
+    if x.is_nan() {
+        x
+    } else if x > EXP_OVER {
+        f32::INFINITY
+    } else if x < EXP_UNDER {
+        0.0
+    } else {
+        v
+    }
 }
 
 /// `e^x − 1`, accurate near 0.
