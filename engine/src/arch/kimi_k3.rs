@@ -375,13 +375,7 @@ impl KimiK3 {
         dev: &'m D,
         capacity: usize,
     ) -> Result<DeviceSession<'m, D>> {
-        if self.experts.is_some() {
-            return Err(crate::Error::InvalidArgument {
-                field: "device",
-                reason: "whole passes on a device need the model in memory (no out-of-core expert store)"
-                    .into(),
-            });
-        }
+        device::in_memory_only(self.experts.is_some())?;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;

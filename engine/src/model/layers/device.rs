@@ -472,3 +472,26 @@ pub fn attn_res<D: DeviceOps>(
     )?;
     Ok(out)
 }
+
+/// The refusal of a device session for a model whose routed experts stream from disk (an
+/// out-of-core expert store): sessions run in-memory models only.
+pub fn in_memory_only(out_of_core: bool) -> Result<()> {
+    if out_of_core {
+        return Err(crate::Error::InvalidArgument {
+            field: "device",
+            reason: "whole passes on a device need the model in memory (no out-of-core expert store)".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sessions_refuse_out_of_core_models_with_a_typed_error() {
+        assert!(super::in_memory_only(false).is_ok());
+        let e = super::in_memory_only(true).unwrap_err();
+        assert!(matches!(e, crate::Error::InvalidArgument { field: "device", .. }), "{e}");
+        assert!(e.to_string().contains("in memory"), "{e}");
+    }
+}
