@@ -491,7 +491,10 @@ mod tests {
     fn sessions_refuse_out_of_core_models_with_a_typed_error() {
         assert!(super::in_memory_only(false).is_ok());
         let e = super::in_memory_only(true).unwrap_err();
-        assert!(matches!(e, crate::Error::InvalidArgument { field: "device", .. }), "{e}");
+        assert!(
+            matches!(e, crate::Error::InvalidArgument { field: "device", .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("in memory"), "{e}");
     }
 }
