@@ -134,10 +134,13 @@ impl Mla {
         let mut q = self.queries(x, n);
         let ckv = self.context_rows(x, n, pos);
         if let Some(rope) = &self.rotary {
+            // One set of factors per row (its position), applied to every head.
+            let mut f = vec![0.0f32; d.rope];
             for i in 0..n {
+                rope.factors_into(pos(i), &mut f);
                 for h in 0..d.heads {
                     let start = i * d.heads * qk + h * qk + d.nope;
-                    rope.apply(&mut q[start..start + d.rope], pos(i));
+                    rope.apply_factors(&mut q[start..start + d.rope], &f);
                 }
             }
         }
