@@ -236,3 +236,13 @@ fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
     forward_cases::kimi_linear_pass_matches_the_cpu(cuda.as_ref());
     forward_cases::k3_pass_matches_the_cpu(cuda.as_ref());
 }
+
+/// Generation with every pass on the GPU gives the CPU's tokens (greedy, sampled, stop ids).
+#[test]
+fn generation_on_the_gpu_gives_the_cpu_tokens() {
+    let Some(b) = gpu(None) else { return };
+    let Backend::Cuda(cuda) = &b else {
+        unreachable!("gpu() opens CUDA")
+    };
+    forward_cases::generation_on_the_device_matches_the_cpu(cuda.as_ref());
+}

@@ -20,10 +20,7 @@ fn a_whole_pass_on_the_device_gives_the_cpu_logits() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward") else {
         return;
     };
-    let dev = EmuDevice {
-        bin,
-        launches: Default::default(),
-    };
+    let dev = EmuDevice::new(&bin);
     forward_cases::device_pass_matches_the_cpu(&dev);
     assert!(dev.launches.get() > 50, "{} launches", dev.launches.get());
 }
@@ -33,10 +30,7 @@ fn a_whole_kimi_linear_pass_on_the_device_gives_the_cpu_logits() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-kimi") else {
         return;
     };
-    let dev = EmuDevice {
-        bin,
-        launches: Default::default(),
-    };
+    let dev = EmuDevice::new(&bin);
     forward_cases::kimi_linear_pass_matches_the_cpu(&dev);
 }
 
@@ -45,9 +39,15 @@ fn a_whole_k3_pass_on_the_device_gives_the_cpu_logits() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-k3") else {
         return;
     };
-    let dev = EmuDevice {
-        bin,
-        launches: Default::default(),
-    };
+    let dev = EmuDevice::new(&bin);
     forward_cases::k3_pass_matches_the_cpu(&dev);
+}
+
+#[test]
+fn generation_on_the_device_gives_the_cpu_tokens() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-generate") else {
+        return;
+    };
+    let dev = EmuDevice::new(&bin);
+    forward_cases::generation_on_the_device_matches_the_cpu(&dev);
 }

@@ -378,6 +378,10 @@ fn check_state(state: &SeqState, layers: usize) -> Result<()> {
 }
 
 impl Model for GqaMoe {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         super::embed_tokens(&self.embed, tokens)
     }

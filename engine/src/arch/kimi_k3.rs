@@ -223,6 +223,10 @@ fn mix_rows(res: &AttnRes, anchors: &[Vec<f32>], last: &[f32], rows: &[usize], h
 }
 
 impl Model for KimiK3 {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         super::embed_tokens(&self.embed, tokens)
     }

@@ -617,6 +617,10 @@ fn load_layer(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) ->
 }
 
 impl Model for KimiLinear {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         super::embed_tokens(&self.embed, tokens)
     }

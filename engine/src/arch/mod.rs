@@ -6,6 +6,7 @@
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
 pub mod deepseek_v3;
+mod device_pass;
 mod glm4_moe;
 mod gqa_moe;
 pub mod kimi_k3;
@@ -20,6 +21,7 @@ use std::fmt::Debug;
 use std::path::Path;
 
 pub use crate::model::{Loader, layers};
+pub use device_pass::{DeviceSequence, device_sequence};
 pub use registry::{Architecture, architecture};
 
 use crate::config::{ArchConfig, ModelSpec};
@@ -132,6 +134,9 @@ impl Trace {
 pub trait Model: Send + Sync + Debug {
     /// Static facts.
     fn info(&self) -> &ModelInfo;
+    /// The concrete model, for the paths only some architectures have (whole passes on a device:
+    /// [`device_sequence`]).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// A fresh per-sequence state.
     fn new_state(&self) -> SeqState;
     /// Run one pass over `batch`, appending every token to its sequence's state. Returns the

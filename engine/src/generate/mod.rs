@@ -10,6 +10,9 @@ mod state;
 pub use decode::{
     ConstraintFactory, DecodeOptions, Decoder, Pick, TokenConstraint, TokenLogprobs, logprobs_of,
 };
-pub use run::{FinishReason, Flow, GenerateOptions, Generation, GenerationStats, generate, generate_with};
+pub use run::{
+    FinishReason, Flow, GenerateOptions, Generation, GenerationStats, generate, generate_on_device,
+    generate_with,
+};
 pub use sampling::{Sampling, sample, sample_filtered, uniform};
 pub use state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{Sampling, SeqState};
-use crate::arch::{LogitRows, Model, SeqInput, Trace};
+use crate::arch::{DeviceSequence, LogitRows, Model, SeqInput, Trace};
 use crate::error::{Error, Result};
 use crate::spec::{Observation, Speculator, draft_budget, verify};
 
@@ -145,6 +145,63 @@ pub fn generate_with(
         output_ids: output,
         finish_reason: finish,
         stats,
+    })
+}
+
+/// [`generate`] with every pass on a device ([`DeviceSequence`]: activations, caches and states
+/// stay there; only the last row's logits come back). The same tokens as [`generate`] on the
+/// CPU: prefill in chunks of `opts.prefill_chunk`, then one token per pass, picked, stopped
+/// and limited exactly as there. `max_context` is the model's ([`crate::arch::ModelInfo`]).
+pub fn generate_on_device(
+    seq: &mut dyn DeviceSequence,
+    max_context: usize,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_token: impl FnMut(u32) -> Flow,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "prompt",
+            reason: "must contain at least one token".into(),
+        });
+    }
+    if seq.len() + prompt.len() > max_context {
+        return Err(Error::ContextOverflow {
+            needed: seq.len() + prompt.len(),
+            limit: max_context,
+        });
+    }
+    let start = Instant::now();
+    let mut logits = Vec::new();
+    for part in prompt.chunks(opts.prefill_chunk.max(1)) {
+        logits = seq.forward(part)?;
+    }
+    let prefill = start.elapsed();
+    let decode_start = Instant::now();
+    let mut output = Vec::new();
+    let mut pending = opts.sampling.pick(&logits, seq.len());
+    let finish = loop {
+        if let (Some(f), _) = emit(&[pending], opts, &mut output, &mut on_token) {
+            break f;
+        }
+        if seq.len() >= max_context {
+            break FinishReason::Length;
+        }
+        logits = seq.forward(&[pending])?;
+        pending = opts.sampling.pick(&logits, seq.len());
+    };
+    let decode = decode_start.elapsed();
+    Ok(Generation {
+        stats: GenerationStats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: output.len(),
+            prefill_seconds: prefill.as_secs_f64(),
+            decode_seconds: decode.as_secs_f64(),
+            prefill_tokens_per_second: rate(prompt.len(), prefill),
+            decode_tokens_per_second: rate(output.len().saturating_sub(1), decode),
+        },
+        output_ids: output,
+        finish_reason: finish,
     })
 }
 

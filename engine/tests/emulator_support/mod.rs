@@ -1,6 +1,6 @@
 //! Building and running the CPU emulators of the CUDA sources (`tests/cuda_emulator/*.cpp`):
 //! compiled once per test run with g++ (C++20, IEEE single precision without contraction), fed
-//! one request on stdin, answered on stdout.
+//! requests on stdin, each answered on stdout.
 
 #![allow(dead_code)]
 
@@ -54,20 +54,49 @@ pub fn run(bin: &Path, input: &[u8]) -> Vec<u8> {
 
 /// A device whose memory is host memory and whose kernels run in the emulator
 /// (`emulate_layers.cpp`): the CUDA sources' arithmetic behind [`DeviceOps`], so a
-/// device-resident pass is checked on machines without a GPU. Every launch ships its buffers to
-/// the emulator and back, in slot order (so an output slot that aliases an input slot ends with
-/// the output).
+/// device-resident pass is checked on machines without a GPU. One emulator process serves every
+/// launch in turn; each launch ships its buffers to it and back, in slot order (so an output
+/// slot that aliases an input slot ends with the output).
 pub struct EmuDevice {
-    pub bin: PathBuf,
     pub launches: std::cell::Cell<usize>,
+    process: std::cell::RefCell<Emulator>,
+}
+
+/// A running emulator and its pipes.
+struct Emulator {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::process::ChildStdout,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 pub type EmuBuf = std::rc::Rc<std::cell::RefCell<Vec<u8>>>;
 
 impl EmuDevice {
+    /// A device served by the emulator binary `bin` (from [`compile`]).
+    pub fn new(bin: &Path) -> EmuDevice {
+        let mut child = Command::new(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        EmuDevice {
+            launches: Default::default(),
+            process: std::cell::RefCell::new(Emulator { child, stdin, stdout }),
+        }
+    }
+
     /// Ship `bufs` (None: a null address) through one launch.
     fn launch(&self, name: &str, grid: [u32; 6], bufs: &[Option<&EmuBuf>], ints: &[i32], floats: &[f32]) {
         use deltafin_engine::backend::abi::{LAYER_FLOATS, LAYER_INTS};
+        use std::io::Read;
         self.launches.set(self.launches.get() + 1);
         let mut input = Vec::new();
         input.extend(0u32.to_le_bytes());
@@ -76,9 +105,10 @@ impl EmuDevice {
         grid.iter().for_each(|d| input.extend(d.to_le_bytes()));
         input.extend((bufs.len() as u32).to_le_bytes());
         for b in bufs {
-            let bytes = b.map(|b| b.borrow().clone()).unwrap_or_default();
+            let b = b.map(|b| b.borrow());
+            let bytes = b.as_ref().map_or(&[][..], |b| &b[..]);
             input.extend((bytes.len() as u64).to_le_bytes());
-            input.extend(bytes);
+            input.extend_from_slice(bytes);
         }
         let mut i = [0i32; LAYER_INTS];
         i[..ints.len()].copy_from_slice(ints);
@@ -86,12 +116,17 @@ impl EmuDevice {
         f[..floats.len()].copy_from_slice(floats);
         input.extend(i.iter().flat_map(|v| v.to_le_bytes()));
         input.extend(f.iter().flat_map(|v| v.to_le_bytes()));
-        let out = run(&self.bin, &input);
-        let mut at = 0;
-        for b in bufs.iter().flatten() {
-            let len = b.borrow().len();
-            b.borrow_mut().copy_from_slice(&out[at..at + len]);
-            at += len;
+        let mut p = self.process.borrow_mut();
+        p.stdin.write_all(&input).unwrap();
+        p.stdin.flush().unwrap();
+        for b in bufs {
+            let mut scratch = Vec::new();
+            let mut held = b.map(|b| b.borrow_mut());
+            let out = held.as_mut().map_or(&mut scratch, |b| &mut **b);
+            if let Err(e) = p.stdout.read_exact(out) {
+                let status = p.child.wait();
+                panic!("emulator failed on {name}: {e} ({status:?})");
+            }
         }
     }
 }

@@ -1,0 +1,73 @@
+//! Whole passes on a device behind one object-safe face: [`DeviceSequence`] is a sequence whose
+//! activations and caches live on a device (each architecture's `DeviceSession`), and
+//! [`device_sequence`] opens one for a loaded [`Model`] when its architecture has a device pass
+//! (DeepSeek-V3, Kimi-Linear, Kimi K3). Generation over it is
+//! [`crate::generate::generate_on_device`].
+
+use std::any::Any;
+
+use super::Model;
+use super::deepseek_v3::{self, DeepseekV3};
+use super::kimi_k3::{self, KimiK3};
+use super::kimi_linear::{self, KimiLinear};
+use crate::backend::device::DeviceOps;
+use crate::error::{Error, Result};
+
+/// One sequence running whole passes on a device: tokens in, the last row's logits out.
+pub trait DeviceSequence {
+    /// Positions run so far.
+    fn len(&self) -> usize;
+
+    /// Whether nothing has run yet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Run `tokens` (the sequence's next positions) through every layer; the last row's logits.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+}
+
+macro_rules! device_sequence_impl {
+    ($session:ty) => {
+        impl<D: DeviceOps> DeviceSequence for $session {
+            fn len(&self) -> usize {
+                <$session>::len(self)
+            }
+
+            fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+                <$session>::forward(self, tokens)
+            }
+        }
+    };
+}
+
+device_sequence_impl!(deepseek_v3::DeviceSession<'_, D>);
+device_sequence_impl!(kimi_linear::DeviceSession<'_, D>);
+device_sequence_impl!(kimi_k3::DeviceSession<'_, D>);
+
+/// A device sequence of up to `capacity` positions for `model` on `dev` (caches allocated now).
+/// Architectures without a device pass, and out-of-core models, get a typed refusal; their
+/// matrix products can still run on the device through [`crate::backend::matmul`].
+pub fn device_sequence<'m, D: DeviceOps>(
+    model: &'m dyn Model,
+    dev: &'m D,
+    capacity: usize,
+) -> Result<Box<dyn DeviceSequence + 'm>> {
+    let any: &dyn Any = model.as_any();
+    if let Some(m) = any.downcast_ref::<DeepseekV3>() {
+        return Ok(Box::new(m.device_session(dev, capacity)?));
+    }
+    if let Some(m) = any.downcast_ref::<KimiLinear>() {
+        return Ok(Box::new(m.device_session(dev, capacity)?));
+    }
+    if let Some(m) = any.downcast_ref::<KimiK3>() {
+        return Ok(Box::new(m.device_session(dev, capacity)?));
+    }
+    Err(Error::InvalidArgument {
+        field: "device",
+        reason: format!(
+            "{} has no whole-pass device path (DeepSeek-V3, Kimi-Linear and Kimi K3 do)",
+            model.info().arch
+        ),
+    })
+}
