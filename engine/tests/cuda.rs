@@ -245,4 +245,5 @@ fn generation_on_the_gpu_gives_the_cpu_tokens() {
         unreachable!("gpu() opens CUDA")
     };
     forward_cases::generation_on_the_device_matches_the_cpu(cuda.as_ref());
+    forward_cases::out_of_core_generation_matches_the_cpu(cuda.as_ref());
 }

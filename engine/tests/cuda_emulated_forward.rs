@@ -50,4 +50,5 @@ fn generation_on_the_device_gives_the_cpu_tokens() {
     };
     let dev = EmuDevice::new(&bin);
     forward_cases::generation_on_the_device_matches_the_cpu(&dev);
+    forward_cases::out_of_core_generation_matches_the_cpu(&dev);
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::layers::device::{self, DeviceMla, DeviceMlaCache};
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
-use super::layers::moe::{Combine, Moe, RouterConfig, Scoring};
+use super::layers::moe::{Combine, ExpertProvider, Moe, RouterConfig, Scoring};
 use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_caches};
 use crate::backend::WeightClass;
@@ -429,7 +429,8 @@ struct DeviceLayer<B> {
 
 /// A DeepSeek-V3 model running whole passes of one sequence on a device: activations and the
 /// latent caches stay there; tokens go in, the last row's logits come out
-/// (`model::layers::device`). In-memory models only (an out-of-core expert store is refused).
+/// (`model::layers::device`). Out of core, routed experts come from the expert store (host
+/// cache, then disk) and are uploaded through the device's expert tier.
 pub struct DeviceSession<'m, D: DeviceOps> {
     model: &'m DeepseekV3,
     dev: &'m D,
@@ -445,7 +446,6 @@ impl DeepseekV3 {
         dev: &'m D,
         capacity: usize,
     ) -> Result<DeviceSession<'m, D>> {
-        device::in_memory_only(self.experts.is_some())?;
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut caches = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
@@ -512,9 +512,14 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             let a = device::mla(dev, (&layer.attn, &k.attn), &xn, n, cache)?;
             x = device::add(dev, &x, &a, n * h)?;
             let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
+            if let Some(store) = &m.experts {
+                store.hint_next(l, &dev.download_f32(&x)?, n);
+            }
+            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
-                Ffn::Moe(moe) => device::moe(dev, moe, k.bias.as_ref(), &xn, n)?,
+                Ffn::Moe(moe) => device::moe(dev, (moe, provider), k.bias.as_ref(), &xn, n)?,
             };
             x = device::add(dev, &x, &f, n * h)?;
         }

@@ -71,3 +71,19 @@ pub fn device_sequence<'m, D: DeviceOps>(
         ),
     })
 }
+
+/// [`device_sequence`] on the installed backend ([`crate::backend::current`]); `None` when that
+/// is the CPU.
+pub fn current_device_sequence(
+    model: &dyn Model,
+    capacity: usize,
+) -> Option<Result<Box<dyn DeviceSequence + '_>>> {
+    match crate::backend::current() {
+        crate::backend::Backend::Cpu => {
+            let _ = (model, capacity);
+            None
+        }
+        #[cfg(feature = "cuda")]
+        crate::backend::Backend::Cuda(c) => Some(device_sequence(model, c.as_ref(), capacity)),
+    }
+}

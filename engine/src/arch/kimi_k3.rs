@@ -351,7 +351,8 @@ struct DeviceLayer<B> {
 
 /// A Kimi K3 model running whole passes of one sequence on a device: activations, the Block
 /// Attention Residual anchors, MLA caches and KDA states stay there; tokens go in, the last
-/// row's logits come out (`model::layers::device`). In-memory models only.
+/// row's logits come out (`model::layers::device`). Out of core, routed experts come from the
+/// expert store (host cache, then disk) through the device's expert tier.
 pub struct DeviceSession<'m, D: DeviceOps> {
     model: &'m KimiK3,
     dev: &'m D,
@@ -379,7 +380,6 @@ impl KimiK3 {
         dev: &'m D,
         capacity: usize,
     ) -> Result<DeviceSession<'m, D>> {
-        device::in_memory_only(self.experts.is_some())?;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
@@ -445,8 +445,13 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
                 device::add(dev, &run, &a, n * h)?
             };
             let mixed = mix((&k.mlp_res, layer.mlp_res.eps), anchors, &p)?;
+            if let Some(store) = &m.experts {
+                store.hint_next(l, &dev.download_f32(&mixed)?, n);
+            }
             let xn = device::rms_norm(dev, &mixed, &k.post_norm, n, h, eps)?;
-            let f = layer.ffn.run_on(dev, k.bias.as_ref(), &xn, n)?;
+            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
+            let f = layer.ffn.run_on(dev, provider, k.bias.as_ref(), &xn, n)?;
             run = device::add(dev, &p, &f, n * h)?;
         }
         self.len += n;

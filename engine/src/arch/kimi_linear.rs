@@ -713,13 +713,14 @@ impl Ffn {
     pub(crate) fn run_on<D: DeviceOps>(
         &self,
         dev: &D,
+        experts: Option<&dyn ExpertProvider>,
         bias: Option<&D::Buf>,
         x: &D::Buf,
         n: usize,
     ) -> Result<D::Buf> {
         match self {
             Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
-            Ffn::Moe(moe) => device::moe(dev, moe, bias, x, n),
+            Ffn::Moe(moe) => device::moe(dev, (moe, experts), bias, x, n),
         }
     }
 }
@@ -733,7 +734,8 @@ struct DeviceLayer<B> {
 
 /// A Kimi-Linear model running whole passes of one sequence on a device: activations, MLA
 /// caches and KDA states stay there; tokens go in, the last row's logits come out
-/// (`model::layers::device`). In-memory models only.
+/// (`model::layers::device`). Out of core, routed experts come from the expert store (host
+/// cache, then disk) through the device's expert tier.
 pub struct DeviceSession<'m, D: DeviceOps> {
     model: &'m KimiLinear,
     dev: &'m D,
@@ -760,7 +762,6 @@ impl KimiLinear {
         dev: &'m D,
         capacity: usize,
     ) -> Result<DeviceSession<'m, D>> {
-        device::in_memory_only(self.experts.is_some())?;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
@@ -804,7 +805,12 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             let a = k.attn.run(dev, &layer.attn, &xn, n)?;
             x = device::add(dev, &x, &a, n * h)?;
             let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            let f = layer.ffn.run_on(dev, k.bias.as_ref(), &xn, n)?;
+            if let Some(store) = &m.experts {
+                store.hint_next(l, &dev.download_f32(&x)?, n);
+            }
+            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
+            let f = layer.ffn.run_on(dev, provider, k.bias.as_ref(), &xn, n)?;
             x = device::add(dev, &x, &f, n * h)?;
         }
         self.len += n;

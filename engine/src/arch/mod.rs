@@ -21,7 +21,7 @@ use std::fmt::Debug;
 use std::path::Path;
 
 pub use crate::model::{Loader, layers};
-pub use device_pass::{DeviceSequence, device_sequence};
+pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence};
 pub use registry::{Architecture, architecture};
 
 use crate::config::{ArchConfig, ModelSpec};

@@ -11,6 +11,7 @@ use deltafin_engine::arch::kimi_k3::KimiK3;
 use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};
 use deltafin_engine::backend::device::DeviceOps;
+use deltafin_engine::cache::OocOptions;
 use deltafin_engine::config::{ArchConfig, ModelSpec};
 use deltafin_engine::generate::{
     FinishReason, Flow, GenerateOptions, Sampling, generate, generate_on_device,
@@ -182,4 +183,38 @@ pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
         ..Default::default()
     };
     generation_agrees(&kimi, dev, &prompt, &opts, "kimi-linear greedy");
+}
+
+/// Generation on the device with the model out of core: DeepSeek-V3 (FP8 experts, 6 layers)
+/// under a budget of two streamed layers and three expert slots, so routed experts come through
+/// the expert cache and disk reads (host RAM and disk below the device tier). The CPU tokens
+/// of the same budgeted model; the store must have missed.
+pub fn out_of_core_generation_matches_the_cpu<D: DeviceOps>(dev: &D) {
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth {
+        layers: 6,
+        ..DeepseekSynth::tiny(ExpertFormat::Fp8)
+    }
+    .write(dir.path())
+    .unwrap();
+    let mut o = OocOptions::with_budget(u64::MAX / 4);
+    o.reserve_bytes = 0;
+    o.reader.chunk_bytes = 8192;
+    let (_, rt) = deltafin_engine::arch::load_budgeted(dir.path(), &o).unwrap();
+    let p = &rt.plan;
+    o.budget = p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + 3 * p.slot_bytes;
+    let (model, rt) = deltafin_engine::arch::load_budgeted(dir.path(), &o).unwrap();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 29 + 3) % 200).collect();
+    let opts = GenerateOptions {
+        max_new_tokens: 4,
+        prefill_chunk: 4,
+        ..Default::default()
+    };
+    generation_agrees(model.as_ref(), dev, &prompt, &opts, "deepseek out of core");
+    let s = rt.stats();
+    assert!(
+        s.experts.misses > 0,
+        "experts were read from disk: {:?}",
+        s.experts
+    );
 }

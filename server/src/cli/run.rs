@@ -9,11 +9,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use deltafin_engine::arch::{self, Model};
+use deltafin_engine::arch::{self, DeviceSequence, Model};
 use deltafin_engine::backend;
 use deltafin_engine::builtin::Builtin;
 use deltafin_engine::cache::OocRuntime;
-use deltafin_engine::generate::{Flow, GenerateOptions, GenerationStats, Sampling, generate_with};
+use deltafin_engine::generate::{
+    Flow, GenerateOptions, GenerationStats, Sampling, generate_on_device, generate_with,
+};
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
 use deltafin_fetch::EngineSource;
@@ -161,6 +163,36 @@ fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::f
     );
 }
 
+/// The sequence for whole passes on the device (activations, caches and states stay there)
+/// when a GPU computes; `None` on the CPU, with speculative decoding (its batched verify passes
+/// run on the host, the matrix products on the device), or for an architecture without a
+/// device pass (said on stderr).
+fn device_pass<'m>(
+    model: &'m dyn Model,
+    speculating: bool,
+    capacity: usize,
+) -> Result<Option<Box<dyn DeviceSequence + 'm>>> {
+    if backend::current().device() == backend::Device::Cpu {
+        return Ok(None);
+    }
+    if speculating {
+        eprintln!("note: speculative decoding verifies on the host; the matrix products run on the device");
+        return Ok(None);
+    }
+    match arch::current_device_sequence(model, capacity) {
+        None => Ok(None),
+        Some(Ok(seq)) => Ok(Some(seq)),
+        Some(Err(deltafin_engine::Error::InvalidArgument {
+            field: "device",
+            reason,
+        })) => {
+            eprintln!("note: {reason}; the matrix products run on the device");
+            Ok(None)
+        }
+        Some(Err(e)) => Err(e).context("opening whole passes on the device"),
+    }
+}
+
 pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model.clone(), cache_dir)?;
     let load_start = Instant::now();
@@ -183,30 +215,39 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         stop_ids: deltafin_server::model::stop_ids(&dir, model.info(), &tok),
         prefill_chunk: args.prefill_chunk,
     };
-    let mut state = model.new_state();
+    let capacity = (prompt_ids.len() + args.max_new).min(model.info().max_context);
+    let mut whole_pass = device_pass(model.as_ref(), spec.is_some(), capacity)?;
     let mut decoder = IncrementalDecoder::new(&tok);
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
-    let generation = generate_with(
-        model.as_ref(),
-        &mut state,
-        &prompt_ids,
-        &opts,
-        spec.as_mut(),
-        |id| {
-            if streaming && let Some(text) = decoder.push(id) {
-                // A closed stdout (e.g. `| head`) stops generation instead of failing it.
-                if stdout
-                    .write_all(text.as_bytes())
-                    .and_then(|_| stdout.flush())
-                    .is_err()
-                {
-                    return Flow::Stop;
-                }
+    let on_token = |id| {
+        if streaming && let Some(text) = decoder.push(id) {
+            // A closed stdout (e.g. `| head`) stops generation instead of failing it.
+            if stdout
+                .write_all(text.as_bytes())
+                .and_then(|_| stdout.flush())
+                .is_err()
+            {
+                return Flow::Stop;
             }
-            Flow::Continue
-        },
-    )?;
+        }
+        Flow::Continue
+    };
+    let generation = match whole_pass.as_deref_mut() {
+        Some(seq) => generate_on_device(seq, model.info().max_context, &prompt_ids, &opts, on_token)?,
+        None => {
+            let mut state = model.new_state();
+            generate_with(
+                model.as_ref(),
+                &mut state,
+                &prompt_ids,
+                &opts,
+                spec.as_mut(),
+                on_token,
+            )?
+        }
+    };
+    let pass = if whole_pass.is_some() { "whole" } else { "products" };
     if let Some(rt) = &ooc {
         rt.flush_heat()?;
     }
@@ -234,7 +275,8 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
             "out_of_core": ooc_stats,
             "stream": stream_stats,
             "speculation": spec.as_ref().map(|s| s.summary()),
-            "device": { "backend": backend::current().describe(), "stats": backend::current().stats() },
+            "device": { "backend": backend::current().describe(), "pass": pass,
+                "stats": backend::current().stats() },
         });
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
@@ -259,7 +301,11 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
         if st == backend::BackendStats::default() {
             eprintln!("device: {}", b.describe());
         } else {
-            eprintln!("device: {}: {}", b.describe(), serde_json::to_string(&st)?);
+            eprintln!(
+                "device: {} ({pass} passes): {}",
+                b.describe(),
+                serde_json::to_string(&st)?
+            );
         }
     }
     Ok(())

@@ -13,11 +13,12 @@ use crate::backend::device::DeviceOps;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
+use crate::weights::Blob;
 
 use super::kda::{Kda, OutputGate};
 use super::mla::{Mla, QProj};
 use super::mlp::Mlp;
-use super::moe::{Combine, Moe};
+use super::moe::{Combine, ExpertProvider, Moe};
 
 /// `y = W x` into a new buffer.
 pub fn project<D: DeviceOps>(
@@ -80,7 +81,13 @@ pub fn mlp<D: DeviceOps>(dev: &D, m: &Mlp, class: WeightClass, x: &D::Buf, n: us
 }
 
 /// The routed MoE (and its shared experts) on `n` normalised rows (see `Moe::forward_with`).
-pub fn moe<D: DeviceOps>(dev: &D, m: &Moe, bias: Option<&D::Buf>, x: &D::Buf, n: usize) -> Result<D::Buf> {
+pub fn moe<D: DeviceOps>(
+    dev: &D,
+    (m, experts): (&Moe, Option<&dyn ExpertProvider>),
+    bias: Option<&D::Buf>,
+    x: &D::Buf,
+    n: usize,
+) -> Result<D::Buf> {
     let (e, r) = (m.gate.rows, &m.router);
     let logits = project(dev, &m.gate, WeightClass::Spine, x, n)?;
     let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
@@ -113,7 +120,7 @@ pub fn moe<D: DeviceOps>(dev: &D, m: &Moe, bias: Option<&D::Buf>, x: &D::Buf, n:
         None => None,
     };
     let width = m.latent.as_ref().map_or(m.gate.cols, |l| l.down.rows);
-    let mut out = routed(dev, m, latent_in.as_ref().unwrap_or(x), width, &routes)?;
+    let mut out = routed(dev, (m, experts), latent_in.as_ref().unwrap_or(x), width, &routes)?;
     if let Some(l) = &m.latent {
         if let Some(norm) = &l.norm {
             let w = dev.upload_f32(norm)?;
@@ -132,7 +139,7 @@ pub fn moe<D: DeviceOps>(dev: &D, m: &Moe, bias: Option<&D::Buf>, x: &D::Buf, n:
 /// that chose it (gathered), its outputs scattered to their route slots, then the combine.
 fn routed<D: DeviceOps>(
     dev: &D,
-    m: &Moe,
+    (m, experts): (&Moe, Option<&dyn ExpertProvider>),
     input: &D::Buf,
     width: usize,
     routes: &[Vec<(usize, f32)>],
@@ -153,14 +160,31 @@ fn routed<D: DeviceOps>(
         stride: width,
         col: 0,
     };
-    for (expert, who) in users.iter().enumerate().filter(|(_, w)| !w.is_empty()) {
-        let k = who.len();
-        let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
-        let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
-        let gathered = dev.zeros_f32(k * width)?;
-        copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
-        let y = mlp(dev, &m.experts[expert], WeightClass::Expert, &gathered, k)?;
-        copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
+    let chosen: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
+    // Out of core, a few experts at a time: their staged host copies are dropped once used, so a
+    // chunk touching every expert never holds more than a group in host memory.
+    for group in chosen.chunks(if experts.is_some() {
+        SERVED_GROUP
+    } else {
+        chosen.len().max(1)
+    }) {
+        let served = match experts {
+            Some(p) => Some(served_experts(p, group)?),
+            None => None,
+        };
+        for (i, &expert) in group.iter().enumerate() {
+            let (who, k) = (&users[expert], users[expert].len());
+            let weights = match &served {
+                Some(s) => &s[i],
+                None => &m.experts[expert],
+            };
+            let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
+            let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
+            let gathered = dev.zeros_f32(k * width)?;
+            copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
+            let y = mlp(dev, weights, WeightClass::Expert, &gathered, k)?;
+            copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
+        }
     }
     let weights: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
     let (w, off) = (dev.upload_f32(&weights)?, dev.upload_i32(&offsets)?);
@@ -170,6 +194,35 @@ fn routed<D: DeviceOps>(
         &[Some(&results), Some(&w), Some(&off), Some(&out)],
     )?;
     Ok(out)
+}
+
+/// Routed experts staged at a time out of core (see [`routed`]).
+const SERVED_GROUP: usize = 4;
+
+/// The weights of `ids` (ascending) from an out-of-core provider, in `ids` order, copied into
+/// host staging buffers: the provider serves them from its cache slots or disk (in any order, on
+/// its threads) and gets each slot back as soon as it is copied, so a cache of one slot still
+/// serves a group. The products upload the staged bytes as routed experts (the device tier
+/// first: [`crate::backend::residency`]); the staging is dropped with the group.
+fn served_experts(p: &dyn ExpertProvider, ids: &[usize]) -> Result<Vec<Mlp>> {
+    let stage = |m: &Matrix| Matrix {
+        data: Blob::from_vec(m.data.to_vec()),
+        scales: m.scales.as_ref().map(|s| Blob::from_vec(s.to_vec())),
+        ..m.clone()
+    };
+    let got = std::sync::Mutex::new(Vec::with_capacity(ids.len()));
+    p.for_each_expert(ids, &|id, e| {
+        let staged = Mlp {
+            gate: stage(&e.gate),
+            up: stage(&e.up),
+            down: stage(&e.down),
+            act: e.act,
+        };
+        got.lock().expect("not poisoned").push((id, staged));
+    })?;
+    let mut got = got.into_inner().expect("not poisoned");
+    got.sort_by_key(|&(id, _)| id);
+    Ok(got.into_iter().map(|(_, e)| e).collect())
 }
 
 /// One sequence's MLA cache on the device: normalised latents and rotated shared keys of
@@ -471,30 +524,4 @@ pub fn attn_res<D: DeviceOps>(
         &[Some(stack), Some(query), Some(&out)],
     )?;
     Ok(out)
-}
-
-/// The refusal of a device session for a model whose routed experts stream from disk (an
-/// out-of-core expert store): sessions run in-memory models only.
-pub fn in_memory_only(out_of_core: bool) -> Result<()> {
-    if out_of_core {
-        return Err(crate::Error::InvalidArgument {
-            field: "device",
-            reason: "whole passes on a device need the model in memory (no out-of-core expert store)".into(),
-        });
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn sessions_refuse_out_of_core_models_with_a_typed_error() {
-        assert!(super::in_memory_only(false).is_ok());
-        let e = super::in_memory_only(true).unwrap_err();
-        assert!(
-            matches!(e, crate::Error::InvalidArgument { field: "device", .. }),
-            "{e}"
-        );
-        assert!(e.to_string().contains("in memory"), "{e}");
-    }
 }
