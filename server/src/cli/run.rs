@@ -164,9 +164,9 @@ fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::f
 }
 
 /// The sequence for whole passes on the device (activations, caches and states stay there)
-/// when a GPU computes; `None` on the CPU, with speculative decoding (its batched verify passes
-/// run on the host, the matrix products on the device), or for an architecture without a
-/// device pass (said on stderr).
+/// when a GPU computes; `None` on the CPU, or for an architecture without a device pass (said
+/// on stderr: its matrix products still run on the device). Whole passes run one token per
+/// pass, so they turn speculative decoding off (said on stderr).
 fn device_pass<'m>(
     model: &'m dyn Model,
     speculating: bool,
@@ -175,13 +175,14 @@ fn device_pass<'m>(
     if backend::current().device() == backend::Device::Cpu {
         return Ok(None);
     }
-    if speculating {
-        eprintln!("note: speculative decoding verifies on the host; the matrix products run on the device");
-        return Ok(None);
-    }
     match arch::current_device_sequence(model, capacity) {
         None => Ok(None),
-        Some(Ok(seq)) => Ok(Some(seq)),
+        Some(Ok(seq)) => {
+            if speculating {
+                eprintln!("note: whole passes on the device decode one token per pass; speculative decoding is off");
+            }
+            Ok(Some(seq))
+        }
         Some(Err(deltafin_engine::Error::InvalidArgument {
             field: "device",
             reason,
@@ -217,6 +218,9 @@ pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
     };
     let capacity = (prompt_ids.len() + args.max_new).min(model.info().max_context);
     let mut whole_pass = device_pass(model.as_ref(), spec.is_some(), capacity)?;
+    if whole_pass.is_some() {
+        spec = None;
+    }
     let mut decoder = IncrementalDecoder::new(&tok);
     let mut stdout = std::io::stdout().lock();
     let streaming = !args.json;
