@@ -88,13 +88,15 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 16] = [
+pub const LAYER_KERNELS: [&str; 18] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
     "deltafin_route",
     "deltafin_combine",
     "deltafin_mla_attend",
+    "deltafin_mla_partials",
+    "deltafin_mla_merge",
     "deltafin_kda_conv",
     "deltafin_kda_l2",
     "deltafin_kda_gates",
@@ -239,6 +241,41 @@ pub fn mla_attend(
     );
     l.grid[1] = heads.max(1) as u32;
     Ok(l)
+}
+
+/// Positions per attention block (`DF_MLA_BLOCK`, `latent_attention::BLOCK`).
+pub const MLA_BLOCK: usize = crate::model::layers::latent_attention::BLOCK;
+
+/// Long caches, step 1 (`deltafin_mla_partials`): every (row, head, block) of `blocks` at once,
+/// buffers as [`mla_attend`] with the partials `[rows, heads, blocks, latent + 2]` in place of
+/// its output.
+pub fn mla_partials(
+    rows: usize,
+    heads: usize,
+    (latent, rope): (usize, usize),
+    scale: f32,
+    blocks: usize,
+) -> crate::Result<LayerLaunch> {
+    let mut l = mla_attend(rows, heads, latent, rope, scale)?;
+    l.name = "deltafin_mla_partials";
+    l.int[4] = blocks as i32;
+    l.grid[2] = blocks.max(1) as u32;
+    Ok(l)
+}
+
+/// Long caches, step 2 (`deltafin_mla_merge`; buffers: partials, rows, out): the partials of
+/// [`mla_partials`] folded per (row, head) in ascending block order.
+pub fn mla_merge(rows: usize, heads: usize, latent: usize, blocks: usize) -> LayerLaunch {
+    let ints = [rows as i32, heads as i32, latent as i32, blocks as i32];
+    let mut l = launch(
+        "deltafin_mla_merge",
+        rows,
+        [crate::kernels::LANES as u32, 1, 1],
+        &ints,
+        &[],
+    );
+    l.grid[1] = heads.max(1) as u32;
+    l
 }
 
 /// Weighted combine of routed outputs into `rows` rows of `width` (buffers: results, weights,

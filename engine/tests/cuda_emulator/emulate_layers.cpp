@@ -37,6 +37,8 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_route") return deltafin_route;
     if (name == "deltafin_combine") return deltafin_combine;
     if (name == "deltafin_mla_attend") return deltafin_mla_attend;
+    if (name == "deltafin_mla_partials") return deltafin_mla_partials;
+    if (name == "deltafin_mla_merge") return deltafin_mla_merge;
     if (name == "deltafin_kda_conv") return deltafin_kda_conv;
     if (name == "deltafin_kda_l2") return deltafin_kda_l2;
     if (name == "deltafin_kda_gates") return deltafin_kda_gates;

@@ -196,7 +196,9 @@ pub fn combine(run: Runner) {
 
 /// Absorbed MLA attention (`deltafin_mla_attend`) against `latent_attention::attend`: two
 /// sequences' keys packed in one buffer, rows attending 1 position, a partial tile, a whole
-/// tile, across a block boundary and across two; latent and rope widths off the lane count.
+/// tile, across a block boundary and across two; latent and rope widths off the lane count. In
+/// one group per (row, head), and split over blocks then merged (`deltafin_mla_partials`,
+/// `deltafin_mla_merge`).
 pub fn mla_attention(run: Runner) {
     use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, LatentShape, attend};
     let s = LatentShape {
@@ -262,6 +264,19 @@ pub fn mla_attention(run: Runner) {
     let l = abi::mla_attend(rows.len(), s.heads, s.latent, s.rope, s.scale).unwrap();
     let out = run_on(run, &l, &bufs);
     assert_same(&want, &floats(&out[5]), "mla attention");
+    // Split over blocks (grid rows x heads x 2), then merged.
+    let blocks = 2;
+    let mut split = bufs.clone();
+    split[5] = vec![0; 4 * rows.len() * s.heads * blocks * (s.latent + 2)];
+    let l = abi::mla_partials(rows.len(), s.heads, (s.latent, s.rope), s.scale, blocks).unwrap();
+    let parts = run_on(run, &l, &split).swap_remove(5);
+    let merge = [parts, split[4].clone(), vec![0; 4 * want.len()]];
+    let out = run_on(
+        run,
+        &abi::mla_merge(rows.len(), s.heads, s.latent, blocks),
+        &merge,
+    );
+    assert_same(&want, &floats(&out[2]), "mla attention split over blocks");
 }
 
 /// The KDA kernels against `kda`'s row functions, chained as a pass runs them: convolution +

@@ -179,7 +179,9 @@ fn device_pass<'m>(
         None => Ok(None),
         Some(Ok(seq)) => {
             if speculating {
-                eprintln!("note: whole passes on the device decode one token per pass; speculative decoding is off");
+                eprintln!(
+                    "note: whole passes on the device decode one token per pass; speculative decoding is off"
+                );
             }
             Ok(Some(seq))
         }

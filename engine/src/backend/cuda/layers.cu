@@ -216,7 +216,9 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerP
 
 // ---- Absorbed MLA attention (model/layers/latent_attention.rs::attend) ----
 //
-// One 16-lane group per (row, head): grid (rows, heads), block (LANES, 1). Positions are cut
+// One 16-lane group per (row, head) (deltafin_mla_attend), or for long caches one per (row,
+// head, block) then a merge per (row, head) (deltafin_mla_partials, deltafin_mla_merge); block
+// (LANES, 1). Positions are cut
 // into blocks of DF_MLA_BLOCK from position 0 and blocks into tiles of DF_MLA_TILE; inside a
 // block the softmax runs online tile by tile; block partials (max, sum, acc) are folded in
 // ascending order, the same sequence of operations as the CPU whatever its thread split. Scores
@@ -239,62 +241,136 @@ __device__ __forceinline__ float df_dot16(const float* a, const float* b, int n,
 // rope], key latents [positions, latent], rope keys [positions, rope], rows [rows, 2] (i32:
 // first key position, positions attended), out [rows, heads, latent]; i rows, heads, latent,
 // rope; f scale.
-extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerParams p) {
+// One (row, head)'s query and keys, and the positions it attends.
+struct DfMlaRow {
+    const float *qa, *qr, *kl, *kr;
+    int len, latent, rope, mine, lane;
+    float scale;
+};
+
+__device__ __forceinline__ DfMlaRow df_mla_row(const LayerParams& p, int row, int h, int lane) {
     const int heads = p.i[1], latent = p.i[2], rope = p.i[3];
-    const float scale = p.f[0];
-    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int* info = (const int*)p.buf[4];
     const u64 first = (u64)info[2 * row];
-    const int len = info[2 * row + 1];
-    const float* qa = (const float*)p.buf[0] + ((u64)row * heads + h) * (u64)latent;
-    const float* qr = (const float*)p.buf[1] + ((u64)row * heads + h) * (u64)rope;
-    const float* kl = (const float*)p.buf[2] + first * (u64)latent;
-    const float* kr = (const float*)p.buf[3] + first * (u64)rope;
-    const int mine = (latent - lane + LANES - 1) / LANES;  // latent elements this lane owns
-    const float neg_inf = __uint_as_float(0xff800000u);
-    float tmax = neg_inf, tsum = 0.0f, tacc[DF_MLA_PER_LANE], pacc[DF_MLA_PER_LANE], scores[DF_MLA_TILE];
-    for (int block = 0; block * DF_MLA_BLOCK < len; ++block) {
-        float pmax = neg_inf, psum = 0.0f;
-        for (int i = 0; i < mine; ++i) pacc[i] = 0.0f;
-        const int start = block * DF_MLA_BLOCK;
-        const int end = start + DF_MLA_BLOCK < len ? start + DF_MLA_BLOCK : len;
-        for (int t0 = start; t0 < end; t0 += DF_MLA_TILE) {
-            const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
-            float tile_max = neg_inf;
-            for (int j = t0; j < t1; ++j) {
-                const float d1 = df_dot16(qa, kl + (u64)j * latent, latent, lane);
-                const float d2 = df_dot16(qr, kr + (u64)j * rope, rope, lane);
-                scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), scale);
-            }
-            for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
-            const float m = fmaxf(pmax, tile_max);
-            const float a = df_exp(__fsub_rn(pmax, m));
-            pmax = m;
-            psum = __fmul_rn(psum, a);
-            for (int i = 0; i < mine; ++i) pacc[i] = __fmul_rn(pacc[i], a);
-            for (int j = t0; j < t1; ++j) {
-                const float pj = df_exp(__fsub_rn(scores[j - t0], pmax));
-                psum = __fadd_rn(psum, pj);
-                const float* c = kl + (u64)j * latent;
-                for (int i = 0; i < mine; ++i)
-                    pacc[i] = __fadd_rn(pacc[i], __fmul_rn(pj, c[lane + LANES * i]));
-            }
+    DfMlaRow r;
+    r.qa = (const float*)p.buf[0] + ((u64)row * heads + h) * (u64)latent;
+    r.qr = (const float*)p.buf[1] + ((u64)row * heads + h) * (u64)rope;
+    r.kl = (const float*)p.buf[2] + first * (u64)latent;
+    r.kr = (const float*)p.buf[3] + first * (u64)rope;
+    r.len = info[2 * row + 1];
+    r.latent = latent;
+    r.rope = rope;
+    r.mine = (latent - lane + LANES - 1) / LANES;  // latent elements this lane owns
+    r.lane = lane;
+    r.scale = p.f[0];
+    return r;
+}
+
+// Block `block`'s partial (max, sum, this lane's accumulators): the online softmax tile by tile.
+__device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float& pmax, float& psum, float* pacc) {
+    const int lane = r.lane;
+    float scores[DF_MLA_TILE];
+    pmax = __uint_as_float(0xff800000u);
+    psum = 0.0f;
+    for (int i = 0; i < r.mine; ++i) pacc[i] = 0.0f;
+    const int start = block * DF_MLA_BLOCK;
+    const int end = start + DF_MLA_BLOCK < r.len ? start + DF_MLA_BLOCK : r.len;
+    for (int t0 = start; t0 < end; t0 += DF_MLA_TILE) {
+        const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
+        float tile_max = __uint_as_float(0xff800000u);
+        for (int j = t0; j < t1; ++j) {
+            const float d1 = df_dot16(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
+            const float d2 = df_dot16(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
+            scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), r.scale);
         }
-        if (block == 0) {
-            tmax = pmax;
-            tsum = psum;
-            for (int i = 0; i < mine; ++i) tacc[i] = pacc[i];
-            continue;
+        for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
+        const float m = fmaxf(pmax, tile_max);
+        const float a = df_exp(__fsub_rn(pmax, m));
+        pmax = m;
+        psum = __fmul_rn(psum, a);
+        for (int i = 0; i < r.mine; ++i) pacc[i] = __fmul_rn(pacc[i], a);
+        for (int j = t0; j < t1; ++j) {
+            const float pj = df_exp(__fsub_rn(scores[j - t0], pmax));
+            psum = __fadd_rn(psum, pj);
+            const float* c = r.kl + (u64)j * r.latent;
+            for (int i = 0; i < r.mine; ++i) pacc[i] = __fadd_rn(pacc[i], __fmul_rn(pj, c[lane + LANES * i]));
         }
-        const float m = fmaxf(tmax, pmax);
-        const float a = df_exp(__fsub_rn(tmax, m)), b = df_exp(__fsub_rn(pmax, m));
-        tmax = m;
-        tsum = __fadd_rn(__fmul_rn(tsum, a), __fmul_rn(psum, b));
-        for (int i = 0; i < mine; ++i) tacc[i] = __fadd_rn(__fmul_rn(tacc[i], a), __fmul_rn(pacc[i], b));
     }
+}
+
+// Fold block `block`'s partial into the running (tmax, tsum, tacc): block 0 is taken as is,
+// later blocks merged with both sides rescaled to the larger maximum.
+__device__ __forceinline__ void df_mla_fold(int block, int mine, float pmax, float psum, const float* pacc,
+                                            float& tmax, float& tsum, float* tacc) {
+    if (block == 0) {
+        tmax = pmax;
+        tsum = psum;
+        for (int i = 0; i < mine; ++i) tacc[i] = pacc[i];
+        return;
+    }
+    const float m = fmaxf(tmax, pmax);
+    const float a = df_exp(__fsub_rn(tmax, m)), b = df_exp(__fsub_rn(pmax, m));
+    tmax = m;
+    tsum = __fadd_rn(__fmul_rn(tsum, a), __fmul_rn(psum, b));
+    for (int i = 0; i < mine; ++i) tacc[i] = __fadd_rn(__fmul_rn(tacc[i], a), __fmul_rn(pacc[i], b));
+}
+
+__device__ __forceinline__ void df_mla_write(float* out, int mine, int lane, float tsum, const float* tacc) {
     const float inv = __fdiv_rn(1.0f, tsum);
-    float* out = (float*)p.buf[5] + ((u64)row * heads + h) * (u64)latent;
     for (int i = 0; i < mine; ++i) out[lane + LANES * i] = __fmul_rn(tacc[i], inv);
+}
+
+// Latent context of every (row, head), all its blocks in one group: buf q_abs [rows, heads,
+// latent], q_rope [rows, heads, rope], key latents [positions, latent], rope keys [positions,
+// rope], rows [rows, 2] (i32: first key position, positions attended), out [rows, heads,
+// latent]; i rows, heads, latent, rope; f scale. For caches of at most one block.
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerParams p) {
+    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const DfMlaRow r = df_mla_row(p, row, h, lane);
+    float tmax = 0.0f, tsum = 0.0f, pmax, psum, tacc[DF_MLA_PER_LANE], pacc[DF_MLA_PER_LANE];
+    for (int block = 0; block * DF_MLA_BLOCK < r.len; ++block) {
+        df_mla_block(r, block, pmax, psum, pacc);
+        df_mla_fold(block, r.mine, pmax, psum, pacc, tmax, tsum, tacc);
+    }
+    df_mla_write((float*)p.buf[5] + ((u64)row * p.i[1] + h) * (u64)r.latent, r.mine, lane, tsum, tacc);
+}
+
+// Long caches, step 1: every (row, head, block) at once, grid (rows, heads, blocks). Buffers 0-4
+// as deltafin_mla_attend, then partials [rows, heads, blocks, latent + 2] (max, sum, the
+// accumulators); i rows, heads, latent, rope, blocks; f scale. Blocks past a row's length are
+// left unwritten (the merge stops before them).
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_partials(LayerParams p) {
+    const int row = blockIdx.x, h = blockIdx.y, block = blockIdx.z, lane = threadIdx.x;
+    const DfMlaRow r = df_mla_row(p, row, h, lane);
+    if (block * DF_MLA_BLOCK >= r.len) return;
+    float pmax, psum, pacc[DF_MLA_PER_LANE];
+    df_mla_block(r, block, pmax, psum, pacc);
+    const u64 stride = (u64)r.latent + 2;
+    float* part = (float*)p.buf[5] + (((u64)row * p.i[1] + h) * (u64)p.i[4] + block) * stride;
+    if (lane == 0) {
+        part[0] = pmax;
+        part[1] = psum;
+    }
+    for (int i = 0; i < r.mine; ++i) part[2 + lane + LANES * i] = pacc[i];
+}
+
+// Long caches, step 2: per (row, head) the partials folded in ascending block order, as
+// deltafin_mla_attend folds them. Buffers: partials, rows [rows, 2], out [rows, heads, latent];
+// i rows, heads, latent, blocks. Grid (rows, heads), block (LANES).
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_merge(LayerParams p) {
+    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int heads = p.i[1], latent = p.i[2], blocks = p.i[3];
+    const int len = ((const int*)p.buf[1])[2 * row + 1];
+    const int mine = (latent - lane + LANES - 1) / LANES;
+    const u64 stride = (u64)latent + 2;
+    const float* parts = (const float*)p.buf[0] + ((u64)row * heads + h) * (u64)blocks * stride;
+    float tmax = 0.0f, tsum = 0.0f, tacc[DF_MLA_PER_LANE], pacc[DF_MLA_PER_LANE];
+    for (int block = 0; block * DF_MLA_BLOCK < len; ++block) {
+        const float* part = parts + (u64)block * stride;
+        for (int i = 0; i < mine; ++i) pacc[i] = part[2 + lane + LANES * i];
+        df_mla_fold(block, mine, part[0], part[1], pacc, tmax, tsum, tacc);
+    }
+    df_mla_write((float*)p.buf[2] + ((u64)row * heads + h) * (u64)latent, mine, lane, tsum, tacc);
 }
 
 // ---- Kimi Delta Attention (model/layers/kda.rs) ----

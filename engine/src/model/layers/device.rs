@@ -365,8 +365,22 @@ pub fn mla<D: DeviceOps>(
     let info: Vec<i32> = (0..n).flat_map(|i| [0, (start + i + 1) as i32]).collect();
     let info = dev.upload_i32(&info)?;
     let ctx = dev.zeros_f32(n * d.heads * c)?;
-    let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &ctx].map(Some);
-    dev.layer(&abi::mla_attend(n, d.heads, c, d.rope, d.scale)?, &bufs)?;
+    // A cache of one block: one group per (row, head); longer: every block at once, then the
+    // ascending merge (the same operations either way).
+    let blocks = cache.len.div_ceil(abi::MLA_BLOCK);
+    if blocks <= 1 {
+        let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &ctx].map(Some);
+        dev.layer(&abi::mla_attend(n, d.heads, c, d.rope, d.scale)?, &bufs)?;
+    } else {
+        let parts = dev.zeros_f32(n * d.heads * blocks * (c + 2))?;
+        let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &parts].map(Some);
+        let split = abi::mla_partials(n, d.heads, (c, d.rope), d.scale, blocks)?;
+        dev.layer(&split, &bufs)?;
+        dev.layer(
+            &abi::mla_merge(n, d.heads, c, blocks),
+            &[Some(&parts), Some(&info), Some(&ctx)],
+        )?;
+    }
     let attn = dev.zeros_f32(n * d.heads * d.v)?;
     dev.layer(&abi::mla_values(n, d), &[Some(&k.wkv), Some(&ctx), Some(&attn)])?;
     if let Some(gate) = &m.out_gate {
