@@ -96,19 +96,8 @@ pub fn generate_with(
     mut spec: Option<&mut Speculator>,
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(Error::InvalidArgument {
-            field: "prompt",
-            reason: "must contain at least one token".into(),
-        });
-    }
     let limit = model.info().max_context;
-    if state.len() + prompt.len() > limit {
-        return Err(Error::ContextOverflow {
-            needed: state.len() + prompt.len(),
-            limit,
-        });
-    }
+    check_prompt(state.len(), prompt, limit)?;
     let start = Instant::now();
     let logits = prefill(model, state, prompt, opts.prefill_chunk, spec.as_deref_mut())?;
     let prefill = start.elapsed();
@@ -159,18 +148,7 @@ pub fn generate_on_device(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(u32) -> Flow,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(Error::InvalidArgument {
-            field: "prompt",
-            reason: "must contain at least one token".into(),
-        });
-    }
-    if seq.len() + prompt.len() > max_context {
-        return Err(Error::ContextOverflow {
-            needed: seq.len() + prompt.len(),
-            limit: max_context,
-        });
-    }
+    check_prompt(seq.len(), prompt, max_context)?;
     let start = Instant::now();
     let mut logits = Vec::new();
     for part in prompt.chunks(opts.prefill_chunk.max(1)) {
@@ -203,6 +181,23 @@ pub fn generate_on_device(
         output_ids: output,
         finish_reason: finish,
     })
+}
+
+/// A prompt can run from position `start`: it holds a token, and fits in `limit` positions.
+fn check_prompt(start: usize, prompt: &[u32], limit: usize) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "prompt",
+            reason: "must contain at least one token".into(),
+        });
+    }
+    if start + prompt.len() > limit {
+        return Err(Error::ContextOverflow {
+            needed: start + prompt.len(),
+            limit,
+        });
+    }
+    Ok(())
 }
 
 /// Chunked prefill; returns the logits of the last prompt row. Captured hidden rows go to the

@@ -258,6 +258,10 @@ impl Economics {
             if t <= 0.0 {
                 continue;
             }
+            // A verify pass over `w + 1` rows never truly costs less than a target-only step;
+            // one measured below the baseline means the baseline caught interference, and
+            // trusting it would let drafts that are never accepted look like a win.
+            let t = t.max(b);
             let rate = expected_tokens(a, w) / t;
             if best.is_none_or(|(_, r)| rate > r * (1.0 + 1e-9)) {
                 best = Some((w, rate));
@@ -365,6 +369,20 @@ mod tests {
             .filter(|&g| g > 1)
             .collect();
         assert!(gaps.len() >= 2 && gaps[1] > gaps[0], "{gaps:?}");
+    }
+
+    #[test]
+    fn a_baseline_inflated_by_interference_does_not_keep_losing_drafts_on() {
+        // Target-only steps measured while the machine was busy (3 s) and drafted steps while
+        // it was idle (1 s): drafts that are never accepted must still be switched off.
+        let widths = drive(
+            EconomicsConfig::default(),
+            100,
+            |w| if w == 0 { 3.0 } else { 1.0 },
+            |_| 0,
+        );
+        let drafted = widths.iter().filter(|&&w| w > 0).count();
+        assert!(drafted < 15, "never-accepted drafts kept drafting: {widths:?}");
     }
 
     #[test]
