@@ -9,9 +9,10 @@
 //!   the block scale pre-multiplied by 256; a segment with a NaN code is found by one compare
 //!   per 64 bytes and gets a NaN operand (see `driver::Elem`), so chunks need no NaN patch;
 //! * INT4 and MXFP4 by a `vpermps` lookup of the nibble in a 16-entry table pre-multiplied by the
-//!   group's scale once per group (`table[u] * s` is the reference's own product). Each lane's
-//!   nibble comes from a broadcast of its 32-bit word shifted by `vpsrlvd`; `vpermps` reads only
-//!   the low 4 index bits, so the shifted words need no masking.
+//!   group's scale once per group (`table[u] * s` is the reference's own product). The chunk's
+//!   8 bytes are broadcast to every 64-bit lane and lane `q` shifted right by `4 q` (`vpsrlvq`),
+//!   which puts nibbles `q` and `q + 8` in the two dwords of lane `q`: a fixed lane order
+//!   (`NIBBLE_LANES`) that the input rows share, undone once per output before the reduction.
 //!
 //! Safety model: an [`Avx512`] value exists only after runtime detection of every feature used
 //! here, so the intrinsics called through it are sound; every load reads from a slice whose
@@ -43,8 +44,13 @@ impl Avx512 {
     }
 }
 
-/// `n`-th nibble shift for each lane (lane `l` reads bits `4 * (l % 8)` of word `l / 8`).
-const NIBBLE_SHIFTS: [i32; 16] = [0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28];
+/// Right shift of each 64-bit lane `q` of the broadcast 8 nibble bytes: `4 * q`, which leaves
+/// nibble `q` in the low bits of dword `2 q` and nibble `q + 8` in those of dword `2 q + 1`.
+const NIBBLE_SHIFTS: [i64; 8] = [0, 4, 8, 12, 16, 20, 24, 28];
+/// Canonical lane of each register lane after that shift (see `Simd::NIBBLE_LANES`).
+const NIBBLE_LANES: [u8; 16] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
+/// Register lane holding canonical lane `c` (the inverse of [`NIBBLE_LANES`]): `vpermps` index.
+const NIBBLE_UNDO: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
 const INT4_LUT: [f32; 16] = [
     -8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.,
 ];
@@ -75,18 +81,17 @@ impl Avx512 {
         unsafe { _mm512_mul_ps(_mm512_loadu_ps(table.as_ptr()), _mm512_set1_ps(s)) }
     }
 
-    /// The 16 nibbles of the first 8 bytes of `b` looked up in the pre-scaled table `lut`.
+    /// The 16 nibbles of the first 8 bytes of `b` looked up in the pre-scaled table `lut`, in
+    /// the [`NIBBLE_LANES`] order: one broadcast load, one shift and one lookup per chunk.
     #[inline(always)]
     fn nibble_lut(self, b: &[u8], lut: __m512) -> __m512 {
         assert!(b.len() >= 8);
-        // SAFETY: `b` has at least 8 readable bytes (asserted; two unaligned 4-byte reads); the
-        // shift table holds 16 i32 (64 bytes); features proven by `self`. Lanes 0..8 hold word 0
-        // and lanes 8..16 word 1, each shifted right by `4 * (lane % 8)`.
+        // SAFETY: `b` has at least 8 readable bytes (asserted; one unaligned 8-byte read); the
+        // shift table holds 8 i64 (64 bytes); features proven by `self`. `vpermps` reads only
+        // the low 4 bits of each dword index, so the shifted qwords need no masking.
         unsafe {
-            let p = b.as_ptr().cast::<i32>();
-            let lo = _mm512_set1_epi32(p.read_unaligned());
-            let words = _mm512_mask_set1_epi32(lo, 0xFF00, p.add(1).read_unaligned());
-            let idx = _mm512_srlv_epi32(words, _mm512_loadu_si512(NIBBLE_SHIFTS.as_ptr().cast()));
+            let q = _mm512_set1_epi64(b.as_ptr().cast::<i64>().read_unaligned());
+            let idx = _mm512_srlv_epi64(q, _mm512_loadu_si512(NIBBLE_SHIFTS.as_ptr().cast()));
             _mm512_permutexvar_ps(idx, lut)
         }
     }
@@ -128,6 +133,24 @@ impl Simd for Avx512 {
         // SAFETY: `Chunk` is 64 bytes, 64-byte aligned and exclusively borrowed.
         unsafe { _mm512_store_ps(c.0.as_mut_ptr(), v) }
     }
+    const NIBBLE_LANES: [u8; 16] = NIBBLE_LANES;
+    #[inline(always)]
+    fn nibbles_to_canonical(self, v: __m512) -> __m512 {
+        // SAFETY: the index table holds 16 i32 (64 bytes, unaligned load); AVX-512F proven by
+        // `self`. Lane `c` of the result is register lane `NIBBLE_UNDO[c]`, canonical lane `c`.
+        unsafe { _mm512_permutexvar_ps(_mm512_loadu_si512(NIBBLE_UNDO.as_ptr().cast()), v) }
+    }
+    #[inline(always)]
+    fn keep_first_nibbles(self, v: __m512, len: usize) -> __m512 {
+        let mut mask: __mmask16 = 0;
+        for (l, &c) in NIBBLE_LANES.iter().enumerate() {
+            if usize::from(c) < len {
+                mask |= 1 << l;
+            }
+        }
+        // SAFETY: AVX-512F proven by `self`.
+        unsafe { _mm512_maskz_mov_ps(mask, v) }
+    }
     #[inline(always)]
     fn keep_first(self, v: __m512, len: usize) -> __m512 {
         let mask = ((1u32 << len.min(16)) - 1) as __mmask16;
@@ -146,6 +169,14 @@ impl Simd for Avx512 {
             let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
             let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
             _mm_cvtss_f32(s1)
+        }
+    }
+    #[inline(always)]
+    fn prefetch(self, b: &[u8]) {
+        if !b.is_empty() {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside `b`; SSE
+            // is part of every x86-64 CPU.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().cast()) }
         }
     }
     #[inline(always)]

@@ -76,6 +76,19 @@ impl Isa {
         }
     }
 
+    /// Lane order of this ISA's nibble (INT4, MXFP4) decoders (see `driver::Simd::NIBBLE_LANES`).
+    fn nibble_lanes(self) -> &'static [u8; LANES] {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => &<avx512::Avx512 as driver::Simd>::NIBBLE_LANES,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => &<avx2::Avx2 as driver::Simd>::NIBBLE_LANES,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => &<neon::Neon as driver::Simd>::NIBBLE_LANES,
+            _ => &<scalar::Scalar as driver::Simd>::NIBBLE_LANES,
+        }
+    }
+
     /// Lower-case name (`scalar`, `avx2`, `avx512`, `neon`).
     pub fn name(self) -> &'static str {
         match self {
@@ -119,7 +132,11 @@ pub fn matmul_with(isa: Isa, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         return;
     }
     let plan = Plan::new(m);
-    let xs = pad_rows(x, n, m.cols);
+    let lanes = match plan.kind {
+        plan::Kind::Int4 | plan::Kind::Mxfp4 => isa.nibble_lanes(),
+        _ => &driver::IDENTITY_LANES,
+    };
+    let xs = pad_rows(x, n, m.cols, lanes);
     let threads = rayon::current_num_threads();
     if threads <= 1 || m.rows * m.cols * n < PARALLEL_MIN_MACS || m.rows < 2 * TASK_ROWS_MIN {
         let mut outs: Vec<&mut [f32]> = y.chunks_mut(m.rows).collect();
@@ -155,8 +172,9 @@ fn run(isa: Isa, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: &mu
 }
 
 /// `n` rows of `cols` values copied into 64-byte-aligned chunks, each row zero-padded to a
-/// multiple of 16 (the canonical padding).
-fn pad_rows(x: &[f32], n: usize, cols: usize) -> Vec<Chunk> {
+/// multiple of 16 (the canonical padding); lane `l` of a chunk holds its canonical lane
+/// `lanes[l]` (the weight decoder's lane order).
+fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES]) -> Vec<Chunk> {
     let cpr = cols.div_ceil(LANES);
     let mut out = vec![Chunk::default(); n * cpr];
     if cols == 0 {
@@ -164,7 +182,9 @@ fn pad_rows(x: &[f32], n: usize, cols: usize) -> Vec<Chunk> {
     }
     for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cpr)) {
         for (d, s) in dst.iter_mut().zip(row.chunks(LANES)) {
-            d.0[..s.len()].copy_from_slice(s);
+            for (v, &c) in d.0.iter_mut().zip(lanes) {
+                *v = s.get(usize::from(c)).copied().unwrap_or(0.0);
+            }
         }
     }
     out

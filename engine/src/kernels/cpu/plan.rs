@@ -126,6 +126,15 @@ impl<'a> Plan<'a> {
         &self.data[r * len..(r + 1) * len]
     }
 
+    /// The stored bytes of rows `r0..r1`, cut at the last row (empty past it): one contiguous
+    /// span, which the kernels prefetch while they compute the rows before it.
+    #[inline(always)]
+    pub fn span_bytes(&self, r0: usize, r1: usize, bytes_per_chunk: usize) -> &'a [u8] {
+        let len = self.m.cols * bytes_per_chunk / LANES;
+        let end = self.data.len();
+        &self.data[(r0 * len).min(end)..(r1 * len).min(end)]
+    }
+
     /// Index of the first scale of row `r` (segment `seg` of the row is scale `base + seg`).
     #[inline(always)]
     pub fn scale_base(&self, r: usize) -> usize {
