@@ -142,6 +142,14 @@ fn int4_matches_reference() {
         &FEW_N,
         "int4 big",
     );
+    // Rows of more than 64 groups: the fused loops widen scales 64 groups at a time.
+    for (i, dtype) in [ScaleDtype::Bf16, ScaleDtype::F32].into_iter().enumerate() {
+        check(
+            &int4_matrix(9, 32 * 141, 32, dtype, 80 + i as u64),
+            &FEW_N,
+            "int4 long rows",
+        );
+    }
 }
 
 #[test]
@@ -151,6 +159,7 @@ fn mxfp4_matches_reference() {
     check(&mxfp4_matrix(6, 256, 64, 3), &FEW_N, "mxfp4 g64");
     check(&mxfp4_matrix(7, 30, 2, 4), &FEW_N, "mxfp4 g2");
     check(&mxfp4_matrix(200, 1088, 32, 5), &FEW_N, "mxfp4 big");
+    check(&mxfp4_matrix(9, 32 * 141, 32, 6), &FEW_N, "mxfp4 long rows");
 }
 
 #[test]

@@ -322,8 +322,11 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     // two at 0.72; the 4-bit formats gained nothing more).
     let next = p.span_bytes(r + 2 * R, r + 3 * R, E::BYTES);
     let mut acc = [[s.zero(); N]; R];
-    let mut c0 = 0;
-    let mut seg = 0;
+    let (mut c0, mut seg) = (0, 0);
+    if E::NIBBLE && p.seg_chunks == 2 {
+        seg = fused_pairs::<S, E, R, N>(s, p, &rows, &sbase, &xs, full / 2, next, &mut acc);
+        c0 = 2 * seg;
+    }
     while c0 < full {
         let c1 = (c0 + p.seg_chunks).min(full);
         let mut wseg = [&[][..]; R];
@@ -368,6 +371,59 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
             out[i][r - base + j] = s.reduce(canonical::<S, E>(s, acc[j][i]));
         }
     }
+}
+
+/// Segments of scale groups two chunks wide (INT4 and MXFP4 groups of 32 columns):
+/// segments `0..nseg` of the rows, every one full. Each row's scales are widened a block at a
+/// time ([`Plan::nibble_scales`]) and the segment loop indexes exact-length slices, so a
+/// segment costs its decodes and multiply-adds plus one table product per row. Returns the
+/// segments done (`nseg`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fused_pairs<S: Simd, E: Elem, const R: usize, const N: usize>(
+    s: S,
+    p: &Plan,
+    rows: &[&[u8]; R],
+    sbase: &[usize; R],
+    xs: &[&[Chunk]; N],
+    nseg: usize,
+    next: &[u8],
+    acc: &mut [[S::V; N]; R],
+) -> usize {
+    const BLOCK: usize = 64;
+    let mut scales = [[0.0f32; BLOCK]; R];
+    let mut w = [&[][..]; R];
+    for j in 0..R {
+        w[j] = &rows[j].as_chunks::<16>().0[..nseg];
+    }
+    let mut x = [&[][..]; N];
+    for i in 0..N {
+        x[i] = &xs[i].as_chunks::<2>().0[..nseg];
+    }
+    let mut b0 = 0;
+    while b0 < nseg {
+        let len = BLOCK.min(nseg - b0);
+        for j in 0..R {
+            p.nibble_scales(sbase[j] + b0, &mut scales[j][..len]);
+        }
+        for k in 0..len {
+            let seg = b0 + k;
+            let mut sc = [s.zero(); R];
+            let mut wseg = [&[][..]; R];
+            for j in 0..R {
+                sc[j] = E::seg(s, scales[j][k], &[]);
+                wseg[j] = &w[j][seg][..];
+            }
+            let mut xseg = [&[][..]; N];
+            for i in 0..N {
+                xseg[i] = &x[i][seg][..];
+            }
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 0, 2 * seg, next, acc);
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 1, 2 * seg, next, acc);
+        }
+        b0 += len;
+    }
+    nseg
 }
 
 /// Chunk `k` of the segment starting at chunk `c0`: decode it in each of the `R` weight rows

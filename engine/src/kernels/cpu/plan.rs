@@ -174,6 +174,35 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// Scales `first..first + out.len()` of a 4-bit format (INT4 or MXFP4), widened exactly to
+    /// f32, in one pass over the stored bytes (the fused loops read a row's scales a block at
+    /// a time instead of one per segment).
+    pub fn nibble_scales(&self, first: usize, out: &mut [f32]) {
+        let n = out.len();
+        match self.rule {
+            ScaleRule::Int4 {
+                dtype: ScaleDtype::Bf16,
+                ..
+            } => {
+                let b = &self.scales[2 * first..2 * (first + n)];
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+            ScaleRule::Int4 { dtype, .. } => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = dtype.get(self.scales, first + k);
+                }
+            }
+            ScaleRule::Mxfp4 { .. } => {
+                for (o, &e) in out.iter_mut().zip(&self.scales[first..first + n]) {
+                    *o = e8m0_to_f32(e);
+                }
+            }
+            ScaleRule::One | ScaleRule::Fp8 { .. } => out.fill(1.0),
+        }
+    }
+
     /// MXFP4 group scale number `i` (E8M0).
     #[inline(always)]
     pub fn mxfp4_scale(&self, i: usize) -> f32 {
