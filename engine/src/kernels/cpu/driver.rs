@@ -2,7 +2,10 @@
 //! each ISA file implements (a 16-lane canonical accumulator plus the per-format chunk decoders).
 //!
 //! * `n == 1`: a fused decode + dot over [`Simd::TILE_ROWS`] weight rows at once (independent
-//!   accumulator chains for ILP), streaming each weight byte exactly once.
+//!   accumulator chains for ILP), streaming each weight byte exactly once. The compressed
+//!   formats prefetch the row group two groups ahead (their decode otherwise leaves the memory
+//!   stream idle), and 4-bit formats with groups of 32 take a loop whose per-group work is one
+//!   table product per row, with the scales widened 64 groups at a time.
 //! * `2 <= n <= 4 * TILE_XS` (verify passes, small batches): the same fused loop over
 //!   `TILE_ROWS` weight rows and up to `TILE_XS` input rows in registers; more inputs sweep the
 //!   same weight group again while its bytes are still in L1/L2 (memory reads each weight once).
