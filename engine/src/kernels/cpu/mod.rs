@@ -182,6 +182,10 @@ fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES]) -> Vec<Chunk>
     }
     for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cpr)) {
         for (d, s) in dst.iter_mut().zip(row.chunks(LANES)) {
+            if *lanes == driver::IDENTITY_LANES {
+                d.0[..s.len()].copy_from_slice(s);
+                continue;
+            }
             for (v, &c) in d.0.iter_mut().zip(lanes) {
                 *v = s.get(usize::from(c)).copied().unwrap_or(0.0);
             }
