@@ -241,19 +241,17 @@ impl Mla {
         let (qk, c) = (d.nope + d.rope, d.kv_lora);
         let wkv = self.decoded_kv_b();
         let head_rows = |h: usize| &wkv[h * (d.nope + d.v) * c..(h + 1) * (d.nope + d.v) * c];
+        // Every (row, head) pair is its own task: a decode step (one row) still uses every core.
         let mut q_abs = vec![0.0f32; n * d.heads * c];
+        q_abs.par_chunks_mut(c).enumerate().for_each(|(t, qa)| {
+            let h = t % d.heads;
+            let qh = &q[t * qk..][..qk];
+            absorb_query(&qh[..d.nope], &head_rows(h)[..d.nope * c], qa);
+        });
         let mut q_rope = vec![0.0f32; n * d.heads * d.rope];
-        q_abs
-            .par_chunks_mut(d.heads * c)
-            .zip(q_rope.par_chunks_mut(d.heads * d.rope))
-            .enumerate()
-            .for_each(|(i, (qa, qr))| {
-                for h in 0..d.heads {
-                    let qh = &q[i * d.heads * qk + h * qk..][..qk];
-                    absorb_query(&qh[..d.nope], &head_rows(h)[..d.nope * c], &mut qa[h * c..][..c]);
-                    qr[h * d.rope..][..d.rope].copy_from_slice(&qh[d.nope..]);
-                }
-            });
+        for (qr, qh) in q_rope.chunks_mut(d.rope).zip(q.chunks(qk)) {
+            qr.copy_from_slice(&qh[d.nope..]);
+        }
         let queries: Vec<LatentQuery<'_>> = (0..n)
             .map(|i| {
                 let (keys, len) = at(i);
@@ -268,9 +266,11 @@ impl Mla {
         let mut ctx = vec![0.0f32; n * d.heads * c];
         latent_attention::attend(&queries, self.latent_shape(), &mut ctx);
         let mut attn = vec![0.0f32; n * d.heads * d.v];
-        attn.par_chunks_mut(d.heads * d.v)
-            .zip(ctx.par_chunks(d.heads * c))
-            .for_each(|(out, ctx)| value_rows(&wkv, ctx, d, out));
+        attn.par_chunks_mut(d.v)
+            .zip(ctx.par_chunks(c))
+            .enumerate()
+            .for_each(|(t, (out, ctx))| value_head(head_rows(t % d.heads), ctx, d, out));
+        KV_B_SCRATCH.with_borrow_mut(|scratch| *scratch = wkv);
         attn
     }
 
@@ -286,15 +286,23 @@ impl Mla {
         y
     }
 
-    /// `kv_b_proj` decoded row by row (the exact element values), `[heads*(nope+v), kv_lora]`.
+    /// `kv_b_proj` decoded row by row (the exact element values), `[heads*(nope+v), kv_lora]`,
+    /// in this thread's scratch buffer (taken; `attend_rows` puts it back), so a decode step
+    /// does not map, fault in and unmap a fresh buffer per layer.
     fn decoded_kv_b(&self) -> Vec<f32> {
         let m = &self.kv_b;
-        let mut w = vec![0.0f32; m.rows * m.cols];
-        for (r, row) in w.chunks_mut(m.cols).enumerate() {
-            decode_row(m, r, row);
-        }
+        let mut w = KV_B_SCRATCH.with_borrow_mut(std::mem::take);
+        w.resize(m.rows * m.cols, 0.0);
+        w.par_chunks_mut(m.cols)
+            .enumerate()
+            .for_each(|(r, row)| decode_row(m, r, row));
         w
     }
+}
+
+thread_local! {
+    /// The decoded `kv_b_proj` buffer of [`Mla::decoded_kv_b`], kept between calls.
+    static KV_B_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One row's attention values `[heads, v]` from its latent contexts `ctx` `[heads, kv_lora]`:
@@ -303,9 +311,16 @@ pub fn value_rows(wkv: &[f32], ctx: &[f32], d: &MlaDims, out: &mut [f32]) {
     let c = d.kv_lora;
     for h in 0..d.heads {
         let rows = &wkv[h * (d.nope + d.v) * c..(h + 1) * (d.nope + d.v) * c];
-        for (e, o) in out[h * d.v..][..d.v].iter_mut().enumerate() {
-            *o = dot16(&rows[(d.nope + e) * c..][..c], &ctx[h * c..][..c]);
-        }
+        value_head(rows, &ctx[h * c..][..c], d, &mut out[h * d.v..][..d.v]);
+    }
+}
+
+/// One head's values `[v]` from its latent context `ctx` `[kv_lora]`; `rows` are the head's
+/// decoded `kv_b_proj` rows `[nope + v, kv_lora]`.
+fn value_head(rows: &[f32], ctx: &[f32], d: &MlaDims, out: &mut [f32]) {
+    let c = d.kv_lora;
+    for (e, o) in out.iter_mut().enumerate() {
+        *o = dot16(&rows[(d.nope + e) * c..][..c], ctx);
     }
 }
 
