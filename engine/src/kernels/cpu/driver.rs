@@ -409,12 +409,11 @@ fn fused_pairs<S: Simd, E: Elem, const R: usize, const N: usize>(
         for j in 0..R {
             p.nibble_scales(sbase[j] + b0, &mut scales[j][..len]);
         }
-        for k in 0..len {
-            let seg = b0 + k;
+        for seg in b0..b0 + len {
             let mut sc = [s.zero(); R];
             let mut wseg = [&[][..]; R];
             for j in 0..R {
-                sc[j] = E::seg(s, scales[j][k], &[]);
+                sc[j] = E::seg(s, scales[j][seg - b0], &[]);
                 wseg[j] = &w[j][seg][..];
             }
             let mut xseg = [&[][..]; N];
