@@ -21,6 +21,7 @@ pub mod generate;
 pub mod histogram;
 pub mod kernels;
 pub mod model;
+pub mod pool;
 pub mod scheduler;
 pub mod spec;
 pub mod synth;

@@ -75,8 +75,8 @@ fn main() -> ExitCode {
     deltafin_fetch::install_tls_provider();
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let result = match cli.command {
-        Command::Run(args) => done(on_pool(|| run::run(args, &cache_dir))),
-        Command::Bench(args) => done(on_pool(|| bench::bench(args, &cache_dir))),
+        Command::Run(args) => done(deltafin_engine::pool::on_pool(|| run::run(args, &cache_dir))),
+        Command::Bench(args) => done(bench::bench(args, &cache_dir)),
         Command::Serve(args) => done(serve::serve(args, &cache_dir)),
         Command::Setup(args) => setup::setup(args),
         Command::SetupQwen(args) => setup::setup_qwen(args),
@@ -92,17 +92,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// Run `f` on a worker of the global pool (the calling thread waits): the passes' parallel
-/// loops then start from a worker, which takes part in them, instead of handing every loop
-/// from an outside thread to the pool and sleeping until it ends (decode of the 12.5 GB
-/// `dsv3-bench` model in memory: +7 %). Not for `serve`, whose scheduler waits for requests
-/// that handlers may prepare on the pool.
-fn on_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    let mut out = None;
-    rayon::scope(|s| s.spawn(|_| out = Some(f())));
-    out.expect("the scope ran its task")
 }
 
 fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {

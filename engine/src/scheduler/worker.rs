@@ -141,7 +141,9 @@ impl Worker {
             if !self.cfg.step_delay.is_zero() {
                 std::thread::sleep(self.cfg.step_delay);
             }
-            self.step();
+            // The pass runs on a pool worker, so its parallel loops start there (the engine
+            // thread is outside the pool and only waits for requests).
+            crate::pool::on_pool(|| self.step());
             self.retire();
             self.trim_cache();
         }

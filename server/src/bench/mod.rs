@@ -68,7 +68,10 @@ enum BenchWhat {
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => self::serve::bench_serve(a, cache_dir),
-        BenchWhat::Run(a) => self::model::run(a, cache_dir),
+        // On a pool worker, so the passes' parallel loops start there (`pool::on_pool`). Not
+        // for `serve`, whose own engine thread does that per pass while this thread waits on
+        // it (with one worker, waiting there would leave the engine no worker).
+        BenchWhat::Run(a) => deltafin_engine::pool::on_pool(|| self::model::run(a, cache_dir)),
         BenchWhat::Prefill(a) => self::prefill::run(a, cache_dir),
         BenchWhat::Disk(a) => self::disk::run(a),
         BenchWhat::Spec(a) => self::spec::run(a, cache_dir),
