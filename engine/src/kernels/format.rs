@@ -170,11 +170,9 @@ pub fn e2m1_to_f32(nibble: u8) -> f32 {
 }
 
 /// E8M0 scale byte to f32: `2^(E - 127)`; `E = 0` is 2^-127 (an f32 subnormal), `E = 255` is NaN.
-#[inline]
+/// Written as selects, so a loop over a row's scales vectorises.
+#[inline(always)]
 pub fn e8m0_to_f32(e: u8) -> f32 {
-    match e {
-        255 => f32::NAN,
-        0 => f32::from_bits(1 << 22), // 2^-127
-        _ => f32::from_bits((e as u32) << 23),
-    }
+    let bits = if e == 0 { 1 << 22 } else { u32::from(e) << 23 }; // E = 0: 2^-127
+    f32::from_bits(if e == u8::MAX { f32::NAN.to_bits() } else { bits })
 }

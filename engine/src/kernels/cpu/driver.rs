@@ -342,15 +342,8 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
         for i in 0..N {
             xseg[i] = &xs[i][c0..c1];
         }
-        let seg_len = c1 - c0;
-        if seg_len == 2 {
-            // Two-chunk segments (INT4 and MXFP4 groups of 32): unrolled, no inner loop.
-            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 0, c0, next, &mut acc);
-            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 1, c0, next, &mut acc);
-        } else {
-            for k in 0..seg_len {
-                chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, k, c0, next, &mut acc);
-            }
+        for k in 0..c1 - c0 {
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, k, c0, next, &mut acc);
         }
         c0 = c1;
         seg += 1;

@@ -180,9 +180,10 @@ fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES]) -> Vec<Chunk>
     if cols == 0 {
         return out;
     }
+    let identity = *lanes == driver::IDENTITY_LANES;
     for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cpr)) {
         for (d, s) in dst.iter_mut().zip(row.chunks(LANES)) {
-            if *lanes == driver::IDENTITY_LANES {
+            if identity {
                 d.0[..s.len()].copy_from_slice(s);
                 continue;
             }

@@ -198,9 +198,7 @@ impl<'a> Plan<'a> {
             }
             ScaleRule::Mxfp4 { .. } => {
                 for (o, &e) in out.iter_mut().zip(&self.scales[first..first + n]) {
-                    // `e8m0_to_f32` as selects, which vectorise.
-                    let bits = if e == 0 { 1 << 22 } else { u32::from(e) << 23 };
-                    *o = f32::from_bits(if e == u8::MAX { f32::NAN.to_bits() } else { bits });
+                    *o = e8m0_to_f32(e);
                 }
             }
             ScaleRule::One | ScaleRule::Fp8 { .. } => out.fill(1.0),

@@ -270,7 +270,7 @@ impl Mla {
             .zip(ctx.par_chunks(c))
             .enumerate()
             .for_each(|(t, (out, ctx))| value_head(head_rows(t % d.heads), ctx, d, out));
-        KV_B_SCRATCH.with_borrow_mut(|scratch| *scratch = wkv);
+        *kv_b_scratch() = wkv;
         attn
     }
 
@@ -287,11 +287,11 @@ impl Mla {
     }
 
     /// `kv_b_proj` decoded row by row (the exact element values), `[heads*(nope+v), kv_lora]`,
-    /// in this thread's scratch buffer (taken; `attend_rows` puts it back), so a decode step
+    /// in the process's scratch buffer (taken; `attend_rows` puts it back), so a decode step
     /// does not map, fault in and unmap a fresh buffer per layer.
     fn decoded_kv_b(&self) -> Vec<f32> {
         let m = &self.kv_b;
-        let mut w = KV_B_SCRATCH.with_borrow_mut(std::mem::take);
+        let mut w = std::mem::take(&mut *kv_b_scratch());
         w.resize(m.rows * m.cols, 0.0);
         w.par_chunks_mut(m.cols)
             .enumerate()
@@ -300,9 +300,13 @@ impl Mla {
     }
 }
 
-thread_local! {
-    /// The decoded `kv_b_proj` buffer of [`Mla::decoded_kv_b`], kept between calls.
-    static KV_B_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+/// The decoded `kv_b_proj` buffer of [`Mla::decoded_kv_b`], kept between calls. One for the
+/// process (not one per thread): passes move between pool workers, and per-thread buffers would
+/// each keep a largest-layer copy outside the memory budget. A concurrent caller finds it taken
+/// and allocates its own.
+fn kv_b_scratch() -> std::sync::MutexGuard<'static, Vec<f32>> {
+    static SCRATCH: std::sync::Mutex<Vec<f32>> = std::sync::Mutex::new(Vec::new());
+    SCRATCH.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One row's attention values `[heads, v]` from its latent contexts `ctx` `[heads, kv_lora]`:
