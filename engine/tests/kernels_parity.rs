@@ -162,6 +162,22 @@ fn mxfp4_matches_reference() {
     check(&mxfp4_matrix(9, 32 * 141, 32, 6), &FEW_N, "mxfp4 long rows");
 }
 
+/// Inputs wide enough that the multi-row path takes them in several row blocks, the last one
+/// partial (8192 columns: blocks of 16 to 128 rows, by the L2 size).
+#[test]
+fn input_row_blocks_match_reference() {
+    let ns = [17, 40, 140];
+    check(&bf16_matrix(9, 8192, 31), &ns, "bf16 blocked");
+    check(&f32_matrix(6, 8200, 32), &ns, "f32 blocked");
+    check(&fp8_matrix(9, 8192, (128, 128), 33, false), &ns, "fp8 blocked");
+    check(
+        &int4_matrix(9, 8192, 32, ScaleDtype::Bf16, 34),
+        &ns,
+        "int4 blocked",
+    );
+    check(&mxfp4_matrix(9, 8192, 32, 35), &ns, "mxfp4 blocked");
+}
+
 #[test]
 fn mxfp4_special_scales_match_reference() {
     check(&mxfp4_special_scales_matrix(), &ALL_N, "mxfp4 special scales");

@@ -126,6 +126,9 @@ impl Default for BenchOptions {
     }
 }
 
+/// Row counts from which the report also prints the multi-row product's GFLOP/s.
+const PREFILL_ROWS: usize = 16;
+
 /// Result of the memory-bandwidth probe.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbeResult {
@@ -142,6 +145,8 @@ pub struct BatchResult {
     pub seconds_per_call: f64,
     /// Time per call relative to the `n = 1` call on the same matrices.
     pub ratio_vs_n1: f64,
+    /// Multiply-adds × 2 per second (`2 · rows · cols · n / seconds_per_call`, in 10^9).
+    pub gflop_per_s: f64,
 }
 
 /// One (format, shape) measurement.
@@ -366,6 +371,7 @@ fn measure(
                 n,
                 seconds_per_call,
                 ratio_vs_n1: seconds_per_call / per_call,
+                gflop_per_s: 2.0 * (rows * cols * n) as f64 / seconds_per_call / 1e9,
             }
         })
         .collect();
@@ -422,6 +428,19 @@ impl fmt::Display for BenchReport {
                 k.gb_per_s,
                 k.fraction_of_probe * 100.0
             )?;
+        }
+        for k in &self.kernels {
+            for b in k.batch.iter().filter(|b| b.n >= PREFILL_ROWS) {
+                writeln!(
+                    f,
+                    "{} {}x{} n={}: {:.1} GFLOP/s",
+                    k.format.name(),
+                    k.rows,
+                    k.cols,
+                    b.n,
+                    b.gflop_per_s
+                )?;
+            }
         }
         for n in &self.notes {
             writeln!(f, "note: {n}")?;

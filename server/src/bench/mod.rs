@@ -45,6 +45,10 @@ enum BenchWhat {
         /// memory on this CPU.
         #[arg(long, env = "DELTAFIN_CACHE_HOT")]
         cache_hot: bool,
+        /// Input-row counts of the multi-row calls, each timed against one row (prefill-sized
+        /// counts such as 128 or 1024 also print the tiled product's GFLOP/s).
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8", env = "DELTAFIN_ROWS")]
+        rows: Vec<usize>,
     },
     /// Decode tokens/s of the engine loop at 1, 2, 4, 8 concurrent streams.
     Serve(self::serve::ServeBenchArgs),
@@ -82,6 +86,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
             min_time_ms,
             probe_bytes,
             cache_hot,
+            rows,
         } => {
             let mut opts = BenchOptions {
                 threads: rayon::current_num_threads(),
@@ -90,6 +95,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
                 // `--device cuda` benchmarks the GPU's products.
                 backend: deltafin_engine::backend::current().device()
                     != deltafin_engine::backend::Device::Cpu,
+                batch_rows: rows.into_iter().filter(|&n| n > 0).collect(),
                 ..BenchOptions::default()
             };
             if cache_hot {

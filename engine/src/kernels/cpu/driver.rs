@@ -12,7 +12,10 @@
 //! * larger `n` (prefill): per group of weight rows and per k-block of [`KB_CHUNKS`] chunks, the
 //!   rows are decoded once into an L1-resident f32 panel, then register tiles of
 //!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
-//!   small buffer between k-blocks.
+//!   small buffer between k-blocks. The input rows are taken in blocks of half the L2 cache
+//!   ([`x_block_bytes`]), so the block every weight group sweeps stays in L2 (1024 rows of a
+//!   2048-wide input are 8 MiB: streamed from L3 per weight group, they halved the product's
+//!   rate); each weight row is then decoded once per input block.
 //!
 //! Both paths perform, for every `(weight row, input row)` pair, exactly the canonical sequence
 //! `acc[k % 16] = fma(w[k], x[k], acc[k % 16])` in increasing `k` followed by the fixed reduction
@@ -26,6 +29,37 @@ use crate::kernels::LANES;
 
 /// Canonical chunks per k-block of the multi-row path (512 columns: 4 rows x 2 KiB in L1).
 pub(crate) const KB_CHUNKS: usize = 32;
+
+/// Padded input bytes per input-row block of the multi-row path: half of this CPU's L2 cache
+/// per core (the rest holds the panel, accumulators and the streamed weights), 512 KiB where
+/// the size is not reported. Blocking never changes a result, only where the inputs are read
+/// from.
+pub(crate) fn x_block_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| l2_bytes().map_or(512 << 10, |b| (b / 2).clamp(128 << 10, 4 << 20)))
+}
+
+/// The L2 cache of CPU 0 as Linux reports it (`/sys/devices/system/cpu/cpu0/cache`).
+fn l2_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    (0..8).find_map(|i| {
+        let idx = dir.join(format!("index{i}"));
+        let level = std::fs::read_to_string(idx.join("level")).ok()?;
+        if level.trim() != "2" {
+            return None;
+        }
+        let size = std::fs::read_to_string(idx.join("size")).ok()?;
+        let size = size.trim();
+        let (digits, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
+        let mult = match unit {
+            "" => 1,
+            "K" => 1 << 10,
+            "M" => 1 << 20,
+            _ => return None,
+        };
+        digits.parse::<usize>().ok().map(|d| d * mult)
+    })
+}
 
 /// The canonical lane order: register lane `l` holds canonical lane `l`.
 pub(crate) const IDENTITY_LANES: [u8; LANES] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
@@ -48,6 +82,10 @@ pub(crate) trait Simd: Copy {
     /// Input rows of the wide tile (2 weight rows x `WIDE_XS` inputs, one decode per weight
     /// chunk) used when `TILE_XS < n <= WIDE_XS`; 0: none (the register file is too small).
     const WIDE_XS: usize = 0;
+    /// Weight rows of the multi-row path's panel and register tile: 8 (an 8 x 3 tile, each
+    /// input chunk loaded once for 8 weight rows) where the register file holds 24
+    /// accumulators, else `TILE_ROWS`.
+    const PANEL_ROWS: usize = Self::TILE_ROWS;
 
     fn zero(self) -> Self::V;
     fn splat(self, v: f32) -> Self::V;
@@ -212,7 +250,7 @@ pub(crate) fn run_rows<S: Simd>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
         Kind::Fp8 => rows_elem::<S, Fp8E>(s, p, x, n, r0, r1, out),
         Kind::Int4 => rows_elem::<S, Int4E>(s, p, x, n, r0, r1, out),
         Kind::Mxfp4 => rows_elem::<S, Mxfp4E>(s, p, x, n, r0, r1, out),
-        Kind::Generic => panel_rows(s, p, x, n, r0, r1, out, (decode_generic, as_is::<S>)),
+        Kind::Generic => panel_rows::<S, GenericPanel>(s, p, x, n, r0, r1, out),
     }
 }
 
@@ -235,7 +273,7 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
     } else if n <= 4 * S::TILE_XS {
         fused_rows::<S, E>(s, p, x, n, r0, r1, out);
     } else {
-        panel_rows(s, p, x, n, r0, r1, out, (decode_elem::<S, E>, canonical::<S, E>));
+        panel_rows::<S, ElemPanel<E>>(s, p, x, n, r0, r1, out);
     }
 }
 
@@ -280,16 +318,7 @@ fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
     }
     if r < r1 {
         let mut rest: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[r - r0..]).collect();
-        panel_rows(
-            s,
-            p,
-            x,
-            n,
-            r,
-            r1,
-            &mut rest,
-            (decode_elem::<S, E>, canonical::<S, E>),
-        );
+        panel_rows::<S, ElemPanel<E>>(s, p, x, n, r, r1, &mut rest);
     }
 }
 
@@ -364,7 +393,7 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     }
     for j in 0..R {
         for i in 0..N {
-            out[i][r - base + j] = s.reduce(canonical::<S, E>(s, acc[j][i]));
+            out[i][r - base + j] = s.reduce(ElemPanel::<E>::canonical(s, acc[j][i]));
         }
     }
 }
@@ -455,16 +484,45 @@ fn chunk_step<S: Simd, E: Elem, const R: usize, const N: usize>(
     }
 }
 
-/// An accumulator of format `E` in canonical lane order.
-#[inline(always)]
-fn canonical<S: Simd, E: Elem>(s: S, v: S::V) -> S::V {
-    if E::NIBBLE { s.nibbles_to_canonical(v) } else { v }
+/// How the multi-row path decodes a panel and reads an accumulator. A trait rather than
+/// function values: a function item passed as `impl Fn` is called through a shim that does not
+/// inherit the caller's `target_feature`s, so the decoder's intrinsics compiled to out-of-line
+/// calls (about 8 % of a prefill pass).
+trait PanelOps {
+    /// Fill `out` with chunks `c0..c0 + out.len()` of weight row `r`.
+    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]);
+    /// An accumulator in canonical lane order.
+    fn canonical<S: Simd>(s: S, v: S::V) -> S::V;
 }
 
-/// An accumulator already in canonical lane order.
-#[inline(always)]
-fn as_is<S: Simd>(_s: S, v: S::V) -> S::V {
-    v
+/// Panels of a format with a vectorised decoder.
+struct ElemPanel<E>(std::marker::PhantomData<E>);
+
+impl<E: Elem> PanelOps for ElemPanel<E> {
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+        decode_elem::<S, E>(s, p, r, c0, out);
+    }
+
+    #[inline(always)]
+    fn canonical<S: Simd>(s: S, v: S::V) -> S::V {
+        if E::NIBBLE { s.nibbles_to_canonical(v) } else { v }
+    }
+}
+
+/// Panels decoded by the scalar reference (the generic fallback).
+struct GenericPanel;
+
+impl PanelOps for GenericPanel {
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+        decode_generic(s, p, r, c0, out);
+    }
+
+    #[inline(always)]
+    fn canonical<S: Simd>(_s: S, v: S::V) -> S::V {
+        v
+    }
 }
 
 /// Decode the partial chunk `c` (`len < 16` valid columns) of a row, zero-padded.
@@ -522,24 +580,37 @@ thread_local! {
     static SCRATCH: RefCell<(Vec<Chunk>, Vec<Chunk>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Multi-row path over rows `r0..r1`. `decode(s, p, r, c0, out)` fills `out` with chunks
-/// `c0..c0 + out.len()` of weight row `r`; `canonical` puts an accumulator in canonical lane
-/// order before the reduction.
+/// Input rows per block of the multi-row path for rows of `cpr` chunks: a multiple of 4 (the
+/// register tile), at least 16 (so a panel decode serves enough products).
+pub(crate) fn x_block_rows(cpr: usize) -> usize {
+    (x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>())).max(16) / 4 * 4
+}
+
+/// Multi-row path over rows `r0..r1`, panels decoded and accumulators read by `P`, the input
+/// rows in blocks of [`x_block_rows`] (each block meets every weight row before the next).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn panel_rows<S: Simd>(
-    s: S,
-    p: &Plan,
-    x: &[Chunk],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    out: Outs,
-    (decode, canonical): (
-        impl Fn(S, &Plan, usize, usize, &mut [Chunk]) + Copy,
-        impl Fn(S, S::V) -> S::V + Copy,
-    ),
-) {
+fn panel_rows<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
+    let cpr = p.m.cols.div_ceil(LANES);
+    let nb = x_block_rows(cpr);
+    let mut i0 = 0;
+    while i0 < n {
+        let ni = nb.min(n - i0);
+        panel_block::<S, P>(
+            s,
+            p,
+            &x[i0 * cpr..(i0 + ni) * cpr],
+            ni,
+            r0,
+            r1,
+            &mut out[i0..i0 + ni],
+        );
+        i0 += ni;
+    }
+}
+
+/// [`panel_rows`] for one block of `n` input rows.
+#[inline(always)]
+fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
     let kb = if p.kind == Kind::Generic {
         cpr
@@ -552,17 +623,23 @@ fn panel_rows<S: Simd>(
     let (mut panel, mut accs) = SCRATCH.with_borrow_mut(std::mem::take);
     {
         panel.clear();
-        panel.resize(S::TILE_ROWS * kb, Chunk::default());
+        panel.resize(S::PANEL_ROWS.max(S::TILE_ROWS) * kb, Chunk::default());
         let mut r = r0;
         while r < r1 {
-            let rr = if r + S::TILE_ROWS <= r1 { S::TILE_ROWS } else { 1 };
+            let rr = if r + S::PANEL_ROWS <= r1 {
+                S::PANEL_ROWS
+            } else if r + S::TILE_ROWS <= r1 {
+                S::TILE_ROWS
+            } else {
+                1
+            };
             accs.clear();
             accs.resize(rr * n, Chunk::default());
             let mut c0 = 0;
             while c0 < cpr {
                 let kc = kb.min(cpr - c0);
                 for j in 0..rr {
-                    decode(s, p, r + j, c0, &mut panel[j * kb..j * kb + kc]);
+                    P::decode(s, p, r + j, c0, &mut panel[j * kb..j * kb + kc]);
                 }
                 let blk = Block {
                     w: &panel,
@@ -578,7 +655,7 @@ fn panel_rows<S: Simd>(
             }
             for j in 0..rr {
                 for (i, o) in out.iter_mut().enumerate() {
-                    o[r + j - r0] = s.reduce(canonical(s, s.load(&accs[j * n + i])));
+                    o[r + j - r0] = s.reduce(P::canonical(s, s.load(&accs[j * n + i])));
                 }
             }
             r += rr;
@@ -608,6 +685,9 @@ fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, accs: &mut [Chunk]) {
     while i < b.n {
         let nt = (b.n - i).min(S::TILE_XS);
         i += match (rr, nt) {
+            (8, 3..) => tile::<S, 8, 3>(s, b, i, accs),
+            (8, 2) => tile::<S, 8, 2>(s, b, i, accs),
+            (8, _) => tile::<S, 8, 1>(s, b, i, accs),
             (4, 4..) => tile::<S, 4, 4>(s, b, i, accs),
             (4, 3) => tile::<S, 4, 3>(s, b, i, accs),
             (4, 2) => tile::<S, 4, 2>(s, b, i, accs),
@@ -644,15 +724,16 @@ fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, acc
             acc[j][i] = s.load(&accs[j * n + i0 + i]);
         }
     }
+    // The input chunks stay in registers; each weight chunk is loaded and used for all `N`.
     for c in 0..b.kc {
-        let mut wv = [s.zero(); R];
-        for j in 0..R {
-            wv[j] = s.load(&w[j][c]);
-        }
+        let mut xv = [s.zero(); N];
         for i in 0..N {
-            let xv = s.load(&x[i][c]);
-            for j in 0..R {
-                acc[j][i] = s.fma(wv[j], xv, acc[j][i]);
+            xv[i] = s.load(&x[i][c]);
+        }
+        for j in 0..R {
+            let wv = s.load(&w[j][c]);
+            for i in 0..N {
+                acc[j][i] = s.fma(wv, xv[i], acc[j][i]);
             }
         }
     }

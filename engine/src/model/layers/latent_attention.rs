@@ -17,7 +17,11 @@
 //! thread count, on which rows share the pass, or on how its prompt was chunked (a row at
 //! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
 //! lanes like [`crate::kernels::reference::dot`], but with a separate multiply and add (no fused
-//! multiply-add), so the AVX2 instantiation and the portable one give the same bits.
+//! multiply-add), so every instantiation gives the same bits.
+//!
+//! A tile's two inner loops (the scores, and the probability-weighted sum of latents) are a
+//! [`TileOps`]: the portable loops here (compiled as is, and under AVX2), or the AVX-512 ones of
+//! [`super::latent_avx512`], which perform the same operations per value in register tiles.
 //!
 //! [`attend_reference`] is the scalar twin (exact two-pass softmax per head) for parity tests.
 
@@ -72,7 +76,7 @@ impl<'a> LatentKeys<'a> {
     }
 
     #[inline(always)]
-    fn key(&self, j: usize, s: LatentShape) -> (&'a [f32], &'a [f32]) {
+    pub(super) fn key(&self, j: usize, s: LatentShape) -> (&'a [f32], &'a [f32]) {
         let (part, j) = if j < self.first {
             (self.parts[0], j)
         } else {
@@ -98,10 +102,10 @@ pub struct LatentQuery<'a> {
 /// Softmax state of every head over a run of positions: running max, sum of `exp(s - max)`,
 /// and `Σ exp(s - max) · c`.
 #[derive(Debug, Clone)]
-struct Partial {
+pub(super) struct Partial {
     max: Vec<f32>,
-    sum: Vec<f32>,
-    acc: Vec<f32>,
+    pub(super) sum: Vec<f32>,
+    pub(super) acc: Vec<f32>,
 }
 
 impl Partial {
@@ -157,18 +161,31 @@ pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     reduce_lanes(&mut acc)
 }
 
-/// The partial of block `block` of row `q` (positions `block * BLOCK ..` up to `q.len`).
-#[inline(always)]
-fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
-    let mut part = Partial::empty(s);
-    let start = block * BLOCK;
-    let end = (start + BLOCK).min(q.len);
-    let mut scores = vec![0.0f32; s.heads * TILE];
-    let mut t0 = start;
-    while t0 < end {
-        let t1 = (t0 + TILE).min(end);
-        let width = t1 - t0;
-        for j in t0..t1 {
+/// A tile's two inner loops; every implementation performs, for every value, the operations of
+/// [`Portable`] in the same order.
+pub(super) trait TileOps {
+    /// `scores[h * TILE + (j - t0)] = (dot16(q_abs[h], latent_j) + dot16(q_rope[h], rope_j)) ·
+    /// scale` for the `width` positions `j` from `t0`.
+    fn scores(q: &LatentQuery<'_>, t0: usize, width: usize, s: LatentShape, scores: &mut [f32]);
+    /// For every head, in position order: `sum[h] += p_j` and `acc[h] += p_j · c_j`, with
+    /// `p_j = probs[h * TILE + (j - t0)]` and `c_j` the latent of position `j`.
+    fn values(
+        q: &LatentQuery<'_>,
+        t0: usize,
+        width: usize,
+        s: LatentShape,
+        probs: &[f32],
+        part: &mut Partial,
+    );
+}
+
+/// The portable loops (the definition of the order).
+pub(super) struct Portable;
+
+impl TileOps for Portable {
+    #[inline(always)]
+    fn scores(q: &LatentQuery<'_>, t0: usize, width: usize, s: LatentShape, scores: &mut [f32]) {
+        for j in t0..t0 + width {
             let (latent, rope) = q.keys.key(j, s);
             for h in 0..s.heads {
                 let qa = &q.q_abs[h * s.latent..][..s.latent];
@@ -176,6 +193,40 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
                 scores[h * TILE + (j - t0)] = (dot16(qa, latent) + dot16(qr, rope)) * s.scale;
             }
         }
+    }
+
+    #[inline(always)]
+    fn values(
+        q: &LatentQuery<'_>,
+        t0: usize,
+        width: usize,
+        s: LatentShape,
+        probs: &[f32],
+        part: &mut Partial,
+    ) {
+        for j in t0..t0 + width {
+            let (latent, _) = q.keys.key(j, s);
+            for h in 0..s.heads {
+                let p = probs[h * TILE + (j - t0)];
+                part.sum[h] += p;
+                let acc = &mut part.acc[h * s.latent..][..s.latent];
+                acc.iter_mut().zip(latent).for_each(|(x, &c)| *x += p * c);
+            }
+        }
+    }
+}
+
+/// The partial of block `block` of row `q` (positions `block * BLOCK ..` up to `q.len`).
+#[inline(always)]
+fn block_partial_impl<K: TileOps>(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
+    let mut part = Partial::empty(s);
+    let start = block * BLOCK;
+    let end = (start + BLOCK).min(q.len);
+    let mut scores = vec![0.0f32; s.heads * TILE];
+    let mut t0 = start;
+    while t0 < end {
+        let width = (t0 + TILE).min(end) - t0;
+        K::scores(q, t0, width, s, &mut scores);
         for h in 0..s.heads {
             let tile_max = scores[h * TILE..][..width]
                 .iter()
@@ -196,16 +247,8 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
                 .iter_mut()
                 .for_each(|v| *v = exp(*v - m));
         }
-        for j in t0..t1 {
-            let (latent, _) = q.keys.key(j, s);
-            for h in 0..s.heads {
-                let p = scores[h * TILE + (j - t0)];
-                part.sum[h] += p;
-                let acc = &mut part.acc[h * s.latent..][..s.latent];
-                acc.iter_mut().zip(latent).for_each(|(x, &c)| *x += p * c);
-            }
-        }
-        t0 = t1;
+        K::values(q, t0, width, s, &scores, &mut part);
+        t0 += width;
     }
     part
 }
@@ -213,36 +256,67 @@ fn block_partial_impl(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Part
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn block_partial_avx2(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
-    block_partial_impl(q, block, s)
+    block_partial_impl::<Portable>(q, block, s)
 }
 
-fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, avx2: bool) -> Partial {
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn block_partial_avx512(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
+    block_partial_impl::<super::latent_avx512::Avx512>(q, block, s)
+}
+
+/// The instruction set a block runs on (all give the same bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Portable,
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is only set when the CPU reports AVX2 and FMA (see `use_avx2`).
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Path {
+    /// The widest path this CPU runs.
+    fn detected() -> Path {
+        Path::available().pop().unwrap_or(Path::Portable)
+    }
+
+    /// Every path this CPU runs, narrowest first.
+    fn available() -> Vec<Path> {
+        #[allow(unused_mut)]
+        let mut paths = vec![Path::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                paths.push(Path::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                paths.push(Path::Avx512);
+            }
+        }
+        paths
+    }
+}
+
+fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, path: Path) -> Partial {
+    match path {
+        // SAFETY: `Path::available` offers these paths only when the CPU reports their features.
+        #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
-        return unsafe { block_partial_avx2(q, block, s) };
-    }
-    let _ = avx2;
-    block_partial_impl(q, block, s)
-}
-
-fn use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        Path::Avx2 => unsafe { block_partial_avx2(q, block, s) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        Path::Avx512 => unsafe { block_partial_avx512(q, block, s) },
+        Path::Portable => block_partial_impl::<Portable>(q, block, s),
     }
 }
 
 /// One row, its blocks in order (the row-parallel path).
-fn attend_row(q: &LatentQuery<'_>, s: LatentShape, avx2: bool, out: &mut [f32]) {
-    let mut total = block_partial(q, 0, s, avx2);
+fn attend_row(q: &LatentQuery<'_>, s: LatentShape, path: Path, out: &mut [f32]) {
+    let mut total = block_partial(q, 0, s, path);
     for b in 1..q.len.div_ceil(BLOCK) {
-        total.merge(&block_partial(q, b, s, avx2), s);
+        total.merge(&block_partial(q, b, s, path), s);
     }
     total.finish(s, out);
 }
@@ -264,12 +338,12 @@ pub fn attend(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
             "a row attends to 1..=keys positions"
         );
     }
-    let avx2 = use_avx2();
+    let path = Path::detected();
     let threads = rayon::current_num_threads();
     if queries.len() >= threads || queries.iter().all(|q| q.len <= BLOCK) {
         out.par_chunks_mut(width)
             .zip(queries.par_iter())
-            .for_each(|(o, q)| attend_row(q, s, avx2, o));
+            .for_each(|(o, q)| attend_row(q, s, path, o));
         return;
     }
     // Few rows over long caches: every (row, block) is a task; blocks merge in order.
@@ -280,7 +354,7 @@ pub fn attend(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
         .collect();
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map(|&(i, b)| block_partial(&queries[i], b, s, avx2))
+        .map(|&(i, b)| block_partial(&queries[i], b, s, path))
         .collect();
     let mut next = partials.into_iter();
     for (q, o) in queries.iter().zip(out.chunks_mut(width)) {
@@ -443,15 +517,47 @@ mod tests {
         assert_eq!(run(&[LatentQuery { keys: split, ..q }], 2), base);
     }
 
+    /// Every instantiation this CPU runs gives the portable bits: widths with and without
+    /// partial 16-lane chunks, head counts that do not fill a register tile, tiles cut short.
     #[test]
-    fn the_avx2_instantiation_gives_the_portable_bits() {
-        let s = shape();
-        let c = case(2100, 1);
-        let q = queries(&c, &[2100])[0];
-        let width = s.heads * s.latent;
-        let (mut portable, mut simd) = (vec![0.0; width], vec![0.0; width]);
-        attend_row(&q, s, false, &mut portable);
-        attend_row(&q, s, use_avx2(), &mut simd);
-        assert_eq!(portable, simd);
+    fn every_instruction_set_gives_the_portable_bits() {
+        let paths = Path::available();
+        assert!(paths.len() >= 2 || !cfg!(target_arch = "x86_64"), "{paths:?}");
+        for (heads, latent, rope) in [(3, 20, 5), (16, 256, 64), (5, 512, 64), (2, 33, 16), (1, 300, 7)] {
+            let s = LatentShape {
+                heads,
+                latent,
+                rope,
+                scale: 0.07,
+            };
+            let positions = 2100;
+            let c = Case {
+                latent: values(positions * latent, 1),
+                rope: values(positions * rope, 2),
+                q_abs: values(heads * latent, 3),
+                q_rope: values(heads * rope, 4),
+            };
+            let keys = LatentKeys::one(&c.latent, &c.rope, s);
+            for len in [1, 7, 64, 100, 2100] {
+                let q = LatentQuery {
+                    q_abs: &c.q_abs,
+                    q_rope: &c.q_rope,
+                    keys,
+                    len,
+                };
+                let width = heads * latent;
+                let mut want = vec![0.0; width];
+                attend_row(&q, s, Path::Portable, &mut want);
+                for &path in &paths {
+                    let mut got = vec![0.0; width];
+                    attend_row(&q, s, path, &mut got);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{path:?}: heads {heads}, latent {latent}, rope {rope}, len {len}"
+                    );
+                }
+            }
+        }
     }
 }

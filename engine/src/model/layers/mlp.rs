@@ -64,9 +64,18 @@ impl Mlp {
         let mut u = vec![0.0f32; n * width];
         mm(&self.gate, x, n, &mut g);
         mm(&self.up, x, n, &mut u);
+        // One plain loop per activation (the match hoisted; no inner closure, which would not
+        // inherit the scope's FMA), so each vectorises.
+        let act = self.act;
         crate::kernels::math::fma_scope(|| {
-            for (g, &u) in g.iter_mut().zip(&u) {
-                *g = self.act.apply(*g, u);
+            if act == Activation::Silu {
+                for (g, &u) in g.iter_mut().zip(&u) {
+                    *g = Activation::Silu.apply(*g, u);
+                }
+            } else {
+                for (g, &u) in g.iter_mut().zip(&u) {
+                    *g = act.apply(*g, u);
+                }
             }
         });
         let mut out = vec![0.0f32; n * self.down.rows];

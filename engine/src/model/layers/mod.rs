@@ -6,6 +6,8 @@ pub mod device;
 pub mod gqa;
 pub mod kda;
 pub mod latent_attention;
+#[cfg(target_arch = "x86_64")]
+mod latent_avx512;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
