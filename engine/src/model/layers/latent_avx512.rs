@@ -101,9 +101,17 @@ impl TileOps for Avx512 {
         while h0 < s.heads {
             let mut c0 = 0;
             while 16 * c0 < s.latent {
+                let full = h0 + V_HEADS <= s.heads && 16 * (c0 + V_CHUNKS) <= s.latent;
                 // SAFETY: the CPU has AVX-512F; `value_tile` masks every access to the heads
-                // below `s.heads` and the values below `s.latent`.
-                unsafe { value_tile(q, (t0, width), s, probs, &mut part.acc, (h0, c0)) };
+                // below `s.heads` and the values below `s.latent` (and `full` says no mask is
+                // needed).
+                unsafe {
+                    if full {
+                        value_tile::<true>(q, (t0, width), s, probs, &mut part.acc, (h0, c0));
+                    } else {
+                        value_tile::<false>(q, (t0, width), s, probs, &mut part.acc, (h0, c0));
+                    }
+                }
                 c0 += V_CHUNKS;
             }
             h0 += V_HEADS;
@@ -192,13 +200,15 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
 }
 
 /// `acc[h] += p_j · c_j` over the tile's positions in order, for heads `h0..h0 + V_HEADS` and
-/// chunks `c0..c0 + V_CHUNKS` (masked to the heads and values that exist).
+/// chunks `c0..c0 + V_CHUNKS` (masked to the heads and values that exist; `FULL`: all exist,
+/// and the masks are left out).
 ///
 /// # Safety
-/// AVX-512F; `acc` holds `heads × latent` values and every key `latent` values.
+/// AVX-512F; `acc` holds `heads × latent` values and every key `latent` values; with `FULL`,
+/// `h0 + V_HEADS <= heads` and `16 (c0 + V_CHUNKS) <= latent`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn value_tile(
+unsafe fn value_tile<const FULL: bool>(
     q: &LatentQuery<'_>,
     (t0, width): (usize, usize),
     s: LatentShape,
@@ -227,18 +237,33 @@ unsafe fn value_tile(
             };
         }
     }
+    let mut prow = [&probs[..0]; V_HEADS];
+    for (hh, pr) in prow.iter_mut().enumerate() {
+        *pr = &probs[(h0 + hh.min(hn - 1)) * TILE..][..width];
+    }
     for j in 0..width {
         let lat = q.keys.key(t0 + j, s).0.as_ptr();
         let mut cv = [_mm512_setzero_ps(); V_CHUNKS];
         for k in 0..V_CHUNKS {
-            // SAFETY: the mask keeps the load inside the position's `latent` values.
-            cv[k] = unsafe { _mm512_maskz_loadu_ps(cm[k], lat.wrapping_add(16 * (c0 + k))) };
+            let at = lat.wrapping_add(16 * (c0 + k));
+            // SAFETY: the mask (or `FULL`) keeps the load inside the position's values.
+            cv[k] = unsafe {
+                if FULL {
+                    _mm512_loadu_ps(at)
+                } else {
+                    _mm512_maskz_loadu_ps(cm[k], at)
+                }
+            };
         }
         for hh in 0..V_HEADS {
-            let p = _mm512_set1_ps(probs[(h0 + hh.min(hn - 1)) * TILE + j]);
+            let p = _mm512_set1_ps(prow[hh][j]);
             for k in 0..V_CHUNKS {
-                let x = a[hh][k];
-                a[hh][k] = _mm512_mask_add_ps(x, m[hh][k], x, _mm512_mul_ps(p, cv[k]));
+                let (x, pc) = (a[hh][k], _mm512_mul_ps(p, cv[k]));
+                a[hh][k] = if FULL {
+                    _mm512_add_ps(x, pc)
+                } else {
+                    _mm512_mask_add_ps(x, m[hh][k], x, pc)
+                };
             }
         }
     }
