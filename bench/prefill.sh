@@ -14,12 +14,18 @@
 #    `deltafin bench prefill --memory-budget auto` (the budget is the cgroup's) with the disk's
 #    bandwidth for the I/O bound, and llama-bench the same way;
 # 5. writes summary.md (tok/s per length, the ratio to llama.cpp, and to the I/O bound).
+#
+# ARMS=memory or ARMS=limit runs one arm only; LIMIT_LENGTHS (default LENGTHS) sets the lengths
+# of the limit arm. llama-bench runs without its warm-up pass (the script warms the page cache
+# itself; a prompt-processing warm-up would double the run's time and change nothing measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${BENCH_CACHE:-/work/.bench-cache}
 MODEL=${MODEL:-$CACHE/dsv3-bench-32k}
 GGUF=${GGUF:-$MODEL-bf16.gguf}
 LENGTHS=${LENGTHS:-1024,4096,16384}
+LIMIT_LENGTHS=${LIMIT_LENGTHS:-$LENGTHS}
+ARMS=${ARMS:-memory limit}
 LIMIT_GIB=${LIMIT_GIB:-4}
 THREADS=${THREADS:-2}
 DELTAFIN=${DELTAFIN:-target/release/deltafin}
@@ -43,26 +49,30 @@ sync; echo 3 > /proc/sys/vm/drop_caches
 DISK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["best_direct_gib_s"])' "$OUT/disk.json")
 echo "disk (direct, best in-flight count): $DISK GiB/s" >&2
 
-llama() { # llama NAME [cgrun args...]: llama-bench at every length
-  local name=$1; shift
+llama() { # llama NAME LENGTHS [cgrun args...]: llama-bench at every length
+  local name=$1 lengths=$2; shift 2
   [ -f "$GGUF" ] || return 0
-  "$@" "$LLAMA/build/bin/llama-bench" -m "$GGUF" -p "$LENGTHS" -n 0 -t "$THREADS" -r 1 -o json \
+  "$@" "$LLAMA/build/bin/llama-bench" -m "$GGUF" -p "$lengths" -n 0 -t "$THREADS" -r 1 --no-warmup -o json \
     > "$OUT/llama-$name.json" 2>> "$OUT/llama.err" || echo "llama $name failed" >&2
 }
 
 # In memory: warm the page cache once (both engines map or read the same bytes), then run.
-cat "$MODEL"/*.safetensors > /dev/null
-"$DELTAFIN" --threads "$THREADS" bench prefill --model "$MODEL" --memory-budget off --lengths "$LENGTHS" \
-  --label "deltafin in memory" --json > "$OUT/ours-memory.json" 2>> "$OUT/ours.err"
-[ -f "$GGUF" ] && cat "$GGUF" > /dev/null
-llama memory
+if [[ " $ARMS " == *" memory "* ]]; then
+  cat "$MODEL"/*.safetensors > /dev/null
+  "$DELTAFIN" --threads "$THREADS" bench prefill --model "$MODEL" --memory-budget off --lengths "$LENGTHS" \
+    --label "deltafin in memory" --json > "$OUT/ours-memory.json" 2>> "$OUT/ours.err"
+  [ -f "$GGUF" ] && cat "$GGUF" > /dev/null
+  llama memory "$LENGTHS"
+fi
 
 # Under the limit: each run in a fresh cgroup with the page cache dropped.
-limit=$((LIMIT_GIB << 30))
-bench/cgrun.sh "$limit" "prefill-ours" "$DELTAFIN" --threads "$THREADS" bench prefill --model "$MODEL" \
-  --memory-budget auto --lengths "$LENGTHS" --disk-gib-s "$DISK" --label "deltafin ${LIMIT_GIB} GiB" --json \
-  > "$OUT/ours-limit.json" 2>> "$OUT/ours.err"
-llama limit bench/cgrun.sh "$limit" "prefill-llama"
+if [[ " $ARMS " == *" limit "* ]]; then
+  limit=$((LIMIT_GIB << 30))
+  bench/cgrun.sh "$limit" "prefill-ours" "$DELTAFIN" --threads "$THREADS" bench prefill --model "$MODEL" \
+    --memory-budget auto --lengths "$LIMIT_LENGTHS" --disk-gib-s "$DISK" --label "deltafin ${LIMIT_GIB} GiB" \
+    --json > "$OUT/ours-limit.json" 2>> "$OUT/ours.err"
+  llama limit "$LIMIT_LENGTHS" bench/cgrun.sh "$limit" "prefill-llama"
+fi
 
 uptime > "$OUT/uptime-end.txt"
 python3 bench/summarize_prefill.py "$OUT" "$LIMIT_GIB" | tee "$OUT/summary.md"
