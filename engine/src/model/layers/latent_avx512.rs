@@ -208,6 +208,7 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
 /// `h0 + V_HEADS <= heads` and `16 (c0 + V_CHUNKS) <= latent`.
 #[target_feature(enable = "avx512f")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // `j` is a position: a key, and a column of four rows
 unsafe fn value_tile<const FULL: bool>(
     q: &LatentQuery<'_>,
     (t0, width): (usize, usize),
