@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use deltafin_engine::backend::bench::{self as kernel_bench, BenchFormat, BenchOptions};
+use deltafin_engine::pool::on_pool;
 
 mod disk;
 mod grammar;
@@ -72,13 +73,14 @@ enum BenchWhat {
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
     match args.what {
         BenchWhat::Serve(a) => self::serve::bench_serve(a, cache_dir),
-        // On a pool worker, so the passes' parallel loops start there (`pool::on_pool`). Not
-        // for `serve`, whose own engine thread does that per pass while this thread waits on
-        // it (with one worker, waiting there would leave the engine no worker).
-        BenchWhat::Run(a) => deltafin_engine::pool::on_pool(|| self::model::run(a, cache_dir)),
-        BenchWhat::Prefill(a) => self::prefill::run(a, cache_dir),
+        // The benchmarks that run passes on this thread run on a pool worker, so the passes'
+        // parallel loops start there (`pool::on_pool`), as in `run` and the server. Not `serve`,
+        // whose own engine thread does that per pass while this thread waits on it (with one
+        // worker, waiting there would leave the engine no worker).
+        BenchWhat::Run(a) => on_pool(|| self::model::run(a, cache_dir)),
+        BenchWhat::Prefill(a) => on_pool(|| self::prefill::run(a, cache_dir)),
         BenchWhat::Disk(a) => self::disk::run(a),
-        BenchWhat::Spec(a) => self::spec::run(a, cache_dir),
+        BenchWhat::Spec(a) => on_pool(|| self::spec::run(a, cache_dir)),
         BenchWhat::Grammar(a) => self::grammar::run(a, cache_dir),
         BenchWhat::Kernels {
             json,

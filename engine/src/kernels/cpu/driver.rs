@@ -34,7 +34,7 @@ pub(crate) const KB_CHUNKS: usize = 32;
 /// per core (the rest holds the panel, accumulators and the streamed weights), 512 KiB where
 /// the size is not reported. Blocking never changes a result, only where the inputs are read
 /// from.
-pub(crate) fn x_block_bytes() -> usize {
+fn x_block_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| l2_bytes().map_or(512 << 10, |b| (b / 2).clamp(128 << 10, 4 << 20)))
 }
@@ -48,17 +48,21 @@ fn l2_bytes() -> Option<usize> {
         if level.trim() != "2" {
             return None;
         }
-        let size = std::fs::read_to_string(idx.join("size")).ok()?;
-        let size = size.trim();
-        let (digits, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
-        let mult = match unit {
-            "" => 1,
-            "K" => 1 << 10,
-            "M" => 1 << 20,
-            _ => return None,
-        };
-        digits.parse::<usize>().ok().map(|d| d * mult)
+        parse_cache_size(&std::fs::read_to_string(idx.join("size")).ok()?)
     })
+}
+
+/// A sysfs cache size (`2048K`, `1M`, `512`) in bytes.
+fn parse_cache_size(size: &str) -> Option<usize> {
+    let size = size.trim();
+    let (digits, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
+    let mult = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        _ => return None,
+    };
+    digits.parse::<usize>().ok().map(|d| d * mult)
 }
 
 /// The canonical lane order: register lane `l` holds canonical lane `l`.
@@ -582,7 +586,7 @@ thread_local! {
 
 /// Input rows per block of the multi-row path for rows of `cpr` chunks: a multiple of 4 (the
 /// register tile), at least 16 (so a panel decode serves enough products).
-pub(crate) fn x_block_rows(cpr: usize) -> usize {
+fn x_block_rows(cpr: usize) -> usize {
     (x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>())).max(16) / 4 * 4
 }
 
@@ -757,4 +761,27 @@ pub(crate) fn read_sum<S: Simd>(s: S, data: &[u8]) -> f32 {
     }
     let v = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
     s.reduce(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_cache_sizes_parse() {
+        assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size("2G"), None);
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size(""), None);
+    }
+
+    #[test]
+    fn input_blocks_are_whole_register_tiles_of_at_least_16_rows() {
+        for cpr in [1, 128, 448, 512, 1 << 20] {
+            let nb = x_block_rows(cpr);
+            assert!(nb >= 16 && nb.is_multiple_of(4), "cpr {cpr}: {nb}");
+        }
+    }
 }
