@@ -17,6 +17,10 @@ use crate::error::{Error, Result};
 /// Alignment of buffers, file offsets and lengths for direct I/O.
 pub const ALIGN: usize = 4096;
 
+/// Transparent huge page size on x86-64 and most aarch64 kernels: buffers this large are
+/// hinted to use them.
+const HUGE_PAGE: usize = 2 << 20;
+
 /// Round `n` up to a multiple of [`ALIGN`].
 pub fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN as u64) * ALIGN as u64
@@ -68,6 +72,16 @@ impl AlignedBuf {
         }
         let ptr = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| Error::Budget(format!("could not map {len} bytes")))?;
+        if len >= HUGE_PAGE {
+            // Weights are streamed through once per pass: with 4 KiB pages every page is a TLB
+            // miss. Where transparent huge pages are `madvise`-only (a common default), ask
+            // for them; a hint, so a kernel without them just ignores it.
+            // SAFETY: the range is the mapping just created, owned by this value.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::madvise(raw, len, libc::MADV_HUGEPAGE)
+            };
+        }
         Ok(AlignedBuf { ptr, len })
     }
 
