@@ -169,6 +169,17 @@ impl ExpertCache {
         self.lock().map.contains_key(&key)
     }
 
+    /// Record a use of `key` with the eviction policy if it is cached (a forecast that it is
+    /// about to be used); returns whether it is.
+    pub fn touch(&self, key: ExpertKey) -> bool {
+        let mut st = self.lock();
+        let Some(&slot) = st.map.get(&key) else {
+            return false;
+        };
+        st.policy.on_access(slot, key);
+        true
+    }
+
     /// Prefetches evicted before any demand used them.
     pub fn wasted_prefetches(&self) -> u64 {
         self.lock().wasted_prefetches
