@@ -9,7 +9,8 @@
 #    from the llama-cpp-python sdist into $BENCH_CACHE);
 # 3. probes the disk with the engine's own read pattern (`deltafin bench disk`), before and after;
 # 4. in memory (no limit, page cache warm): deltafin (`bench run` with a budget larger than the
-#    model, so every expert ends up resident) and llama-bench interleaved, INMEM_REPEATS times;
+#    model, so every expert ends up resident) and llama-bench interleaved, INMEM_REPEATS times,
+#    INMEM_DECODE tokens each (eight tokens of llama-bench vary by a third between runs);
 # 5. for each memory limit (GiB): drops the page cache and runs, each inside a fresh cgroup v1
 #    memory child with that limit, deltafin (LRU with prefetch, LRU without, LFU with) and
 #    llama.cpp's llama-bench (default mmap loading; two run lengths give bytes per token);
@@ -29,6 +30,7 @@ DELTAFIN=${DELTAFIN:-target/release/deltafin}
 INMEM_REPEATS=${INMEM_REPEATS:-2}
 INMEM_BUDGET=${INMEM_BUDGET:-20G}
 INMEM_WARMUP=${INMEM_WARMUP:-40}
+INMEM_DECODE=${INMEM_DECODE:-32}
 LLAMA=${LLAMA:-$CACHE/llama_cpp_python-0.3.36/vendor/llama.cpp}
 PY=${PY:-$CACHE/venv/bin/python}
 OUT=${OUT:-$CACHE/results/$(date -u +%Y%m%dT%H%M%SZ)}
@@ -53,11 +55,11 @@ echo "disk (direct, best in-flight count): $DISK GiB/s" >&2
 # the GGUF do not both fit in the page cache of a 24 GiB machine, so each is warmed in turn).
 for r in $(seq "$INMEM_REPEATS"); do
   "$DELTAFIN" bench run --model "$MODEL" --memory-budget "$INMEM_BUDGET" --prompt-tokens 16 \
-    --warmup-tokens "$INMEM_WARMUP" --decode-tokens "$DECODE" --label "deltafin in-memory r$r" --json \
+    --warmup-tokens "$INMEM_WARMUP" --decode-tokens "$INMEM_DECODE" --label "deltafin in-memory r$r" --json \
     >> "$OUT/inmem-ours.jsonl" 2>> "$OUT/inmem-ours.err" || echo "ours in-memory $r failed" >&2
   if [ -f "$GGUF" ]; then
     cat "$GGUF" > /dev/null
-    "$LLAMA/build/bin/llama-bench" -m "$GGUF" -p 0 -n "$LLAMA_N" -t 2 -r 1 -o json \
+    "$LLAMA/build/bin/llama-bench" -m "$GGUF" -p 0 -n "$INMEM_DECODE" -t 2 -r 1 -o json \
       > "$OUT/inmem-llama-$r.json" 2>> "$OUT/llama.err" || echo "llama in-memory $r failed" >&2
   fi
 done
