@@ -75,7 +75,8 @@ pub struct OocOptions {
     pub reserve_bytes: u64,
     /// Bytes planned for sequence state (the scheduler's context memory); 0: none planned.
     pub context_bytes: u64,
-    /// Threads computing routed experts at once.
+    /// Above 1, ready experts become tasks of the current rayon pool (whose size bounds how
+    /// many compute at once); at 1 they run one after another on the calling thread.
     pub compute_threads: usize,
     /// A partly remote checkpoint (stream install): where its shards are read from and what
     /// makes missing expert bytes local. `None`: every shard is `DIR/<name>`, complete.

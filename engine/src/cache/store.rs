@@ -159,7 +159,8 @@ pub struct ExpertStoreConfig {
     pub gate_threshold: f32,
     /// Heat flush period in passes.
     pub heat_flush_passes: u64,
-    /// Threads computing ready experts at once (the caller's thread included).
+    /// Above 1, ready experts become tasks of the current rayon pool (whose size bounds how
+    /// many compute at once); at 1 they run one after another on the calling thread.
     pub compute_threads: usize,
 }
 
