@@ -3,9 +3,10 @@
 //!
 //! * `n == 1`: a fused decode + dot over [`Simd::TILE_ROWS`] weight rows at once (independent
 //!   accumulator chains for ILP; [`Simd::STREAM_ROWS`] for BF16 and f32 where the register file
-//!   holds them), streaming each weight byte exactly once. The compressed
-//!   formats prefetch the row group two groups ahead (their decode otherwise leaves the memory
-//!   stream idle), and 4-bit formats with groups of 32 take a loop whose per-group work is one
+//!   holds them), streaming each weight byte exactly once. BF16 and f32 ask for each row's
+//!   bytes [`Elem::AHEAD`] ahead (the hardware prefetcher restarts on every row's new page);
+//!   the compressed formats prefetch the row group two groups ahead (their decode otherwise
+//!   leaves the memory stream idle), and 4-bit formats with groups of 32 take a loop whose per-group work is one
 //!   table product per row, with the scales widened 64 groups at a time.
 //! * `2 <= n <= 4 * TILE_XS` (verify passes, small batches): the same fused loop over
 //!   `TILE_ROWS` weight rows and up to `TILE_XS` input rows in registers; more inputs sweep the
@@ -14,7 +15,7 @@
 //!   rows are decoded once into an L1-resident f32 panel, then register tiles of
 //!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
 //!   small buffer between k-blocks. The input rows are taken in blocks of half the L2 cache
-//!   ([`x_block_bytes`]), so the block every weight group sweeps stays in L2 (1024 rows of a
+//!   ([`super::cache_size::x_block_bytes`]), so the block every weight group sweeps stays in L2 (1024 rows of a
 //!   2048-wide input are 8 MiB: streamed from L3 per weight group, they halved the product's
 //!   rate); each weight row is then decoded once per input block.
 //!
@@ -30,41 +31,6 @@ use crate::kernels::LANES;
 
 /// Canonical chunks per k-block of the multi-row path (512 columns: 4 rows x 2 KiB in L1).
 pub(crate) const KB_CHUNKS: usize = 32;
-
-/// Padded input bytes per input-row block of the multi-row path: half of this CPU's L2 cache
-/// per core (the rest holds the panel, accumulators and the streamed weights), 512 KiB where
-/// the size is not reported. Blocking never changes a result, only where the inputs are read
-/// from.
-fn x_block_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| l2_bytes().map_or(512 << 10, |b| (b / 2).clamp(128 << 10, 4 << 20)))
-}
-
-/// The L2 cache of CPU 0 as Linux reports it (`/sys/devices/system/cpu/cpu0/cache`).
-fn l2_bytes() -> Option<usize> {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    (0..8).find_map(|i| {
-        let idx = dir.join(format!("index{i}"));
-        let level = std::fs::read_to_string(idx.join("level")).ok()?;
-        if level.trim() != "2" {
-            return None;
-        }
-        parse_cache_size(&std::fs::read_to_string(idx.join("size")).ok()?)
-    })
-}
-
-/// A sysfs cache size (`2048K`, `1M`, `512`) in bytes.
-fn parse_cache_size(size: &str) -> Option<usize> {
-    let size = size.trim();
-    let (digits, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len()));
-    let mult = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        _ => return None,
-    };
-    digits.parse::<usize>().ok().map(|d| d * mult)
-}
 
 /// The canonical lane order: register lane `l` holds canonical lane `l`.
 pub(crate) const IDENTITY_LANES: [u8; LANES] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
@@ -162,11 +128,22 @@ pub(crate) trait Simd: Copy {
 /// is the contract, not the payload), and decoders may then skip a per-chunk NaN patch.
 pub(crate) trait Elem {
     const BYTES: usize;
-    /// Whether the fused loops prefetch the next rows: the compressed formats, whose decode
-    /// arithmetic otherwise leaves the memory stream idle. BF16 and f32 rows stream at memory
-    /// speed and the hardware prefetcher keeps up; software prefetches there only cost slots
-    /// (measured: BF16 at one row 0.94 -> 0.78 of the probe with them).
+    /// Whether the fused loops fetch the group of rows two ahead at the rate they read this
+    /// one: the compressed formats, whose decode arithmetic otherwise leaves the memory stream
+    /// idle. BF16 and f32 lost with it (one row 0.94 -> 0.78 of the old one-stream probe) and
+    /// use [`Elem::AHEAD`] instead.
     const PREFETCH: bool = true;
+    /// Bytes ahead of the read position that the fused loops ask for in each row they read,
+    /// one line per 64 bytes read, continuing into the same row of the next group near a row's
+    /// end; 0: none. The hardware prefetcher alone kept the BF16 one-row loop at 76-86 % of
+    /// the probe: every row starts a new 4 KiB page, and it needs a few misses on each before
+    /// it streams. With 1 KiB ahead: 90-103 %, dsv3-bench decode 10.7 -> 12.8 tok/s.
+    /// (The compressed formats measured 5-15 % slower with it in place of `PREFETCH`.)
+    const AHEAD: usize = 0;
+    /// Whether `TILE_XS < n <= WIDE_XS` inputs take the wide tile (2 weight rows, one decode
+    /// per chunk for all inputs). Not for BF16 and f32, whose decode is one or two operations:
+    /// 4-row tiles swept twice measured BF16 8 rows at 1.45-1.67x one row against 1.59-1.96x.
+    const WIDE: bool = true;
     /// Whether chunks decode through the nibble decoders (see [`Simd::NIBBLE_LANES`]).
     const NIBBLE: bool = false;
     fn scale_at(p: &Plan, i: usize) -> f32;
@@ -177,12 +154,12 @@ pub(crate) trait Elem {
 macro_rules! elem {
     ($name:ident, $bytes:expr, |$p:ident, $i:ident| $scale:expr,
      |$s:ident, $f:ident, $sb:ident| $seg:expr, |$b:ident, $sc:ident| $body:expr
-     $(, $flag:ident = $val:expr)*) => {
+     $(, $flag:ident : $ty:ty = $val:expr)*) => {
         #[derive(Debug)]
         pub(crate) struct $name;
         impl Elem for $name {
             const BYTES: usize = $bytes;
-            $(const $flag: bool = $val;)*
+            $(const $flag: $ty = $val;)*
             #[inline(always)]
             #[allow(unused_variables)]
             fn scale_at($p: &Plan, $i: usize) -> f32 {
@@ -207,7 +184,9 @@ elem!(
     |p, i| 1.0,
     |s, f, sb| s.zero(),
     |b, sc| s.dec_f32(b),
-    PREFETCH = false
+    PREFETCH: bool = false,
+    AHEAD: usize = 2 * STREAM_AHEAD,
+    WIDE: bool = false
 );
 elem!(
     Bf16E,
@@ -215,7 +194,9 @@ elem!(
     |p, i| 1.0,
     |s, f, sb| s.zero(),
     |b, sc| s.dec_bf16(b),
-    PREFETCH = false
+    PREFETCH: bool = false,
+    AHEAD: usize = STREAM_AHEAD,
+    WIDE: bool = false
 );
 elem!(
     Fp8E,
@@ -234,7 +215,7 @@ elem!(
     |p, i| p.int4_scale(i),
     |s, f, sb| s.int4_seg(f),
     |b, sc| s.dec_int4(b, sc),
-    NIBBLE = true
+    NIBBLE: bool = true
 );
 elem!(
     Mxfp4E,
@@ -242,7 +223,7 @@ elem!(
     |p, i| p.mxfp4_scale(i),
     |s, f, sb| s.mxfp4_seg(f),
     |b, sc| s.dec_mxfp4(b, sc),
-    NIBBLE = true
+    NIBBLE: bool = true
 );
 
 /// Where a task's results go: `out[i][r - r0]` is `y[i, r]`.
@@ -265,26 +246,25 @@ pub(crate) fn run_rows<S: Simd>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
 #[inline(always)]
 fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     if n == 1 {
-        let cpr = p.m.cols.div_ceil(LANES);
         let mut r = r0;
         // Rows the hardware prefetcher streams (BF16, f32): more rows per step on a large
         // register file keep more memory streams in flight (BF16 one row 24.7 -> 26.8 GB/s,
         // dsv3-bench decode +2-3 %). The compressed formats keep `TILE_ROWS`: their software
         // prefetch is tuned to it (8 rows measured FP8 at 16.4 GB/s against 18.8).
         while S::STREAM_ROWS == 8 && !E::PREFETCH && r + 8 <= r1 {
-            fused_n::<S, E, 8, 1>(s, p, r, r0, x, cpr, out);
+            fused_n::<S, E, 8, 1>(s, p, r, r0, x, true, out);
             r += 8;
         }
         while r + S::TILE_ROWS <= r1 {
             if S::TILE_ROWS == 4 {
-                fused_n::<S, E, 4, 1>(s, p, r, r0, x, cpr, out);
+                fused_n::<S, E, 4, 1>(s, p, r, r0, x, true, out);
             } else {
-                fused_n::<S, E, 2, 1>(s, p, r, r0, x, cpr, out);
+                fused_n::<S, E, 2, 1>(s, p, r, r0, x, true, out);
             }
             r += S::TILE_ROWS;
         }
         for r in r..r1 {
-            fused_n::<S, E, 1, 1>(s, p, r, r0, x, cpr, out);
+            fused_n::<S, E, 1, 1>(s, p, r, r0, x, true, out);
         }
     } else if n <= 4 * S::TILE_XS {
         fused_rows::<S, E>(s, p, x, n, r0, r1, out);
@@ -303,7 +283,7 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
 #[inline(always)]
 fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
-    let wide = n > S::TILE_XS && n <= S::WIDE_XS;
+    let wide = E::WIDE && n > S::TILE_XS && n <= S::WIDE_XS;
     let (group, per) = if wide {
         (2, S::WIDE_XS)
     } else {
@@ -317,16 +297,16 @@ fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
             let xs = &x[i0 * cpr..(i0 + ni) * cpr];
             let outs = &mut out[i0..i0 + ni];
             match (group, ni) {
-                (2, 5) => fused_n::<S, E, 2, 5>(s, p, r, r0, xs, cpr, outs),
-                (2, 6) => fused_n::<S, E, 2, 6>(s, p, r, r0, xs, cpr, outs),
-                (2, 7) => fused_n::<S, E, 2, 7>(s, p, r, r0, xs, cpr, outs),
-                (2, 8) => fused_n::<S, E, 2, 8>(s, p, r, r0, xs, cpr, outs),
-                (4, 1) => fused_n::<S, E, 4, 1>(s, p, r, r0, xs, cpr, outs),
-                (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, xs, cpr, outs),
-                (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, xs, cpr, outs),
-                (4, _) => fused_n::<S, E, 4, 4>(s, p, r, r0, xs, cpr, outs),
-                (2, 1) => fused_n::<S, E, 2, 1>(s, p, r, r0, xs, cpr, outs),
-                (_, _) => fused_n::<S, E, 2, 2>(s, p, r, r0, xs, cpr, outs),
+                (2, 5) => fused_n::<S, E, 2, 5>(s, p, r, r0, xs, i0 == 0, outs),
+                (2, 6) => fused_n::<S, E, 2, 6>(s, p, r, r0, xs, i0 == 0, outs),
+                (2, 7) => fused_n::<S, E, 2, 7>(s, p, r, r0, xs, i0 == 0, outs),
+                (2, 8) => fused_n::<S, E, 2, 8>(s, p, r, r0, xs, i0 == 0, outs),
+                (4, 1) => fused_n::<S, E, 4, 1>(s, p, r, r0, xs, i0 == 0, outs),
+                (4, 2) => fused_n::<S, E, 4, 2>(s, p, r, r0, xs, i0 == 0, outs),
+                (4, 3) => fused_n::<S, E, 4, 3>(s, p, r, r0, xs, i0 == 0, outs),
+                (4, _) => fused_n::<S, E, 4, 4>(s, p, r, r0, xs, i0 == 0, outs),
+                (2, 1) => fused_n::<S, E, 2, 1>(s, p, r, r0, xs, i0 == 0, outs),
+                (_, _) => fused_n::<S, E, 2, 2>(s, p, r, r0, xs, i0 == 0, outs),
             }
             i0 += ni;
         }
@@ -338,8 +318,10 @@ fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
     }
 }
 
-/// Fused dot of weight rows `r..r + R` against input rows `0..N` (`cpr` chunks each); results
-/// go to `out[i][r - base + j]`. Each weight chunk is decoded once, in registers, for all `N`.
+/// Fused dot of weight rows `r..r + R` against input rows `0..N` (`ceil(cols / 16)` chunks
+/// each); results go to `out[i][r - base + j]`. Each weight chunk is decoded once, in registers,
+/// for all `N`. `stream`: these rows come from memory (not a second sweep over cached rows), so
+/// a streamed format asks for its bytes [`Elem::AHEAD`] ahead.
 #[inline(always)]
 fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     s: S,
@@ -347,10 +329,11 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     r: usize,
     base: usize,
     x: &[Chunk],
-    cpr: usize,
+    stream: bool,
     out: Outs,
 ) {
     let cols = p.m.cols;
+    let cpr = cols.div_ceil(LANES);
     let (full, tail) = (cols / LANES, cols % LANES);
     // No closures (`array::from_fn`) anywhere in the kernels: a closure is a separate function
     // that does not inherit the caller's `target_feature`s, and LLVM may leave it out of line
@@ -368,11 +351,19 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
     // these rows are read, so later groups start from the cache and the reads of short rows
     // overlap the arithmetic (one group ahead measured FP8 7168 x 2048 at 0.60 of the probe,
     // two at 0.72; the 4-bit formats gained nothing more).
-    let next = p.span_bytes(r + 2 * R, r + 3 * R, E::BYTES);
+    let ahead = Ahead {
+        next: p.span_bytes(r + 2 * R, r + 3 * R, E::BYTES),
+        rows: if stream {
+            p.span_bytes(r, r + 2 * R, E::BYTES)
+        } else {
+            &[]
+        },
+        row_len: cols * E::BYTES / LANES,
+    };
     let mut acc = [[s.zero(); N]; R];
     let (mut c0, mut seg) = (0, 0);
     if E::NIBBLE && p.seg_chunks == 2 {
-        seg = fused_pairs::<S, E, R, N>(s, p, &rows, &sbase, &xs, full / 2, next, &mut acc);
+        seg = fused_pairs::<S, E, R, N>(s, p, &rows, &sbase, &xs, full / 2, ahead, &mut acc);
         c0 = 2 * seg;
     }
     while c0 < full {
@@ -388,7 +379,7 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
             xseg[i] = &xs[i][c0..c1];
         }
         for k in 0..c1 - c0 {
-            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, k, c0, next, &mut acc);
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, k, c0, ahead, &mut acc);
         }
         c0 = c1;
         seg += 1;
@@ -428,7 +419,7 @@ fn fused_pairs<S: Simd, E: Elem, const R: usize, const N: usize>(
     sbase: &[usize; R],
     xs: &[&[Chunk]; N],
     nseg: usize,
-    next: &[u8],
+    ahead: Ahead,
     acc: &mut [[S::V; N]; R],
 ) -> usize {
     const BLOCK: usize = 64;
@@ -458,16 +449,52 @@ fn fused_pairs<S: Simd, E: Elem, const R: usize, const N: usize>(
             for i in 0..N {
                 xseg[i] = &x[i][seg][..];
             }
-            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 0, 2 * seg, next, acc);
-            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 1, 2 * seg, next, acc);
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 0, 2 * seg, ahead, acc);
+            chunk_step::<S, E, R, N>(s, &wseg, &sc, &xseg, 1, 2 * seg, ahead, acc);
         }
         b0 += len;
     }
     nseg
 }
 
+/// [`Elem::AHEAD`] of BF16 (twice it for f32, which reads twice the bytes per chunk): 1 KiB
+/// and 2 KiB measured the same.
+const STREAM_AHEAD: usize = 1024;
+
+/// What the fused loop over a group of `R` weight rows asks the memory system for ahead of its
+/// reads (hints only: no effect on any result).
+#[derive(Clone, Copy)]
+struct Ahead<'a> {
+    /// The group two ahead (rows `r + 2R..r + 3R`), fetched at the rate this group is read
+    /// ([`Elem::PREFETCH`] formats).
+    next: &'a [u8],
+    /// Rows `r..r + 2R` ([`Elem::AHEAD`] formats), `row_len` bytes each; empty on a second
+    /// sweep over rows already in the cache.
+    rows: &'a [u8],
+    row_len: usize,
+}
+
+impl Ahead<'_> {
+    /// Ask for byte `off` of each of this group's `R` rows; an offset past a row's end continues
+    /// in the same row of the next group, so that group's first lines are on their way before
+    /// its reads start (the hardware prefetcher needs a few misses on each new page first).
+    #[inline(always)]
+    fn rows<S: Simd, const R: usize>(self, s: S, off: usize) {
+        let (row, at) = if off < self.row_len {
+            (0, off)
+        } else {
+            (R, off - self.row_len)
+        };
+        for j in 0..R {
+            if let Some(b) = self.rows.get((row + j) * self.row_len + at..) {
+                s.prefetch(b);
+            }
+        }
+    }
+}
+
 /// Chunk `k` of the segment starting at chunk `c0`: decode it in each of the `R` weight rows
-/// and multiply-add it into the `N` input rows; prefetch the matching bytes of `next`.
+/// and multiply-add it into the `N` input rows; ask for the bytes `ahead` says.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn chunk_step<S: Simd, E: Elem, const R: usize, const N: usize>(
@@ -477,13 +504,17 @@ fn chunk_step<S: Simd, E: Elem, const R: usize, const N: usize>(
     xseg: &[&[Chunk]; N],
     k: usize,
     c0: usize,
-    next: &[u8],
+    ahead: Ahead,
     acc: &mut [[S::V; N]; R],
 ) {
-    let ahead = (c0 + k) * R * E::BYTES;
+    let pos = (c0 + k) * E::BYTES;
+    if E::AHEAD > 0 && !ahead.rows.is_empty() && pos.is_multiple_of(64) {
+        ahead.rows::<S, R>(s, pos + E::AHEAD);
+    }
+    let at = pos * R;
     let mut line = 0;
     while E::PREFETCH && line < R * E::BYTES {
-        if let Some(b) = next.get(ahead + line..) {
+        if let Some(b) = ahead.next.get(at + line..) {
             s.prefetch(b);
         }
         line += 64;
@@ -599,7 +630,7 @@ thread_local! {
 /// Input rows per block of the multi-row path for rows of `cpr` chunks: a multiple of 4 (the
 /// register tile), at least 16 (so a panel decode serves enough products).
 fn x_block_rows(cpr: usize) -> usize {
-    (x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>())).max(16) / 4 * 4
+    (super::cache_size::x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>())).max(16) / 4 * 4
 }
 
 /// Multi-row path over rows `r0..r1`, panels decoded and accumulators read by `P`, the input
@@ -790,16 +821,6 @@ pub(crate) fn read_sum<S: Simd>(s: S, data: &[u8]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sysfs_cache_sizes_parse() {
-        assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
-        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
-        assert_eq!(parse_cache_size("512"), Some(512));
-        assert_eq!(parse_cache_size("2G"), None);
-        assert_eq!(parse_cache_size("K"), None);
-        assert_eq!(parse_cache_size(""), None);
-    }
 
     #[test]
     fn input_blocks_are_whole_register_tiles_of_at_least_16_rows() {

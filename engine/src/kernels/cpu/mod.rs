@@ -6,6 +6,7 @@
 //! canonical 16-lane order is fixed per output element, so neither the ISA, the thread count, the
 //! row split nor the number of input rows `n` changes a single bit.
 
+mod cache_size;
 mod driver;
 mod plan;
 mod scalar;
