@@ -6,8 +6,8 @@
 //!   holds them), streaming each weight byte exactly once. BF16 and f32 ask for each row's
 //!   bytes [`Elem::AHEAD`] ahead (the hardware prefetcher restarts on every row's new page);
 //!   the compressed formats prefetch the row group two groups ahead (their decode otherwise
-//!   leaves the memory stream idle), and 4-bit formats with groups of 32 take a loop whose per-group work is one
-//!   table product per row, with the scales widened 64 groups at a time.
+//!   leaves the memory stream idle), and 4-bit formats with groups of 32 take a loop whose
+//!   per-group work is one table product per row, with the scales widened 64 groups at a time.
 //! * `2 <= n <= 4 * TILE_XS` (verify passes, small batches): the same fused loop over
 //!   `TILE_ROWS` weight rows and up to `TILE_XS` input rows in registers; more inputs sweep the
 //!   same weight group again while its bytes are still in L1/L2 (memory reads each weight once).
@@ -15,9 +15,9 @@
 //!   rows are decoded once into an L1-resident f32 panel, then register tiles of
 //!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
 //!   small buffer between k-blocks. The input rows are taken in blocks of half the L2 cache
-//!   ([`super::cache_size::x_block_bytes`]), so the block every weight group sweeps stays in L2 (1024 rows of a
-//!   2048-wide input are 8 MiB: streamed from L3 per weight group, they halved the product's
-//!   rate); each weight row is then decoded once per input block.
+//!   ([`super::cache_size::x_block_bytes`]), so the block every weight group sweeps stays in
+//!   L2 (1024 rows of a 2048-wide input are 8 MiB: streamed from L3 per weight group, they
+//!   halved the product's rate); each weight row is then decoded once per input block.
 //!
 //! Both paths perform, for every `(weight row, input row)` pair, exactly the canonical sequence
 //! `acc[k % 16] = fma(w[k], x[k], acc[k % 16])` in increasing `k` followed by the fixed reduction
@@ -137,7 +137,7 @@ pub(crate) trait Elem {
     /// one line per 64 bytes read, continuing into the same row of the next group near a row's
     /// end; 0: none. The hardware prefetcher alone kept the BF16 one-row loop at 76-86 % of
     /// the probe: every row starts a new 4 KiB page, and it needs a few misses on each before
-    /// it streams. With 1 KiB ahead: 90-103 %, dsv3-bench decode 10.7 -> 12.8 tok/s.
+    /// it streams. With 1 KiB ahead: 90-106 %, dsv3-bench decode 11.0 -> 13.8 tok/s.
     /// (The compressed formats measured 5-15 % slower with it in place of `PREFETCH`.)
     const AHEAD: usize = 0;
     /// Whether `TILE_XS < n <= WIDE_XS` inputs take the wide tile (2 weight rows, one decode
