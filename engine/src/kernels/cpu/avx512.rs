@@ -103,7 +103,7 @@ impl Simd for Avx512 {
     const TILE_XS: usize = 4;
     const WIDE_XS: usize = 8;
     const PANEL_ROWS: usize = 8;
-    const STREAM_ROWS: usize = 8;
+    const STREAM_8_ROWS: bool = true;
 
     #[inline(always)]
     fn zero(self) -> __m512 {

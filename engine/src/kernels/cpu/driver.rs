@@ -2,7 +2,7 @@
 //! each ISA file implements (a 16-lane canonical accumulator plus the per-format chunk decoders).
 //!
 //! * `n == 1`: a fused decode + dot over [`Simd::TILE_ROWS`] weight rows at once (independent
-//!   accumulator chains for ILP; [`Simd::STREAM_ROWS`] for BF16 and f32 where the register file
+//!   accumulator chains for ILP; [`Simd::STREAM_8_ROWS`] for BF16 and f32 where the register file
 //!   holds them), streaming each weight byte exactly once. BF16 and f32 ask for each row's
 //!   bytes [`Elem::AHEAD`] ahead (the hardware prefetcher restarts on every row's new page);
 //!   the compressed formats prefetch the row group two groups ahead (their decode otherwise
@@ -48,9 +48,9 @@ pub(crate) trait Simd: Copy {
     type V: Copy;
     /// Weight rows per register tile (and per fused n = 1 step).
     const TILE_ROWS: usize;
-    /// Weight rows per fused n = 1 step of the formats the hardware prefetcher streams (BF16,
-    /// f32): 8 where the register file holds them, else 0 (`TILE_ROWS`).
-    const STREAM_ROWS: usize = 0;
+    /// Whether the formats the hardware prefetcher streams (BF16, f32) take 8 weight rows per
+    /// fused n = 1 step (where the register file holds them) instead of `TILE_ROWS`.
+    const STREAM_8_ROWS: bool = false;
     /// Input rows per register tile of the multi-row path.
     const TILE_XS: usize;
     /// Input rows of the wide tile (2 weight rows x `WIDE_XS` inputs, one decode per weight
@@ -251,7 +251,7 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
         // register file keep more memory streams in flight (BF16 one row 24.7 -> 26.8 GB/s,
         // dsv3-bench decode +2-3 %). The compressed formats keep `TILE_ROWS`: their software
         // prefetch is tuned to it (8 rows measured FP8 at 16.4 GB/s against 18.8).
-        while S::STREAM_ROWS == 8 && !E::PREFETCH && r + 8 <= r1 {
+        while S::STREAM_8_ROWS && !E::PREFETCH && r + 8 <= r1 {
             fused_n::<S, E, 8, 1>(s, p, r, r0, x, true, out);
             r += 8;
         }
