@@ -137,7 +137,8 @@ pub(crate) trait Elem {
     /// one line per 64 bytes read, continuing into the same row of the next group near a row's
     /// end; 0: none. The hardware prefetcher alone kept the BF16 one-row loop at 76-86 % of
     /// the probe: every row starts a new 4 KiB page, and it needs a few misses on each before
-    /// it streams. With 1 KiB ahead: 90-106 %, dsv3-bench decode 11.0 -> 13.8 tok/s.
+    /// it streams. With 1 KiB ahead: 92-106 % (87-96 % on a second machine of the same kind),
+    /// dsv3-bench decode 11.0 -> 13.8 tok/s.
     /// (The compressed formats measured 5-15 % slower with it in place of `PREFETCH`.)
     const AHEAD: usize = 0;
     /// Whether `TILE_XS < n <= WIDE_XS` inputs take the wide tile (2 weight rows, one decode
