@@ -174,6 +174,43 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    fn reduce8(self, v: &[__m512; 8], out: &mut [f32]) {
+        let out = &mut out[..8];
+        // SAFETY: AVX-512F/AVX proven by `self`; `out` holds 8 f32 (checked above; unaligned
+        // store). Every add pairs lane `l` with lane `l + s` of the same accumulator, `s = 8, 4,
+        // 2, 1` in turn, exactly the tree of `reduce`; only which register lanes carry them
+        // differs.
+        unsafe {
+            // s = 8: accumulator 2p in the low 256 bits, 2p + 1 in the high (8 lanes each).
+            let mut h = [_mm512_setzero_ps(); 4];
+            for (p, hp) in h.iter_mut().enumerate() {
+                let (a, b) = (v[2 * p], v[2 * p + 1]);
+                let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b);
+                let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b);
+                *hp = _mm512_add_ps(lo, hi);
+            }
+            // s = 4: 128-bit lane q of `f[t]` holds accumulator 4t + q (4 lanes).
+            let mut f = [_mm512_setzero_ps(); 2];
+            for (t, ft) in f.iter_mut().enumerate() {
+                let (a, b) = (h[2 * t], h[2 * t + 1]);
+                let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b);
+                let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b);
+                *ft = _mm512_add_ps(lo, hi);
+            }
+            // s = 2: lane q holds accumulators q (elements 0, 1) and 4 + q (elements 2, 3).
+            let lo = _mm512_shuffle_ps::<0b01_00_01_00>(f[0], f[1]);
+            let hi = _mm512_shuffle_ps::<0b11_10_11_10>(f[0], f[1]);
+            let t = _mm512_add_ps(lo, hi);
+            // s = 1: element 0 of lane q is accumulator q's sum, element 1 accumulator 4 + q's.
+            let lo = _mm512_shuffle_ps::<0b10_00_10_00>(t, t);
+            let hi = _mm512_shuffle_ps::<0b11_01_11_01>(t, t);
+            let u = _mm512_add_ps(lo, hi);
+            let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+            let sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(order, u));
+            _mm256_storeu_ps(out.as_mut_ptr(), sums);
+        }
+    }
+    #[inline(always)]
     fn prefetch(self, b: &[u8]) {
         if !b.is_empty() {
             // SAFETY: a prefetch is a hint that never faults; the address is inside `b`; SSE

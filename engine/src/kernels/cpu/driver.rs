@@ -72,6 +72,15 @@ pub(crate) trait Simd: Copy {
     fn keep_first(self, v: Self::V, len: usize) -> Self::V;
     /// The fixed tree `acc[l] += acc[l + s]`, `s = 8, 4, 2, 1`; returns lane 0.
     fn reduce(self, v: Self::V) -> f32;
+    /// [`Simd::reduce`] of 8 accumulators at once, into `out[0..8]` (an ISA with wide
+    /// registers pairs the same lanes of several accumulators in one add: each sum is the same
+    /// tree, since IEEE addition is commutative).
+    #[inline(always)]
+    fn reduce8(self, v: &[Self::V; 8], out: &mut [f32]) {
+        for (o, &v) in out[..8].iter_mut().zip(v) {
+            *o = self.reduce(v);
+        }
+    }
     /// Canonical lane held by register lane `l` of what the nibble decoders (`dec_int4`,
     /// `dec_mxfp4`) return. An ISA that places nibbles cheaper in another lane order says so
     /// here; the dispatcher then lays the input rows out in the same order, every
@@ -399,6 +408,16 @@ fn fused_n<S: Simd, E: Elem, const R: usize, const N: usize>(
             }
         }
     }
+    if R == 8 {
+        for (i, o) in out.iter_mut().enumerate().take(N) {
+            let mut v = [s.zero(); 8];
+            for (j, vj) in v.iter_mut().enumerate() {
+                *vj = ElemPanel::<E>::canonical(s, acc[j][i]);
+            }
+            s.reduce8(&v, &mut o[r - base..r - base + 8]);
+        }
+        return;
+    }
     for j in 0..R {
         for i in 0..N {
             out[i][r - base + j] = s.reduce(ElemPanel::<E>::canonical(s, acc[j][i]));
@@ -537,8 +556,21 @@ fn chunk_step<S: Simd, E: Elem, const R: usize, const N: usize>(
 /// inherit the caller's `target_feature`s, so the decoder's intrinsics compiled to out-of-line
 /// calls (about 8 % of a prefill pass).
 trait PanelOps {
-    /// Fill `out` with chunks `c0..c0 + out.len()` of weight row `r`.
-    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]);
+    /// Stored bytes per canonical chunk of a row, for asking ahead for the next panel's bytes;
+    /// 0: none (the generic fallback decodes whole rows).
+    const BYTES: usize;
+    /// Chunks `c0..c0 + kc` of weight row `r`, as row `j` of an interleaved panel of `rr`
+    /// rows: chunk `c` goes to `out[(c - c0) * rr + j]`.
+    fn decode<S: Simd>(
+        s: S,
+        p: &Plan,
+        r: usize,
+        c0: usize,
+        kc: usize,
+        j: usize,
+        rr: usize,
+        out: &mut [Chunk],
+    );
     /// An accumulator in canonical lane order.
     fn canonical<S: Simd>(s: S, v: S::V) -> S::V;
 }
@@ -547,9 +579,19 @@ trait PanelOps {
 struct ElemPanel<E>(std::marker::PhantomData<E>);
 
 impl<E: Elem> PanelOps for ElemPanel<E> {
+    const BYTES: usize = E::BYTES;
     #[inline(always)]
-    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
-        decode_elem::<S, E>(s, p, r, c0, out);
+    fn decode<S: Simd>(
+        s: S,
+        p: &Plan,
+        r: usize,
+        c0: usize,
+        kc: usize,
+        j: usize,
+        rr: usize,
+        out: &mut [Chunk],
+    ) {
+        decode_elem::<S, E>(s, p, r, c0, kc, j, rr, out);
     }
 
     #[inline(always)]
@@ -562,9 +604,19 @@ impl<E: Elem> PanelOps for ElemPanel<E> {
 struct GenericPanel;
 
 impl PanelOps for GenericPanel {
+    const BYTES: usize = 0;
     #[inline(always)]
-    fn decode<S: Simd>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
-        decode_generic(s, p, r, c0, out);
+    fn decode<S: Simd>(
+        s: S,
+        p: &Plan,
+        r: usize,
+        c0: usize,
+        kc: usize,
+        j: usize,
+        rr: usize,
+        out: &mut [Chunk],
+    ) {
+        decode_generic(s, p, r, c0, kc, j, rr, out);
     }
 
     #[inline(always)]
@@ -588,14 +640,25 @@ fn decode_tail<S: Simd, E: Elem>(s: S, row: &[u8], c: usize, len: usize, scale: 
     }
 }
 
-/// Decode chunks `c0..c0 + out.len()` of row `r` into `out` (the panel of the multi-row path).
+/// Decode chunks `c0..c0 + kc` of row `r` as row `j` of the interleaved panel `out` of `rr`
+/// rows (the multi-row path; see [`PanelOps::decode`]).
 #[inline(always)]
-fn decode_elem<S: Simd, E: Elem>(s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+#[allow(clippy::too_many_arguments)]
+fn decode_elem<S: Simd, E: Elem>(
+    s: S,
+    p: &Plan,
+    r: usize,
+    c0: usize,
+    kc: usize,
+    j: usize,
+    rr: usize,
+    out: &mut [Chunk],
+) {
     let cols = p.m.cols;
     let (full, tail) = (cols / LANES, cols % LANES);
     let row = p.row_bytes(r, E::BYTES);
     let mut c = c0;
-    let end = c0 + out.len();
+    let end = c0 + kc;
     while c < end {
         let seg = c / p.seg_chunks;
         let seg_end = ((seg + 1) * p.seg_chunks).min(end);
@@ -603,21 +666,34 @@ fn decode_elem<S: Simd, E: Elem>(s: S, p: &Plan, r: usize, c0: usize, out: &mut 
         let sc = E::seg(s, E::scale_at(p, p.scale_base(r) + seg), bytes);
         for c in c..seg_end.min(full) {
             let w = E::decode(s, &row[c * E::BYTES..(c + 1) * E::BYTES], sc);
-            s.store(&mut out[c - c0], w);
+            s.store(&mut out[(c - c0) * rr + j], w);
         }
         if tail > 0 && seg_end > full {
-            s.store(&mut out[full - c0], decode_tail::<S, E>(s, row, full, tail, sc));
+            let v = decode_tail::<S, E>(s, row, full, tail, sc);
+            s.store(&mut out[(full - c0) * rr + j], v);
         }
         c = seg_end;
     }
 }
 
-/// The generic fallback's panel decoder: the whole row through the scalar reference.
-fn decode_generic<S: Simd>(_s: S, p: &Plan, r: usize, c0: usize, out: &mut [Chunk]) {
+/// The generic fallback's panel decoder: the whole row through the scalar reference (its
+/// panels span the whole row, so each row is decoded once per input block).
+#[allow(clippy::too_many_arguments)]
+fn decode_generic<S: Simd>(
+    _s: S,
+    p: &Plan,
+    r: usize,
+    c0: usize,
+    kc: usize,
+    j: usize,
+    rr: usize,
+    out: &mut [Chunk],
+) {
     let cols = p.m.cols;
     let mut row = vec![0.0f32; cols];
     p.decode_generic(r, &mut row);
-    for (o, src) in out.iter_mut().zip(row[c0 * LANES..].chunks(LANES)) {
+    for (c, src) in row[c0 * LANES..].chunks(LANES).take(kc).enumerate() {
+        let o = &mut out[c * rr + j];
         o.0 = [0.0; LANES];
         o.0[..src.len()].copy_from_slice(src);
     }
@@ -674,36 +750,46 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
         panel.resize(S::PANEL_ROWS.max(S::TILE_ROWS) * kb, Chunk::default());
         let mut r = r0;
         while r < r1 {
-            let rr = if r + S::PANEL_ROWS <= r1 {
-                S::PANEL_ROWS
-            } else if r + S::TILE_ROWS <= r1 {
-                S::TILE_ROWS
-            } else {
-                1
-            };
+            let rr = panel_group::<S>(r, r1);
             accs.clear();
             accs.resize(rr * n, Chunk::default());
             let mut c0 = 0;
             while c0 < cpr {
                 let kc = kb.min(cpr - c0);
                 for j in 0..rr {
-                    P::decode(s, p, r + j, c0, &mut panel[j * kb..j * kb + kc]);
+                    P::decode(s, p, r + j, c0, kc, j, rr, &mut panel[..kc * rr]);
                 }
                 let blk = Block {
-                    w: &panel,
-                    stride: kb,
+                    w: &panel[..kc * rr],
                     x,
                     cpr,
                     c0,
                     kc,
                     n,
                 };
-                sweep_xs(s, rr, &blk, &mut accs);
+                let next = if c0 + kc < cpr {
+                    NextPanel::new(p, P::BYTES, r, rr, c0 + kc, kb.min(cpr - c0 - kc))
+                } else if r + rr < r1 {
+                    NextPanel::new(p, P::BYTES, r + rr, panel_group::<S>(r + rr, r1), 0, kb.min(cpr))
+                } else {
+                    NextPanel::new(p, 0, r, 0, 0, 0)
+                };
+                sweep_xs(s, rr, &blk, next, &mut accs);
                 c0 += kc;
             }
-            for j in 0..rr {
+            if rr == 8 {
                 for (i, o) in out.iter_mut().enumerate() {
-                    o[r + j - r0] = s.reduce(P::canonical(s, s.load(&accs[j * n + i])));
+                    let mut v = [s.zero(); 8];
+                    for (j, vj) in v.iter_mut().enumerate() {
+                        *vj = P::canonical(s, s.load(&accs[j * n + i]));
+                    }
+                    s.reduce8(&v, &mut o[r - r0..r - r0 + 8]);
+                }
+            } else {
+                for j in 0..rr {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        o[r + j - r0] = s.reduce(P::canonical(s, s.load(&accs[j * n + i])));
+                    }
                 }
             }
             r += rr;
@@ -712,11 +798,72 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
     SCRATCH.with_borrow_mut(|scratch| *scratch = (panel, accs));
 }
 
+/// Weight rows per panel at row `r` of rows `..r1`: [`Simd::PANEL_ROWS`] while that many are
+/// left, then `TILE_ROWS`, then 1.
+#[inline(always)]
+fn panel_group<S: Simd>(r: usize, r1: usize) -> usize {
+    if r + S::PANEL_ROWS <= r1 {
+        S::PANEL_ROWS
+    } else if r + S::TILE_ROWS <= r1 {
+        S::TILE_ROWS
+    } else {
+        1
+    }
+}
+
+/// The stored bytes of the panel after the one being swept, asked for a few cache lines per
+/// register tile (hints only: no effect on any result). Without it every panel decode waited
+/// on its rows' first reads from memory: each row's 1 KiB (BF16) of a k-block is too short for
+/// the hardware prefetcher to run ahead.
+struct NextPanel<'p, 'a> {
+    p: &'p Plan<'a>,
+    r: usize,
+    /// Stored bytes per chunk.
+    bytes: usize,
+    /// Byte range of each row and the lines in it.
+    b0: usize,
+    b1: usize,
+    row_lines: usize,
+    /// Lines in all, and the next one to ask for.
+    lines: usize,
+    at: usize,
+}
+
+impl<'p, 'a> NextPanel<'p, 'a> {
+    /// Rows `r..r + rr`, chunks `c0..c0 + kc` of a format of `bytes` per chunk (0: nothing).
+    fn new(p: &'p Plan<'a>, bytes: usize, r: usize, rr: usize, c0: usize, kc: usize) -> Self {
+        let row_len = p.m.cols * bytes / LANES;
+        let (b0, b1) = ((c0 * bytes).min(row_len), ((c0 + kc) * bytes).min(row_len));
+        let row_lines = (b1 - b0).div_ceil(64);
+        NextPanel {
+            p,
+            r,
+            bytes,
+            b0,
+            b1,
+            row_lines,
+            lines: row_lines * rr,
+            at: 0,
+        }
+    }
+
+    /// Ask for the next `count` lines.
+    #[inline(always)]
+    fn issue<S: Simd>(&mut self, s: S, count: usize) {
+        let end = (self.at + count).min(self.lines);
+        while self.at < end {
+            let (j, l) = (self.at / self.row_lines, self.at % self.row_lines);
+            let row = self.p.row_bytes(self.r + j, self.bytes);
+            s.prefetch(&row[(self.b0 + 64 * l).min(self.b1)..self.b1]);
+            self.at += 1;
+        }
+    }
+}
+
 /// One k-block of the multi-row path: a decoded panel and the input rows it meets.
 struct Block<'a> {
-    /// `rows x stride` decoded chunks (`kc` used per row).
+    /// `kc x rows` decoded chunks, interleaved: chunk `c` of row `j` at `c * rows + j`.
     w: &'a [Chunk],
-    stride: usize,
     /// All `n` padded input rows (`cpr` chunks each).
     x: &'a [Chunk],
     cpr: usize,
@@ -728,9 +875,13 @@ struct Block<'a> {
 
 /// All input rows against the panel's `rr` weight rows, in register tiles.
 #[inline(always)]
-fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, accs: &mut [Chunk]) {
+fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, mut next: NextPanel, accs: &mut [Chunk]) {
+    // The next panel's lines, spread evenly over this sweep's register tiles.
+    let width = if rr == 8 { 3 } else { S::TILE_XS };
+    let per_tile = next.lines.div_ceil(b.n.div_ceil(width));
     let mut i = 0;
     while i < b.n {
+        next.issue(s, per_tile);
         let nt = (b.n - i).min(S::TILE_XS);
         i += match (rr, nt) {
             (8, 3..) => tile::<S, 8, 3>(s, b, i, accs),
@@ -755,10 +906,9 @@ fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, accs: &mut [Chunk]) {
 #[inline(always)]
 fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, accs: &mut [Chunk]) -> usize {
     let n = b.n;
-    let mut w = [&[][..]; R];
-    for (j, wj) in w.iter_mut().enumerate() {
-        *wj = &b.w[j * b.stride..j * b.stride + b.kc];
-    }
+    // One pointer walks the interleaved panel (the rows are fixed offsets from it): with a
+    // pointer per row, the 8 x 3 tile ran out of registers and reloaded them from the stack.
+    let w = &b.w.as_chunks::<R>().0[..b.kc];
     let mut x = [&[][..]; N];
     for (i, xi) in x.iter_mut().enumerate() {
         let start = (i0 + i) * b.cpr + b.c0;
@@ -779,7 +929,7 @@ fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, acc
             xv[i] = s.load(&x[i][c]);
         }
         for j in 0..R {
-            let wv = s.load(&w[j][c]);
+            let wv = s.load(&w[c][j]);
             for i in 0..N {
                 acc[j][i] = s.fma(wv, xv[i], acc[j][i]);
             }
