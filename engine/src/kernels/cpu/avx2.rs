@@ -173,6 +173,14 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    fn prefetch_l2(self, b: &[u8]) {
+        if !b.is_empty() {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside `b`; SSE
+            // is part of every x86-64 CPU.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(b.as_ptr().cast()) }
+        }
+    }
+    #[inline(always)]
     fn prefetch(self, b: &[u8]) {
         if !b.is_empty() {
             // SAFETY: a prefetch is a hint that never faults; the address is inside `b`; SSE

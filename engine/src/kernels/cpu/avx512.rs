@@ -103,6 +103,7 @@ impl Simd for Avx512 {
     const TILE_XS: usize = 4;
     const WIDE_XS: usize = 8;
     const PANEL_ROWS: usize = 8;
+    const PANEL_XS: usize = 3;
     const STREAM_8_ROWS: bool = true;
 
     #[inline(always)]
@@ -208,6 +209,14 @@ impl Simd for Avx512 {
             let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
             let sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(order, u));
             _mm256_storeu_ps(out.as_mut_ptr(), sums);
+        }
+    }
+    #[inline(always)]
+    fn prefetch_l2(self, b: &[u8]) {
+        if !b.is_empty() {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside `b`; SSE
+            // is part of every x86-64 CPU.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(b.as_ptr().cast()) }
         }
     }
     #[inline(always)]

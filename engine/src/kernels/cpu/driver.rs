@@ -11,13 +11,16 @@
 //! * `2 <= n <= 4 * TILE_XS` (verify passes, small batches): the same fused loop over
 //!   `TILE_ROWS` weight rows and up to `TILE_XS` input rows in registers; more inputs sweep the
 //!   same weight group again while its bytes are still in L1/L2 (memory reads each weight once).
-//! * larger `n` (prefill): per group of weight rows and per k-block of [`KB_CHUNKS`] chunks, the
-//!   rows are decoded once into an L1-resident f32 panel, then register tiles of
-//!   `TILE_ROWS x TILE_XS` (weight rows x input rows) sweep the panel; accumulators persist in a
-//!   small buffer between k-blocks. The input rows are taken in blocks of half the L2 cache
-//!   ([`super::cache_size::x_block_bytes`]), so the block every weight group sweeps stays in
-//!   L2 (1024 rows of a 2048-wide input are 8 MiB: streamed from L3 per weight group, they
-//!   halved the product's rate); each weight row is then decoded once per input block.
+//! * larger `n` (prefill): per group of [`Simd::PANEL_ROWS`] weight rows and per k-block of
+//!   [`KB_CHUNKS`] chunks, the rows are decoded once into an L1-resident f32 panel (chunk-major,
+//!   the rows interleaved), then register tiles of `PANEL_ROWS x PANEL_XS` (weight rows x input
+//!   rows) sweep the panel while the next panel's stored bytes are asked for into L2;
+//!   accumulators persist in a small buffer between k-blocks. The input rows are packed in
+//!   tiles of `PANEL_XS` rows (chunk-major, one stream per tile) and taken in blocks of half
+//!   the L2 cache ([`super::cache_size::x_block_bytes`]), so the block every weight group
+//!   sweeps stays in L2 (1024 rows of a 2048-wide input are 8 MiB: streamed from L3 per weight
+//!   group, they halved the product's rate); each weight row is then decoded once per input
+//!   block. Eight accumulators are reduced at once ([`Simd::reduce8`]).
 //!
 //! Both paths perform, for every `(weight row, input row)` pair, exactly the canonical sequence
 //! `acc[k % 16] = fma(w[k], x[k], acc[k % 16])` in increasing `k` followed by the fixed reduction
@@ -60,6 +63,9 @@ pub(crate) trait Simd: Copy {
     /// input chunk loaded once for 8 weight rows) where the register file holds 24
     /// accumulators, else `TILE_ROWS`.
     const PANEL_ROWS: usize = Self::TILE_ROWS;
+    /// Input rows of the multi-row path's register tile (and of its packed input tiles): 3 or
+    /// `TILE_XS`.
+    const PANEL_XS: usize = Self::TILE_XS;
 
     fn zero(self) -> Self::V;
     fn splat(self, v: f32) -> Self::V;
@@ -101,6 +107,10 @@ pub(crate) trait Simd: Copy {
     /// does nothing).
     #[inline(always)]
     fn prefetch(self, _b: &[u8]) {}
+    /// Ask for the cache line holding `b[0]` into the L2 cache but not L1 (a hint; the
+    /// default does nothing).
+    #[inline(always)]
+    fn prefetch_l2(self, _b: &[u8]) {}
 
     /// 16 little-endian f32 from the first 64 bytes of `b`.
     fn dec_f32(self, b: &[u8]) -> Self::V;
@@ -699,9 +709,20 @@ fn decode_generic<S: Simd>(
     }
 }
 
+/// Per-thread buffers of the multi-row path: the decoded panel, the accumulators saved
+/// between k-blocks, and the packed input rows.
+#[derive(Default)]
+struct Scratch {
+    panel: Vec<Chunk>,
+    accs: Vec<Chunk>,
+    xs: Vec<Chunk>,
+}
+
 thread_local! {
     /// Per-thread (panel, accumulators) scratch of the multi-row path.
-    static SCRATCH: RefCell<(Vec<Chunk>, Vec<Chunk>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { panel: Vec::new(), accs: Vec::new(), xs: Vec::new() })
+    };
 }
 
 /// Input rows per block of the multi-row path for rows of `cpr` chunks: a multiple of 4 (the
@@ -744,15 +765,22 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
     // The scratch is taken out of the thread-local rather than used inside a closure: a
     // closure is a separate function that does not inherit the caller's `target_feature`s, so
     // the SIMD tiles inside it would compile to out-of-line intrinsic calls (~10x slower).
-    let (mut panel, mut accs) = SCRATCH.with_borrow_mut(std::mem::take);
+    let Scratch {
+        mut panel,
+        mut accs,
+        mut xs,
+    } = SCRATCH.with_borrow_mut(std::mem::take);
     {
+        let w = S::PANEL_XS;
+        let tiles = n.div_ceil(w);
+        pack_xs(x, n, cpr, w, &mut xs);
         panel.clear();
         panel.resize(S::PANEL_ROWS.max(S::TILE_ROWS) * kb, Chunk::default());
         let mut r = r0;
         while r < r1 {
             let rr = panel_group::<S>(r, r1);
             accs.clear();
-            accs.resize(rr * n, Chunk::default());
+            accs.resize(tiles * rr * w, Chunk::default());
             let mut c0 = 0;
             while c0 < cpr {
                 let kc = kb.min(cpr - c0);
@@ -761,11 +789,11 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
                 }
                 let blk = Block {
                     w: &panel[..kc * rr],
-                    x,
+                    x: &xs,
                     cpr,
                     c0,
                     kc,
-                    n,
+                    tiles,
                 };
                 let next = if c0 + kc < cpr {
                     NextPanel::new(p, P::BYTES, r, rr, c0 + kc, kb.min(cpr - c0 - kc))
@@ -777,25 +805,27 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
                 sweep_xs(s, rr, &blk, next, &mut accs);
                 c0 += kc;
             }
+            // Accumulator (row j, input i) of tile t = i / w is `accs[(t * rr + j) * w + i % w]`.
+            let at = |j: usize, i: usize| ((i / w) * rr + j) * w + i % w;
             if rr == 8 {
                 for (i, o) in out.iter_mut().enumerate() {
                     let mut v = [s.zero(); 8];
                     for (j, vj) in v.iter_mut().enumerate() {
-                        *vj = P::canonical(s, s.load(&accs[j * n + i]));
+                        *vj = P::canonical(s, s.load(&accs[at(j, i)]));
                     }
                     s.reduce8(&v, &mut o[r - r0..r - r0 + 8]);
                 }
             } else {
                 for j in 0..rr {
                     for (i, o) in out.iter_mut().enumerate() {
-                        o[r + j - r0] = s.reduce(P::canonical(s, s.load(&accs[j * n + i])));
+                        o[r + j - r0] = s.reduce(P::canonical(s, s.load(&accs[at(j, i)])));
                     }
                 }
             }
             r += rr;
         }
     }
-    SCRATCH.with_borrow_mut(|scratch| *scratch = (panel, accs));
+    SCRATCH.with_borrow_mut(|scratch| *scratch = Scratch { panel, accs, xs });
 }
 
 /// Weight rows per panel at row `r` of rows `..r1`: [`Simd::PANEL_ROWS`] while that many are
@@ -854,79 +884,87 @@ impl<'p, 'a> NextPanel<'p, 'a> {
         while self.at < end {
             let (j, l) = (self.at / self.row_lines, self.at % self.row_lines);
             let row = self.p.row_bytes(self.r + j, self.bytes);
-            s.prefetch(&row[(self.b0 + 64 * l).min(self.b1)..self.b1]);
+            s.prefetch_l2(&row[(self.b0 + 64 * l).min(self.b1)..self.b1]);
             self.at += 1;
         }
     }
 }
 
-/// One k-block of the multi-row path: a decoded panel and the input rows it meets.
+/// The `n` input rows (`cpr` chunks each) packed in tiles of `w` rows, interleaved: chunk `c`
+/// of row `i` at `((i / w) * cpr + c) * w + i % w`, the rows after the last padded with zeros.
+/// A register tile then reads its inputs as one stream (as the separate rows, 8 KiB apart for
+/// 2,048 columns, the 8 x 3 tile ran at 40 % of the FMA ports' rate with everything cached).
+fn pack_xs(x: &[Chunk], n: usize, cpr: usize, w: usize, xs: &mut Vec<Chunk>) {
+    let tiles = n.div_ceil(w);
+    xs.clear();
+    xs.resize(tiles * cpr * w, Chunk::default());
+    for (i, row) in x.chunks_exact(cpr).take(n).enumerate() {
+        let base = (i / w) * cpr * w + i % w;
+        for (c, v) in row.iter().enumerate() {
+            xs[base + c * w] = *v;
+        }
+    }
+}
+
+/// One k-block of the multi-row path: a decoded panel and the packed input tiles it meets.
 struct Block<'a> {
     /// `kc x rows` decoded chunks, interleaved: chunk `c` of row `j` at `c * rows + j`.
     w: &'a [Chunk],
-    /// All `n` padded input rows (`cpr` chunks each).
+    /// The packed input rows ([`pack_xs`]), `tiles` tiles of `cpr` chunks.
     x: &'a [Chunk],
     cpr: usize,
     /// First chunk of the block and its length.
     c0: usize,
     kc: usize,
-    n: usize,
+    tiles: usize,
 }
 
-/// All input rows against the panel's `rr` weight rows, in register tiles.
+/// All input tiles against the panel's `rr` weight rows.
 #[inline(always)]
 fn sweep_xs<S: Simd>(s: S, rr: usize, b: &Block, mut next: NextPanel, accs: &mut [Chunk]) {
     // The next panel's lines, spread evenly over this sweep's register tiles.
-    let width = if rr == 8 { 3 } else { S::TILE_XS };
-    let per_tile = next.lines.div_ceil(b.n.div_ceil(width));
-    let mut i = 0;
-    while i < b.n {
+    let per_tile = next.lines.div_ceil(b.tiles);
+    for t in 0..b.tiles {
         next.issue(s, per_tile);
-        let nt = (b.n - i).min(S::TILE_XS);
-        i += match (rr, nt) {
-            (8, 3..) => tile::<S, 8, 3>(s, b, i, accs),
-            (8, 2) => tile::<S, 8, 2>(s, b, i, accs),
-            (8, _) => tile::<S, 8, 1>(s, b, i, accs),
-            (4, 4..) => tile::<S, 4, 4>(s, b, i, accs),
-            (4, 3) => tile::<S, 4, 3>(s, b, i, accs),
-            (4, 2) => tile::<S, 4, 2>(s, b, i, accs),
-            (4, _) => tile::<S, 4, 1>(s, b, i, accs),
-            (2, 2..) => tile::<S, 2, 2>(s, b, i, accs),
-            (2, _) => tile::<S, 2, 1>(s, b, i, accs),
-            (_, 4..) => tile::<S, 1, 4>(s, b, i, accs),
-            (_, 3) => tile::<S, 1, 3>(s, b, i, accs),
-            (_, 2) => tile::<S, 1, 2>(s, b, i, accs),
-            (_, _) => tile::<S, 1, 1>(s, b, i, accs),
-        };
+        match (rr, S::PANEL_XS) {
+            (8, 3) => tile::<S, 8, 3>(s, b, t, accs),
+            (4, 3) => tile::<S, 4, 3>(s, b, t, accs),
+            (2, 3) => tile::<S, 2, 3>(s, b, t, accs),
+            (1, 3) => tile::<S, 1, 3>(s, b, t, accs),
+            (8, 2) => tile::<S, 8, 2>(s, b, t, accs),
+            (4, 2) => tile::<S, 4, 2>(s, b, t, accs),
+            (2, 2) => tile::<S, 2, 2>(s, b, t, accs),
+            (1, 2) => tile::<S, 1, 2>(s, b, t, accs),
+            (rr, w) => unreachable!("no {rr} x {w} register tile"),
+        }
     }
 }
 
-/// Register tile: weight rows `0..R` of the panel x input rows `i0..i0 + N` over the block.
-/// Returns `N` (the input rows consumed).
+/// Register tile: weight rows `0..R` of the panel x packed input tile `t` (`N ==
+/// S::PANEL_XS` rows) over the block; the accumulators persist in `accs[t * R * N..]`.
 #[inline(always)]
-fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, accs: &mut [Chunk]) -> usize {
-    let n = b.n;
-    // One pointer walks the interleaved panel (the rows are fixed offsets from it): with a
-    // pointer per row, the 8 x 3 tile ran out of registers and reloaded them from the stack.
+fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, t: usize, accs: &mut [Chunk]) {
+    debug_assert_eq!(N, S::PANEL_XS);
+    // One pointer walks the interleaved panel and one the packed inputs (the rows are fixed
+    // offsets from them): with a pointer per row, the 8 x 3 tile ran out of registers and
+    // reloaded them from the stack.
     let w = &b.w.as_chunks::<R>().0[..b.kc];
-    let mut x = [&[][..]; N];
-    for (i, xi) in x.iter_mut().enumerate() {
-        let start = (i0 + i) * b.cpr + b.c0;
-        *xi = &b.x[start..start + b.kc];
-    }
+    let start = t * b.cpr + b.c0;
+    let x = &b.x[start * N..(start + b.kc) * N].as_chunks::<N>().0[..b.kc];
+    let accs = &mut accs[t * R * N..(t + 1) * R * N];
     // No closures (`from_fn`) around SIMD operations here: a closure does not inherit the
     // caller's `target_feature`s, so an intrinsic inside one is an out-of-line call.
     let mut acc = [[s.zero(); N]; R];
     for j in 0..R {
         for i in 0..N {
-            acc[j][i] = s.load(&accs[j * n + i0 + i]);
+            acc[j][i] = s.load(&accs[j * N + i]);
         }
     }
     // The input chunks stay in registers; each weight chunk is loaded and used for all `N`.
     for c in 0..b.kc {
         let mut xv = [s.zero(); N];
         for i in 0..N {
-            xv[i] = s.load(&x[i][c]);
+            xv[i] = s.load(&x[c][i]);
         }
         for j in 0..R {
             let wv = s.load(&w[c][j]);
@@ -937,10 +975,9 @@ fn tile<S: Simd, const R: usize, const N: usize>(s: S, b: &Block, i0: usize, acc
     }
     for j in 0..R {
         for i in 0..N {
-            s.store(&mut accs[j * n + i0 + i], acc[j][i]);
+            s.store(&mut accs[j * N + i], acc[j][i]);
         }
     }
-    N
 }
 
 /// Sum of `data` read as f32 through the ISA's widest loads (the bandwidth probe's inner loop):
