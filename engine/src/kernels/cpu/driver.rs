@@ -250,7 +250,8 @@ elem!(
 pub(crate) type Outs<'o, 'y> = &'o mut [&'y mut [f32]];
 
 /// The task interface every ISA entry point forwards to: rows `r0..r1` of `p` against the
-/// padded inputs `x` (`n` rows of `ceil(cols / 16)` chunks).
+/// padded inputs `x`: `n` rows of `ceil(cols / 16)` chunks, one after another, or where
+/// [`packed_width`] is `Some(w)`, packed in tiles of `w` rows ([`pack_xs`]).
 #[inline(always)]
 pub(crate) fn run_rows<S: Simd>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     match p.kind {
@@ -291,6 +292,12 @@ fn rows_elem<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize,
     } else {
         panel_rows::<S, ElemPanel<E>>(s, p, x, n, r0, r1, out);
     }
+}
+
+/// Whether a call of `n` input rows on a plan of `kind` takes the multi-row (panel) path, whose
+/// inputs the dispatcher packs once for every task: the tile width `w` of [`pack_xs`].
+pub(crate) fn packed_width<S: Simd>(kind: Kind, n: usize) -> Option<usize> {
+    (kind == Kind::Generic || n > 4 * S::TILE_XS).then_some(S::PANEL_XS)
 }
 
 /// `2 <= n <= 4 * TILE_XS` (verify passes of up to 15 drafts, small prefill chunks): the fused
@@ -334,7 +341,9 @@ fn fused_rows<S: Simd, E: Elem>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize
     }
     if r < r1 {
         let mut rest: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[r - r0..]).collect();
-        panel_rows::<S, ElemPanel<E>>(s, p, x, n, r, r1, &mut rest);
+        let mut packed = Vec::new();
+        pack_xs(x, n, cpr, S::PANEL_XS, &mut packed);
+        panel_rows::<S, ElemPanel<E>>(s, p, &packed, n, r, r1, &mut rest);
     }
 }
 
@@ -709,41 +718,44 @@ fn decode_generic<S: Simd>(
     }
 }
 
-/// Per-thread buffers of the multi-row path: the decoded panel, the accumulators saved
-/// between k-blocks, and the packed input rows.
+/// Per-thread buffers of the multi-row path: the decoded panel and the accumulators saved
+/// between k-blocks.
 #[derive(Default)]
 struct Scratch {
     panel: Vec<Chunk>,
     accs: Vec<Chunk>,
-    xs: Vec<Chunk>,
 }
 
 thread_local! {
     /// Per-thread (panel, accumulators) scratch of the multi-row path.
     static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch { panel: Vec::new(), accs: Vec::new(), xs: Vec::new() })
+        RefCell::new(Scratch { panel: Vec::new(), accs: Vec::new() })
     };
 }
 
-/// Input rows per block of the multi-row path for rows of `cpr` chunks: a multiple of 4 (the
-/// register tile), at least 16 (so a panel decode serves enough products).
-fn x_block_rows(cpr: usize) -> usize {
-    (super::cache_size::x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>())).max(16) / 4 * 4
+/// Input rows per block of the multi-row path for rows of `cpr` chunks: whole tiles of `w`
+/// rows, at least 16 (so a panel decode serves enough products).
+fn x_block_rows(cpr: usize, w: usize) -> usize {
+    let rows = super::cache_size::x_block_bytes() / (cpr.max(1) * std::mem::size_of::<Chunk>());
+    rows.max(16).next_multiple_of(w)
 }
 
-/// Multi-row path over rows `r0..r1`, panels decoded and accumulators read by `P`, the input
-/// rows in blocks of [`x_block_rows`] (each block meets every weight row before the next).
+/// Multi-row path over rows `r0..r1`, panels decoded and accumulators read by `P`; `x` holds
+/// the `n` input rows packed in tiles of [`Simd::PANEL_XS`] ([`pack_xs`]), taken in blocks of
+/// [`x_block_rows`] (each block meets every weight row before the next).
 #[inline(always)]
 fn panel_rows<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
-    let nb = x_block_rows(cpr);
+    let w = S::PANEL_XS;
+    let nb = x_block_rows(cpr, w);
     let mut i0 = 0;
     while i0 < n {
         let ni = nb.min(n - i0);
+        let (t0, t1) = (i0 / w, (i0 + ni).div_ceil(w));
         panel_block::<S, P>(
             s,
             p,
-            &x[i0 * cpr..(i0 + ni) * cpr],
+            &x[t0 * cpr * w..t1 * cpr * w],
             ni,
             r0,
             r1,
@@ -753,7 +765,7 @@ fn panel_rows<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: u
     }
 }
 
-/// [`panel_rows`] for one block of `n` input rows.
+/// [`panel_rows`] for one block of `n` input rows (packed, see [`pack_xs`]).
 #[inline(always)]
 fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: Outs) {
     let cpr = p.m.cols.div_ceil(LANES);
@@ -765,15 +777,10 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
     // The scratch is taken out of the thread-local rather than used inside a closure: a
     // closure is a separate function that does not inherit the caller's `target_feature`s, so
     // the SIMD tiles inside it would compile to out-of-line intrinsic calls (~10x slower).
-    let Scratch {
-        mut panel,
-        mut accs,
-        mut xs,
-    } = SCRATCH.with_borrow_mut(std::mem::take);
+    let Scratch { mut panel, mut accs } = SCRATCH.with_borrow_mut(std::mem::take);
     {
         let w = S::PANEL_XS;
         let tiles = n.div_ceil(w);
-        pack_xs(x, n, cpr, w, &mut xs);
         panel.clear();
         panel.resize(S::PANEL_ROWS.max(S::TILE_ROWS) * kb, Chunk::default());
         let mut r = r0;
@@ -789,7 +796,7 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
                 }
                 let blk = Block {
                     w: &panel[..kc * rr],
-                    x: &xs,
+                    x,
                     cpr,
                     c0,
                     kc,
@@ -825,7 +832,7 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
             r += rr;
         }
     }
-    SCRATCH.with_borrow_mut(|scratch| *scratch = Scratch { panel, accs, xs });
+    SCRATCH.with_borrow_mut(|scratch| *scratch = Scratch { panel, accs });
 }
 
 /// Weight rows per panel at row `r` of rows `..r1`: [`Simd::PANEL_ROWS`] while that many are
@@ -890,18 +897,22 @@ impl<'p, 'a> NextPanel<'p, 'a> {
     }
 }
 
-/// The `n` input rows (`cpr` chunks each) packed in tiles of `w` rows, interleaved: chunk `c`
-/// of row `i` at `((i / w) * cpr + c) * w + i % w`, the rows after the last padded with zeros.
-/// A register tile then reads its inputs as one stream (as the separate rows, 8 KiB apart for
-/// 2,048 columns, the 8 x 3 tile ran at 40 % of the FMA ports' rate with everything cached).
+/// Where chunk `c` of input row `i` goes when rows of `cpr` chunks are packed in tiles of `w`
+/// rows: the tile's chunks one after another, each holding its rows' chunk `c` (the rows after
+/// the last are zeros). A register tile then reads its inputs as one stream: as separate rows
+/// (8 KiB apart for 2,048 columns) the 8 x 3 tile measured 10-20 % slower.
+#[inline(always)]
+pub(crate) fn packed_at(i: usize, c: usize, cpr: usize, w: usize) -> usize {
+    ((i / w) * cpr + c) * w + i % w
+}
+
+/// The `n` row-major input rows `x` (`cpr` chunks each) packed into `xs` (see [`packed_at`]).
 fn pack_xs(x: &[Chunk], n: usize, cpr: usize, w: usize, xs: &mut Vec<Chunk>) {
-    let tiles = n.div_ceil(w);
     xs.clear();
-    xs.resize(tiles * cpr * w, Chunk::default());
+    xs.resize(n.div_ceil(w) * cpr * w, Chunk::default());
     for (i, row) in x.chunks_exact(cpr).take(n).enumerate() {
-        let base = (i / w) * cpr * w + i % w;
         for (c, v) in row.iter().enumerate() {
-            xs[base + c * w] = *v;
+            xs[packed_at(i, c, cpr, w)] = *v;
         }
     }
 }
@@ -1013,8 +1024,10 @@ mod tests {
     #[test]
     fn input_blocks_are_whole_register_tiles_of_at_least_16_rows() {
         for cpr in [1, 128, 448, 512, 1 << 20] {
-            let nb = x_block_rows(cpr);
-            assert!(nb >= 16 && nb.is_multiple_of(4), "cpr {cpr}: {nb}");
+            for w in [2, 3, 4] {
+                let nb = x_block_rows(cpr, w);
+                assert!(nb >= 16 && nb.is_multiple_of(w), "cpr {cpr}, tiles of {w}: {nb}");
+            }
         }
     }
 }

@@ -90,6 +90,20 @@ impl Isa {
         }
     }
 
+    /// The tile width the inputs of a call of `n` rows on a plan of `kind` are packed in, if
+    /// it takes the multi-row path (see `driver::packed_width`).
+    fn packed_width(self, kind: plan::Kind, n: usize) -> Option<usize> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => driver::packed_width::<avx512::Avx512>(kind, n),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => driver::packed_width::<avx2::Avx2>(kind, n),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => driver::packed_width::<neon::Neon>(kind, n),
+            _ => driver::packed_width::<scalar::Scalar>(kind, n),
+        }
+    }
+
     /// Lower-case name (`scalar`, `avx2`, `avx512`, `neon`).
     pub fn name(self) -> &'static str {
         match self {
@@ -137,7 +151,7 @@ pub fn matmul_with(isa: Isa, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
         plan::Kind::Int4 | plan::Kind::Mxfp4 => isa.nibble_lanes(),
         _ => &driver::IDENTITY_LANES,
     };
-    let xs = pad_rows(x, n, m.cols, lanes);
+    let xs = pad_rows(x, n, m.cols, lanes, isa.packed_width(plan.kind, n));
     let threads = rayon::current_num_threads();
     if threads <= 1 || m.rows * m.cols * n < PARALLEL_MIN_MACS || m.rows < 2 * TASK_ROWS_MIN {
         let mut outs: Vec<&mut [f32]> = y.chunks_mut(m.rows).collect();
@@ -174,16 +188,19 @@ fn run(isa: Isa, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: &mu
 
 /// `n` rows of `cols` values copied into 64-byte-aligned chunks, each row zero-padded to a
 /// multiple of 16 (the canonical padding); lane `l` of a chunk holds its canonical lane
-/// `lanes[l]` (the weight decoder's lane order).
-fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES]) -> Vec<Chunk> {
+/// `lanes[l]` (the weight decoder's lane order). The rows follow one another, or with
+/// `packed = Some(w)` are packed in tiles of `w` rows (`driver::packed_at`).
+fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES], packed: Option<usize>) -> Vec<Chunk> {
     let cpr = cols.div_ceil(LANES);
-    let mut out = vec![Chunk::default(); n * cpr];
+    let len = packed.map_or(n * cpr, |w| n.div_ceil(w) * w * cpr);
+    let mut out = vec![Chunk::default(); len];
     if cols == 0 {
         return out;
     }
     let identity = *lanes == driver::IDENTITY_LANES;
-    for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cpr)) {
-        for (d, s) in dst.iter_mut().zip(row.chunks(LANES)) {
+    for (i, row) in x.chunks_exact(cols).enumerate() {
+        for (c, s) in row.chunks(LANES).enumerate() {
+            let d = &mut out[packed.map_or(i * cpr + c, |w| driver::packed_at(i, c, cpr, w))];
             if identity {
                 d.0[..s.len()].copy_from_slice(s);
                 continue;
