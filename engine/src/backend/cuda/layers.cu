@@ -222,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerP
 // into blocks of DF_MLA_BLOCK from position 0 and blocks into tiles of DF_MLA_TILE; inside a
 // block the softmax runs online tile by tile; block partials (max, sum, acc) are folded in
 // ascending order, the same sequence of operations as the CPU whatever its thread split. Scores
-// are 16-lane dot products with a separate multiply and add (latent_attention.rs::dot16);
+// are 16-lane dot products of fused multiply-adds (latent_attention.rs::dot16);
 // every lane keeps the scalar state (max, sum, the tile's scores) and owns the latent elements
 // x = lane (mod 16) of the accumulators.
 
@@ -230,10 +230,11 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerP
 #define DF_MLA_TILE 64
 #define DF_MLA_PER_LANE 64  // latent <= 16 * 64
 
-// Lane `lane`'s share of dot16(a, b) over n values, then the fixed tree (broadcast).
-__device__ __forceinline__ float df_dot16(const float* a, const float* b, int n, int lane) {
+// Lane `lane`'s share of latent_attention.rs::dot16(a, b) over n values (a chain of fused
+// multiply-adds), then the fixed tree (broadcast).
+__device__ __forceinline__ float df_dot16_fma(const float* a, const float* b, int n, int lane) {
     float acc = 0.0f;
-    for (int k = lane; k < n; k += LANES) acc = __fadd_rn(acc, __fmul_rn(a[k], b[k]));
+    for (int k = lane; k < n; k += LANES) acc = __fmaf_rn(a[k], b[k], acc);
     return df_lane_sum(acc);
 }
 
@@ -279,8 +280,8 @@ __device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float
         const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
         float tile_max = __uint_as_float(0xff800000u);
         for (int j = t0; j < t1; ++j) {
-            const float d1 = df_dot16(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
-            const float d2 = df_dot16(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
+            const float d1 = df_dot16_fma(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
+            const float d2 = df_dot16_fma(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
             scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), r.scale);
         }
         for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
@@ -293,7 +294,7 @@ __device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float
             const float pj = df_exp(__fsub_rn(scores[j - t0], pmax));
             psum = __fadd_rn(psum, pj);
             const float* c = r.kl + (u64)j * r.latent;
-            for (int i = 0; i < r.mine; ++i) pacc[i] = __fadd_rn(pacc[i], __fmul_rn(pj, c[lane + LANES * i]));
+            for (int i = 0; i < r.mine; ++i) pacc[i] = __fmaf_rn(pj, c[lane + LANES * i], pacc[i]);
         }
     }
 }
@@ -537,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_mla_
     const int e = (int)(oo % (u64)v);
     const float* w = (const float*)p.buf[0] + (h * (u64)(nope + v) + (u64)(nope + e)) * (u64)c;
     const float* ctx = (const float*)p.buf[1] + rh * (u64)c;
-    const float r = df_dot16(w, ctx, c, threadIdx.x);
+    const float r = df_dot16_fma(w, ctx, c, threadIdx.x);
     if (live && threadIdx.x == 0) ((float*)p.buf[2])[o] = r;
 }
 

@@ -16,8 +16,10 @@
 //! exactly this sequence of floating-point operations, so its result does not depend on the
 //! thread count, on which rows share the pass, or on how its prompt was chunked (a row at
 //! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
-//! lanes like [`crate::kernels::reference::dot`], but with a separate multiply and add (no fused
-//! multiply-add), so every instantiation gives the same bits.
+//! lanes like [`crate::kernels::reference::dot`], each lane a chain of fused multiply-adds (IEEE
+//! `fma`, one rounding, exact alike on every CPU and GPU), as is the probability-weighted sum of
+//! latents, so every instantiation gives the same bits. (A separate multiply and add, as before
+//! 2026-12-05, cost twice the arithmetic ports' time.)
 //!
 //! A tile's two inner loops (the scores, and the probability-weighted sum of latents) are a
 //! [`TileOps`]: the portable loops here (compiled as is, and under AVX2), or the AVX-512 ones of
@@ -144,19 +146,49 @@ impl Partial {
     }
 }
 
-/// A 16-lane dot product: lane `l` sums `a[k] * b[k]` for `k ≡ l (mod 16)` (product and sum
-/// each rounded), then the fixed lane tree.
+/// A 16-lane dot product: lane `l` accumulates `fma(a[k], b[k], acc)` for `k ≡ l (mod 16)` in
+/// order (one rounding each), then the fixed lane tree; with FMA instructions where the CPU has
+/// them (the same bits either way).
 #[inline(always)]
 pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU reports AVX2 and FMA (`has_fma`).
+        #[allow(unsafe_code)]
+        return unsafe { dot16_fma(a, b) };
+    }
+    dot16_lanes(a, b)
+}
+
+/// Whether this CPU has AVX2 and FMA (checked once).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn has_fma() -> bool {
+    static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FMA.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// [`dot16_lanes`] compiled with FMA instructions (without them, `mul_add` is a libm call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dot16_fma(a: &[f32], b: &[f32]) -> f32 {
+    dot16_lanes(a, b)
+}
+
+/// The definition of [`dot16`]: lane `k % 16` accumulates `fma(a[k], b[k], acc)` in order, then
+/// the fixed tree.
+#[inline(always)]
+fn dot16_lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let whole = a.len() / LANES * LANES;
     for (x, y) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
         for l in 0..LANES {
-            acc[l] += x[l] * y[l];
+            acc[l] = x[l].mul_add(y[l], acc[l]);
         }
     }
     for (l, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
-        acc[l] += x * y;
+        acc[l] = x.mul_add(*y, acc[l]);
     }
     reduce_lanes(&mut acc)
 }
@@ -167,7 +199,7 @@ pub(super) trait TileOps {
     /// `scores[h * TILE + (j - t0)] = (dot16(q_abs[h], latent_j) + dot16(q_rope[h], rope_j)) ·
     /// scale` for the `width` positions `j` from `t0`.
     fn scores(q: &LatentQuery<'_>, t0: usize, width: usize, s: LatentShape, scores: &mut [f32]);
-    /// For every head, in position order: `sum[h] += p_j` and `acc[h] += p_j · c_j`, with
+    /// For every head, in position order: `sum[h] += p_j` and `acc[h] = fma(p_j, c_j, acc[h])`, with
     /// `p_j = probs[h * TILE + (j - t0)]` and `c_j` the latent of position `j`.
     fn values(
         q: &LatentQuery<'_>,
@@ -190,7 +222,7 @@ impl TileOps for Portable {
             for h in 0..s.heads {
                 let qa = &q.q_abs[h * s.latent..][..s.latent];
                 let qr = &q.q_rope[h * s.rope..][..s.rope];
-                scores[h * TILE + (j - t0)] = (dot16(qa, latent) + dot16(qr, rope)) * s.scale;
+                scores[h * TILE + (j - t0)] = (dot16_lanes(qa, latent) + dot16_lanes(qr, rope)) * s.scale;
             }
         }
     }
@@ -210,7 +242,9 @@ impl TileOps for Portable {
                 let p = probs[h * TILE + (j - t0)];
                 part.sum[h] += p;
                 let acc = &mut part.acc[h * s.latent..][..s.latent];
-                acc.iter_mut().zip(latent).for_each(|(x, &c)| *x += p * c);
+                acc.iter_mut()
+                    .zip(latent)
+                    .for_each(|(x, &c)| *x = p.mul_add(c, *x));
             }
         }
     }

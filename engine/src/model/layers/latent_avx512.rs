@@ -2,11 +2,11 @@
 //! every value, the operations of the portable loops in the same order, in register tiles.
 //!
 //! * Scores: the 16-lane sums of 8 positions × 2 heads at once (each lane a chain of
-//!   `acc + q·k`, product and sum rounded, as `dot16`), then those 16 sums reduced together by
+//!   `fma(q, k, acc)`, as `dot16`), then those 16 sums reduced together by
 //!   the fixed lane tree ([`reduce16`]: each level's pairs added across registers after shuffles,
 //!   instead of one scalar tree per dot product).
 //! * Values: 4 heads × 64 latent values held in registers over the tile's positions
-//!   (`acc + p·c` in position order, as the portable loop), so each latent chunk is loaded once
+//!   (`fma(p, c, acc)` in position order, as the portable loop), so each latent chunk is loaded once
 //!   for 4 heads and the accumulators are not written back per position.
 //!
 //! Lanes past a width that is not a multiple of 16 are masked: never added, never stored, as in
@@ -137,7 +137,7 @@ unsafe fn lane_sums(q: [*const f32; HEADS], k: &[*const f32; POS], len: usize) -
             // SAFETY: as above.
             let kv = unsafe { _mm512_loadu_ps(k[i].add(o)) };
             for hh in 0..HEADS {
-                acc[hh * POS + i] = _mm512_add_ps(acc[hh * POS + i], _mm512_mul_ps(qv[hh], kv));
+                acc[hh * POS + i] = _mm512_fmadd_ps(qv[hh], kv, acc[hh * POS + i]);
             }
         }
     }
@@ -154,8 +154,7 @@ unsafe fn lane_sums(q: [*const f32; HEADS], k: &[*const f32; POS], len: usize) -
             // SAFETY: as above.
             let kv = unsafe { _mm512_maskz_loadu_ps(m, k[i].add(o)) };
             for hh in 0..HEADS {
-                let a = acc[hh * POS + i];
-                acc[hh * POS + i] = _mm512_mask_add_ps(a, m, a, _mm512_mul_ps(qv[hh], kv));
+                acc[hh * POS + i] = _mm512_mask3_fmadd_ps(qv[hh], kv, acc[hh * POS + i], m);
             }
         }
     }
@@ -259,11 +258,10 @@ unsafe fn value_tile<const FULL: bool>(
         for hh in 0..V_HEADS {
             let p = _mm512_set1_ps(prow[hh][j]);
             for k in 0..V_CHUNKS {
-                let (x, pc) = (a[hh][k], _mm512_mul_ps(p, cv[k]));
                 a[hh][k] = if FULL {
-                    _mm512_add_ps(x, pc)
+                    _mm512_fmadd_ps(p, cv[k], a[hh][k])
                 } else {
-                    _mm512_mask_add_ps(x, m[hh][k], x, pc)
+                    _mm512_mask3_fmadd_ps(p, cv[k], a[hh][k], m[hh][k])
                 };
             }
         }
