@@ -570,6 +570,17 @@ fn chunk_step<S: Simd, E: Elem, const R: usize, const N: usize>(
     }
 }
 
+/// A weight row's place in an interleaved panel: stored row `r` as panel row `j` of `rr`,
+/// chunks `c0..c0 + kc`.
+#[derive(Debug, Clone, Copy)]
+struct PanelRow {
+    r: usize,
+    j: usize,
+    rr: usize,
+    c0: usize,
+    kc: usize,
+}
+
 /// How the multi-row path decodes a panel and reads an accumulator. A trait rather than
 /// function values: a function item passed as `impl Fn` is called through a shim that does not
 /// inherit the caller's `target_feature`s, so the decoder's intrinsics compiled to out-of-line
@@ -578,18 +589,9 @@ trait PanelOps {
     /// Stored bytes per canonical chunk of a row, for asking ahead for the next panel's bytes;
     /// 0: none (the generic fallback decodes whole rows).
     const BYTES: usize;
-    /// Chunks `c0..c0 + kc` of weight row `r`, as row `j` of an interleaved panel of `rr`
-    /// rows: chunk `c` goes to `out[(c - c0) * rr + j]`.
-    fn decode<S: Simd>(
-        s: S,
-        p: &Plan,
-        r: usize,
-        c0: usize,
-        kc: usize,
-        j: usize,
-        rr: usize,
-        out: &mut [Chunk],
-    );
+    /// Chunks `at.c0..at.c0 + at.kc` of weight row `at.r`, as row `at.j` of an interleaved panel
+    /// of `at.rr` rows: chunk `c` goes to `out[(c - c0) * rr + j]`.
+    fn decode<S: Simd>(s: S, p: &Plan, at: PanelRow, out: &mut [Chunk]);
     /// An accumulator in canonical lane order.
     fn canonical<S: Simd>(s: S, v: S::V) -> S::V;
 }
@@ -600,17 +602,8 @@ struct ElemPanel<E>(std::marker::PhantomData<E>);
 impl<E: Elem> PanelOps for ElemPanel<E> {
     const BYTES: usize = E::BYTES;
     #[inline(always)]
-    fn decode<S: Simd>(
-        s: S,
-        p: &Plan,
-        r: usize,
-        c0: usize,
-        kc: usize,
-        j: usize,
-        rr: usize,
-        out: &mut [Chunk],
-    ) {
-        decode_elem::<S, E>(s, p, r, c0, kc, j, rr, out);
+    fn decode<S: Simd>(s: S, p: &Plan, at: PanelRow, out: &mut [Chunk]) {
+        decode_elem::<S, E>(s, p, at, out);
     }
 
     #[inline(always)]
@@ -625,17 +618,8 @@ struct GenericPanel;
 impl PanelOps for GenericPanel {
     const BYTES: usize = 0;
     #[inline(always)]
-    fn decode<S: Simd>(
-        s: S,
-        p: &Plan,
-        r: usize,
-        c0: usize,
-        kc: usize,
-        j: usize,
-        rr: usize,
-        out: &mut [Chunk],
-    ) {
-        decode_generic(s, p, r, c0, kc, j, rr, out);
+    fn decode<S: Simd>(s: S, p: &Plan, at: PanelRow, out: &mut [Chunk]) {
+        decode_generic(s, p, at, out);
     }
 
     #[inline(always)]
@@ -659,20 +643,11 @@ fn decode_tail<S: Simd, E: Elem>(s: S, row: &[u8], c: usize, len: usize, scale: 
     }
 }
 
-/// Decode chunks `c0..c0 + kc` of row `r` as row `j` of the interleaved panel `out` of `rr`
-/// rows (the multi-row path; see [`PanelOps::decode`]).
+/// Decode a weight row into the interleaved panel `out` (the multi-row path; see
+/// [`PanelOps::decode`]).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn decode_elem<S: Simd, E: Elem>(
-    s: S,
-    p: &Plan,
-    r: usize,
-    c0: usize,
-    kc: usize,
-    j: usize,
-    rr: usize,
-    out: &mut [Chunk],
-) {
+fn decode_elem<S: Simd, E: Elem>(s: S, p: &Plan, at: PanelRow, out: &mut [Chunk]) {
+    let PanelRow { r, j, rr, c0, kc } = at;
     let cols = p.m.cols;
     let (full, tail) = (cols / LANES, cols % LANES);
     let row = p.row_bytes(r, E::BYTES);
@@ -697,17 +672,8 @@ fn decode_elem<S: Simd, E: Elem>(
 
 /// The generic fallback's panel decoder: the whole row through the scalar reference (its
 /// panels span the whole row, so each row is decoded once per input block).
-#[allow(clippy::too_many_arguments)]
-fn decode_generic<S: Simd>(
-    _s: S,
-    p: &Plan,
-    r: usize,
-    c0: usize,
-    kc: usize,
-    j: usize,
-    rr: usize,
-    out: &mut [Chunk],
-) {
+fn decode_generic<S: Simd>(_s: S, p: &Plan, at: PanelRow, out: &mut [Chunk]) {
+    let PanelRow { r, j, rr, c0, kc } = at;
     let cols = p.m.cols;
     let mut row = vec![0.0f32; cols];
     p.decode_generic(r, &mut row);
@@ -792,7 +758,14 @@ fn panel_block<S: Simd, P: PanelOps>(s: S, p: &Plan, x: &[Chunk], n: usize, r0: 
             while c0 < cpr {
                 let kc = kb.min(cpr - c0);
                 for j in 0..rr {
-                    P::decode(s, p, r + j, c0, kc, j, rr, &mut panel[..kc * rr]);
+                    let at = PanelRow {
+                        r: r + j,
+                        j,
+                        rr,
+                        c0,
+                        kc,
+                    };
+                    P::decode(s, p, at, &mut panel[..kc * rr]);
                 }
                 let blk = Block {
                     w: &panel[..kc * rr],
