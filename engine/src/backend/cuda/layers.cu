@@ -232,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_combine(LayerP
 
 // Lane `lane`'s share of latent_attention.rs::dot16(a, b) over n values (a chain of fused
 // multiply-adds), then the fixed tree (broadcast).
-__device__ __forceinline__ float df_dot16_fma(const float* a, const float* b, int n, int lane) {
+__device__ __forceinline__ float df_dot16(const float* a, const float* b, int n, int lane) {
     float acc = 0.0f;
     for (int k = lane; k < n; k += LANES) acc = __fmaf_rn(a[k], b[k], acc);
     return df_lane_sum(acc);
@@ -280,8 +280,8 @@ __device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float
         const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
         float tile_max = __uint_as_float(0xff800000u);
         for (int j = t0; j < t1; ++j) {
-            const float d1 = df_dot16_fma(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
-            const float d2 = df_dot16_fma(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
+            const float d1 = df_dot16(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
+            const float d2 = df_dot16(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
             scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), r.scale);
         }
         for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
@@ -538,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_mla_
     const int e = (int)(oo % (u64)v);
     const float* w = (const float*)p.buf[0] + (h * (u64)(nope + v) + (u64)(nope + e)) * (u64)c;
     const float* ctx = (const float*)p.buf[1] + rh * (u64)c;
-    const float r = df_dot16_fma(w, ctx, c, threadIdx.x);
+    const float r = df_dot16(w, ctx, c, threadIdx.x);
     if (live && threadIdx.x == 0) ((float*)p.buf[2])[o] = r;
 }
 
