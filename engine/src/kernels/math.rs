@@ -93,9 +93,14 @@ const ROUNDER: f32 = 12_582_912.0;
 /// `x = n·ln2 + r` with `|r| ≤ ln2/2` (about): `n = rint(x·log2 e)`, `r` by two fused steps.
 #[inline(always)]
 fn reduce(x: f32) -> (i32, f32) {
-    let n = (x * LOG2_E + ROUNDER) - ROUNDER;
+    let t = x * LOG2_E + ROUNDER;
+    let n = t - ROUNDER;
     let r = n.mul_add(-LN2_HI, x);
-    (n as i32, n.mul_add(-LN2_LO, r))
+    // `t` lies in [2^23, 2^24), where the ulp is 1: its mantissa holds `ROUNDER + n`, so `n` is
+    // the difference of the bit patterns. The same value as `n as i32`, whose saturating
+    // conversion the compiler scalarised lane by lane in vector loops.
+    let k = t.to_bits() as i32 - ROUNDER.to_bits() as i32;
+    (k, n.mul_add(-LN2_LO, r))
 }
 
 /// `e^r − 1` for `|r| ≤ ~0.35`: `r + r²·(1/2! + r/3! + … + r⁶/8!)`, Horner with fma.
@@ -288,6 +293,19 @@ mod tests {
             }
         }
         worst
+    }
+
+    #[test]
+    fn the_reduction_exponent_is_the_rounded_multiple() {
+        // Every input `exp` and `exp_m1` reduce (clamped to the finite range; NaN is selected
+        // apart), against the conversion it replaced.
+        for x in sweep()
+            .filter(|x| !x.is_nan())
+            .map(|x| x.clamp(EXP_UNDER, EXP_OVER))
+        {
+            let n = (x * LOG2_E + ROUNDER) - ROUNDER;
+            assert_eq!(reduce(x).0, n as i32, "x = {x}");
+        }
     }
 
     #[test]

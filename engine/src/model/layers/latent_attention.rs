@@ -271,10 +271,14 @@ fn block_partial_impl<K: TileOps>(q: &LatentQuery<'_>, block: usize, s: LatentSh
             let m = part.max[h].max(tile_max);
             let a = exp(part.max[h] - m);
             part.max[h] = m;
-            part.sum[h] *= a;
-            part.acc[h * s.latent..][..s.latent]
-                .iter_mut()
-                .for_each(|x| *x *= a);
+            // A factor of exactly 1 (the running max held, as it mostly does deep into a long
+            // prompt) leaves every value as it is: skipping the products changes no bit.
+            if a != 1.0 {
+                part.sum[h] *= a;
+                part.acc[h * s.latent..][..s.latent]
+                    .iter_mut()
+                    .for_each(|x| *x *= a);
+            }
         }
         // The tile's probabilities first (a loop that vectorises), in place of the scores.
         for h in 0..s.heads {
