@@ -13,9 +13,11 @@
 //! partial `(max, sum, Σ p·c)` per head; a row's blocks are merged in ascending order by one fold
 //! ([`Partial::merge`]). The work is split over threads by rows (many rows: prefill) or by
 //! `(row, block)` (few rows over a long cache: decode), but every row is always computed by
-//! exactly this sequence of floating-point operations, so its result does not depend on the
-//! thread count, on which rows share the pass, or on how its prompt was chunked (a row at
-//! position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
+//! exactly this sequence of floating-point operations (on the row path, groups of up to
+//! [`GROUP`] consecutive rows take each key tile in turn, so the keys the first row brought in
+//! are in L2 for the others; each row's own sequence is unchanged), so its result does not
+//! depend on the thread count, on which rows share the pass, or on how its prompt was chunked
+//! (a row at position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
 //! lanes like [`crate::kernels::reference::dot`], each lane a chain of fused multiply-adds (IEEE
 //! `fma`, one rounding, exact alike on every CPU and GPU), as is the probability-weighted sum of
 //! latents, so every instantiation gives the same bits. (A separate multiply and add, as before
@@ -252,57 +254,79 @@ impl TileOps for Portable {
     }
 }
 
-/// The partial of block `block` of row `q` (positions `block * BLOCK ..` up to `q.len`).
+/// One tile of one row: scores, the online softmax update, and the probability-weighted
+/// latents, positions `t0 .. t0 + width`.
 #[inline(always)]
-fn block_partial_impl<K: TileOps>(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
-    let mut part = Partial::empty(s);
+fn tile_step<K: TileOps>(
+    q: &LatentQuery<'_>,
+    (t0, width): (usize, usize),
+    s: LatentShape,
+    scores: &mut [f32],
+    part: &mut Partial,
+) {
+    K::scores(q, t0, width, s, scores);
+    for h in 0..s.heads {
+        let tile_max = scores[h * TILE..][..width]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let m = part.max[h].max(tile_max);
+        let a = exp(part.max[h] - m);
+        part.max[h] = m;
+        // A factor of exactly 1 (the running max held, as it mostly does deep into a long
+        // prompt) leaves every value as it is: skipping the products changes no bit.
+        if a != 1.0 {
+            part.sum[h] *= a;
+            part.acc[h * s.latent..][..s.latent]
+                .iter_mut()
+                .for_each(|x| *x *= a);
+        }
+    }
+    // The tile's probabilities first (a loop that vectorises), in place of the scores.
+    for h in 0..s.heads {
+        let m = part.max[h];
+        scores[h * TILE..][..width]
+            .iter_mut()
+            .for_each(|v| *v = exp(*v - m));
+    }
+    K::values(q, t0, width, s, scores, part);
+}
+
+/// The partials of block `block` of each row of `qs` (positions `block * BLOCK ..` up to each
+/// row's `len`; every row reaches into the block). The rows take each tile in turn, so a tile's
+/// keys, read from L3 (or memory) by the first row, are in L2 for the others when the rows share
+/// their keys (consecutive rows of a prompt). Each row's own sequence of operations is that of
+/// a row alone.
+#[inline(always)]
+fn block_partials_impl<K: TileOps>(qs: &[LatentQuery<'_>], block: usize, s: LatentShape) -> Vec<Partial> {
     let start = block * BLOCK;
-    let end = (start + BLOCK).min(q.len);
+    let mut parts: Vec<Partial> = qs.iter().map(|_| Partial::empty(s)).collect();
+    let last = qs.iter().map(|q| q.len).max().unwrap_or(0);
     let mut scores = vec![0.0f32; s.heads * TILE];
     let mut t0 = start;
-    while t0 < end {
-        let width = (t0 + TILE).min(end) - t0;
-        K::scores(q, t0, width, s, &mut scores);
-        for h in 0..s.heads {
-            let tile_max = scores[h * TILE..][..width]
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
-            let m = part.max[h].max(tile_max);
-            let a = exp(part.max[h] - m);
-            part.max[h] = m;
-            // A factor of exactly 1 (the running max held, as it mostly does deep into a long
-            // prompt) leaves every value as it is: skipping the products changes no bit.
-            if a != 1.0 {
-                part.sum[h] *= a;
-                part.acc[h * s.latent..][..s.latent]
-                    .iter_mut()
-                    .for_each(|x| *x *= a);
+    while t0 < (start + BLOCK).min(last) {
+        for (q, part) in qs.iter().zip(&mut parts) {
+            let end = (start + BLOCK).min(q.len);
+            if t0 < end {
+                let width = (t0 + TILE).min(end) - t0;
+                tile_step::<K>(q, (t0, width), s, &mut scores, part);
             }
         }
-        // The tile's probabilities first (a loop that vectorises), in place of the scores.
-        for h in 0..s.heads {
-            let m = part.max[h];
-            scores[h * TILE..][..width]
-                .iter_mut()
-                .for_each(|v| *v = exp(*v - m));
-        }
-        K::values(q, t0, width, s, &scores, &mut part);
-        t0 += width;
+        t0 += TILE;
     }
-    part
+    parts
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_partial_avx2(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
-    block_partial_impl::<Portable>(q, block, s)
+fn block_partials_avx2(qs: &[LatentQuery<'_>], block: usize, s: LatentShape) -> Vec<Partial> {
+    block_partials_impl::<Portable>(qs, block, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-fn block_partial_avx512(q: &LatentQuery<'_>, block: usize, s: LatentShape) -> Partial {
-    block_partial_impl::<super::latent_avx512::Avx512>(q, block, s)
+fn block_partials_avx512(qs: &[LatentQuery<'_>], block: usize, s: LatentShape) -> Vec<Partial> {
+    block_partials_impl::<super::latent_avx512::Avx512>(qs, block, s)
 }
 
 /// The instruction set a block runs on (all give the same bits).
@@ -338,27 +362,47 @@ impl Path {
     }
 }
 
-fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, path: Path) -> Partial {
+fn block_partials(qs: &[LatentQuery<'_>], block: usize, s: LatentShape, path: Path) -> Vec<Partial> {
     match path {
         // SAFETY: `Path::available` offers these paths only when the CPU reports their features.
         #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
-        Path::Avx2 => unsafe { block_partial_avx2(q, block, s) },
+        Path::Avx2 => unsafe { block_partials_avx2(qs, block, s) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
-        Path::Avx512 => unsafe { block_partial_avx512(q, block, s) },
-        Path::Portable => block_partial_impl::<Portable>(q, block, s),
+        Path::Avx512 => unsafe { block_partials_avx512(qs, block, s) },
+        Path::Portable => block_partials_impl::<Portable>(qs, block, s),
     }
 }
 
-/// One row, its blocks in order (the row-parallel path).
-fn attend_row(q: &LatentQuery<'_>, s: LatentShape, path: Path, out: &mut [f32]) {
-    let mut total = block_partial(q, 0, s, path);
-    for b in 1..q.len.div_ceil(BLOCK) {
-        total.merge(&block_partial(q, b, s, path), s);
+/// The partial of block `block` of one row.
+fn block_partial(q: &LatentQuery<'_>, block: usize, s: LatentShape, path: Path) -> Partial {
+    let mut parts = block_partials(std::slice::from_ref(q), block, s, path);
+    parts.pop().expect("one partial per row")
+}
+
+/// The most rows attended together over each key tile on the row-parallel path.
+const GROUP: usize = 8;
+
+/// A group of rows, each its blocks in order (the row-parallel path): block `b` of every row
+/// that reaches it is computed together, and folded into that row's total.
+fn attend_group(qs: &[LatentQuery<'_>], s: LatentShape, path: Path, out: &mut [f32]) {
+    let mut totals: Vec<Option<Partial>> = vec![None; qs.len()];
+    let blocks = qs.iter().map(|q| q.len.div_ceil(BLOCK)).max().unwrap_or(0);
+    for b in 0..blocks {
+        let reach: Vec<usize> = (0..qs.len()).filter(|&i| qs[i].len > b * BLOCK).collect();
+        let rows: Vec<LatentQuery<'_>> = reach.iter().map(|&i| qs[i]).collect();
+        for (&i, part) in reach.iter().zip(block_partials(&rows, b, s, path)) {
+            match &mut totals[i] {
+                Some(total) => total.merge(&part, s),
+                none => *none = Some(part),
+            }
+        }
     }
-    total.finish(s, out);
+    for (total, o) in totals.iter().zip(out.chunks_mut(s.heads * s.latent)) {
+        total.as_ref().expect("every row attends to a block").finish(s, o);
+    }
 }
 
 /// Each row's per-head latent context into `out` `[rows, heads, latent]`.
@@ -381,9 +425,11 @@ pub fn attend(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
     let path = Path::detected();
     let threads = rayon::current_num_threads();
     if queries.len() >= threads || queries.iter().all(|q| q.len <= BLOCK) {
-        out.par_chunks_mut(width)
-            .zip(queries.par_iter())
-            .for_each(|(o, q)| attend_row(q, s, path, o));
+        // Groups no larger than leave every thread rows of its own.
+        let group = (queries.len() / threads).clamp(1, GROUP);
+        out.par_chunks_mut(width * group)
+            .zip(queries.par_chunks(group))
+            .for_each(|(o, qs)| attend_group(qs, s, path, o));
         return;
     }
     // Few rows over long caches: every (row, block) is a task; blocks merge in order.
@@ -587,10 +633,10 @@ mod tests {
                 };
                 let width = heads * latent;
                 let mut want = vec![0.0; width];
-                attend_row(&q, s, Path::Portable, &mut want);
+                attend_group(std::slice::from_ref(&q), s, Path::Portable, &mut want);
                 for &path in &paths {
                     let mut got = vec![0.0; width];
-                    attend_row(&q, s, path, &mut got);
+                    attend_group(std::slice::from_ref(&q), s, path, &mut got);
                     let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
