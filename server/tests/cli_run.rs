@@ -1,6 +1,6 @@
 //! `deltafin run` end to end: the real binary on synthetic checkpoints and on the built-in
 //! default; malformed input gives a one-line error naming the culprit and a non-zero exit,
-//! never a panic.
+//! never a panic. Also `deltafin bench attention`, which needs no model.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -314,4 +314,39 @@ fn an_unavailable_device_fails_closed() {
         .filter_map(|c| c["name"].as_str())
         .collect();
     assert!(!names.contains(&"device"), "the CPU needs no check: {names:?}");
+}
+
+#[test]
+fn bench_attention_prints_a_figure_per_length_and_refuses_a_chunk_longer_than_the_prompt() {
+    let cache = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "attention",
+        "--lengths",
+        "64,300",
+        "--rows",
+        "16",
+        "--repeats",
+        "1",
+    ];
+    let out = deltafin(
+        &[
+            &args[..],
+            &["--heads", "3", "--latent", "40", "--rope", "8", "--json"],
+        ]
+        .concat(),
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let figures: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let lengths: Vec<u64> = figures.iter().map(|f| f["length"].as_u64().unwrap()).collect();
+    assert_eq!(lengths, [64, 300]);
+    for f in &figures {
+        assert!(f["gflops"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    let out = deltafin(
+        &["bench", "attention", "--lengths", "8", "--rows", "16"],
+        cache.path(),
+    );
+    assert_clean_failure(&out, "below --rows");
 }

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use deltafin_engine::backend::bench::{self as kernel_bench, BenchFormat, BenchOptions};
 use deltafin_engine::pool::on_pool;
 
+mod attention;
 mod disk;
 mod grammar;
 mod model;
@@ -65,6 +66,8 @@ enum BenchWhat {
     /// Speculative decoding per proposer at controlled acceptance rates: tokens/s against
     /// target-only, with the economics gate and with drafting forced on.
     Spec(self::spec::SpecBenchArgs),
+    /// GFLOP/s of the MLA attention core for a prefill chunk ending at 1k, 4k and 16k tokens.
+    Attention(self::attention::AttentionBenchArgs),
     /// Constrained decoding on a 163,840-id vocabulary: mask time per token for a JSON schema
     /// and a forced tool call, beside the decode time of a model pass.
     Grammar(self::grammar::GrammarBenchArgs),
@@ -82,6 +85,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
         BenchWhat::Disk(a) => self::disk::run(a),
         BenchWhat::Spec(a) => on_pool(|| self::spec::run(a, cache_dir)),
         BenchWhat::Grammar(a) => self::grammar::run(a, cache_dir),
+        BenchWhat::Attention(a) => on_pool(|| self::attention::run(a)),
         BenchWhat::Kernels {
             json,
             formats,
