@@ -17,10 +17,10 @@
 //! [`GROUP`] consecutive rows take each key tile in turn, so the keys the first row brought in
 //! are in L2 for the others; each row's own sequence is unchanged), so its result does not
 //! depend on the thread count, on which rows share the pass, or on how its prompt was chunked
-//! (a row at position `p` sees the same blocks whatever the cache holds beyond `p`). Dot products use 16
-//! lanes like [`crate::kernels::reference::dot`], each lane a chain of fused multiply-adds (IEEE
-//! `fma`, one rounding, exact alike on every CPU and GPU), as is the probability-weighted sum of
-//! latents, so every instantiation gives the same bits. (A separate multiply and add, as before
+//! (a row at position `p` sees the same blocks whatever the cache holds beyond `p`). Dot
+//! products use 16 lanes like [`crate::kernels::reference::dot`], each lane a chain of fused
+//! multiply-adds (IEEE `fma`, one rounding, exact alike on every CPU and GPU), as is the
+//! probability-weighted sum of latents, so every instantiation gives the same bits. (A separate multiply and add, as before
 //! 2026-12-05, cost twice the arithmetic ports' time.)
 //!
 //! A tile's two inner loops (the scores, and the probability-weighted sum of latents) are a
@@ -425,7 +425,7 @@ pub fn attend(queries: &[LatentQuery<'_>], s: LatentShape, out: &mut [f32]) {
     let path = Path::detected();
     let threads = rayon::current_num_threads();
     if queries.len() >= threads || queries.iter().all(|q| q.len <= BLOCK) {
-        // Groups no larger than leave every thread rows of its own.
+        // Groups small enough that every thread gets rows.
         let group = (queries.len() / threads).clamp(1, GROUP);
         out.par_chunks_mut(width * group)
             .zip(queries.par_chunks(group))

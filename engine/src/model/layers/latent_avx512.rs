@@ -244,8 +244,7 @@ fn reduce16(v: &[__m512; 16]) -> __m512 {
 ///
 /// # Safety
 /// AVX-512F; `acc` holds `heads × latent` values and every pointer of the run starts `latent`
-/// values; with `FULL`,
-/// `h0 + V_HEADS <= heads` and `16 (c0 + V_CHUNKS) <= latent`.
+/// values; with `FULL`, `h0 + V_HEADS <= heads` and `16 (c0 + V_CHUNKS) <= latent`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn value_tile<const FULL: bool>(
