@@ -20,8 +20,8 @@
 //! (a row at position `p` sees the same blocks whatever the cache holds beyond `p`). Dot
 //! products use 16 lanes like [`crate::kernels::reference::dot`], each lane a chain of fused
 //! multiply-adds (IEEE `fma`, one rounding, exact alike on every CPU and GPU), as is the
-//! probability-weighted sum of latents, so every instantiation gives the same bits. (A separate multiply and add, as before
-//! 2026-12-05, cost twice the arithmetic ports' time.)
+//! probability-weighted sum of latents, so every instantiation gives the same bits. (A separate
+//! multiply and add, as before 2026-12-05, cost twice the arithmetic ports' time.)
 //!
 //! A tile's two inner loops (the scores, and the probability-weighted sum of latents) are a
 //! [`TileOps`]: the portable loops here (compiled as is, and under AVX2), or the AVX-512 ones of
