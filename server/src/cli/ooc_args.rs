@@ -29,8 +29,9 @@ pub struct OocArgs {
     /// Reader threads (reads in flight).
     #[arg(long, default_value_t = 8, env = "DELTAFIN_READERS")]
     pub readers: usize,
-    /// Largest single read, MiB.
-    #[arg(long, default_value_t = 16, env = "DELTAFIN_READ_CHUNK_MIB")]
+    /// Largest single read, MiB: the workers share the oldest read's chunks, so an expert
+    /// lands as soon as the disk can deliver it instead of together with every read in flight.
+    #[arg(long, default_value_t = 1, env = "DELTAFIN_READ_CHUNK_MIB")]
     pub read_chunk_mib: usize,
     /// Persistent expert heat histogram (recorded, used to pre-warm the cache).
     #[arg(long, env = "DELTAFIN_HEAT_FILE")]
