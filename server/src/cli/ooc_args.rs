@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
+use deltafin_engine::cache::reader::DEFAULT_CHUNK_BYTES;
 use deltafin_engine::cache::{OocOptions, PolicyKind, ReadDecision, ReadMode, ResidencyPlan};
 use deltafin_engine::config::ModelSpec;
 
@@ -31,7 +32,7 @@ pub struct OocArgs {
     pub readers: usize,
     /// Largest single read, MiB: the workers share the oldest read's chunks, so an expert
     /// lands as soon as the disk can deliver it instead of together with every read in flight.
-    #[arg(long, default_value_t = 1, env = "DELTAFIN_READ_CHUNK_MIB")]
+    #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES >> 20, env = "DELTAFIN_READ_CHUNK_MIB")]
     pub read_chunk_mib: usize,
     /// Persistent expert heat histogram (recorded, used to pre-warm the cache).
     #[arg(long, env = "DELTAFIN_HEAT_FILE")]
