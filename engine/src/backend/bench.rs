@@ -8,6 +8,11 @@
 //!   come from DRAM; reported as a fraction of the probe;
 //! * the multi-row kernel at `n = 2, 4, 8` input rows as time relative to `n = 1`.
 //!
+//! With [`BenchOptions::cache_hot`] the matrices instead stay in the L2 caches (two per format,
+//! together three quarters of the threads' L2, each call long enough that the hand-off to the
+//! pool is a few per cent of it), so each figure is the kernel's compute ceiling: a format below
+//! 1.0 of the probe there cannot reach memory bandwidth on this CPU whatever the memory does.
+//!
 //! With [`BenchOptions::backend`] the products run on the process's backend instead (a GPU:
 //! weights resident on the device after the warm-up, activations copied per call), and GB/s is
 //! weight bytes per second on that device; the probe still measures host memory.
@@ -103,6 +108,10 @@ pub struct BenchOptions {
     pub formats: Vec<BenchFormat>,
     /// `(rows = out, cols = in)` shapes.
     pub shapes: Vec<(usize, usize)>,
+    /// Measure the compute ceiling instead: per format one [`HOT_COLS`]-wide shape whose two
+    /// matrices fill three quarters of the threads' L2 caches (`shapes` and
+    /// `working_set_bytes` are then not used).
+    pub cache_hot: bool,
     /// Input-row counts of the multi-row measurement (each compared with `n = 1`).
     pub batch_rows: Vec<usize>,
     /// Run the products on [`crate::backend::current`] rather than the CPU kernels of `isa`.
@@ -120,6 +129,7 @@ impl Default for BenchOptions {
             working_set_bytes: 256 << 20,
             formats: BenchFormat::ALL.to_vec(),
             shapes: vec![(7168, 2048), (2048, 7168)],
+            cache_hot: false,
             batch_rows: vec![2, 4, 8],
             backend: false,
         }
@@ -128,6 +138,26 @@ impl Default for BenchOptions {
 
 /// Row counts from which the report also prints the multi-row product's GFLOP/s.
 const PREFILL_ROWS: usize = 16;
+
+/// Input width of the cache-hot shapes (a dsv3/K3 expert's or attention projection's width).
+pub const HOT_COLS: usize = 2048;
+
+/// L2 bytes per core assumed where Linux does not report the size.
+const HOT_L2_FALLBACK: usize = 1 << 20;
+
+/// The cache-hot shape of `f` for `threads` threads with `l2` bytes of L2 each: two matrices of
+/// [`HOT_COLS`] columns filling three quarters of the threads' L2 together, rows a multiple of
+/// 16 per thread (each thread's share of the rows is whole tiles).
+pub fn hot_shape(f: BenchFormat, threads: usize, l2: usize) -> (usize, usize) {
+    let step = 16 * threads.max(1);
+    let (data, scales) = f
+        .format()
+        .byte_sizes(step, HOT_COLS)
+        .expect("bench shapes are valid");
+    let step_bytes = data + scales.unwrap_or(0);
+    let per_matrix = l2 * threads.max(1) * 3 / 8;
+    ((per_matrix / step_bytes).max(1) * step, HOT_COLS)
+}
 
 /// Result of the memory-bandwidth probe.
 #[derive(Debug, Clone, Serialize)]
@@ -207,7 +237,7 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
         let kernels = opts
             .formats
             .iter()
-            .flat_map(|&f| opts.shapes.iter().map(move |&s| (f, s)))
+            .flat_map(|&f| shapes(opts, f).into_iter().map(move |s| (f, s)))
             .map(|(f, (rows, cols))| measure(isa, opts, f, rows, cols, probe.gb_per_s))
             .collect();
         (probe, kernels)
@@ -231,6 +261,16 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
         probe,
         kernels,
         notes,
+    }
+}
+
+/// The shapes measured for `f` (in the pool, so [`rayon::current_num_threads`] is the pool's).
+fn shapes(opts: &BenchOptions, f: BenchFormat) -> Vec<(usize, usize)> {
+    if opts.cache_hot {
+        let l2 = crate::kernels::cpu::l2_cache_bytes().unwrap_or(HOT_L2_FALLBACK);
+        vec![hot_shape(f, rayon::current_num_threads(), l2)]
+    } else {
+        opts.shapes.clone()
     }
 }
 
@@ -339,7 +379,11 @@ fn measure(
 ) -> KernelResult {
     let one = random_matrix(f, rows, cols, 1);
     let matrix_bytes = one.nbytes();
-    let count = opts.working_set_bytes.div_ceil(matrix_bytes.max(1)).max(2);
+    let count = if opts.cache_hot {
+        2
+    } else {
+        opts.working_set_bytes.div_ceil(matrix_bytes.max(1)).max(2)
+    };
     let mats: Vec<Matrix> = std::iter::once(one)
         .chain((1..count).map(|i| random_matrix(f, rows, cols, 1 + i as u64)))
         .collect();
@@ -446,5 +490,29 @@ impl fmt::Display for BenchReport {
             writeln!(f, "note: {n}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_shapes_fill_three_quarters_of_the_l2_caches() {
+        for f in BenchFormat::ALL {
+            for (threads, l2) in [(1, 1 << 20), (2, 2 << 20), (16, 2 << 20)] {
+                let (rows, cols) = hot_shape(f, threads, l2);
+                assert_eq!(cols, HOT_COLS);
+                assert_eq!(rows % (16 * threads), 0, "{f:?}: whole tiles per thread");
+                let (data, scales) = f.format().byte_sizes(rows, cols).unwrap();
+                let two = 2 * (data + scales.unwrap_or(0));
+                let budget = l2 * threads * 3 / 4;
+                assert!(two <= budget, "{f:?} x{threads}: {two} > {budget}");
+                assert!(
+                    two * 10 >= budget * 9,
+                    "{f:?} x{threads}: {two} well below {budget}"
+                );
+            }
+        }
     }
 }

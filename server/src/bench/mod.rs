@@ -41,10 +41,11 @@ enum BenchWhat {
         /// Bytes of the memory-bandwidth probe buffer (far larger than the L3 cache).
         #[arg(long, default_value_t = 512 << 20, env = "DELTAFIN_PROBE_BYTES")]
         probe_bytes: usize,
-        /// Measure the kernels' compute ceiling instead: two 256 x 1024 matrices per format,
-        /// which stay in the L2 cache, so no figure is limited by memory. Read its GB/s against
-        /// the probe: below 1.0 of it, the format's decode and arithmetic cannot keep up with
-        /// memory on this CPU.
+        /// Measure the kernels' compute ceiling instead: per format two N x 2048 matrices that
+        /// fill three quarters of the threads' L2 caches, so no figure is limited by memory and
+        /// each call is long enough that the hand-off to the threads costs a few per cent. Read
+        /// its GB/s against the probe: below 1.0 of it, the format's decode and arithmetic
+        /// cannot keep up with memory on this CPU.
         #[arg(long, env = "DELTAFIN_CACHE_HOT")]
         cache_hot: bool,
         /// Input-row counts of the multi-row calls, each timed against one row (prefill-sized
@@ -102,12 +103,9 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
                 backend: deltafin_engine::backend::current().device()
                     != deltafin_engine::backend::Device::Cpu,
                 batch_rows: rows.into_iter().filter(|&n| n > 0).collect(),
+                cache_hot,
                 ..BenchOptions::default()
             };
-            if cache_hot {
-                opts.shapes = vec![(256, 1024)];
-                opts.working_set_bytes = 0;
-            }
             if !formats.is_empty() {
                 opts.formats = formats
                     .iter()

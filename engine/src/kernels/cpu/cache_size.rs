@@ -11,7 +11,7 @@ pub(crate) fn x_block_bytes() -> usize {
 }
 
 /// The L2 cache of CPU 0 as Linux reports it (`/sys/devices/system/cpu/cpu0/cache`).
-fn l2_bytes() -> Option<usize> {
+pub(crate) fn l2_bytes() -> Option<usize> {
     let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
     (0..8).find_map(|i| {
         let idx = dir.join(format!("index{i}"));

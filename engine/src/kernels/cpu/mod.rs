@@ -28,6 +28,11 @@ use self::plan::Plan;
 use crate::kernels::LANES;
 use crate::kernels::format::Matrix;
 
+/// This CPU's L2 cache per core in bytes, as Linux reports it (`None` where it does not).
+pub fn l2_cache_bytes() -> Option<usize> {
+    cache_size::l2_bytes()
+}
+
 /// A CPU instruction set the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
