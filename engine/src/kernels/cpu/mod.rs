@@ -8,6 +8,7 @@
 
 mod cache_size;
 mod driver;
+mod panel;
 mod plan;
 mod scalar;
 
@@ -194,7 +195,7 @@ fn run(isa: Isa, p: &Plan, x: &[Chunk], n: usize, r0: usize, r1: usize, out: &mu
 /// `n` rows of `cols` values copied into 64-byte-aligned chunks, each row zero-padded to a
 /// multiple of 16 (the canonical padding); lane `l` of a chunk holds its canonical lane
 /// `lanes[l]` (the weight decoder's lane order). The rows follow one another, or with
-/// `packed = Some(w)` are packed in tiles of `w` rows (`driver::packed_at`).
+/// `packed = Some(w)` are packed in tiles of `w` rows (`panel::packed_at`).
 fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES], packed: Option<usize>) -> Vec<Chunk> {
     let cpr = cols.div_ceil(LANES);
     let len = packed.map_or(n * cpr, |w| n.div_ceil(w) * w * cpr);
@@ -205,7 +206,7 @@ fn pad_rows(x: &[f32], n: usize, cols: usize, lanes: &[u8; LANES], packed: Optio
     let identity = *lanes == driver::IDENTITY_LANES;
     for (i, row) in x.chunks_exact(cols).enumerate() {
         for (c, s) in row.chunks(LANES).enumerate() {
-            let d = &mut out[packed.map_or(i * cpr + c, |w| driver::packed_at(i, c, cpr, w))];
+            let d = &mut out[packed.map_or(i * cpr + c, |w| panel::packed_at(i, c, cpr, w))];
             if identity {
                 d.0[..s.len()].copy_from_slice(s);
                 continue;
