@@ -26,6 +26,7 @@ pub mod plan;
 pub mod policy;
 pub mod prefetch;
 pub mod probe;
+pub mod read_mode;
 pub mod reader;
 pub mod routes;
 pub mod slots;
@@ -41,7 +42,8 @@ use serde::Serialize;
 pub use layers::{LayerStore, SpineStats};
 pub use plan::ResidencyPlan;
 pub use policy::PolicyKind;
-pub use reader::{Origin, ReadDecision, ReadMode, ReadStats, ReaderConfig, ReaderPool};
+pub use read_mode::{ReadDecision, ReadMode};
+pub use reader::{Origin, ReadStats, ReaderConfig, ReaderPool};
 pub use store::{ExpertStats, ExpertStore, FETCH_BUCKETS, FETCH_SECONDS_BOUNDS};
 
 use crate::config::ModelSpec;

@@ -10,7 +10,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::buffer::AlignedBuf;
-use super::reader::{Priority, ReadMode, ReaderConfig, ReaderPool};
+use super::read_mode::ReadMode;
+use super::reader::{Priority, ReaderConfig, ReaderPool};
 use super::spans::{MERGE_GAP, SpanLayout};
 use crate::error::Result;
 use crate::synth::Rng;
