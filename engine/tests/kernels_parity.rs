@@ -63,7 +63,11 @@ fn f32_matches_reference() {
     }
     // Several k-blocks of the f32 multi-input sweep (68 full chunks and a tail), every input
     // tile count it takes on each ISA.
-    check(&f32_matrix(200, 1100, 99), &[1, 2, 3, 5, 8, 9, 12, 13, 16, 17], "f32");
+    check(
+        &f32_matrix(200, 1100, 99),
+        &[1, 2, 3, 5, 8, 9, 12, 13, 16, 17],
+        "f32",
+    );
 }
 
 #[test]
