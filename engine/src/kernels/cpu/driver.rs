@@ -155,9 +155,10 @@ pub(crate) trait Elem {
     const WIDE: bool = true;
     /// Whether `TILE_XS < n <= 4 * TILE_XS` inputs take the k-blocked sweep
     /// ([`fused_kblocked`]) instead of whole-row sweeps. Only for a format without scales (a
-    /// k-block may end inside a scale segment, whose operand it does not recompute). f32: 8 rows
-    /// 1.31-1.41x one row -> 1.15-1.26x, 16 rows 1.89-2.06x -> 1.73-1.88x. BF16 measured the
-    /// same at 8 rows and 5 % slower at 16: its ceiling there is its arithmetic, not the memory.
+    /// k-block may end inside a scale segment, whose operand it does not recompute). f32, all
+    /// interleaved runs of 2026-12-05: 8 rows 1.25-1.46x one row -> 1.15-1.29x, 16 rows
+    /// 1.89-2.26x -> 1.73-1.99x. BF16 measured the same at 8 rows and 5 % slower at 16: its
+    /// ceiling there is its arithmetic, not the memory.
     const KBLOCK: bool = false;
     /// Whether chunks decode through the nibble decoders (see [`Simd::NIBBLE_LANES`]).
     const NIBBLE: bool = false;
