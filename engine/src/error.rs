@@ -42,6 +42,12 @@ pub enum Error {
     #[error("{path}: malformed safetensors file: {reason}")]
     Safetensors { path: PathBuf, reason: String },
 
+    /// Weight bytes could not be read as the checkpoint's own while running: an I/O error, a
+    /// short read, a file changed under the process, or a checksum mismatch. Nothing read was
+    /// used; the same read is tried again by the next pass that needs it.
+    #[error("weights unavailable: {path}: {reason}")]
+    WeightsUnavailable { path: PathBuf, reason: String },
+
     /// A safetensors file shorter than its header says (a truncated download).
     #[error("{path}: truncated: tensor `{tensor}` ends at byte {needed} but the file has {actual} bytes")]
     Truncated {
@@ -119,6 +125,7 @@ impl Error {
         match self {
             Error::Io { .. } => "io",
             Error::Json { .. } => "json",
+            Error::WeightsUnavailable { .. } => "weights_unavailable",
             Error::UnknownModelType { .. } | Error::Config { .. } => "config",
             Error::Safetensors { .. } | Error::Truncated { .. } => "checkpoint",
             Error::MissingTensor { .. } | Error::TensorShape { .. } | Error::TensorDtype { .. } => {

@@ -24,6 +24,7 @@ pub mod model;
 pub mod pool;
 pub mod scheduler;
 pub mod spec;
+pub mod sync;
 pub mod synth;
 pub mod tokenizer;
 pub mod tools;

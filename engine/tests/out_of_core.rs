@@ -12,7 +12,7 @@ use deltafin_engine::arch;
 use deltafin_engine::cache::heat::Heat;
 use deltafin_engine::cache::{OocOptions, PolicyKind, ReadMode};
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
-use ooc_support::{greedy, load, run};
+use ooc_support::{greedy, load, run, try_greedy};
 
 /// Reads per expert in this file's runs (several chunks per expert even on tiny models).
 const CHUNK: usize = 8192;
@@ -263,4 +263,110 @@ fn cgroup_child_process() {
         rt.plan.expert_slots,
         s.read.bytes >> 20
     );
+}
+
+/// The weights changing under a running model (a failing disk, a half-finished copy, a second
+/// `setup`) never yield tokens: every pass that reads a truncated shard fails with a typed
+/// error naming the file, the runtime reports itself unhealthy, and once the file is whole
+/// again the same ids come back.
+#[test]
+fn a_shard_truncated_under_a_running_model_fails_until_it_is_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    let floor = budgets(dir.path())[0];
+    for mode in [ReadMode::Auto, ReadMode::Buffered] {
+        let (m, rt) = load(dir.path(), &options(floor, PolicyKind::Lru, mode, true));
+        let want = greedy(m.as_ref());
+        assert!(rt.health().is_ok());
+        let shards: Vec<_> = rt.reader.read_errors().into_iter().map(|(p, _)| p).collect();
+        let originals: Vec<Vec<u8>> = shards.iter().map(|p| std::fs::read(p).unwrap()).collect();
+        for (path, bytes) in shards.iter().zip(&originals) {
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            f.set_len(bytes.len() as u64 / 2).unwrap();
+        }
+        for _ in 0..2 {
+            let err = try_greedy(m.as_ref()).expect_err("a pass over truncated weights must fail");
+            assert_eq!(err.kind(), "weights_unavailable", "{mode:?}: {err}");
+            assert!(err.to_string().contains(".safetensors"), "{err}");
+        }
+        let unhealthy = rt.health().expect_err("truncated shards are unhealthy");
+        assert!(unhealthy.to_string().contains("truncated"), "{unhealthy}");
+        assert!(rt.reader.read_errors().iter().any(|(_, n)| *n > 0));
+        for (path, bytes) in shards.iter().zip(&originals) {
+            std::fs::write(path, bytes).unwrap(); // restored in place (same inode)
+        }
+        assert!(rt.health().is_ok());
+        assert_eq!(
+            greedy(m.as_ref()),
+            want,
+            "{mode:?}: the restored weights give the same ids"
+        );
+    }
+}
+
+/// With checksums recorded, one flipped byte inside an expert on disk fails the pass that reads
+/// it with the checksum error naming the expert's tensor; the runtime is unhealthy until the
+/// byte is restored, and then the ids are the same as before.
+#[test]
+fn a_flipped_byte_in_an_expert_fails_its_read_with_the_expert_named() {
+    use deltafin_engine::weights::{Checksums, WeightIndex};
+    let dir = tempfile::tempdir().unwrap();
+    tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
+    let index = WeightIndex::open(dir.path()).unwrap();
+    Checksums::compute(&index).save(dir.path()).unwrap();
+    let floor = budgets(dir.path())[0];
+    let (m, rt) = load(dir.path(), &options(floor, PolicyKind::Lru, ReadMode::Auto, true));
+    let at_load = rt.reader.checksums().expect("verified from the first read on");
+    assert!(at_load > 0, "the resident tensors were verified at load");
+    let want = greedy(m.as_ref());
+    assert!(
+        rt.reader.checksums().unwrap() > at_load,
+        "and the experts read by the passes"
+    );
+    // One byte flipped in the middle of each routed expert's up projection of the first MoE
+    // layer: whichever expert the next pass routes to there, its read meets one.
+    let mut names: Vec<&str> = index
+        .names()
+        .filter(|n| n.contains(".experts.") && n.ends_with("up_proj.weight"))
+        .collect();
+    names.sort_unstable();
+    let layer = names[0].split(".experts.").next().unwrap().to_string();
+    let flipped: Vec<(std::path::PathBuf, u64)> = names
+        .iter()
+        .filter(|n| n.starts_with(&format!("{layer}.experts.")))
+        .map(|n| {
+            let info = index.info(n).unwrap();
+            (index.shard_path(info).to_path_buf(), info.offset + info.len / 2)
+        })
+        .collect();
+    let flip = |path: &Path, at: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+    };
+    for (path, at) in &flipped {
+        flip(path, *at);
+    }
+    let err = try_greedy(m.as_ref()).expect_err("a flipped byte must fail the read");
+    let msg = err.to_string();
+    assert_eq!(err.kind(), "weights_unavailable", "{msg}");
+    assert!(
+        msg.contains("checksum") && msg.contains(&format!("{layer}.experts.")),
+        "{msg}"
+    );
+    assert!(
+        rt.health().is_err(),
+        "the bad range stays a fault until it reads cleanly"
+    );
+    for (path, at) in &flipped {
+        flip(path, *at);
+    }
+    assert!(rt.health().is_ok());
+    assert_eq!(greedy(m.as_ref()), want);
 }

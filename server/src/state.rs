@@ -61,6 +61,17 @@ pub struct Loaded {
 }
 
 impl Loaded {
+    /// Whether the weights can be read as published now (always, in memory; out of core, the
+    /// reader pool's [`deltafin_engine::cache::ReaderPool::health`]). Cheap when nothing failed.
+    pub fn weights_health(&self) -> Result<(), ApiError> {
+        match &self.ooc {
+            Some(rt) => rt
+                .health()
+                .map_err(|e| ApiError::WeightsUnavailable(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
     /// The constrained-decoding vocabulary (indexed once, on the first request that needs it).
     pub fn vocabulary(&self) -> Result<Arc<Vocabulary>, ApiError> {
         if let Some(v) = self.vocabulary.get() {

@@ -19,9 +19,7 @@ use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_c
 use crate::backend::WeightClass;
 use crate::backend::device::DeviceOps;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
-use crate::cache::{
-    ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
-};
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{DeepseekV3Config, ModelSpec};
 use crate::error::Result;
 use crate::generate::{LayerState, MlaCache, SeqState};
@@ -174,7 +172,7 @@ impl DeepseekV3 {
         index: Arc<crate::weights::WeightIndex>,
         options: &OocOptions,
     ) -> Result<(Self, OocRuntime)> {
-        let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
+        let reader = crate::cache::open_reader(&index, options)?;
         let (fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| Self::load_fixed(&cfg, ld))?;
         let layer_layouts = (0..cfg.num_hidden_layers)
             .map(|i| source::record(&index, spec, false, |ld| Self::load_layer(&cfg, ld, i)))

@@ -23,9 +23,7 @@ use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state};
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
-use crate::cache::{
-    ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source,
-};
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{ModelSpec, RopeConfig};
 use crate::error::Result;
 use crate::generate::{KvCache, LayerState, SeqState};
@@ -255,7 +253,7 @@ impl GqaMoe {
         index: Arc<WeightIndex>,
         options: &OocOptions,
     ) -> Result<(Self, OocRuntime)> {
-        let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
+        let reader = crate::cache::open_reader(&index, options)?;
         let (mut fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| load_fixed(&plan, ld))?;
         let layer_layouts = (0..plan.num_layers)
             .map(|i| source::record(&index, spec, false, |ld| load_layer(&plan, ld, i)))

@@ -21,7 +21,7 @@ use super::kimi_linear::{Variant, load_expert, load_router};
 use crate::cache::layers::LayerBuilder;
 use crate::cache::spans::SpanLayout;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
-use crate::cache::{LayerStore, OocOptions, OocParts, OocRuntime, ReaderPool, load_resident, source};
+use crate::cache::{LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{KimiLinearConfig, ModelSpec};
 use crate::error::Result;
 use crate::weights::WeightIndex;
@@ -46,7 +46,7 @@ pub(crate) fn load<L: Send + Sync + 'static, F>(
     fixed: impl Fn(&Loader<'_>) -> Result<F>,
     layer: LayerBuilder<L>,
 ) -> Result<Budgeted<L, F>> {
-    let reader = Arc::new(ReaderPool::new(&index.shard_paths(), &options.reader)?);
+    let reader = crate::cache::open_reader(&index, options)?;
     let ((fixed, lookahead), fixed_bytes) = load_resident(&index, spec, &reader, |ld| {
         Ok((fixed(ld)?, lookahead_layers(cfg, ld, v)?))
     })?;

@@ -19,6 +19,7 @@ use super::spans::SpanLayout;
 use crate::config::ModelSpec;
 use crate::error::Result;
 use crate::model::Loader;
+use crate::sync::lock;
 use crate::weights::WeightIndex;
 
 /// Builds layer `i` from a loader.
@@ -105,7 +106,7 @@ impl<T> LayerStore<T> {
         for (i, layout) in layouts.into_iter().enumerate() {
             if i < resident {
                 let buf = Arc::new(AlignedBuf::new(layout.total)?);
-                reader.read_now(buf.clone(), &layout.segments)?;
+                reader.read_layout_now(buf.clone(), &layout)?;
                 let t = build_over(&index, &spec, &build, buf, &layout, i)?;
                 entries.push(Entry::Resident(Arc::new(t), layout.payload));
             } else {
@@ -152,7 +153,7 @@ impl<T> LayerStore<T> {
 
     /// Counters so far.
     pub fn stats(&self) -> SpineStats {
-        self.stats.lock().unwrap().clone()
+        lock(&self.stats).clone()
     }
 
     /// Layer `i`'s weights. For a streamed layer this waits for its read and submits the next
@@ -160,7 +161,7 @@ impl<T> LayerStore<T> {
     pub fn get(&self, i: usize) -> Result<Arc<T>> {
         match &self.entries[i] {
             Entry::Resident(t, bytes) => {
-                let mut s = self.stats.lock().unwrap();
+                let mut s = lock(&self.stats);
                 s.resident_uses += 1;
                 s.resident_bytes += bytes;
                 Ok(t.clone())
@@ -186,19 +187,19 @@ impl<T> LayerStore<T> {
             let len = arena.bufs[b].len();
             if let Ok(fresh) = AlignedBuf::new(len) {
                 arena.bufs[b] = Arc::new(fresh);
-                self.stats.lock().unwrap().arena_reallocations += 1;
+                lock(&self.stats).arena_reallocations += 1;
             }
         }
         let layout = self.layout(i);
         let t = st
             .reader
-            .submit(arena.bufs[b].clone(), &layout.segments, Priority::Demand, None);
+            .submit_layout(arena.bufs[b].clone(), layout, Priority::Demand, None);
         arena.loaded[b] = Some((i, t));
     }
 
     fn get_streamed(&self, i: usize) -> Result<Arc<T>> {
         let st = self.streamer.as_ref().expect("streamed layers have a streamer");
-        let mut arena = st.arena.lock().unwrap();
+        let mut arena = lock(&st.arena);
         let b = match arena
             .loaded
             .iter()
@@ -227,7 +228,7 @@ impl<T> LayerStore<T> {
         drop(arena);
         let layout = self.layout(i);
         let t = build_over(&st.index, &st.spec, &st.build, buf, layout, i)?;
-        let mut s = self.stats.lock().unwrap();
+        let mut s = lock(&self.stats);
         s.streamed_uses += 1;
         s.streamed_bytes += layout.read_bytes();
         s.wait_seconds += waited;

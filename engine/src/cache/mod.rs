@@ -29,6 +29,7 @@ pub mod probe;
 pub mod read_mode;
 pub mod reader;
 pub mod routes;
+pub mod shard;
 pub mod slots;
 pub mod source;
 pub mod spans;
@@ -85,6 +86,53 @@ pub struct OocOptions {
     pub remote: Option<RemoteWeights>,
     /// Append every pass's routed-expert selections to this file ([`routes`]).
     pub route_trace: Option<PathBuf>,
+    /// Whether weight reads are verified against the install's per-tensor checksums.
+    pub checksums: ChecksumMode,
+}
+
+/// Whether weight reads are verified against `DIR/.deltafin/checksums.json`
+/// ([`crate::weights::Checksums`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChecksumMode {
+    /// Verify when the install has checksums.
+    #[default]
+    Auto,
+    /// Verify; an install without checksums is refused.
+    Require,
+    /// Do not verify (reads are still checked for length and file changes).
+    Off,
+}
+
+impl std::str::FromStr for ChecksumMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(ChecksumMode::Auto),
+            "on" => Ok(ChecksumMode::Require),
+            "off" => Ok(ChecksumMode::Off),
+            _ => Err(format!("`{s}`: expected auto, on or off")),
+        }
+    }
+}
+
+/// The reader pool over `index`'s shards, verifying reads against the install's checksums as
+/// `options.checksums` says.
+pub fn open_reader(index: &WeightIndex, options: &OocOptions) -> Result<Arc<ReaderPool>> {
+    let reader = ReaderPool::new(&index.shard_paths(), &options.reader)?;
+    if options.checksums != ChecksumMode::Off {
+        match crate::weights::Checksums::load(index.dir())? {
+            Some(sums) => reader.set_checksums(sums.for_index(index)?),
+            None if options.checksums == ChecksumMode::Require => {
+                return Err(crate::error::Error::config(
+                    crate::weights::Checksums::path(index.dir()),
+                    "checksums",
+                    "checksums are required but none were recorded: run `deltafin doctor --write-checksums`",
+                ));
+            }
+            None => {}
+        }
+    }
+    Ok(Arc::new(reader))
 }
 
 /// The shards of a partly remote checkpoint and the source of its missing bytes.
@@ -113,6 +161,7 @@ impl OocOptions {
             compute_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             remote: None,
             route_trace: None,
+            checksums: ChecksumMode::Auto,
         }
     }
 
@@ -179,6 +228,12 @@ impl OocRuntime {
         }
     }
 
+    /// Whether every shard can give the checkpoint's bytes now ([`ReaderPool::health`]): the
+    /// error names the file and what is wrong with it.
+    pub fn health(&self) -> Result<()> {
+        Ok(self.reader.health()?)
+    }
+
     /// Write the heat histogram now.
     pub fn flush_heat(&self) -> Result<()> {
         self.experts.flush_heat()
@@ -213,7 +268,7 @@ pub fn load_resident<R>(
 ) -> Result<(R, u64)> {
     let layout = source::record(index, spec, false, &build)?;
     let buf = Arc::new(buffer::AlignedBuf::new(layout.total)?);
-    reader.read_now(buf.clone(), &layout.segments)?;
+    reader.read_layout_now(buf.clone(), &layout)?;
     let src = source::BufferSource {
         owner: buf,
         layout: &layout,

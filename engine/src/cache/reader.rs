@@ -18,7 +18,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -26,8 +26,11 @@ use serde::Serialize;
 
 use super::buffer::AlignedBuf;
 use super::read_mode::{ReadDecision, ReadMode};
-use super::spans::Segment;
+use super::shard::{Identity, Shard};
+use super::spans::{Segment, SpanLayout};
 use crate::error::{Error, Result};
+use crate::sync::{lock, wait};
+use crate::weights::ShardSums;
 
 /// Queue class of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +116,27 @@ pub enum ReadError {
         kind: std::io::ErrorKind,
         message: String,
     },
+    /// The file did not give the checkpoint's bytes: it ended before them (a short read) or
+    /// it changed since it was opened ([`super::shard`] names how).
+    #[error("{}: read of {len} bytes at {offset}: {reason}", path.display())]
+    Fault {
+        path: std::path::PathBuf,
+        offset: u64,
+        len: usize,
+        reason: String,
+    },
+    /// A tensor read whole does not match the checksum recorded at install: the file changed
+    /// or the disk returned other bytes (bit rot).
+    #[error(
+        "{}: tensor `{tensor}` does not match its recorded checksum (xxh3-64 {expected:016x}, read {actual:016x})",
+        path.display()
+    )]
+    Checksum {
+        path: std::path::PathBuf,
+        tensor: String,
+        expected: u64,
+        actual: u64,
+    },
 }
 
 impl ReadError {
@@ -128,19 +152,39 @@ impl ReadError {
 }
 
 impl From<ReadError> for Error {
-    /// An I/O error naming the shard, keeping the OS error's kind.
+    /// Weights unavailable, naming the shard (the OS error's text kept).
     fn from(e: ReadError) -> Error {
         match e {
             ReadError::Io {
                 path,
                 offset,
                 len,
-                kind,
                 message,
-            } => Error::io(
+                ..
+            } => Error::WeightsUnavailable {
                 path,
-                std::io::Error::new(kind, format!("read of {len} bytes at {offset}: {message}")),
-            ),
+                reason: format!("read of {len} bytes at {offset} failed: {message}"),
+            },
+            ReadError::Fault {
+                path,
+                offset,
+                len,
+                reason,
+            } => Error::WeightsUnavailable {
+                path,
+                reason: format!("read of {len} bytes at {offset}: {reason}"),
+            },
+            ReadError::Checksum {
+                path,
+                tensor,
+                expected,
+                actual,
+            } => Error::WeightsUnavailable {
+                path,
+                reason: format!(
+                    "tensor `{tensor}` does not match its recorded checksum (xxh3-64 {expected:016x}, read {actual:016x}); nothing read was used"
+                ),
+            },
             ReadError::Cancelled => Error::io("read", std::io::Error::other("cancelled")),
         }
     }
@@ -161,11 +205,25 @@ struct Job {
     on_done: Mutex<Option<Callback>>,
     /// Still true while every chunk read so far came from the page cache.
     cached: AtomicBool,
+    /// With checksums: what to verify when the last chunk lands (taken then, or dropped on
+    /// cancel, before the ticket completes).
+    check: Mutex<Option<Check>>,
+}
+
+/// A request's bytes to verify: its destination, its segments, and the exact file ranges of
+/// the tensors it was read for (a merged segment's gaps may hold other tensors, which are not
+/// this request's to judge).
+struct Check {
+    buf: Arc<AlignedBuf>,
+    segments: Vec<Segment>,
+    scope: Vec<(usize, std::ops::Range<u64>)>,
 }
 
 impl Job {
     fn finish(&self, result: ReadResult, call: bool) {
-        let callback = self.on_done.lock().unwrap().take();
+        // The requester expects to hold the only reference to its buffer once this is done.
+        drop(lock(&self.check).take());
+        let callback = lock(&self.on_done).take();
         if call && let Some(f) = callback {
             let origin = if self.cached.load(Ordering::Acquire) {
                 Origin::PageCache
@@ -174,7 +232,7 @@ impl Job {
             };
             f(result.clone(), origin);
         }
-        *self.done.lock().unwrap() = Some(result);
+        *lock(&self.done) = Some(result);
         self.cv.notify_all();
     }
 }
@@ -206,18 +264,18 @@ impl Ticket {
 
     /// Block until the request completed; the error names the file on failure.
     pub fn wait(&self) -> ReadResult {
-        let mut done = self.0.done.lock().unwrap();
+        let mut done = lock(&self.0.done);
         loop {
             if let Some(r) = done.as_ref() {
                 return r.clone();
             }
-            done = self.0.cv.wait(done).unwrap();
+            done = wait(&self.0.cv, done);
         }
     }
 
     /// Whether the request has completed (successfully or not).
     pub fn is_done(&self) -> bool {
-        self.0.done.lock().unwrap().is_some()
+        lock(&self.0.done).is_some()
     }
 }
 
@@ -230,13 +288,6 @@ struct Chunk {
     dest: usize,
 }
 
-struct ShardFile {
-    path: PathBuf,
-    buffered: File,
-    direct: Option<File>,
-    direct_ok: AtomicBool,
-}
-
 #[derive(Default)]
 struct Queues {
     demand: VecDeque<Chunk>,
@@ -245,7 +296,11 @@ struct Queues {
 }
 
 struct Inner {
-    files: Vec<ShardFile>,
+    files: Vec<Shard>,
+    /// Per shard: the last failed read not yet known to be repaired (see [`ReaderPool::health`]).
+    faults: Mutex<Vec<Option<Fault>>>,
+    /// Failed reads per shard since start (`deltafin_weight_read_errors_total`).
+    errors: Vec<AtomicU64>,
     mode: ReadMode,
     chunk: usize,
     queue: Mutex<Queues>,
@@ -257,6 +312,10 @@ struct Inner {
     page_cache_bytes: AtomicU64,
     cancelled: AtomicU64,
     busy: Mutex<(usize, Option<Instant>, f64)>,
+    /// Per-tensor checksums every completed request is verified against, once set.
+    sums: OnceLock<ShardSums>,
+    /// Tensors verified against their checksums.
+    verified: AtomicU64,
 }
 
 /// The pool of reader threads over one checkpoint's shard files.
@@ -277,43 +336,16 @@ impl std::fmt::Debug for ReaderPool {
     }
 }
 
-#[cfg(target_os = "linux")]
-fn open_direct(path: &std::path::Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn open_direct(_path: &std::path::Path) -> std::io::Result<File> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "O_DIRECT is Linux-only",
-    ))
-}
-
 impl ReaderPool {
     /// Open every shard and start the workers.
     pub fn new(paths: &[PathBuf], config: &ReaderConfig) -> Result<Self> {
-        let mut files = Vec::new();
-        for path in paths {
-            let buffered = File::open(path).map_err(|e| Error::io(path, e))?;
-            let direct = match config.mode {
-                ReadMode::Buffered => None,
-                ReadMode::Direct => Some(open_direct(path).map_err(|e| Error::io(path, e))?),
-                ReadMode::Auto => open_direct(path).ok(),
-            };
-            let direct_ok = AtomicBool::new(direct.is_some());
-            files.push(ShardFile {
-                path: path.clone(),
-                buffered,
-                direct,
-                direct_ok,
-            });
-        }
+        let files = paths
+            .iter()
+            .map(|p| Shard::open(p, config.mode))
+            .collect::<Result<Vec<_>>>()?;
         let inner = Arc::new(Inner {
+            faults: Mutex::new(vec![None; files.len()]),
+            errors: files.iter().map(|_| AtomicU64::new(0)).collect(),
             files,
             mode: config.mode,
             chunk: super::buffer::align_up(config.chunk_bytes.max(1) as u64) as usize,
@@ -326,6 +358,8 @@ impl ReaderPool {
             page_cache_bytes: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             busy: Mutex::new((0, None, 0.0)),
+            sums: OnceLock::new(),
+            verified: AtomicU64::new(0),
         });
         let workers = (0..config.threads.max(1))
             .map(|i| {
@@ -346,19 +380,19 @@ impl ReaderPool {
 
     /// Whether every shard could be opened with `O_DIRECT`.
     pub fn supports_direct(&self) -> bool {
-        self.inner.files.iter().all(|f| f.direct.is_some())
+        self.inner.files.iter().all(Shard::has_direct)
     }
 
     /// How this pool reads (for the plan).
     pub fn decision(&self) -> ReadDecision {
-        let direct = self.inner.files.iter().filter(|f| f.direct.is_some()).count();
+        let direct = self.inner.files.iter().filter(|f| f.has_direct()).count();
         ReadDecision::new(self.inner.mode, direct, self.inner.files.len())
     }
 
     /// Use (or stop using) `O_DIRECT` for every shard that supports it.
     pub fn set_direct(&self, on: bool) {
         for f in &self.inner.files {
-            f.direct_ok.store(on && f.direct.is_some(), Ordering::Relaxed);
+            f.direct_ok.store(on && f.has_direct(), Ordering::Relaxed);
         }
     }
 
@@ -370,13 +404,87 @@ impl ReaderPool {
     /// Whether `path` is the very file (device and inode) this pool reads shard `shard` from;
     /// false when either cannot be examined.
     pub fn same_file(&self, shard: usize, path: &std::path::Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
         let (Some(f), Ok(other)) = (self.inner.files.get(shard), std::fs::metadata(path)) else {
             return false;
         };
-        f.buffered
-            .metadata()
-            .is_ok_and(|m| (m.dev(), m.ino()) == (other.dev(), other.ino()))
+        f.handles().identity.same_file(&Identity::of(&other))
+    }
+
+    /// Whether every shard can give the checkpoint's bytes now. Each file is examined (one
+    /// restored whole by `rename` is reopened) and each shard's last failed range is read
+    /// again, on the calling thread; a range that reads cleanly clears its fault. The error is
+    /// the first fault still there. A file found faulty here counts as one read error until it
+    /// is whole again (however often it is examined). Cheap when nothing failed: one `stat` per
+    /// shard.
+    pub fn health(&self) -> ReadResult {
+        let inner = &self.inner;
+        for (i, shard) in inner.files.iter().enumerate() {
+            if let Err(fault) = shard.examine() {
+                let error = ReadError::Fault {
+                    path: shard.path.clone(),
+                    offset: 0,
+                    len: 0,
+                    reason: format!("the file {fault}"),
+                };
+                let mut faults = lock(&inner.faults);
+                if faults[i].is_none() {
+                    inner.errors[i].fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %error, "weights unavailable");
+                    faults[i] = Some(Fault {
+                        offset: 0,
+                        len: 0,
+                        error: error.clone(),
+                        tensor: None,
+                    });
+                }
+                return Err(error);
+            }
+            let Some(fault) = lock(&inner.faults)[i].clone() else {
+                continue;
+            };
+            if fault.len == 0 {
+                lock(&inner.faults)[i] = None; // a file-level fault: the file is whole again
+                continue;
+            }
+            let buf = AlignedBuf::new(fault.len).map_err(|_| fault.error.clone())?;
+            // SAFETY: `buf` is this function's own, not shared with any reader.
+            #[allow(unsafe_code)]
+            let dst = unsafe { std::slice::from_raw_parts_mut(buf.write_ptr(), fault.len) };
+            inner.fill(shard, dst, fault.offset, &AtomicBool::new(false))?;
+            if let (Some(sums), Some(t)) = (inner.sums.get(), &fault.tensor) {
+                let at = (t.start - fault.offset) as usize;
+                let bytes = &buf.as_ref()[at..at + (t.end - t.start) as usize];
+                sums.verify(i, t.start, bytes).map_err(|_| fault.error.clone())?;
+            }
+            let mut faults = lock(&inner.faults);
+            if faults[i].as_ref().is_some_and(|f| f.offset == fault.offset) {
+                faults[i] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Verify every request from now on against `sums` (set once; later calls are ignored).
+    /// A mismatch fails the request with [`ReadError::Checksum`] naming the tensor.
+    pub fn set_checksums(&self, sums: ShardSums) {
+        let _ = self.inner.sums.set(sums);
+    }
+
+    /// Whether reads are verified against checksums, and how many tensors were so far.
+    pub fn checksums(&self) -> Option<u64> {
+        let inner = &self.inner;
+        inner.sums.get().map(|_| inner.verified.load(Ordering::Relaxed))
+    }
+
+    /// Failed reads per shard file since the pool started (zero counts included).
+    pub fn read_errors(&self) -> Vec<(PathBuf, u64)> {
+        let inner = &self.inner;
+        inner
+            .files
+            .iter()
+            .zip(&inner.errors)
+            .map(|(f, n)| (f.path.clone(), n.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Whether reads of shard `shard` currently bypass the page cache.
@@ -394,6 +502,36 @@ impl ReaderPool {
         priority: Priority,
         on_done: Option<Callback>,
     ) -> Ticket {
+        self.submit_scoped(buf, segments, None, priority, on_done)
+    }
+
+    /// [`ReaderPool::submit`] of a layout: with checksums, exactly the layout's tensors are
+    /// verified (not other tensors inside its merged gaps).
+    pub fn submit_layout(
+        &self,
+        buf: Arc<AlignedBuf>,
+        layout: &SpanLayout,
+        priority: Priority,
+        on_done: Option<Callback>,
+    ) -> Ticket {
+        let scope = self.inner.sums.get().map(|_| layout.tensor_ranges());
+        self.submit_scoped(buf, &layout.segments, scope, priority, on_done)
+    }
+
+    /// Read a layout synchronously (submit at demand priority and wait).
+    pub fn read_layout_now(&self, buf: Arc<AlignedBuf>, layout: &SpanLayout) -> Result<()> {
+        let t = self.submit_layout(buf, layout, Priority::Demand, None);
+        Ok(t.wait()?)
+    }
+
+    fn submit_scoped(
+        &self,
+        buf: Arc<AlignedBuf>,
+        segments: &[Segment],
+        scope: Option<Vec<(usize, std::ops::Range<u64>)>>,
+        priority: Priority,
+        on_done: Option<Callback>,
+    ) -> Ticket {
         let mut chunks = Vec::new();
         let job = Arc::new(Job {
             state: AtomicU8::new(QUEUED),
@@ -403,6 +541,16 @@ impl ReaderPool {
             cv: Condvar::new(),
             on_done: Mutex::new(on_done),
             cached: AtomicBool::new(true),
+            check: Mutex::new(self.inner.sums.get().map(|_| Check {
+                buf: buf.clone(),
+                segments: segments.to_vec(),
+                scope: scope.unwrap_or_else(|| {
+                    segments
+                        .iter()
+                        .map(|s| (s.shard, s.offset..s.offset + s.len as u64))
+                        .collect()
+                }),
+            })),
         });
         for s in segments {
             assert!(s.dest + s.len <= buf.len(), "segment beyond its buffer");
@@ -427,7 +575,7 @@ impl ReaderPool {
             return Ticket(job);
         }
         job.remaining.store(chunks.len(), Ordering::Release);
-        let mut q = self.inner.queue.lock().unwrap();
+        let mut q = lock(&self.inner.queue);
         let target = if priority == Priority::Demand {
             &mut q.demand
         } else {
@@ -441,7 +589,7 @@ impl ReaderPool {
 
     /// Move a still-queued prefetch request ahead of all other prefetches (it became demand).
     pub fn promote(&self, ticket: &Ticket) {
-        let mut q = self.inner.queue.lock().unwrap();
+        let mut q = lock(&self.inner.queue);
         let (mine, rest): (VecDeque<Chunk>, VecDeque<Chunk>) = std::mem::take(&mut q.prefetch)
             .into_iter()
             .partition(|c| Arc::ptr_eq(&c.job, &ticket.0));
@@ -467,7 +615,7 @@ impl ReaderPool {
     /// Counters so far.
     pub fn stats(&self) -> ReadStats {
         let i = &self.inner;
-        let busy = i.busy.lock().unwrap();
+        let busy = lock(&i.busy);
         let live = busy.1.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let direct = i.direct_bytes.load(Ordering::Relaxed);
         let buffered = i.buffered_bytes.load(Ordering::Relaxed);
@@ -486,7 +634,7 @@ impl ReaderPool {
 
 impl Drop for ReaderPool {
     fn drop(&mut self) {
-        self.inner.queue.lock().unwrap().shutdown = true;
+        lock(&self.inner.queue).shutdown = true;
         self.inner.cv.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -498,7 +646,7 @@ impl Inner {
     fn work(&self) {
         loop {
             let chunk = {
-                let mut q = self.queue.lock().unwrap();
+                let mut q = lock(&self.queue);
                 loop {
                     if let Some(c) = q.demand.pop_front().or_else(|| q.prefetch.pop_front()) {
                         break c;
@@ -506,7 +654,7 @@ impl Inner {
                     if q.shutdown {
                         return;
                     }
-                    q = self.cv.wait(q).unwrap();
+                    q = wait(&self.cv, q);
                 }
             };
             match chunk
@@ -525,17 +673,23 @@ impl Inner {
             // the requester may reuse the buffer and expects to hold the only reference.
             drop(buf);
             if let Err(e) = result {
-                job.error.lock().unwrap().get_or_insert(e);
+                lock(&job.error).get_or_insert(e);
             }
             if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let error = job.error.lock().unwrap().take();
-                job.finish(error.map_or(Ok(()), Err), true);
+                let error = lock(&job.error).take();
+                let check = lock(&job.check).take();
+                let result = match (error, check) {
+                    (Some(e), _) => Err(e),
+                    (None, Some(check)) => self.verify(&check),
+                    (None, None) => Ok(()),
+                };
+                job.finish(result, true);
             }
         }
     }
 
     fn busy_edge(&self, start: bool) {
-        let mut b = self.busy.lock().unwrap();
+        let mut b = lock(&self.busy);
         if start {
             if b.0 == 0 {
                 b.1 = Some(Instant::now());
@@ -552,41 +706,155 @@ impl Inner {
     }
 
     fn read_chunk(&self, c: &Chunk) -> ReadResult {
-        let file = &self.files[c.shard];
+        let shard = &self.files[c.shard];
         // SAFETY: the requester keeps `c.buf[c.dest..c.dest + c.len]` exclusive until the
         // ticket completes (module invariant of `buffer`), chunks of one request never overlap,
         // and `submit` checked the range lies inside the buffer.
         #[allow(unsafe_code)]
         let dst = unsafe { std::slice::from_raw_parts_mut(c.buf.write_ptr().add(c.dest), c.len) };
-        if file.direct_ok.load(Ordering::Relaxed)
-            && let Some(direct) = &file.direct
+        let result = self.fill(shard, dst, c.offset, &c.job.cached);
+        self.record(c.shard, c.offset, c.len, &result);
+        result
+    }
+
+    /// Read `dst.len()` bytes of `shard` at `offset` and check that every byte up to the size
+    /// the file had when opened arrived (a short read is an error naming what happened to the
+    /// file, never a buffer used half-filled). Clears `cached` when a byte came from storage.
+    fn fill(&self, shard: &Shard, dst: &mut [u8], offset: u64, cached: &AtomicBool) -> ReadResult {
+        let (len, need) = (dst.len(), shard.required(offset, dst.len()));
+        let handles = shard.handles();
+        let io = |e: &std::io::Error| ReadError::io(&shard.path, offset, len, e);
+        let mut got = None;
+        if shard.direct_ok.load(Ordering::Relaxed)
+            && let Some(direct) = &handles.direct
         {
-            match read_full(direct, dst, c.offset) {
-                Ok(()) => {
-                    c.job.cached.store(false, Ordering::Release);
+            match read_full(direct, dst, offset) {
+                Ok(n) => {
+                    cached.store(false, Ordering::Release);
                     self.reads.fetch_add(1, Ordering::Relaxed);
-                    self.direct_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
-                    return Ok(());
+                    self.direct_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    got = Some(n);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.mode == ReadMode::Auto => {
-                    file.direct_ok.store(false, Ordering::Relaxed);
+                    shard.direct_ok.store(false, Ordering::Relaxed);
                 }
-                Err(e) => return Err(ReadError::io(&file.path, c.offset, c.len, &e)),
+                Err(e) => return Err(io(&e)),
             }
         }
-        let cached = read_cached(&file.buffered, dst, c.offset)
-            .map_err(|e| ReadError::io(&file.path, c.offset, c.len, &e))?;
-        if cached < c.len {
-            c.job.cached.store(false, Ordering::Release);
+        let got = match got {
+            Some(n) => n,
+            None => {
+                let (n, from_cache) = read_cached(&handles.buffered, dst, offset).map_err(|e| io(&e))?;
+                if from_cache < n {
+                    cached.store(false, Ordering::Release);
+                }
+                if self.mode.drops_pages() {
+                    drop_pages(&handles.buffered, offset, len);
+                }
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                self.buffered_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                self.page_cache_bytes
+                    .fetch_add(from_cache as u64, Ordering::Relaxed);
+                n
+            }
+        };
+        if got >= need {
+            return Ok(());
         }
-        if self.mode.drops_pages() {
-            drop_pages(&file.buffered, c.offset, c.len);
+        let why = match shard.examine() {
+            Err(fault) => format!("; the file {fault}"),
+            Ok(()) => String::new(),
+        };
+        Err(ReadError::Fault {
+            path: shard.path.clone(),
+            offset,
+            len,
+            reason: format!("short read: {got} of {need} bytes{why}"),
+        })
+    }
+
+    /// Check a completed request's bytes against the checksums (on the reader thread, so the
+    /// compute thread never waits for it); a mismatch is recorded as its segment's fault.
+    fn verify(&self, check: &Check) -> ReadResult {
+        let Some(sums) = self.sums.get() else {
+            return Ok(());
+        };
+        let bytes = (*check.buf).as_ref();
+        for (shard, range) in &check.scope {
+            let Some(s) = check.segments.iter().find(|s| {
+                s.shard == *shard && s.offset <= range.start && range.end <= s.offset + s.len as u64
+            }) else {
+                continue;
+            };
+            let at = s.dest + (range.start - s.offset) as usize;
+            let checked = sums.verify(
+                s.shard,
+                range.start,
+                &bytes[at..at + (range.end - range.start) as usize],
+            );
+            match checked {
+                Ok(n) => {
+                    self.verified.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(m) => {
+                    let tensor = m.range.clone();
+                    let e = ReadError::Checksum {
+                        path: self.files[s.shard].path.clone(),
+                        tensor: m.tensor,
+                        expected: m.expected,
+                        actual: m.actual,
+                    };
+                    let result = Err(e);
+                    self.record(s.shard, s.offset, s.len, &result);
+                    if let Some(f) = lock(&self.faults)[s.shard].as_mut() {
+                        f.tensor = Some(tensor);
+                    }
+                    return result;
+                }
+            }
         }
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.buffered_bytes.fetch_add(c.len as u64, Ordering::Relaxed);
-        self.page_cache_bytes.fetch_add(cached as u64, Ordering::Relaxed);
         Ok(())
     }
+
+    /// Count a failed read and remember it as its shard's fault; a successful read of a
+    /// shard's faulted range clears the fault.
+    fn record(&self, shard: usize, offset: u64, len: usize, result: &ReadResult) {
+        let mut faults = lock(&self.faults);
+        match result {
+            Ok(()) => {
+                if faults[shard]
+                    .as_ref()
+                    .is_some_and(|f| f.len > 0 && f.offset >= offset && f.offset < offset + len as u64)
+                {
+                    faults[shard] = None;
+                }
+            }
+            Err(e) => {
+                if let ReadError::Io { .. } = e {
+                    // A replaced file is reopened for the next read; the error stays the OS's.
+                    let _ = self.files[shard].examine();
+                }
+                self.errors[shard].fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "weight read failed");
+                faults[shard] = Some(Fault {
+                    offset,
+                    len,
+                    error: e.clone(),
+                    tensor: None,
+                });
+            }
+        }
+    }
+}
+
+/// A shard's last failed read: its range (empty for a fault of the whole file) and, for a
+/// checksum mismatch, the file range of the tensor that did not match.
+#[derive(Debug, Clone)]
+struct Fault {
+    offset: u64,
+    len: usize,
+    error: ReadError,
+    tensor: Option<std::ops::Range<u64>>,
 }
 
 /// Ask the kernel to drop the page cache of `len` bytes at `offset` of `file` (`len == 0`: to
@@ -606,10 +874,10 @@ pub(crate) fn drop_pages(file: &File, offset: u64, len: usize) {
 }
 
 /// Fill `dst` from `offset` through the page cache: first whatever it holds without blocking
-/// (`preadv2(RWF_NOWAIT)`), then the rest with ordinary reads. Returns how many bytes the page
-/// cache already held (all of `dst` when the read ends at end of file without blocking).
+/// (`preadv2(RWF_NOWAIT)`), then the rest with ordinary reads. Returns the bytes filled (fewer
+/// than `dst.len()` only at end of file) and how many of them the page cache already held.
 #[cfg(target_os = "linux")]
-fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
+fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<(usize, usize)> {
     use std::os::fd::AsRawFd;
     let mut done = 0;
     while done < dst.len() {
@@ -624,7 +892,7 @@ fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usiz
         #[allow(unsafe_code)]
         let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
         match n {
-            0 => return Ok(dst.len()), // end of file: nothing more to read, nothing blocked
+            0 => return Ok((done, done)), // end of file: nothing more to read, nothing blocked
             n if n > 0 => done += n as usize,
             _ => {
                 let e = std::io::Error::last_os_error();
@@ -632,205 +900,38 @@ fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usiz
                     Some(libc::EINTR) => {}
                     // Not cached (EAGAIN), or the kernel/filesystem cannot say: read normally.
                     Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => {
-                        read_full(file, &mut dst[done..], offset + done as u64)?;
-                        return Ok(done);
+                        let rest = read_full(file, &mut dst[done..], offset + done as u64)?;
+                        return Ok((done + rest, done));
                     }
                     _ => return Err(e),
                 }
             }
         }
     }
-    Ok(done)
+    Ok((done, done))
 }
 
 /// Without `RWF_NOWAIT` the origin is unknown: every byte counts as storage.
 #[cfg(not(target_os = "linux"))]
-fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    read_full(file, dst, offset).map(|()| 0)
+fn read_cached(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<(usize, usize)> {
+    read_full(file, dst, offset).map(|n| (n, 0))
 }
 
-/// Fill `dst` from `offset`, stopping early only at end of file (aligned reads may extend past
-/// the last tensor; those bytes are never used).
-fn read_full(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<()> {
+/// Fill `dst` from `offset`, stopping early only at end of file. Returns the bytes filled; the
+/// caller decides how many it needed (aligned reads may extend past the last tensor).
+fn read_full(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut done = 0;
     while done < dst.len() {
         match file.read_at(&mut dst[done..], offset + done as u64) {
-            Ok(0) => return Ok(()),
+            Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file_with(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.bin");
-        std::fs::write(&path, bytes).unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn reads_segments_in_chunks_in_every_mode() {
-        let data: Vec<u8> = (0..40_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let (_d, path) = file_with(&data);
-        for mode in [ReadMode::Auto, ReadMode::Buffered] {
-            let pool = ReaderPool::new(
-                std::slice::from_ref(&path),
-                &ReaderConfig {
-                    mode,
-                    threads: 3,
-                    chunk_bytes: 4096,
-                },
-            )
-            .unwrap();
-            let buf = Arc::new(AlignedBuf::new(3 * 4096 + 40_960).unwrap());
-            let segs = [
-                Segment {
-                    shard: 0,
-                    offset: 8192,
-                    len: 12288,
-                    dest: 0,
-                },
-                Segment {
-                    shard: 0,
-                    offset: 0,
-                    len: 40960,
-                    dest: 12288,
-                },
-            ];
-            pool.read_now(buf.clone(), &segs).unwrap();
-            let b = (*buf).as_ref();
-            assert_eq!(&b[..12288], &data[8192..20480]);
-            assert_eq!(&b[12288..12288 + 40_000], &data[..]);
-            let s = pool.stats();
-            assert_eq!(s.reads, 3 + 10);
-            assert!(s.bytes >= 12288 + 40_000);
-        }
-    }
-
-    #[test]
-    fn queued_requests_can_be_cancelled_and_callbacks_run_once() {
-        let (_d, path) = file_with(&vec![1u8; 1 << 20]);
-        let pool = ReaderPool::new(
-            &[path],
-            &ReaderConfig {
-                mode: ReadMode::Buffered,
-                threads: 1,
-                chunk_bytes: 4096,
-            },
-        )
-        .unwrap();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let mut tickets = Vec::new();
-        for _ in 0..64 {
-            let buf = Arc::new(AlignedBuf::new(1 << 20).unwrap());
-            let c = calls.clone();
-            let cb: Callback = Box::new(move |r, _| {
-                assert!(r.is_ok());
-                c.fetch_add(1, Ordering::SeqCst);
-            });
-            tickets.push(pool.submit(
-                buf,
-                &[Segment {
-                    shard: 0,
-                    offset: 0,
-                    len: 1 << 20,
-                    dest: 0,
-                }],
-                Priority::Prefetch,
-                Some(cb),
-            ));
-        }
-        let cancelled = tickets.iter().filter(|t| pool.cancel(t)).count();
-        assert!(cancelled > 0, "one worker cannot have started all 64 requests");
-        for t in &tickets {
-            let r = t.wait();
-            assert!(r.is_ok() || r == Err(ReadError::Cancelled));
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 64 - cancelled);
-        assert_eq!(pool.stats().cancelled, cancelled as u64);
-    }
-
-    /// Pages of `path` in the page cache (`mincore` over a map of the file).
-    fn resident_pages(path: &Path) -> usize {
-        let file = File::open(path).unwrap();
-        let len = file.metadata().unwrap().len() as usize;
-        // SAFETY: the test's own file, not modified while mapped.
-        #[allow(unsafe_code)]
-        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-        let page = 4096;
-        let mut vec = vec![0u8; len.div_ceil(page)];
-        // SAFETY: `map` covers `len` bytes and stays alive for the call; `vec` holds one byte
-        // per page of that range.
-        #[allow(unsafe_code)]
-        let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
-        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
-        vec.iter().filter(|&&b| b & 1 == 1).count()
-    }
-
-    fn evict(path: &Path) {
-        let f = File::open(path).unwrap();
-        f.sync_all().unwrap();
-        drop_pages(&f, 0, 0);
-    }
-
-    #[test]
-    fn auto_mode_buffered_reads_leave_nothing_in_the_page_cache() {
-        let len = 1 << 20;
-        // Beside the test binary, on the build's disk (not a tmpfs /tmp, whose pages are the
-        // file itself and cannot be dropped).
-        let exe = std::env::current_exe().unwrap();
-        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
-        let path = dir.path().join("f.bin");
-        std::fs::write(&path, vec![7u8; len]).unwrap();
-        let whole = [Segment {
-            shard: 0,
-            offset: 0,
-            len,
-            dest: 0,
-        }];
-        let read = |mode| {
-            evict(&path);
-            let pool = ReaderPool::new(
-                std::slice::from_ref(&path),
-                &ReaderConfig {
-                    mode,
-                    threads: 2,
-                    chunk_bytes: 64 << 10,
-                },
-            )
-            .unwrap();
-            // Buffered reads even where the filesystem allows O_DIRECT (as where it does not).
-            pool.set_direct(false);
-            pool.read_now(Arc::new(AlignedBuf::new(len).unwrap()), &whole)
-                .unwrap();
-            (resident_pages(&path), pool.decision())
-        };
-        let (kept, decision) = read(ReadMode::Buffered);
-        assert!(kept >= len / 4096 / 2, "buffered reads keep their pages: {kept}");
-        assert!(!decision.drop_pages);
-        let (left, decision) = read(ReadMode::Auto);
-        assert!(decision.drop_pages);
-        assert!(
-            left < len / 4096 / 8,
-            "auto left {left} of {} pages cached",
-            len / 4096
-        );
-    }
-
-    #[test]
-    fn a_missing_file_is_an_error_naming_it() {
-        let err = ReaderPool::new(
-            &[PathBuf::from("/nonexistent/x.safetensors")],
-            &ReaderConfig::default(),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/x.safetensors"));
-    }
-}
+#[path = "reader_tests.rs"]
+mod tests;

@@ -18,6 +18,7 @@ use super::buffer::AlignedBuf;
 use super::policy::EvictionPolicy;
 use super::reader::{ReadError, ReadResult, Ticket};
 use crate::error::Result;
+use crate::sync::{lock, wait};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Status {
@@ -96,7 +97,7 @@ impl AsRef<[u8]> for ExpertHandle {
 
 impl Drop for ExpertHandle {
     fn drop(&mut self) {
-        let mut st = self.shared.state.lock().unwrap();
+        let mut st = lock(&self.shared.state);
         st.slots[self.slot].pins -= 1;
         drop(st);
         self.shared.cv.notify_all();
@@ -145,7 +146,7 @@ impl ExpertCache {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap()
+        lock(&self.shared.state)
     }
 
     /// Tell the policy the router selected these experts.
@@ -352,7 +353,7 @@ impl ExpertCache {
                     _ => {}
                 }
             }
-            st = self.shared.cv.wait(st).unwrap();
+            st = wait(&self.shared.cv, st);
         }
     }
 

@@ -8,6 +8,7 @@ use super::spans::SpanLayout;
 use crate::config::ModelSpec;
 use crate::error::{Error, Result};
 use crate::model::Loader;
+use crate::sync::lock;
 use crate::weights::{Blob, BlobSource, TensorInfo, WeightIndex};
 
 /// Records every tensor asked for; serves the bytes from the memory map (never touched for
@@ -20,13 +21,13 @@ pub struct RecordingSource {
 impl RecordingSource {
     /// The recorded tensors.
     pub fn take(&self) -> Vec<TensorInfo> {
-        std::mem::take(&mut self.seen.lock().unwrap())
+        std::mem::take(&mut lock(&self.seen))
     }
 }
 
 impl BlobSource for RecordingSource {
     fn blob(&self, index: &WeightIndex, info: &TensorInfo) -> Result<Blob> {
-        self.seen.lock().unwrap().push(info.clone());
+        lock(&self.seen).push(info.clone());
         Ok(index.blob(info))
     }
 

@@ -36,6 +36,7 @@ use crate::kernels::ops::rms_norm;
 use crate::model::Loader;
 use crate::model::layers::mlp::Mlp;
 use crate::model::layers::moe::{ExpertProvider, Moe};
+use crate::sync::lock;
 use crate::weights::{RangeSource, WeightIndex};
 
 /// Upper bounds (seconds) of the expert-fetch histogram: one read of an expert from storage
@@ -270,12 +271,12 @@ impl ExpertStore {
 
     /// Record heat into `recorder` from now on (flushed periodically and by [`Self::flush_heat`]).
     pub fn set_heat(&self, recorder: HeatRecorder) {
-        *self.heat.lock().unwrap() = Some(recorder);
+        *lock(&self.heat) = Some(recorder);
     }
 
     /// Append every pass's selections to `recorder` from now on.
     pub fn set_route_trace(&self, recorder: RouteRecorder) {
-        *self.routes.lock().unwrap() = Some(recorder);
+        *lock(&self.routes) = Some(recorder);
     }
 
     /// Serve a partly remote checkpoint: selected experts whose bytes are not local are made
@@ -310,7 +311,7 @@ impl ExpertStore {
 
     /// Write recorded heat now.
     pub fn flush_heat(&self) -> Result<()> {
-        match self.heat.lock().unwrap().as_mut() {
+        match lock(&self.heat).as_mut() {
             Some(h) => h.flush(),
             None => Ok(()),
         }
@@ -323,7 +324,7 @@ impl ExpertStore {
 
     /// Counters so far.
     pub fn stats(&self) -> ExpertStats {
-        let mut s = self.stats.lock().unwrap().clone();
+        let mut s = lock(&self.stats).clone();
         s.prefetch_wasted = self.cache.wasted_prefetches();
         let c = &self.completions;
         s.page_cache_reads = c.page_cache_reads.load(Ordering::Relaxed);
@@ -365,7 +366,7 @@ impl ExpertStore {
     /// Plan the prefetch of layer `next` from a look-ahead forecast of one or several rows,
     /// made while at `layer`.
     fn plan_hint(&self, layer: usize, next: usize, lookahead: Vec<usize>, single_row: bool) {
-        let mut pass = self.pass.lock().unwrap();
+        let mut pass = lock(&self.pass);
         pass.predicted[next] = lookahead.clone();
         pass.single_row[next] = single_row;
         if !pass.gate.allow(next) {
@@ -428,14 +429,11 @@ impl ExpertStore {
             completions.completed(r.is_ok(), origin, bytes, started);
             cache.complete(slot, k, r);
         });
-        let ticket = self.reader.submit(
-            self.cache.buffer(slot),
-            &layout.segments,
-            Priority::Prefetch,
-            Some(done),
-        );
+        let ticket =
+            self.reader
+                .submit_layout(self.cache.buffer(slot), layout, Priority::Prefetch, Some(done));
         self.cache.set_ticket(slot, ticket);
-        let mut s = self.stats.lock().unwrap();
+        let mut s = lock(&self.stats);
         s.prefetch_reads += 1;
         s.prefetch_read_bytes += layout.read_bytes();
         true
@@ -445,7 +443,7 @@ impl ExpertStore {
     /// for the next pass from this pass's routes.
     pub fn end_pass(&self) -> Result<()> {
         self.cache.end_pass();
-        let mut pass = self.pass.lock().unwrap();
+        let mut pass = lock(&self.pass);
         let p = &mut *pass;
         std::mem::swap(&mut p.previous, &mut p.current);
         p.current.iter_mut().for_each(Vec::clear);
@@ -465,14 +463,14 @@ impl ExpertStore {
             self.submit_pending(p);
         }
         drop(pass);
-        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+        if let Some(t) = lock(&self.trace).as_mut() {
             t.push(TraceStep::EndPass);
         }
-        if let Some(r) = self.routes.lock().unwrap().as_mut() {
+        if let Some(r) = lock(&self.routes).as_mut() {
             r.end_pass()?;
         }
-        self.stats.lock().unwrap().passes += 1;
-        let mut heat = self.heat.lock().unwrap();
+        lock(&self.stats).passes += 1;
+        let mut heat = lock(&self.heat);
         if let Some(h) = heat.as_mut() {
             h.end_pass();
             if h.pending_passes() >= self.config.heat_flush_passes {
@@ -484,12 +482,12 @@ impl ExpertStore {
 
     /// Record every layer's selections and forecasts from now on.
     pub fn start_trace(&self) {
-        *self.trace.lock().unwrap() = Some(Vec::new());
+        *lock(&self.trace) = Some(Vec::new());
     }
 
     /// The recorded steps (recording stops).
     pub fn take_trace(&self) -> Vec<TraceStep> {
-        self.trace.lock().unwrap().take().unwrap_or_default()
+        lock(&self.trace).take().unwrap_or_default()
     }
 
     /// Serve a recorded demand stream with no compute at all: the same selections, forecasts,
@@ -532,15 +530,15 @@ impl ExpertStore {
     fn observe(&self, layer: usize, ids: &[usize]) {
         let keys: Vec<ExpertKey> = ids.iter().map(|&e| key(layer, e)).collect();
         self.cache.select(&keys);
-        if let Some(h) = self.heat.lock().unwrap().as_mut() {
+        if let Some(h) = lock(&self.heat).as_mut() {
             h.record(layer, ids);
         }
-        if let Some(r) = self.routes.lock().unwrap().as_mut() {
+        if let Some(r) = lock(&self.routes).as_mut() {
             r.record(layer, ids);
         }
-        let mut pass = self.pass.lock().unwrap();
+        let mut pass = lock(&self.pass);
         let p = &mut *pass;
-        if let Some(t) = self.trace.lock().unwrap().as_mut() {
+        if let Some(t) = lock(&self.trace).as_mut() {
             t.push(TraceStep::Layer {
                 layer,
                 ids: ids.to_vec(),
@@ -555,7 +553,7 @@ impl ExpertStore {
             if p.single_row[layer] {
                 p.ranks.observe(&p.predicted[layer], ids);
             }
-            let mut s = self.stats.lock().unwrap();
+            let mut s = lock(&self.stats);
             s.lookahead_recall += super::prefetch::recall(&p.predicted[layer], ids) as f64;
             s.previous_recall += super::prefetch::recall(&p.previous[layer], ids) as f64;
             s.recall_samples += 1;
@@ -574,7 +572,7 @@ impl ExpertStore {
                 self.cache.demote(key(layer, e)); // a loser that landed goes first
             }
         }
-        self.stats.lock().unwrap().prefetch_cancelled += cancelled;
+        lock(&self.stats).prefetch_cancelled += cancelled;
     }
 
     /// The byte ranges of expert `(layer, expert)` that are not local (none without a remote).
@@ -638,7 +636,7 @@ impl ExpertStore {
             }
             result
         });
-        let mut st = self.stats.lock().unwrap();
+        let mut st = lock(&self.stats);
         st.remote_seconds += started.elapsed().as_secs_f64();
         if result.is_ok() {
             st.remote_experts += left.len() as u64;
@@ -690,7 +688,7 @@ impl LayerExperts<'_> {
         let k = key(self.layer, e);
         let bytes = st.layouts[self.layer][e].payload;
         let lookup = st.cache.acquire(k);
-        let mut s = st.stats.lock().unwrap();
+        let mut s = lock(&st.stats);
         match lookup {
             Lookup::Hit { slot, speculative } => {
                 if speculative {
@@ -721,12 +719,9 @@ impl LayerExperts<'_> {
                     completions.completed(r.is_ok(), origin, bytes, started);
                     cache.complete(slot, k, r);
                 });
-                let ticket = st.reader.submit(
-                    st.cache.buffer(slot),
-                    &layout.segments,
-                    Priority::Demand,
-                    Some(done),
-                );
+                let ticket =
+                    st.reader
+                        .submit_layout(st.cache.buffer(slot), layout, Priority::Demand, Some(done));
                 st.cache.set_ticket(slot, ticket);
                 Some(slot)
             }
@@ -769,7 +764,7 @@ impl LayerExperts<'_> {
         }
         st.observe(self.layer, ids);
         {
-            let mut s = st.stats.lock().unwrap();
+            let mut s = lock(&st.stats);
             s.uses += ids.len() as u64;
             s.use_bytes += ids
                 .iter()
@@ -790,7 +785,7 @@ impl LayerExperts<'_> {
                 }
                 if !hinted {
                     hinted = true;
-                    st.submit_pending(&mut st.pass.lock().unwrap());
+                    st.submit_pending(&mut lock(&st.pass));
                 }
                 if inflight.is_empty() {
                     if pending.is_empty() {
@@ -810,7 +805,7 @@ impl LayerExperts<'_> {
         for (_, slot) in inflight {
             st.cache.unpin(slot);
         }
-        st.stats.lock().unwrap().wait_seconds += waited;
+        lock(&st.stats).wait_seconds += waited;
         result
     }
 }

@@ -21,6 +21,7 @@
 //! [`crate::generate::generate`], so the server, `deltafin run`, every batch composition and
 //! every draft agree.
 
+mod fault;
 mod memory;
 mod pace;
 mod plan;
@@ -34,10 +35,11 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use fault::Faults;
 pub use memory::{AUTO_CONTEXT_TOKENS, auto_context_bytes, longest_context};
 pub use stats::{
     ExpertIoStats, ExpertSource, HistogramSnapshot, PREFILL_ROW_BOUNDS, QUEUE_WAIT_BOUNDS,
-    STEP_SECONDS_BOUNDS, SchedulerStats, StatsSnapshot,
+    STEP_SECONDS_BOUNDS, SchedulerStats, Stall, StatsSnapshot,
 };
 
 use crate::arch::Model;
@@ -349,6 +351,7 @@ impl SchedulerHandle {
             _slot: Some(Slot(self.stats.clone())),
             submitted: std::time::Instant::now(),
         };
+        self.stats.submitted();
         self.tx
             .send(Command::Submit(Box::new(job)))
             .map_err(|_| SubmitError::Stopped)
@@ -388,6 +391,11 @@ impl SchedulerHandle {
     /// Fail every queued and running request (shutdown past its deadline).
     pub fn cancel_all(&self) {
         let _ = self.tx.send(Command::CancelAll);
+    }
+
+    /// Whether the engine loop is live ([`SchedulerStats::liveness`]): `/livez`.
+    pub fn liveness(&self, stall: Duration) -> Result<(), Stall> {
+        self.stats.liveness(stall)
     }
 
     /// The loop's live counters.
@@ -439,6 +447,15 @@ pub fn start(
     model: Box<dyn Model>,
     cfg: SchedulerConfig,
 ) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
+    start_with_faults(model, cfg, Faults::default())
+}
+
+/// [`start`] with fault points armed (tests; see [`Faults`]).
+pub fn start_with_faults(
+    model: Box<dyn Model>,
+    cfg: SchedulerConfig,
+    faults: Faults,
+) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(SchedulerStats::default());
     let info = model.info();
@@ -459,12 +476,14 @@ pub fn start(
         vocab_size: info.vocab_size,
         pool,
     };
-    let worker = worker::Worker::new(model, cfg, rx, stats, context_limit, pool);
+    let worker = worker::Worker::new(model, cfg, rx, stats, context_limit, pool).with_faults(faults);
     let thread = std::thread::Builder::new()
         .name("deltafin-engine".into())
         .spawn(move || worker.run())?;
     Ok((handle, thread))
 }
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,9 @@
 //! Live counters of the engine loop, shared with whoever exports metrics. Plain atomics: the
 //! loop writes, readers take snapshots; nothing here blocks the loop.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::cache::FETCH_BUCKETS;
 use crate::histogram::AtomicHistogram;
@@ -43,6 +44,31 @@ pub struct SchedulerStats {
     step_seconds: AtomicHistogram<BUCKETS>,
     /// Prompt rows each pass prefilled (passes with prefill only).
     prefill_rows: AtomicHistogram<BUCKETS>,
+    /// The engine loop's heartbeat: [`now_ms`] at its last tick, and at the last accepted
+    /// submission (a loop idle until then has not stalled).
+    tick_ms: AtomicU64,
+    submit_ms: AtomicU64,
+    /// Set when the engine loop's thread has ended (returned or unwound).
+    stopped: AtomicBool,
+    /// Engine steps that panicked: their requests failed and the loop went on.
+    pub(crate) panics: AtomicU64,
+}
+
+/// Milliseconds since the first call in this process (a monotonic clock for heartbeats).
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// Why the engine loop is not live.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stall {
+    /// Its thread ended.
+    #[error("the engine loop has stopped")]
+    Stopped,
+    /// Work is waiting and the loop has not ticked for longer than allowed.
+    #[error("the engine loop has not made progress for {seconds} s with {in_flight} request(s) in flight")]
+    Stalled { seconds: u64, in_flight: u64 },
 }
 
 /// Upper bounds of the queue-wait histogram buckets, in seconds.
@@ -83,6 +109,48 @@ pub struct StatsSnapshot {
 }
 
 impl SchedulerStats {
+    /// The engine loop is alive now (called at every turn of the loop).
+    pub(crate) fn tick(&self) {
+        self.tick_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// A request was accepted.
+    pub(crate) fn submitted(&self) {
+        self.submit_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// The engine loop's thread ended.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the engine loop is live: its thread runs, and with requests in flight it ticked
+    /// within `stall` (of its last tick or the latest submission, whichever is later). An
+    /// idle loop blocked waiting for work is live.
+    pub fn liveness(&self, stall: Duration) -> Result<(), Stall> {
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(Stall::Stopped);
+        }
+        let in_flight = self.in_flight.load(Ordering::SeqCst);
+        let last = self
+            .tick_ms
+            .load(Ordering::Relaxed)
+            .max(self.submit_ms.load(Ordering::Relaxed));
+        let quiet = now_ms().saturating_sub(last);
+        if in_flight > 0 && quiet > stall.as_millis() as u64 {
+            return Err(Stall::Stalled {
+                seconds: quiet / 1000,
+                in_flight,
+            });
+        }
+        Ok(())
+    }
+
+    /// Engine steps that panicked (their requests failed; the loop went on).
+    pub fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
     /// Read every counter.
     pub fn snapshot(&self) -> StatsSnapshot {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -11,17 +11,17 @@ use crate::arch;
 use crate::generate::{GenerateOptions, Sampling, generate};
 use crate::synth::{DeepseekSynth, ExpertFormat};
 
-fn model_dir() -> tempfile::TempDir {
+pub(super) fn model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Bf16).write(dir.path()).unwrap();
     dir
 }
 
-fn prompt(len: usize, salt: u32) -> Vec<u32> {
+pub(super) fn prompt(len: usize, salt: u32) -> Vec<u32> {
     (0..len as u32).map(|i| (i * 31 + salt * 7 + 3) % 250).collect()
 }
 
-fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
+pub(super) fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
     GenRequest {
         prompt,
         max_new_tokens: max_new,
@@ -35,7 +35,7 @@ fn request(prompt: Vec<u32>, max_new: usize, sampling: Sampling) -> GenRequest {
 }
 
 /// Tokens `generate` gives for `req` alone.
-fn alone(dir: &std::path::Path, req: &GenRequest) -> Vec<u32> {
+pub(super) fn alone(dir: &std::path::Path, req: &GenRequest) -> Vec<u32> {
     let m = arch::load(dir).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: req.max_new_tokens,
@@ -51,7 +51,7 @@ fn alone(dir: &std::path::Path, req: &GenRequest) -> Vec<u32> {
 }
 
 /// Collect a request's events until Done/Failed.
-fn drain(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Option<Completion>) {
+pub(super) fn drain(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Option<Completion>) {
     let mut tokens = Vec::new();
     loop {
         match rx.recv_timeout(Duration::from_secs(60)).expect("event") {

@@ -2,7 +2,13 @@
 //! [`crate::spec::verify`]): take commands, drop cancelled requests, admit queued ones, ask each
 //! decoding request's proposers for drafts, run one batched pass, verify and sample, stream,
 //! finish. Runs on one thread that owns the model.
+//!
+//! A panic anywhere in a turn of the loop fails the requests of that turn (each gets a
+//! `Failed` event, never a hang), drops the reuse cache (a state may be half-written) and the
+//! loop goes on; queued requests keep their place. The loop ticks a heartbeat every turn
+//! ([`SchedulerStats::liveness`]) and marks itself stopped when its thread ends.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -15,7 +21,7 @@ use super::pace::{Pacer, fraction};
 use super::plan::{Phase, PrefillBudget, Work, plan_step, positions};
 use super::reuse::StateCache;
 use super::{
-    Command, Completion, Event, EventSink, FinishReason, Job, Pool, SchedulerConfig, SchedulerStats,
+    Command, Completion, Event, EventSink, Faults, FinishReason, Job, Pool, SchedulerConfig, SchedulerStats,
     checkpoint_limit,
 };
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
@@ -86,6 +92,26 @@ pub(super) struct Worker {
     pool: Option<Pool>,
     /// Recurrent-state checkpoints a prefilling sequence keeps.
     checkpoints: usize,
+    /// Armed fault points (tests only; empty otherwise).
+    faults: Faults,
+}
+
+/// Marks the loop stopped when its thread ends, however it ends.
+struct Stopped(Arc<SchedulerStats>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_text(payload: &(dyn Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".into(),
+    }
 }
 
 fn add(counter: &AtomicU64, n: usize) {
@@ -122,31 +148,73 @@ impl Worker {
             pacer,
             pool,
             checkpoints,
+            faults: Faults::default(),
         }
     }
 
+    /// Arm fault points (tests).
+    pub(super) fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
     pub(super) fn run(mut self) {
+        let _stopped = Stopped(self.stats.clone());
         loop {
+            self.stats.tick();
             self.intake();
             if !self.connected && self.running.is_empty() && self.waiting.is_empty() {
                 return;
             }
-            self.drop_cancelled();
-            self.admit();
-            if self.running.is_empty() {
-                continue;
+            self.stats.tick();
+            if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(|| self.turn())) {
+                self.recover(payload.as_ref());
             }
-            // A simulated slow model: the delay comes before the pass, so even the first token
-            // of a request waits for it.
-            if !self.cfg.step_delay.is_zero() {
-                std::thread::sleep(self.cfg.step_delay);
-            }
-            // The pass runs on a pool worker, so its parallel loops start there (the engine
-            // thread is outside the pool and only waits for requests).
-            crate::pool::on_pool(|| self.step());
-            self.retire();
-            self.trim_cache();
         }
+    }
+
+    /// One turn: drop cancelled requests, admit, run a step, retire.
+    fn turn(&mut self) {
+        self.drop_cancelled();
+        self.admit();
+        if self.running.is_empty() {
+            return;
+        }
+        // A simulated slow model: the delay comes before the pass, so even the first token
+        // of a request waits for it.
+        if !self.cfg.step_delay.is_zero() {
+            std::thread::sleep(self.cfg.step_delay);
+        }
+        // The pass runs on a pool worker, so its parallel loops start there (the engine
+        // thread is outside the pool and only waits for requests).
+        crate::pool::on_pool(|| self.step());
+        self.faults.point("retire");
+        self.retire();
+        self.trim_cache();
+    }
+
+    /// After a panicking turn: fail every running request (and the choices forked from them)
+    /// with an error, drop the reuse cache, and go on with the queue.
+    fn recover(&mut self, payload: &(dyn Any + Send)) {
+        let what = panic_text(payload);
+        SchedulerStats::add(&self.stats.panics, 1);
+        tracing::error!(panic = %what, "an engine step panicked: its requests fail, the engine goes on");
+        let message = format!("the engine step failed ({what}); the request was not completed");
+        let fail = |sink: &dyn EventSink| {
+            sink.send(Event::Failed {
+                kind: "internal",
+                message: message.clone(),
+            });
+        };
+        for seq in self.running.drain(..) {
+            fail(seq.job.sink.as_ref());
+            seq.job.forks.iter().for_each(|f| fail(f.as_ref()));
+        }
+        for (seq, _) in self.pending_forks.drain(..) {
+            fail(seq.job.sink.as_ref());
+        }
+        self.cache.evict_to(0);
+        self.stats.running.store(0, Ordering::Relaxed);
     }
 
     /// Under a context-memory pool, the reuse cache holds only what the running sequences leave.
@@ -215,6 +283,7 @@ impl Worker {
 
     /// Move queued requests into the batch (FIFO), starting each from a reused state if any.
     fn admit(&mut self) {
+        self.faults.point("admit");
         while self.running.len() < self.cfg.max_batch.max(1) {
             let Some(front) = self.waiting.front() else {
                 break;
@@ -307,6 +376,7 @@ impl Worker {
 
     /// Ask every decoding sequence's proposers for this step's drafts.
     fn plan_drafts(&mut self, phases: &[Phase]) {
+        self.faults.point("plan_drafts");
         let model = self.model.as_ref();
         for (seq, phase) in self.running.iter_mut().zip(phases) {
             seq.rows.clear();
@@ -391,8 +461,12 @@ impl Worker {
             }
             let model = &self.model;
             let trace = trace.as_mut();
+            let faults = &mut self.faults;
             // A panicking pass fails its batch, not the server.
-            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward(&mut inputs, trace)))
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                faults.point("forward");
+                model.forward(&mut inputs, trace)
+            }))
         };
         let elapsed = started.elapsed();
         self.pacer.observe(
@@ -476,6 +550,7 @@ impl Worker {
         trace: Option<&Trace>,
         seconds: f64,
     ) {
+        self.faults.point("advance");
         let vocab = self.model.info().vocab_size;
         let width = self.model.info().hidden_size;
         let mut rows = logits.chunks_exact(vocab);

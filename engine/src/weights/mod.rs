@@ -4,6 +4,7 @@
 //! stream install may be partly remote ([`RangeSource`]).
 
 mod blob;
+pub mod checksums;
 mod dtype;
 mod remote;
 mod safetensors;
@@ -12,6 +13,7 @@ mod stream;
 mod writer;
 
 pub use blob::{Blob, BlobKey};
+pub use checksums::{Checksums, ShardSums};
 pub use dtype::Dtype;
 pub use remote::RangeSource;
 pub use safetensors::{ShardFile, TensorInfo, WeightIndex};

@@ -75,6 +75,11 @@ pub fn run(m: &dyn Model) -> Outcome {
 
 /// Greedy ids of a short generation (the cgroup runs).
 pub fn greedy(m: &dyn Model) -> Vec<u32> {
+    try_greedy(m).unwrap()
+}
+
+/// [`greedy`], or the error of the pass that failed.
+pub fn try_greedy(m: &dyn Model) -> deltafin_engine::Result<Vec<u32>> {
     let opts = GenerateOptions {
         max_new_tokens: 6,
         sampling: Sampling::Greedy,
@@ -82,9 +87,7 @@ pub fn greedy(m: &dyn Model) -> Vec<u32> {
         prefill_chunk: 8,
     };
     let mut s = m.new_state();
-    generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)
-        .unwrap()
-        .output_ids
+    Ok(generate(m, &mut s, &prompt(9, 5), &opts, |_| Flow::Continue)?.output_ids)
 }
 
 /// Budgeted options with small reads (`chunk_bytes`: several chunks per expert even on tiny

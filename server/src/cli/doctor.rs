@@ -1,9 +1,11 @@
-//! `deltafin doctor [--dir DIR] [--json] [--verify]`: a read-only check of an install: the install
-//! manifest and what is on disk (sizes, and hashes with `--verify`), `config.json` through the
-//! engine's typed config, the safetensors headers through the engine's weight index, free space,
-//! the mode (full, or stream with the share already local) and the drafts under `drafts/`, and,
-//! with `--device cuda`, that the GPU opens. Prints a verdict; exits 0 only when the install is
-//! usable.
+//! `deltafin doctor [--dir DIR] [--json] [--verify] [--write-checksums]`: a check of an install:
+//! the install manifest and what is on disk (sizes, and hashes with `--verify`), `config.json`
+//! through the engine's typed config, the safetensors headers through the engine's weight index,
+//! the per-tensor checksums (re-hashed with `--verify`), free space, the mode (full, or stream
+//! with the share already local) and the drafts under `drafts/`, and, with `--device cuda`, that
+//! the GPU opens. Prints a verdict; exits 0 only when the install is usable. Read-only, except
+//! `--write-checksums`, which first records the checksums `serve` and `run` verify every weight
+//! read against (`.deltafin/checksums.json`, written atomically).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +13,8 @@ use std::process::ExitCode;
 use clap::Args;
 use deltafin_engine::backend::{Backend, Device};
 use deltafin_engine::config::ModelSpec;
-use deltafin_engine::weights::{ShardFile, WeightIndex};
+use deltafin_engine::weights::checksums::ALGORITHM;
+use deltafin_engine::weights::{Checksums, ShardFile, WeightIndex};
 use deltafin_fetch::error::human_bytes;
 use deltafin_fetch::fsutil::free_space;
 use deltafin_fetch::inspect::{InstallStatus, inspect};
@@ -31,6 +34,10 @@ pub struct DoctorArgs {
     /// Print one JSON object on stdout.
     #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
+    /// Record the xxh3-64 of every tensor (`.deltafin/checksums.json`) from the files as they
+    /// are now, before checking; `serve` and `run` then verify every weight read against them.
+    #[arg(long, env = "DELTAFIN_WRITE_CHECKSUMS")]
+    pub write_checksums: bool,
 }
 
 /// One check and its outcome.
@@ -65,6 +72,12 @@ struct Report {
 /// Run `deltafin doctor`; with a GPU `device` (`deltafin --device cuda doctor`) it also opens
 /// the device and compiles the kernels, so a pod can check its GPU before serving.
 pub fn doctor(args: DoctorArgs, device: Device) -> anyhow::Result<ExitCode> {
+    if args.write_checksums {
+        let line = record_checksums(&args.dir)?;
+        if !args.json {
+            eprintln!("{line}");
+        }
+    }
     let report = examine(&args.dir, args.verify, device)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -96,6 +109,7 @@ fn examine(dir: &Path, verify: bool, device: Device) -> anyhow::Result<Report> {
         },
     });
     checks.push(weights_check(dir, install.as_ref()));
+    checks.push(checksums_check(dir, verify));
     if device != Device::Cpu {
         checks.push(device_check(device));
     }
@@ -279,4 +293,89 @@ fn print_human(r: &Report) {
         );
     }
     println!("verdict: {}", r.verdict);
+}
+
+/// Record the checksums of every tensor of the complete checkpoint in `dir`; returns the line
+/// to print. A stream install is refused: its experts are not all local.
+pub fn record_checksums(dir: &Path) -> anyhow::Result<String> {
+    if let Some(m) = Manifest::load(dir)?
+        && m.mode == Mode::Stream
+    {
+        anyhow::bail!(
+            "{}: a stream install's experts are not all local; complete it with `deltafin setup --full` before recording checksums",
+            dir.display()
+        );
+    }
+    let started = std::time::Instant::now();
+    let index = WeightIndex::open(dir)?;
+    let sums = Checksums::compute(&index);
+    sums.save(dir)?;
+    let tensors: usize = sums.shards.values().map(|s| s.tensors.len()).sum();
+    Ok(format!(
+        "checksums: recorded {ALGORITHM} of {tensors} tensors in {} shards in {:.1} s ({}); weight reads are verified against them",
+        sums.shards.len(),
+        started.elapsed().as_secs_f64(),
+        Checksums::path(dir).display()
+    ))
+}
+
+/// The recorded checksums: present and matching the shards (with `verify`: every tensor
+/// re-hashed and compared, which finds bit rot at rest).
+fn checksums_check(dir: &Path, verify: bool) -> Check {
+    let check = |ok, detail| Check {
+        name: "checksums",
+        ok,
+        detail,
+    };
+    let sums = match Checksums::load(dir) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return check(
+                true,
+                "none recorded (`deltafin doctor --write-checksums` records them; reads are then verified)"
+                    .into(),
+            );
+        }
+        Err(e) => return check(false, e.to_string()),
+    };
+    let Ok(index) = WeightIndex::open(dir) else {
+        return check(
+            false,
+            "recorded, but the shards do not index (see `weights`)".into(),
+        );
+    };
+    if let Err(e) = sums.for_index(&index) {
+        return check(false, e.to_string());
+    }
+    if !verify {
+        return check(
+            true,
+            format!("{ALGORITHM} recorded; every weight read is verified"),
+        );
+    }
+    let now = Checksums::compute(&index);
+    let bad: Vec<String> = sums
+        .shards
+        .iter()
+        .flat_map(|(shard, s)| {
+            let now = &now.shards[shard].tensors;
+            s.tensors
+                .iter()
+                .filter(move |(t, h)| now.get(*t) != Some(*h))
+                .map(move |(t, _)| format!("{shard}: `{t}`"))
+        })
+        .collect();
+    match bad.first() {
+        None => check(
+            true,
+            format!("{ALGORITHM} recorded; every tensor re-hashed and matches"),
+        ),
+        Some(first) => check(
+            false,
+            format!(
+                "{} tensors differ from their recorded checksums, first {first}",
+                bad.len()
+            ),
+        ),
+    }
 }

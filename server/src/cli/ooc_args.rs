@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
 use deltafin_engine::cache::reader::DEFAULT_CHUNK_BYTES;
-use deltafin_engine::cache::{OocOptions, PolicyKind, ReadDecision, ReadMode, ResidencyPlan};
+use deltafin_engine::cache::{ChecksumMode, OocOptions, PolicyKind, ReadDecision, ReadMode, ResidencyPlan};
 use deltafin_engine::config::ModelSpec;
 
 /// Out-of-core settings.
@@ -46,6 +46,12 @@ pub struct OocArgs {
     /// Append every pass's routed-expert selections to FILE as JSON lines (for `deltafin warm`).
     #[arg(long, value_name = "FILE", env = "DELTAFIN_ROUTE_TRACE")]
     pub route_trace: Option<PathBuf>,
+    /// Verify every weight read against the install's per-tensor checksums
+    /// (`.deltafin/checksums.json`, written by `setup` and `doctor --write-checksums`): `auto`
+    /// (when recorded), `on` (required), `off`. Reads are always checked for length and for
+    /// files changed under the process.
+    #[arg(long, default_value = "auto", env = "DELTAFIN_VERIFY_WEIGHTS")]
+    pub verify_weights: ChecksumMode,
 }
 
 impl OocArgs {
@@ -72,6 +78,7 @@ impl OocArgs {
         o.prefetch = !self.no_prefetch;
         o.heat_file = self.heat_file.clone();
         o.route_trace = self.route_trace.clone();
+        o.checksums = self.verify_weights;
         // 0 = `auto`, resolved when the model's state size is known (crate::model::load).
         o.context_bytes = match self.context_memory.as_str() {
             "auto" => 0,

@@ -217,6 +217,13 @@ fn run_jobs(
         if !json {
             eprintln!("{}", summary_line(&job.label, &report));
         }
+        if report.complete && report.mode == Mode::Full && !checksums_current(&job.dir) {
+            let line = super::doctor::record_checksums(&job.dir)
+                .with_context(|| format!("{}: recording checksums", job.label))?;
+            if !json {
+                eprintln!("{line}");
+            }
+        }
         reports.push((job.label.clone(), report));
     }
     if json {
@@ -342,4 +349,14 @@ mod oci_auth {
             None => RegistryAuth::Anonymous,
         }
     }
+}
+
+/// Whether `dir` has checksums recorded for its shards as they are (a repeated `setup` of a
+/// complete install does not re-hash it).
+fn checksums_current(dir: &Path) -> bool {
+    use deltafin_engine::weights::{Checksums, WeightIndex};
+    let Ok(Some(sums)) = Checksums::load(dir) else {
+        return false;
+    };
+    WeightIndex::open(dir).is_ok_and(|ix| sums.for_index(&ix).is_ok())
 }

@@ -57,6 +57,11 @@ pub enum ApiError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The model's weights cannot be read as published right now (a shard truncated, replaced,
+    /// unreadable, or failing its checksum). The message names the file; nothing was
+    /// generated from bad bytes, and the request can be retried once `/readyz` is 200 again.
+    #[error("{0}")]
+    WeightsUnavailable(String),
     /// A failure inside the engine; the detail is logged, not returned.
     #[error("internal error ({0}); see the server log")]
     Internal(&'static str),
@@ -131,7 +136,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Loading | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal(_) | ApiError::WeightsUnavailable(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Http(e) => e.status(),
             ApiError::UnsupportedContentEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::IncompleteBody | ApiError::UnreadableBody(_) | ApiError::DuplicateCredentials(_) => {
@@ -180,6 +185,7 @@ impl ApiError {
             ApiError::Loading => ("server_error", None, Some("model_loading")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
             ApiError::Internal(_) => ("server_error", None, Some("internal_error")),
+            ApiError::WeightsUnavailable(_) => ("server_error", None, Some("weights_unavailable")),
             ApiError::Http(e) => ("invalid_request_error", None, Some(e.code())),
             ApiError::UnsupportedContentEncoding(_) => (
                 "invalid_request_error",

@@ -1,8 +1,10 @@
 //! Probes and the metrics endpoint. `/livez` answers whenever the process can serve HTTP (never
 //! behind the engine, and still 200 while draining); `/readyz` is 503 until the model is loaded
-//! (`"status": "unavailable"`) and again while draining (`"status": "draining"`: the listener
-//! keeps accepting during the drain so that probes see this), and stays 200 while busy (a full
-//! queue answers 429, it does not make the pod unready).
+//! (`"status": "unavailable"`), while the weights cannot be read as published (`"status":
+//! "degraded"`, the reason naming the file; it turns 200 again once the file is whole and the
+//! failed range reads cleanly), and while draining (`"status": "draining"`: the listener keeps
+//! accepting during the drain so that probes see this); it stays 200 while busy (a full queue
+//! answers 429, it does not make the pod unready).
 
 use axum::Json;
 use axum::extract::State;
@@ -20,8 +22,20 @@ pub async fn livez() -> Json<serde_json::Value> {
 
 /// `GET /readyz`.
 pub async fn readyz(State(app): State<AppState>) -> Response {
-    match app.loaded() {
-        Ok(_) => Json(json!({"status": "ready"})).into_response(),
+    let health = match app.loaded() {
+        // Examining the shard files (and re-reading a failed range) touches the disk.
+        Ok(loaded) => tokio::task::spawn_blocking(move || loaded.weights_health())
+            .await
+            .unwrap_or(Err(ApiError::Internal("health check"))),
+        Err(e) => Err(e),
+    };
+    match health {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(e @ ApiError::WeightsUnavailable(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "degraded", "reason": e.to_string()})),
+        )
+            .into_response(),
         Err(e @ ApiError::ShuttingDown) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "draining", "reason": e.to_string()})),
@@ -48,6 +62,9 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         .map(|l| l.engine.stats().speculation())
         .unwrap_or_default();
     text.push_str(&crate::metrics::render_spec(&spec));
+    if let Some(rt) = loaded.as_ref().and_then(|l| l.ooc.as_deref()) {
+        text.push_str(&crate::metrics::render_weight_errors(&rt.reader.read_errors()));
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,

@@ -256,6 +256,27 @@ impl Metrics {
     }
 }
 
+/// `deltafin_weight_read_errors_total{file}`: failed weight reads per shard file, out of core
+/// (a model in memory reads no weights after loading, and has no such series).
+pub fn render_weight_errors(errors: &[(std::path::PathBuf, u64)]) -> String {
+    let files = errors
+        .iter()
+        .map(|(p, n)| {
+            let name = p
+                .file_name()
+                .unwrap_or(p.as_os_str())
+                .to_string_lossy()
+                .into_owned();
+            (name, *n)
+        })
+        .collect();
+    let mut scrape = Registry::default();
+    scrape.register_collector(Box::new(snapshot::WeightReadErrors(files)));
+    let mut out = String::with_capacity(1024);
+    let _ = prometheus_text::encode(&mut out, &scrape);
+    out
+}
+
 /// Speculative-decoding series (`deltafin_spec_decode_*`, labelled `draft="dspark|qwen|ngram"`):
 /// drafted verify passes, draft and accepted tokens, the accepted-length histogram, seconds
 /// drafting and verifying, gate switch-offs and proposer errors, plus the target-only steps.

@@ -370,3 +370,24 @@ impl Collector for Spec {
         )
     }
 }
+
+/// Failed weight reads per shard file (`deltafin_weight_read_errors_total{file}`): short reads,
+/// I/O errors, files changed under the server, checksum mismatches. A file is named by its
+/// file name (the model directory is the deployment's, not a label's, business).
+#[derive(Debug)]
+pub(super) struct WeightReadErrors(pub Vec<(String, u64)>);
+
+impl Collector for WeightReadErrors {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Fmt {
+        let values: Vec<(&str, u64)> = self.0.iter().map(|(f, n)| (f.as_str(), *n)).collect();
+        labelled_counter(
+            &mut e,
+            (
+                "deltafin_weight_read_errors",
+                "Weight reads that failed (short read, I/O error, changed file, checksum mismatch), per shard file.",
+            ),
+            "file",
+            &values,
+        )
+    }
+}

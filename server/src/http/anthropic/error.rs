@@ -29,7 +29,7 @@ impl AnthropicError {
             ApiError::PayloadTooLarge { .. } => "request_too_large",
             ApiError::Busy { .. } => "rate_limit_error",
             ApiError::Loading | ApiError::ShuttingDown => "overloaded_error",
-            ApiError::Internal(_) => "api_error",
+            ApiError::Internal(_) | ApiError::WeightsUnavailable(_) => "api_error",
             _ => "invalid_request_error",
         }
     }

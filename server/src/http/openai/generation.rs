@@ -75,6 +75,9 @@ impl Generation {
         parsers: Vec<OutputParser>,
         started: Instant,
     ) -> Result<Vec<Generation>, ApiError> {
+        // Weights that cannot be read as published fail the request before it runs (and the
+        // check retries a failed range, so a repaired file is noticed here).
+        loaded.weights_health()?;
         let prompt_tokens = req.prompt.len();
         let (sinks, receivers): (Vec<Box<dyn EventSink>>, Vec<_>) = parsers
             .iter()
@@ -189,6 +192,7 @@ impl Generation {
                     self.fail(match kind {
                         "shutdown" => ApiError::ShuttingDown,
                         "budget" => ApiError::MemoryExhausted(message),
+                        "weights_unavailable" => ApiError::WeightsUnavailable(message),
                         _ => ApiError::Internal("generation"),
                     });
                 }

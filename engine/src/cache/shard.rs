@@ -1,0 +1,272 @@
+//! The shard files a [`super::ReaderPool`] reads, and what makes a read of them trustworthy.
+//!
+//! Each shard is opened once and its identity recorded (device, inode, size, modification
+//! time). The size at open is the length every later read is checked against: a read that ends
+//! before `min(offset + len, size)` is a *short read*, an error, never zeros or stale bytes used
+//! as weights. When a read fails, or when [`Shard::examine`] is asked, the path is examined
+//! again and the fault is named: the file was removed, truncated, or replaced by one of another
+//! size. A file replaced by a whole file of the same size (a restore by `rename`) is reopened, so
+//! a server recovers when its weights are whole again; a file restored in place needs no
+//! reopen. (A same-size file with other contents is what the install's checksums catch.)
+
+use std::fs::{File, Metadata};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::read_mode::ReadMode;
+use crate::error::{Error, Result};
+use crate::sync::{read, write};
+
+/// What identifies an open file: where it lives, how long it is, and when it last changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+impl Identity {
+    /// The identity `meta` describes.
+    pub fn of(meta: &Metadata) -> Self {
+        Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+
+    /// Whether `other` is the same file (device and inode), whatever its size.
+    pub fn same_file(&self, other: &Identity) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+    }
+}
+
+/// What is wrong with a shard file now (pure description; [`judge`] decides it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileFault {
+    /// The path cannot be examined (removed, permissions, I/O error).
+    Unreadable(String),
+    /// The file is shorter or longer than when it was opened.
+    Resized { was: u64, now: u64 },
+}
+
+impl std::fmt::Display for FileFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileFault::Unreadable(why) => write!(f, "cannot be examined: {why}"),
+            FileFault::Resized { was, now } if now < was => {
+                write!(f, "truncated to {now} bytes (was {was} when opened)")
+            }
+            FileFault::Resized { was, now } => {
+                write!(f, "is {now} bytes, not the {was} bytes it had when opened")
+            }
+        }
+    }
+}
+
+/// What to do about the file at a shard's path, given the identity recorded at open and the
+/// one seen now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The same file, whole.
+    Whole,
+    /// Another file of the recorded size sits at the path: read it from now on.
+    Reopen,
+    /// Not readable as the checkpoint's bytes.
+    Faulty(FileFault),
+}
+
+/// The decision of [`Shard::examine`], without I/O.
+pub fn judge(opened: &Identity, now: &Identity) -> Verdict {
+    if now.size != opened.size {
+        return Verdict::Faulty(FileFault::Resized {
+            was: opened.size,
+            now: now.size,
+        });
+    }
+    if opened.same_file(now) {
+        Verdict::Whole
+    } else {
+        Verdict::Reopen
+    }
+}
+
+/// The descriptors of one opening of a shard.
+#[derive(Debug)]
+pub(crate) struct Handles {
+    pub buffered: File,
+    /// Opened with `O_DIRECT`, where the filesystem allows it and the mode asks for it.
+    pub direct: Option<File>,
+    pub identity: Identity,
+}
+
+impl Handles {
+    fn open(path: &Path, mode: ReadMode) -> Result<Handles> {
+        let buffered = File::open(path).map_err(|e| Error::io(path, e))?;
+        let identity = Identity::of(&buffered.metadata().map_err(|e| Error::io(path, e))?);
+        let direct = match mode {
+            ReadMode::Buffered => None,
+            ReadMode::Direct => Some(open_direct(path).map_err(|e| Error::io(path, e))?),
+            ReadMode::Auto => open_direct(path).ok(),
+        };
+        Ok(Handles {
+            buffered,
+            direct,
+            identity,
+        })
+    }
+}
+
+/// One shard file of a reader pool.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub path: PathBuf,
+    mode: ReadMode,
+    /// The identity at pool start: its size is what every read is checked against.
+    pub opened: Identity,
+    handles: RwLock<Arc<Handles>>,
+    /// Whether reads use the `O_DIRECT` descriptor (see [`super::ReaderPool::set_direct`]).
+    pub direct_ok: AtomicBool,
+}
+
+impl Shard {
+    /// Open `path` for `mode` and record its identity.
+    pub fn open(path: &Path, mode: ReadMode) -> Result<Shard> {
+        let handles = Handles::open(path, mode)?;
+        Ok(Shard {
+            path: path.to_path_buf(),
+            mode,
+            opened: handles.identity,
+            direct_ok: AtomicBool::new(handles.direct.is_some()),
+            handles: RwLock::new(Arc::new(handles)),
+        })
+    }
+
+    /// The descriptors reads use now.
+    pub fn handles(&self) -> Arc<Handles> {
+        read(&self.handles).clone()
+    }
+
+    /// Whether the shard was opened with an `O_DIRECT` descriptor.
+    pub fn has_direct(&self) -> bool {
+        self.handles().direct.is_some()
+    }
+
+    /// Bytes a read of `len` at `offset` must return: everything up to the size at open
+    /// (aligned reads may run past the end of the file; those bytes are never used).
+    pub fn required(&self, offset: u64, len: usize) -> usize {
+        self.opened.size.saturating_sub(offset).min(len as u64) as usize
+    }
+
+    /// Examine the path now. A whole file of the recorded size that is not the one open (a
+    /// restore by `rename`) is opened in its place. Returns the fault, if any.
+    pub fn examine(&self) -> std::result::Result<(), FileFault> {
+        let now = match std::fs::metadata(&self.path) {
+            Ok(m) => Identity::of(&m),
+            Err(e) => return Err(FileFault::Unreadable(e.to_string())),
+        };
+        let current = self.handles().identity;
+        match judge(&self.opened, &now) {
+            Verdict::Faulty(f) => Err(f),
+            Verdict::Whole | Verdict::Reopen if current.same_file(&now) => Ok(()),
+            Verdict::Whole | Verdict::Reopen => {
+                let fresh =
+                    Handles::open(&self.path, self.mode).map_err(|e| FileFault::Unreadable(e.to_string()))?;
+                if let Verdict::Faulty(f) = judge(&self.opened, &fresh.identity) {
+                    return Err(f);
+                }
+                tracing::warn!(
+                    file = %self.path.display(),
+                    "the shard file was replaced by another of the same size; reading the new one"
+                );
+                self.direct_ok.store(
+                    fresh.direct.is_some() && self.direct_ok.load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
+                *write(&self.handles) = Arc::new(fresh);
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &Path) -> std::io::Result<File> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "O_DIRECT is Linux-only",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64, size: u64) -> Identity {
+        Identity {
+            dev: 1,
+            ino,
+            size,
+            mtime_ns: 0,
+        }
+    }
+
+    #[test]
+    fn judges_resized_replaced_and_whole_files() {
+        assert_eq!(judge(&id(7, 100), &id(7, 100)), Verdict::Whole);
+        assert_eq!(judge(&id(7, 100), &id(8, 100)), Verdict::Reopen);
+        assert_eq!(
+            judge(&id(7, 100), &id(7, 40)),
+            Verdict::Faulty(FileFault::Resized { was: 100, now: 40 })
+        );
+        assert_eq!(
+            judge(&id(7, 100), &id(8, 140)),
+            Verdict::Faulty(FileFault::Resized { was: 100, now: 140 })
+        );
+        assert!(
+            FileFault::Resized { was: 100, now: 40 }
+                .to_string()
+                .contains("truncated to 40")
+        );
+    }
+
+    #[test]
+    fn a_file_restored_by_rename_is_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.bin");
+        std::fs::write(&path, [1u8; 64]).unwrap();
+        let shard = Shard::open(&path, ReadMode::Buffered).unwrap();
+        assert_eq!(shard.examine(), Ok(()));
+        std::fs::write(dir.path().join("short"), [1u8; 10]).unwrap();
+        std::fs::rename(dir.path().join("short"), &path).unwrap();
+        assert!(matches!(
+            shard.examine(),
+            Err(FileFault::Resized { was: 64, now: 10 })
+        ));
+        std::fs::write(dir.path().join("whole"), [2u8; 64]).unwrap();
+        std::fs::rename(dir.path().join("whole"), &path).unwrap();
+        assert_eq!(shard.examine(), Ok(()));
+        assert!(
+            shard
+                .handles()
+                .identity
+                .same_file(&Identity::of(&std::fs::metadata(&path).unwrap()))
+        );
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(shard.examine(), Err(FileFault::Unreadable(_))));
+    }
+}
