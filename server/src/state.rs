@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub log_prompts: bool,
     /// Whether requests draft (speculative decoding never changes their tokens).
     pub spec: deltafin_engine::spec::SpecMode,
+    /// `/livez` fails once the engine loop has made no progress for this long with requests
+    /// in flight (or its thread has ended), so the kubelet restarts the pod.
+    pub liveness_stall: Duration,
 }
 
 /// Everything a request needs once the model is loaded.

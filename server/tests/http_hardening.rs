@@ -110,6 +110,7 @@ fn state(api_key: Option<&str>) -> AppState {
         keep_alive: Duration::from_secs(15),
         log_prompts: false,
         spec: deltafin_engine::spec::SpecMode::Auto,
+        liveness_stall: Duration::from_secs(120),
     };
     let build = BuildInfo {
         version: "test".into(),

@@ -125,6 +125,13 @@ pub enum ReadError {
         len: usize,
         reason: String,
     },
+    /// The file at a shard's path is not the checkpoint's any more (removed, truncated,
+    /// resized); found by [`ReaderPool::health`] before any read failed.
+    #[error("{}: {reason}", path.display())]
+    Changed {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     /// A tensor read whole does not match the checksum recorded at install: the file changed
     /// or the disk returned other bytes (bit rot).
     #[error(
@@ -174,6 +181,7 @@ impl From<ReadError> for Error {
                 path,
                 reason: format!("read of {len} bytes at {offset}: {reason}"),
             },
+            ReadError::Changed { path, reason } => Error::WeightsUnavailable { path, reason },
             ReadError::Checksum {
                 path,
                 tensor,
@@ -420,10 +428,8 @@ impl ReaderPool {
         let inner = &self.inner;
         for (i, shard) in inner.files.iter().enumerate() {
             if let Err(fault) = shard.examine() {
-                let error = ReadError::Fault {
+                let error = ReadError::Changed {
                     path: shard.path.clone(),
-                    offset: 0,
-                    len: 0,
                     reason: format!("the file {fault}"),
                 };
                 let mut faults = lock(&inner.faults);

@@ -95,6 +95,8 @@ pub struct StatsSnapshot {
     pub reuse_hits: u64,
     pub reuse_misses: u64,
     pub cancelled: u64,
+    /// Engine steps that panicked (their requests failed; the loop went on).
+    pub panics: u64,
     pub forward_seconds_x1e9: u64,
     /// Nanoseconds spent computing grammar-constraint masks.
     pub mask_nanos: u64,
@@ -168,6 +170,7 @@ impl SchedulerStats {
             reuse_hits: get(&self.reuse_hits),
             reuse_misses: get(&self.reuse_misses),
             cancelled: get(&self.cancelled),
+            panics: get(&self.panics),
             forward_seconds_x1e9: get(&self.forward_nanos),
             mask_nanos: get(&self.mask_nanos),
             masked_rows: get(&self.masked_rows),

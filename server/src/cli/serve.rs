@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0, env = "DELTAFIN_SHUTDOWN_TIMEOUT")]
     shutdown_timeout: f64,
+    /// `/livez` fails (503) when the engine loop has made no progress for this many seconds
+    /// while requests are in flight, or when it has stopped, so Kubernetes restarts the pod.
+    /// Longer than the slowest single step (a long prefill chunk, a cold out-of-core pass).
+    #[arg(long, default_value_t = 120.0, env = "DELTAFIN_LIVENESS_STALL")]
+    liveness_stall: f64,
     /// Log prompt text (never logged otherwise).
     #[arg(long, env = "DELTAFIN_LOG_PROMPTS")]
     log_prompts: bool,
@@ -127,6 +132,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
         keep_alive,
         log_prompts: args.log_prompts,
         spec: args.spec.spec,
+        liveness_stall: seconds(args.liveness_stall, "liveness-stall")?,
     })
 }
 

@@ -1,5 +1,6 @@
-//! Probes and the metrics endpoint. `/livez` answers whenever the process can serve HTTP (never
-//! behind the engine, and still 200 while draining); `/readyz` is 503 until the model is loaded
+//! Probes and the metrics endpoint. `/livez` answers 200 whenever the process can serve HTTP
+//! (never queued behind the engine, and still 200 while draining) unless the engine loop has
+//! stopped or stalled with work waiting (503, so the kubelet restarts the pod); `/readyz` is 503 until the model is loaded
 //! (`"status": "unavailable"`), while the weights cannot be read as published (`"status":
 //! "degraded"`, the reason naming the file; it turns 200 again once the file is whole and the
 //! failed range reads cleanly), and while draining (`"status": "draining"`: the listener keeps
@@ -12,17 +13,41 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use deltafin_engine::scheduler::Stall;
+
 use crate::http::error::ApiError;
 use crate::state::AppState;
 
-/// `GET /livez`.
-pub async fn livez() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// `GET /livez`: 200 while the process serves HTTP and the engine loop (once loaded) is live;
+/// 503 when the loop has stopped or made no progress for `--liveness-stall` with requests in
+/// flight ([`deltafin_engine::scheduler::SchedulerHandle::liveness`]).
+pub async fn livez(State(app): State<AppState>) -> Response {
+    let Some(loaded) = app.loaded_any() else {
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    match loaded.engine.liveness(app.config().liveness_stall) {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => {
+            let status = match e {
+                Stall::Stopped => "stopped",
+                Stall::Stalled { .. } => "stalled",
+            };
+            tracing::error!(reason = %e, "liveness probe failing");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": status, "reason": e.to_string()})),
+            )
+                .into_response()
+        }
+    }
 }
 
 /// `GET /readyz`.
 pub async fn readyz(State(app): State<AppState>) -> Response {
     let health = match app.loaded() {
+        Ok(loaded) if loaded.engine.liveness(app.config().liveness_stall) == Err(Stall::Stopped) => {
+            Err(ApiError::Internal("the engine loop has stopped"))
+        }
         // Examining the shard files (and re-reading a failed range) touches the disk.
         Ok(loaded) => tokio::task::spawn_blocking(move || loaded.weights_health())
             .await

@@ -134,6 +134,11 @@ impl Snapshot {
                 s.cancelled,
             ),
             (
+                "deltafin_engine_panics",
+                "Engine steps that panicked: their requests failed and the engine went on.",
+                s.panics,
+            ),
+            (
                 "deltafin_state_reuse_tokens",
                 "Prompt tokens taken from a reused conversation state.",
                 s.reused_tokens,
