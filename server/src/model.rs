@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use deltafin_engine::arch::{self, ModelInfo};
-use deltafin_engine::cache::{OocOptions, OocRuntime};
+use deltafin_engine::cache::{ChecksumMode, OocOptions, OocRuntime};
 use deltafin_engine::scheduler::{self, SchedulerConfig};
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource};
 use deltafin_engine::tokenizer::Tokenizer;
@@ -37,18 +37,23 @@ pub enum LoadError {
     Drafts(#[from] DraftError),
 }
 
-/// Load `dir` (under a memory budget when `ooc` is given) and its drafts, and start its engine
-/// loop.
+/// Load `dir` (under a memory budget when `ooc` is given; in memory its tensors are first
+/// verified against the install's checksums as `checksums` says) and its drafts, and start its
+/// engine loop.
 pub fn load(
     dir: &Path,
     model_id: String,
     mut cfg: SchedulerConfig,
     ooc: Option<&OocOptions>,
+    checksums: ChecksumMode,
     drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
     let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
     let (model, ooc) = match ooc {
-        None => (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None),
+        None => {
+            verify_in_memory(dir, checksums).map_err(LoadError::Model)?;
+            (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None)
+        }
         Some(o) => {
             let o = with_context_memory(&spec, o, &mut cfg);
             let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).map_err(LoadError::Model)?;
@@ -86,6 +91,25 @@ pub fn load(
         vocabulary: std::sync::OnceLock::new(),
     };
     Ok((loaded, thread))
+}
+
+/// In memory, every tensor is verified once, at load, against the install's checksums (out of
+/// core, every read is: [`deltafin_engine::cache::ReaderPool::set_checksums`]).
+pub fn verify_in_memory(dir: &Path, mode: ChecksumMode) -> Result<(), deltafin_engine::Error> {
+    if mode == ChecksumMode::Off {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let index = deltafin_engine::weights::WeightIndex::open(dir)?;
+    if let Some(n) = deltafin_engine::weights::checksums::verify_all(&index, mode)? {
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            tensors = n,
+            seconds,
+            "weights verified against the install's checksums"
+        );
+    }
+    Ok(())
 }
 
 /// Plan the context memory inside the budget (`auto` when `context_bytes` is 0) and make the

@@ -76,6 +76,7 @@ async fn not_ready_until_loaded_ready_while_serving_unready_while_draining() {
         "m".into(),
         SchedulerConfig::default(),
         None,
+        Default::default(),
         &Default::default(),
     )
     .unwrap();

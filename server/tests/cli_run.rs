@@ -350,3 +350,71 @@ fn bench_attention_prints_a_figure_per_length_and_refuses_a_chunk_longer_than_th
     );
     assert_clean_failure(&out, "below --rows");
 }
+
+/// `doctor --write-checksums` records every tensor's checksum; `run` in memory (verified at
+/// load) then refuses a checkpoint with one flipped byte, naming the tensor (out of core every
+/// read is verified: `engine/tests/out_of_core.rs`); `doctor --verify` finds it too;
+/// `--verify-weights off` runs as before, and `on` refuses an install without checksums.
+#[test]
+fn checksums_recorded_by_doctor_catch_a_flipped_byte() {
+    use std::os::unix::fs::FileExt;
+    let model = synth();
+    let cache = tempfile::tempdir().unwrap();
+    let m = model.path().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "Hello there",
+            "--max-new",
+            "4",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        deltafin(&args, cache.path())
+    };
+    let out = run(&["--verify-weights", "on"]);
+    assert_clean_failure(&out, "doctor --write-checksums");
+    let out = deltafin(&["doctor", "--dir", m, "--write-checksums"], cache.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("checksums: recorded xxh3-64"), "{stderr}");
+    let clean = run(&["--memory-budget", "off"]);
+    assert!(
+        clean.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+    // One byte in the middle of an expert's weight.
+    let index = deltafin_engine::weights::WeightIndex::open(model.path()).unwrap();
+    let name = index
+        .names()
+        .filter(|n| n.contains(".experts.") && n.ends_with("down_proj.weight"))
+        .min()
+        .unwrap()
+        .to_string();
+    let info = index.info(&name).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(index.shard_path(info))
+        .unwrap();
+    let at = info.offset + info.len / 2;
+    let mut b = [0u8];
+    file.read_exact_at(&mut b, at).unwrap();
+    file.write_all_at(&[!b[0]], at).unwrap();
+    drop(index);
+    assert_clean_failure(&run(&["--memory-budget", "off"]), &name);
+    let out = deltafin(&["doctor", "--dir", m, "--verify", "--json"], cache.path());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&name));
+    let off = run(&["--memory-budget", "off", "--verify-weights", "off"]);
+    assert!(off.status.success(), "{}", String::from_utf8_lossy(&off.stderr));
+    file.write_all_at(&b, at).unwrap();
+    let restored = run(&["--memory-budget", "off"]);
+    assert!(restored.status.success());
+    let ids = |o: &Output| serde_json::from_slice::<Value>(&o.stdout).unwrap()["output_ids"].clone();
+    assert_eq!(ids(&restored), ids(&clean));
+}

@@ -43,8 +43,15 @@ impl Served {
             step_delay,
             ..SchedulerConfig::default()
         };
-        let (loaded, _thread) =
-            model::load(&model_dir, "m".into(), sched, None, &Default::default()).unwrap();
+        let (loaded, _thread) = model::load(
+            &model_dir,
+            "m".into(),
+            sched,
+            None,
+            Default::default(),
+            &Default::default(),
+        )
+        .unwrap();
         state.set_loaded(loaded);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (port_tx, port_rx) = mpsc::channel();

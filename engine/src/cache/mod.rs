@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use crate::weights::checksums::ChecksumMode;
 pub use layers::{LayerStore, SpineStats};
 pub use plan::ResidencyPlan;
 pub use policy::PolicyKind;
@@ -90,47 +91,12 @@ pub struct OocOptions {
     pub checksums: ChecksumMode,
 }
 
-/// Whether weight reads are verified against `DIR/.deltafin/checksums.json`
-/// ([`crate::weights::Checksums`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ChecksumMode {
-    /// Verify when the install has checksums.
-    #[default]
-    Auto,
-    /// Verify; an install without checksums is refused.
-    Require,
-    /// Do not verify (reads are still checked for length and file changes).
-    Off,
-}
-
-impl std::str::FromStr for ChecksumMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(ChecksumMode::Auto),
-            "on" => Ok(ChecksumMode::Require),
-            "off" => Ok(ChecksumMode::Off),
-            _ => Err(format!("`{s}`: expected auto, on or off")),
-        }
-    }
-}
-
 /// The reader pool over `index`'s shards, verifying reads against the install's checksums as
 /// `options.checksums` says.
 pub fn open_reader(index: &WeightIndex, options: &OocOptions) -> Result<Arc<ReaderPool>> {
     let reader = ReaderPool::new(&index.shard_paths(), &options.reader)?;
-    if options.checksums != ChecksumMode::Off {
-        match crate::weights::Checksums::load(index.dir())? {
-            Some(sums) => reader.set_checksums(sums.for_index(index)?),
-            None if options.checksums == ChecksumMode::Require => {
-                return Err(crate::error::Error::config(
-                    crate::weights::Checksums::path(index.dir()),
-                    "checksums",
-                    "checksums are required but none were recorded: run `deltafin doctor --write-checksums`",
-                ));
-            }
-            None => {}
-        }
+    if let Some(sums) = crate::weights::checksums::load_for(index, options.checksums)? {
+        reader.set_checksums(sums.for_index(index)?);
     }
     Ok(Arc::new(reader))
 }

@@ -159,6 +159,78 @@ impl Checksums {
     }
 }
 
+/// Whether weight reads are verified against `DIR/.deltafin/checksums.json`
+/// ([`Checksums`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChecksumMode {
+    /// Verify when the install has checksums.
+    #[default]
+    Auto,
+    /// Verify; an install without checksums is refused.
+    Require,
+    /// Do not verify (reads are still checked for length and file changes).
+    Off,
+}
+
+impl std::str::FromStr for ChecksumMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(ChecksumMode::Auto),
+            "on" => Ok(ChecksumMode::Require),
+            "off" => Ok(ChecksumMode::Off),
+            _ => Err(format!("`{s}`: expected auto, on or off")),
+        }
+    }
+}
+
+/// Verify every tensor of `index` against the install's checksums as `mode` says (the
+/// in-memory load: the whole checkpoint is read once here, and every page of it is then the
+/// bytes that were verified). Returns how many tensors were verified (`None`: not verified).
+pub fn verify_all(index: &WeightIndex, mode: ChecksumMode) -> Result<Option<usize>> {
+    let Some(sums) = load_for(index, mode)? else {
+        return Ok(None);
+    };
+    let sums = sums.for_index(index)?;
+    let shards = index.shard_paths();
+    sums.0
+        .par_iter()
+        .enumerate()
+        .flat_map(|(shard, list)| list.par_iter().map(move |t| (shard, t)))
+        .try_for_each(|(shard, t)| {
+            let blob = index.blob(index.info(&t.name)?);
+            let actual = checksum(&blob);
+            if actual == t.hash {
+                return Ok(());
+            }
+            Err(Error::WeightsUnavailable {
+                path: shards[shard].clone(),
+                reason: format!(
+                    "tensor `{}` does not match its recorded checksum (xxh3-64 {:016x}, read {actual:016x})",
+                    t.name, t.hash
+                ),
+            })
+        })?;
+    Ok(Some(sums.0.iter().map(Vec::len).sum()))
+}
+
+/// The install's checksums as `mode` wants them: `None` when off or (auto) not recorded; an
+/// error when required and not recorded.
+pub fn load_for(index: &WeightIndex, mode: ChecksumMode) -> Result<Option<Checksums>> {
+    if mode == ChecksumMode::Off {
+        return Ok(None);
+    }
+    match Checksums::load(index.dir())? {
+        Some(sums) => Ok(Some(sums)),
+        None if mode == ChecksumMode::Require => Err(Error::config(
+            Checksums::path(index.dir()),
+            "checksums",
+            "checksums are required (--verify-weights on) but none were recorded: run `deltafin doctor --write-checksums`",
+        )),
+        None => Ok(None),
+    }
+}
+
 /// One tensor's place in its shard and its checksum.
 #[derive(Debug, Clone)]
 pub struct TensorSum {

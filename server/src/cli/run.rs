@@ -114,7 +114,11 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
     let loading = || format!("loading model {}", dir.display());
     Ok(
         match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
-            None => (arch::load(dir).with_context(loading)?, None, stream),
+            None => {
+                deltafin_server::model::verify_in_memory(dir, args.ooc.verify_weights)
+                    .with_context(loading)?;
+                (arch::load(dir).with_context(loading)?, None, stream)
+            }
             Some(mut o) => {
                 let spec = crate::cli::ooc_args::plan_context(dir, &mut o, context_tokens)?;
                 let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).with_context(loading)?;

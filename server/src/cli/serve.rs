@@ -193,7 +193,8 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
             let drafts = args.spec.sources();
             move || -> Result<()> {
                 let started = Instant::now();
-                let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), &drafts)?;
+                let verify = args.ooc.verify_weights;
+                let (loaded, _thread) = model::load(&dir, model_id, sched, ooc.as_ref(), verify, &drafts)?;
                 if let Some(rt) = &loaded.ooc {
                     tracing::info!(plan = %crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read), "out-of-core");
                 }
