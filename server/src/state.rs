@@ -14,6 +14,7 @@ use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 use crate::http::error::ApiError;
 use crate::http::openai::reasoning::Markers;
 use crate::http::openai::request::Limits;
+use crate::http::prep::PrepPool;
 use crate::metrics::Metrics;
 
 /// Process-level server settings (built from the command line in `main`).
@@ -34,6 +35,10 @@ pub struct ServerConfig {
     /// `/livez` fails once the engine loop has made no progress for this long with requests
     /// in flight (or its thread has ended), so the kubelet restarts the pod.
     pub liveness_stall: Duration,
+    /// Threads preparing requests at once (render, tokenize, compile grammars), and requests
+    /// that may wait for one before 429 ([`crate::http::prep`]).
+    pub prep_workers: usize,
+    pub prep_queue: usize,
 }
 
 /// Everything a request needs once the model is loaded.
@@ -100,6 +105,7 @@ struct Shared {
     expert_io: Arc<ExpertIoStats>,
     loaded: OnceLock<Arc<Loaded>>,
     draining: AtomicBool,
+    prep: PrepPool,
 }
 
 /// The state every handler receives. Cheap to clone.
@@ -109,12 +115,22 @@ pub struct AppState(Arc<Shared>);
 impl AppState {
     pub fn new(config: ServerConfig, metrics: Arc<Metrics>, expert_io: Arc<ExpertIoStats>) -> Self {
         AppState(Arc::new(Shared {
-            config,
             metrics,
             expert_io,
             loaded: OnceLock::new(),
             draining: AtomicBool::new(false),
+            prep: PrepPool::new(config.prep_workers, config.prep_queue),
+            config,
         }))
+    }
+
+    /// Run a request's blocking preparation (parse, render, tokenize, compile) on the bounded
+    /// pool ([`PrepPool::run`]): 429 when it is full.
+    pub async fn prepare<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        self.0.prep.run(f).await
     }
 
     pub fn config(&self) -> &ServerConfig {

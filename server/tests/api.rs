@@ -26,6 +26,8 @@ fn state() -> AppState {
         log_prompts: false,
         spec: deltafin_engine::spec::SpecMode::Auto,
         liveness_stall: Duration::from_secs(120),
+        prep_workers: 2,
+        prep_queue: 64,
     };
     let build = BuildInfo {
         version: "test".into(),

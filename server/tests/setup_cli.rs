@@ -340,3 +340,48 @@ fn cli_push_then_setup_from_oci() {
         .output()
         .unwrap());
 }
+
+/// A full `setup` records the per-tensor checksums that `serve` and `run` verify every weight
+/// read against; `doctor --verify` re-hashes them; a repeated `setup` of the complete install
+/// leaves them as they are.
+#[test]
+fn a_full_setup_records_checksums_that_doctor_verifies() {
+    let Some((_model, root)) = served() else { return };
+    let nginx = Nginx::start(root.path(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m");
+    let out = setup_cmd(&nginx.url(), &m).output().unwrap();
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("checksums: recorded xxh3-64"), "{stderr}");
+    let sums = m.join(".deltafin/checksums.json");
+    let recorded = std::fs::read(&sums).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&recorded).unwrap();
+    assert_eq!(v["algorithm"], "xxh3-64");
+    assert!(!v["shards"].as_object().unwrap().is_empty(), "{v}");
+    let out = deltafin()
+        .args(["doctor", "--verify", "--json", "--dir"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    ok(&out);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "checksums")
+        .unwrap();
+    assert_eq!(check["ok"], true, "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("re-hashed and matches"),
+        "{check}"
+    );
+    let again = setup_cmd(&nginx.url(), &m).output().unwrap();
+    ok(&again);
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("checksums: recorded"));
+    assert_eq!(std::fs::read(&sums).unwrap(), recorded);
+}

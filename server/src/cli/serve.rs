@@ -87,6 +87,13 @@ pub struct ServeArgs {
     /// Longer than the slowest single step (a long prefill chunk, a cold out-of-core pass).
     #[arg(long, default_value_t = 120.0, env = "DELTAFIN_LIVENESS_STALL")]
     liveness_stall: f64,
+    /// Threads preparing requests at once (chat-template rendering, tokenization, grammar
+    /// compilation), off the async threads; default: one per core, at least two.
+    #[arg(long, env = "DELTAFIN_PREP_WORKERS")]
+    prep_workers: Option<usize>,
+    /// Requests that may wait for a preparation thread; beyond that a request gets 429.
+    #[arg(long, default_value_t = deltafin_server::http::prep::DEFAULT_QUEUE, env = "DELTAFIN_PREP_QUEUE")]
+    prep_queue: usize,
     /// Log prompt text (never logged otherwise).
     #[arg(long, env = "DELTAFIN_LOG_PROMPTS")]
     log_prompts: bool,
@@ -133,6 +140,10 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
         log_prompts: args.log_prompts,
         spec: args.spec.spec,
         liveness_stall: seconds(args.liveness_stall, "liveness-stall")?,
+        prep_workers: args
+            .prep_workers
+            .unwrap_or_else(deltafin_server::http::prep::default_workers),
+        prep_queue: args.prep_queue,
     })
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP surface of `deltafin serve`: the router ([`routes`]), the API surfaces
 //! ([`openai`]: chat and text completions, models; [`anthropic`]: messages; [`responses`]:
 //! the Responses API), the one failure-to-status mapping ([`error`]), request bodies
-//! ([`body`]), authentication ([`auth`]), probes and the metrics endpoint ([`health`]), and the
+//! ([`body`]), authentication ([`auth`]), probes and the metrics endpoint ([`health`]), the
+//! bounded pool that prepares requests off the async threads ([`prep`]), and the
 //! connection layer: each connection's first request head is checked ([`guard`], [`conn`])
 //! before hyper serves it, inside the accept loop with graceful shutdown ([`shutdown`]).
 
@@ -13,6 +14,7 @@ pub mod error;
 pub mod guard;
 pub mod health;
 pub mod openai;
+pub mod prep;
 pub mod responses;
 pub mod routes;
 pub mod shutdown;

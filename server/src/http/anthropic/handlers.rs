@@ -28,13 +28,14 @@ use crate::state::{AppState, Loaded};
 /// `POST /v1/messages`.
 pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
-    let start = || -> Result<(bool, ChatRun), ApiError> {
+    let prep = app.clone();
+    let start = move || -> Result<(bool, ChatRun), ApiError> {
         let JsonBody(body) = body?;
-        let req = parse(&body, &app.config().limits, false)?;
-        let run = chat::start(&app, &req, Endpoint::Messages, started).map_err(|e| e.renamed(NAMES))?;
+        let req = parse(&body, &prep.config().limits, false)?;
+        let run = chat::start(&prep, &req, Endpoint::Messages, started).map_err(|e| e.renamed(NAMES))?;
         Ok((req.common.stream, run))
     };
-    match start() {
+    match app.prepare(start).await {
         Ok((true, run)) => stream(&app, run),
         Ok((false, run)) => collect(run).await,
         Err(e) => refuse(&app, e),
@@ -43,14 +44,15 @@ pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiErr
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as this model renders it.
 pub async fn count_tokens(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
-    let count = || -> Result<usize, ApiError> {
-        let loaded = app.loaded()?;
+    let prep = app.clone();
+    let count = move || -> Result<usize, ApiError> {
+        let loaded = prep.loaded()?;
         let JsonBody(body) = body?;
-        let req = parse(&body, &app.config().limits, true)?;
+        let req = parse(&body, &prep.config().limits, true)?;
         check_model(&loaded, &req.common)?;
         prompt_len(&loaded, &req)
     };
-    match count() {
+    match app.prepare(count).await {
         Ok(n) => {
             app.metrics().request(Endpoint::Messages, "success");
             Json(json!({"input_tokens": n})).into_response()

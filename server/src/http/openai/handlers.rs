@@ -53,11 +53,15 @@ pub async fn models(State(app): State<AppState>) -> Result<Json<ModelList>, ApiE
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
-    let run = body.and_then(|JsonBody(body)| {
-        let req = parse_chat(&body, &app.config().limits)?;
-        let run = chat::start(&app, &req, Endpoint::Chat, started)?;
-        Ok((run, req.common.stream, req.common.include_usage))
-    });
+    let prep = app.clone();
+    let run = app
+        .prepare(move || {
+            let JsonBody(body) = body?;
+            let req = parse_chat(&body, &prep.config().limits)?;
+            let run = chat::start(&prep, &req, Endpoint::Chat, started)?;
+            Ok((run, req.common.stream, req.common.include_usage))
+        })
+        .await;
     match run {
         Ok((run, stream, include_usage)) => respond(&app, Endpoint::Chat, run, stream, include_usage).await,
         Err(e) => refuse(&app, Endpoint::Chat, e),
@@ -67,11 +71,15 @@ pub async fn chat_completions(State(app): State<AppState>, body: Result<JsonBody
 /// `POST /v1/completions`.
 pub async fn completions(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
-    let run = body.and_then(|JsonBody(body)| {
-        let req = parse_completion(&body, &app.config().limits)?;
-        let run = start_completion(&app, &req, started)?;
-        Ok((run, req.common.stream, req.common.include_usage))
-    });
+    let prep = app.clone();
+    let run = app
+        .prepare(move || {
+            let JsonBody(body) = body?;
+            let req = parse_completion(&body, &prep.config().limits)?;
+            let run = start_completion(&prep, &req, started)?;
+            Ok((run, req.common.stream, req.common.include_usage))
+        })
+        .await;
     match run {
         Ok((run, stream, include_usage)) => {
             respond(&app, Endpoint::Completions, run, stream, include_usage).await

@@ -34,7 +34,8 @@ pub async fn responses(
     body: Result<JsonBody, ApiError>,
 ) -> Response {
     let started = Instant::now();
-    match start(&app, store, body, started) {
+    let prep = app.clone();
+    match app.prepare(move || start(&prep, store, body, started)).await {
         Ok((turn, run, true)) => stream(&app, turn, run),
         Ok((turn, run, false)) => collect(turn, run).await,
         Err(e) => {
