@@ -385,3 +385,62 @@ fn a_full_setup_records_checksums_that_doctor_verifies() {
     assert!(!String::from_utf8_lossy(&again.stderr).contains("checksums: recorded"));
     assert_eq!(std::fs::read(&sums).unwrap(), recorded);
 }
+
+/// The disk fills up while `setup` downloads (another writer took the space its free-space
+/// check saw): it exits 1 with one line naming the full disk, publishes nothing partial, and
+/// once space is freed a rerun resumes and verifies.
+#[test]
+fn a_disk_filled_mid_download_fails_cleanly_and_a_rerun_resumes() {
+    let Some((model, root)) = served() else { return };
+    let Some(tmpfs) = Tmpfs::mount("24m") else { return };
+    let slow = Nginx::start(root.path(), Some(512 << 10));
+    let m = tmpfs.path.join("m");
+    let child = setup_cmd(&slow.url(), &m)
+        .args(["--workers", "1", "--chunk-mib", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sidecar = m.join(".deltafin/partial/payload.bin.partial.json");
+    let t = Instant::now();
+    while !sidecar.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the download never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Take every free byte.
+    let filler = tmpfs.path.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e = error_line(&out);
+    assert!(e.contains("No space left on device"), "{e}");
+    assert!(!m.join("payload.bin").exists(), "a partial file was published");
+    std::fs::remove_file(&filler).unwrap();
+    let fast = Nginx::start(root.path(), None);
+    ok(&setup_cmd(&fast.url(), &m).output().unwrap());
+    for f in files_under(model.path()) {
+        assert_eq!(
+            std::fs::read(model.path().join(&f)).unwrap(),
+            std::fs::read(m.join(&f)).unwrap(),
+            "{f}"
+        );
+    }
+    ok(&deltafin()
+        .args(["doctor", "--verify", "--dir"])
+        .arg(&m)
+        .output()
+        .unwrap());
+}

@@ -31,6 +31,7 @@ use super::spans::{Segment, SpanLayout};
 use crate::error::{Error, Result};
 use crate::sync::{lock, wait};
 use crate::weights::ShardSums;
+use integrity::Fault;
 
 /// Queue class of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +325,9 @@ struct Inner {
     sums: OnceLock<ShardSums>,
     /// Tensors verified against their checksums.
     verified: AtomicU64,
+    /// Injected I/O errors: reads touching these file ranges fail with EIO (tests).
+    #[cfg(any(test, feature = "fault-injection"))]
+    injected: Mutex<Vec<(usize, std::ops::Range<u64>)>>,
 }
 
 /// The pool of reader threads over one checkpoint's shard files.
@@ -368,6 +372,8 @@ impl ReaderPool {
             busy: Mutex::new((0, None, 0.0)),
             sums: OnceLock::new(),
             verified: AtomicU64::new(0),
+            #[cfg(any(test, feature = "fault-injection"))]
+            injected: Mutex::new(Vec::new()),
         });
         let workers = (0..config.threads.max(1))
             .map(|i| {
@@ -416,81 +422,6 @@ impl ReaderPool {
             return false;
         };
         f.handles().identity.same_file(&Identity::of(&other))
-    }
-
-    /// Whether every shard can give the checkpoint's bytes now. Each file is examined (one
-    /// restored whole by `rename` is reopened) and each shard's last failed range is read
-    /// again, on the calling thread; a range that reads cleanly clears its fault. The error is
-    /// the first fault still there. A file found faulty here counts as one read error until it
-    /// is whole again (however often it is examined). Cheap when nothing failed: one `stat` per
-    /// shard.
-    pub fn health(&self) -> ReadResult {
-        let inner = &self.inner;
-        for (i, shard) in inner.files.iter().enumerate() {
-            if let Err(fault) = shard.examine() {
-                let error = ReadError::Changed {
-                    path: shard.path.clone(),
-                    reason: format!("the file {fault}"),
-                };
-                let mut faults = lock(&inner.faults);
-                if faults[i].is_none() {
-                    inner.errors[i].fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(error = %error, "weights unavailable");
-                    faults[i] = Some(Fault {
-                        offset: 0,
-                        len: 0,
-                        error: error.clone(),
-                        tensor: None,
-                    });
-                }
-                return Err(error);
-            }
-            let Some(fault) = lock(&inner.faults)[i].clone() else {
-                continue;
-            };
-            if fault.len == 0 {
-                lock(&inner.faults)[i] = None; // a file-level fault: the file is whole again
-                continue;
-            }
-            let buf = AlignedBuf::new(fault.len).map_err(|_| fault.error.clone())?;
-            // SAFETY: `buf` is this function's own, not shared with any reader.
-            #[allow(unsafe_code)]
-            let dst = unsafe { std::slice::from_raw_parts_mut(buf.write_ptr(), fault.len) };
-            inner.fill(shard, dst, fault.offset, &AtomicBool::new(false))?;
-            if let (Some(sums), Some(t)) = (inner.sums.get(), &fault.tensor) {
-                let at = (t.start - fault.offset) as usize;
-                let bytes = &buf.as_ref()[at..at + (t.end - t.start) as usize];
-                sums.verify(i, t.start, bytes).map_err(|_| fault.error.clone())?;
-            }
-            let mut faults = lock(&inner.faults);
-            if faults[i].as_ref().is_some_and(|f| f.offset == fault.offset) {
-                faults[i] = None;
-            }
-        }
-        Ok(())
-    }
-
-    /// Verify every request from now on against `sums` (set once; later calls are ignored).
-    /// A mismatch fails the request with [`ReadError::Checksum`] naming the tensor.
-    pub fn set_checksums(&self, sums: ShardSums) {
-        let _ = self.inner.sums.set(sums);
-    }
-
-    /// Whether reads are verified against checksums, and how many tensors were so far.
-    pub fn checksums(&self) -> Option<u64> {
-        let inner = &self.inner;
-        inner.sums.get().map(|_| inner.verified.load(Ordering::Relaxed))
-    }
-
-    /// Failed reads per shard file since the pool started (zero counts included).
-    pub fn read_errors(&self) -> Vec<(PathBuf, u64)> {
-        let inner = &self.inner;
-        inner
-            .files
-            .iter()
-            .zip(&inner.errors)
-            .map(|(f, n)| (f.path.clone(), n.load(Ordering::Relaxed)))
-            .collect()
     }
 
     /// Whether reads of shard `shard` currently bypass the page cache.
@@ -730,6 +661,10 @@ impl Inner {
         let (len, need) = (dst.len(), shard.required(offset, dst.len()));
         let handles = shard.handles();
         let io = |e: &std::io::Error| ReadError::io(&shard.path, offset, len, e);
+        #[cfg(any(test, feature = "fault-injection"))]
+        if self.injected(shard, offset..offset + len as u64) {
+            return Err(io(&std::io::Error::from_raw_os_error(libc::EIO)));
+        }
         let mut got = None;
         if shard.direct_ok.load(Ordering::Relaxed)
             && let Some(direct) = &handles.direct
@@ -778,89 +713,6 @@ impl Inner {
             reason: format!("short read: {got} of {need} bytes{why}"),
         })
     }
-
-    /// Check a completed request's bytes against the checksums (on the reader thread, so the
-    /// compute thread never waits for it); a mismatch is recorded as its segment's fault.
-    fn verify(&self, check: &Check) -> ReadResult {
-        let Some(sums) = self.sums.get() else {
-            return Ok(());
-        };
-        let bytes = (*check.buf).as_ref();
-        for (shard, range) in &check.scope {
-            let Some(s) = check.segments.iter().find(|s| {
-                s.shard == *shard && s.offset <= range.start && range.end <= s.offset + s.len as u64
-            }) else {
-                continue;
-            };
-            let at = s.dest + (range.start - s.offset) as usize;
-            let checked = sums.verify(
-                s.shard,
-                range.start,
-                &bytes[at..at + (range.end - range.start) as usize],
-            );
-            match checked {
-                Ok(n) => {
-                    self.verified.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(m) => {
-                    let tensor = m.range.clone();
-                    let e = ReadError::Checksum {
-                        path: self.files[s.shard].path.clone(),
-                        tensor: m.tensor,
-                        expected: m.expected,
-                        actual: m.actual,
-                    };
-                    let result = Err(e);
-                    self.record(s.shard, s.offset, s.len, &result);
-                    if let Some(f) = lock(&self.faults)[s.shard].as_mut() {
-                        f.tensor = Some(tensor);
-                    }
-                    return result;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Count a failed read and remember it as its shard's fault; a successful read of a
-    /// shard's faulted range clears the fault.
-    fn record(&self, shard: usize, offset: u64, len: usize, result: &ReadResult) {
-        let mut faults = lock(&self.faults);
-        match result {
-            Ok(()) => {
-                if faults[shard]
-                    .as_ref()
-                    .is_some_and(|f| f.len > 0 && f.offset >= offset && f.offset < offset + len as u64)
-                {
-                    faults[shard] = None;
-                }
-            }
-            Err(e) => {
-                if let ReadError::Io { .. } = e {
-                    // A replaced file is reopened for the next read; the error stays the OS's.
-                    let _ = self.files[shard].examine();
-                }
-                self.errors[shard].fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "weight read failed");
-                faults[shard] = Some(Fault {
-                    offset,
-                    len,
-                    error: e.clone(),
-                    tensor: None,
-                });
-            }
-        }
-    }
-}
-
-/// A shard's last failed read: its range (empty for a fault of the whole file) and, for a
-/// checksum mismatch, the file range of the tensor that did not match.
-#[derive(Debug, Clone)]
-struct Fault {
-    offset: u64,
-    len: usize,
-    error: ReadError,
-    tensor: Option<std::ops::Range<u64>>,
 }
 
 /// Ask the kernel to drop the page cache of `len` bytes at `offset` of `file` (`len == 0`: to
@@ -937,6 +789,9 @@ fn read_full(file: &File, dst: &mut [u8], offset: u64) -> std::io::Result<usize>
     }
     Ok(done)
 }
+
+#[path = "reader_integrity.rs"]
+mod integrity;
 
 #[cfg(test)]
 #[path = "reader_tests.rs"]

@@ -288,3 +288,48 @@ fn checksums_verify_the_tensors_read_and_name_a_mismatch() {
     pool.read_now(Arc::new(AlignedBuf::new(32 * 1024).unwrap()), &whole)
         .unwrap();
 }
+
+#[test]
+fn an_io_error_under_one_expert_fails_its_reads_until_the_range_reads_again() {
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 239) as u8).collect();
+    let (_d, path) = file_with(&data);
+    let pool = ReaderPool::new(
+        std::slice::from_ref(&path),
+        &ReaderConfig {
+            mode: ReadMode::Buffered,
+            threads: 2,
+            chunk_bytes: 4096,
+        },
+    )
+    .unwrap();
+    let expert = |at: u64| {
+        [Segment {
+            shard: 0,
+            offset: at,
+            len: 16 * 1024,
+            dest: 0,
+        }]
+    };
+    let read = |at: u64| {
+        let buf = Arc::new(AlignedBuf::new(16 * 1024).unwrap());
+        pool.read_now(buf.clone(), &expert(at))
+            .map(|()| (*buf).as_ref().to_vec())
+    };
+    // A bad sector under the second "expert" only.
+    pool.inject_eio(0, 20_000..20_001);
+    assert_eq!(read(0).unwrap(), data[..16 * 1024], "the other expert reads fine");
+    let err = read(16 * 1024).unwrap_err();
+    assert_eq!(err.kind(), "weights_unavailable");
+    assert!(
+        err.to_string().contains("f.bin") && err.to_string().contains("error 5"),
+        "{err}"
+    );
+    assert!(
+        pool.health().is_err(),
+        "the failed range is re-read by the health check"
+    );
+    assert_eq!(pool.read_errors()[0].1, 1);
+    pool.clear_injected();
+    assert!(pool.health().is_ok(), "it reads cleanly again");
+    assert_eq!(read(16 * 1024).unwrap(), data[16 * 1024..32 * 1024]);
+}
