@@ -77,6 +77,19 @@ enum FirstHead {
     Refused(HeadError),
 }
 
+/// hyper's HTTP/1 connection settings: the same head limits as the first-head check, so a
+/// later request on a kept-alive connection meets the same bounds (the framing rules are
+/// applied to every request by the router: [`crate::http::routes`]).
+pub fn http1_builder(limits: &HttpLimits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_head_bytes)
+        .max_headers(limits.max_headers);
+    builder
+}
+
 /// Serve one connection with `app` until it closes.
 pub(crate) async fn serve(mut stream: TcpStream, app: Router, limits: HttpLimits, mut watch: Watch) {
     let head = match read_first_head(&mut stream, &limits, &mut watch).await {
@@ -85,13 +98,8 @@ pub(crate) async fn serve(mut stream: TcpStream, app: Router, limits: HttpLimits
         FirstHead::Refused(e) => return refuse(stream, &e).await,
     };
     let draining = *watch.phase.borrow() != Phase::Serving;
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_header_size(limits.max_head_bytes)
-        .max_headers(limits.max_headers)
-        .keep_alive(!draining);
+    let mut builder = http1_builder(&limits);
+    builder.keep_alive(!draining);
     let io = TokioIo::new(Rewind::new(head, stream));
     let mut conn = pin!(builder.serve_connection(io, TowerToHyperService::new(app)));
     let result = if draining {

@@ -230,20 +230,33 @@ fn parse_error(e: httparse::Error, limits: &HttpLimits) -> HeadError {
 fn check_complete(req: &httparse::Request<'_, '_>) -> Result<(), HeadError> {
     let path = req.path.ok_or(HeadError::RequestLine)?;
     Uri::try_from(path).map_err(|_| HeadError::InvalidUri)?;
-    let http_11 = req.version == Some(1);
+    check_framing(
+        req.version == Some(1),
+        req.headers.iter().map(|h| (h.name, h.value)),
+    )
+}
+
+/// Unambiguous body framing (RFC 9112 §6): `Content-Length` values all the same decimal number;
+/// `Transfer-Encoding` only on HTTP/1.1, never with `Content-Length`, and exactly `chunked`.
+/// The same rules for the first head on a connection ([`check_head`]) and for every later one
+/// (the router's framing middleware), so hyper and this check never frame a body differently.
+pub fn check_framing<'a>(
+    http_11: bool,
+    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+) -> Result<(), HeadError> {
     let mut length: Option<u64> = None;
     let mut codings: Vec<String> = Vec::new();
     let mut has_te = false;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            let n = parse_length(h.value)?;
+    for (name, value) in headers {
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = parse_length(value)?;
             match length {
                 Some(prev) if prev != n => return Err(HeadError::ConflictingContentLength(prev, n)),
                 _ => length = Some(n),
             }
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
             has_te = true;
-            let value = String::from_utf8_lossy(h.value);
+            let value = String::from_utf8_lossy(value);
             codings.extend(
                 value
                     .split(',')

@@ -7,15 +7,16 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::CONNECTION;
-use axum::http::{HeaderValue, Uri};
-use axum::middleware::{Next, from_fn_with_state};
-use axum::response::Response;
+use axum::http::{HeaderValue, Uri, Version};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 
 use crate::http::anthropic::{count_tokens, messages};
 use crate::http::auth::{refuse, require_key};
 use crate::http::error::ApiError;
+use crate::http::guard::{HeadError, check_framing};
 use crate::http::health::{livez, metrics, readyz};
 use crate::http::openai::handlers::{chat_completions, completions, models};
 use crate::http::responses::{ResponseStore, responses};
@@ -41,7 +42,35 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config().max_request_bytes))
         .layer(from_fn_with_state(state.clone(), while_draining))
+        .layer(from_fn(every_head))
         .with_state(state)
+}
+
+/// Middleware: every request meets the rules the first head of a connection met before hyper
+/// saw it ([`crate::http::guard`]): its target within the URI limit and its body framing
+/// unambiguous. hyper alone parses a later request on a kept-alive connection; this makes the
+/// rules the same for it. A refused request closes its connection.
+async fn every_head(req: Request, next: Next) -> Response {
+    let limit = crate::http::guard::DEFAULT_MAX_URI_BYTES;
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    let framing = check_framing(
+        req.version() == Version::HTTP_11,
+        req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())),
+    );
+    let refused = match framing {
+        _ if target > limit => Some(HeadError::UriTooLong { limit }),
+        Err(e) => Some(e),
+        Ok(()) => None,
+    };
+    let Some(e) = refused else {
+        return next.run(req).await;
+    };
+    tracing::debug!(status = e.status().as_u16(), error = %e, "request head refused");
+    let mut response = ApiError::Http(e).into_response();
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Middleware: once draining, only the probes and `/metrics` run, and every connection closes
