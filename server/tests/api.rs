@@ -102,3 +102,105 @@ async fn not_ready_until_loaded_ready_while_serving_unready_while_draining() {
     );
     assert_eq!(call(&state, "GET", "/livez", None).await.0, StatusCode::OK);
 }
+
+/// `/tokenize` and `/detokenize` on the `dsv3-bf16` fixture, against the ids its own Hugging
+/// Face tokenizer and chat template gave (`engine/tests/fixtures/gen_dsv3_bf16.py`,
+/// `golden.json["tokenizer"]`): raw prompts with and without the added BOS, a chat
+/// conversation through `apply_chat_template(add_generation_prompt=True)`, and the decoded text.
+#[tokio::test]
+async fn tokenize_and_detokenize_match_the_models_own_tokenizer() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/dsv3-bf16");
+    let golden: Value = serde_json::from_slice(&std::fs::read(fixture.join("golden.json")).unwrap()).unwrap();
+    let tok = &golden["tokenizer"];
+    let state = state();
+    let (loaded, _thread) = model::load(
+        &fixture,
+        "dsv3".into(),
+        SchedulerConfig::default(),
+        None,
+        Default::default(),
+        &Default::default(),
+    )
+    .unwrap();
+    let max_model_len = loaded.engine.context_limit();
+    state.set_loaded(loaded);
+    for case in tok["cases"].as_array().unwrap() {
+        let text = &case["text"];
+        let (status, body) = call(
+            &state,
+            "POST",
+            "/tokenize",
+            Some(json!({"model": "dsv3", "prompt": text})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["tokens"], case["ids_add_special_tokens"], "{text}");
+        assert_eq!(
+            body["count"],
+            case["ids_add_special_tokens"].as_array().unwrap().len()
+        );
+        assert_eq!(body["max_model_len"], max_model_len);
+        let plain = json!({"prompt": text, "add_special_tokens": false});
+        let (_, body) = call(&state, "POST", "/tokenize", Some(plain)).await;
+        assert_eq!(body["tokens"], case["ids"], "{text}");
+        let (status, body) = call(
+            &state,
+            "POST",
+            "/detokenize",
+            Some(json!({"tokens": case["ids"]})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(&body["prompt"], text);
+    }
+    let chat = &tok["chat"];
+    let request =
+        json!({"messages": chat["messages"], "add_generation_prompt": true, "return_token_strs": true});
+    let (status, body) = call(&state, "POST", "/tokenize", Some(request)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tokens"], chat["ids"]);
+    assert_eq!(
+        body["token_strs"].as_array().unwrap().len(),
+        chat["ids"].as_array().unwrap().len()
+    );
+    // Without the generation prompt the ids end with the last message.
+    let request = json!({"messages": chat["messages"], "add_generation_prompt": false});
+    let (_, body) = call(&state, "POST", "/tokenize", Some(request)).await;
+    let ids = chat["ids"].as_array().unwrap();
+    assert_eq!(body["tokens"].as_array().unwrap()[..], ids[..ids.len() - 1]);
+    // The ids a chat completion is generated from are the ones /tokenize shows.
+    let completion = json!({"messages": chat["messages"], "max_tokens": 1, "temperature": 0});
+    let (status, body) = call(&state, "POST", "/v1/chat/completions", Some(completion)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], ids.len());
+    // Bad input: typed 400s and a model that is not served.
+    for (path, body, code) in [
+        ("/tokenize", json!({}), "invalid_value"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "messages": []}),
+            "invalid_value",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "tools": []}),
+            "unsupported_parameter",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": chat["messages"], "add_special_tokens": true}),
+            "unsupported_parameter",
+        ),
+        ("/detokenize", json!({"tokens": [0, 99999]}), "invalid_value"),
+        ("/detokenize", json!({"tokens": "x"}), "invalid_value"),
+        (
+            "/tokenize",
+            json!({"model": "other", "prompt": "x"}),
+            "model_not_found",
+        ),
+    ] {
+        let (status, answer) = call(&state, "POST", path, Some(body.clone())).await;
+        assert!(status.is_client_error(), "{body}: {status} {answer}");
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+    }
+}

@@ -20,6 +20,7 @@ use crate::http::guard::{HeadError, check_framing};
 use crate::http::health::{livez, metrics, readyz};
 use crate::http::openai::handlers::{chat_completions, completions, models};
 use crate::http::responses::{ResponseStore, responses};
+use crate::http::tokenize::{detokenize, tokenize};
 use crate::state::AppState;
 
 /// The server's router over `state`.
@@ -31,6 +32,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(responses))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .layer(Extension(Arc::new(ResponseStore::default())))
         .route_layer(from_fn_with_state(state.clone(), require_key));
     Router::new()

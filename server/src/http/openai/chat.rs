@@ -212,6 +212,15 @@ pub fn start(
 
 /// The prompt ids, and whether the generation prompt opened a thinking channel.
 pub fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), ApiError> {
+    render_with(loaded, req, true)
+}
+
+/// [`render`], with or without the generation prompt (`/tokenize`'s `add_generation_prompt`).
+pub fn render_with(
+    loaded: &Loaded,
+    req: &ChatRequest,
+    add_generation_prompt: bool,
+) -> Result<(Vec<u32>, bool), ApiError> {
     let mut messages: Vec<ChatMessage> = req.messages.clone();
     if loaded.tool_format == Some(ToolFormat::KimiK2) {
         normalize_k2_tool_ids(&mut messages);
@@ -230,7 +239,7 @@ pub fn render(loaded: &Loaded, req: &ChatRequest) -> Result<(Vec<u32>, bool), Ap
         };
     }
     let opts = ChatOptions {
-        add_generation_prompt: true,
+        add_generation_prompt,
         tools: (!req.tools.is_empty()).then(|| req.tools.iter().map(|t| t.to_openai()).collect()),
         extra,
         tool_choice: (!req.tools.is_empty()).then(|| req.tool_choice.label().to_string()),
