@@ -41,6 +41,26 @@ pub struct ServerConfig {
     pub prep_queue: usize,
 }
 
+impl Default for ServerConfig {
+    /// The `deltafin serve` defaults (no API key).
+    fn default() -> Self {
+        ServerConfig {
+            limits: Limits {
+                max_tokens: 1_000_000,
+                default_completion_tokens: 16,
+            },
+            max_request_bytes: 32 << 20,
+            api_key: None,
+            keep_alive: Duration::from_secs(15),
+            log_prompts: false,
+            spec: deltafin_engine::spec::SpecMode::Auto,
+            liveness_stall: Duration::from_secs(120),
+            prep_workers: crate::http::prep::default_workers(),
+            prep_queue: crate::http::prep::DEFAULT_QUEUE,
+        }
+    }
+}
+
 /// Everything a request needs once the model is loaded.
 #[derive(Debug)]
 pub struct Loaded {

@@ -26,7 +26,6 @@ use axum::body::Body;
 use deltafin_engine::scheduler::ExpertIoStats;
 use deltafin_server::http::conn::http1_builder;
 use deltafin_server::http::guard::{HeadCheck, HttpLimits, check_head};
-use deltafin_server::http::openai::request::Limits;
 use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::{AppState, ServerConfig};
 use hyper_util::rt::TokioIo;
@@ -214,20 +213,7 @@ async fn bare_hyper(bytes: &[u8]) -> Served {
 
 /// hyper with the server's router (its framing middleware included).
 async fn with_router(bytes: &[u8]) -> Vec<u16> {
-    let config = ServerConfig {
-        limits: Limits {
-            max_tokens: 16,
-            default_completion_tokens: 16,
-        },
-        max_request_bytes: 1 << 16,
-        api_key: None,
-        keep_alive: Duration::from_secs(15),
-        log_prompts: false,
-        spec: deltafin_engine::spec::SpecMode::Auto,
-        liveness_stall: Duration::from_secs(120),
-        prep_workers: 1,
-        prep_queue: 1,
-    };
+    let config = ServerConfig::default();
     let build = BuildInfo {
         version: "test".into(),
         device: "cpu".into(),

@@ -207,18 +207,7 @@ fn kill_9_mid_transfer_then_rerun_completes_and_verifies() {
         r["model"]["bytes_total"].as_u64().unwrap(),
     );
     assert!(downloaded < total, "the rerun started over: {r}");
-    for f in files_under(model.path()) {
-        assert_eq!(
-            std::fs::read(model.path().join(&f)).unwrap(),
-            std::fs::read(m.join(&f)).unwrap(),
-            "{f}"
-        );
-    }
-    ok(&deltafin()
-        .args(["doctor", "--verify", "--dir"])
-        .arg(&m)
-        .output()
-        .unwrap());
+    assert_installed(model.path(), &m);
 }
 
 #[test]
@@ -359,13 +348,7 @@ fn a_full_setup_records_checksums_that_doctor_verifies() {
     let v: serde_json::Value = serde_json::from_slice(&recorded).unwrap();
     assert_eq!(v["algorithm"], "xxh3-64");
     assert!(!v["shards"].as_object().unwrap().is_empty(), "{v}");
-    let out = deltafin()
-        .args(["doctor", "--verify", "--json", "--dir"])
-        .arg(&m)
-        .output()
-        .unwrap();
-    ok(&out);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = doctor_verify_json(&m);
     let check = report["checks"]
         .as_array()
         .unwrap()
@@ -431,16 +414,32 @@ fn a_disk_filled_mid_download_fails_cleanly_and_a_rerun_resumes() {
     std::fs::remove_file(&filler).unwrap();
     let fast = Nginx::start(root.path(), None);
     ok(&setup_cmd(&fast.url(), &m).output().unwrap());
-    for f in files_under(model.path()) {
+    assert_installed(model.path(), &m);
+}
+
+/// Every file of `model` is in `m` byte for byte, and `doctor --verify` passes there.
+fn assert_installed(model: &Path, m: &Path) {
+    for f in files_under(model) {
         assert_eq!(
-            std::fs::read(model.path().join(&f)).unwrap(),
+            std::fs::read(model.join(&f)).unwrap(),
             std::fs::read(m.join(&f)).unwrap(),
             "{f}"
         );
     }
     ok(&deltafin()
         .args(["doctor", "--verify", "--dir"])
-        .arg(&m)
+        .arg(m)
         .output()
         .unwrap());
+}
+
+/// `doctor --verify --json` on `m`, which must pass: its report.
+fn doctor_verify_json(m: &Path) -> serde_json::Value {
+    let out = deltafin()
+        .args(["doctor", "--verify", "--json", "--dir"])
+        .arg(m)
+        .output()
+        .unwrap();
+    ok(&out);
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// A buffered pool of two threads reading 4 KiB chunks of `path`.
+fn buffered_pool(path: &Path) -> ReaderPool {
+    let config = ReaderConfig {
+        mode: ReadMode::Buffered,
+        threads: 2,
+        chunk_bytes: 4096,
+    };
+    ReaderPool::new(&[path.to_path_buf()], &config).unwrap()
+}
+
 fn file_with(bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f.bin");
@@ -163,15 +173,7 @@ fn auto_mode_buffered_reads_leave_nothing_in_the_page_cache() {
 fn a_truncated_file_is_a_short_read_until_it_is_whole_again() {
     let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
     let (dir, path) = file_with(&data);
-    let pool = ReaderPool::new(
-        std::slice::from_ref(&path),
-        &ReaderConfig {
-            mode: ReadMode::Buffered,
-            threads: 2,
-            chunk_bytes: 4096,
-        },
-    )
-    .unwrap();
+    let pool = buffered_pool(&path);
     let tail = [Segment {
         shard: 0,
         offset: 32 * 1024,
@@ -236,15 +238,7 @@ fn checksums_verify_the_tensors_read_and_name_a_mismatch() {
     use crate::weights::checksums::{ShardSums, TensorSum, checksum};
     let data: Vec<u8> = (0..32 * 1024u32).map(|i| (i % 241) as u8).collect();
     let (_d, path) = file_with(&data);
-    let pool = ReaderPool::new(
-        std::slice::from_ref(&path),
-        &ReaderConfig {
-            mode: ReadMode::Buffered,
-            threads: 2,
-            chunk_bytes: 4096,
-        },
-    )
-    .unwrap();
+    let pool = buffered_pool(&path);
     let tensor = |name: &str, r: std::ops::Range<usize>| TensorSum {
         offset: r.start as u64,
         len: r.len() as u64,
@@ -293,15 +287,7 @@ fn checksums_verify_the_tensors_read_and_name_a_mismatch() {
 fn an_io_error_under_one_expert_fails_its_reads_until_the_range_reads_again() {
     let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 239) as u8).collect();
     let (_d, path) = file_with(&data);
-    let pool = ReaderPool::new(
-        std::slice::from_ref(&path),
-        &ReaderConfig {
-            mode: ReadMode::Buffered,
-            threads: 2,
-            chunk_bytes: 4096,
-        },
-    )
-    .unwrap();
+    let pool = buffered_pool(&path);
     let expert = |at: u64| {
         [Segment {
             shard: 0,
