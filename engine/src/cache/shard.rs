@@ -3,11 +3,14 @@
 //! Each shard is opened once and its identity recorded (device, inode, size, modification
 //! time). The size at open is the length every later read is checked against: a read that ends
 //! before `min(offset + len, size)` is a *short read*, an error, never zeros or stale bytes used
-//! as weights. When a read fails, or when [`Shard::examine`] is asked, the path is examined
-//! again and the fault is named: the file was removed, truncated, or replaced by one of another
-//! size. A file replaced by a whole file of the same size (a restore by `rename`) is reopened, so
-//! a server recovers when its weights are whole again; a file restored in place needs no
-//! reopen. (A same-size file with other contents is what the install's checksums catch.)
+//! as weights. When a read fails, or when [`Shard::examine`] is asked, the open file itself is
+//! examined (`fstat`): while it keeps its size it is read as before, wherever its name now is (a
+//! stream install publishes a staged shard by `rename`; a shard deleted while open is still the
+//! bytes that were loaded). When it has shrunk or grown (truncated in place by a failing disk, a
+//! half-finished copy, a second `setup`), the path is examined: a whole file of the recorded size
+//! there (a restore by `rename`) is opened in its place, so a server recovers when its weights
+//! are whole again; a file restored in place needs no reopen. (A same-size file with other
+//! contents is what the install's checksums catch.)
 
 use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
@@ -163,35 +166,39 @@ impl Shard {
         self.opened.size.saturating_sub(offset).min(len as u64) as usize
     }
 
-    /// Examine the path now. A whole file of the recorded size that is not the one open (a
-    /// restore by `rename`) is opened in its place. Returns the fault, if any.
+    /// Examine the open file, and its path when the open file is not whole: `Ok` when reads
+    /// will give the checkpoint's bytes (reopening a whole file of the recorded size found at
+    /// the path), else the fault.
     pub fn examine(&self) -> std::result::Result<(), FileFault> {
-        let now = match std::fs::metadata(&self.path) {
+        let current = self.handles();
+        let open_now = match current.buffered.metadata() {
             Ok(m) => Identity::of(&m),
             Err(e) => return Err(FileFault::Unreadable(e.to_string())),
         };
-        let current = self.handles().identity;
-        match judge(&self.opened, &now) {
-            Verdict::Faulty(f) => Err(f),
-            Verdict::Whole | Verdict::Reopen if current.same_file(&now) => Ok(()),
-            Verdict::Whole | Verdict::Reopen => {
-                let fresh =
-                    Handles::open(&self.path, self.mode).map_err(|e| FileFault::Unreadable(e.to_string()))?;
-                if let Verdict::Faulty(f) = judge(&self.opened, &fresh.identity) {
-                    return Err(f);
-                }
-                tracing::warn!(
-                    file = %self.path.display(),
-                    "the shard file was replaced by another of the same size; reading the new one"
-                );
-                self.direct_ok.store(
-                    fresh.direct.is_some() && self.direct_ok.load(Ordering::Relaxed),
-                    Ordering::Relaxed,
-                );
-                *write(&self.handles) = Arc::new(fresh);
-                Ok(())
-            }
+        let damage = match judge(&self.opened, &open_now) {
+            Verdict::Faulty(f) => f,
+            Verdict::Whole | Verdict::Reopen => return Ok(()),
+        };
+        // The open file is damaged: is a whole one at the path (restored by rename)?
+        let at_path = match std::fs::metadata(&self.path) {
+            Ok(m) => Identity::of(&m),
+            Err(_) => return Err(damage),
+        };
+        if at_path.same_file(&open_now) || at_path.size != self.opened.size {
+            return Err(damage);
         }
+        let fresh = Handles::open(&self.path, self.mode).map_err(|e| FileFault::Unreadable(e.to_string()))?;
+        if let Verdict::Faulty(f) = judge(&self.opened, &fresh.identity) {
+            return Err(f);
+        }
+        tracing::warn!(
+            file = %self.path.display(),
+            "the shard file was replaced by a whole one of the recorded size; reading the new one"
+        );
+        let direct = fresh.direct.is_some() && self.direct_ok.load(Ordering::Relaxed);
+        self.direct_ok.store(direct, Ordering::Relaxed);
+        *write(&self.handles) = Arc::new(fresh);
+        Ok(())
     }
 }
 
@@ -245,18 +252,29 @@ mod tests {
     }
 
     #[test]
-    fn a_file_restored_by_rename_is_reopened() {
+    fn a_truncated_file_is_a_fault_until_a_whole_one_is_renamed_over_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.bin");
         std::fs::write(&path, [1u8; 64]).unwrap();
         let shard = Shard::open(&path, ReadMode::Buffered).unwrap();
         assert_eq!(shard.examine(), Ok(()));
-        std::fs::write(dir.path().join("short"), [1u8; 10]).unwrap();
+        // Renamed away (a stream install publishing a staged shard): the open file is whole.
+        let moved = dir.path().join("published.bin");
+        std::fs::rename(&path, &moved).unwrap();
+        assert_eq!(shard.examine(), Ok(()));
+        std::fs::rename(&moved, &path).unwrap();
+        // Truncated in place: a fault, also while the path holds a short file.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        assert_eq!(shard.examine(), Err(FileFault::Resized { was: 64, now: 10 }));
+        std::fs::write(dir.path().join("short"), [1u8; 20]).unwrap();
         std::fs::rename(dir.path().join("short"), &path).unwrap();
-        assert!(matches!(
-            shard.examine(),
-            Err(FileFault::Resized { was: 64, now: 10 })
-        ));
+        assert_eq!(shard.examine(), Err(FileFault::Resized { was: 64, now: 10 }));
+        // A whole one renamed over it: reopened.
         std::fs::write(dir.path().join("whole"), [2u8; 64]).unwrap();
         std::fs::rename(dir.path().join("whole"), &path).unwrap();
         assert_eq!(shard.examine(), Ok(()));
@@ -266,7 +284,8 @@ mod tests {
                 .identity
                 .same_file(&Identity::of(&std::fs::metadata(&path).unwrap()))
         );
+        // Deleted while open: still the bytes that were read.
         std::fs::remove_file(&path).unwrap();
-        assert!(matches!(shard.examine(), Err(FileFault::Unreadable(_))));
+        assert_eq!(shard.examine(), Ok(()));
     }
 }
