@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use deltafin_engine::arch::{self, ModelInfo};
+use deltafin_engine::cache::shard::ShardWatch;
 use deltafin_engine::cache::{ChecksumMode, OocOptions, OocRuntime};
 use deltafin_engine::scheduler::{self, SchedulerConfig};
 use deltafin_engine::scheduler::{ExpertIoStats, ExpertSource};
@@ -49,9 +50,14 @@ pub fn load(
     drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
     let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
+    let mut watch = None;
     let (model, ooc) = match ooc {
         None => {
             verify_in_memory(dir, checksums).map_err(LoadError::Model)?;
+            let shards = deltafin_engine::weights::WeightIndex::open(dir)
+                .and_then(|ix| ShardWatch::open(&ix.shard_paths()))
+                .map_err(LoadError::Model)?;
+            watch = Some(shards);
             (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None)
         }
         Some(o) => {
@@ -85,6 +91,7 @@ pub fn load(
         chat_stop_ids,
         markers,
         ooc,
+        watch,
         tool_format,
         tool_markers: tool_format.and_then(|f| ToolMarkers::resolve(f, &tokenizer).ok()),
         vocab_size,

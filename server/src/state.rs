@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deltafin_engine::cache::OocRuntime;
+use deltafin_engine::cache::shard::ShardWatch;
 use deltafin_engine::constrain::Vocabulary;
 use deltafin_engine::scheduler::{ExpertIoStats, SchedulerHandle};
 use deltafin_engine::tokenizer::Tokenizer;
@@ -78,6 +79,8 @@ pub struct Loaded {
     pub markers: Option<Markers>,
     /// The out-of-core machinery when loaded under a memory budget (expert-read metrics).
     pub ooc: Option<Arc<OocRuntime>>,
+    /// In memory: the memory-mapped shard files, watched for changes under the process.
+    pub watch: Option<ShardWatch>,
     /// The model's native tool-call format, if its tokenizer has one.
     pub tool_format: Option<ToolFormat>,
     /// That format's marker ids.
@@ -89,15 +92,17 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// Whether the weights can be read as published now (always, in memory; out of core, the
-    /// reader pool's [`deltafin_engine::cache::ReaderPool::health`]). Cheap when nothing failed.
+    /// Whether the weights can be read as published now: out of core, the reader pool's
+    /// [`deltafin_engine::cache::ReaderPool::health`]; in memory, every memory-mapped shard
+    /// still whole (a request never faults on the pages of a truncated file). Cheap when
+    /// nothing failed: one `fstat` per shard.
     pub fn weights_health(&self) -> Result<(), ApiError> {
-        match &self.ooc {
-            Some(rt) => rt
-                .health()
-                .map_err(|e| ApiError::WeightsUnavailable(e.to_string())),
-            None => Ok(()),
-        }
+        let health = match (&self.ooc, &self.watch) {
+            (Some(rt), _) => rt.health(),
+            (None, Some(watch)) => watch.check(),
+            (None, None) => Ok(()),
+        };
+        health.map_err(|e| ApiError::WeightsUnavailable(e.to_string()))
     }
 
     /// The constrained-decoding vocabulary (indexed once, on the first request that needs it).

@@ -169,10 +169,21 @@ fn the_real_server_answers_over_http() {
 /// restored the answers are the ones from before.
 #[test]
 fn shards_truncated_under_the_server_fail_requests_until_restored() {
+    truncation_scenario(&["--memory-budget", "38M", "--context-memory", "1M"], true);
+}
+
+/// The same in memory (memory-mapped shards): requests are refused before they touch the pages
+/// of a truncated file.
+#[test]
+fn shards_truncated_under_an_in_memory_server_fail_requests_until_restored() {
+    truncation_scenario(&["--memory-budget", "off"], false);
+}
+
+fn truncation_scenario(args: &[&str], out_of_core: bool) {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("ooc-model");
+    let model = tmp.path().join("weights-model");
     DeepseekSynth::builtin().write(&model).unwrap();
-    let s = start(&model, &["--memory-budget", "38M", "--context-memory", "1M"]);
+    let s = start(&model, args);
     let plain = json!({"prompt": "hello there", "max_tokens": 8, "temperature": 0}).to_string();
     let streamed =
         json!({"prompt": "hello there", "max_tokens": 8, "temperature": 0, "stream": true}).to_string();
@@ -204,12 +215,14 @@ fn shards_truncated_under_the_server_fail_requests_until_restored() {
     let ready = json_body(&text);
     assert_eq!(ready["status"], "degraded", "{text}");
     assert!(ready["reason"].as_str().unwrap().contains("truncated"), "{text}");
-    let (_, metrics) = request(&s, "GET", "/metrics", b"");
-    let counted = metrics
-        .lines()
-        .filter(|l| l.starts_with("deltafin_weight_read_errors_total{file=\"model"))
-        .any(|l| !l.ends_with(" 0"));
-    assert!(counted, "{metrics}");
+    if out_of_core {
+        let (_, metrics) = request(&s, "GET", "/metrics", b"");
+        let counted = metrics
+            .lines()
+            .filter(|l| l.starts_with("deltafin_weight_read_errors_total{file=\"model"))
+            .any(|l| !l.ends_with(" 0"));
+        assert!(counted, "{metrics}");
+    }
     assert_eq!(request(&s, "GET", "/livez", b"").0, 200);
     for (path, bytes) in shards.iter().zip(&originals) {
         std::fs::write(path, bytes).unwrap();

@@ -202,6 +202,36 @@ impl Shard {
     }
 }
 
+/// The shard files of a model held in memory (memory-mapped), watched the same way: a file
+/// truncated or resized under the process is reported before a request touches its pages.
+#[derive(Debug)]
+pub struct ShardWatch(Vec<Shard>);
+
+impl ShardWatch {
+    /// Open every file of `paths` and record its identity.
+    pub fn open(paths: &[PathBuf]) -> Result<ShardWatch> {
+        let shards = paths
+            .iter()
+            .map(|p| Shard::open(p, ReadMode::Buffered))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ShardWatch(shards))
+    }
+
+    /// `Ok` while every file is whole; else a `WeightsUnavailable` error naming the first that
+    /// is not.
+    pub fn check(&self) -> Result<()> {
+        for shard in &self.0 {
+            if let Err(fault) = shard.examine() {
+                return Err(Error::WeightsUnavailable {
+                    path: shard.path.clone(),
+                    reason: format!("the file {fault}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
