@@ -15,12 +15,12 @@ use crate::sync::lock;
 use crate::weights::ShardSums;
 
 impl ReaderPool {
-    /// Whether every shard can give the checkpoint's bytes now. Each file is examined (one
-    /// restored whole by `rename` is reopened) and each shard's last failed range is read
-    /// again, on the calling thread; a range that reads cleanly clears its fault. The error is
-    /// the first fault still there. A file found faulty here counts as one read error until it
-    /// is whole again (however often it is examined). Cheap when nothing failed: one `stat` per
-    /// shard.
+    /// Whether every shard can give the checkpoint's bytes now. Each file is examined
+    /// (its open file first; a whole one renamed over a damaged one is reopened) and each
+    /// shard's last failed range is read again (and verified), on the calling thread; a range
+    /// that reads cleanly clears its fault. The error is the first fault still there. A file
+    /// found faulty here counts as one read error until it is whole again (however often it is
+    /// examined). Cheap when nothing failed: one `fstat` per shard.
     pub fn health(&self) -> ReadResult {
         let inner = &self.inner;
         for (i, shard) in inner.files.iter().enumerate() {
