@@ -418,3 +418,42 @@ fn checksums_recorded_by_doctor_catch_a_flipped_byte() {
     let ids = |o: &Output| serde_json::from_slice::<Value>(&o.stdout).unwrap()["output_ids"].clone();
     assert_eq!(ids(&restored), ids(&clean));
 }
+
+/// `bench compress` measures every stored format of a checkpoint: a zstd ratio and decode rate
+/// per format (16-bit floats also as byte planes) and the I/O bound it would give.
+#[test]
+fn bench_compress_reports_every_stored_format() {
+    let model = synth();
+    let cache = tempfile::tempdir().unwrap();
+    let m = model.path().to_str().unwrap();
+    let out = deltafin(
+        &["bench", "compress", "--model", m, "--sample-mib", "1", "--json"],
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let formats = r["formats"].as_array().unwrap();
+    let bf16 = formats
+        .iter()
+        .find(|f| f["dtype"] == "BF16")
+        .expect("the synthetic model stores BF16");
+    let names: Vec<&str> = bf16["codecs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["zstd-1", "planes+zstd-1"]);
+    for f in formats {
+        for c in f["codecs"].as_array().unwrap() {
+            let ratio = c["ratio"].as_f64().unwrap();
+            assert!(ratio > 0.0 && ratio < 2.0, "{c}");
+            assert!(c["decode_gb_s"].as_f64().unwrap() > 0.0, "{c}");
+        }
+    }
+    let ratio = r["ratio"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio <= 1.1, "{r}");
+    assert!(r["effective_gib_s_compressed"].as_f64().unwrap() > 0.0);
+    let out = deltafin(&["bench", "compress", "--model", "/nonexistent/m"], cache.path());
+    assert_clean_failure(&out, "/nonexistent/m");
+}

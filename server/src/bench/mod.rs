@@ -10,6 +10,7 @@ use deltafin_engine::backend::bench::{self as kernel_bench, BenchFormat, BenchOp
 use deltafin_engine::pool::on_pool;
 
 mod attention;
+mod compress;
 mod disk;
 mod grammar;
 mod model;
@@ -72,6 +73,10 @@ enum BenchWhat {
     /// Constrained decoding on a 163,840-id vocabulary: mask time per token for a JSON schema
     /// and a forced tool call, beside the decode time of a model pass.
     Grammar(self::grammar::GrammarBenchArgs),
+    /// Lossless compression of the stored weights, measured before it is built: per format the
+    /// zstd ratio and single-core decode GB/s (16-bit floats also split into byte planes), and
+    /// the I/O bound it would give against today's.
+    Compress(self::compress::CompressBenchArgs),
 }
 
 pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
@@ -84,6 +89,7 @@ pub fn bench(args: BenchArgs, cache_dir: &Path) -> Result<()> {
         BenchWhat::Run(a) => on_pool(|| self::model::run(a, cache_dir)),
         BenchWhat::Prefill(a) => on_pool(|| self::prefill::run(a, cache_dir)),
         BenchWhat::Disk(a) => self::disk::run(a),
+        BenchWhat::Compress(a) => self::compress::run(a),
         BenchWhat::Spec(a) => on_pool(|| self::spec::run(a, cache_dir)),
         BenchWhat::Grammar(a) => self::grammar::run(a, cache_dir),
         BenchWhat::Attention(a) => on_pool(|| self::attention::run(a)),
