@@ -8,7 +8,6 @@
 //! loop goes on; queued requests keep their place. The loop ticks a heartbeat every turn
 //! ([`SchedulerStats::liveness`]) and marks itself stopped when its thread ends.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -27,6 +26,10 @@ use super::{
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
 use crate::generate::{Decoder, Pick, SeqState};
 use crate::spec::{Observation, Speculator, draft_budget, verify};
+
+#[path = "worker_recovery.rs"]
+mod recovery;
+use recovery::Stopped;
 
 /// One running request.
 struct Seq {
@@ -94,24 +97,6 @@ pub(super) struct Worker {
     checkpoints: usize,
     /// Armed fault points (tests only; empty otherwise).
     faults: Faults,
-}
-
-/// Marks the loop stopped when its thread ends, however it ends.
-struct Stopped(Arc<SchedulerStats>);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        self.0.stop();
-    }
-}
-
-/// The text of a panic's payload.
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_string(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic without a message".into(),
-    }
 }
 
 fn add(counter: &AtomicU64, n: usize) {
@@ -191,30 +176,6 @@ impl Worker {
         self.faults.point("retire");
         self.retire();
         self.trim_cache();
-    }
-
-    /// After a panicking turn: fail every running request (and the choices forked from them)
-    /// with an error, drop the reuse cache, and go on with the queue.
-    fn recover(&mut self, payload: &(dyn Any + Send)) {
-        let what = panic_text(payload);
-        SchedulerStats::add(&self.stats.panics, 1);
-        tracing::error!(panic = %what, "an engine step panicked: its requests fail, the engine goes on");
-        let message = format!("the engine step failed ({what}); the request was not completed");
-        let fail = |sink: &dyn EventSink| {
-            sink.send(Event::Failed {
-                kind: "internal",
-                message: message.clone(),
-            });
-        };
-        for seq in self.running.drain(..) {
-            fail(seq.job.sink.as_ref());
-            seq.job.forks.iter().for_each(|f| fail(f.as_ref()));
-        }
-        for (seq, _) in self.pending_forks.drain(..) {
-            fail(seq.job.sink.as_ref());
-        }
-        self.cache.evict_to(0);
-        self.stats.running.store(0, Ordering::Relaxed);
     }
 
     /// Under a context-memory pool, the reuse cache holds only what the running sequences leave.
