@@ -1,5 +1,5 @@
-//! Lock helpers that tolerate poisoning. The engine isolates a panicking step and goes on
-//! ([`crate::scheduler`]); the data behind these locks (counters, queues, slot tables) is only
+//! Lock helpers that tolerate poisoning. The engine loop isolates a panicking step and goes on;
+//! the data behind these locks (counters, queues, slot tables) is only
 //! changed in steps that leave it consistent between statements, so a lock a panicking thread
 //! held is taken over as it is rather than poisoning every later pass.
 

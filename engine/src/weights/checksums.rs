@@ -1,9 +1,10 @@
 //! Per-tensor checksums of an install, `DIR/.deltafin/checksums.json`: the xxh3-64 of every
 //! tensor's bytes, per shard file, recorded by `deltafin setup` and `deltafin doctor
-//! --write-checksums` from the bytes on disk, and verified by the reader pool on every read
-//! from then on ([`ShardSums`], [`crate::cache::ReaderPool::set_checksums`]). A flipped bit in
-//! an expert on a homelab disk, or a same-size file replaced under a running server, becomes a
-//! typed error naming the tensor instead of a wrong token.
+//! --write-checksums` from the bytes on disk, and verified on every read from then on (out of
+//! core the reader pool checks each completed read against [`ShardSums`]; in memory
+//! [`verify_all`] checks every tensor at load). A flipped bit in an expert on a homelab disk, or
+//! a same-size file replaced under a running server, becomes a typed error naming the tensor
+//! instead of a wrong token.
 //!
 //! Per tensor (not per expert or per read range): the checksums do not depend on how an
 //! architecture groups tensors or on the reader's layout, so one file serves every budget.
