@@ -174,13 +174,17 @@ pub enum ChecksumMode {
 }
 
 impl std::str::FromStr for ChecksumMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = crate::error::UnknownChoice;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s {
             "auto" => Ok(ChecksumMode::Auto),
             "on" => Ok(ChecksumMode::Require),
             "off" => Ok(ChecksumMode::Off),
-            _ => Err(format!("`{s}`: expected auto, on or off")),
+            _ => Err(crate::error::UnknownChoice {
+                what: "weight verification",
+                input: s.into(),
+                expected: "auto, on, off",
+            }),
         }
     }
 }
