@@ -22,14 +22,13 @@ use super::read_mode::ReadMode;
 use crate::error::{Error, Result};
 use crate::sync::{read, write};
 
-/// What identifies an open file: where it lives, how long it is, and when it last changed.
+/// What identifies an open file: which file it is (device, inode) and how long it is. (Its
+/// modification time decides nothing: a same-size rewrite is what the checksums catch.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
 }
 
 impl Identity {
@@ -39,7 +38,6 @@ impl Identity {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
         }
     }
 
@@ -49,7 +47,7 @@ impl Identity {
     }
 }
 
-/// What is wrong with a shard file now (pure description; [`judge`] decides it).
+/// What is wrong with a shard file now (pure description; [`resized`] decides it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileFault {
     /// The path cannot be examined (removed, permissions, I/O error).
@@ -72,31 +70,12 @@ impl std::fmt::Display for FileFault {
     }
 }
 
-/// What to do about the file at a shard's path, given the identity recorded at open and the
-/// one seen now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// The same file, whole.
-    Whole,
-    /// Another file of the recorded size sits at the path: read it from now on.
-    Reopen,
-    /// Not readable as the checkpoint's bytes.
-    Faulty(FileFault),
-}
-
-/// The decision of [`Shard::examine`], without I/O.
-pub fn judge(opened: &Identity, now: &Identity) -> Verdict {
-    if now.size != opened.size {
-        return Verdict::Faulty(FileFault::Resized {
-            was: opened.size,
-            now: now.size,
-        });
-    }
-    if opened.same_file(now) {
-        Verdict::Whole
-    } else {
-        Verdict::Reopen
-    }
+/// The fault of a file recorded as `opened` and seen as `now`, if any: a different size.
+pub fn resized(opened: &Identity, now: &Identity) -> Option<FileFault> {
+    (now.size != opened.size).then_some(FileFault::Resized {
+        was: opened.size,
+        now: now.size,
+    })
 }
 
 /// The descriptors of one opening of a shard.
@@ -175,9 +154,8 @@ impl Shard {
             Ok(m) => Identity::of(&m),
             Err(e) => return Err(FileFault::Unreadable(e.to_string())),
         };
-        let damage = match judge(&self.opened, &open_now) {
-            Verdict::Faulty(f) => f,
-            Verdict::Whole | Verdict::Reopen => return Ok(()),
+        let Some(damage) = resized(&self.opened, &open_now) else {
+            return Ok(());
         };
         // The open file is damaged: is a whole one at the path (restored by rename)?
         let at_path = match std::fs::metadata(&self.path) {
@@ -188,7 +166,7 @@ impl Shard {
             return Err(damage);
         }
         let fresh = Handles::open(&self.path, self.mode).map_err(|e| FileFault::Unreadable(e.to_string()))?;
-        if let Verdict::Faulty(f) = judge(&self.opened, &fresh.identity) {
+        if let Some(f) = resized(&self.opened, &fresh.identity) {
             return Err(f);
         }
         tracing::warn!(
@@ -254,25 +232,24 @@ mod tests {
     use super::*;
 
     fn id(ino: u64, size: u64) -> Identity {
-        Identity {
-            dev: 1,
-            ino,
-            size,
-            mtime_ns: 0,
-        }
+        Identity { dev: 1, ino, size }
     }
 
     #[test]
-    fn judges_resized_replaced_and_whole_files() {
-        assert_eq!(judge(&id(7, 100), &id(7, 100)), Verdict::Whole);
-        assert_eq!(judge(&id(7, 100), &id(8, 100)), Verdict::Reopen);
+    fn a_different_size_is_the_fault() {
+        assert_eq!(resized(&id(7, 100), &id(7, 100)), None);
         assert_eq!(
-            judge(&id(7, 100), &id(7, 40)),
-            Verdict::Faulty(FileFault::Resized { was: 100, now: 40 })
+            resized(&id(7, 100), &id(8, 100)),
+            None,
+            "another inode of the same size"
         );
         assert_eq!(
-            judge(&id(7, 100), &id(8, 140)),
-            Verdict::Faulty(FileFault::Resized { was: 100, now: 140 })
+            resized(&id(7, 100), &id(7, 40)),
+            Some(FileFault::Resized { was: 100, now: 40 })
+        );
+        assert_eq!(
+            resized(&id(7, 100), &id(8, 140)),
+            Some(FileFault::Resized { was: 100, now: 140 })
         );
         assert!(
             FileFault::Resized { was: 100, now: 40 }
