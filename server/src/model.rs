@@ -53,11 +53,10 @@ pub fn load(
     let mut watch = None;
     let (model, ooc) = match ooc {
         None => {
-            verify_in_memory(dir, checksums).map_err(LoadError::Model)?;
-            let shards = deltafin_engine::weights::WeightIndex::open(dir)
-                .and_then(|ix| ShardWatch::open(&ix.shard_paths()))
-                .map_err(LoadError::Model)?;
-            watch = Some(shards);
+            // One index for both: the checksums and the files to watch.
+            let index = deltafin_engine::weights::WeightIndex::open(dir).map_err(LoadError::Model)?;
+            verify_in_memory(&index, checksums).map_err(LoadError::Model)?;
+            watch = Some(ShardWatch::open(&index.shard_paths()).map_err(LoadError::Model)?);
             (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None)
         }
         Some(o) => {
@@ -102,13 +101,12 @@ pub fn load(
 
 /// In memory, every tensor is verified once, at load, against the install's checksums (out of
 /// core, every read is: [`deltafin_engine::cache::ReaderPool::set_checksums`]).
-pub fn verify_in_memory(dir: &Path, mode: ChecksumMode) -> Result<(), deltafin_engine::Error> {
-    if mode == ChecksumMode::Off {
-        return Ok(());
-    }
+pub fn verify_in_memory(
+    index: &deltafin_engine::weights::WeightIndex,
+    mode: ChecksumMode,
+) -> Result<(), deltafin_engine::Error> {
     let started = std::time::Instant::now();
-    let index = deltafin_engine::weights::WeightIndex::open(dir)?;
-    if let Some(n) = deltafin_engine::weights::checksums::verify_all(&index, mode)? {
+    if let Some(n) = deltafin_engine::weights::checksums::verify_all(index, mode)? {
         let seconds = started.elapsed().as_secs_f64();
         tracing::info!(
             tensors = n,

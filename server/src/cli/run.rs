@@ -12,12 +12,13 @@ use clap::Args;
 use deltafin_engine::arch::{self, DeviceSequence, Model};
 use deltafin_engine::backend;
 use deltafin_engine::builtin::Builtin;
-use deltafin_engine::cache::OocRuntime;
+use deltafin_engine::cache::{ChecksumMode, OocRuntime};
 use deltafin_engine::generate::{
     Flow, GenerateOptions, GenerationStats, Sampling, generate_on_device, generate_with,
 };
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
+use deltafin_engine::weights::WeightIndex;
 use deltafin_fetch::EngineSource;
 use serde_json::json;
 
@@ -115,8 +116,11 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
     Ok(
         match stream_mode::ooc_options(dir, &args.ooc, stream.as_ref(), &args.stream)? {
             None => {
-                deltafin_server::model::verify_in_memory(dir, args.ooc.verify_weights)
-                    .with_context(loading)?;
+                let mode = args.ooc.verify_weights;
+                if mode != ChecksumMode::Off {
+                    let index = WeightIndex::open(dir).with_context(loading)?;
+                    deltafin_server::model::verify_in_memory(&index, mode).with_context(loading)?;
+                }
                 (arch::load(dir).with_context(loading)?, None, stream)
             }
             Some(mut o) => {
