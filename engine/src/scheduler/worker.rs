@@ -146,7 +146,6 @@ impl Worker {
     pub(super) fn run(mut self) {
         let _stopped = Stopped(self.stats.clone());
         loop {
-            self.stats.tick();
             self.intake();
             if !self.connected && self.running.is_empty() && self.waiting.is_empty() {
                 return;
