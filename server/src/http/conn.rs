@@ -101,6 +101,8 @@ pub(crate) async fn serve(mut stream: TcpStream, app: Router, limits: HttpLimits
     let mut builder = http1_builder(&limits);
     builder.keep_alive(!draining);
     let io = TokioIo::new(Rewind::new(head, stream));
+    // The router's per-request rules (`routes::every_head`) read the connection's limits.
+    let app = app.layer(axum::Extension(limits));
     let mut conn = pin!(builder.serve_connection(io, TowerToHyperService::new(app)));
     let result = if draining {
         conn.await

@@ -1,11 +1,13 @@
-//! Probes and the metrics endpoint. `/livez` answers 200 whenever the process can serve HTTP
-//! (never queued behind the engine, and still 200 while draining) unless the engine loop has
-//! stopped or stalled with work waiting (503, so the kubelet restarts the pod); `/readyz` is 503 until the model is loaded
-//! (`"status": "unavailable"`), while the weights cannot be read as published (`"status":
-//! "degraded"`, the reason naming the file; it turns 200 again once the file is whole and the
-//! failed range reads cleanly), and while draining (`"status": "draining"`: the listener keeps
-//! accepting during the drain so that probes see this); it stays 200 while busy (a full queue
-//! answers 429, it does not make the pod unready).
+//! Probes and the metrics endpoint.
+//!
+//! * `/livez` answers 200 whenever the process can serve HTTP (never queued behind the engine,
+//!   and still 200 while draining) unless the engine loop has stopped or stalled with work
+//!   waiting (503, so the kubelet restarts the pod).
+//! * `/readyz` is 503 until the model is loaded (`"status": "unavailable"`), while the weights
+//!   cannot be read as published (`"status": "degraded"`, the reason naming the file; 200 again
+//!   once the file is whole and the failed range reads cleanly), and while draining (`"status":
+//!   "draining"`: the listener keeps accepting during the drain so that probes see this). It
+//!   stays 200 while busy: a full queue answers 429, it does not make the pod unready.
 
 use axum::Json;
 use axum::extract::State;

@@ -16,7 +16,7 @@ use axum::{Extension, Router};
 use crate::http::anthropic::{count_tokens, messages};
 use crate::http::auth::{refuse, require_key};
 use crate::http::error::ApiError;
-use crate::http::guard::{HeadError, check_framing};
+use crate::http::guard::{HeadError, HttpLimits, check_framing};
 use crate::http::health::{livez, metrics, readyz};
 use crate::http::openai::handlers::{chat_completions, completions, models};
 use crate::http::responses::{ResponseStore, responses};
@@ -50,11 +50,13 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Middleware: every request meets the rules the first head of a connection met before hyper
-/// saw it ([`crate::http::guard`]): its target within the URI limit and its body framing
-/// unambiguous. hyper alone parses a later request on a kept-alive connection; this makes the
-/// rules the same for it. A refused request closes its connection.
+/// saw it ([`crate::http::guard`]): its target within the connection's URI limit (its
+/// [`HttpLimits`], set by the accept loop; the defaults when served otherwise) and its body
+/// framing unambiguous. hyper alone parses a later request on a kept-alive connection; this
+/// makes the rules the same for it. A refused request closes its connection.
 async fn every_head(req: Request, next: Next) -> Response {
-    let limit = crate::http::guard::DEFAULT_MAX_URI_BYTES;
+    let limits = req.extensions().get::<HttpLimits>().copied().unwrap_or_default();
+    let limit = limits.max_uri_bytes;
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     let framing = check_framing(
         req.version() == Version::HTTP_11,
