@@ -36,28 +36,26 @@ const TOKENIZE_ONLY: &[&str] = &[
 
 /// `POST /tokenize`.
 pub async fn tokenize(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
-    let prep = app.clone();
-    let answer = app
-        .prepare(move || {
-            let JsonBody(body) = body?;
-            let loaded = prep.loaded()?;
-            tokenize_body(&prep, &loaded, &body)
-        })
-        .await;
-    match answer {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    answer(app, body, tokenize_body).await
 }
 
 /// `POST /detokenize`.
 pub async fn detokenize(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
+    answer(app, body, |_, loaded, body| detokenize_body(loaded, body)).await
+}
+
+/// `f`'s answer to the body, computed on the preparation pool.
+async fn answer(
+    app: AppState,
+    body: Result<JsonBody, ApiError>,
+    f: fn(&AppState, &Loaded, &Value) -> Result<Value, ApiError>,
+) -> Response {
     let prep = app.clone();
     let answer = app
         .prepare(move || {
             let JsonBody(body) = body?;
             let loaded = prep.loaded()?;
-            detokenize_body(&loaded, &body)
+            f(&prep, &loaded, &body)
         })
         .await;
     match answer {
