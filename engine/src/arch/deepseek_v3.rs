@@ -22,9 +22,9 @@ use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{DeepseekV3Config, ModelSpec};
 use crate::error::Result;
-use crate::generate::{LayerState, MlaCache, SeqState};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
+use crate::state::{LayerState, MlaCache, SeqState};
 
 // One per layer, built once at load: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]

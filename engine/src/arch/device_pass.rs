@@ -2,7 +2,7 @@
 //! activations and caches live on a device (each architecture's `DeviceSession`), and
 //! [`device_sequence`] opens one for a loaded [`Model`] when its architecture has a device pass
 //! (DeepSeek-V3, Kimi-Linear, Kimi K3). Generation over it is
-//! [`crate::generate::generate_on_device`].
+//! `generate::generate_on_device`.
 
 use std::any::Any;
 

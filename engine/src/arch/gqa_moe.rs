@@ -26,9 +26,9 @@ use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{ModelSpec, RopeConfig};
 use crate::error::Result;
-use crate::generate::{KvCache, LayerState, SeqState};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
+use crate::state::{KvCache, LayerState, SeqState};
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.

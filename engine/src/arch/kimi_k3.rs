@@ -37,8 +37,8 @@ use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
 use crate::error::Result;
-use crate::generate::SeqState;
 use crate::kernels::Matrix;
+use crate::state::SeqState;
 use crate::weights::WeightIndex;
 
 /// `F.normalize`'s floor on the L2 norm of q and k.

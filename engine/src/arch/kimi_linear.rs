@@ -30,10 +30,10 @@ use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
 use crate::error::{Error, Result};
-use crate::generate::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
+use crate::state::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 /// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for

@@ -26,7 +26,7 @@ pub use registry::{Architecture, architecture};
 
 use crate::config::{ArchConfig, ModelSpec};
 use crate::error::{Error, Result};
-use crate::generate::{KdaCache, MlaCache, SeqState};
+use crate::state::{KdaCache, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 /// Facts about a loaded model that generation and serving need.
@@ -244,7 +244,7 @@ pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>
 }
 
 /// Stage a new pass over every sequence of a validated batch (commits each one's previous
-/// pass; see `generate::state`).
+/// pass; see `state`).
 pub(crate) fn begin_pass(batch: &mut [SeqInput<'_>]) {
     for b in batch.iter_mut() {
         b.state.begin_pass(b.tokens.len());

@@ -148,8 +148,8 @@ pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
 }
 
 /// `act(g, u)` over `count` elements (buffers: g, u, out).
-pub fn gated_act(count: usize, act: crate::model::layers::mlp::Activation) -> LayerLaunch {
-    use crate::model::layers::mlp::Activation;
+pub fn gated_act(count: usize, act: crate::kernels::layer_spec::Activation) -> LayerLaunch {
+    use crate::kernels::layer_spec::Activation;
     let (kind, beta, linear) = match act {
         Activation::Silu => (0, 0.0, 0.0),
         Activation::Situ {
@@ -183,8 +183,8 @@ pub fn add(count: usize) -> LayerLaunch {
 
 /// Routing of `rows` rows of `experts` router logits (buffers: logits, bias or empty, ids (i32),
 /// weights, scratch of [`route_scratch`] f32 values).
-pub fn route(rows: usize, experts: usize, r: &crate::model::layers::moe::RouterConfig) -> LayerLaunch {
-    use crate::model::layers::moe::Scoring;
+pub fn route(rows: usize, experts: usize, r: &crate::kernels::layer_spec::RouterConfig) -> LayerLaunch {
+    use crate::kernels::layer_spec::Scoring;
     let scoring = match r.scoring {
         Scoring::Sigmoid => 0,
         Scoring::Softmax => 1,
@@ -244,7 +244,7 @@ pub fn mla_attend(
 }
 
 /// Positions per attention block (`DF_MLA_BLOCK`, `latent_attention::BLOCK`).
-pub const MLA_BLOCK: usize = crate::model::layers::latent_attention::BLOCK;
+pub const MLA_BLOCK: usize = crate::kernels::layer_spec::MLA_BLOCK;
 
 /// Long caches, step 1 (`deltafin_mla_partials`): every (row, head, block) of `blocks` at once,
 /// buffers as [`mla_attend`] with the partials `[rows, heads, blocks, latent + 2]` in place of
@@ -311,10 +311,10 @@ pub fn kda_l2(
     n: usize,
     heads: usize,
     head_dim: usize,
-    l2: crate::model::layers::kda::L2Norm,
+    l2: crate::kernels::layer_spec::L2Norm,
     q_scale: f32,
 ) -> LayerLaunch {
-    use crate::model::layers::kda::L2Norm;
+    use crate::kernels::layer_spec::L2Norm;
     let (mode, eps) = match l2 {
         L2Norm::EpsInside(e) => (0, e),
         L2Norm::EpsFloor(e) => (1, e),
@@ -413,13 +413,13 @@ pub fn rope(rows: usize, at: RopeLayout, dim: usize, interleave: bool) -> crate:
 }
 
 /// The integers of the two MLA projection kernels: n, heads, nope, rope, v, kv_lora.
-fn mla_ints(n: usize, d: &crate::model::layers::mla::MlaDims) -> [i32; 6] {
+fn mla_ints(n: usize, d: &crate::kernels::layer_spec::MlaDims) -> [i32; 6] {
     [n, d.heads, d.nope, d.rope, d.v, d.kv_lora].map(|v| v as i32)
 }
 
 /// Absorbed and rotated query parts of `n` rows (buffers: q, decoded kv_b, q_abs out, q_rope
 /// out).
-pub fn mla_absorb(n: usize, d: &crate::model::layers::mla::MlaDims) -> LayerLaunch {
+pub fn mla_absorb(n: usize, d: &crate::kernels::layer_spec::MlaDims) -> LayerLaunch {
     let span = d.kv_lora.max(d.rope);
     launch(
         "deltafin_mla_absorb",
@@ -432,7 +432,7 @@ pub fn mla_absorb(n: usize, d: &crate::model::layers::mla::MlaDims) -> LayerLaun
 
 /// Attention values of `n` rows from their latent contexts (buffers: decoded kv_b, contexts,
 /// out).
-pub fn mla_values(n: usize, d: &crate::model::layers::mla::MlaDims) -> LayerLaunch {
+pub fn mla_values(n: usize, d: &crate::kernels::layer_spec::MlaDims) -> LayerLaunch {
     let [n32, heads, nope, _, v, c] = mla_ints(n, d);
     let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
     let blocks = (n * d.heads * d.v).div_ceil(NORM_ROWS as usize);

@@ -14,7 +14,7 @@ use super::read_mode::ReadMode;
 use super::reader::{Priority, ReaderConfig, ReaderPool};
 use super::spans::{MERGE_GAP, SpanLayout};
 use crate::error::Result;
-use crate::synth::Rng;
+use crate::rng::Rng;
 use crate::weights::{TensorInfo, WeightIndex};
 
 /// One probe's result.

@@ -1,12 +1,11 @@
 //! Generation: per-sequence state with staged passes that can be committed to a prefix or
 //! rolled back (see [`SeqState`]), sampling, chunked prefill and decode with token streaming.
 
-mod checkpoint;
 mod decode;
 mod run;
 mod sampling;
-mod state;
 
+pub use crate::state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};
 pub use decode::{
     ConstraintFactory, DecodeOptions, Decoder, Pick, TokenConstraint, TokenLogprobs, logprobs_of,
 };
@@ -15,4 +14,3 @@ pub use run::{
     generate_with,
 };
 pub use sampling::{Sampling, sample, sample_filtered, uniform};
-pub use state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};

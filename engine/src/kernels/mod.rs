@@ -22,6 +22,7 @@
 
 pub mod cpu;
 pub mod format;
+pub mod layer_spec;
 pub mod math;
 pub mod ops;
 pub mod reference;

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::generate::SeqState;
+use crate::state::SeqState;
 
 /// What the cache needs from a state.
 pub(crate) trait Reusable: Clone {

@@ -24,8 +24,9 @@ use super::{
     checkpoint_limit,
 };
 use crate::arch::{LogitRows, Model, SeqInput, Trace};
-use crate::generate::{Decoder, Pick, SeqState};
+use crate::generate::{Decoder, Pick};
 use crate::spec::{Observation, Speculator, draft_budget, verify};
+use crate::state::SeqState;
 
 #[path = "worker_recovery.rs"]
 mod recovery;

@@ -4,7 +4,7 @@
 //! target once over `[pending, d1 … dk]` with logits at every row, picks the target's own token
 //! at each row exactly as plain decoding would (`Sampling::pick(row, position)`: greedy, or a
 //! draw keyed by `(seed, position)`), emits the accepted drafts plus the target's next token and
-//! commits those rows of the staged state ([`crate::generate::SeqState::commit`]); the rest is
+//! commits those rows of the staged state ([`crate::state::SeqState::commit`]); the rest is
 //! rolled back. Because the kernels are batch-invariant, every row's logits equal the
 //! single-row pass's bit for bit, so the output is identical with and without drafts, greedy or
 //! sampled ([`verify`] holds the pure decision).

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use super::{Proposal, Proposer, ProposerKind};
 use crate::arch::{self, LogitRows, Model, SeqInput};
 use crate::error::{Error, Result};
-use crate::generate::SeqState;
 use crate::kernels::ops::argmax;
+use crate::state::SeqState;
 use crate::tokenizer::Tokenizer;
 
 /// Settings of the drafter.

@@ -1,6 +1,6 @@
 //! Deterministic synthetic checkpoints written in the real on-disk formats (HF `config.json`,
 //! safetensors shards with an index, tokenizer files). Used for tests that need specific shapes
-//! or formats, benchmarks, and the built-in K3 preset ([`crate::builtin::Builtin::K3`]). Their
+//! or formats, benchmarks, and the built-in K3 preset (`builtin::Builtin::K3`). Their
 //! weights are random: the text they produce is meaningless, but every code path is the one
 //! real checkpoints take.
 
@@ -8,13 +8,13 @@ mod deepseek;
 mod dspark;
 mod fill;
 mod kimi;
-mod rng;
+
 mod tokenizer;
 
+pub use crate::rng::Rng;
 pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
 pub use dspark::DSparkSynth;
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
-pub use rng::Rng;
 pub use tokenizer::{
     K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor,
 };

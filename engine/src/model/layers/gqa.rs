@@ -16,11 +16,11 @@ use super::rope::Rope;
 use crate::backend::matmul;
 use crate::config::RopeConfig;
 use crate::error::Result;
-use crate::generate::KvCache;
 use crate::kernels::Matrix;
 use crate::kernels::math::exp;
 use crate::kernels::ops::rms_norm_inplace;
 use crate::model::Loader;
+use crate::state::KvCache;
 
 /// Below this many score multiply-adds a pass attends on the calling thread.
 const PARALLEL_WORK: usize = 1 << 16;

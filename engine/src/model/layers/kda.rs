@@ -19,37 +19,19 @@
 //! to token-by-token decoding whatever the split.
 //! Each row's recurrence inputs (raw projections, `k`, `v`, `g`, `β`) are recorded in the
 //! sequence's [`KdaCache`] so a pass can be committed to a prefix by replay (see
-//! `generate::state`); [`conv_push`] and [`delta_rule_step`] are the shared replay primitives.
+//! `state`); [`conv_push`] and [`delta_rule_step`] (from `state::recurrence`) are the shared replay primitives.
 //! The first row of a pass reads the pre-pass state out of place ([`delta_rule_step_from`]), so
 //! keeping that state for a rollback costs no copy.
 
 use crate::backend::matmul;
 use crate::config::KdaDecay;
-use crate::generate::{KdaCache, KdaShape};
 use crate::kernels::Matrix;
+pub use crate::kernels::layer_spec::L2Norm;
 use crate::kernels::math::{self, exp};
 use crate::kernels::ops::{rms_inv, sigmoid, silu};
-
-/// The L2 normalisation of q/k; the three oracles use different formulas (model-formats §3.4).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum L2Norm {
-    /// HF/FLA: `x / sqrt(Σx² + eps)`.
-    EpsInside(f32),
-    /// `F.normalize` (the K3 reference): `x / max(‖x‖₂, eps)`.
-    EpsFloor(f32),
-}
-
-impl L2Norm {
-    /// Normalise one head's `x` in place (sum of squares in index order).
-    pub fn apply(self, x: &mut [f32]) {
-        let ss: f32 = x.iter().map(|v| v * v).sum();
-        let denom = match self {
-            L2Norm::EpsInside(eps) => (ss + eps).sqrt(),
-            L2Norm::EpsFloor(eps) => ss.sqrt().max(eps),
-        };
-        x.iter_mut().for_each(|v| *v /= denom);
-    }
-}
+use crate::state::recurrence::head_step_with;
+pub use crate::state::recurrence::{StepInputs, conv_push, delta_rule_step, delta_rule_step_from};
+use crate::state::{KdaCache, KdaShape};
 
 /// The output gate before `o_proj`.
 #[derive(Debug, Clone)]
@@ -304,83 +286,6 @@ pub fn gated_norm(o: &mut [f32], gate: &[f32], o_norm: &[f32], eps: f32) {
             }
         }
     })
-}
-
-/// Shift one row of raw projections into the convolution history (oldest row dropped).
-pub fn conv_push(history: &mut [f32], raw: &[f32], shape: KdaShape) {
-    let width = 3 * shape.channels();
-    if shape.kernel <= 1 {
-        return;
-    }
-    history.copy_within(width.., 0);
-    let start = history.len() - width;
-    history[start..].copy_from_slice(raw);
-}
-
-/// One row's delta-rule inputs: normalised `k`, `v`, log-decay `g` (`[P]` each), `β` (`[heads]`).
-#[derive(Debug, Clone, Copy)]
-pub struct StepInputs<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub g: &'a [f32],
-    pub beta: &'a [f32],
-}
-
-/// One delta-rule step on the state `[heads, dk, dv]`: decay rows by `exp(g)`, then
-/// `δ = (v − kᵀS)·β` and `S ← S + k ⊗ δ`. Sums run over the key index in order.
-pub fn delta_rule_step(state: &mut [f32], x: StepInputs<'_>, shape: KdaShape) {
-    delta_rule_step_from(None, state, x, shape);
-}
-
-/// [`delta_rule_step`] reading the pre-step state from `prev` when given (out of place: `state`
-/// is overwritten), so a pass can keep the pre-pass state without copying it. Bit-identical to
-/// the in-place step.
-pub fn delta_rule_step_from(prev: Option<&[f32]>, state: &mut [f32], x: StepInputs<'_>, shape: KdaShape) {
-    let StepInputs { k, v, g, beta } = x;
-    let d = shape.head_dim;
-    let mut delta = vec![0.0f32; d];
-    for (h, s) in state.chunks_mut(d * d).enumerate().take(shape.heads) {
-        let c = h * d..(h + 1) * d;
-        let src = prev.map(|p| &p[h * d * d..(h + 1) * d * d]);
-        head_step_with(src, s, (&k[c.clone()], &v[c.clone()], &g[c]), beta[h], &mut delta);
-    }
-}
-
-/// One head's delta-rule step on its `[d, d]` state (see [`delta_rule_step`]; `prev`: read the
-/// pre-step state out of place), with a scratch `delta` of `d` values.
-#[inline(always)]
-fn head_step_with(
-    prev: Option<&[f32]>,
-    s: &mut [f32],
-    (kh, vh, gh): (&[f32], &[f32], &[f32]),
-    beta: f32,
-    delta: &mut [f32],
-) {
-    let d = delta.len();
-    for (i, (row, &gi)) in s.chunks_mut(d).zip(gh).enumerate() {
-        let decay = exp(gi);
-        match prev {
-            Some(p) => row
-                .iter_mut()
-                .zip(&p[i * d..(i + 1) * d])
-                .for_each(|(x, &y)| *x = y * decay),
-            None => row.iter_mut().for_each(|x| *x *= decay),
-        }
-    }
-    delta.iter_mut().for_each(|x| *x = 0.0);
-    for (row, &ki) in s.chunks(d).zip(kh) {
-        for (acc, &x) in delta.iter_mut().zip(row) {
-            *acc += x * ki;
-        }
-    }
-    for (dj, &vj) in delta.iter_mut().zip(vh) {
-        *dj = (vj - *dj) * beta;
-    }
-    for (row, &ki) in s.chunks_mut(d).zip(kh) {
-        for (x, &dj) in row.iter_mut().zip(delta.iter()) {
-            *x += ki * dj;
-        }
-    }
 }
 
 /// `o = qᵀS` per head (sum over the key index in order).

@@ -34,8 +34,7 @@ use rayon::prelude::*;
 use crate::kernels::math::exp;
 use crate::kernels::reference::reduce_lanes;
 
-/// Positions per block (the unit of the cross-block merge and of decode parallelism).
-pub const BLOCK: usize = 1024;
+pub use crate::kernels::layer_spec::MLA_BLOCK as BLOCK;
 /// Positions per tile (scores of one tile are held for all heads at once).
 pub const TILE: usize = 64;
 const LANES: usize = 16;

@@ -13,10 +13,11 @@ use rayon::prelude::*;
 use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
 use super::rope::Rope;
 use crate::backend::matmul;
-use crate::generate::MlaCache;
 use crate::kernels::Matrix;
+pub use crate::kernels::layer_spec::MlaDims;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::reference::decode_row;
+use crate::state::MlaCache;
 
 /// The query projection.
 #[derive(Debug, Clone)]
@@ -25,19 +26,6 @@ pub enum QProj {
     Full(Matrix),
     /// `q_b_proj(RMSNorm(q_a_proj(x)))`.
     LowRank { a: Matrix, norm: Vec<f32>, b: Matrix },
-}
-
-/// Shapes and constants of an MLA layer.
-#[derive(Debug, Clone)]
-pub struct MlaDims {
-    pub heads: usize,
-    pub nope: usize,
-    pub rope: usize,
-    pub v: usize,
-    pub kv_lora: usize,
-    pub eps: f32,
-    /// Softmax scale (`qk_head_dim^-0.5`, times YaRN's mscale² where configured).
-    pub scale: f32,
 }
 
 /// One MLA layer's weights.

@@ -3,35 +3,7 @@
 
 use crate::backend::{WeightClass, matmul, matmul_expert};
 use crate::kernels::Matrix;
-use crate::kernels::math::{exp, sigmoid, tanh};
-
-/// Gate activation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Activation {
-    /// `silu(g) * u`, with `silu(x) = x / (1 + e^-x)` as torch computes it.
-    Silu,
-    /// SiTU: `(β·tanh(g/β))·σ(g) · U` with `U = β_l·tanh(u/β_l)` (or `u` when `linear_beta` is
-    /// `None`), in exactly this f32 order.
-    Situ { beta: f32, linear_beta: Option<f32> },
-}
-
-impl Activation {
-    /// The gated activation of one (gate, up) pair.
-    #[inline(always)]
-    pub fn apply(self, g: f32, u: f32) -> f32 {
-        match self {
-            Activation::Silu => g / (1.0 + exp(-g)) * u,
-            Activation::Situ { beta, linear_beta } => {
-                let gate = (beta * tanh(g / beta)) * sigmoid(g);
-                let up = match linear_beta {
-                    Some(b) => b * tanh(u / b),
-                    None => u,
-                };
-                gate * up
-            }
-        }
-    }
-}
+pub use crate::kernels::layer_spec::Activation;
 
 /// A gated MLP.
 #[derive(Debug, Clone)]

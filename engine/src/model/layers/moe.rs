@@ -19,6 +19,7 @@ use super::mlp::Mlp;
 use crate::backend::matmul;
 use crate::error::Result;
 use crate::kernels::Matrix;
+pub use crate::kernels::layer_spec::{RouterConfig, Scoring};
 use crate::kernels::math::exp;
 use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 
@@ -36,27 +37,6 @@ impl ExpertProvider for Vec<Mlp> {
         ids.par_iter().for_each(|&id| run(id, &self[id]));
         Ok(())
     }
-}
-
-/// How router logits become expert scores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Scoring {
-    /// `σ(logit)`, selection on `σ + e_score_correction_bias` (DeepSeek-V3 `noaux_tc`).
-    #[default]
-    Sigmoid,
-    /// `softmax(logits)` over all experts in f32, selection on the probabilities (Qwen3-MoE).
-    Softmax,
-}
-
-/// Router hyperparameters.
-#[derive(Debug, Clone)]
-pub struct RouterConfig {
-    pub scoring: Scoring,
-    pub top_k: usize,
-    pub n_group: usize,
-    pub topk_group: usize,
-    pub norm_topk_prob: bool,
-    pub scaling: f32,
 }
 
 /// Order in which a row's weighted expert outputs are summed.

@@ -32,12 +32,12 @@ use crate::arch::{Loader, Model};
 use crate::backend::matmul;
 use crate::config::Quantization;
 use crate::error::{Error, Result};
-use crate::generate::MlaCache;
 use crate::kernels::Matrix;
 use crate::kernels::ops::{argmax, rms_norm_inplace};
 use crate::model::layers::mla::{Mla, MlaDims};
 use crate::model::layers::mlp::{Activation, Mlp};
 use crate::model::layers::rope::Rope;
+use crate::state::MlaCache;
 use crate::weights::WeightIndex;
 
 /// One draft decoder layer.

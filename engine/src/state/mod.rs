@@ -1,4 +1,5 @@
-//! Per-sequence model state and its transactions.
+//! Per-sequence model state and its transactions (below the layers that fill it and the
+//! generation loops that drive it: it imports neither).
 //!
 //! A [`SeqState`] holds one entry per layer: the compressed MLA cache ([`MlaCache`]: the
 //! normalised latent and the shared key part of every position) or the KDA recurrent state
@@ -25,16 +26,20 @@
 //! `k`, `v`, the log-decay `g` and `β`: `6·P + heads` floats, far less than a state copy per
 //! row). `commit(m)` with `m` equal to the pass length keeps the live state; otherwise it swaps
 //! the snapshot back in and replays `m` rows with the same two functions the forward pass uses
-//! ([`kda::conv_push`], [`kda::delta_rule_step`]), so the result is bit-identical by construction.
+//! ([`recurrence::conv_push`], [`recurrence::delta_rule_step`]), so the result is bit-identical by construction.
 //!
 //! ## Rewinding committed positions
 //! [`SeqState::truncate`] drops committed positions: attention caches are cut, and recurrent
 //! layers are restored from a [`SeqState::checkpoint`] taken at that position (see
-//! [`super::checkpoint`]); [`SeqState::rewind_point`] says how far back a state can go.
+//! `checkpoint`); [`SeqState::rewind_point`] says how far back a state can go.
 
-use super::checkpoint::{self, Checkpoint};
+mod checkpoint;
+pub mod recurrence;
+
+use self::checkpoint::Checkpoint;
+use self::recurrence as kda;
+pub use self::recurrence::KdaShape;
 use crate::error::{Error, Result};
-use crate::model::layers::kda;
 
 /// The compressed MLA cache of one layer: the normalised latent `c_kv` and the shared key part
 /// `k_rope` (rotated, or raw for NoPE attention) of every position (never expanded per head).
@@ -52,38 +57,6 @@ pub struct MlaCache {
 pub struct KvCache {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
-}
-
-/// Shape of a KDA layer's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KdaShape {
-    pub heads: usize,
-    /// Key and value width per head.
-    pub head_dim: usize,
-    /// Short-convolution width `K` (the history keeps `K - 1` rows).
-    pub kernel: usize,
-}
-
-impl KdaShape {
-    /// Channels of one of q/k/v (`heads * head_dim`).
-    pub fn channels(self) -> usize {
-        self.heads * self.head_dim
-    }
-
-    /// Floats of convolution history (`(K - 1)` rows of the `3P` raw projections).
-    pub fn conv_len(self) -> usize {
-        3 * self.channels() * self.kernel.saturating_sub(1)
-    }
-
-    /// Floats of the delta-rule state (`heads × head_dim × head_dim`).
-    pub fn state_len(self) -> usize {
-        self.heads * self.head_dim * self.head_dim
-    }
-
-    /// Floats recorded per staged row: raw q/k/v (3P), k, v, g (P each), β (heads).
-    pub fn record_len(self) -> usize {
-        6 * self.channels() + self.heads
-    }
 }
 
 /// The recurrent state of one KDA layer, with its staged pass.
