@@ -18,6 +18,7 @@ use super::layers::rope::Rope;
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, mla_caches};
 use crate::backend::WeightClass;
 use crate::backend::device::DeviceOps;
+use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{DeepseekV3Config, ModelSpec};
@@ -385,6 +386,7 @@ impl DeepseekV3 {
         mut trace: Option<&mut Trace>,
     ) -> Result<()> {
         let n = plan.len();
+        let pass = ExpertPass::open(self.experts.as_deref());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
@@ -397,23 +399,18 @@ impl DeepseekV3 {
             let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
-            if let Some(store) = &self.experts {
-                store.hint_next(l, x, n);
-            }
-            let f = match (&layer.ffn, &self.experts) {
+            pass.hint_next(l, x, n);
+            let f = match (&layer.ffn, pass.layer(l)) {
                 (Ffn::Dense(m), _) => m.forward(&xn, n),
                 (Ffn::Moe(m), None) => m.forward(&xn, n),
-                (Ffn::Moe(m), Some(store)) => m.forward_with(&xn, n, &store.layer(l))?,
+                (Ffn::Moe(m), Some(experts)) => m.forward_with(&xn, n, &experts)?,
             };
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("layers.{l}"), x);
             }
         }
-        if let Some(store) = &self.experts {
-            store.end_pass()?;
-        }
-        Ok(())
+        pass.finish()
     }
 }
 
@@ -504,16 +501,17 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         let (m, dev, n) = (self.model, self.dev, tokens.len());
         let (h, eps) = (m.cfg.hidden_size, m.cfg.rms_norm_eps);
         let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        let pass = ExpertPass::open(m.experts.as_deref());
         for (l, (k, cache)) in self.layers.iter().zip(&mut self.caches).enumerate() {
             let layer = m.layers.get(l)?;
             let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
             let a = device::mla(dev, (&layer.attn, &k.attn), &xn, n, cache)?;
             x = device::add(dev, &x, &a, n * h)?;
             let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            if let Some(store) = &m.experts {
-                store.hint_next(l, &dev.download_f32(&x)?, n);
+            if pass.is_out_of_core() {
+                pass.hint_next(l, &dev.download_f32(&x)?, n);
             }
-            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let experts = pass.layer(l);
             let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
@@ -521,6 +519,7 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             };
             x = device::add(dev, &x, &f, n * h)?;
         }
+        pass.finish()?;
         device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

@@ -22,6 +22,7 @@ use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state};
+use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::config::{ModelSpec, RopeConfig};
@@ -334,6 +335,7 @@ impl GqaMoe {
         mut trace: Option<&mut Trace>,
     ) -> Result<()> {
         let n = plan.len();
+        let pass = ExpertPass::open(self.experts.as_deref());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
@@ -349,23 +351,18 @@ impl GqaMoe {
             let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
-            if let Some(store) = &self.experts {
-                store.hint_next(l, x, n);
-            }
-            let f = match (&layer.ffn, &self.experts) {
+            pass.hint_next(l, x, n);
+            let f = match (&layer.ffn, pass.layer(l)) {
                 (Ffn::Dense(m), _) => m.forward(&xn, n),
                 (Ffn::Moe(m), None) => m.forward(&xn, n),
-                (Ffn::Moe(m), Some(store)) => m.forward_with(&xn, n, &store.layer(l))?,
+                (Ffn::Moe(m), Some(experts)) => m.forward_with(&xn, n, &experts)?,
             };
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("layers.{l}"), x);
             }
         }
-        if let Some(store) = &self.experts {
-            store.end_pass()?;
-        }
-        Ok(())
+        pass.finish()
     }
 }
 

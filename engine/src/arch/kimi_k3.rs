@@ -33,6 +33,7 @@ use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, ExpertProvider};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass};
 use crate::backend::device::DeviceOps;
+use crate::cache::ExpertPass;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
@@ -287,6 +288,7 @@ impl KimiK3 {
         let n = plan.len();
         let all: Vec<usize> = (0..n).collect();
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.cfg.num_blocks());
+        let pass = ExpertPass::open(self.experts.as_deref());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let u = if anchors.is_empty() {
@@ -315,13 +317,11 @@ impl KimiK3 {
                 }
             };
             let m = mix_rows(&layer.mlp_res, &anchors, &p, &all, h);
-            if let Some(store) = &self.experts {
-                // PILOT look-ahead (kimi-k3.md §4.5): layer l + 1's norm and router applied to
-                // the AttnRes output that feeds this layer's FFN. A forecast for prefetching
-                // only; layer l + 1 routes its own input.
-                store.hint_next(l, &m, n);
-            }
-            let experts = self.experts.as_ref().map(|s| s.layer(l));
+            // PILOT look-ahead (kimi-k3.md §4.5): layer l + 1's norm and router applied to the
+            // AttnRes output that feeds this layer's FFN. A forecast for prefetching only;
+            // layer l + 1 routes its own input.
+            pass.hint_next(l, &m, n);
+            let experts = pass.layer(l);
             let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
             let f = layer
                 .ffn
@@ -332,9 +332,7 @@ impl KimiK3 {
                 tr.record(format!("layers.{l}"), &run);
             }
         }
-        if let Some(store) = &self.experts {
-            store.end_pass()?;
-        }
+        pass.finish()?;
         Ok((run, anchors))
     }
 }
@@ -428,6 +426,7 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             device::stack_rows(dev, last, &stack, anchors, (n, h))?;
             device::attn_res(dev, site, &stack, anchors + 1, (n, h))
         };
+        let pass = ExpertPass::open(m.experts.as_deref());
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
             let u = if anchors == 0 {
@@ -445,15 +444,16 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
                 device::add(dev, &run, &a, n * h)?
             };
             let mixed = mix((&k.mlp_res, layer.mlp_res.eps), anchors, &p)?;
-            if let Some(store) = &m.experts {
-                store.hint_next(l, &dev.download_f32(&mixed)?, n);
+            if pass.is_out_of_core() {
+                pass.hint_next(l, &dev.download_f32(&mixed)?, n);
             }
             let xn = device::rms_norm(dev, &mixed, &k.post_norm, n, h, eps)?;
-            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let experts = pass.layer(l);
             let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
             let f = layer.ffn.run_on(dev, provider, k.bias.as_ref(), &xn, n)?;
             run = device::add(dev, &p, &f, n * h)?;
         }
+        pass.finish()?;
         self.len += n;
         let z = mix((&self.output_res, m.output_res.eps), anchors, &run)?;
         device::last_row_logits(dev, &z, (n, h), (&self.norm, eps), &m.lm_head)

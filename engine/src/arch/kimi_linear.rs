@@ -26,6 +26,7 @@ use super::{
 };
 use crate::backend::device::DeviceOps;
 use crate::backend::{WeightClass, matmul};
+use crate::cache::ExpertPass;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
@@ -580,16 +581,15 @@ impl KimiLinear {
         mut trace: Option<&mut Trace>,
     ) -> Result<()> {
         let (n, eps) = (plan.len(), self.cfg.rms_norm_eps);
+        let pass = ExpertPass::open(self.experts.as_deref());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = norm_rows(x, &layer.input_norm, eps);
             let a = run_attn(&layer.attn, &xn, plan, batch, l);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = norm_rows(x, &layer.post_norm, eps);
-            if let Some(store) = &self.experts {
-                store.hint_next(l, x, n); // predicts layer l + 1's routes from this residual
-            }
-            let experts = self.experts.as_ref().map(|s| s.layer(l));
+            pass.hint_next(l, x, n); // predicts layer l + 1's routes from this residual
+            let experts = pass.layer(l);
             let f = layer
                 .ffn
                 .forward_with(&xn, n, experts.as_ref().map(|e| e as &dyn ExpertProvider))?;
@@ -598,10 +598,7 @@ impl KimiLinear {
                 t.record(format!("layers.{l}"), x);
             }
         }
-        match &self.experts {
-            Some(store) => store.end_pass(),
-            None => Ok(()),
-        }
+        pass.finish()
     }
 }
 
@@ -799,20 +796,22 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         let (m, dev, n) = (self.model, self.dev, tokens.len());
         let (h, eps) = (m.cfg.hidden_size, m.cfg.rms_norm_eps);
         let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        let pass = ExpertPass::open(m.experts.as_deref());
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
             let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
             let a = k.attn.run(dev, &layer.attn, &xn, n)?;
             x = device::add(dev, &x, &a, n * h)?;
             let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            if let Some(store) = &m.experts {
-                store.hint_next(l, &dev.download_f32(&x)?, n);
+            if pass.is_out_of_core() {
+                pass.hint_next(l, &dev.download_f32(&x)?, n);
             }
-            let experts = m.experts.as_ref().map(|s| s.layer(l));
+            let experts = pass.layer(l);
             let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
             let f = layer.ffn.run_on(dev, provider, k.bias.as_ref(), &xn, n)?;
             x = device::add(dev, &x, &f, n * h)?;
         }
+        pass.finish()?;
         self.len += n;
         device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
     }

@@ -12,6 +12,8 @@ mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
+#[cfg(test)]
+mod pass_tests;
 pub mod qwen3;
 mod qwen3_moe;
 mod registry;

@@ -22,6 +22,7 @@
 pub mod buffer;
 pub mod heat;
 pub mod layers;
+pub mod pass;
 pub mod plan;
 pub mod policy;
 pub mod prefetch;
@@ -42,6 +43,7 @@ use serde::Serialize;
 
 pub use crate::weights::checksums::ChecksumMode;
 pub use layers::{LayerStore, SpineStats};
+pub use pass::ExpertPass;
 pub use plan::ResidencyPlan;
 pub use policy::PolicyKind;
 pub use read_mode::{ReadDecision, ReadMode};

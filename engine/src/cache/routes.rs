@@ -79,6 +79,16 @@ impl RouteRecorder {
         });
     }
 
+    /// The pass failed: forget its selections (no line is written for it).
+    pub fn abort_pass(&mut self) {
+        self.current.clear();
+    }
+
+    /// Whether nothing is recorded for a pass under way.
+    pub fn is_between_passes(&self) -> bool {
+        self.current.is_empty()
+    }
+
     /// The pass ended: append its line (nothing for a pass without routed experts).
     pub fn end_pass(&mut self) -> Result<()> {
         if self.current.is_empty() {

@@ -480,6 +480,31 @@ impl ExpertStore {
         Ok(())
     }
 
+    /// Drop what a pass that did not finish left behind (its selections, forecasts, pending
+    /// prefetch and unwritten route record); the previous finished pass stays the previous one.
+    pub(super) fn abort_pass(&self) {
+        let mut pass = lock(&self.pass);
+        pass.current.iter_mut().for_each(Vec::clear);
+        pass.predicted.iter_mut().for_each(Vec::clear);
+        pass.single_row.iter_mut().for_each(|s| *s = false);
+        pass.pending = None;
+        drop(pass);
+        if let Some(r) = lock(&self.routes).as_mut() {
+            r.abort_pass();
+        }
+    }
+
+    /// Whether no pass is under way: nothing recorded since the last finished or aborted pass.
+    #[cfg(test)]
+    pub(crate) fn between_passes(&self) -> bool {
+        let pass = lock(&self.pass);
+        let routes_clean = lock(&self.routes).as_ref().is_none_or(|r| r.is_between_passes());
+        pass.current.iter().all(Vec::is_empty)
+            && pass.predicted.iter().all(Vec::is_empty)
+            && pass.pending.is_none()
+            && routes_clean
+    }
+
     /// Record every layer's selections and forecasts from now on.
     pub fn start_trace(&self) {
         *lock(&self.trace) = Some(Vec::new());
