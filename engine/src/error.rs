@@ -27,7 +27,7 @@ pub enum Error {
     UnknownModelType {
         path: PathBuf,
         model_type: String,
-        supported: &'static str,
+        supported: String,
     },
 
     /// A config field is missing, out of range or inconsistent with another field.

@@ -12,8 +12,8 @@
 
 use std::path::PathBuf;
 
+use deltafin_engine::arch::ModelSpec;
 use deltafin_engine::arch::{self, Loader, LogitRows, SeqInput, Trace};
-use deltafin_engine::config::ModelSpec;
 use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate};
 use deltafin_engine::kernels::reference::decode_row;
 use deltafin_engine::weights::WeightIndex;

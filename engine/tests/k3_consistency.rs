@@ -7,8 +7,9 @@
 use std::path::Path;
 
 use deltafin_engine::Error;
+use deltafin_engine::arch::ModelSpec;
 use deltafin_engine::arch::{self, LogitRows, Model, SeqInput};
-use deltafin_engine::config::{ArchConfig, ModelSpec};
+use deltafin_engine::config::{KimiK3Config, KimiLinearConfig, Spec};
 use deltafin_engine::generate::SeqState;
 use deltafin_engine::synth::KimiSynth;
 use serde_json::{Value, json};
@@ -48,11 +49,9 @@ fn run(m: &dyn Model, s: &mut SeqState, tokens: &[u32], logits: LogitRows) -> Ve
 fn checkpoints_load_as_the_intended_architectures() {
     let (dir, m) = model_of(&KimiSynth::k3_tiny());
     assert_eq!(m.info().arch, "kimi_k3");
-    let spec = ModelSpec::load(dir.path()).unwrap();
+    let spec = Spec::<KimiK3Config>::load_typed(dir.path()).unwrap();
     assert_eq!(spec.tensor_prefix, "language_model.");
-    assert!(
-        matches!(spec.arch, ArchConfig::KimiK3(ref c) if c.attn_res_block_size == 2 && c.num_blocks() == 3)
-    );
+    assert!(spec.arch.attn_res_block_size == 2 && spec.arch.num_blocks() == 3);
     let (_dir, m) = model_of(&KimiSynth::linear_tiny());
     assert_eq!(m.info().arch, "kimi_linear");
 }
@@ -66,8 +65,7 @@ fn builtin_k3_preset_is_a_k3_checkpoint() {
     let target = dir.path().join("builtin");
     assert!(Builtin::K3.ensure(&target).unwrap());
     assert!(!Builtin::K3.ensure(&target).unwrap(), "second call reuses it");
-    let spec = ModelSpec::load(&target).unwrap();
-    assert!(matches!(spec.arch, ArchConfig::KimiK3(_)));
+    let spec = Spec::<KimiK3Config>::load_typed(&target).unwrap();
     assert!(matches!(
         spec.quant,
         deltafin_engine::config::Quantization::Mxfp4PackQuantized { group_size: 32, .. }
@@ -644,9 +642,9 @@ fn hf_spellings_and_derived_fields_are_understood() {
     );
     o.insert("linear_head_dim".into(), json!(16));
     o.insert("head_dim".into(), json!(8));
-    let ArchConfig::KimiLinear(c) = parse(&v).unwrap().arch else {
-        panic!()
-    };
+    let c = Spec::<KimiLinearConfig>::from_value_typed(&v, Path::new("config.json"))
+        .unwrap()
+        .arch;
     assert_eq!(
         (c.num_experts, c.moe_layers[0], c.moe_layers[1]),
         (8, false, true)

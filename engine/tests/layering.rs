@@ -121,11 +121,10 @@ fn skip_raw_string(b: &[char], i: usize, out: &mut String) -> usize {
 
 /// A `'` that opens a char literal (not a lifetime or label).
 fn is_char_literal(b: &[char], i: usize) -> bool {
-    match (b.get(i + 1), b.get(i + 2)) {
-        (Some('\\'), _) => true,
-        (Some(_), Some('\'')) => true,
-        _ => false,
-    }
+    matches!(
+        (b.get(i + 1), b.get(i + 2)),
+        (Some('\\'), _) | (Some(_), Some('\''))
+    )
 }
 
 /// `code` with every `#[cfg(test)]` item removed (a braced item through its closing brace, or

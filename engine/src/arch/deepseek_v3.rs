@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::ModelSpec;
 use super::layers::device::{self, DeviceMla, DeviceMlaCache};
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
@@ -21,7 +22,7 @@ use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
-use crate::config::{DeepseekV3Config, ModelSpec};
+use crate::config::DeepseekV3Config;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
@@ -74,12 +75,12 @@ struct Fixed {
 }
 
 fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
-    Ok(Mlp {
-        gate: ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
-        up: ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
-        down: ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
-        act: Activation::Silu,
-    })
+    Ok(Mlp::split(
+        ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
+        ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
+        ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
+        Activation::Silu,
+    ))
 }
 
 impl super::Architecture for DeepseekV3Config {
@@ -248,6 +249,7 @@ impl DeepseekV3 {
         Ok(Moe {
             gate: ld.dense(&format!("{p}.mlp.gate.weight"), e, cfg.hidden_size)?,
             bias: ld.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e)?,
+            logit_bias: Vec::new(),
             router: RouterConfig {
                 scoring: Scoring::Sigmoid,
                 top_k: cfg.num_experts_per_tok,

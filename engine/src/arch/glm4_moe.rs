@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
-use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
-use super::layers::gqa::{GqaDims, GqaOptions};
+use super::ModelSpec;
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoeNames, MoePlan, state_size};
+use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use super::{Architecture, Loader, Model, StateSize};
 use crate::cache::{OocOptions, OocRuntime};
-use crate::config::{Glm4MoeConfig, ModelSpec};
+use crate::config::Glm4MoeConfig;
 use crate::error::Result;
 use crate::weights::WeightIndex;
 
@@ -40,10 +41,16 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         attn_options: GqaOptions {
             qkv_bias: c.attention_bias,
             o_bias: false,
-            qk_norm: c.use_qk_norm,
+            qk_norm: match c.use_qk_norm {
+                true => QkNorm::PerHead,
+                false => QkNorm::None,
+            },
             eps: c.rms_norm_eps,
+            sinks: false,
+            window: None,
         },
         rope: c.rope.clone(),
+        windows: Vec::new(),
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,
@@ -58,6 +65,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
                 scaling: c.routed_scaling_factor,
             },
             correction_bias: true,
+            form: ExpertForm::PerExpert(MoeNames::HF),
         },
     }
 }

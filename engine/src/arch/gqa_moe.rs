@@ -18,14 +18,15 @@
 
 use std::sync::Arc;
 
+use super::ModelSpec;
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
-use super::layers::mlp::{Activation, Mlp};
+use super::layers::mlp::{Activation, GateUp, Mlp, MlpBias};
 use super::layers::moe::{Combine, Moe, RouterConfig};
 use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state};
 use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
-use crate::config::{ModelSpec, RopeConfig};
+use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
@@ -43,6 +44,43 @@ pub(crate) struct MoePlan {
     pub router: RouterConfig,
     /// The router has an `e_score_correction_bias`.
     pub correction_bias: bool,
+    /// How the experts and router are stored and what the experts compute.
+    pub form: ExpertForm,
+}
+
+/// Where a MoE layer's tensors are, below `model.layers.{i}.`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MoeNames {
+    /// The block (`mlp`; Mixtral-style checkpoints: `block_sparse_moe`).
+    pub block: &'static str,
+    /// Each expert's gate, up and down Linear below `{block}.experts.{e}`.
+    pub expert: [&'static str; 3],
+    /// The router Linear below the block.
+    pub router: &'static str,
+    /// The selection-only correction bias below the block.
+    pub correction_bias: &'static str,
+}
+
+impl MoeNames {
+    /// The HF layout: `mlp.experts.{e}.{gate,up,down}_proj`, router `mlp.gate` with its
+    /// `e_score_correction_bias`.
+    pub(crate) const HF: MoeNames = MoeNames {
+        block: "mlp",
+        expert: ["gate_proj", "up_proj", "down_proj"],
+        router: "gate",
+        correction_bias: "gate.e_score_correction_bias",
+    };
+}
+
+/// How a MoE layer's experts and router are stored, and the experts' activation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ExpertForm {
+    /// One Linear per expert projection in any stored format, SwiGLU.
+    PerExpert(MoeNames),
+    /// gpt-oss: experts stacked in `mlp.experts.{gate_up,down}_proj_{blocks,scales}` (MXFP4)
+    /// with `…_bias`, gate/up rows interleaved, clamped SwiGLU; router `mlp.router` with a
+    /// bias on its logits.
+    GptOss { alpha: f32, limit: f32 },
 }
 
 /// Everything the decoder needs, derived from an architecture's config.
@@ -63,6 +101,8 @@ pub(crate) struct DecoderPlan {
     pub attn: GqaDims,
     pub attn_options: GqaOptions,
     pub rope: RopeConfig,
+    /// Per layer: its sliding window (empty: every layer attends to every earlier position).
+    pub windows: Vec<Option<usize>>,
     /// Per layer: whether its FFN is the routed MoE.
     pub moe_layers: Vec<bool>,
     pub moe: MoePlan,
@@ -84,6 +124,7 @@ impl MoePlan {
                 scaling: 1.0,
             },
             correction_bias: false,
+            form: ExpertForm::PerExpert(MoeNames::HF),
         }
     }
 }
@@ -91,6 +132,14 @@ impl MoePlan {
 impl DecoderPlan {
     fn is_moe(&self, l: usize) -> bool {
         self.moe_layers[l]
+    }
+
+    /// Layer `l`'s attention options.
+    fn attn_options(&self, l: usize) -> GqaOptions {
+        GqaOptions {
+            window: self.windows.get(l).copied().flatten(),
+            ..self.attn_options
+        }
     }
 }
 
@@ -141,12 +190,12 @@ pub struct GqaMoe {
 }
 
 fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
-    Ok(Mlp {
-        gate: ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
-        up: ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
-        down: ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
-        act: Activation::Silu,
-    })
+    Ok(Mlp::split(
+        ld.linear(&format!("{prefix}.gate_proj"), width, hidden)?,
+        ld.linear(&format!("{prefix}.up_proj"), width, hidden)?,
+        ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
+        Activation::Silu,
+    ))
 }
 
 fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matrix> {
@@ -154,6 +203,42 @@ fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matr
         Ok(embed.clone())
     } else {
         ld.dense("lm_head.weight", plan.vocab_size, plan.hidden_size)
+    }
+}
+
+/// Routed expert `e` of layer `l`.
+fn expert(plan: &DecoderPlan, ld: &Loader<'_>, l: usize, e: usize) -> Result<Mlp> {
+    let (h, m) = (plan.hidden_size, &plan.moe);
+    match m.form {
+        ExpertForm::PerExpert(names) => {
+            let p = format!("model.layers.{l}.{}.experts.{e}", names.block);
+            let [gate, up, down] = names.expert.map(|n| format!("{p}.{n}"));
+            Ok(Mlp::split(
+                ld.linear(&gate, m.width, h)?,
+                ld.linear(&up, m.width, h)?,
+                ld.linear(&down, h, m.width)?,
+                Activation::Silu,
+            ))
+        }
+        ExpertForm::GptOss { alpha, limit } => {
+            let p = format!("model.layers.{l}.mlp.experts");
+            let (n, w) = (m.experts, m.width);
+            Ok(Mlp {
+                gate_up: GateUp::Interleaved(ld.stacked_mxfp4(
+                    &format!("{p}.gate_up_proj"),
+                    n,
+                    e,
+                    2 * w,
+                    h,
+                )?),
+                down: ld.stacked_mxfp4(&format!("{p}.down_proj"), n, e, h, w)?,
+                act: Activation::ClampedSwiglu { alpha, limit },
+                bias: Some(MlpBias {
+                    gate_up: ld.stacked_vector(&format!("{p}.gate_up_proj_bias"), n, e, 2 * w)?,
+                    down: ld.stacked_vector(&format!("{p}.down_proj_bias"), n, e, h)?,
+                }),
+            })
+        }
     }
 }
 
@@ -165,11 +250,20 @@ fn router(
     experts: Vec<Mlp>,
     shared: Option<Mlp>,
 ) -> Result<Moe> {
-    let (p, m) = (format!("model.layers.{i}.mlp.gate"), &plan.moe);
+    let m = &plan.moe;
+    let (block, router, correction, gpt_oss) = match m.form {
+        ExpertForm::PerExpert(n) => (n.block, n.router, n.correction_bias, false),
+        ExpertForm::GptOss { .. } => ("mlp", "router", "", true),
+    };
+    let p = format!("model.layers.{i}.{block}");
     Ok(Moe {
-        gate: ld.dense(&format!("{p}.weight"), m.experts, plan.hidden_size)?,
+        gate: ld.dense(&format!("{p}.{router}.weight"), m.experts, plan.hidden_size)?,
         bias: match m.correction_bias {
-            true => ld.vector(&format!("{p}.e_score_correction_bias"), m.experts)?,
+            true => ld.vector(&format!("{p}.{correction}"), m.experts)?,
+            false => Vec::new(),
+        },
+        logit_bias: match gpt_oss {
+            true => ld.vector(&format!("{p}.{router}.bias"), m.experts)?,
             false => Vec::new(),
         },
         router: m.router.clone(),
@@ -189,13 +283,13 @@ fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
         h,
         plan.attn,
         &plan.rope,
-        plan.attn_options,
+        plan.attn_options(i),
     )?;
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;
         let n = if ld.routed_experts() { m.experts } else { 0 };
         let experts = (0..n)
-            .map(|e| mlp(ld, &format!("{p}.mlp.experts.{e}"), h, m.width))
+            .map(|e| expert(plan, ld, i, e))
             .collect::<Result<Vec<_>>>()?;
         let shared = match m.shared_width {
             0 => None,
@@ -259,9 +353,8 @@ impl GqaMoe {
         let layer_layouts = (0..plan.num_layers)
             .map(|i| source::record(&index, spec, false, |ld| load_layer(&plan, ld, i)))
             .collect::<Result<Vec<_>>>()?;
-        let (h, width) = (plan.hidden_size, plan.moe.width);
-        let expert_builder: ExpertBuilder =
-            Arc::new(move |ld, l, e| mlp(ld, &format!("model.layers.{l}.mlp.experts.{e}"), h, width));
+        let expert_plan = plan.clone();
+        let expert_builder: ExpertBuilder = Arc::new(move |ld, l, e| expert(&expert_plan, ld, l, e));
         let expert_layouts = (0..plan.num_layers)
             .map(|l| match plan.is_moe(l) {
                 false => Ok(Vec::new()),

@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use super::ModelSpec;
 use super::kimi_linear::{
     Attn, DeviceAttn, Ffn, Variant, check_state, embed_rows, head, load_attn, load_embed_head, load_ffn,
     model_info, new_layer_states, norm_rows, run_attn,
@@ -36,7 +37,7 @@ use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
-use crate::config::{KimiK3Config, KimiLinearConfig, ModelSpec};
+use crate::config::{KimiK3Config, KimiLinearConfig};
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::state::SeqState;

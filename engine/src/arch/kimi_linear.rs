@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use super::ModelSpec;
 use super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
 use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
 use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
@@ -29,7 +30,7 @@ use crate::backend::{WeightClass, matmul};
 use crate::cache::ExpertPass;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
-use crate::config::{AttnKind, KimiLinearConfig, ModelSpec};
+use crate::config::{AttnKind, KimiLinearConfig};
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
@@ -118,12 +119,12 @@ pub(crate) fn load_mlp(
     width: usize,
     act: Activation,
 ) -> Result<Mlp> {
-    Ok(Mlp {
-        gate: ld.linear(&format!("{p}.{}", names[0]), width, input)?,
-        up: ld.linear(&format!("{p}.{}", names[1]), width, input)?,
-        down: ld.linear(&format!("{p}.{}", names[2]), input, width)?,
+    Ok(Mlp::split(
+        ld.linear(&format!("{p}.{}", names[0]), width, input)?,
+        ld.linear(&format!("{p}.{}", names[1]), width, input)?,
+        ld.linear(&format!("{p}.{}", names[2]), input, width)?,
         act,
-    })
+    ))
 }
 
 /// A KDA layer `{p}.self_attn`.
@@ -299,6 +300,7 @@ pub(crate) fn load_router(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, v: 
     Ok(Moe {
         gate: ld.dense(&format!("{m}.gate.weight"), e, cfg.hidden_size)?,
         bias: ld.vector(&format!("{m}.gate.e_score_correction_bias"), e)?,
+        logit_bias: Vec::new(),
         router: RouterConfig {
             scoring: Scoring::Sigmoid,
             top_k: cfg.num_experts_per_token,

@@ -17,12 +17,13 @@
 use std::sync::Arc;
 
 use super::Loader;
+use super::ModelSpec;
 use super::kimi_linear::{Variant, load_expert, load_router};
 use crate::cache::layers::LayerBuilder;
 use crate::cache::spans::SpanLayout;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
-use crate::config::{KimiLinearConfig, ModelSpec};
+use crate::config::KimiLinearConfig;
 use crate::error::Result;
 use crate::weights::WeightIndex;
 

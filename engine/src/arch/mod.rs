@@ -8,12 +8,11 @@
 pub mod deepseek_v3;
 mod device_pass;
 mod glm4_moe;
+mod gpt_oss;
 mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
-#[cfg(test)]
-mod pass_tests;
 pub mod qwen3;
 mod qwen3_moe;
 mod registry;
@@ -24,9 +23,8 @@ use std::path::Path;
 
 pub use crate::model::{Loader, layers};
 pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence};
-pub use registry::{Architecture, architecture};
+pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 
-use crate::config::{ArchConfig, ModelSpec};
 use crate::error::{Error, Result};
 use crate::state::{KdaCache, MlaCache, SeqState};
 use crate::weights::WeightIndex;
@@ -210,8 +208,8 @@ pub fn load_spec(spec: &ModelSpec, dir: &Path) -> Result<Box<dyn Model>> {
 
 /// What one sequence's state costs for the model `arch` describes (each architecture's own
 /// function; the same figure its [`ModelInfo::state`] reports once loaded).
-pub fn state_size(arch: &ArchConfig) -> StateSize {
-    architecture(arch).state_size()
+pub fn state_size(spec: &ModelSpec) -> StateSize {
+    spec.arch.state_size()
 }
 
 /// Load the model in `dir` under a memory budget: weights are read (not mapped), a prefix of
@@ -232,17 +230,17 @@ pub fn load_budgeted_spec(
     options: &crate::cache::OocOptions,
 ) -> Result<(Box<dyn Model>, crate::cache::OocRuntime)> {
     let index = std::sync::Arc::new(options.open_index(dir)?);
-    architecture(&spec.arch).load_budgeted(spec, index, options)
+    spec.arch.load_budgeted(spec, index, options)
 }
 
 /// Whether [`load_budgeted`] supports the model in `dir`.
 pub fn supports_budget(dir: &Path) -> Result<bool> {
-    Ok(architecture(&ModelSpec::load(dir)?.arch).supports_budget())
+    Ok(ModelSpec::load(dir)?.arch.supports_budget())
 }
 
 /// Build the architecture for an already-parsed spec and index.
 pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>> {
-    architecture(&spec.arch).load(&Loader::new(index, spec))
+    spec.arch.load(&Loader::new(index, spec))
 }
 
 /// Stage a new pass over every sequence of a validated batch (commits each one's previous

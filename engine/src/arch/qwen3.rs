@@ -4,7 +4,7 @@
 //! `embed`, `layers.{l}`, `norm`. Loads in memory only (drafters are small).
 
 use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
-use super::layers::gqa::{GqaDims, GqaOptions};
+use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::{Architecture, Loader, Model, StateSize};
 use crate::config::Qwen3Config;
 use crate::error::Result;
@@ -31,10 +31,13 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         attn_options: GqaOptions {
             qkv_bias: false,
             o_bias: false,
-            qk_norm: true,
+            qk_norm: QkNorm::PerHead,
             eps: c.rms_norm_eps,
+            sinks: false,
+            window: None,
         },
         rope: c.rope.clone(),
+        windows: Vec::new(),
         moe_layers: vec![false; c.num_hidden_layers],
         moe: MoePlan::none(),
     }

@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
-use super::layers::gqa::{GqaDims, GqaOptions};
+use super::ModelSpec;
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoeNames, MoePlan, state_size};
+use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use super::{Architecture, Loader, Model, StateSize};
 use crate::cache::{OocOptions, OocRuntime};
-use crate::config::{ModelSpec, Qwen3MoeConfig};
+use crate::config::Qwen3MoeConfig;
 use crate::error::Result;
 use crate::weights::WeightIndex;
 
@@ -38,10 +39,13 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
         attn_options: GqaOptions {
             qkv_bias: c.attention_bias,
             o_bias: c.attention_bias,
-            qk_norm: true,
+            qk_norm: QkNorm::PerHead,
             eps: c.rms_norm_eps,
+            sinks: false,
+            window: None,
         },
         rope: c.rope.clone(),
+        windows: Vec::new(),
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
@@ -56,6 +60,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: false,
+            form: ExpertForm::PerExpert(MoeNames::HF),
         },
     }
 }

@@ -1,23 +1,30 @@
-//! The architecture registry: the one place that maps a parsed config ([`ArchConfig`]) to the
-//! code that runs it. Each architecture's config implements [`Architecture`] in the
-//! architecture's own file; what differs between architectures (state size, in-memory and
-//! budgeted loading, whether a memory budget is supported) is a trait method, so generic code
-//! never matches on the architecture.
+//! The architecture registry: the family table ([`FAMILIES`]), the one place that maps a
+//! `config.json` to the code that runs it. A row names the `model_type`s it takes, how the text
+//! config may be nested, what it runs (the README table, [`families_markdown`]) and the parser
+//! that validates the config into a typed struct implementing [`Architecture`]; what differs
+//! between architectures (state size, in-memory and budgeted loading, whether a memory budget
+//! is supported) is a trait method, so generic code never matches on the architecture.
 //!
-//! Adding an architecture: its config file (`config/<arch>.rs`, a variant of [`ArchConfig`] and
-//! its `model_type` arm in `config/mod.rs`), its architecture file implementing [`Architecture`],
-//! and one arm in [`architecture`]. `docs/adding-an-architecture.md` walks through it.
+//! Adding an architecture: its file (config struct, plan, [`Architecture`] impl and its
+//! [`Family`] row constant), its `mod` line and its row here. `docs/adding-an-architecture.md`
+//! walks through it.
 
 use std::sync::Arc;
 
 use super::{Loader, Model, StateSize};
 use crate::cache::{OocOptions, OocRuntime};
-use crate::config::{ArchConfig, ModelSpec};
+use crate::config::{
+    DeepseekV3Config, Family, FamilyInput, Glm4MoeConfig, GptOssConfig, KimiK3Config, KimiLinearConfig,
+    Nesting, Qwen3Config, Qwen3MoeConfig, Spec, TextConfig,
+};
 use crate::error::{Error, Result};
 use crate::weights::WeightIndex;
 
+/// A `config.json` parsed by its family: the checkpoint facts and the architecture.
+pub type ModelSpec = Spec<Arc<dyn Architecture>>;
+
 /// What the engine needs from an architecture, implemented by its validated config.
-pub trait Architecture: Sync {
+pub trait Architecture: std::fmt::Debug + Send + Sync {
     /// Bytes of one sequence's state (attention caches, recurrent states), from the config.
     fn state_size(&self) -> StateSize;
 
@@ -52,14 +59,69 @@ pub trait Architecture: Sync {
     }
 }
 
-/// The implementation of `cfg`'s architecture.
-pub fn architecture(cfg: &ArchConfig) -> &dyn Architecture {
-    match cfg {
-        ArchConfig::DeepseekV3(c) => c,
-        ArchConfig::KimiLinear(c) => c,
-        ArchConfig::KimiK3(c) => c,
-        ArchConfig::Qwen3(c) => c,
-        ArchConfig::Qwen3Moe(c) => c,
-        ArchConfig::Glm4Moe(c) => c,
+/// A family row building an [`Architecture`].
+pub type ArchFamily = Family<Arc<dyn Architecture>>;
+
+/// The families this build runs, first match wins.
+pub static FAMILIES: &[ArchFamily] = &[
+    row::<DeepseekV3Config>(
+        "DeepSeek-V3/V3.1, Kimi-K2, Kimi-K2.5 (nested): BF16, block FP8, compressed-tensors INT4",
+    ),
+    row::<KimiLinearConfig>("Kimi-Linear: KDA + MLA, BF16"),
+    row::<KimiK3Config>("Kimi K3: KDA + MLA, AttnRes, compressed-tensors MXFP4 experts"),
+    row::<Qwen3Config>("Qwen3 dense (a raw-completion drafter): BF16"),
+    row::<Qwen3MoeConfig>("Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B-A35B: BF16, block FP8"),
+    row::<Glm4MoeConfig>("GLM-4.5, GLM-4.6, GLM-4.7: BF16, block FP8"),
+    row::<GptOssConfig>("gpt-oss-20b, gpt-oss-120b: the published MXFP4 experts"),
+];
+
+/// The row of the typed config `C`, which runs what `runs` says.
+const fn row<C: TextConfig + Architecture + 'static>(runs: &'static str) -> ArchFamily {
+    Family {
+        model_types: C::MODEL_TYPES,
+        nesting: C::NESTING,
+        runs,
+        parse: build::<C>,
+    }
+}
+
+fn build<C: TextConfig + Architecture + 'static>(input: FamilyInput<'_>) -> Result<Arc<dyn Architecture>> {
+    Ok(Arc::new(C::parse(input)?))
+}
+
+/// The supported types as errors list them.
+pub fn supported_model_types() -> String {
+    crate::config::supported(FAMILIES)
+}
+
+/// The README's table of supported families, one row per [`FAMILIES`] row.
+pub fn families_markdown() -> String {
+    let mut out = String::from("| `model_type` | nesting | runs |\n|---|---|---|\n");
+    for f in FAMILIES {
+        let types = f
+            .model_types
+            .iter()
+            .map(|t| format!("`{t}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let nesting = match f.nesting {
+            Nesting::Flat => "flat".to_string(),
+            Nesting::FlatOrNestedIn(o) => format!("flat, or `text_config` of {}", o.join(", ")),
+            Nesting::NestedIn(o) => format!("`text_config` of {}", o.join(", ")),
+        };
+        out += &format!("| {types} | {nesting} | {} |\n", f.runs);
+    }
+    out
+}
+
+impl ModelSpec {
+    /// Read and validate `dir/config.json`.
+    pub fn load(dir: &std::path::Path) -> Result<ModelSpec> {
+        Spec::load_with(dir, FAMILIES)
+    }
+
+    /// Validate an already-parsed `config.json` value (`path` for messages).
+    pub fn from_value(value: &serde_json::Value, path: &std::path::Path) -> Result<ModelSpec> {
+        Spec::from_value_with(value, path, FAMILIES)
     }
 }

@@ -148,7 +148,7 @@ pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
 }
 
 /// `act(g, u)` over `count` elements (buffers: g, u, out).
-pub fn gated_act(count: usize, act: crate::kernels::layer_spec::Activation) -> LayerLaunch {
+pub fn gated_act(count: usize, act: crate::kernels::layer_spec::Activation) -> crate::Result<LayerLaunch> {
     use crate::kernels::layer_spec::Activation;
     let (kind, beta, linear) = match act {
         Activation::Silu => (0, 0.0, 0.0),
@@ -160,14 +160,15 @@ pub fn gated_act(count: usize, act: crate::kernels::layer_spec::Activation) -> L
             beta,
             linear_beta: Some(l),
         } => (2, beta, l),
+        Activation::ClampedSwiglu { alpha, limit } => (3, alpha, limit),
     };
-    launch(
+    Ok(launch(
         "deltafin_gated_act",
         per_thread(count),
         [THREADS, 1, 1],
         &[count as i32, kind],
         &[beta, linear],
-    )
+    ))
 }
 
 /// `a + b` over `count` elements (buffers: a, b, out).
@@ -183,11 +184,21 @@ pub fn add(count: usize) -> LayerLaunch {
 
 /// Routing of `rows` rows of `experts` router logits (buffers: logits, bias or empty, ids (i32),
 /// weights, scratch of [`route_scratch`] f32 values).
-pub fn route(rows: usize, experts: usize, r: &crate::kernels::layer_spec::RouterConfig) -> LayerLaunch {
+pub fn route(
+    rows: usize,
+    experts: usize,
+    r: &crate::kernels::layer_spec::RouterConfig,
+) -> crate::Result<LayerLaunch> {
     use crate::kernels::layer_spec::Scoring;
     let scoring = match r.scoring {
         Scoring::Sigmoid => 0,
         Scoring::Softmax => 1,
+        Scoring::TopKSoftmax => {
+            return Err(crate::Error::InvalidArgument {
+                field: "device",
+                reason: "the device router has no top-k softmax (gpt-oss) scoring".into(),
+            });
+        }
     };
     let ints = [
         rows as i32,
@@ -198,13 +209,13 @@ pub fn route(rows: usize, experts: usize, r: &crate::kernels::layer_spec::Router
         r.top_k as i32,
         r.norm_topk_prob as i32,
     ];
-    launch(
+    Ok(launch(
         "deltafin_route",
         per_thread(rows),
         [THREADS, 1, 1],
         &ints,
         &[r.scaling],
-    )
+    ))
 }
 
 /// f32 scratch values [`route`] needs.

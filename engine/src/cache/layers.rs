@@ -16,7 +16,7 @@ use super::buffer::AlignedBuf;
 use super::reader::{Priority, ReaderPool, Ticket};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::config::ModelSpec;
+use crate::config::Checkpoint;
 use crate::error::Result;
 use crate::model::Loader;
 use crate::sync::lock;
@@ -52,7 +52,7 @@ struct Arena {
 
 struct Streamer<T> {
     index: Arc<WeightIndex>,
-    spec: ModelSpec,
+    spec: Checkpoint,
     build: LayerBuilder<T>,
     reader: Arc<ReaderPool>,
     streamed: Vec<usize>,
@@ -94,7 +94,7 @@ impl<T> LayerStore<T> {
     /// `layouts[i]` is layer `i`'s read set.
     pub fn load(
         index: Arc<WeightIndex>,
-        spec: ModelSpec,
+        spec: Checkpoint,
         build: LayerBuilder<T>,
         reader: Arc<ReaderPool>,
         layouts: Vec<SpanLayout>,
@@ -238,7 +238,7 @@ impl<T> LayerStore<T> {
 
 fn build_over<T>(
     index: &WeightIndex,
-    spec: &ModelSpec,
+    spec: &Checkpoint,
     build: &LayerBuilder<T>,
     buf: Arc<AlignedBuf>,
     layout: &SpanLayout,

@@ -50,7 +50,7 @@ pub use read_mode::{ReadDecision, ReadMode};
 pub use reader::{Origin, ReadStats, ReaderConfig, ReaderPool};
 pub use store::{ExpertStats, ExpertStore, FETCH_BUCKETS, FETCH_SECONDS_BOUNDS};
 
-use crate::config::ModelSpec;
+use crate::config::Checkpoint;
 use crate::error::Result;
 use crate::model::Loader;
 use crate::weights::{RangeSource, ShardFile, WeightIndex};
@@ -230,7 +230,7 @@ impl<L: Send + Sync + 'static> std::fmt::Debug for OocParts<L> {
 /// the bytes read.
 pub fn load_resident<R>(
     index: &WeightIndex,
-    spec: &ModelSpec,
+    spec: &Checkpoint,
     reader: &ReaderPool,
     build: impl Fn(&Loader<'_>) -> Result<R>,
 ) -> Result<(R, u64)> {
@@ -252,7 +252,7 @@ pub fn load_resident<R>(
 /// Plan residency from `parts` and build the spine store and the expert store.
 pub fn assemble<L: Send + Sync + 'static>(
     index: Arc<WeightIndex>,
-    spec: &ModelSpec,
+    spec: &Checkpoint,
     reader: Arc<ReaderPool>,
     parts: OocParts<L>,
     options: &OocOptions,

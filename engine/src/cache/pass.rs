@@ -57,3 +57,82 @@ impl Drop for ExpertPass<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    // A failed out-of-core pass leaves nothing to the next one: the layer loops open their pass
+    // through `cache::ExpertPass`, so an error inside the loop aborts it (selections, forecasts,
+    // pending prefetch and the route record are dropped) and the retried pass is exactly a fresh
+    // model's, down to its route-trace line.
+
+    use std::path::Path;
+
+    use crate::arch::{LogitRows, Model, SeqInput};
+    use crate::cache::{OocOptions, OocRuntime};
+    use crate::synth::{DeepseekSynth, ExpertFormat, KimiSynth};
+
+    fn load(dir: &Path, routes: &Path) -> (Box<dyn Model>, OocRuntime) {
+        let mut o = OocOptions::with_budget(u64::MAX / 4);
+        o.prefetch = true;
+        o.reserve_bytes = 0;
+        o.route_trace = Some(routes.to_path_buf());
+        crate::arch::load_budgeted(dir, &o).unwrap()
+    }
+
+    fn pass(
+        model: &dyn Model,
+        state: &mut crate::state::SeqState,
+        tokens: &[u32],
+    ) -> crate::Result<Vec<f32>> {
+        let mut batch = [SeqInput {
+            state,
+            tokens,
+            logits: LogitRows::All,
+        }];
+        model.forward(&mut batch, None)
+    }
+
+    fn check(write: impl Fn(&Path)) {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path());
+        let tokens = [3u32, 7, 11, 2, 5];
+        let (fresh, _rt) = load(dir.path(), &dir.path().join("fresh.jsonl"));
+        let want = pass(fresh.as_ref(), &mut fresh.new_state(), &tokens).unwrap();
+
+        let (model, rt) = load(dir.path(), &dir.path().join("failed.jsonl"));
+        rt.reader.inject_eio(0, 0..u64::MAX);
+        let mut state = model.new_state();
+        let err = pass(model.as_ref(), &mut state, &tokens).unwrap_err();
+        assert_eq!(err.kind(), "weights_unavailable", "{err}");
+        assert!(
+            rt.experts.between_passes(),
+            "the failed pass left its selections behind"
+        );
+        assert_eq!(state.len(), 0, "the failed pass was rolled back");
+        rt.reader.clear_injected();
+        rt.reader.health().unwrap();
+        let got = pass(model.as_ref(), &mut state, &tokens).unwrap();
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(read("failed.jsonl"), read("fresh.jsonl"), "route lines differ");
+        assert_eq!(read("fresh.jsonl").lines().count(), 1);
+    }
+
+    #[test]
+    fn a_failed_pass_leaks_nothing_into_the_next_deepseek() {
+        check(|d| DeepseekSynth::tiny(ExpertFormat::Bf16).write(d).unwrap());
+    }
+
+    #[test]
+    fn a_failed_pass_leaks_nothing_into_the_next_kimi_linear() {
+        check(|d| KimiSynth::linear_tiny().write(d).unwrap());
+    }
+
+    #[test]
+    fn a_failed_pass_leaks_nothing_into_the_next_k3() {
+        check(|d| KimiSynth::k3_tiny().write(d).unwrap());
+    }
+}

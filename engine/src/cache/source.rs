@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::spans::SpanLayout;
-use crate::config::ModelSpec;
+use crate::config::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::Loader;
 use crate::sync::lock;
@@ -61,7 +61,7 @@ impl BlobSource for BufferSource<'_> {
 /// Run `build` once against a recording loader and lay out the tensors it touched.
 pub fn record<R>(
     index: &WeightIndex,
-    spec: &ModelSpec,
+    spec: &Checkpoint,
     routed_experts: bool,
     build: impl FnOnce(&Loader<'_>) -> Result<R>,
 ) -> Result<SpanLayout> {

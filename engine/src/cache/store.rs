@@ -29,7 +29,7 @@ use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
-use crate::config::ModelSpec;
+use crate::config::Checkpoint;
 use crate::error::{Error, Result};
 use crate::histogram::{AtomicHistogram, HistogramSnapshot};
 use crate::kernels::ops::rms_norm;
@@ -184,7 +184,7 @@ struct Pass {
 /// Routed experts of a model, served through the cache.
 pub struct ExpertStore {
     index: Arc<WeightIndex>,
-    spec: ModelSpec,
+    spec: Checkpoint,
     build: ExpertBuilder,
     /// `layouts[layer][expert]`; empty for dense layers.
     layouts: Vec<Vec<SpanLayout>>,
@@ -231,7 +231,7 @@ impl ExpertStore {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         index: Arc<WeightIndex>,
-        spec: ModelSpec,
+        spec: Checkpoint,
         build: ExpertBuilder,
         layouts: Vec<Vec<SpanLayout>>,
         lookahead: Vec<Option<LookaheadLayer>>,

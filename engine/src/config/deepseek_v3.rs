@@ -241,3 +241,13 @@ impl DeepseekV3Config {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
 }
+
+impl super::TextConfig for DeepseekV3Config {
+    const MODEL_TYPES: &'static [&'static str] = &["deepseek_v3", "kimi_k2"];
+    const NESTING: super::Nesting =
+        super::Nesting::FlatOrNestedIn(&["kimi_k25", "kimi_k2_5", "kimi_vl", "deepseek_v3", "kimi_k2"]);
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse(i.text)
+    }
+}

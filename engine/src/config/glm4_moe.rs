@@ -189,13 +189,22 @@ impl Glm4MoeConfig {
     }
 }
 
+impl super::TextConfig for Glm4MoeConfig {
+    const MODEL_TYPES: &'static [&'static str] = &["glm4_moe"];
+    const NESTING: super::Nesting = super::Nesting::Flat;
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse(i.text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use serde_json::{Value, json};
 
-    use crate::config::{ArchConfig, ModelSpec};
+    use crate::config::Spec;
 
     /// GLM-4.5's published config.json shape: `partial_rotary_factor` and `rope_theta` at the
     /// top level, `rope_scaling` null.
@@ -213,10 +222,7 @@ mod tests {
     }
 
     fn parse(v: &Value) -> crate::Result<super::Glm4MoeConfig> {
-        match ModelSpec::from_value(v, Path::new("config.json"))?.arch {
-            ArchConfig::Glm4Moe(c) => Ok(c),
-            other => panic!("{other:?}"),
-        }
+        Ok(Spec::<super::Glm4MoeConfig>::from_value_typed(v, Path::new("config.json"))?.arch)
     }
 
     #[test]

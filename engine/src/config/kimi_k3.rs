@@ -122,3 +122,12 @@ fn check_root_copies(root: Fields<'_>, text: &KimiLinearConfig) -> Result<()> {
     }
     Ok(())
 }
+
+impl super::TextConfig for KimiK3Config {
+    const MODEL_TYPES: &'static [&'static str] = &["kimi_linear"];
+    const NESTING: super::Nesting = super::Nesting::NestedIn(&["kimi_k3"]);
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse(i.top, i.text)
+    }
+}

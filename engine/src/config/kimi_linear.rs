@@ -213,6 +213,11 @@ fn aliased<T: PartialEq + std::fmt::Debug>(
 }
 
 impl KimiLinearConfig {
+    /// A flat Kimi-Linear `config.json` (`model_type kimi_linear`).
+    pub(crate) fn parse_linear(f: Fields<'_>) -> Result<Self> {
+        Self::parse(f, Dialect::Linear, &[])
+    }
+
     pub(crate) fn parse(f: Fields<'_>, dialect: Dialect, extra: &[&str]) -> Result<Self> {
         let mut known: Vec<&[&str]> = vec![COMMON_FIELDS, BENIGN_FIELDS, extra];
         if dialect == Dialect::Linear {
@@ -562,5 +567,14 @@ fn parse_moe_layers(f: Fields<'_>, layers: usize) -> Result<Vec<bool>> {
         (Some(a), Some(b)) if a != b => Err(f.err("mlp_layer_types", "disagrees with first_k_dense_replace")),
         (Some(a), _) | (None, Some(a)) => Ok(a),
         (None, None) => Err(f.err("first_k_dense_replace", "missing (or `mlp_layer_types`)")),
+    }
+}
+
+impl super::TextConfig for KimiLinearConfig {
+    const MODEL_TYPES: &'static [&'static str] = &["kimi_linear"];
+    const NESTING: super::Nesting = super::Nesting::Flat;
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse_linear(i.text)
     }
 }

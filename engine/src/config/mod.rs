@@ -1,12 +1,15 @@
 //! Typed model configs parsed from a Hugging Face `config.json`.
 //!
-//! [`ModelSpec::load`] reads the file once, unwraps the nested `text_config` form of the newer
-//! Kimi releases (whose tensors carry a `language_model.` prefix), dispatches on `model_type`
-//! and validates every field the architecture depends on into a per-architecture struct. An
-//! unknown `model_type` or an inconsistent field is a typed error naming the field.
+//! [`Spec::load_with`] reads the file once, unwraps the nested `text_config` form (whose
+//! tensors carry a `language_model.` prefix), finds the family row that takes its `model_type`
+//! ([`family`]; the rows live in `arch::registry`) and lets it validate every field the
+//! architecture depends on into its typed struct. An unknown `model_type` or an inconsistent
+//! field is a typed error naming the field.
 
 mod deepseek_v3;
+mod family;
 mod glm4_moe;
+mod gpt_oss;
 mod kimi_k3;
 mod kimi_linear;
 mod quant;
@@ -14,12 +17,14 @@ mod qwen3;
 mod qwen3_moe;
 mod rope;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{Map, Value};
 
 pub use deepseek_v3::DeepseekV3Config;
+pub use family::{Checkpoint, Family, FamilyInput, Nesting, Spec, TextConfig, supported};
 pub use glm4_moe::Glm4MoeConfig;
+pub use gpt_oss::{GptOssConfig, GptOssLayer};
 pub use kimi_k3::KimiK3Config;
 pub use kimi_linear::{AttnKind, KdaConfig, KdaDecay, KimiLinearConfig};
 pub use quant::{IgnoreRule, Quantization};
@@ -28,42 +33,6 @@ pub use qwen3_moe::Qwen3MoeConfig;
 pub use rope::{RopeConfig, RopeScaling};
 
 use crate::error::{Error, Result};
-
-/// The architectures this build implements.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum ArchConfig {
-    /// DeepSeek-V3 and the Kimi-K2 family (`deepseek_v3`, `kimi_k2`).
-    DeepseekV3(DeepseekV3Config),
-    /// Kimi-Linear (`kimi_linear`): KDA + NoPE MLA layers, MoE.
-    KimiLinear(KimiLinearConfig),
-    /// Kimi K3 (`kimi_k3` with a `kimi_linear` text config).
-    KimiK3(KimiK3Config),
-    /// Qwen3 dense (`qwen3`), used as a raw-completion drafter.
-    Qwen3(Qwen3Config),
-    /// Qwen3-MoE (`qwen3_moe`): GQA with q/k norm, softmax-routed experts.
-    Qwen3Moe(Qwen3MoeConfig),
-    /// GLM-4.5 / GLM-4.6 (`glm4_moe`): GQA with biases and partial rotary, sigmoid-routed experts.
-    Glm4Moe(Glm4MoeConfig),
-}
-
-/// Everything `config.json` says about a checkpoint.
-#[derive(Debug, Clone)]
-pub struct ModelSpec {
-    /// The validated architecture config.
-    pub arch: ArchConfig,
-    /// Prefix of every tensor name (`""`, or `"language_model."` for nested configs).
-    pub tensor_prefix: String,
-    /// How weights are quantised.
-    pub quant: Quantization,
-    /// The outer `model_type` as written in the file.
-    pub model_type: String,
-    /// Path of the parsed file (for error messages).
-    pub path: PathBuf,
-}
-
-/// Model types accepted at the top level, listed in errors.
-pub const SUPPORTED_MODEL_TYPES: &str = "deepseek_v3, kimi_k2, kimi_k25 (text_config deepseek_v3/kimi_k2), kimi_linear, kimi_k3 (text_config kimi_linear), qwen3, qwen3_moe, glm4_moe";
 
 /// Field access with errors that name the field and the file.
 #[derive(Debug, Clone, Copy)]
@@ -206,90 +175,6 @@ impl TokenIds {
     /// The first id (HF's `bos_token_id` when a list is given).
     pub fn first(&self) -> Option<u32> {
         self.to_vec().first().copied()
-    }
-}
-
-impl ModelSpec {
-    /// Read and validate `dir/config.json`.
-    pub fn load(dir: &Path) -> Result<ModelSpec> {
-        let path = dir.join("config.json");
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let value: Value = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
-            path: path.clone(),
-            source,
-        })?;
-        Self::from_value(&value, &path)
-    }
-
-    /// Validate an already-parsed `config.json` value.
-    pub fn from_value(value: &Value, path: &Path) -> Result<ModelSpec> {
-        let outer = value
-            .as_object()
-            .ok_or_else(|| Error::config(path, "<root>", "expected a JSON object"))?;
-        let top = Fields {
-            map: outer,
-            path,
-            scope: "",
-        };
-        let model_type = top
-            .opt_str("model_type")?
-            .ok_or_else(|| top.err("model_type", "missing"))?
-            .to_string();
-        let (text, scope, prefix) = match top.get("text_config") {
-            Some(Value::Object(text)) => (text, "text_config.", "language_model."),
-            Some(_) => return Err(top.err("text_config", "expected an object")),
-            None => (outer, "", ""),
-        };
-        let fields = Fields {
-            map: text,
-            path,
-            scope,
-        };
-        let inner_type = fields.opt_str("model_type")?.unwrap_or(&model_type).to_string();
-        // Quantisation is declared in the text config by some releases and at the top by others.
-        let quant = match fields
-            .get("quantization_config")
-            .or_else(|| top.get("quantization_config"))
-        {
-            Some(q) => Quantization::parse(q, path)?,
-            None => Quantization::None,
-        };
-        let nested_ok = matches!(
-            model_type.as_str(),
-            "kimi_k25" | "kimi_k2_5" | "kimi_vl" | "deepseek_v3" | "kimi_k2"
-        );
-        let arch = match inner_type.as_str() {
-            "deepseek_v3" | "kimi_k2" if nested_ok => {
-                ArchConfig::DeepseekV3(DeepseekV3Config::parse(fields)?)
-            }
-            "kimi_linear" if model_type == "kimi_linear" && scope.is_empty() => ArchConfig::KimiLinear(
-                KimiLinearConfig::parse(fields, kimi_linear::Dialect::Linear, &[])?,
-            ),
-            "kimi_linear" if model_type == "kimi_k3" && !scope.is_empty() => {
-                ArchConfig::KimiK3(KimiK3Config::parse(top, fields)?)
-            }
-            "qwen3" if scope.is_empty() => ArchConfig::Qwen3(Qwen3Config::parse(fields)?),
-            "qwen3_moe" if scope.is_empty() => ArchConfig::Qwen3Moe(Qwen3MoeConfig::parse(fields)?),
-            "glm4_moe" if scope.is_empty() => ArchConfig::Glm4Moe(Glm4MoeConfig::parse(fields)?),
-            _ => {
-                return Err(Error::UnknownModelType {
-                    path: path.to_path_buf(),
-                    model_type: if scope.is_empty() {
-                        model_type
-                    } else {
-                        format!("{model_type}/{inner_type}")
-                    },
-                    supported: SUPPORTED_MODEL_TYPES,
-                });
-            }
-        };
-        Ok(ModelSpec {
-            arch,
-            tensor_prefix: prefix.to_string(),
-            quant,
-            model_type,
-            path: path.to_path_buf(),
-        })
     }
 }
 

@@ -46,6 +46,9 @@ pub enum Quantization {
         group_size: usize,
         ignore: Vec<IgnoreRule>,
     },
+    /// gpt-oss's `quant_method: mxfp4`: routed experts stored as `*_blocks` / `*_scales`
+    /// (groups of 32, E8M0 scales); every other module plain.
+    Mxfp4Experts,
 }
 
 impl Quantization {
@@ -61,7 +64,7 @@ impl Quantization {
         match f.opt_str("quant_method")? {
             Some("fp8") => {
                 if let Some(fmt) = f.opt_str("fmt")?
-                    && fmt != "e4m3"
+                    && !matches!(fmt, "e4m3" | "float8_e4m3fn")
                 {
                     return Err(f.err("fmt", format!("unsupported FP8 format `{fmt}` (supported: e4m3)")));
                 }
@@ -84,9 +87,10 @@ impl Quantization {
                 }
             }
             Some("compressed-tensors") => Self::parse_compressed(f),
+            Some("mxfp4") => Ok(Quantization::Mxfp4Experts),
             Some(other) => Err(f.err(
                 "quant_method",
-                format!("unsupported `{other}` (supported: fp8, compressed-tensors)"),
+                format!("unsupported `{other}` (supported: fp8, compressed-tensors, mxfp4)"),
             )),
             None => Err(f.err("quant_method", "missing")),
         }

@@ -133,3 +133,12 @@ impl Qwen3Config {
         self.num_attention_heads / self.num_key_value_heads
     }
 }
+
+impl super::TextConfig for Qwen3Config {
+    const MODEL_TYPES: &'static [&'static str] = &["qwen3"];
+    const NESTING: super::Nesting = super::Nesting::Flat;
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse(i.text)
+    }
+}

@@ -128,3 +128,12 @@ impl Qwen3MoeConfig {
         !mlp_only && self.num_experts > 0 && (i + 1).is_multiple_of(self.decoder_sparse_step)
     }
 }
+
+impl super::TextConfig for Qwen3MoeConfig {
+    const MODEL_TYPES: &'static [&'static str] = &["qwen3_moe"];
+    const NESTING: super::Nesting = super::Nesting::Flat;
+
+    fn parse(i: super::FamilyInput<'_>) -> Result<Self> {
+        Self::parse(i.text)
+    }
+}

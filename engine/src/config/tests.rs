@@ -17,15 +17,18 @@ fn base() -> Value {
     })
 }
 
-fn parse(v: &Value) -> crate::Result<ModelSpec> {
-    ModelSpec::from_value(v, Path::new("config.json"))
+fn parse(v: &Value) -> crate::Result<Spec<DeepseekV3Config>> {
+    Spec::from_value_typed(v, Path::new("config.json"))
+}
+
+fn parse_qwen3_moe(v: &Value) -> crate::Result<Spec<Qwen3MoeConfig>> {
+    Spec::from_value_typed(v, Path::new("config.json"))
 }
 
 fn dsv3(v: &Value) -> DeepseekV3Config {
-    match parse(v).unwrap().arch {
-        ArchConfig::DeepseekV3(c) => c,
-        other => panic!("{other:?}"),
-    }
+    Spec::<DeepseekV3Config>::from_value_typed(v, Path::new("config.json"))
+        .unwrap()
+        .arch
 }
 
 #[test]
@@ -192,9 +195,9 @@ fn qwen3_moe() -> Value {
 
 #[test]
 fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
-    let ArchConfig::Qwen3Moe(c) = parse(&qwen3_moe()).unwrap().arch else {
-        panic!("not qwen3_moe")
-    };
+    let c = Spec::<Qwen3MoeConfig>::from_value_typed(&qwen3_moe(), Path::new("config.json"))
+        .unwrap()
+        .arch;
     assert_eq!(
         (c.head_dim(), c.decoder_sparse_step, c.norm_topk_prob),
         (32, 1, false)
@@ -207,7 +210,10 @@ fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
     let mut v = qwen3_moe();
     v["num_local_experts"] = v["num_experts"].take();
     v.as_object_mut().unwrap().remove("num_experts");
-    assert!(parse(&v).is_ok(), "transformers 5 spells it num_local_experts");
+    assert!(
+        parse_qwen3_moe(&v).is_ok(),
+        "transformers 5 spells it num_local_experts"
+    );
     for (field, value, want) in [
         ("hidden_size", json!("wide"), "hidden_size"),
         ("num_experts_per_tok", json!(9), "num_experts_per_tok"),
@@ -216,10 +222,15 @@ fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
     ] {
         let mut v = qwen3_moe();
         v[field] = value;
-        let err = parse(&v).unwrap_err().to_string();
+        let err = parse_qwen3_moe(&v).unwrap_err().to_string();
         assert!(err.contains(want), "{field}: {err}");
     }
     let mut v = qwen3_moe();
     v.as_object_mut().unwrap().remove("vocab_size");
-    assert!(parse(&v).unwrap_err().to_string().contains("vocab_size"));
+    assert!(
+        parse_qwen3_moe(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("vocab_size")
+    );
 }

@@ -13,6 +13,9 @@ pub enum Activation {
     /// SiTU: `(β·tanh(g/β))·σ(g) · U` with `U = β_l·tanh(u/β_l)` (or `u` when `linear_beta` is
     /// `None`), in exactly this f32 order.
     Situ { beta: f32, linear_beta: Option<f32> },
+    /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, ±limit)`,
+    /// `(u' + 1) · g' · σ(α · g')`, in exactly this f32 order (HF `GptOssExperts._apply_gate`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -29,6 +32,12 @@ impl Activation {
                 };
                 gate * up
             }
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                let glu = g * sigmoid(g * alpha);
+                (u + 1.0) * glu
+            }
         }
     }
 }
@@ -41,6 +50,9 @@ pub enum Scoring {
     Sigmoid,
     /// `softmax(logits)` over all experts in f32, selection on the probabilities (Qwen3-MoE).
     Softmax,
+    /// Selection on the logits, then `softmax` over the `top_k` selected logits only, in
+    /// selection order (gpt-oss `GptOssTopKRouter`).
+    TopKSoftmax,
 }
 
 /// Router hyperparameters.

@@ -7,7 +7,7 @@
 //! an architecture skips its routed experts when [`Loader::routed_experts`] is false (they are
 //! then served by an expert provider instead).
 
-use crate::config::{ModelSpec, Quantization};
+use crate::config::{Checkpoint, Quantization};
 use crate::error::{Error, Result};
 use crate::kernels::{Format, Matrix, ScaleDtype};
 use crate::weights::{Blob, BlobSource, Dtype, MappedSource, TensorInfo, WeightIndex};
@@ -32,7 +32,7 @@ impl std::fmt::Debug for Loader<'_> {
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(index: &'a WeightIndex, spec: &'a ModelSpec) -> Self {
+    pub fn new(index: &'a WeightIndex, spec: &'a Checkpoint) -> Self {
         Self::with_layout(index, &spec.tensor_prefix, &spec.quant)
     }
 
@@ -130,6 +130,71 @@ impl<'a> Loader<'a> {
             Format::F32
         };
         Matrix::new(format, rows, cols, self.blob(info)?, None)
+    }
+
+    /// Expert `e`'s slice of a tensor stacked over `experts` in its outermost dimension, whose
+    /// remaining dimensions are `inner`: the same tensor narrowed to that expert's bytes (so an
+    /// out-of-core layout records and reads only them).
+    fn expert_slice(
+        &self,
+        name: &str,
+        dtypes: &[Dtype],
+        experts: usize,
+        e: usize,
+        inner: &[usize],
+    ) -> Result<TensorInfo> {
+        let full = self.name(name);
+        let shape: Vec<usize> = std::iter::once(experts).chain(inner.iter().copied()).collect();
+        let info = self.index.expect(&full, dtypes, &shape)?;
+        let each = info.len / experts as u64;
+        Ok(TensorInfo {
+            shape: inner.to_vec(),
+            offset: info.offset + e as u64 * each,
+            len: each,
+            ..info.clone()
+        })
+    }
+
+    /// Expert `e`'s `[rows, cols]` MXFP4 matrix from gpt-oss's stacked `{name}_blocks`
+    /// (`U8 [experts, rows, cols / 32, 16]`, two E2M1 values per byte, low nibble first) and
+    /// `{name}_scales` (`U8 [experts, rows, cols / 32]`, E8M0), used as stored: that is exactly
+    /// [`Format::Mxfp4`] with groups of 32.
+    pub fn stacked_mxfp4(
+        &self,
+        name: &str,
+        experts: usize,
+        e: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        const GROUP: usize = 32;
+        let blocks = self.name(&format!("{name}_blocks"));
+        if !cols.is_multiple_of(GROUP) {
+            return Err(self.unexpected(&blocks, &format!("in-features {cols} not divisible by 32")));
+        }
+        let data = self.expert_slice(
+            &format!("{name}_blocks"),
+            &[Dtype::U8],
+            experts,
+            e,
+            &[rows, cols / GROUP, GROUP / 2],
+        )?;
+        let scales = self.expert_slice(
+            &format!("{name}_scales"),
+            &[Dtype::U8],
+            experts,
+            e,
+            &[rows, cols / GROUP],
+        )?;
+        let format = Format::Mxfp4 { group: GROUP };
+        Matrix::new(format, rows, cols, self.blob(&data)?, Some(self.blob(&scales)?))
+    }
+
+    /// Row `e` of a float tensor `[experts, len]` (per-expert biases) widened to f32.
+    pub fn stacked_vector(&self, name: &str, experts: usize, e: usize, len: usize) -> Result<Vec<f32>> {
+        let dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16];
+        let info = self.expert_slice(name, &dtypes, experts, e, &[len])?;
+        Ok(WeightIndex::decode_f32(&info, &self.blob(&info)?))
     }
 
     /// The Linear `module` (`out x in`) in its stored format.

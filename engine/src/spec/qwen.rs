@@ -57,8 +57,8 @@ impl QwenDrafter {
     /// Load the Qwen3 checkpoint in `dir` (config, weights, `tokenizer.json`) as a drafter for a
     /// target that tokenises with `target_tokenizer`.
     pub fn load(dir: &Path, target_tokenizer: Arc<Tokenizer>, cfg: QwenDraftConfig) -> Result<QwenDrafter> {
-        let spec = crate::config::ModelSpec::load(dir)?;
-        if !arch::architecture(&spec.arch).raw_completion_drafter() {
+        let spec = crate::arch::ModelSpec::load(dir)?;
+        if !spec.arch.raw_completion_drafter() {
             return Err(Error::config(
                 dir.join("config.json"),
                 "model_type",

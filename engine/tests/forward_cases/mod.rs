@@ -12,7 +12,7 @@ use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};
 use deltafin_engine::backend::device::DeviceOps;
 use deltafin_engine::cache::OocOptions;
-use deltafin_engine::config::{ArchConfig, ModelSpec};
+use deltafin_engine::config::{DeepseekV3Config, KimiK3Config, KimiLinearConfig, Spec, TextConfig};
 use deltafin_engine::generate::{
     FinishReason, Flow, GenerateOptions, Sampling, generate, generate_on_device,
 };
@@ -20,9 +20,9 @@ use deltafin_engine::model::Loader;
 use deltafin_engine::synth::{DeepseekSynth, ExpertFormat};
 use deltafin_engine::weights::WeightIndex;
 
-/// The config and weights of the checkpoint in `dir`.
-fn open(dir: &Path) -> (ModelSpec, WeightIndex) {
-    (ModelSpec::load(dir).unwrap(), WeightIndex::open(dir).unwrap())
+/// The typed config and weights of the checkpoint in `dir`.
+fn open<C: TextConfig>(dir: &Path) -> (Spec<C>, WeightIndex) {
+    (Spec::load_typed(dir).unwrap(), WeightIndex::open(dir).unwrap())
 }
 
 fn fixture(name: &str) -> std::path::PathBuf {
@@ -66,10 +66,8 @@ pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
     for format in [ExpertFormat::Fp8, ExpertFormat::Int4] {
         let dir = tempfile::tempdir().unwrap();
         DeepseekSynth::tiny(format).write(dir.path()).unwrap();
-        let (spec, index) = open(dir.path());
-        let ArchConfig::DeepseekV3(cfg) = spec.arch.clone() else {
-            panic!("a DeepSeek-V3 config")
-        };
+        let (spec, index) = open::<DeepseekV3Config>(dir.path());
+        let cfg = spec.arch.clone();
         let model = DeepseekV3::load(cfg, &Loader::new(&index, &spec)).unwrap();
         let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % 200).collect();
         let mut session = model.device_session(dev, 16).unwrap();
@@ -83,10 +81,8 @@ pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
 /// The HF-generated Kimi-Linear fixture (KDA and NoPE-MLA layers, a dense first FFN, MoE with
 /// 3 of 8 experts and a shared expert): a 7-token prefill and two decode steps.
 pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
-    let (spec, index) = open(&fixture("kimi-linear"));
-    let ArchConfig::KimiLinear(cfg) = spec.arch.clone() else {
-        panic!("a Kimi-Linear config")
-    };
+    let (spec, index) = open::<KimiLinearConfig>(&fixture("kimi-linear"));
+    let cfg = spec.arch.clone();
     let model = KimiLinear::load(cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..7).map(|i| (i * 53 + 11) % 300).collect();
     let mut session = model.device_session(dev, 16).unwrap();
@@ -98,10 +94,8 @@ pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
 /// a normalised expert sum, SiTU, router-order combine): a 5-token prefill and one decode step
 /// (fewer than the others: the emulator is slow on this fixture).
 pub fn k3_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
-    let (spec, index) = open(&fixture("k3"));
-    let ArchConfig::KimiK3(cfg) = spec.arch.clone() else {
-        panic!("a K3 config")
-    };
+    let (spec, index) = open::<KimiK3Config>(&fixture("k3"));
+    let cfg = spec.arch.clone();
     let model = KimiK3::load(cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..5).map(|i| (i * 41 + 3) % 300).collect();
     let mut session = model.device_session(dev, 16).unwrap();
@@ -147,10 +141,8 @@ fn generation_agrees(
 pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
-    let (spec, index) = open(dir.path());
-    let ArchConfig::DeepseekV3(cfg) = spec.arch.clone() else {
-        panic!("a DeepSeek-V3 config")
-    };
+    let (spec, index) = open::<DeepseekV3Config>(dir.path());
+    let cfg = spec.arch.clone();
     let model = DeepseekV3::load(cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % 200).collect();
     let greedy = GenerateOptions {
@@ -172,10 +164,8 @@ pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
     };
     generation_agrees(&model, dev, &prompt, &stop, "deepseek stop id");
 
-    let (spec, index) = open(&fixture("kimi-linear"));
-    let ArchConfig::KimiLinear(cfg) = spec.arch.clone() else {
-        panic!("a Kimi-Linear config")
-    };
+    let (spec, index) = open::<KimiLinearConfig>(&fixture("kimi-linear"));
+    let cfg = spec.arch.clone();
     let kimi = KimiLinear::load(cfg, &Loader::new(&index, &spec)).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: 3,

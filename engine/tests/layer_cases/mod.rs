@@ -44,7 +44,7 @@ pub fn rms_norm(run: Runner) {
     }
 }
 
-/// SiLU, SiTU and SiTU with a capped up branch (`deltafin_gated_act`) against
+/// SiLU, SiTU, SiTU with a capped up branch and gpt-oss's clamped SwiGLU (`deltafin_gated_act`) against
 /// `Activation::apply`, and the residual add (`deltafin_add`).
 pub fn gated_activations(run: Runner) {
     let n = 5000;
@@ -61,11 +61,15 @@ pub fn gated_activations(run: Runner) {
             beta: 3.5,
             linear_beta: Some(7.0),
         },
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
     ] {
         let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| act.apply(g, u)).collect();
         let out = run_on(
             run,
-            &abi::gated_act(n, act),
+            &abi::gated_act(n, act).unwrap(),
             &[bytes_of(&g), bytes_of(&u), vec![0; 4 * n]],
         );
         assert_same(&want, &floats(&out[2]), &format!("{act:?}"));
@@ -87,6 +91,7 @@ fn moe_with(experts: usize, bias: Vec<f32>, router: RouterConfig) -> Moe {
     Moe {
         gate,
         bias,
+        logit_bias: Vec::new(),
         router,
         experts: Vec::new(),
         shared: None,
@@ -142,7 +147,7 @@ pub fn routing(run: Runner) {
             vec![0; 4 * rows * top_k],
             vec![0; 4 * scratch],
         ];
-        let out = run_on(run, &abi::route(rows, e, &router), &bufs);
+        let out = run_on(run, &abi::route(rows, e, &router).unwrap(), &bufs);
         let ids: Vec<i32> = out[2]
             .chunks_exact(4)
             .map(|b| i32::from_le_bytes(b.try_into().unwrap()))

@@ -10,14 +10,14 @@
 use crate::backend::WeightClass;
 use crate::backend::abi::{self, RopeLayout, RowSlice};
 use crate::backend::device::DeviceOps;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
 use crate::weights::Blob;
 
 use super::kda::{Kda, OutputGate};
 use super::mla::{Mla, QProj};
-use super::mlp::Mlp;
+use super::mlp::{GateUp, Mlp};
 use super::moe::{Combine, ExpertProvider, Moe};
 
 /// `y = W x` into a new buffer.
@@ -71,10 +71,16 @@ pub fn copy_rows<D: DeviceOps>(
 
 /// The gated MLP on `n` rows.
 pub fn mlp<D: DeviceOps>(dev: &D, m: &Mlp, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
-    let g = project(dev, &m.gate, class, x, n)?;
-    let u = project(dev, &m.up, class, x, n)?;
+    let (GateUp::Split { gate, up }, None) = (&m.gate_up, &m.bias) else {
+        return Err(Error::InvalidArgument {
+            field: "device",
+            reason: "the device pass runs split gate/up MLPs without biases only".into(),
+        });
+    };
+    let g = project(dev, gate, class, x, n)?;
+    let u = project(dev, up, class, x, n)?;
     dev.layer(
-        &abi::gated_act(n * m.width(), m.act),
+        &abi::gated_act(n * m.width(), m.act)?,
         &[Some(&g), Some(&u), Some(&g)],
     )?;
     project(dev, &m.down, class, &g, n)
@@ -92,7 +98,13 @@ pub fn moe<D: DeviceOps>(
     let logits = project(dev, &m.gate, WeightClass::Spine, x, n)?;
     let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
     let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
-    let launch = abi::route(n, e, r);
+    if !m.logit_bias.is_empty() {
+        return Err(Error::InvalidArgument {
+            field: "device",
+            reason: "the device router has no logit bias".into(),
+        });
+    }
+    let launch = abi::route(n, e, r)?;
     dev.layer(
         &launch,
         &[Some(&logits), bias, Some(&ids), Some(&weights), Some(&scratch)],
@@ -212,12 +224,7 @@ fn served_experts(p: &dyn ExpertProvider, ids: &[usize]) -> Result<Vec<Mlp>> {
     };
     let got = std::sync::Mutex::new(Vec::with_capacity(ids.len()));
     p.for_each_expert(ids, &|id, e| {
-        let staged = Mlp {
-            gate: stage(&e.gate),
-            up: stage(&e.up),
-            down: stage(&e.down),
-            act: e.act,
-        };
+        let staged = e.map_matrices(stage);
         got.lock().expect("not poisoned").push((id, staged));
     })?;
     let mut got = got.into_inner().expect("not poisoned");

@@ -1,8 +1,12 @@
 //! Grouped-query attention of the Llama family (HF `LlamaAttention` and its descendants: Qwen3,
-//! Qwen3-MoE, GLM-4.5): `q/k/v_proj` (optional biases), an optional per-head RMSNorm of queries
-//! and keys (`q_norm`, `k_norm` over `head_dim`), `rotate_half` RoPE on the first `rotary_dim`
-//! values of each head (partial rotary: the rest pass through), causal softmax with scale
+//! Qwen3-MoE, GLM-4.5, gpt-oss, MiniMax-M2): `q/k/v_proj` (optional biases), an optional RMSNorm
+//! of queries and keys (`q_norm`, `k_norm`: per head over `head_dim`, or over the whole
+//! projection as MiniMax-M2 does), `rotate_half` RoPE on the first `rotary_dim` values of each
+//! head (partial rotary: the rest pass through), causal softmax with scale
 //! `head_dim^-0.5`, query head `h` reading key/value head `h / (heads / kv_heads)`, then `o_proj`.
+//! gpt-oss adds two options: a learned per-head *sink* logit that joins each softmax's
+//! normaliser but has no value (HF `eager_attention_forward` with `s_aux`), and a sliding window
+//! (a row at position `p` sees positions `p - window + 1 ..= p`, HF `sliding_window_overlay`).
 //!
 //! The cache ([`KvCache`]) holds every position's rotated keys and values. A pass appends all its
 //! rows first, then each `(row, head)` attends over positions `0..=pos` in ascending order, by
@@ -42,10 +46,24 @@ pub struct GqaOptions {
     pub qkv_bias: bool,
     /// `o_proj` carries a bias (Qwen3-MoE with `attention_bias`; never in GLM-4.5).
     pub o_bias: bool,
-    /// `q_norm`/`k_norm` per-head RMSNorms (`use_qk_norm`, always on in Qwen3).
-    pub qk_norm: bool,
+    /// RMSNorms of queries and keys (`q_norm`, `k_norm`) before RoPE.
+    pub qk_norm: QkNorm,
     /// RMSNorm epsilon of the q/k norms.
     pub eps: f32,
+    /// A per-head sink logit `{prefix}.sinks` (gpt-oss).
+    pub sinks: bool,
+    /// Sliding-window width of this layer (`None`: full causal attention).
+    pub window: Option<usize>,
+}
+
+/// Where the q/k RMSNorms normalise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Over each head (`head_dim` weights: Qwen3, GLM-4.5 `use_qk_norm`).
+    PerHead,
+    /// Over the whole projection, all heads at once (`heads * head_dim` weights: MiniMax-M2).
+    Whole,
 }
 
 /// One attention layer.
@@ -61,6 +79,9 @@ pub struct Gqa {
     o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
+    qk_norm: QkNorm,
+    sinks: Option<Vec<f32>>,
+    window: Option<usize>,
     eps: f32,
     rope: Rope,
     dims: GqaDims,
@@ -96,11 +117,13 @@ impl Gqa {
                 false => Ok(None),
             }
         };
-        let norm = |name: &str| -> Result<Option<Vec<f32>>> {
-            match opts.qk_norm {
-                true => Ok(Some(ld.vector(&format!("{prefix}.{name}.weight"), d)?)),
-                false => Ok(None),
-            }
+        let norm = |name: &str, width: usize| -> Result<Option<Vec<f32>>> {
+            let len = match opts.qk_norm {
+                QkNorm::None => return Ok(None),
+                QkNorm::PerHead => d,
+                QkNorm::Whole => width,
+            };
+            Ok(Some(ld.vector(&format!("{prefix}.{name}.weight"), len)?))
         };
         Ok(Gqa {
             q: ld.linear(&format!("{prefix}.q_proj"), qw, hidden)?,
@@ -111,8 +134,14 @@ impl Gqa {
             k_bias: bias("k_proj", kw, opts.qkv_bias)?,
             v_bias: bias("v_proj", kw, opts.qkv_bias)?,
             o_bias: bias("o_proj", hidden, opts.o_bias)?,
-            q_norm: norm("q_norm")?,
-            k_norm: norm("k_norm")?,
+            q_norm: norm("q_norm", qw)?,
+            k_norm: norm("k_norm", kw)?,
+            qk_norm: opts.qk_norm,
+            sinks: match opts.sinks {
+                true => Some(ld.vector(&format!("{prefix}.sinks"), dims.heads)?),
+                false => None,
+            },
+            window: opts.window,
             eps: opts.eps,
             rope: Rope::new(rope, dims.rotary_dim, false),
             dims,
@@ -156,16 +185,23 @@ impl Gqa {
         let task = |scores: &mut Vec<f32>, (t, o): (usize, &mut [f32])| {
             let (i, h) = (t / d.heads, t % d.heads);
             let qh = &q[i * qw + h * d.head_dim..][..d.head_dim];
+            let end = rows.pos[i] + 1;
+            let seen = Seen {
+                start: self.window.map_or(0, |w| end.saturating_sub(w)),
+                end,
+                sink: self.sinks.as_ref().map(|s| s[h]),
+            };
             attend_head(
                 qh,
                 caches[rows.seq[i]],
-                rows.pos[i] + 1,
+                seen,
                 h / (d.heads / d.kv_heads),
                 d,
                 (scores, o),
             );
         };
-        let work: usize = rows.pos.iter().map(|p| p + 1).sum::<usize>() * qw;
+        let seen = |p: usize| self.window.map_or(p + 1, |w| (p + 1).min(w));
+        let work: usize = rows.pos.iter().map(|&p| seen(p)).sum::<usize>() * qw;
         if work >= PARALLEL_WORK {
             out.par_chunks_mut(d.head_dim)
                 .enumerate()
@@ -201,8 +237,11 @@ impl Gqa {
             if let Some(b) = bias {
                 add_bias(row, b);
             }
+            if let (Some(w), QkNorm::Whole) = (norm, self.qk_norm) {
+                rms_norm_inplace(row, w, self.eps);
+            }
             for head in row.chunks_mut(self.dims.head_dim) {
-                if let Some(w) = norm {
+                if let (Some(w), QkNorm::PerHead) = (norm, self.qk_norm) {
                     rms_norm_inplace(head, w, self.eps);
                 }
                 self.rope.apply(&mut head[..self.dims.rotary_dim], p);
@@ -216,13 +255,21 @@ fn add_bias(row: &mut [f32], bias: &[f32]) {
     row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
 }
 
-/// One query head over positions `0..len` of key/value head `kv`: exact two-pass softmax
-/// (max, then `exp(s - max)` summed in position order), then `Σ_j p_j v_j` in position order.
-/// `scores` is scratch (its contents are overwritten).
+/// The positions one query row attends to, and its head's sink logit.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    start: usize,
+    end: usize,
+    sink: Option<f32>,
+}
+
+/// One query head over positions `start..end` of key/value head `kv`: exact two-pass softmax
+/// (max, then `exp(s - max)` summed in position order, the sink's term last), then `Σ_j p_j v_j`
+/// in position order. `scores` is scratch (its contents are overwritten).
 fn attend_head(
     q: &[f32],
     cache: &KvCache,
-    len: usize,
+    seen: Seen,
     kv: usize,
     d: GqaDims,
     (scores, out): (&mut Vec<f32>, &mut [f32]),
@@ -230,20 +277,26 @@ fn attend_head(
     let (hd, kw) = (d.head_dim, d.kv_heads * d.head_dim);
     let scale = (hd as f32).powf(-0.5);
     scores.clear();
-    scores.extend((0..len).map(|j| {
+    scores.extend((seen.start..seen.end).map(|j| {
         let k = &cache.k[j * kw + kv * hd..][..hd];
         q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
     }));
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = seen.sink {
+        max = max.max(s);
+    }
     let mut sum = 0.0f32;
     crate::kernels::math::fma_scope(|| {
         for s in scores.iter_mut() {
             *s = exp(*s - max);
             sum += *s;
         }
+        if let Some(s) = seen.sink {
+            sum += exp(s - max);
+        }
     });
     out.fill(0.0);
-    for (j, s) in scores.iter().enumerate() {
+    for (j, s) in (seen.start..).zip(scores.iter()) {
         let p = s / sum;
         let v = &cache.v[j * kw + kv * hd..][..hd];
         out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
@@ -284,8 +337,8 @@ mod tests {
         long.v.extend_from_slice(&extra.v[5 * 16..]);
         let q: Vec<f32> = (0..8).map(|i| i as f32 * 0.1 - 0.3).collect();
         let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
-        attend_head(&q, &short, 5, 1, d, (&mut Vec::new(), &mut a));
-        attend_head(&q, &long, 5, 1, d, (&mut vec![7.0; 3], &mut b));
+        attend_head(&q, &short, all(5), 1, d, (&mut Vec::new(), &mut a));
+        attend_head(&q, &long, all(5), 1, d, (&mut vec![7.0; 3], &mut b));
         assert_eq!(a, b);
     }
 
@@ -295,7 +348,49 @@ mod tests {
         let c = cache(1, 3);
         let q = vec![0.5; 8];
         let mut o = vec![9.0; 8];
-        attend_head(&q, &c, 1, 1, d, (&mut Vec::new(), &mut o));
+        attend_head(&q, &c, all(1), 1, d, (&mut Vec::new(), &mut o));
         assert_eq!(o, c.v[8..16].to_vec());
+    }
+
+    fn all(end: usize) -> Seen {
+        Seen {
+            start: 0,
+            end,
+            sink: None,
+        }
+    }
+
+    #[test]
+    fn a_window_sees_only_its_last_positions_and_a_sink_only_scales() {
+        let d = dims();
+        let c = cache(9, 4);
+        let q: Vec<f32> = (0..8).map(|i| 0.2 - i as f32 * 0.05).collect();
+        let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
+        let window = Seen {
+            start: 6,
+            end: 9,
+            sink: None,
+        };
+        attend_head(&q, &c, window, 0, d, (&mut Vec::new(), &mut a));
+        // The same three positions alone (a cache holding only them) give the same result.
+        let tail = KvCache {
+            k: c.k[6 * 16..].to_vec(),
+            v: c.v[6 * 16..].to_vec(),
+        };
+        attend_head(&q, &tail, all(3), 0, d, (&mut Vec::new(), &mut b));
+        assert_eq!(a, b);
+        // A sink far below every score changes nothing; a huge one takes all the weight.
+        let low = Seen {
+            sink: Some(-1e4),
+            ..window
+        };
+        attend_head(&q, &c, low, 0, d, (&mut Vec::new(), &mut b));
+        assert_eq!(a, b);
+        let high = Seen {
+            sink: Some(1e4),
+            ..window
+        };
+        attend_head(&q, &c, high, 0, d, (&mut Vec::new(), &mut b));
+        assert!(b.iter().all(|v| v.abs() < 1e-30), "{b:?}");
     }
 }

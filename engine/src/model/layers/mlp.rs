@@ -1,23 +1,82 @@
 //! The gated MLP `down(act(gate(x), up(x)))` used as dense FFN, shared expert and routed expert:
-//! SwiGLU (`silu(g) * u`) or K3's SiTU (`kimi-k3.md` §1.5).
+//! SwiGLU (`silu(g) * u`), K3's SiTU (`kimi-k3.md` §1.5) or gpt-oss's clamped SwiGLU. The gate
+//! and up projections are two matrices, or one whose rows alternate gate and up (gpt-oss's
+//! `gate_up_proj`, used as stored: one product, outputs de-interleaved); optional biases are
+//! added to the products before the activation and after `down`, as `x @ W + b` does.
 
 use crate::backend::{WeightClass, matmul, matmul_expert};
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::Activation;
 
+/// How the gate and up projections are stored.
+#[derive(Debug, Clone)]
+pub enum GateUp {
+    /// `gate_proj` and `up_proj`, `[width, in]` each.
+    Split { gate: Matrix, up: Matrix },
+    /// One `[2 · width, in]` matrix, row `2j` gate `j` and row `2j + 1` up `j`.
+    Interleaved(Matrix),
+}
+
+/// Biases of a gated MLP (gpt-oss experts).
+#[derive(Debug, Clone)]
+pub struct MlpBias {
+    /// `2 · width` values in the stored order of the gate/up outputs (split: gate then up;
+    /// interleaved: alternating).
+    pub gate_up: Vec<f32>,
+    /// One per output.
+    pub down: Vec<f32>,
+}
+
 /// A gated MLP.
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    pub gate: Matrix,
-    pub up: Matrix,
+    pub gate_up: GateUp,
     pub down: Matrix,
     pub act: Activation,
+    pub bias: Option<MlpBias>,
 }
 
 impl Mlp {
+    /// The usual split SwiGLU/SiTU MLP without biases.
+    pub fn split(gate: Matrix, up: Matrix, down: Matrix, act: Activation) -> Mlp {
+        Mlp {
+            gate_up: GateUp::Split { gate, up },
+            down,
+            act,
+            bias: None,
+        }
+    }
+
     /// Hidden width.
     pub fn width(&self) -> usize {
-        self.gate.rows
+        match &self.gate_up {
+            GateUp::Split { gate, .. } => gate.rows,
+            GateUp::Interleaved(w) => w.rows / 2,
+        }
+    }
+
+    /// Every weight matrix (gate/up first, `down` last).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        match &self.gate_up {
+            GateUp::Split { gate, up } => vec![gate, up, &self.down],
+            GateUp::Interleaved(w) => vec![w, &self.down],
+        }
+    }
+
+    /// The same MLP with every matrix mapped by `f` (staging copies).
+    pub fn map_matrices(&self, f: impl Fn(&Matrix) -> Matrix) -> Mlp {
+        Mlp {
+            gate_up: match &self.gate_up {
+                GateUp::Split { gate, up } => GateUp::Split {
+                    gate: f(gate),
+                    up: f(up),
+                },
+                GateUp::Interleaved(w) => GateUp::Interleaved(f(w)),
+            },
+            down: f(&self.down),
+            act: self.act,
+            bias: self.bias.clone(),
+        }
     }
 
     /// `n` rows of `x` (input width) to `n` rows of output width.
@@ -34,13 +93,40 @@ impl Mlp {
         let width = self.width();
         let mut g = vec![0.0f32; n * width];
         let mut u = vec![0.0f32; n * width];
-        mm(&self.gate, x, n, &mut g);
-        mm(&self.up, x, n, &mut u);
+        let bias = self.bias.as_ref();
+        match &self.gate_up {
+            GateUp::Split { gate, up } => {
+                mm(gate, x, n, &mut g);
+                mm(up, x, n, &mut u);
+                if let Some(b) = bias {
+                    let (bg, bu) = b.gate_up.split_at(width);
+                    g.chunks_mut(width).for_each(|r| add_bias(r, bg));
+                    u.chunks_mut(width).for_each(|r| add_bias(r, bu));
+                }
+            }
+            GateUp::Interleaved(w) => {
+                let mut gu = vec![0.0f32; n * 2 * width];
+                mm(w, x, n, &mut gu);
+                if let Some(b) = bias {
+                    gu.chunks_mut(2 * width).for_each(|r| add_bias(r, &b.gate_up));
+                }
+                for ((pair, g), u) in gu.chunks_exact(2).zip(g.iter_mut()).zip(u.iter_mut()) {
+                    (*g, *u) = (pair[0], pair[1]);
+                }
+            }
+        }
         activate(self.act, &mut g, &u);
         let mut out = vec![0.0f32; n * self.down.rows];
         mm(&self.down, &g, n, &mut out);
+        if let Some(b) = bias {
+            out.chunks_mut(self.down.rows).for_each(|r| add_bias(r, &b.down));
+        }
         out
     }
+}
+
+fn add_bias(row: &mut [f32], bias: &[f32]) {
+    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
 }
 
 /// `g ← act(g, u)` elementwise, compiled for the widest vectors the CPU has. The same bits on

@@ -67,6 +67,8 @@ pub struct Moe {
     pub gate: Matrix,
     /// `e_score_correction_bias` (selection only; empty when the router has none).
     pub bias: Vec<f32>,
+    /// The router's own bias, added to the logits (gpt-oss `router.bias`; empty when none).
+    pub logit_bias: Vec<f32>,
     pub router: RouterConfig,
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
@@ -115,6 +117,17 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     exp.iter().map(|e| e / sum).collect()
 }
 
+/// The `top_k` largest logits (lower id first on ties) weighted by the softmax over just those
+/// logits, summed in selection order (torch `topk` then `softmax(dim=1)`), times `scaling`.
+fn top_k_softmax(logits: &[f32], top_k: usize, scaling: f32) -> Vec<(usize, f32)> {
+    let ids = select_experts(logits, 1, 1, top_k);
+    let picked: Vec<f32> = ids.iter().map(|&i| logits[i]).collect();
+    ids.into_iter()
+        .zip(softmax(&picked))
+        .map(|(i, w)| (i, w * scaling))
+        .collect()
+}
+
 impl Moe {
     /// Routing of one row from its router logits: `(expert, weight)` in router order
     /// (descending selection score, lower id first on ties).
@@ -128,6 +141,7 @@ impl Moe {
         let scores: Vec<f32> = match r.scoring {
             Scoring::Sigmoid => logits.iter().map(|&l| sigmoid(l)).collect(),
             Scoring::Softmax => softmax(logits),
+            Scoring::TopKSoftmax => return top_k_softmax(logits, r.top_k, r.scaling),
         };
         let choice: Vec<f32> = match self.bias.is_empty() {
             true => scores.clone(),
@@ -151,6 +165,11 @@ impl Moe {
         let e = self.gate.rows;
         let mut logits = vec![0.0f32; n * e];
         matmul(&self.gate, x, n, &mut logits);
+        if !self.logit_bias.is_empty() {
+            for row in logits.chunks_mut(e) {
+                row.iter_mut().zip(&self.logit_bias).for_each(|(l, b)| *l += b);
+            }
+        }
         logits.chunks(e).map(|l| self.route(l)).collect()
     }
 
@@ -279,6 +298,7 @@ mod tests {
             )
             .unwrap(),
             bias: Vec::new(),
+            logit_bias: Vec::new(),
             router: RouterConfig {
                 scoring: Scoring::Softmax,
                 top_k: 2,

@@ -85,12 +85,12 @@ fn load_layer(cfg: &DSparkConfig, ld: &Loader<'_>, i: usize) -> Result<Layer> {
         rotary,
         None,
     )?;
-    let mlp = Mlp {
-        gate: ld.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?,
-        up: ld.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?,
-        down: ld.linear(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?,
-        act: Activation::Silu,
-    };
+    let mlp = Mlp::split(
+        ld.linear(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?,
+        ld.linear(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?,
+        ld.linear(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?,
+        Activation::Silu,
+    );
     Ok(Layer {
         input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
         attn,
