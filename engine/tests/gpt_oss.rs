@@ -157,3 +157,8 @@ fn a_malformed_gpt_oss_checkpoint_is_a_typed_error_naming_the_tensor_or_key() {
         "{text}"
     );
 }
+
+#[test]
+fn gpt_oss_is_batch_and_chunk_invariant_and_drafts_change_nothing() {
+    golden_support::check_consistency("gpt-oss");
+}

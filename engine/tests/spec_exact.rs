@@ -228,6 +228,11 @@ fn glm4_moe_fixture_drafts_never_change_output() {
 }
 
 #[test]
+fn gpt_oss_fixture_drafts_never_change_output() {
+    check(&fixture("gpt-oss"), "gpt-oss");
+}
+
+#[test]
 fn synthetic_deepseek_model_drafts_never_change_output() {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Int4).write(dir.path()).unwrap();

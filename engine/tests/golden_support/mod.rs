@@ -235,3 +235,112 @@ pub fn check_tokenizer(name: &str) {
         "{name}: prompt ids"
     );
 }
+
+/// One pass over `tokens` appended to `state`, every row's logits as bits.
+fn pass_bits(m: &dyn arch::Model, state: &mut deltafin_engine::state::SeqState, tokens: &[u32]) -> Vec<u32> {
+    m.forward(
+        &mut [SeqInput {
+            state,
+            tokens,
+            logits: LogitRows::All,
+        }],
+        None,
+    )
+    .unwrap()
+    .iter()
+    .map(|x| x.to_bits())
+    .collect()
+}
+
+/// The exactness properties every family must have, on fixture `name`'s prompt:
+/// * a prefill in one pass, in chunks of 3 and 7, and token by token give bit-identical logits;
+/// * three sequences of different lengths batched into one pass give each one's bits alone;
+/// * a state truncated back to a shared prefix and continued (prefix reuse) equals a fresh one;
+/// * n-gram drafts (forced on every step) never change greedy ids.
+pub fn check_consistency(name: &str) {
+    use deltafin_engine::generate::generate_with;
+    use deltafin_engine::spec::ngram::{Ngram, NgramConfig};
+    use deltafin_engine::spec::{EconomicsConfig, Speculator};
+    let dir = fixture(name);
+    let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let model = arch::load(&dir).unwrap();
+    let m = model.as_ref();
+    let prompt = ids(&golden["prompt_ids"]);
+    let whole = pass_bits(m, &mut m.new_state(), &prompt);
+    for chunk in [1, 3, 7] {
+        let mut state = m.new_state();
+        let got: Vec<u32> = prompt
+            .chunks(chunk)
+            .flat_map(|c| pass_bits(m, &mut state, c))
+            .collect();
+        assert_eq!(got, whole, "{name}: prefill in chunks of {chunk}");
+    }
+    let vocab = m.info().vocab_size;
+    let seqs: Vec<Vec<u32>> = vec![
+        prompt.clone(),
+        prompt[..prompt.len() / 3].to_vec(),
+        prompt.iter().rev().map(|&t| (t + 1) % vocab as u32).collect(),
+    ];
+    let alone: Vec<Vec<u32>> = seqs.iter().map(|s| pass_bits(m, &mut m.new_state(), s)).collect();
+    let mut states: Vec<_> = seqs.iter().map(|_| m.new_state()).collect();
+    let mut batch: Vec<SeqInput<'_>> = states
+        .iter_mut()
+        .zip(&seqs)
+        .map(|(state, tokens)| SeqInput {
+            state,
+            tokens,
+            logits: LogitRows::All,
+        })
+        .collect();
+    let batched: Vec<u32> = m
+        .forward(&mut batch, None)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(
+        batched,
+        alone.concat(),
+        "{name}: a batched pass differs from each sequence alone"
+    );
+
+    let cut = prompt.len() / 2;
+    let mut reused = m.new_state();
+    pass_bits(m, &mut reused, &prompt);
+    pass_bits(m, &mut reused, &seqs[2][..5]);
+    reused.truncate(cut).unwrap();
+    let tail = pass_bits(m, &mut reused, &prompt[cut..]);
+    assert_eq!(
+        tail,
+        whole[cut * vocab..],
+        "{name}: a reused prefix differs from a fresh one"
+    );
+
+    let opts = GenerateOptions {
+        max_new_tokens: 20,
+        sampling: Sampling::Greedy,
+        stop_ids: vec![],
+        prefill_chunk: 4,
+    };
+    let plain = generate(m, &mut m.new_state(), &prompt, &opts, |_| {
+        deltafin_engine::generate::Flow::Continue
+    })
+    .unwrap()
+    .output_ids;
+    let econ = EconomicsConfig {
+        forced: true,
+        max_width: 6,
+        ..Default::default()
+    };
+    let ngram = Ngram::new(NgramConfig {
+        min_n: 1,
+        ..Default::default()
+    });
+    let mut spec = Speculator::new(vec![Box::new(ngram)], &econ, None);
+    let drafted = generate_with(m, &mut m.new_state(), &prompt, &opts, Some(&mut spec), |_| {
+        deltafin_engine::generate::Flow::Continue
+    })
+    .unwrap()
+    .output_ids;
+    assert_eq!(drafted, plain, "{name}: n-gram drafts changed the output");
+}
