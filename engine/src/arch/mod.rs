@@ -13,6 +13,7 @@ mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
+mod minimax_m2;
 pub mod qwen3;
 mod qwen3_moe;
 mod registry;
