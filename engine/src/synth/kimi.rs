@@ -451,7 +451,7 @@ fn mxfp4_quantization() -> Value {
 }
 
 /// E8M0 exponent giving elements of RMS about `1 / sqrt(cols)` (E2M1 values have RMS ≈ 2.93).
-fn e8m0_center(cols: usize) -> u8 {
+pub(crate) fn e8m0_center(cols: usize) -> u8 {
     let scale = 1.0 / (2.93 * (cols as f64).sqrt());
     (127.0 + scale.log2().round()) as u8
 }

@@ -7,6 +7,7 @@
 mod deepseek;
 mod dspark;
 mod fill;
+mod gqa;
 mod kimi;
 
 mod tokenizer;
@@ -14,6 +15,7 @@ mod tokenizer;
 pub use crate::rng::Rng;
 pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
 pub use dspark::DSparkSynth;
+pub use gqa::{GqaFamily, GqaMoeSynth};
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
 pub use tokenizer::{
     K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor,

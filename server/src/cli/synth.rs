@@ -1,6 +1,7 @@
 //! `deltafin synth`: write a synthetic checkpoint in a real on-disk format: DeepSeek-V3
-//! architecture (BF16, block-FP8 or INT4 experts) or Kimi K3 (MXFP4 experts at the latent
-//! width, BF16 spine, KDA + gated MLA, Block AttnRes).
+//! architecture (BF16, block-FP8 or INT4 experts), Kimi K3 (MXFP4 experts at the latent
+//! width, BF16 spine, KDA + gated MLA, Block AttnRes), gpt-oss (stacked MXFP4 experts) or
+//! MiniMax-M2 (block FP8).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -8,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use deltafin_engine::cache::plan::human;
-use deltafin_engine::synth::{DeepseekSynth, ExpertFormat, KimiK3Synth, RoutingShape};
+use deltafin_engine::synth::{DeepseekSynth, ExpertFormat, GqaMoeSynth, KimiK3Synth, RoutingShape};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -33,6 +34,13 @@ pub enum Preset {
     /// layer, AttnRes blocks of 4), 128 MXFP4 experts of 1.6 MiB at latent width 1024, top-8,
     /// 2 shared experts; spine : routed bytes per token ≈ 6 (real K3 ≈ 4.2).
     K3Bench,
+    /// gpt-oss-120b's shapes in its published layout (hidden 2880, 128 stacked MXFP4 experts of
+    /// width 2880, top-4, sinks, sliding/full layers), 2 layers unless `--layers`/`--size`.
+    #[value(name = "gpt-oss-120b")]
+    GptOss120b,
+    /// MiniMax-M2's shapes in its published block-FP8 layout (hidden 3072, 256 experts of width
+    /// 1536, top-8, whole-projection q/k norms), 1 layer unless `--layers`/`--size`.
+    MinimaxM2,
 }
 
 #[derive(Debug, Args)]
@@ -107,13 +115,23 @@ fn k3_preset(p: Preset) -> Option<KimiK3Synth> {
             max_position: 4096,
             ..KimiK3Synth::k3_builtin()
         }),
-        Preset::Builtin | Preset::Dsv3Bench => None,
+        Preset::Builtin | Preset::Dsv3Bench | Preset::GptOss120b | Preset::MinimaxM2 => None,
+    }
+}
+
+fn gqa_preset(p: Preset) -> Option<GqaMoeSynth> {
+    match p {
+        Preset::GptOss120b => Some(GqaMoeSynth::gpt_oss_120b(2)),
+        Preset::MinimaxM2 => Some(GqaMoeSynth::minimax_m2(1)),
+        _ => None,
     }
 }
 
 fn preset(p: Preset) -> DeepseekSynth {
     match p {
-        Preset::Builtin | Preset::K3Builtin | Preset::K3Bench => DeepseekSynth::builtin(),
+        Preset::Builtin | Preset::K3Builtin | Preset::K3Bench | Preset::GptOss120b | Preset::MinimaxM2 => {
+            DeepseekSynth::builtin()
+        }
         Preset::Dsv3Bench => DeepseekSynth {
             hidden: 2048,
             intermediate: 4096,
@@ -139,6 +157,9 @@ fn preset(p: Preset) -> DeepseekSynth {
 pub fn run(a: SynthArgs) -> Result<()> {
     if let Some(k3) = k3_preset(a.preset) {
         return run_k3(k3, &a);
+    }
+    if let Some(g) = gqa_preset(a.preset) {
+        return run_gqa(g, &a);
     }
     let mut s = preset(a.preset);
     s.format = match a.format.unwrap_or(Format::Bf16) {
@@ -215,6 +236,39 @@ fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
         while s.data_bytes() < want {
             let next = s.layers + 1;
             relayer(&mut s, next);
+        }
+    }
+    let start = Instant::now();
+    s.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let shape = Shape {
+        layers: s.layers,
+        experts: s.experts,
+        top_k: s.top_k,
+        expert_bytes: s.expert_bytes(),
+    };
+    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
+    Ok(())
+}
+
+fn run_gqa(mut s: GqaMoeSynth, a: &SynthArgs) -> Result<()> {
+    if a.format.is_some() || a.route_skew != 0.0 || a.route_locality != 0.0 {
+        bail!("--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only");
+    }
+    s.shards = a.shards.max(1);
+    s.seed = a.seed;
+    if let Some(m) = a.max_position {
+        s.max_position = m.max(1);
+    }
+    if let Some(l) = a.layers {
+        s.layers = l.max(1);
+    }
+    if let Some(e) = a.experts {
+        s.experts = e.max(s.top_k);
+    }
+    if let Some(want) = wanted_size(a)? {
+        while s.data_bytes() < want {
+            s.layers += 1;
         }
     }
     let start = Instant::now();
