@@ -234,3 +234,52 @@ def test_two_models_in_two_namespaces_stay_independent(kube, operator, ns):
     wait_for(lambda: kube.get("dfm", "tiny", ns) is None, what="the first model deleted")
     assert kube.get("dfm", "tiny", other)["metadata"].get("deletionTimestamp") is None
     assert [j["metadata"]["uid"] for j in jobs(kube, other, "tiny")] == [b["metadata"]["uid"]]
+
+
+RECONCILES = "deltafin_operator_reconciliations_total"
+
+
+def api_requests(metrics):
+    """{(verb, resource): count} from deltafin_operator_api_requests_total."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith("deltafin_operator_api_requests_total{"):
+            labels = dict(p.split("=", 1) for p in key[key.index("{") + 1:-1].split(","))
+            out[(labels["verb"].strip('"'), labels["resource"].strip('"'))] = value
+    return out
+
+
+def settle(operator, quiet=1.5):
+    """Waits until no reconcile started for `quiet` seconds."""
+    last, since = None, time.monotonic()
+    while time.monotonic() - since < quiet:
+        now = operator.metrics().get(RECONCILES, 0)
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.2)
+
+
+def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kube, operator, ns):
+    serving(kube, ns, "tiny")
+    rvs = lambda: {k: kube.get(k, "tiny", ns)["metadata"]["resourceVersion"] for k in ("deployment", "service")}
+    for attempt in range(5):
+        settle(operator)
+        before, m0 = rvs(), operator.metrics()
+        # Any change to the model triggers a reconcile; an annotation changes nothing it plans.
+        kube.run("annotate", "dfm", "tiny", "-n", ns, f"envtest/poke={attempt}", "--overwrite")
+        wait_for(lambda: operator.metrics().get(RECONCILES, 0) > m0.get(RECONCILES, 0), what="the reconcile")
+        settle(operator, quiet=1.0)
+        m1 = operator.metrics()
+        if m1[RECONCILES] - m0[RECONCILES] == 1:  # nothing else (a requeue elsewhere) ran
+            break
+    else:
+        raise AssertionError("could not isolate one reconcile")
+    a0, a1 = api_requests(m0), api_requests(m1)
+    # Watches feed the caches (a reconnect may fall in the window); they are not reconcile reads.
+    delta = {k: a1[k] - a0.get(k, 0) for k in a1 if a1[k] != a0.get(k, 0) and k[0] != "watch"}
+    print(f"API requests of one no-op reconcile: {delta}")
+    reads = {k: v for k, v in delta.items() if k[0] in ("get", "list", "log")}
+    assert not reads, f"reads beyond the caches: {reads}"
+    # Apply every time: the server objects are applied, and the server changes nothing.
+    assert delta == {("patch", "deployments"): 1, ("patch", "services"): 1}, delta
+    assert rvs() == before, "a no-op server-side apply must not change a resourceVersion"
