@@ -283,3 +283,7 @@ def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kub
     # Apply every time: the server objects are applied, and the server changes nothing.
     assert delta == {("patch", "deployments"): 1, ("patch", "services"): 1}, delta
     assert rvs() == before, "a no-op server-side apply must not change a resourceVersion"
+    # The operator's own metrics, as Prometheus scrapes them.
+    assert m1["deltafin_operator_last_success_timestamp_seconds"] >= time.time() - 60
+    assert m1["deltafin_operator_reconcile_duration_seconds_count"] >= m1[RECONCILES] - 1
+    assert m1['deltafin_operator_writes_total{kind="Deployment"}'] >= 1

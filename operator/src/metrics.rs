@@ -54,7 +54,8 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// `deltafin_operator_reconcile_duration_seconds`.
     pub duration: Histogram,
-    /// `deltafin_operator_writes_total{kind}`: API writes (idempotent reconciles add none).
+    /// `deltafin_operator_writes_total{kind}`: writes sent, every server-side apply included (an
+    /// unchanged apply changes nothing on the server; see `api_requests` for all requests).
     pub writes: Family<WriteLabels, Counter>,
     /// `deltafin_operator_weights_bytes{namespace,name,kind}`: download progress.
     pub weights_bytes: Family<WeightsLabels, Gauge>,
