@@ -287,3 +287,72 @@ def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kub
     assert m1["deltafin_operator_last_success_timestamp_seconds"] >= time.time() - 60
     assert m1["deltafin_operator_reconcile_duration_seconds_count"] >= m1[RECONCILES] - 1
     assert m1['deltafin_operator_writes_total{kind="Deployment"}'] >= 1
+
+
+def fail_job(kube, ns, job, container, terminated):
+    """Plays the kubelet and the Job controller: the Job's pod failed with `terminated`, then the
+    Job failed."""
+    labels = dict(job["spec"]["template"]["metadata"]["labels"], **{"job-name": job["metadata"]["name"]})
+    pod = job["metadata"]["name"] + "-x1"
+    kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns, "labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": container, "image": "example.invalid/x"}]}})
+    kube.patch("pod", pod, ns, {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": container, "image": "example.invalid/x", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": terminated}}]}}, subresource="status")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kube.patch("job", job["metadata"]["name"], ns, {"status": {"failed": 1, "startTime": now, "conditions": [{
+        "type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit",
+        "lastProbeTime": now, "lastTransitionTime": now}]}}, subresource="status")
+
+
+def test_a_failed_preflight_keeps_the_old_image_and_says_why(kube, operator, ns):
+    serving(kube, ns, "tiny")
+    kube.patch("dfm", "tiny", ns, {"spec": {"image": NEW_IMAGE}})
+    fail_job(kube, ns, wait_job(kube, ns, "tiny", "preflight"), "preflight",
+             {"exitCode": 1, "reason": "Error", "message": "error: layout version 3 is newer than this image understands"})
+    cr = wait_for(lambda: (lambda o: (condition(o, "Upgrading") or {}).get("reason") == "PreflightFailed" and o)(
+        kube.get("dfm", "tiny", ns)), what="Upgrading=False PreflightFailed")
+    assert "layout version 3" in condition(cr, "Upgrading")["message"]
+    assert cr["status"]["lastFailure"]["exitCode"] == 1
+    assert condition(cr, "Ready")["status"] == "True", "the old image keeps serving"
+    assert kube.get("deployment", "tiny", ns)["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+    said = wait_for(lambda: events(kube, ns, "tiny", "PreflightFailed"), what="the PreflightFailed event")
+    assert said[0]["type"] == "Warning"
+
+
+def test_retain_policy_delete_removes_the_claim_and_the_marker(kube, operator, ns):
+    kube.apply(model("tiny", ns, storage={"pvc": {"size": "1Gi"}, "retainPolicy": "Delete"}))
+    complete_job(kube, ns, wait_job(kube, ns, "tiny")["metadata"]["name"])
+    wait_for(lambda: kube.get("configmap", "tiny-weights", ns), what="the marker")
+    kube.run("delete", "dfm", "tiny", "-n", ns, "--wait=false")
+    wait_for(lambda: kube.get("dfm", "tiny", ns) is None, what="the model deleted")
+    assert kube.get("configmap", "tiny-weights", ns) is None
+    pvc = kube.get("pvc", "tiny-weights", ns)
+    # No pvc-protection controller here: the claim stays Terminating instead of going away.
+    assert pvc is None or pvc["metadata"].get("deletionTimestamp"), pvc
+    assert events(kube, ns, "tiny", "WeightsDeleted")
+
+
+def test_a_new_revision_replaces_the_setup_job_while_the_old_server_keeps_serving(kube, operator, ns):
+    serving(kube, ns, "tiny")
+    old = jobs(kube, ns, "tiny")[0]["metadata"]["name"]
+    kube.patch("dfm", "tiny", ns, {"spec": {"source": {"huggingFace": {"revision": "4567def"}}}})
+    new = wait_for(lambda: [j for j in jobs(kube, ns, "tiny") if j["metadata"]["name"] != old], what="the new setup Job")
+    assert "hf://deltafin-test/tiny-moe@4567def" in new[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    wait_for(lambda: kube.get("job", old, ns) is None, what="the outdated Job deleted")
+    cr = wait_for(lambda: (lambda o: condition(o, "Ready")["status"] == "False" and o)(kube.get("dfm", "tiny", ns)),
+                  what="Ready=False while downloading")
+    assert "previous install keeps serving" in condition(cr, "Ready")["message"]
+    assert kube.get("deployment", "tiny", ns)["spec"]["replicas"] == 1
+
+
+def test_a_model_waiting_for_its_existing_claim_starts_when_the_claim_appears(kube, operator, ns):
+    kube.apply(model("tiny", ns, storage={"existingClaim": {"name": "mine"}}))
+    wait_for(lambda: (condition(kube.get("dfm", "tiny", ns), "WeightsReady") or {}).get("reason") == "AwaitingStorage",
+             what="WeightsReady AwaitingStorage")
+    assert not jobs(kube, ns, "tiny"), "no Job before the claim exists"
+    kube.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "mine", "namespace": ns},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    # The claim's watch wakes the model (not the 5-minute idle requeue).
+    job = wait_job(kube, ns, "tiny")
+    assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "mine"

@@ -371,6 +371,27 @@ fn model_ref<K: Resource>(obj: &K) -> Option<ObjectRef<DeltafinModel>> {
     Some(ObjectRef::new(name).within(obj.meta().namespace.as_deref()?))
 }
 
+/// The models a claim concerns: the one its label names (a claim the operator created), and
+/// those whose `storage.existingClaim` is this claim (the user's, unlabelled: a model waiting for
+/// it starts as soon as it appears).
+pub fn claim_models(
+    pvc: &PersistentVolumeClaim,
+    models: &[Arc<DeltafinModel>],
+) -> Vec<ObjectRef<DeltafinModel>> {
+    let ns = pvc.namespace();
+    let name = pvc.name_any();
+    let mut refs: Vec<ObjectRef<DeltafinModel>> = models
+        .iter()
+        .filter(|m| {
+            m.namespace() == ns
+                && m.spec.storage.existing_claim.as_ref().map(|c| c.name.as_str()) == Some(name.as_str())
+        })
+        .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect();
+    refs.extend(model_ref(pvc));
+    refs
+}
+
 /// Checks that the CRD is installed (lists one DeltafinModel).
 pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<()> {
     let api: Api<DeltafinModel> = match namespace {
@@ -441,10 +462,11 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
     })
     .watches_stream(watched(markers, api(&client, ns), weights), |o: ConfigMap| {
         model_ref(&o)
-    })
-    .watches_stream(
+    });
+    let models = controller.store();
+    controller = controller.watches_stream(
         watched(claims, api(&client, ns), watcher::Config::default()),
-        |o: PersistentVolumeClaim| model_ref(&o),
+        move |o: PersistentVolumeClaim| claim_models(&o, &models.state()),
     );
     if let Some(w) = service_monitors {
         let ar = resources::service_monitor_resource();
@@ -471,4 +493,49 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         .await;
     ready.store(false, Ordering::SeqCst);
     info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(ns: &str, name: &str, storage: serde_json::Value) -> Arc<DeltafinModel> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "deltafin.dev/v1alpha1", "kind": "DeltafinModel",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"source": {"preloaded": {}}, "storage": storage},
+            }))
+            .expect("model"),
+        )
+    }
+
+    #[test]
+    fn a_user_claim_wakes_the_models_waiting_for_it_and_a_labelled_claim_its_model() {
+        let models = [
+            model("a", "waits", json!({"existingClaim": {"name": "mine"}})),
+            model("b", "elsewhere", json!({"existingClaim": {"name": "mine"}})),
+            model("a", "own", json!({"pvc": {"size": "1Gi"}})),
+        ];
+        let pvc = |name: &str, label: Option<&str>| {
+            let mut p = PersistentVolumeClaim::default();
+            p.metadata.name = Some(name.into());
+            p.metadata.namespace = Some("a".into());
+            if let Some(l) = label {
+                p.metadata.labels = Some([(MODEL_LABEL.to_string(), l.to_string())].into());
+            }
+            p
+        };
+        let names = |refs: Vec<ObjectRef<DeltafinModel>>| -> Vec<String> {
+            refs.into_iter()
+                .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+                .collect()
+        };
+        assert_eq!(names(claim_models(&pvc("mine", None), &models)), ["a/waits"]);
+        assert_eq!(
+            names(claim_models(&pvc("own-weights", Some("own")), &models)),
+            ["a/own"]
+        );
+        assert!(claim_models(&pvc("other", None), &models).is_empty());
+    }
 }
