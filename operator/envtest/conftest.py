@@ -219,8 +219,31 @@ def crd(kube, version, release):
     return yaml.safe_load(rendered)
 
 
+# A stand-in for the Prometheus Operator's ServiceMonitor CRD (the real one is ~1 MB of schema):
+# the same group, version, kind and scope, with the spec kept as given. Installed only where no
+# ServiceMonitor CRD exists, so the operator's ServiceMonitor path (discovery at start, a dynamic
+# reflector, server-side apply, delete) runs against the API server too.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList", "plural": "servicemonitors",
+                       "singular": "servicemonitor"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object",
+                 "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]},
+}
+
+
 @pytest.fixture(scope="session")
-def operator(kube, crd, tmp_path_factory):
+def service_monitor_crd(kube):
+    if kube.get("crd", "servicemonitors.monitoring.coreos.com") is None:
+        kube.apply(SERVICE_MONITOR_CRD)
+        kube.run("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com", "--timeout=30s")
+
+
+@pytest.fixture(scope="session")
+def operator(kube, crd, service_monitor_crd, tmp_path_factory):
     """The operator binary under the chart's ClusterRole (a ServiceAccount token, not the admin)."""
     kube.run("create", "namespace", RBAC_NS, check=False)
     rbac = helm("template", RBAC_RELEASE, str(CHART), "-n", RBAC_NS,

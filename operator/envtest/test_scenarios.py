@@ -261,7 +261,8 @@ def settle(operator, quiet=1.5):
 
 def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kube, operator, ns):
     serving(kube, ns, "tiny")
-    rvs = lambda: {k: kube.get(k, "tiny", ns)["metadata"]["resourceVersion"] for k in ("deployment", "service")}
+    rvs = lambda: {k: kube.get(k, "tiny", ns)["metadata"]["resourceVersion"]
+                   for k in ("deployment", "service", "servicemonitor")}
     for attempt in range(5):
         settle(operator)
         before, m0 = rvs(), operator.metrics()
@@ -281,7 +282,7 @@ def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kub
     reads = {k: v for k, v in delta.items() if k[0] in ("get", "list", "log")}
     assert not reads, f"reads beyond the caches: {reads}"
     # Apply every time: the server objects are applied, and the server changes nothing.
-    assert delta == {("patch", "deployments"): 1, ("patch", "services"): 1}, delta
+    assert delta == {("patch", "deployments"): 1, ("patch", "services"): 1, ("patch", "servicemonitors"): 1}, delta
     assert rvs() == before, "a no-op server-side apply must not change a resourceVersion"
     # The operator's own metrics, as Prometheus scrapes them.
     assert m1["deltafin_operator_last_success_timestamp_seconds"] >= time.time() - 60
@@ -356,3 +357,13 @@ def test_a_model_waiting_for_its_existing_claim_starts_when_the_claim_appears(ku
     # The claim's watch wakes the model (not the 5-minute idle requeue).
     job = wait_job(kube, ns, "tiny")
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "mine"
+
+
+def test_the_service_monitor_follows_the_model(kube, operator, ns):
+    serving(kube, ns, "tiny")
+    sm = wait_for(lambda: kube.get("servicemonitor", "tiny", ns), what="the ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [ns]
+    assert sm["metadata"]["ownerReferences"][0]["kind"] == "DeltafinModel"
+    kube.patch("dfm", "tiny", ns, {"spec": {"metrics": {"serviceMonitor": "Disabled"}}})
+    wait_for(lambda: kube.get("servicemonitor", "tiny", ns) is None, what="the ServiceMonitor deleted")
