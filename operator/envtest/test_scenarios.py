@@ -367,3 +367,35 @@ def test_the_service_monitor_follows_the_model(kube, operator, ns):
     assert sm["metadata"]["ownerReferences"][0]["kind"] == "DeltafinModel"
     kube.patch("dfm", "tiny", ns, {"spec": {"metrics": {"serviceMonitor": "Disabled"}}})
     wait_for(lambda: kube.get("servicemonitor", "tiny", ns) is None, what="the ServiceMonitor deleted")
+
+
+def test_a_setup_failure_reports_its_cause(kube, operator, ns):
+    kube.apply(model("tiny", ns))
+    fail_job(kube, ns, wait_job(kube, ns, "tiny"), "setup",
+             {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-01-01T02:00:00Z"})
+    cr = wait_for(lambda: (lambda o: o.get("status", {}).get("phase") == "Failed" and o)(kube.get("dfm", "tiny", ns)),
+                  what="phase Failed")
+    w = condition(cr, "WeightsReady")
+    assert (w["status"], w["reason"]) == ("False", "OOMKilled"), w
+    assert "delete the Job to retry" in w["message"]
+    f = cr["status"]["lastFailure"]
+    assert (f["component"], f["exitCode"]) == ("setup", 137)
+    assert kube.get("deployment", "tiny", ns) is None
+
+
+def test_a_crashing_server_is_reported_as_the_last_failure(kube, operator, ns):
+    d = serving(kube, ns, "tiny")
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-5d9c-xyz", "namespace": ns, "labels": labels},
+                "spec": {"containers": [{"name": "server", "image": IMAGE}]}})
+    kube.patch("pod", "tiny-5d9c-xyz", ns, {"status": {"phase": "Running", "containerStatuses": [{
+        "name": "server", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-01-01T03:00:00Z"}}}]}},
+        subresource="status")
+    kube.patch("deployment", "tiny", ns, {"status": {"readyReplicas": 0, "availableReplicas": 0}}, subresource="status")
+    cr = wait_for(lambda: (lambda o: (condition(o, "ServerReady") or {}).get("reason") == "OOMKilled" and o)(
+        kube.get("dfm", "tiny", ns)), what="ServerReady=False OOMKilled")
+    assert cr["status"]["phase"] == "Failed"
+    f = cr["status"]["lastFailure"]
+    assert (f["component"], f["reason"], f["exitCode"]) == ("server", "OOMKilled", 137)
