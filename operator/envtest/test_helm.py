@@ -43,9 +43,6 @@ GROUPS = {"deltafinmodels": "deltafin.dev", "deployments": "apps", "jobs": "batc
           "servicemonitors": "monitoring.coreos.com"}
 # Granted, needed, and not exercised by this tier (each with its reason).
 NOT_EXERCISED = {
-    ("batch", "jobs", "delete"): "outdated Jobs of another revision (fake-API scenarios cover it)",
-    ("", "persistentvolumeclaims", "delete"): "retainPolicy: Delete",
-    ("", "configmaps", "delete"): "retainPolicy: Delete",
     ("deltafin.dev", "deltafinmodels/finalizers", "update"):
         "blockOwnerDeletion owner references, checked only under OwnerReferencesPermissionEnforcement",
     ("events.k8s.io", "events", "patch"): "a repeated event (the recorder patches its series)",
