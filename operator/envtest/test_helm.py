@@ -46,7 +46,6 @@ NOT_EXERCISED = {
     ("deltafin.dev", "deltafinmodels/finalizers", "update"):
         "blockOwnerDeletion owner references, checked only under OwnerReferencesPermissionEnforcement",
     ("events.k8s.io", "events", "patch"): "a repeated event (the recorder patches its series)",
-    ("", "pods/log", "get"): "the running setup pod's progress log (no kubelet here: no pod runs)",
 }
 
 

@@ -399,3 +399,21 @@ def test_a_crashing_server_is_reported_as_the_last_failure(kube, operator, ns):
     assert cr["status"]["phase"] == "Failed"
     f = cr["status"]["lastFailure"]
     assert (f["component"], f["reason"], f["exitCode"]) == ("server", "OOMKilled", 137)
+
+
+def test_a_running_setup_pod_is_asked_for_its_progress_log(kube, operator, ns):
+    """The progress stream is the setup pod's log. No kubelet serves logs here, so the request
+    fails and progress stays as it was (parsing the log is covered by the fake-API scenarios);
+    what runs here is the request, under the chart's `pods/log` grant."""
+    kube.apply(model("tiny", ns))
+    job = wait_job(kube, ns, "tiny")
+    labels = dict(job["spec"]["template"]["metadata"]["labels"], **{"job-name": job["metadata"]["name"]})
+    pod = job["metadata"]["name"] + "-run1"
+    logs = lambda: api_requests(operator.metrics()).get(("log", "pods/log"), 0)
+    before = logs()
+    kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns, "labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "setup", "image": IMAGE}]}})
+    kube.patch("pod", pod, ns, {"status": {"phase": "Running"}}, subresource="status")
+    wait_for(lambda: logs() > before, what="a pods/log request for the running setup pod")
+    w = condition(kube.get("dfm", "tiny", ns), "WeightsReady")
+    assert (w["status"], w["reason"]) == ("False", "Downloading"), w
