@@ -417,3 +417,21 @@ def test_a_running_setup_pod_is_asked_for_its_progress_log(kube, operator, ns):
     wait_for(lambda: logs() > before, what="a pods/log request for the running setup pod")
     w = condition(kube.get("dfm", "tiny", ns), "WeightsReady")
     assert (w["status"], w["reason"]) == ("False", "Downloading"), w
+
+
+def test_a_new_model_reuses_the_retained_weights_without_a_download(kube, operator, ns):
+    kube.apply(model("tiny", ns))
+    job = wait_job(kube, ns, "tiny")["metadata"]["name"]
+    complete_job(kube, ns, job)
+    wait_for(lambda: kube.get("deployment", "tiny", ns), what="the first install serving")
+    kube.run("delete", "dfm", "tiny", "-n", ns, "--wait=false")
+    wait_for(lambda: kube.get("dfm", "tiny", ns) is None, what="the model deleted")
+    # Play the garbage collector: the owned children go with their owner.
+    kube.run("delete", "job", job, "-n", ns, "--ignore-not-found")
+    kube.run("delete", "deployment,service", "tiny", "-n", ns, "--ignore-not-found")
+
+    kube.apply(model("tiny", ns))
+    wait_for(lambda: kube.get("deployment", "tiny", ns), what="the server, straight from the retained weights")
+    cr = kube.get("dfm", "tiny", ns)
+    assert condition(cr, "WeightsReady")["reason"] == "Installed"
+    assert not jobs(kube, ns, "tiny"), "no setup Job: the marker and the same claim prove the install"
