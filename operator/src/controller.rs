@@ -1,8 +1,10 @@
-//! The I/O shell around [`crate::plan`]: observe the cluster, plan, execute; the finalizer; the
-//! kube-runtime `Controller` wiring.
+//! The I/O shell around [`crate::plan`]: observe (from the reflector stores of [`crate::cache`],
+//! no API reads), plan, execute; the finalizer; the kube-runtime `Controller` wiring, whose
+//! watches fill those stores.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -11,15 +13,18 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::reflector;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::cache::{self, Stores, Writers};
 use crate::crd::{DeltafinModel, RetainPolicy};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -42,6 +47,13 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator metrics.
     pub metrics: Arc<Metrics>,
+    /// What reconciles read (filled by the watches of [`run`]).
+    pub stores: Stores,
+    /// Said once per DeltafinModel (and process) in an event: the optional fields this
+    /// server's version does not serve ([`crate::version::Capabilities::notice`]).
+    notice: Option<String>,
+    /// UIDs of the DeltafinModels that got [`Self::notice`].
+    noticed: Arc<Mutex<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -53,8 +65,14 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context for `client`; `instance` names the reporting pod in events.
-    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+    /// A context for `client` reading `stores`; `instance` names the reporting pod in events.
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+        stores: Stores,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -67,7 +85,29 @@ impl Context {
             settings,
             recorder,
             metrics,
+            stores,
+            notice: None,
+            noticed: Arc::default(),
         }
+    }
+
+    /// Sets the version notice (see [`crate::version::Capabilities::notice`]).
+    pub fn with_notice(mut self, notice: Option<String>) -> Self {
+        self.notice = notice;
+        self
+    }
+
+    /// The version notice, when `obj` has not had it from this process yet.
+    fn notice_for(&self, obj: &DeltafinModel) -> Option<EventSpec> {
+        let note = self.notice.as_ref()?;
+        let uid = obj.uid()?;
+        let mut seen = self.noticed.lock().unwrap_or_else(|p| p.into_inner());
+        seen.insert(uid).then(|| EventSpec {
+            warning: true,
+            reason: "KubernetesFieldsOmitted".into(),
+            note: note.clone(),
+            action: "Reconcile".into(),
+        })
     }
 }
 
@@ -77,14 +117,17 @@ pub async fn reconcile(obj: Arc<DeltafinModel>, ctx: Arc<Context>) -> Result<Act
     let _timer = ctx.metrics.reconcile();
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let api: Api<DeltafinModel> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, obj, |event| async {
+    ctx.stores.ready().await;
+    let action = finalizer(&api, FINALIZER, obj, |event| async {
         match event {
             FinalizerEvent::Apply(o) => apply(&o, &ctx).await,
             FinalizerEvent::Cleanup(o) => cleanup(&o, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .map_err(|e| Error::Finalizer(Box::new(e)))?;
+    ctx.metrics.success();
+    Ok(action)
 }
 
 /// Requeues a failed reconcile after [`ERROR_REQUEUE`] and counts the failure.
@@ -98,42 +141,26 @@ async fn apply(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     let observed = observe(obj, ctx).await?;
     let plan = plan::plan(obj, &ctx.settings, &observed);
     execute(obj, ctx, &plan).await?;
+    if let Some(e) = ctx.notice_for(obj) {
+        publish(ctx, obj, &e).await;
+    }
     Ok(Action::requeue(plan.requeue))
 }
 
-/// Reads everything [`plan::plan`] needs.
+/// Reads everything [`plan::plan`] needs from the stores; the only API request is the setup
+/// pod's log while a setup Job runs (the progress stream).
 pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let name = obj.name_any();
-    let client = ctx.client.clone();
-    let lp = ListParams::default().labels(&format!("{MODEL_LABEL}={name}"));
-    let claim = match crate::model::resolve(obj, &ctx.settings)
+    let st = &ctx.stores;
+    let claim = crate::model::resolve(obj, &ctx.settings)
         .ok()
         .and_then(|m| m.storage.claim().map(String::from))
-    {
-        Some(c) => {
-            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
-                .get_opt(&c)
-                .await?
-        }
-        None => None,
-    };
-    let marker = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-        .get_opt(&names::weights(&name))
-        .await?;
-    let jobs = Api::<Job>::namespaced(client.clone(), &ns).list(&lp).await?.items;
-    let pods_api = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pods = pods_api.list(&lp).await?.items;
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
-        .get_opt(&names::server(&name))
-        .await?;
-    let service = Api::<Service>::namespaced(client.clone(), &ns)
-        .get_opt(&names::server(&name))
-        .await?;
+        .and_then(|c| st.claim(&ns, &c));
+    let jobs = st.jobs_of(&ns, &name);
+    let pods = st.pods_of(&ns, &name);
     let service_monitor = if ctx.settings.service_monitors {
-        Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resources::service_monitor_resource())
-            .get_opt(&names::service_monitor(&name))
-            .await?
+        st.service_monitor(&ns, &names::service_monitor(&name))
     } else {
         None
     };
@@ -145,7 +172,7 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
                 ..Default::default()
             };
             // A pod that has not started yet has no log; progress then stays as it was.
-            pods_api
+            Api::<Pod>::namespaced(ctx.client.clone(), &ns)
                 .logs(&pod, &lp)
                 .await
                 .map_err(|e| debug!(%pod, error = %e, "no setup log yet"))
@@ -157,12 +184,12 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     Ok(Observed {
         now,
         claim,
-        marker,
+        marker: st.marker(&ns, &names::weights(&name)),
         jobs,
         pods,
         setup_log,
-        deployment,
-        service,
+        deployment: st.deployment(&ns, &names::server(&name)),
+        service: st.service(&ns, &names::server(&name)),
         service_monitor,
     })
 }
@@ -294,7 +321,7 @@ async fn cleanup(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     let e = if storage.retain_policy == Some(RetainPolicy::Delete) && storage.pvc.is_some() {
         let pvcs = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns);
         let claim = names::weights(&name);
-        if let Some(p) = pvcs.get_opt(&claim).await? {
+        if let Some(p) = ctx.stores.claim(&ns, &claim) {
             // Only a claim this operator created for this model.
             if p.labels().get(MODEL_LABEL) == Some(&name)
                 && p.labels().get("app.kubernetes.io/managed-by").map(String::as_str) == Some(MANAGER)
@@ -344,6 +371,27 @@ fn model_ref<K: Resource>(obj: &K) -> Option<ObjectRef<DeltafinModel>> {
     Some(ObjectRef::new(name).within(obj.meta().namespace.as_deref()?))
 }
 
+/// The models a claim concerns: the one its label names (a claim the operator created), and
+/// those whose `storage.existingClaim` is this claim (the user's, unlabelled: a model waiting for
+/// it starts as soon as it appears).
+pub fn claim_models(
+    pvc: &PersistentVolumeClaim,
+    models: &[Arc<DeltafinModel>],
+) -> Vec<ObjectRef<DeltafinModel>> {
+    let ns = pvc.namespace();
+    let name = pvc.name_any();
+    let mut refs: Vec<ObjectRef<DeltafinModel>> = models
+        .iter()
+        .filter(|m| {
+            m.namespace() == ns
+                && m.spec.storage.existing_claim.as_ref().map(|c| c.name.as_str()) == Some(name.as_str())
+        })
+        .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect();
+    refs.extend(model_ref(pvc));
+    refs
+}
+
 /// Checks that the CRD is installed (lists one DeltafinModel).
 pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<()> {
     let api: Api<DeltafinModel> = match namespace {
@@ -362,39 +410,79 @@ pub async fn service_monitors_served(client: &Client) -> bool {
     }
 }
 
-/// Runs the controller until SIGTERM/SIGINT; `ready` turns true once it watches.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>, ready: Arc<AtomicBool>) {
-    let client = ctx.client.clone();
-    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     }
+}
+
+/// Runs the controller until SIGTERM/SIGINT; `ready` turns true once it watches. The watches
+/// fill `writers` (the stores of `ctx`) and trigger reconciles.
+pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>, ready: Arc<AtomicBool>) {
+    let client = ctx.client.clone();
     let ns = namespace.as_deref();
-    let managed = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}"));
-    let weights = watcher::Config::default().labels(&format!(
-        "app.kubernetes.io/managed-by={MANAGER},app.kubernetes.io/component=weights"
-    ));
-    let controller = Controller::new(
+    let managed = watcher::Config::default().labels(&cache::managed_selector());
+    let weights = watcher::Config::default().labels(&cache::weights_selector());
+    let Writers {
+        jobs,
+        pods,
+        deployments,
+        services,
+        claims,
+        markers,
+        service_monitors,
+    } = writers;
+    fn watched<K>(
+        w: kube::runtime::reflector::store::Writer<K>,
+        api: Api<K>,
+        cfg: watcher::Config,
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        reflector(w, watcher(api, cfg))
+            .default_backoff()
+            .touched_objects()
+    }
+    let mut controller = Controller::new(
         api::<DeltafinModel>(&client, ns),
         watcher::Config::default().any_semantic(),
     )
-    .owns(api::<Deployment>(&client, ns), managed.clone())
-    .owns(api::<Job>(&client, ns), managed.clone())
-    .owns(api::<Service>(&client, ns), managed)
-    .watches(api::<ConfigMap>(&client, ns), weights.clone(), |o| model_ref(&o))
-    .watches(api::<PersistentVolumeClaim>(&client, ns), weights, |o| {
+    .owns_stream(watched(deployments, api(&client, ns), managed.clone()))
+    .owns_stream(watched(jobs, api(&client, ns), managed.clone()))
+    .owns_stream(watched(services, api(&client, ns), managed.clone()))
+    .watches_stream(watched(pods, api(&client, ns), managed.clone()), |o: Pod| {
         model_ref(&o)
     })
-    .shutdown_on_signal();
+    .watches_stream(watched(markers, api(&client, ns), weights), |o: ConfigMap| {
+        model_ref(&o)
+    });
+    let models = controller.store();
+    controller = controller.watches_stream(
+        watched(claims, api(&client, ns), watcher::Config::default()),
+        move |o: PersistentVolumeClaim| claim_models(&o, &models.state()),
+    );
+    if let Some(w) = service_monitors {
+        let ar = resources::service_monitor_resource();
+        let sm_api = match ns {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar),
+            None => Api::<DynamicObject>::all_with(client.clone(), &ar),
+        };
+        let stream = reflector(w, watcher(sm_api, managed))
+            .default_backoff()
+            .touched_objects();
+        controller = controller.owns_stream_with(stream, ar);
+    }
     ready.store(true, Ordering::SeqCst);
     info!(namespace = ns.unwrap_or("<all>"), "controller started");
     controller
+        .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             match r {
@@ -405,4 +493,49 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, ready: Arc<Atomic
         .await;
     ready.store(false, Ordering::SeqCst);
     info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(ns: &str, name: &str, storage: serde_json::Value) -> Arc<DeltafinModel> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "deltafin.dev/v1alpha1", "kind": "DeltafinModel",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"source": {"preloaded": {}}, "storage": storage},
+            }))
+            .expect("model"),
+        )
+    }
+
+    #[test]
+    fn a_user_claim_wakes_the_models_waiting_for_it_and_a_labelled_claim_its_model() {
+        let models = [
+            model("a", "waits", json!({"existingClaim": {"name": "mine"}})),
+            model("b", "elsewhere", json!({"existingClaim": {"name": "mine"}})),
+            model("a", "own", json!({"pvc": {"size": "1Gi"}})),
+        ];
+        let pvc = |name: &str, label: Option<&str>| {
+            let mut p = PersistentVolumeClaim::default();
+            p.metadata.name = Some(name.into());
+            p.metadata.namespace = Some("a".into());
+            if let Some(l) = label {
+                p.metadata.labels = Some([(MODEL_LABEL.to_string(), l.to_string())].into());
+            }
+            p
+        };
+        let names = |refs: Vec<ObjectRef<DeltafinModel>>| -> Vec<String> {
+            refs.into_iter()
+                .map(|r| format!("{}/{}", r.namespace.unwrap_or_default(), r.name))
+                .collect()
+        };
+        assert_eq!(names(claim_models(&pvc("mine", None), &models)), ["a/waits"]);
+        assert_eq!(
+            names(claim_models(&pvc("own-weights", Some("own")), &models)),
+            ["a/own"]
+        );
+        assert!(claim_models(&pvc("other", None), &models).is_empty());
+    }
 }

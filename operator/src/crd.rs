@@ -755,3 +755,27 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     use kube::CustomResourceExt;
     serde_yaml::to_string(&DeltafinModel::crd())
 }
+
+/// The CRD without its CEL rules (`x-kubernetes-validations`), as `deltafin-operator crd
+/// --without-cel` prints it: for Kubernetes before 1.25, which does not run them, and before
+/// 1.23 refuses them in a server-side apply ("field not declared in schema"). The OpenAPI checks
+/// (enum, minimum, required) stay.
+pub fn crd_yaml_without_cel() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let mut v = serde_json::to_value(DeltafinModel::crd())
+        .map_err(<serde_yaml::Error as serde::de::Error>::custom)?;
+    strip_cel(&mut v);
+    serde_yaml::to_string(&v)
+}
+
+/// Removes every `x-kubernetes-validations` key, recursively.
+fn strip_cel(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.remove("x-kubernetes-validations");
+            m.values_mut().for_each(strip_cel);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_cel),
+        _ => {}
+    }
+}

@@ -6,8 +6,11 @@
 //! [`model`] resolves a resource against the operator settings, [`resources`] are pure builders
 //! of child objects, [`plan`] is the pure decision core (observed state in; writes, status and
 //! events out), [`controller`] is the thin I/O shell and the kube-runtime wiring, [`metrics`] and
-//! [`web`] serve the operator's own `/metrics`, `/livez` and `/readyz`.
+//! [`web`] serve the operator's own `/metrics`, `/livez` and `/readyz`; [`version`] decides which
+//! Kubernetes versions are supported and which optional fields a server gets; [`cache`] holds the
+//! reflector stores reconciles read, [`requests`] counts the requests sent to the API server.
 
+pub mod cache;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
@@ -17,7 +20,9 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod progress;
+pub mod requests;
 pub mod resources;
+pub mod version;
 pub mod web;
 
 pub use error::{Error, Result};

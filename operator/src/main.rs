@@ -6,9 +6,12 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use deltafin_operator::cache;
 use deltafin_operator::controller::{self, Context};
 use deltafin_operator::metrics::Metrics;
 use deltafin_operator::model::Settings;
+use deltafin_operator::requests::CountRequests;
+use deltafin_operator::version;
 use deltafin_operator::web::{self, WebState};
 use tracing::{info, warn};
 
@@ -25,7 +28,11 @@ enum Command {
     /// Reconcile DeltafinModel resources until SIGTERM.
     Run(RunArgs),
     /// Print the DeltafinModel CustomResourceDefinition as YAML.
-    Crd,
+    Crd {
+        /// Leave out the CEL rules (for Kubernetes before 1.25, which does not run them).
+        #[arg(long)]
+        without_cel: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -54,8 +61,12 @@ struct RunArgs {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => {
+        Command::Crd { without_cel: false } => {
             print!("{}", deltafin_operator::crd::crd_yaml()?);
+            Ok(())
+        }
+        Command::Crd { without_cel: true } => {
+            print!("{}", deltafin_operator::crd::crd_yaml_without_cel()?);
             Ok(())
         }
         Command::Run(args) => run(args).await,
@@ -67,9 +78,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).context("--log")?)
         .with_writer(std::io::stderr)
         .init();
-    let client = kube::Client::try_default()
+    let metrics = Arc::new(Metrics::default());
+    let config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
+    // Every request is counted (deltafin_operator_api_requests_total{verb,resource}).
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("cannot build the Kubernetes client")?
+        .with_layer(&CountRequests::new(metrics.clone()))
+        .build();
+    let info = client
+        .apiserver_version()
+        .await
+        .context("cannot read the server's /version")?;
+    let caps = version::capabilities(version::KubeVersion::from_info(&info)?)?;
     controller::check_crd(&client, args.watch_namespace.as_deref()).await.context(
         "cannot list DeltafinModels: install the CRD (`deltafin-operator crd | kubectl apply --server-side -f -`) \
          and grant the operator list access",
@@ -82,10 +104,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings.default_cuda_image = i;
     }
     settings.service_monitors = controller::service_monitors_served(&client).await;
-    info!(?settings, "starting");
-    let metrics = Arc::new(Metrics::default());
+    settings.served = caps.served;
+    let notice = caps.notice();
+    info!(kubernetes = %info.git_version, ?settings, "starting");
+    if let Some(n) = &notice {
+        warn!("{n}");
+    }
     let ready = Arc::new(AtomicBool::new(false));
-    let ctx = Arc::new(Context::new(client, settings, metrics.clone(), args.pod_name));
+    let (stores, writers) = cache::stores(settings.service_monitors);
+    let ctx =
+        Arc::new(Context::new(client, settings, metrics.clone(), args.pod_name, stores).with_notice(notice));
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
@@ -94,7 +122,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ready: ready.clone(),
     });
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal());
-    let (_, served) = tokio::join!(controller::run(ctx, args.watch_namespace, ready), server);
+    let (_, served) = tokio::join!(controller::run(ctx, writers, args.watch_namespace, ready), server);
     if let Err(e) = served {
         warn!(error = %e, "metrics server stopped with an error");
     }

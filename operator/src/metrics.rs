@@ -24,6 +24,15 @@ pub struct WriteLabels {
     pub kind: String,
 }
 
+/// Labels of `deltafin_operator_api_requests_total` ([`crate::requests::classify`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// `get`, `list`, `watch`, `log`, `create`, `patch`, `update`, `delete`, `discovery`.
+    pub verb: String,
+    /// Plural resource (`jobs`, `deltafinmodels/status`).
+    pub resource: String,
+}
+
 /// Labels of `deltafin_operator_weights_bytes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WeightsLabels {
@@ -45,10 +54,16 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// `deltafin_operator_reconcile_duration_seconds`.
     pub duration: Histogram,
-    /// `deltafin_operator_writes_total{kind}`: API writes (idempotent reconciles add none).
+    /// `deltafin_operator_writes_total{kind}`: writes sent, every server-side apply included (an
+    /// unchanged apply changes nothing on the server; see `api_requests` for all requests).
     pub writes: Family<WriteLabels, Counter>,
     /// `deltafin_operator_weights_bytes{namespace,name,kind}`: download progress.
     pub weights_bytes: Family<WeightsLabels, Gauge>,
+    /// `deltafin_operator_api_requests_total{verb,resource}`: every request to the API server.
+    pub api_requests: Family<ApiLabels, Counter>,
+    /// `deltafin_operator_last_success_timestamp_seconds`: end of the last successful reconcile
+    /// (its age is `time() - ...`).
+    pub last_success: Gauge,
 }
 
 impl Default for Metrics {
@@ -59,6 +74,18 @@ impl Default for Metrics {
         let duration = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
         let writes = Family::<WriteLabels, Counter>::default();
         let weights_bytes = Family::<WeightsLabels, Gauge>::default();
+        let api_requests = Family::<ApiLabels, Counter>::default();
+        let last_success = Gauge::default();
+        registry.register(
+            "api_requests",
+            "Requests to the Kubernetes API server, by verb and resource",
+            api_requests.clone(),
+        );
+        registry.register(
+            "last_success_timestamp_seconds",
+            "Unix time of the end of the last successful reconcile",
+            last_success.clone(),
+        );
         registry.register("reconciliations", "Reconciles started", reconciliations.clone());
         registry.register(
             "reconcile_errors",
@@ -83,6 +110,8 @@ impl Default for Metrics {
             duration,
             writes,
             weights_bytes,
+            api_requests,
+            last_success,
         }
     }
 }
@@ -105,6 +134,24 @@ impl Metrics {
                 error: error.metric_label().into(),
             })
             .inc();
+    }
+
+    /// Counts a request to the API server.
+    pub fn api_request(&self, verb: &str, resource: &str) {
+        self.api_requests
+            .get_or_create(&ApiLabels {
+                verb: verb.into(),
+                resource: resource.into(),
+            })
+            .inc();
+    }
+
+    /// Records the end of a successful reconcile.
+    pub fn success(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.last_success.set(i64::try_from(now).unwrap_or(i64::MAX));
     }
 
     /// Counts a write.

@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::crd::{DeltafinModel, DeviceKind, GpuSpec, RetainPolicy, SetupMode};
 use crate::names::{self, LAYOUT_VERSION, WEIGHTS_MOUNT};
+use crate::version::ServedFields;
 
 /// Operator-wide settings (command-line flags of `deltafin-operator run`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub struct Settings {
     pub default_cuda_image: String,
     /// Whether `monitoring.coreos.com/v1` ServiceMonitor is served (checked at start).
     pub service_monitors: bool,
+    /// The optional fields the server serves (from its version, read at start).
+    pub served: ServedFields,
 }
 
 impl Settings {
@@ -25,6 +28,7 @@ impl Settings {
             default_image: format!("ghcr.io/deltafin/deltafin:{version}"),
             default_cuda_image: format!("ghcr.io/deltafin/deltafin:{version}-cuda"),
             service_monitors: false,
+            served: ServedFields::ALL,
         }
     }
 }
@@ -94,6 +98,8 @@ pub struct Model<'a> {
     pub memory_budget: Option<u64>,
     /// Content key (64 hex digits): layout version, source, mode, drafts, storage, directory.
     pub key: String,
+    /// The optional fields the server serves ([`Settings::served`]).
+    pub served: ServedFields,
 }
 
 impl Model<'_> {
@@ -218,6 +224,7 @@ pub fn resolve<'a>(cr: &'a DeltafinModel, settings: &Settings) -> Result<Model<'
         gpu,
         memory_budget,
         key,
+        served: settings.served,
     })
 }
 

@@ -14,8 +14,6 @@ pub const MANAGER: &str = "deltafin-operator";
 pub const FINALIZER: &str = "deltafin.dev/cleanup";
 /// Label that ties children, the weights PVC and the marker to their DeltafinModel.
 pub const MODEL_LABEL: &str = "deltafin.dev/model";
-/// Annotation with the hash of the applied desired object; equal hash means no write.
-pub const SPEC_HASH: &str = "deltafin.dev/spec-hash";
 /// Annotation on Jobs and the marker: the content key of the install.
 pub const WEIGHTS_KEY: &str = "deltafin.dev/weights-key";
 /// Version of the directory layout the operator asks `deltafin setup` for; part of the key.

@@ -5,9 +5,10 @@
 //! Order: resolve the spec -> storage (create the PVC, or wait for an existing claim) -> weights
 //! marker check -> setup Job (progress from its log; on success, write the marker) -> pre-flight
 //! Job when the spec's image differs from the image the marker records -> server Deployment with
-//! the verified image -> Service -> ServiceMonitor -> status. Every desired object carries
-//! a hash of itself; an object whose live hash matches is not written, so a reconcile that finds
-//! nothing changed issues no writes at all.
+//! the verified image -> Service -> ServiceMonitor -> status. The Deployment, Service and
+//! ServiceMonitor are server-side applied on every reconcile (an unchanged apply changes no
+//! resourceVersion, and drift is repaired); the PVC and Jobs are applied only while absent (their
+//! specs are immutable); the marker only when an install or a pre-flight completes.
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crate::crd::{
     ServiceMonitorMode, WeightsStatus,
 };
 use crate::model::{Model, Settings, Storage, resolve};
-use crate::names::{self, SPEC_HASH};
+use crate::names;
 use crate::progress::{self, Progress};
 use crate::resources::{self, Marker};
 
@@ -211,14 +212,22 @@ pub fn setup_log_pod(cr: &DeltafinModel, settings: &Settings, jobs: &[Job], pods
         .map(|p| p.name_any())
 }
 
-fn live_hash<K: Resource>(obj: Option<&K>) -> Option<&str> {
-    obj.and_then(|o| o.meta().annotations.as_ref())
-        .and_then(|a| a.get(SPEC_HASH))
-        .map(String::as_str)
-}
-
-fn changed<K: Resource>(desired: &K, live: Option<&K>) -> bool {
-    live_hash(live) != live_hash(Some(desired))
+/// Whether the live Deployment does not run the desired spec yet (replicas or images differ):
+/// the server status then says the new spec is being applied. Only for status; the Deployment is
+/// applied on every reconcile regardless.
+fn deployment_differs(desired: &Deployment, live: Option<&Deployment>) -> bool {
+    let Some(live) = live else {
+        return true;
+    };
+    let shape = |d: &Deployment| {
+        let spec = d.spec.as_ref();
+        let images: Vec<Option<String>> = spec
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|p| p.containers.iter().map(|c| c.image.clone()).collect())
+            .unwrap_or_default();
+        (spec.and_then(|s| s.replicas), images)
+    };
+    shape(desired) != shape(live)
 }
 
 fn image_of(job: &Job) -> Option<String> {
@@ -440,22 +449,18 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
     // new install is in progress, the objects of the previous one are left as they are.
     let mut pending = false;
     if let Some(image) = &deploy_image {
+        // Applied on every reconcile (server-side apply is idempotent: an unchanged object keeps
+        // its resourceVersion), so a hand edit or a deletion is repaired by the next reconcile.
         let d = resources::deployment(m, image);
-        if changed(&d, obs.deployment.as_ref()) {
-            pending = true;
-            b.writes.push(Write::Apply(Child::Deployment(Box::new(d))));
-        }
-        let svc = resources::service(m);
-        if changed(&svc, obs.service.as_ref()) {
-            b.writes.push(Write::Apply(Child::Service(Box::new(svc))));
-        }
+        pending = deployment_differs(&d, obs.deployment.as_ref());
+        b.writes.push(Write::Apply(Child::Deployment(Box::new(d))));
+        b.writes
+            .push(Write::Apply(Child::Service(Box::new(resources::service(m)))));
         if settings.service_monitors {
             // Auto and Enabled both create it where the CRD is served (Enabled is "always").
             if m.cr.spec.metrics.service_monitor != ServiceMonitorMode::Disabled {
                 let sm = resources::service_monitor(m);
-                if changed(&sm, obs.service_monitor.as_ref()) {
-                    b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
-                }
+                b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
             } else if let Some(sm) = &obs.service_monitor {
                 b.writes.push(Write::DeleteServiceMonitor(sm.name_any()));
             }

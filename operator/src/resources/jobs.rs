@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{
     base_env, container_security_context, hf_env, owned_meta, pod_security_context, pull_secrets,
-    scratch_mounts, scratch_volumes, weights_mount, weights_volume, with_spec_hash,
+    scratch_mounts, scratch_volumes, weights_mount, weights_volume,
 };
 use crate::crd::SetupMode;
 use crate::model::Model;
@@ -152,8 +152,9 @@ fn job(
         tolerations: (!sched.tolerations.is_empty()).then(|| sched.tolerations.clone()),
         ..Default::default()
     };
-    // Evictions and preemptions do not count against the retry budget: setup resumes.
-    let pod_failure_policy = ignore_disruptions.then(|| PodFailurePolicy {
+    // Evictions and preemptions do not count against the retry budget: setup resumes. Left out
+    // where the server does not serve the field (before 1.26; see crate::version).
+    let pod_failure_policy = (ignore_disruptions && m.served.pod_failure_policy).then(|| PodFailurePolicy {
         rules: vec![PodFailurePolicyRule {
             action: "Ignore".into(),
             on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
@@ -163,7 +164,7 @@ fn job(
             on_exit_codes: None,
         }],
     });
-    with_spec_hash(Job {
+    Job {
         metadata: meta.clone(),
         spec: Some(JobSpec {
             backoff_limit: Some(backoff_limit),
@@ -179,5 +180,5 @@ fn job(
             ..Default::default()
         }),
         status: None,
-    })
+    }
 }

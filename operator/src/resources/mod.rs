@@ -18,10 +18,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
-use serde::Serialize;
 
 use crate::model::{Model, Storage};
-use crate::names::{self, Component, RUN_AS, SPEC_HASH, WEIGHTS_MOUNT};
+use crate::names::{self, Component, RUN_AS, WEIGHTS_MOUNT};
 
 /// Pod-level security context of every pod (Pod Security Standard *restricted*).
 pub fn pod_security_context() -> PodSecurityContext {
@@ -182,24 +181,6 @@ pub fn retained_meta(m: &Model<'_>, name: String) -> ObjectMeta {
         labels: Some(names::labels(&m.name, Component::Weights, None)),
         ..Default::default()
     }
-}
-
-/// Adds the `deltafin.dev/spec-hash` annotation: a hash of the object as built. The controller
-/// skips the write when the live object carries the same hash.
-pub fn with_spec_hash<K: Resource + Serialize>(mut obj: K) -> K {
-    let hash = spec_hash(&obj);
-    obj.meta_mut()
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(SPEC_HASH.into(), hash);
-    obj
-}
-
-/// Hash of an object's JSON form with sorted keys (independent of serde_json's `preserve_order`).
-pub fn spec_hash<K: Serialize>(obj: &K) -> String {
-    let value = serde_json::to_value(obj).map(canonical).unwrap_or_default();
-    let json = serde_json::to_vec(&value).unwrap_or_default();
-    names::short_hash(&json, 16)
 }
 
 /// A JSON value with object keys sorted recursively.

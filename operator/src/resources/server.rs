@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::{
     base_env, container_security_context, hf_env, owned_meta, pod_security_context, pull_secrets,
-    scratch_mounts, scratch_volumes, weights_mount, weights_volume, with_spec_hash,
+    scratch_mounts, scratch_volumes, weights_mount, weights_volume,
 };
 use crate::crd::SetupMode;
 use crate::model::Model;
@@ -157,7 +157,7 @@ pub fn deployment(m: &Model<'_>, image: &str) -> Deployment {
     let mut meta = owned_meta(m, names::server(&m.name), Component::Server, Some(image));
     meta.annotations = Some(BTreeMap::from([(names::WEIGHTS_KEY.to_string(), m.key.clone())]));
     let pod_labels = names::labels(&m.name, Component::Server, Some(image));
-    with_spec_hash(Deployment {
+    Deployment {
         metadata: meta,
         spec: Some(DeploymentSpec {
             replicas: Some(if spec.paused { 0 } else { 1 }),
@@ -198,13 +198,13 @@ pub fn deployment(m: &Model<'_>, image: &str) -> Deployment {
             ..Default::default()
         }),
         status: None,
-    })
+    }
 }
 
 /// The Service `<name>`: port `http` (default 8000) to the server pod.
 pub fn service(m: &Model<'_>) -> Service {
     let s = &m.cr.spec.service;
-    with_spec_hash(Service {
+    Service {
         metadata: owned_meta(m, names::server(&m.name), Component::Server, None),
         spec: Some(ServiceSpec {
             type_: Some(s.kind.as_str().into()),
@@ -220,7 +220,7 @@ pub fn service(m: &Model<'_>) -> Service {
             ..Default::default()
         }),
         status: None,
-    })
+    }
 }
 
 /// `monitoring.coreos.com/v1` ServiceMonitor.
@@ -248,5 +248,5 @@ pub fn service_monitor(m: &Model<'_>) -> DynamicObject {
             "endpoints": [{"port": "http", "path": "/metrics", "interval": metrics.interval}],
         }
     });
-    with_spec_hash(obj)
+    obj
 }

@@ -5,8 +5,13 @@ pub mod fake_api;
 
 use std::path::PathBuf;
 
+use deltafin_operator::cache::Writers;
 use deltafin_operator::crd::DeltafinModel;
 use deltafin_operator::model::Settings;
+use kube::Resource;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
 
 /// Path relative to the crate root.
 pub fn crate_path(rel: &str) -> PathBuf {
@@ -60,4 +65,40 @@ pub fn assert_snapshot(name: &str, actual: &str) {
             diff.join("\n")
         );
     }
+}
+
+/// Refills every store from the fake's objects (what the watches would deliver), so a reconcile
+/// reads the fake's current state from the caches as it reads a real server's.
+pub fn sync_stores(w: &mut Writers, fake: &fake_api::FakeApi) {
+    fill(&mut w.jobs, fake, "/jobs");
+    fill(&mut w.pods, fake, "/pods");
+    fill(&mut w.deployments, fake, "/deployments");
+    fill(&mut w.services, fake, "/services");
+    fill(&mut w.claims, fake, "/persistentvolumeclaims");
+    fill(&mut w.markers, fake, "/configmaps");
+    if let Some(sm) = w.service_monitors.as_mut() {
+        fill(sm, fake, "/servicemonitors");
+    }
+}
+
+fn fill<K>(w: &mut Writer<K>, fake: &fake_api::FakeApi, suffix: &str)
+where
+    K: Resource + DeserializeOwned + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let objects: Vec<K> = {
+        let state = fake.state.lock().unwrap();
+        state
+            .objects
+            .iter()
+            .filter(|(collection, _)| collection.ends_with(suffix))
+            .flat_map(|(_, by_name)| by_name.values())
+            .map(|v| serde_json::from_value(v.clone()).expect("stored object parses"))
+            .collect()
+    };
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        w.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
 }
