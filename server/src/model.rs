@@ -49,7 +49,7 @@ pub fn load(
     checksums: ChecksumMode,
     drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
-    let spec = deltafin_engine::config::ModelSpec::load(dir).map_err(LoadError::Model)?;
+    let spec = deltafin_engine::arch::ModelSpec::load(dir).map_err(LoadError::Model)?;
     let mut watch = None;
     let (model, ooc) = match ooc {
         None => {
@@ -120,11 +120,11 @@ pub fn verify_in_memory(
 /// Plan the context memory inside the budget (`auto` when `context_bytes` is 0) and make the
 /// scheduler keep every sequence state inside it.
 fn with_context_memory(
-    spec: &deltafin_engine::config::ModelSpec,
+    spec: &deltafin_engine::arch::ModelSpec,
     o: &OocOptions,
     cfg: &mut SchedulerConfig,
 ) -> OocOptions {
-    let size = arch::state_size(&spec.arch);
+    let size = arch::state_size(spec);
     let mut o = o.clone();
     if o.context_bytes == 0 {
         let limit = cfg.context_limit.unwrap_or(usize::MAX);

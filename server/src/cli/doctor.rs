@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
+use deltafin_engine::arch::ModelSpec;
 use deltafin_engine::backend::{Backend, Device};
-use deltafin_engine::config::ModelSpec;
 use deltafin_engine::weights::checksums::ALGORITHM;
 use deltafin_engine::weights::{Checksums, ShardFile, WeightIndex};
 use deltafin_fetch::error::human_bytes;

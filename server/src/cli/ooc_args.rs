@@ -4,10 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use deltafin_engine::arch::ModelSpec;
 use deltafin_engine::cache::plan::{default_budget, human, parse_size, probe_memory};
 use deltafin_engine::cache::reader::DEFAULT_CHUNK_BYTES;
 use deltafin_engine::cache::{ChecksumMode, OocOptions, PolicyKind, ReadDecision, ReadMode, ResidencyPlan};
-use deltafin_engine::config::ModelSpec;
 
 /// Out-of-core settings.
 #[derive(Debug, Clone, Args)]
@@ -100,9 +100,7 @@ impl OocArgs {
 pub fn plan_context(dir: &Path, o: &mut OocOptions, tokens: usize) -> Result<ModelSpec> {
     let spec = ModelSpec::load(dir).with_context(|| format!("reading {}", dir.display()))?;
     if o.context_bytes == 0 {
-        o.context_bytes = deltafin_engine::arch::state_size(&spec.arch)
-            .bytes(tokens, 0)
-            .max(1);
+        o.context_bytes = deltafin_engine::arch::state_size(&spec).bytes(tokens, 0).max(1);
     }
     Ok(spec)
 }
