@@ -261,6 +261,9 @@ pub enum ToolEvent {
     },
     /// A call that did not parse: its ids, markers included, to be shown as text.
     Malformed(Vec<u32>),
+    /// Call markup the output ended inside (the token limit, a stop id, the context): its ids,
+    /// which are withheld — never content, never a call.
+    CutOff(Vec<u32>),
 }
 
 /// The OpenAI id minted for call `index` of a response whose callers chose `prefix`

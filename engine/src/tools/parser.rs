@@ -23,6 +23,7 @@ pub struct ToolCallParser {
     id_prefix: String,
     calls: usize,
     malformed: usize,
+    withheld: usize,
 }
 
 #[derive(Debug)]
@@ -43,6 +44,7 @@ pub(super) enum Out {
     SectionStart,
     Call(ParsedCall),
     Malformed(Vec<u32>),
+    CutOff(Vec<u32>),
 }
 
 impl ToolCallParser {
@@ -84,6 +86,7 @@ impl ToolCallParser {
             id_prefix,
             calls: 0,
             malformed: 0,
+            withheld: 0,
         }
     }
 
@@ -105,14 +108,28 @@ impl ToolCallParser {
         }
     }
 
-    /// The end of the output: whatever is still held (an unfinished call is malformed).
+    /// The end of the output: whatever call markup is still held was cut off (by the token
+    /// limit, a stop id or the context) and is withheld ([`ToolEvent::CutOff`]), never
+    /// released as text.
     pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
         let mut raw = Vec::new();
         match &mut self.machine {
             Machine::Section(p) => p.finish(&mut raw),
             Machine::Xtml(p) => p.finish(&mut raw),
         }
+        let raw = raw
+            .into_iter()
+            .map(|o| match o {
+                Out::Malformed(ids) => Out::CutOff(ids),
+                o => o,
+            })
+            .collect();
         self.emit(raw, out);
+    }
+
+    /// Calls cut off by the end of the output and withheld.
+    pub fn withheld_calls(&self) -> usize {
+        self.withheld
     }
 
     /// Calls reported so far.
@@ -133,6 +150,10 @@ impl ToolCallParser {
                 Out::Malformed(ids) => {
                     self.malformed += 1;
                     out.push(ToolEvent::Malformed(ids));
+                }
+                Out::CutOff(ids) => {
+                    self.withheld += 1;
+                    out.push(ToolEvent::CutOff(ids));
                 }
                 Out::Call(call) => {
                     let index = self.calls;

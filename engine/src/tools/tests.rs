@@ -4,12 +4,14 @@ use super::test_support::{P, ids, setup};
 use super::*;
 use P::{S, T};
 
-/// What a run produced: pass-through ids, calls `(index, id, name, arguments)`, malformed ids.
+/// What a run produced: pass-through ids, calls `(index, id, name, arguments)`, malformed ids,
+/// cut-off (withheld) ids.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Run {
     tokens: Vec<u32>,
     calls: Vec<(usize, String, String, String)>,
     malformed: Vec<Vec<u32>>,
+    cut_off: Vec<Vec<u32>>,
     sections: usize,
 }
 
@@ -26,6 +28,7 @@ fn collapse(events: &[ToolEvent]) -> Run {
             ToolEvent::ArgumentsDelta { index, fragment } => r.calls[*index].3.push_str(fragment),
             ToolEvent::CallEnd { index } => assert_eq!(*index + 1, r.calls.len()),
             ToolEvent::Malformed(ids) => r.malformed.push(ids.clone()),
+            ToolEvent::CutOff(ids) => r.cut_off.push(ids.clone()),
         }
     }
     r
@@ -47,6 +50,7 @@ fn run_chunked(format: ToolFormat, input: &[u32], chunk: usize) -> (Run, Vec<Too
     let run = collapse(&events);
     assert_eq!(p.calls_seen(), run.calls.len());
     assert_eq!(p.malformed_calls(), run.malformed.len());
+    assert_eq!(p.withheld_calls(), run.cut_off.len());
     (run, events)
 }
 
@@ -169,12 +173,13 @@ fn k2_malformed_calls_come_back_as_text_and_later_calls_still_parse() {
     assert_eq!(r.malformed, vec![bad_json, no_index, unclosed]);
     assert_eq!(r.calls, vec![call(0, "call_req_0", "h", r#"{"ok": true}"#)]);
     assert!(r.tokens.is_empty());
-    // A call cut off by the end of the output is malformed too.
+    // A call cut off by the end of the output is withheld: neither a call nor text.
     let mut cut = vec![section_begin];
     cut.extend(&good[..good.len() - 1]);
     let r = run(ToolFormat::KimiK2, &cut);
-    assert_eq!(r.malformed, vec![good[..good.len() - 1].to_vec()]);
-    assert!(r.calls.is_empty());
+    assert!(r.malformed.is_empty() && r.calls.is_empty() && r.tokens.is_empty());
+    assert_eq!(r.cut_off.len(), 1, "{r:?}");
+    assert!(r.cut_off[0].ends_with(&good[..good.len() - 1]), "{r:?}");
 }
 
 #[test]
@@ -327,7 +332,7 @@ fn k3_malformed_calls_come_back_as_text() {
         r.malformed,
         vec![ids(&tok, &bad_number), ids(&tok, &junk), ids(&tok, &unclosed)]
     );
-    // Output ending inside a call.
+    // Output ending inside a call: withheld, neither a call nor text.
     let cut = ids(
         &tok,
         &[
@@ -339,8 +344,11 @@ fn k3_malformed_calls_come_back_as_text() {
         ],
     );
     let r = run(ToolFormat::KimiK3, &cut);
-    assert_eq!(r.malformed.len(), 1);
-    assert!(r.calls.is_empty());
+    assert!(
+        r.malformed.is_empty() && r.calls.is_empty() && r.tokens.is_empty(),
+        "{r:?}"
+    );
+    assert_eq!(r.cut_off.len(), 1);
 }
 
 #[test]

@@ -226,9 +226,13 @@ impl Metrics {
 
     /// Count the native tool calls of one finished response: parsed into `tool_calls`, and
     /// malformed ones returned as text.
-    pub fn tool_calls(&self, endpoint: Endpoint, parsed: usize, malformed: usize) {
+    pub fn tool_calls(&self, endpoint: Endpoint, parsed: usize, malformed: usize, withheld: usize) {
         let endpoint = endpoint.label();
-        for (outcome, n) in [("parsed", parsed), ("malformed", malformed)] {
+        for (outcome, n) in [
+            ("parsed", parsed),
+            ("malformed", malformed),
+            ("withheld", withheld),
+        ] {
             self.tool_calls
                 .get_or_create(&EndpointOutcome { endpoint, outcome })
                 .inc_by(n as u64);

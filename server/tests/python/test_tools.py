@@ -94,6 +94,24 @@ def test_required_with_parallel_calls_and_seeded_sampling(server):
         assert same == [(c.function.name, c.function.arguments) for c in calls], "seeded sampling is reproducible"
 
 
+def test_a_call_cut_off_by_max_tokens_is_withheld_never_content(server):
+    """A forced call that max_tokens cuts off is withheld: finish_reason length, only complete
+    calls, and no call markup in content, streamed or not; the withheld call is counted."""
+    before = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="withheld")
+    for max_tokens in (3, 7, 12):
+        r = ask(server, tools=TOOLS, tool_choice="required", max_tokens=max_tokens)
+        choice = r.choices[0]
+        assert choice.finish_reason == "length", (max_tokens, choice)
+        assert "tool_call" not in (choice.message.content or ""), choice.message.content
+        for c in choice.message.tool_calls or []:
+            check_call(c, SCHEMAS)
+        stream = ask(server, tools=TOOLS, tool_choice="required", max_tokens=max_tokens, stream=True)
+        text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        assert "tool_call" not in text, text
+    after = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="withheld")
+    assert after >= before + 3
+
+
 def test_named_choice_calls_that_tool_and_finishes_with_stop(server):
     r = ask(server, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = r.choices[0].message.tool_calls

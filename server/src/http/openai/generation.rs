@@ -119,9 +119,10 @@ impl Generation {
         std::mem::take(&mut self.logprobs)
     }
 
-    /// Calls parsed and malformed calls seen so far.
-    pub fn tool_call_counts(&self) -> (usize, usize) {
-        (self.parser.tool_calls_seen(), self.parser.malformed_calls())
+    /// Calls parsed, malformed and withheld (cut off) so far.
+    pub fn tool_call_counts(&self) -> (usize, usize, usize) {
+        let p = &self.parser;
+        (p.tool_calls_seen(), p.malformed_calls(), p.withheld_calls())
     }
 
     fn usage(&self) -> Usage {
@@ -139,9 +140,10 @@ impl Generation {
         if let Some(t) = self.timer.as_mut() {
             t.finish("success", self.prompt_tokens);
         }
-        let (parsed, malformed) = self.tool_call_counts();
-        if parsed + malformed > 0 {
-            self.metrics.tool_calls(self.endpoint, parsed, malformed);
+        let (parsed, malformed, withheld) = self.tool_call_counts();
+        if parsed + malformed + withheld > 0 {
+            self.metrics
+                .tool_calls(self.endpoint, parsed, malformed, withheld);
         }
         self.done = true;
         // A stop string may end output before the engine does: stop its work now.

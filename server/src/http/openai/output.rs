@@ -5,8 +5,9 @@
 //!
 //! With tools on, ids go through the native tool-call parser first: ids outside calls continue
 //! to the reasoning split, a call becomes [`ToolCallDelta`]s (the first with index, id and
-//! name and empty arguments, then argument fragments), and a malformed call is shown as
-//! content text, markers included. A tool-call section ends the thinking even when the model
+//! name and empty arguments, then argument fragments), a malformed call is shown as content
+//! text, markers included, and call markup the output ends inside (cut off by `max_tokens`, a
+//! stop id or the context) is withheld: never content, and the finish reason says why it ended. A tool-call section ends the thinking even when the model
 //! did not close it. The concatenation of every delta ([`Delta::extend`]) equals a
 //! non-streamed run.
 
@@ -115,6 +116,11 @@ impl OutputParser {
         self.tools.as_ref().map_or(0, ToolCallParser::malformed_calls)
     }
 
+    /// Tool calls the output ended inside (withheld).
+    pub fn withheld_calls(&self) -> usize {
+        self.tools.as_ref().map_or(0, ToolCallParser::withheld_calls)
+    }
+
     /// Whether a stop string ended the output.
     pub fn stopped(&self) -> bool {
         self.stop.matched()
@@ -170,6 +176,8 @@ impl OutputParser {
                         self.content_text(id, d);
                     }
                 }
+                // Markup the output ended inside: withheld, never shown as text.
+                ToolEvent::CutOff(_) => {}
             }
         }
     }
