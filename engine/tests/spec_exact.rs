@@ -233,6 +233,11 @@ fn gpt_oss_fixture_drafts_never_change_output() {
 }
 
 #[test]
+fn minimax_m2_fixture_drafts_never_change_output() {
+    check(&fixture("minimax-m2-fp8"), "minimax-m2-fp8");
+}
+
+#[test]
 fn synthetic_deepseek_model_drafts_never_change_output() {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Int4).write(dir.path()).unwrap();
