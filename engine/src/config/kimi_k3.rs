@@ -7,7 +7,10 @@
 //! `tie_word_embeddings` must equal the text copies.
 
 use super::Fields;
-use super::kimi_linear::{BENIGN_FIELDS, Dialect, KimiLinearConfig, reject_unknown};
+use super::kimi_linear::{
+    ATTN_RES_VARIANTS, BENIGN_FIELDS, Dialect, K3_TEXT_FIELDS, KimiLinearConfig, LINEAR_ONLY_FIELDS,
+    refuse_semantic,
+};
 use crate::error::Result;
 
 /// Validated Kimi K3 hyperparameters.
@@ -29,15 +32,6 @@ pub struct KimiK3Config {
     pub mla_use_output_gate: bool,
 }
 
-const K3_TEXT_FIELDS: &[&str] = &[
-    "mla_use_output_gate",
-    "attn_res_block_size",
-    "routed_expert_hidden_size",
-    "latent_moe_use_norm",
-    "activation_situ_beta",
-    "activation_situ_linear_beta",
-];
-
 /// Root fields of a K3 config. `vision_config`/`media_placeholder_token_id` describe the
 /// vision tower, which text-only inference never runs.
 const K3_ROOT_FIELDS: &[&str] = &[
@@ -55,7 +49,8 @@ const K3_ROOT_FIELDS: &[&str] = &[
 
 impl KimiK3Config {
     pub(crate) fn parse(root: Fields<'_>, text: Fields<'_>) -> Result<Self> {
-        reject_unknown(root, &[K3_ROOT_FIELDS, BENIGN_FIELDS])?;
+        refuse_semantic(root, &[LINEAR_ONLY_FIELDS, ATTN_RES_VARIANTS])?;
+        root.note_unknown(&[K3_ROOT_FIELDS, BENIGN_FIELDS]);
         let base = KimiLinearConfig::parse(text, Dialect::K3, K3_TEXT_FIELDS)?;
         let beta = |field: &str| -> Result<Option<f32>> {
             match text.opt_f64(field)? {

@@ -146,7 +146,17 @@ const COMMON_FIELDS: &[&str] = &[
 ];
 
 /// Extra fields a flat Kimi-Linear config may carry: RoPE settings, unused because its MLA is NoPE.
-const LINEAR_ONLY_FIELDS: &[&str] = &["rope_theta", "rope_scaling", "rope_parameters"];
+pub(crate) const LINEAR_ONLY_FIELDS: &[&str] = &["rope_theta", "rope_scaling", "rope_parameters"];
+
+/// The architecture fields only K3's text config has (refused in a Kimi-Linear config).
+pub(crate) const K3_TEXT_FIELDS: &[&str] = &[
+    "mla_use_output_gate",
+    "attn_res_block_size",
+    "routed_expert_hidden_size",
+    "latent_moe_use_norm",
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+];
 
 /// Fields that never change the computation: metadata, training-only and HF bookkeeping.
 pub(crate) const BENIGN_FIELDS: &[&str] = &[
@@ -183,20 +193,26 @@ const KDA_FIELDS: &[&str] = &[
 ];
 const KDA_K3_FIELDS: &[&str] = &["use_full_rank_gate", "gate_lower_bound"];
 
-/// Error on the first field of `f` (sorted) that is in none of `lists`.
-pub(crate) fn reject_unknown(f: Fields<'_>, lists: &[&[&str]]) -> Result<()> {
+/// Keys that would change the computation but that this dialect does not implement: present,
+/// they are refused by name (another dialect's architecture fields, RoPE on a NoPE model,
+/// attention-residual variants other than Block AttnRes).
+pub(crate) fn refuse_semantic(f: Fields<'_>, lists: &[&[&str]]) -> Result<()> {
     let mut keys: Vec<&String> = f.map.keys().collect();
     keys.sort();
-    for key in keys {
-        if !lists.iter().any(|l| l.contains(&key.as_str())) {
-            return Err(f.err(
-                key,
-                "not understood by this implementation (unknown fields are refused)",
-            ));
-        }
+    match keys
+        .into_iter()
+        .find(|k| lists.iter().any(|l| l.contains(&k.as_str())))
+    {
+        Some(key) => Err(f.err(
+            key,
+            "changes the computation in a way this implementation does not run",
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
+
+/// Keys changing the attention residuals in ways other than Block AttnRes (none implemented).
+pub(crate) const ATTN_RES_VARIANTS: &[&str] = &["attn_res_variant"];
 
 /// A field that may be spelled two ways; both present means they must agree.
 fn aliased<T: PartialEq + std::fmt::Debug>(
@@ -220,10 +236,14 @@ impl KimiLinearConfig {
 
     pub(crate) fn parse(f: Fields<'_>, dialect: Dialect, extra: &[&str]) -> Result<Self> {
         let mut known: Vec<&[&str]> = vec![COMMON_FIELDS, BENIGN_FIELDS, extra];
-        if dialect == Dialect::Linear {
-            known.push(LINEAR_ONLY_FIELDS);
+        match dialect {
+            Dialect::Linear => {
+                known.push(LINEAR_ONLY_FIELDS);
+                refuse_semantic(f, &[K3_TEXT_FIELDS, ATTN_RES_VARIANTS])?;
+            }
+            Dialect::K3 => refuse_semantic(f, &[LINEAR_ONLY_FIELDS, ATTN_RES_VARIANTS])?,
         }
-        reject_unknown(f, &known)?;
+        f.note_unknown(&known);
         let usize_alias = |a: &str, b: &str| aliased(f, a, b, |n| f.opt_usize(n));
         let num_hidden_layers = f.usize("num_hidden_layers")?;
         let max_position_embeddings = usize_alias("model_max_length", "max_position_embeddings")?
@@ -421,9 +441,16 @@ fn parse_kda(f: Fields<'_>, dialect: Dialect) -> Result<KdaConfig> {
     let extra: &[&str] = if dialect == Dialect::K3 {
         KDA_K3_FIELDS
     } else {
+        refuse_semantic(l, &[KDA_K3_FIELDS])?;
         &[]
     };
-    reject_unknown(l, &[KDA_FIELDS, extra])?;
+    if l.opt_bool("use_short_conv")? == Some(false) {
+        return Err(l.err(
+            "use_short_conv",
+            "false is not implemented (KDA always convolves)",
+        ));
+    }
+    l.note_unknown(&[KDA_FIELDS, extra, &["use_short_conv"]]);
     let (use_full_rank_gate, decay) = match dialect {
         Dialect::Linear => (false, KdaDecay::Softplus),
         Dialect::K3 => {

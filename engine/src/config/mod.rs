@@ -111,7 +111,22 @@ impl<'a> Fields<'a> {
     /// The whole (text) config deserialised into `T` (a serde-derived config): an error names
     /// the field path and what was wrong with it.
     pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        serde_path_to_error::deserialize(Value::Object(self.map.clone())).map_err(|e| {
+        let (parsed, unknown) = self.deserialize_noting::<T>()?;
+        if !unknown.is_empty() {
+            tracing::debug!(path = %self.path.display(), scope = self.scope, keys = ?unknown, "config keys not read");
+        }
+        Ok(parsed)
+    }
+
+    /// [`Fields::deserialize`], and the keys of this object that neither `T` nor the shared
+    /// bookkeeping reads.
+    pub fn deserialize_noting<T: serde::de::DeserializeOwned>(&self) -> Result<(T, Vec<String>)> {
+        let fields = std::cell::Cell::new(&[][..]);
+        let recording = Recording {
+            value: Value::Object(self.map.clone()),
+            fields: &fields,
+        };
+        let parsed = serde_path_to_error::deserialize(recording).map_err(|e| {
             // serde reports a missing field at its parent (the root renders as `.`) and names
             // it only in the message: name the field itself, as the hand-written parsers do.
             let (path, message) = (e.path().to_string(), e.inner().to_string());
@@ -128,7 +143,31 @@ impl<'a> Fields<'a> {
                 None if path == "." => self.err("<root>", message),
                 None => self.err(&path, message),
             }
-        })
+        })?;
+        let unknown = self.unknown_keys(&[fields.get(), BOOKKEEPING]);
+        Ok((parsed, unknown.into_iter().map(String::from).collect()))
+    }
+
+    /// The keys of this object that no list names.
+    pub fn unknown_keys(&self, lists: &[&[&str]]) -> Vec<&'a str> {
+        let mut keys: Vec<&str> = self
+            .map
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !lists.iter().any(|l| l.contains(k)))
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// List at debug level the keys of this object that no list names: they are not read
+    /// (one policy for every family: unknown keys are ignored; the keys that change the
+    /// computation are validated by each family's parser).
+    pub fn note_unknown(&self, lists: &[&[&str]]) {
+        let unknown = self.unknown_keys(lists);
+        if !unknown.is_empty() {
+            tracing::debug!(path = %self.path.display(), scope = self.scope, keys = ?unknown, "config keys not read");
+        }
     }
 
     /// A token id that may be written as an integer or a list of integers (first wins).
@@ -148,6 +187,49 @@ impl<'a> Fields<'a> {
                 .collect(),
             Some(v) => Err(self.err(field, format!("expected a token id, found {v}"))),
         }
+    }
+}
+
+/// Keys every family reads outside its own struct (dispatch, quantisation, RoPE).
+const BOOKKEEPING: &[&str] = &[
+    "model_type",
+    "quantization_config",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "partial_rotary_factor",
+];
+
+/// A JSON value deserializer that records the field names of the struct it is read into (for
+/// [`Fields::note_unknown`]); everything else is the value's own deserializer.
+struct Recording<'a> {
+    value: Value,
+    fields: &'a std::cell::Cell<&'static [&'static str]>,
+}
+
+impl<'de> serde::Deserializer<'de> for Recording<'_> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(
+        self,
+        visitor: V,
+    ) -> std::result::Result<V::Value, Self::Error> {
+        serde::Deserializer::deserialize_any(self.value, visitor)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> std::result::Result<V::Value, Self::Error> {
+        self.fields.set(fields);
+        serde::Deserializer::deserialize_struct(self.value, name, fields, visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+        unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
     }
 }
 

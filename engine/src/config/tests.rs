@@ -234,3 +234,31 @@ fn qwen3_moe_parses_with_hf_defaults_and_names_bad_fields() {
             .contains("vocab_size")
     );
 }
+
+#[test]
+fn unknown_keys_are_ignored_and_listed_one_policy_for_every_family() {
+    let mut v = qwen3_moe();
+    v["future_knob"] = json!(3);
+    v["router_aux_loss_coef"] = json!(0.001);
+    let path = Path::new("config.json");
+    let f = Fields {
+        map: v.as_object().unwrap(),
+        path,
+        scope: "",
+    };
+    let (c, unknown): (Qwen3MoeConfig, Vec<String>) = f.deserialize_noting().unwrap();
+    assert_eq!(c.num_experts, 8);
+    // Read by the struct (`num_experts`, `head_dim`…) or shared bookkeeping (`model_type`,
+    // `rope_theta`) is not listed; the rest is, and loading goes on.
+    assert_eq!(unknown, vec!["future_knob", "router_aux_loss_coef"]);
+    assert!(parse_qwen3_moe(&v).is_ok());
+    // The hand-written dialect (Kimi-Linear, K3) follows the same policy.
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kimi-linear/config.json"
+    );
+    let mut k: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+    k["future_knob"] = json!(true);
+    k["linear_attn_config"]["future_kda_knob"] = json!(1);
+    assert!(Spec::<KimiLinearConfig>::from_value_typed(&k, path).is_ok());
+}
