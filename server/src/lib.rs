@@ -14,6 +14,7 @@
 
 pub mod drafts;
 pub mod http;
+pub mod local;
 pub mod metrics;
 pub mod model;
 pub mod state;

@@ -9,6 +9,7 @@ pub mod ooc_args;
 pub mod progress;
 pub mod push;
 pub mod run;
+pub mod run_local;
 pub mod serve;
 pub mod setup;
 pub mod spec_args;

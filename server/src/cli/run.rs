@@ -32,46 +32,62 @@ pub struct RunArgs {
     /// Model directory (a Hugging Face checkpoint), or `builtin:k3` (the synthetic K3 preset).
     /// Default: the built-in trained model.
     #[arg(long, env = "DELTAFIN_MODEL")]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Prompt text.
     #[arg(long, env = "DELTAFIN_PROMPT")]
-    prompt: String,
+    pub(crate) prompt: String,
     /// Render the prompt as a user message with the model's chat template.
     #[arg(long, env = "DELTAFIN_CHAT")]
-    chat: bool,
+    pub(crate) chat: bool,
     /// System message for --chat.
     #[arg(long, env = "DELTAFIN_SYSTEM")]
-    system: Option<String>,
+    pub(crate) system: Option<String>,
     /// Maximum new tokens.
     #[arg(long, default_value_t = 64, env = "DELTAFIN_MAX_NEW")]
-    max_new: usize,
+    pub(crate) max_new: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0, env = "DELTAFIN_TEMPERATURE")]
-    temperature: f32,
+    pub(crate) temperature: f32,
     /// Nucleus sampling mass.
     #[arg(long, default_value_t = 1.0, env = "DELTAFIN_TOP_P")]
-    top_p: f32,
+    pub(crate) top_p: f32,
     /// Keep only the k most likely tokens (0 = all).
     #[arg(long, default_value_t = 0, env = "DELTAFIN_TOP_K")]
-    top_k: usize,
+    pub(crate) top_k: usize,
     /// Seed of the sampling random stream.
     #[arg(long, default_value_t = 0, env = "DELTAFIN_SEED")]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Prompt tokens per prefill pass.
     #[arg(long, default_value_t = 256, env = "DELTAFIN_PREFILL_CHUNK")]
-    prefill_chunk: usize,
+    pub(crate) prefill_chunk: usize,
     /// Print prefill/decode throughput on stderr.
     #[arg(long, env = "DELTAFIN_STATS")]
-    stats: bool,
+    pub(crate) stats: bool,
     #[command(flatten)]
-    ooc: OocArgs,
+    pub(crate) ooc: OocArgs,
     #[command(flatten)]
-    spec: SpecArgs,
+    pub(crate) spec: SpecArgs,
     #[command(flatten)]
-    stream: StreamArgs,
+    pub(crate) stream: StreamArgs,
     /// Print one JSON object on stdout instead of streaming text.
     #[arg(long, env = "DELTAFIN_JSON")]
-    json: bool,
+    pub(crate) json: bool,
+    /// Subtracted once from the logit of every token already generated (OpenAI semantics).
+    #[arg(long, default_value_t = 0.0, env = "DELTAFIN_PRESENCE_PENALTY")]
+    pub(crate) presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    #[arg(long, default_value_t = 0.0, env = "DELTAFIN_FREQUENCY_PENALTY")]
+    pub(crate) frequency_penalty: f32,
+    /// HF-style repetition penalty over the prompt and output (1 = off).
+    #[arg(long, default_value_t = 1.0, env = "DELTAFIN_REPETITION_PENALTY")]
+    pub(crate) repetition_penalty: f32,
+    /// Logit bias per token id: `ID:BIAS,ID:BIAS` (OpenAI `logit_bias`).
+    #[arg(long, value_delimiter = ',', env = "DELTAFIN_LOGIT_BIAS")]
+    pub(crate) logit_bias: Vec<String>,
+    /// With --chat: the answer must be JSON valid against the schema in this file (OpenAI
+    /// `response_format: json_schema`).
+    #[arg(long, env = "DELTAFIN_JSON_SCHEMA")]
+    pub(crate) json_schema: Option<PathBuf>,
 }
 
 /// The model directory to use: `--model DIR`, or a built-in (`builtin:k3`, or no `--model` for
@@ -204,7 +220,20 @@ fn device_pass<'m>(
     }
 }
 
+/// `deltafin run`. On the CPU the request goes through the server's own path in process
+/// ([`deltafin_server::local`]: the same load, prompt rendering, decode options and engine loop
+/// as `serve`), so `run` and `serve` give the same ids. With a GPU computing, whole passes on
+/// the device run one sequence directly ([`run_on_device`]).
 pub fn run(args: RunArgs, cache_dir: &Path) -> Result<()> {
+    if backend::current().device() == backend::Device::Cpu {
+        return crate::cli::run_local::run(&args, cache_dir);
+    }
+    run_on_device(args, cache_dir)
+}
+
+/// The device path: load the model here and generate with whole passes on the device where the
+/// architecture has them (its matrix products on the device otherwise).
+fn run_on_device(args: RunArgs, cache_dir: &Path) -> Result<()> {
     let dir = resolve_model(args.model.clone(), cache_dir)?;
     let load_start = Instant::now();
     let tok = Arc::new(

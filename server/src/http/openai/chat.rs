@@ -35,6 +35,8 @@ pub struct ChatRun {
     pub id: String,
     /// Prompt tokens (the same for every choice).
     pub prompt_tokens: usize,
+    /// The prompt's ids.
+    pub prompt: Vec<u32>,
     /// Whether tool calls are parsed out of the output.
     pub tools: bool,
 }
@@ -65,6 +67,9 @@ pub struct ChoiceOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatOutcome {
     pub choices: Vec<ChoiceOutcome>,
+    /// The prompt's ids, and each choice's generated ids (stop ids included).
+    pub prompt_token_ids: Vec<u32>,
+    pub token_ids: Vec<Vec<u32>>,
     /// Summed over the choices (prompt tokens counted once).
     pub usage: Usage,
 }
@@ -125,6 +130,7 @@ impl ChatRun {
     /// Run every choice to its end (choices in index order; they run concurrently in the engine).
     pub async fn collect(self) -> Result<ChatOutcome, ApiError> {
         let mut choices = Vec::with_capacity(self.choices.len());
+        let mut token_ids = Vec::with_capacity(self.choices.len());
         let mut usage = Usage::new(self.prompt_tokens, 0, 0);
         for (index, mut g) in self.choices.into_iter().enumerate() {
             let mut acc = Accumulator::default();
@@ -139,6 +145,7 @@ impl ChatRun {
                 logprobs.extend(g.take_logprobs());
             };
             logprobs.extend(g.take_logprobs());
+            token_ids.push(g.output_ids().to_vec());
             let (reason, u) = finish;
             usage = Usage::new(
                 self.prompt_tokens,
@@ -156,7 +163,12 @@ impl ChatRun {
                 logprobs,
             });
         }
-        Ok(ChatOutcome { choices, usage })
+        Ok(ChatOutcome {
+            choices,
+            prompt_token_ids: self.prompt,
+            token_ids,
+            usage,
+        })
     }
 }
 
@@ -197,6 +209,7 @@ pub fn start(
         })
         .collect();
     let prompt_tokens = prompt.len();
+    let prompt_ids = prompt.clone();
     let gen_req = super::handlers::gen_request(app, &loaded, endpoint, &req.common, prompt, decode)?;
     let mut choices = Generation::submit_choices(app, &loaded, endpoint, gen_req, parsers, started)?;
     let named = matches!(req.tool_choice, ToolChoice::Named(_));
@@ -206,6 +219,7 @@ pub fn start(
         model: loaded.model_id.clone(),
         id,
         prompt_tokens,
+        prompt: prompt_ids,
         tools: tools_on,
     })
 }

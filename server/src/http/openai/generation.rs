@@ -60,6 +60,10 @@ pub struct Generation {
     prompt_tokens: usize,
     cached_tokens: usize,
     completion_tokens: usize,
+    /// Every generated id so far (in-process callers read them: `deltafin run`).
+    ids: Vec<u32>,
+    /// The engine's own message when the generation failed (HTTP answers keep it in the log).
+    failure: Option<String>,
     pending: VecDeque<Step>,
     done: bool,
 }
@@ -103,6 +107,8 @@ impl Generation {
                 prompt_tokens,
                 cached_tokens: 0,
                 completion_tokens: 0,
+                ids: Vec::new(),
+                failure: None,
                 pending: VecDeque::new(),
                 done: false,
             })
@@ -112,6 +118,16 @@ impl Generation {
     /// Report `stop` rather than `tool_calls` when calls end the output (a named tool choice).
     pub fn set_named_choice(&mut self, named: bool) {
         self.named_choice = named;
+    }
+
+    /// The engine's message of a failed generation.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Every id generated so far, stop ids included.
+    pub fn output_ids(&self) -> &[u32] {
+        &self.ids
     }
 
     /// The log-probabilities of the tokens behind the steps returned so far (drained).
@@ -167,6 +183,7 @@ impl Generation {
                 Some(Event::Logprobs(lp)) => self.pending_logprob = Some(lp),
                 Some(Event::Token(id)) => {
                     self.completion_tokens += 1;
+                    self.ids.push(id);
                     if let Some(t) = self.timer.as_mut() {
                         t.token();
                     }
@@ -191,6 +208,7 @@ impl Generation {
                 }
                 Some(Event::Failed { kind, message }) => {
                     tracing::error!(kind, %message, "generation failed");
+                    self.failure = Some(message.clone());
                     self.fail(match kind {
                         "shutdown" => ApiError::ShuttingDown,
                         "budget" => ApiError::MemoryExhausted(message),

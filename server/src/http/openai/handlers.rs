@@ -59,11 +59,11 @@ pub async fn chat_completions(State(app): State<AppState>, body: Result<JsonBody
             let JsonBody(body) = body?;
             let req = parse_chat(&body, &prep.config().limits)?;
             let run = chat::start(&prep, &req, Endpoint::Chat, started)?;
-            Ok((run, req.common.stream, req.common.include_usage))
+            Ok((run, Shape::of(&req.common)))
         })
         .await;
     match run {
-        Ok((run, stream, include_usage)) => respond(&app, Endpoint::Chat, run, stream, include_usage).await,
+        Ok((run, shape)) => respond(&app, Endpoint::Chat, run, shape).await,
         Err(e) => refuse(&app, Endpoint::Chat, e),
     }
 }
@@ -77,13 +77,11 @@ pub async fn completions(State(app): State<AppState>, body: Result<JsonBody, Api
             let JsonBody(body) = body?;
             let req = parse_completion(&body, &prep.config().limits)?;
             let run = start_completion(&prep, &req, started)?;
-            Ok((run, req.common.stream, req.common.include_usage))
+            Ok((run, Shape::of(&req.common)))
         })
         .await;
     match run {
-        Ok((run, stream, include_usage)) => {
-            respond(&app, Endpoint::Completions, run, stream, include_usage).await
-        }
+        Ok((run, shape)) => respond(&app, Endpoint::Completions, run, shape).await,
         Err(e) => refuse(&app, Endpoint::Completions, e),
     }
 }
@@ -168,7 +166,11 @@ pub fn gen_request(
     })
 }
 
-fn start_completion(app: &AppState, req: &CompletionRequest, started: Instant) -> Result<ChatRun, ApiError> {
+pub fn start_completion(
+    app: &AppState,
+    req: &CompletionRequest,
+    started: Instant,
+) -> Result<ChatRun, ApiError> {
     let loaded = app.loaded()?;
     check_model(&loaded, &req.common)?;
     let prompt = match &req.prompt {
@@ -187,6 +189,7 @@ fn start_completion(app: &AppState, req: &CompletionRequest, started: Instant) -
         .map(|_| OutputParser::new(Arc::clone(&loaded.tokenizer), None, &[], req.common.stop.clone()))
         .collect();
     let prompt_tokens = prompt.len();
+    let prompt_ids = prompt.clone();
     let decode = chat::sampling_options(&req.common);
     let gen_req = gen_request(app, &loaded, Endpoint::Completions, &req.common, prompt, decode)?;
     let choices = Generation::submit_choices(app, &loaded, Endpoint::Completions, gen_req, parsers, started)?;
@@ -195,6 +198,7 @@ fn start_completion(app: &AppState, req: &CompletionRequest, started: Instant) -
         model: loaded.model_id.clone(),
         id: random_hex(),
         prompt_tokens,
+        prompt: prompt_ids,
         tools: false,
     })
 }
@@ -215,13 +219,30 @@ fn header(run: &ChatRun, endpoint: Endpoint, include_usage: bool) -> ChunkHeader
     }
 }
 
-async fn respond(
-    app: &AppState,
-    endpoint: Endpoint,
-    run: ChatRun,
+/// How a response is shaped, from the request.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
     stream: bool,
     include_usage: bool,
-) -> Response {
+    token_ids: bool,
+}
+
+impl Shape {
+    fn of(common: &Common) -> Shape {
+        Shape {
+            stream: common.stream,
+            include_usage: common.include_usage,
+            token_ids: common.return_token_ids,
+        }
+    }
+}
+
+async fn respond(app: &AppState, endpoint: Endpoint, run: ChatRun, shape: Shape) -> Response {
+    let Shape {
+        stream,
+        include_usage,
+        token_ids,
+    } = shape;
     let h = header(&run, endpoint, include_usage);
     let tok = match app.loaded_any() {
         Some(l) => Arc::clone(&l.tokenizer),
@@ -246,10 +267,21 @@ async fn respond(
         cached_tokens = out.usage.prompt_tokens_details.cached_tokens,
         "request finished"
     );
-    match endpoint {
-        Endpoint::Chat => Json(chat_body(&h, &tok, out)).into_response(),
-        _ => Json(completion_body(&h, &tok, out)).into_response(),
+    let ids = token_ids.then(|| (out.prompt_token_ids.clone(), out.token_ids.clone()));
+    let body = match endpoint {
+        Endpoint::Chat => serde_json::to_value(chat_body(&h, &tok, out)),
+        _ => serde_json::to_value(completion_body(&h, &tok, out)),
+    };
+    let Ok(mut body) = body else {
+        return ApiError::Internal("response serialisation").into_response();
+    };
+    if let Some((prompt, outputs)) = ids {
+        body["prompt_token_ids"] = serde_json::json!(prompt);
+        for (choice, ids) in body["choices"].as_array_mut().into_iter().flatten().zip(outputs) {
+            choice["token_ids"] = serde_json::json!(ids);
+        }
     }
+    Json(body).into_response()
 }
 
 fn chat_body(h: &ChunkHeader, tok: &Tokenizer, out: ChatOutcome) -> ChatCompletion {

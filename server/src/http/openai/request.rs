@@ -64,6 +64,9 @@ pub struct Common {
     /// Chat: `logprobs: true`; completions: `logprobs: k` (then `top_logprobs` is `k`).
     pub logprobs: bool,
     pub top_logprobs: usize,
+    /// vLLM's `return_token_ids`: the response carries `prompt_token_ids` and each choice's
+    /// `token_ids` (non-streamed responses).
+    pub return_token_ids: bool,
 }
 
 /// A validated `/v1/chat/completions` request.
@@ -130,6 +133,7 @@ const COMMON: &[&str] = &[
     "logprobs",
     "user",
     "ignore_eos",
+    "return_token_ids",
     "min_p",
     "repetition_penalty",
 ];
@@ -292,6 +296,7 @@ impl Common {
             n: 1,
             logprobs: false,
             top_logprobs: 0,
+            return_token_ids: false,
         }
     }
 
@@ -327,6 +332,7 @@ impl Common {
             "seed" => self.sampling.seed = Some(seed(v)?),
             "stop" => self.stop = stop_strings(v)?,
             "ignore_eos" => self.ignore_eos = boolean(v, key)?,
+            "return_token_ids" => self.return_token_ids = boolean(v, key)?,
             "user" => drop(string(v, key)?),
             "n" => self.n = integer(v, key, 1, MAX_CHOICES as u64)? as usize,
             "frequency_penalty" => self.sampling.frequency_penalty = number(v, key, -2.0, 2.0)? as f32,
