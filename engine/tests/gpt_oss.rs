@@ -162,3 +162,63 @@ fn a_malformed_gpt_oss_checkpoint_is_a_typed_error_naming_the_tensor_or_key() {
 fn gpt_oss_is_batch_and_chunk_invariant_and_drafts_change_nothing() {
     golden_support::check_consistency("gpt-oss");
 }
+
+/// Out of core, each expert's slice of the stacked MXFP4 tensors is verified as it is read: a
+/// flipped bit under the experts fails the request naming the tensor and the expert, and the
+/// untouched checkpoint runs with every read verified.
+#[test]
+fn stacked_experts_are_checksum_verified_one_expert_at_a_time_out_of_core() {
+    use deltafin_engine::arch;
+    use deltafin_engine::cache::{ChecksumMode, OocOptions};
+    use deltafin_engine::weights::WeightIndex;
+    use deltafin_engine::weights::checksums::Checksums;
+    let dir = altered("model.norm.weight", Some(&[64]));
+    let index = WeightIndex::open(dir.path()).unwrap();
+    let sums = Checksums::compute(&index);
+    let name = "model.layers.1.mlp.experts.gate_up_proj_blocks";
+    let shard = index.shard_name(index.info(name).unwrap().shard).to_string();
+    assert_eq!(sums.shards[&shard].slices[name].len(), 8);
+    sums.save(dir.path()).unwrap();
+    let info = index.info(name).unwrap().clone();
+    let path = index.shard_path(&info).to_path_buf();
+    drop(index);
+    let mut o = OocOptions::with_budget(1);
+    o.reserve_bytes = 0;
+    o.checksums = ChecksumMode::Require;
+    o.budget = {
+        let all = OocOptions {
+            budget: u64::MAX / 4,
+            ..o.clone()
+        };
+        let (_, rt) = arch::load_budgeted(dir.path(), &all).unwrap();
+        let p = &rt.plan;
+        p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + p.slot_bytes
+    };
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("golden.json")).unwrap()).unwrap();
+    let prompt = golden_support::ids(&golden["prompt_ids"]);
+    let forward = |o: &OocOptions| {
+        let (model, rt) = arch::load_budgeted(dir.path(), o).unwrap();
+        let mut state = model.new_state();
+        let mut batch = [deltafin_engine::arch::SeqInput {
+            state: &mut state,
+            tokens: &prompt,
+            logits: deltafin_engine::arch::LogitRows::Last,
+        }];
+        (model.forward(&mut batch, None), rt.reader.checksums())
+    };
+    let (ok, verified) = forward(&o);
+    ok.unwrap();
+    assert!(verified.unwrap() > 0, "no read was verified");
+    // Flip one bit in every expert's slice of layer 1's gate/up blocks (same size, same file).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let each = info.len / 8;
+    for e in 0..8 {
+        bytes[(info.offset + e * each + 5) as usize] ^= 0x10;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let (err, _) = forward(&o);
+    let err = err.unwrap_err();
+    assert_eq!(err.kind(), "weights_unavailable", "{err}");
+    assert!(err.to_string().contains(&format!("{name}[")), "{err}");
+}

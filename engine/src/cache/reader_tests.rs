@@ -244,6 +244,7 @@ fn checksums_verify_the_tensors_read_and_name_a_mismatch() {
         len: r.len() as u64,
         hash: checksum(&data[r]),
         name: name.into(),
+        slice: false,
     };
     pool.set_checksums(ShardSums(vec![vec![
         tensor("experts.0.w", 100..9000),

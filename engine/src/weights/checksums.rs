@@ -6,8 +6,11 @@
 //! a same-size file replaced under a running server, becomes a typed error naming the tensor
 //! instead of a wrong token.
 //!
-//! Per tensor (not per expert or per read range): the checksums do not depend on how an
-//! architecture groups tensors or on the reader's layout, so one file serves every budget.
+//! Per tensor (not per read range): the checksums do not depend on how an architecture groups
+//! tensors or on the reader's layout, so one file serves every budget. A tensor that stacks a
+//! layer's experts in its outer dimension (gpt-oss's `mlp.experts.gate_up_proj_blocks`, fused
+//! Qwen experts: a name with `.experts.` not followed by an expert number) is read one expert at
+//! a time out of core, so it also has one checksum per outer index ([`stacked_experts`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +39,23 @@ pub struct ShardChecksums {
     pub size: u64,
     /// Tensor name -> checksum, 16 hex digits.
     pub tensors: BTreeMap<String, String>,
+    /// Stacked-expert tensor name -> the checksum of each outer index's bytes, in order.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slices: BTreeMap<String, Vec<String>>,
+}
+
+/// Whether tensor `name` of `shape` stacks experts in its outer dimension: `.experts.` followed
+/// by a name, not an expert number, and at least two dimensions.
+pub fn stacked_experts(name: &str, shape: &[usize]) -> bool {
+    shape.len() >= 2
+        && name
+            .split_once(".experts.")
+            .is_some_and(|(_, rest)| !rest.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// The checksum of each outer index of a stacked tensor's `bytes` (`outer` equal slices).
+fn slice_sums(bytes: &[u8], outer: usize) -> Vec<u64> {
+    bytes.chunks(bytes.len() / outer.max(1)).map(checksum).collect()
 }
 
 /// The checksums file.
@@ -57,23 +77,31 @@ impl Checksums {
     pub fn compute(index: &WeightIndex) -> Checksums {
         let mut names: Vec<&str> = index.names().collect();
         names.sort_unstable();
-        let sums: Vec<(usize, String, u64)> = names
+        type Sum = (usize, String, u64, Option<Vec<u64>>);
+        let sums: Vec<Sum> = names
             .par_iter()
             .map(|name| {
                 let info = index.info(name).expect("listed by the index");
-                (info.shard, name.to_string(), checksum(&index.blob(info)))
+                let blob = index.blob(info);
+                let slices = stacked_experts(name, &info.shape).then(|| slice_sums(&blob, info.shape[0]));
+                (info.shard, name.to_string(), checksum(&blob), slices)
             })
             .collect();
         let mut shards: BTreeMap<String, ShardChecksums> = BTreeMap::new();
-        for (shard, name, sum) in sums {
-            shards
+        for (shard, name, sum, slices) in sums {
+            let entry = shards
                 .entry(index.shard_name(shard).to_string())
                 .or_insert_with(|| ShardChecksums {
                     size: index.file_len(shard),
                     tensors: BTreeMap::new(),
-                })
-                .tensors
-                .insert(name, format!("{sum:016x}"));
+                    slices: BTreeMap::new(),
+                });
+            if let Some(s) = slices {
+                entry
+                    .slices
+                    .insert(name.clone(), s.iter().map(|h| format!("{h:016x}")).collect());
+            }
+            entry.tensors.insert(name, format!("{sum:016x}"));
         }
         Checksums {
             format: CHECKSUMS_FORMAT,
@@ -151,7 +179,34 @@ impl Checksums {
                 len: info.len,
                 hash,
                 name: name.into(),
+                slice: false,
             });
+            if stacked_experts(name, &info.shape) {
+                let slices = self.shards[shard].slices.get(name).ok_or_else(|| {
+                    stale(format!(
+                        "no per-expert checksums for `{name}` in {shard}: run `deltafin doctor --write-checksums`"
+                    ))
+                })?;
+                let outer = info.shape[0].max(1);
+                if slices.len() != outer {
+                    return Err(stale(format!(
+                        "`{name}`: {} slice checksums for {outer} experts",
+                        slices.len()
+                    )));
+                }
+                let each = info.len / outer as u64;
+                for (i, hex) in slices.iter().enumerate() {
+                    let hash = u64::from_str_radix(hex, 16)
+                        .map_err(|_| stale(format!("`{name}[{i}]`: `{hex}` is not a hex checksum")))?;
+                    out[info.shard].push(TensorSum {
+                        offset: info.offset + i as u64 * each,
+                        len: each,
+                        hash,
+                        name: format!("{name}[{i}]").into(),
+                        slice: true,
+                    });
+                }
+            }
         }
         for list in &mut out {
             list.sort_unstable_by_key(|t| t.offset);
@@ -201,7 +256,7 @@ pub fn verify_all(index: &WeightIndex, mode: ChecksumMode) -> Result<Option<usiz
     sums.0
         .par_iter()
         .enumerate()
-        .flat_map(|(shard, list)| list.par_iter().map(move |t| (shard, t)))
+        .flat_map(|(shard, list)| list.par_iter().filter(|t| !t.slice).map(move |t| (shard, t)))
         .try_for_each(|(shard, t)| {
             let blob = index.blob(index.info(&t.name)?);
             let actual = checksum(&blob);
@@ -216,7 +271,7 @@ pub fn verify_all(index: &WeightIndex, mode: ChecksumMode) -> Result<Option<usiz
                 ),
             })
         })?;
-    Ok(Some(sums.0.iter().map(Vec::len).sum()))
+    Ok(Some(sums.0.iter().flatten().filter(|t| !t.slice).count()))
 }
 
 /// The install's checksums as `mode` wants them: `None` when off or (auto) not recorded; an
@@ -243,6 +298,9 @@ pub struct TensorSum {
     pub len: u64,
     pub hash: u64,
     pub name: Arc<str>,
+    /// One expert's slice of a stacked tensor (`name[i]`), checked out of core; in memory the
+    /// whole tensor's checksum covers it.
+    pub slice: bool,
 }
 
 /// Checksums by shard number, each list sorted by file offset.
@@ -302,9 +360,47 @@ mod tests {
                     len: bytes.len() as u64,
                     hash: checksum(bytes),
                     name: name.into(),
+                    slice: false,
                 })
                 .collect(),
         ])
+    }
+
+    #[test]
+    fn stacked_expert_tensors_are_named_by_the_convention() {
+        assert!(stacked_experts(
+            "model.layers.0.mlp.experts.gate_up_proj_blocks",
+            &[8, 64, 2, 16]
+        ));
+        assert!(stacked_experts(
+            "model.layers.0.mlp.experts.down_proj_bias",
+            &[8, 64]
+        ));
+        assert!(stacked_experts(
+            "model.language_model.layers.3.mlp.experts.gate_up_proj",
+            &[4, 8, 2]
+        ));
+        assert!(!stacked_experts(
+            "model.layers.0.mlp.experts.3.up_proj.weight",
+            &[32, 64]
+        ));
+        assert!(!stacked_experts(
+            "model.layers.0.block_sparse_moe.experts.5.w1.weight",
+            &[32, 64]
+        ));
+        assert!(!stacked_experts("model.layers.0.mlp.experts.e_bias", &[8]));
+        assert!(!stacked_experts("model.layers.0.mlp.gate.weight", &[8, 64]));
+        let bytes: Vec<u8> = (0..40).collect();
+        let s = slice_sums(&bytes, 4);
+        assert_eq!(
+            s,
+            vec![
+                checksum(&bytes[..10]),
+                checksum(&bytes[10..20]),
+                checksum(&bytes[20..30]),
+                checksum(&bytes[30..])
+            ]
+        );
     }
 
     #[test]
