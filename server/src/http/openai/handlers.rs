@@ -268,18 +268,22 @@ async fn respond(app: &AppState, endpoint: Endpoint, run: ChatRun, shape: Shape)
         "request finished"
     );
     let ids = token_ids.then(|| (out.prompt_token_ids.clone(), out.token_ids.clone()));
-    let body = match endpoint {
-        Endpoint::Chat => serde_json::to_value(chat_body(&h, &tok, out)),
-        _ => serde_json::to_value(completion_body(&h, &tok, out)),
+    // Serialised once as the typed body (f32 log-probabilities keep their shortest form); the
+    // ids are added to that text's value when asked for.
+    let text = match endpoint {
+        Endpoint::Chat => serde_json::to_string(&chat_body(&h, &tok, out)),
+        _ => serde_json::to_string(&completion_body(&h, &tok, out)),
     };
-    let Ok(mut body) = body else {
+    let Ok(text) = text else {
         return ApiError::Internal("response serialisation").into_response();
     };
-    if let Some((prompt, outputs)) = ids {
-        body["prompt_token_ids"] = serde_json::json!(prompt);
-        for (choice, ids) in body["choices"].as_array_mut().into_iter().flatten().zip(outputs) {
-            choice["token_ids"] = serde_json::json!(ids);
-        }
+    let Some((prompt, outputs)) = ids else {
+        return ([(axum::http::header::CONTENT_TYPE, "application/json")], text).into_response();
+    };
+    let mut body: serde_json::Value = serde_json::from_str(&text).expect("just serialised");
+    body["prompt_token_ids"] = serde_json::json!(prompt);
+    for (choice, ids) in body["choices"].as_array_mut().into_iter().flatten().zip(outputs) {
+        choice["token_ids"] = serde_json::json!(ids);
     }
     Json(body).into_response()
 }
