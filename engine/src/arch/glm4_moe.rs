@@ -7,17 +7,10 @@
 //! renormalised (`norm_topk_prob`) and scaled by `routed_scaling_factor`, plus shared experts.
 //! The multi-token-prediction layer GLM ships after the last decoder layer is not read.
 
-use std::sync::Arc;
-
-use super::ModelSpec;
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoeNames, MoePlan, state_size};
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
-use super::{Architecture, Loader, Model, StateSize};
-use crate::cache::{OocOptions, OocRuntime};
 use crate::config::Glm4MoeConfig;
-use crate::error::Result;
-use crate::weights::WeightIndex;
 
 /// The decoder plan of a GLM-4.5 config.
 fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
@@ -70,26 +63,8 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
     }
 }
 
-impl Architecture for Glm4MoeConfig {
-    fn state_size(&self) -> StateSize {
-        state_size(&plan(self))
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
-    }
-
-    fn supports_budget(&self) -> bool {
-        true
-    }
-
-    fn load_budgeted(
-        &self,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
-        Ok((Box::new(model), runtime))
+impl GqaFamily for Glm4MoeConfig {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
     }
 }

@@ -7,17 +7,10 @@
 //! `(clamp(u, ±limit) + 1) · g'σ(α g')`, `g' = min(g, limit)`; outputs summed in ascending
 //! expert order. The experts are read as published (`*_blocks`/`*_scales`, groups of 32).
 
-use std::sync::Arc;
-
-use super::ModelSpec;
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoePlan, state_size};
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
-use super::{Architecture, Loader, Model, StateSize};
-use crate::cache::{OocOptions, OocRuntime};
 use crate::config::GptOssConfig;
-use crate::error::Result;
-use crate::weights::WeightIndex;
 
 /// The decoder plan of a gpt-oss config.
 fn plan(c: &GptOssConfig) -> DecoderPlan {
@@ -71,26 +64,8 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
     }
 }
 
-impl Architecture for GptOssConfig {
-    fn state_size(&self) -> StateSize {
-        state_size(&plan(self))
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
-    }
-
-    fn supports_budget(&self) -> bool {
-        true
-    }
-
-    fn load_budgeted(
-        &self,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
-        Ok((Box::new(model), runtime))
+impl GqaFamily for GptOssConfig {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
     }
 }

@@ -168,6 +168,57 @@ struct Fixed {
     lookahead: Vec<Option<LookaheadLayer>>,
 }
 
+/// A family that is a plan over this decoder (Qwen3, Qwen3-MoE, GLM-4.5, gpt-oss, MiniMax-M2):
+/// its config says the plan, and the [`super::Architecture`] impl is this one.
+pub(crate) trait GqaFamily: std::fmt::Debug + Send + Sync {
+    /// The decoder plan of this config.
+    fn plan(&self) -> DecoderPlan;
+
+    /// See [`super::Architecture::raw_completion_drafter`].
+    fn raw_completion_drafter(&self) -> bool {
+        false
+    }
+
+    /// See [`super::Architecture::supports_budget`] (every family with routed experts).
+    fn supports_budget(&self) -> bool {
+        true
+    }
+}
+
+impl<F: GqaFamily> super::Architecture for F {
+    fn state_size(&self) -> StateSize {
+        state_size(&self.plan())
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(GqaMoe::load(self.plan(), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        GqaFamily::supports_budget(self)
+    }
+
+    fn raw_completion_drafter(&self) -> bool {
+        GqaFamily::raw_completion_drafter(self)
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &super::ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        if !GqaFamily::supports_budget(self) {
+            return Err(crate::error::Error::Budget(format!(
+                "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
+                spec.model_type
+            )));
+        }
+        let (model, runtime) = GqaMoe::load_budgeted(self.plan(), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
+}
+
 /// Sequence-state bytes: every layer caches per-head keys and values in f32.
 pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
     StateSize {

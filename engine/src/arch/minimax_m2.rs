@@ -12,19 +12,14 @@
 //! `attn_type_list` entry 1 (full softmax attention; 0 is MiniMax-01's lightning attention),
 //! `shared_intermediate_size` 0, no `sliding_window`, `hidden_act` silu.
 
-use std::sync::Arc;
-
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoeNames, MoePlan, state_size};
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
-use super::{Architecture, Loader, Model, ModelSpec, StateSize};
-use crate::cache::{OocOptions, OocRuntime};
 use crate::config::{FamilyInput, Fields, Nesting, RopeConfig, TextConfig, TokenIds};
 use crate::error::Result;
-use crate::weights::WeightIndex;
 
 fn default_eps() -> f32 {
     1e-6
@@ -236,26 +231,8 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
     }
 }
 
-impl Architecture for MiniMaxM2Config {
-    fn state_size(&self) -> StateSize {
-        state_size(&plan(self))
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
-    }
-
-    fn supports_budget(&self) -> bool {
-        true
-    }
-
-    fn load_budgeted(
-        &self,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
-        Ok((Box::new(model), runtime))
+impl GqaFamily for MiniMaxM2Config {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
     }
 }

@@ -3,11 +3,9 @@
 //! full-width `rotate_half` RoPE, no biases, tied embeddings when configured. Traced tensors:
 //! `embed`, `layers.{l}`, `norm`. Loads in memory only (drafters are small).
 
-use super::gqa_moe::{DecoderPlan, GqaMoe, MoePlan, state_size};
+use super::gqa_moe::{DecoderPlan, GqaFamily, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
-use super::{Architecture, Loader, Model, StateSize};
 use crate::config::Qwen3Config;
-use crate::error::Result;
 
 /// The decoder plan of a Qwen3 dense config.
 fn plan(c: &Qwen3Config) -> DecoderPlan {
@@ -43,16 +41,16 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
     }
 }
 
-impl Architecture for Qwen3Config {
-    fn state_size(&self) -> StateSize {
-        state_size(&plan(self))
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
+impl GqaFamily for Qwen3Config {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
     }
 
     fn raw_completion_drafter(&self) -> bool {
         true
+    }
+
+    fn supports_budget(&self) -> bool {
+        false
     }
 }

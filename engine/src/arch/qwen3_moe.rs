@@ -4,17 +4,10 @@
 //! plain top-k, optional `norm_topk_prob` renormalisation, no scaling, no shared experts), and
 //! dense MLPs on `mlp_only_layers` and layers off `decoder_sparse_step`.
 
-use std::sync::Arc;
-
-use super::ModelSpec;
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaMoe, MoeNames, MoePlan, state_size};
+use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
-use super::{Architecture, Loader, Model, StateSize};
-use crate::cache::{OocOptions, OocRuntime};
 use crate::config::Qwen3MoeConfig;
-use crate::error::Result;
-use crate::weights::WeightIndex;
 
 /// The decoder plan of a Qwen3-MoE config.
 fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
@@ -65,30 +58,12 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
     }
 }
 
-impl Architecture for Qwen3MoeConfig {
-    fn state_size(&self) -> StateSize {
-        state_size(&plan(self))
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(plan(self), ld)?))
+impl GqaFamily for Qwen3MoeConfig {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
     }
 
     fn raw_completion_drafter(&self) -> bool {
         true
-    }
-
-    fn supports_budget(&self) -> bool {
-        true
-    }
-
-    fn load_budgeted(
-        &self,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        let (model, runtime) = GqaMoe::load_budgeted(plan(self), spec, index, options)?;
-        Ok((Box::new(model), runtime))
     }
 }
