@@ -5,7 +5,7 @@
 
 mod golden_support;
 
-use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+use deltafin_engine::tokenizer::{ChatOptions, Tokenizer};
 use serde_json::Value;
 
 #[test]
@@ -38,17 +38,7 @@ fn gpt_oss_tokenizer_and_chat_template_match_hf() {
         golden_support::ids(&golden["prompt_ids"])
     );
     let chat = &tok["chat"];
-    let messages: Vec<ChatMessage> = chat["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            ChatMessage::new(
-                m["role"].as_str().unwrap(),
-                m["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let messages = golden_support::messages(&chat["messages"]);
     let opts = ChatOptions {
         add_generation_prompt: true,
         ..ChatOptions::default()

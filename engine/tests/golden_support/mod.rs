@@ -175,7 +175,7 @@ pub fn check_out_of_core(name: &str) {
 /// recognised, nothing added: `add_special_tokens=False`), decode round trips, and a rendered
 /// multi-turn chat with its ids (`apply_chat_template`), plus the golden prompt's ids.
 pub fn check_tokenizer(name: &str) {
-    use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+    use deltafin_engine::tokenizer::{ChatOptions, Tokenizer};
     let dir = fixture(name);
     let golden: Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
     let t = Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -189,42 +189,22 @@ pub fn check_tokenizer(name: &str) {
         assert_eq!(t.decode(&want), text, "{name}: decode {text:?}");
     }
     let chat = &tok["chat"];
-    let messages: Vec<ChatMessage> = chat["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            ChatMessage::new(
-                m["role"].as_str().unwrap(),
-                m["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let turns = messages(&chat["messages"]);
     let opts = ChatOptions {
         add_generation_prompt: chat["add_generation_prompt"].as_bool().unwrap(),
         ..ChatOptions::default()
     };
     assert_eq!(
-        t.render_chat(&messages, &opts).unwrap(),
+        t.render_chat(&turns, &opts).unwrap(),
         chat["rendered"].as_str().unwrap(),
         "{name}: chat"
     );
     assert_eq!(
-        t.encode_chat(&messages, &opts).unwrap(),
+        t.encode_chat(&turns, &opts).unwrap(),
         ids(&chat["ids"]),
         "{name}: chat ids"
     );
-    let prompt: Vec<ChatMessage> = golden["prompt_messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            ChatMessage::new(
-                m["role"].as_str().unwrap(),
-                m["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    let prompt = messages(&golden["prompt_messages"]);
     let opts = ChatOptions {
         add_generation_prompt: true,
         ..ChatOptions::default()
@@ -343,4 +323,18 @@ pub fn check_consistency(name: &str) {
     .unwrap()
     .output_ids;
     assert_eq!(drafted, plain, "{name}: n-gram drafts changed the output");
+}
+
+/// A golden's `[{role, content}]` messages.
+pub fn messages(v: &Value) -> Vec<deltafin_engine::tokenizer::ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            deltafin_engine::tokenizer::ChatMessage::new(
+                m["role"].as_str().unwrap(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
 }
