@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// that may wait for one before 429 ([`crate::http::prep`]).
     pub prep_workers: usize,
     pub prep_queue: usize,
+    /// A malformed tool call comes back as `content` text with its markers removed (off: it
+    /// is dropped; counted either way).
+    pub malformed_calls_as_text: bool,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +61,7 @@ impl Default for ServerConfig {
             liveness_stall: Duration::from_secs(120),
             prep_workers: crate::http::prep::default_workers(),
             prep_queue: crate::http::prep::DEFAULT_QUEUE,
+            malformed_calls_as_text: false,
         }
     }
 }

@@ -28,6 +28,7 @@ fn state() -> AppState {
         liveness_stall: Duration::from_secs(120),
         prep_workers: 2,
         prep_queue: 64,
+        malformed_calls_as_text: false,
     };
     let build = BuildInfo {
         version: "test".into(),

@@ -120,6 +120,7 @@ fn state(api_key: Option<&str>) -> AppState {
         liveness_stall: Duration::from_secs(120),
         prep_workers: 2,
         prep_queue: 64,
+        malformed_calls_as_text: false,
     };
     let build = BuildInfo {
         version: "test".into(),

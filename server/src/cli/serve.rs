@@ -97,6 +97,10 @@ pub struct ServeArgs {
     /// Log prompt text (never logged otherwise).
     #[arg(long, env = "DELTAFIN_LOG_PROMPTS")]
     log_prompts: bool,
+    /// Return a malformed tool call as `content` text with its markers removed (default: it is
+    /// dropped; either way it is counted in `deltafin_tool_calls_total{outcome="malformed"}`).
+    #[arg(long, env = "DELTAFIN_MALFORMED_CALLS_AS_TEXT")]
+    malformed_calls_as_text: bool,
     #[command(flatten)]
     ooc: crate::cli::ooc_args::OocArgs,
     #[command(flatten)]
@@ -144,6 +148,7 @@ fn server_config(args: &ServeArgs) -> Result<ServerConfig> {
             .prep_workers
             .unwrap_or_else(deltafin_server::http::prep::default_workers),
         prep_queue: args.prep_queue,
+        malformed_calls_as_text: args.malformed_calls_as_text,
     })
 }
 

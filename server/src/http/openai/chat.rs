@@ -203,7 +203,9 @@ pub fn start(
                 req.common.stop.clone(),
             );
             match loaded.tool_format.filter(|_| tools_on) {
-                Some(f) => p.with_tools(f, format!("{id}{i}")),
+                Some(f) => p
+                    .with_tools(f, format!("{id}{i}"))
+                    .malformed_as_text(app.config().malformed_calls_as_text),
                 None => p,
             }
         })

@@ -5,9 +5,10 @@
 //!
 //! With tools on, ids go through the native tool-call parser first: ids outside calls continue
 //! to the reasoning split, a call becomes [`ToolCallDelta`]s (the first with index, id and
-//! name and empty arguments, then argument fragments), a malformed call is shown as content
-//! text, markers included, and call markup the output ends inside (cut off by `max_tokens`, a
-//! stop id or the context) is withheld: never content, and the finish reason says why it ended. A tool-call section ends the thinking even when the model
+//! name and empty arguments, then argument fragments). No call markup ever reaches content: a
+//! malformed call is dropped (or, with [`OutputParser::malformed_as_text`], shown as content
+//! text with its marker tokens removed), and call markup the output ends inside (cut off by
+//! `max_tokens`, a stop id or the context) is withheld; the finish reason says why it ended. A tool-call section ends the thinking even when the model
 //! did not close it. The concatenation of every delta ([`Delta::extend`]) equals a
 //! non-streamed run.
 
@@ -75,6 +76,8 @@ pub struct OutputParser {
     stop: StopMatcher,
     tools: Option<ToolCallParser>,
     events: Vec<ToolEvent>,
+    /// Malformed calls come back as text without their markers (else dropped).
+    malformed_as_text: bool,
 }
 
 impl OutputParser {
@@ -92,8 +95,15 @@ impl OutputParser {
             stop: StopMatcher::new(stops),
             tokenizer,
             tools: None,
+            malformed_as_text: false,
             events: Vec::new(),
         }
+    }
+
+    /// Return malformed calls as content text with their markers removed (off: dropped).
+    pub fn malformed_as_text(mut self, on: bool) -> Self {
+        self.malformed_as_text = on;
+        self
     }
 
     /// Parse native tool calls of `format`; minted call ids start `call_{id_prefix}_` (make it
@@ -172,8 +182,11 @@ impl OutputParser {
                 }),
                 ToolEvent::CallEnd { .. } => {}
                 ToolEvent::Malformed(ids) => {
-                    for id in ids {
-                        self.content_text(id, d);
+                    if self.malformed_as_text {
+                        let tokenizer = Arc::clone(&self.tokenizer);
+                        for id in ids.into_iter().filter(|&id| !tokenizer.is_special(id)) {
+                            self.content_text(id, d);
+                        }
                     }
                 }
                 // Markup the output ended inside: withheld, never shown as text.
@@ -444,19 +457,22 @@ mod tests {
         ids.extend(s("<|tool_call_argument_begin|>"));
         ids.extend(tok.encode("{oops"));
         ids.extend(s("<|tool_call_end|><|tool_calls_section_end|><|im_end|>"));
-        let mut p = OutputParser::new(tok.clone(), markers, &[m.open], vec![])
-            .with_tools(ToolFormat::KimiK2, "x".into());
-        let d = run_streamed(&mut p, &ids);
-        assert_eq!(d.reasoning, "weigh it");
-        assert_eq!(
-            d.content,
-            "Checking <|tool_call_begin|> now.<|tool_call_begin|>functions.f:1<|tool_call_argument_begin|>{oops<|tool_call_end|>"
-        );
-        assert_eq!(
-            calls(&d),
-            vec![(0, "call_x_0", "get.weather", r#"{"city": "Paris"}"#)]
-        );
-        assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (1, 1));
+        for as_text in [false, true] {
+            let mut p = OutputParser::new(tok.clone(), markers.clone(), &[m.open], vec![])
+                .with_tools(ToolFormat::KimiK2, "x".into())
+                .malformed_as_text(as_text);
+            let d = run_streamed(&mut p, &ids);
+            assert_eq!(d.reasoning, "weigh it");
+            // Text that only spells a marker stays; the malformed call's marker tokens never
+            // reach content: it is dropped, or shown without them.
+            let tail = if as_text { "functions.f:1{oops" } else { "" };
+            assert_eq!(d.content, format!("Checking <|tool_call_begin|> now.{tail}"));
+            assert_eq!(
+                calls(&d),
+                vec![(0, "call_x_0", "get.weather", r#"{"city": "Paris"}"#)]
+            );
+            assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (1, 1));
+        }
     }
 
     #[test]
