@@ -14,6 +14,7 @@ pub mod cache;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
+pub mod drift;
 mod error;
 pub mod metrics;
 pub mod model;

@@ -6,9 +6,10 @@
 //! marker check -> setup Job (progress from its log; on success, write the marker) -> pre-flight
 //! Job when the spec's image differs from the image the marker records -> server Deployment with
 //! the verified image -> Service -> ServiceMonitor -> status. The Deployment, Service and
-//! ServiceMonitor are server-side applied on every reconcile (an unchanged apply changes no
-//! resourceVersion, and drift is repaired); the PVC and Jobs are applied only while absent (their
-//! specs are immutable); the marker only when an install or a pre-flight completes.
+//! ServiceMonitor are server-side applied whenever the cached server object does not hold what
+//! the operator sets ([`crate::drift`]: drift is repaired, a no-op reconcile writes nothing); the
+//! PVC and Jobs are applied only while absent (their specs are immutable); the marker only when
+//! an install or a pre-flight completes.
 
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use crate::crd::{
     DeltafinModel, DeltafinModelStatus, DraftStatus, EndpointStatus, FailureStatus, Phase,
     ServiceMonitorMode, WeightsStatus,
 };
+use crate::drift;
 use crate::model::{Model, Settings, Storage, resolve};
 use crate::names;
 use crate::progress::{self, Progress};
@@ -213,8 +215,8 @@ pub fn setup_log_pod(cr: &DeltafinModel, settings: &Settings, jobs: &[Job], pods
 }
 
 /// Whether the live Deployment does not run the desired spec yet (replicas or images differ):
-/// the server status then says the new spec is being applied. Only for status; the Deployment is
-/// applied on every reconcile regardless.
+/// the server status then says the new spec is being applied. Only for status; whether the
+/// Deployment is applied is [`crate::drift::already_applied`]'s.
 fn deployment_differs(desired: &Deployment, live: Option<&Deployment>) -> bool {
     let Some(live) = live else {
         return true;
@@ -449,18 +451,25 @@ fn plan_model(b: &mut Builder<'_>, m: &Model<'_>, old: &DeltafinModelStatus, set
     // new install is in progress, the objects of the previous one are left as they are.
     let mut pending = false;
     if let Some(image) = &deploy_image {
-        // Applied on every reconcile (server-side apply is idempotent: an unchanged object keeps
-        // its resourceVersion), so a hand edit or a deletion is repaired by the next reconcile.
+        // Applied whenever the cached server object does not hold every field the operator
+        // sets (`drift`): a hand edit or a deletion is repaired by the next reconcile, and a
+        // no-op reconcile writes nothing.
         let d = resources::deployment(m, image);
         pending = deployment_differs(&d, obs.deployment.as_ref());
-        b.writes.push(Write::Apply(Child::Deployment(Box::new(d))));
-        b.writes
-            .push(Write::Apply(Child::Service(Box::new(resources::service(m)))));
+        if !drift::already_applied(&d, obs.deployment.as_ref()) {
+            b.writes.push(Write::Apply(Child::Deployment(Box::new(d))));
+        }
+        let service = resources::service(m);
+        if !drift::already_applied(&service, obs.service.as_ref()) {
+            b.writes.push(Write::Apply(Child::Service(Box::new(service))));
+        }
         if settings.service_monitors {
             // Auto and Enabled both create it where the CRD is served (Enabled is "always").
             if m.cr.spec.metrics.service_monitor != ServiceMonitorMode::Disabled {
                 let sm = resources::service_monitor(m);
-                b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
+                if !drift::already_applied(&sm, obs.service_monitor.as_ref()) {
+                    b.writes.push(Write::Apply(Child::ServiceMonitor(Box::new(sm))));
+                }
             } else if let Some(sm) = &obs.service_monitor {
                 b.writes.push(Write::DeleteServiceMonitor(sm.name_any()));
             }

@@ -402,22 +402,17 @@ async fn job_done_creates_deployment_then_ready_and_a_second_reconcile_reads_no_
     assert_eq!((st.as_str(), reason.as_str()), ("True", "Serving"));
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Ready));
 
-    // Nothing changed: no reads (the caches), no status, no event; the server objects are
-    // applied again, which a real server answers without a change (envtest asserts that).
+    // Nothing changed: no reads (the caches), no status, no event, and no write: the cached
+    // server objects already hold everything the operator would apply (envtest checks the
+    // same on a real server, and that a hand edit is repaired).
     let reqs = w.reconcile("kimi-k2").await;
     assert!(changes(&reqs).is_empty(), "{:#?}", changes(&reqs));
     assert!(
         reqs.iter().all(|r| r.method != "GET"),
         "reads come from the caches: {reqs:#?}"
     );
-    assert_eq!(
-        writes(&reqs),
-        [
-            format!("PATCH {}/kimi-k2", deployments()),
-            format!("PATCH {}/kimi-k2", services()),
-            format!("PATCH {monitors}/kimi-k2"),
-        ]
-    );
+    assert!(writes(&reqs).is_empty(), "{:#?}", writes(&reqs));
+    let _ = monitors;
 }
 
 #[tokio::test]
@@ -434,9 +429,8 @@ async fn image_change_runs_preflight_before_the_deployment_changes() {
             .any(|r| r.starts_with(&format!("PATCH {}/kimi-k2-preflight-", jobs()))),
         "{ws:#?}"
     );
-    assert_eq!(
-        applied_images(&reqs),
-        [OLD_IMAGE],
+    assert!(
+        !applied_images(&reqs).iter().any(|i| i == NEW_IMAGE),
         "the Deployment keeps the old image during pre-flight"
     );
     assert!(
@@ -493,7 +487,7 @@ async fn failed_preflight_keeps_the_old_image_and_says_why() {
     w.finish_job(&pf, false);
 
     let reqs = w.reconcile(&name).await;
-    assert_eq!(applied_images(&reqs), [OLD_IMAGE]);
+    assert!(!applied_images(&reqs).iter().any(|i| i == NEW_IMAGE));
     assert_eq!(w.deployment_image(&name), OLD_IMAGE, "old image kept");
     let (st, reason, msg) = w.condition(&name, "Upgrading");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "PreflightFailed"));
