@@ -85,7 +85,8 @@ impl RouteRecorder {
     }
 
     /// Whether nothing is recorded for a pass under way.
-    pub fn is_between_passes(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_between_passes(&self) -> bool {
         self.current.is_empty()
     }
 

@@ -55,14 +55,6 @@ impl Mlp {
         }
     }
 
-    /// Every weight matrix (gate/up first, `down` last).
-    pub fn matrices(&self) -> Vec<&Matrix> {
-        match &self.gate_up {
-            GateUp::Split { gate, up } => vec![gate, up, &self.down],
-            GateUp::Interleaved(w) => vec![w, &self.down],
-        }
-    }
-
     /// The same MLP with every matrix mapped by `f` (staging copies).
     pub fn map_matrices(&self, f: impl Fn(&Matrix) -> Matrix) -> Mlp {
         Mlp {
