@@ -121,16 +121,12 @@ impl MiniMaxM2Config {
             ("head_dim", self.head_dim),
             ("num_local_experts", self.num_local_experts),
         ])?;
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err("num_key_value_heads", "must divide num_attention_heads"));
-        }
+        f.kv_heads_divide(self.num_attention_heads, self.num_key_value_heads)?;
         let rotary = self.rotary_dim();
         if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {
             return Err(f.err("rotary_dim", format!("{rotary} must be even and in 2..=head_dim")));
         }
-        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_local_experts {
-            return Err(f.err("num_experts_per_tok", "must be in 1..=num_local_experts"));
-        }
+        f.top_k_within(self.num_experts_per_tok, self.num_local_experts)?;
         let unsupported = |key: &str, value: &dyn std::fmt::Debug, supported: &str| {
             Err(f.err(
                 key,

@@ -176,12 +176,7 @@ impl DeepseekV3Config {
         }
         let has_moe = self.first_k_dense_replace < self.num_hidden_layers;
         if has_moe {
-            if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.n_routed_experts {
-                return Err(f.err(
-                    "num_experts_per_tok",
-                    format!("must be in 1..={}", self.n_routed_experts),
-                ));
-            }
+            f.top_k_within(self.num_experts_per_tok, self.n_routed_experts)?;
             if !self.n_routed_experts.is_multiple_of(self.n_group) {
                 return Err(f.err(
                     "n_group",

@@ -114,12 +114,7 @@ impl Glm4MoeConfig {
             ("n_group", self.n_group),
         ];
         f.positive(&positive)?;
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("must divide num_attention_heads ({})", self.num_attention_heads),
-            ));
-        }
+        f.kv_heads_divide(self.num_attention_heads, self.num_key_value_heads)?;
         let rotary = self.rotary_dim();
         if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim() {
             return Err(f.err(

@@ -110,21 +110,11 @@ impl GptOssConfig {
             ("head_dim", self.head_dim),
             ("num_local_experts", self.num_local_experts),
         ])?;
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("must divide num_attention_heads ({})", self.num_attention_heads),
-            ));
-        }
+        f.kv_heads_divide(self.num_attention_heads, self.num_key_value_heads)?;
         if !self.head_dim.is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
         }
-        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_local_experts {
-            return Err(f.err(
-                "num_experts_per_tok",
-                format!("must be in 1..={}", self.num_local_experts),
-            ));
-        }
+        f.top_k_within(self.num_experts_per_tok, self.num_local_experts)?;
         if self.hidden_act != "silu" {
             return Err(f.err(
                 "hidden_act",

@@ -56,6 +56,25 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// `num_key_value_heads` must divide `num_attention_heads` (grouped-query attention).
+    pub fn kv_heads_divide(&self, heads: usize, kv_heads: usize) -> Result<()> {
+        match kv_heads > 0 && heads.is_multiple_of(kv_heads) {
+            true => Ok(()),
+            false => Err(self.err(
+                "num_key_value_heads",
+                format!("must divide num_attention_heads ({heads})"),
+            )),
+        }
+    }
+
+    /// `num_experts_per_tok` must be in `1..=experts`.
+    pub fn top_k_within(&self, top_k: usize, experts: usize) -> Result<()> {
+        match (1..=experts).contains(&top_k) {
+            true => Ok(()),
+            false => Err(self.err("num_experts_per_tok", format!("must be in 1..={experts}"))),
+        }
+    }
+
     pub fn get(&self, field: &str) -> Option<&'a Value> {
         self.map.get(field).filter(|v| !v.is_null())
     }

@@ -99,12 +99,7 @@ impl Qwen3Config {
             ("head_dim", self.head_dim),
         ];
         f.positive(&positive)?;
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("must divide num_attention_heads ({})", self.num_attention_heads),
-            ));
-        }
+        f.kv_heads_divide(self.num_attention_heads, self.num_key_value_heads)?;
         if !self.head_dim.is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
         }

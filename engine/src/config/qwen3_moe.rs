@@ -88,21 +88,13 @@ impl Qwen3MoeConfig {
             ("decoder_sparse_step", self.decoder_sparse_step),
         ];
         f.positive(&positive)?;
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("must divide num_attention_heads ({})", self.num_attention_heads),
-            ));
-        }
+        f.kv_heads_divide(self.num_attention_heads, self.num_key_value_heads)?;
         if !self.head_dim().is_multiple_of(2) {
             return Err(f.err("head_dim", "must be even (rotary pairs)"));
         }
         let has_moe = (0..self.num_hidden_layers).any(|i| self.is_moe_layer(i));
-        if has_moe && (self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts) {
-            return Err(f.err(
-                "num_experts_per_tok",
-                format!("must be in 1..={}", self.num_experts),
-            ));
+        if has_moe {
+            f.top_k_within(self.num_experts_per_tok, self.num_experts)?;
         }
         if self.hidden_act != "silu" {
             return Err(f.err(
