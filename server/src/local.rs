@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use deltafin_engine::generate::GenerationStats;
 use serde_json::Value;
 
 use crate::http::error::ApiError;
@@ -30,10 +31,8 @@ pub struct LocalOutcome {
     pub output_ids: Vec<u32>,
     /// The OpenAI finish reason (`stop`, `length`, `tool_calls`).
     pub finish_reason: &'static str,
-    /// From submission to the first generated token.
-    pub prefill_seconds: f64,
-    /// From the first generated token to the end.
-    pub decode_seconds: f64,
+    /// Prefill from submission to the first generated token, decode from there to the end.
+    pub stats: GenerationStats,
 }
 
 /// Why an in-process request failed.
@@ -83,11 +82,16 @@ pub async fn request(
         }
     }
     let first = first_token.unwrap_or_else(Instant::now);
+    let output_ids = generation.output_ids().to_vec();
     Ok(LocalOutcome {
+        stats: GenerationStats::from_timings(
+            run.prompt.len(),
+            output_ids.len(),
+            first.duration_since(started),
+            first.elapsed(),
+        ),
         prompt_ids: run.prompt,
-        output_ids: generation.output_ids().to_vec(),
+        output_ids,
         finish_reason,
-        prefill_seconds: first.duration_since(started).as_secs_f64(),
-        decode_seconds: first.elapsed().as_secs_f64(),
     })
 }

@@ -66,6 +66,26 @@ pub struct GenerationStats {
     pub decode_tokens_per_second: f64,
 }
 
+impl GenerationStats {
+    /// The figures of a generation whose prefill took `prefill` and whose decode (from the
+    /// first generated token on) took `decode`.
+    pub fn from_timings(
+        prompt_tokens: usize,
+        generated_tokens: usize,
+        prefill: Duration,
+        decode: Duration,
+    ) -> Self {
+        GenerationStats {
+            prompt_tokens,
+            generated_tokens,
+            prefill_seconds: prefill.as_secs_f64(),
+            decode_seconds: decode.as_secs_f64(),
+            prefill_tokens_per_second: rate(prompt_tokens, prefill),
+            decode_tokens_per_second: rate(generated_tokens.saturating_sub(1), decode),
+        }
+    }
+}
+
 /// Result of [`generate`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
@@ -101,10 +121,6 @@ pub fn generate_with(
     let start = Instant::now();
     let logits = prefill(model, state, prompt, opts.prefill_chunk, spec.as_deref_mut())?;
     let prefill = start.elapsed();
-    let mut stats = GenerationStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
     let decode_start = Instant::now();
     let mut history = prompt.to_vec();
     let mut output = Vec::new();
@@ -125,15 +141,10 @@ pub fn generate_with(
         pending = decode_step(model, state, &history, opts, budget, spec.as_deref_mut())?;
     };
     let decode = decode_start.elapsed();
-    stats.generated_tokens = output.len();
-    stats.prefill_seconds = prefill.as_secs_f64();
-    stats.decode_seconds = decode.as_secs_f64();
-    stats.prefill_tokens_per_second = rate(prompt.len(), prefill);
-    stats.decode_tokens_per_second = rate(output.len().saturating_sub(1), decode);
     Ok(Generation {
+        stats: GenerationStats::from_timings(prompt.len(), output.len(), prefill, decode),
         output_ids: output,
         finish_reason: finish,
-        stats,
     })
 }
 
@@ -170,14 +181,7 @@ pub fn generate_on_device(
     };
     let decode = decode_start.elapsed();
     Ok(Generation {
-        stats: GenerationStats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: output.len(),
-            prefill_seconds: prefill.as_secs_f64(),
-            decode_seconds: decode.as_secs_f64(),
-            prefill_tokens_per_second: rate(prompt.len(), prefill),
-            decode_tokens_per_second: rate(output.len().saturating_sub(1), decode),
-        },
+        stats: GenerationStats::from_timings(prompt.len(), output.len(), prefill, decode),
         output_ids: output,
         finish_reason: finish,
     })

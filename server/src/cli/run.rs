@@ -174,9 +174,18 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer) -> Result<Vec<u32>> {
     Ok(tok.encode_prompt(&args.prompt))
 }
 
-fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &impl std::fmt::Debug) {
+/// The `--json` `stats` object.
+pub(crate) fn stats_json(s: &GenerationStats, load_seconds: f64) -> serde_json::Value {
+    json!({ "load_seconds": load_seconds, "prompt_tokens": s.prompt_tokens,
+        "generated_tokens": s.generated_tokens, "prefill_seconds": s.prefill_seconds,
+        "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
+        "decode_tokens_per_second": s.decode_tokens_per_second })
+}
+
+/// The `--stats` throughput line.
+pub(crate) fn print_throughput(s: &GenerationStats, load_seconds: f64, finish: &str) {
     eprintln!(
-        "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.1} tok/s); load {:.2} s; finish: {finish:?}",
+        "prefill: {} tokens in {:.3} s ({:.1} tok/s); decode: {} tokens in {:.3} s ({:.1} tok/s); load {:.2} s; finish: {finish}",
         s.prompt_tokens,
         s.prefill_seconds,
         s.prefill_tokens_per_second,
@@ -311,10 +320,7 @@ fn run_on_device(args: RunArgs, cache_dir: &Path) -> Result<()> {
             "output_ids": generation.output_ids,
             "text": text,
             "finish_reason": generation.finish_reason,
-            "stats": { "load_seconds": load_seconds, "prompt_tokens": s.prompt_tokens,
-                "generated_tokens": s.generated_tokens, "prefill_seconds": s.prefill_seconds,
-                "decode_seconds": s.decode_seconds, "prefill_tokens_per_second": s.prefill_tokens_per_second,
-                "decode_tokens_per_second": s.decode_tokens_per_second },
+            "stats": stats_json(s, load_seconds),
             "out_of_core": ooc_stats,
             "stream": stream_stats,
             "speculation": spec.as_ref().map(|s| s.summary()),
@@ -329,7 +335,7 @@ fn run_on_device(args: RunArgs, cache_dir: &Path) -> Result<()> {
         writeln!(stdout)?;
     }
     if args.stats {
-        print_throughput(s, load_seconds, &generation.finish_reason);
+        print_throughput(s, load_seconds, &format!("{:?}", generation.finish_reason));
         if let Some(st) = &ooc_stats {
             eprintln!("out of core: {}", serde_json::to_string(st)?);
         }

@@ -19,7 +19,7 @@ use deltafin_server::metrics::{BuildInfo, Metrics};
 use deltafin_server::{AppState, ServerConfig, model};
 use serde_json::{Value, json};
 
-use super::run::{RunArgs, resolve_model};
+use super::run::{RunArgs, print_throughput, resolve_model, stats_json};
 use crate::cli::ooc_args::describe_plan;
 use crate::cli::stream_mode;
 
@@ -199,28 +199,15 @@ struct Report<'a> {
 }
 
 impl Report<'_> {
-    fn rates(&self) -> (f64, f64) {
-        let o = self.out;
-        let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-        (
-            rate(o.prompt_ids.len(), o.prefill_seconds),
-            rate(o.output_ids.len().saturating_sub(1), o.decode_seconds),
-        )
-    }
-
     fn json(&self, dir: &Path, text: &str) -> Value {
         let o = self.out;
-        let (prefill_rate, decode_rate) = self.rates();
         json!({
             "model": dir,
             "prompt_ids": o.prompt_ids,
             "output_ids": o.output_ids,
             "text": text,
             "finish_reason": o.finish_reason,
-            "stats": { "load_seconds": self.load_seconds, "prompt_tokens": o.prompt_ids.len(),
-                "generated_tokens": o.output_ids.len(), "prefill_seconds": o.prefill_seconds,
-                "decode_seconds": o.decode_seconds, "prefill_tokens_per_second": prefill_rate,
-                "decode_tokens_per_second": decode_rate },
+            "stats": stats_json(&o.stats, self.load_seconds),
             "out_of_core": self.ooc,
             "stream": self.stream,
             "speculation": self.speculation,
@@ -230,17 +217,7 @@ impl Report<'_> {
     }
 
     fn print(&self, speculating: bool) -> Result<()> {
-        let o = self.out;
-        let (prefill_rate, decode_rate) = self.rates();
-        eprintln!(
-            "prefill: {} tokens in {:.3} s ({prefill_rate:.1} tok/s); decode: {} tokens in {:.3} s ({decode_rate:.1} tok/s); load {:.2} s; finish: {}",
-            o.prompt_ids.len(),
-            o.prefill_seconds,
-            o.output_ids.len(),
-            o.decode_seconds,
-            self.load_seconds,
-            o.finish_reason,
-        );
+        print_throughput(&self.out.stats, self.load_seconds, self.out.finish_reason);
         if let Some(st) = &self.ooc {
             eprintln!("out of core: {}", serde_json::to_string(st)?);
         }
