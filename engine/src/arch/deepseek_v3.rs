@@ -260,6 +260,7 @@ impl DeepseekV3 {
             },
             experts,
             shared,
+            shared_gate: None,
             latent: None,
             combine: Combine::Ascending,
         })

@@ -11,6 +11,7 @@ use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::Glm4MoeConfig;
+use crate::model::NormWeight;
 
 /// The decoder plan of a GLM-4.5 config.
 fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
@@ -41,14 +42,21 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
             eps: c.rms_norm_eps,
             sinks: false,
             window: None,
+            norm_weight: NormWeight::Plain,
+            output_gate: false,
         },
         rope: c.rope.clone(),
         windows: Vec::new(),
+        norm_weight: NormWeight::Plain,
+        mixers: Vec::new(),
+        linear: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,
             width: c.moe_intermediate_size,
             shared_width: c.moe_intermediate_size * c.n_shared_experts,
+            shared_module: "shared_experts",
+            shared_gate: false,
             router: RouterConfig {
                 scoring: Scoring::Sigmoid,
                 top_k: c.num_experts_per_tok,
@@ -58,7 +66,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
                 scaling: c.routed_scaling_factor,
             },
             correction_bias: true,
-            form: ExpertForm::PerExpert(MoeNames::HF),
+            form: ExpertForm::Hf(MoeNames::HF),
         },
     }
 }

@@ -11,6 +11,7 @@ use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::GptOssConfig;
+use crate::model::NormWeight;
 
 /// The decoder plan of a gpt-oss config.
 fn plan(c: &GptOssConfig) -> DecoderPlan {
@@ -39,14 +40,21 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
             eps: c.rms_norm_eps,
             sinks: true,
             window: None,
+            norm_weight: NormWeight::Plain,
+            output_gate: false,
         },
         rope: c.rope.clone(),
         windows: (0..layers).map(|i| c.window(i)).collect(),
+        norm_weight: NormWeight::Plain,
+        mixers: Vec::new(),
+        linear: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
             width: c.intermediate_size,
             shared_width: 0,
+            shared_module: "shared_experts",
+            shared_gate: false,
             router: RouterConfig {
                 scoring: Scoring::TopKSoftmax,
                 top_k: c.num_experts_per_tok,

@@ -19,10 +19,12 @@
 use std::sync::Arc;
 
 use super::ModelSpec;
+use super::layers::gated_deltanet::{GatedDeltaNet, GdnDims};
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
+use super::layers::kda::KdaRows;
 use super::layers::mlp::{Activation, GateUp, Mlp, MlpBias};
 use super::layers::moe::{Combine, Moe, RouterConfig};
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state};
+use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches};
 use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
@@ -30,7 +32,8 @@ use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
-use crate::state::{KvCache, LayerState, SeqState};
+use crate::model::NormWeight;
+use crate::state::{KdaCache, KvCache, LayerState, SeqState};
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.
@@ -41,6 +44,11 @@ pub(crate) struct MoePlan {
     pub width: usize,
     /// The shared experts' combined width (`0`: none).
     pub shared_width: usize,
+    /// The shared experts' module below the block (`shared_experts`; Qwen3-Next and Qwen3.5:
+    /// `shared_expert`).
+    pub shared_module: &'static str,
+    /// The shared experts' output is scaled by `σ({block}.shared_expert_gate · x)`.
+    pub shared_gate: bool,
     pub router: RouterConfig,
     /// The router has an `e_score_correction_bias`.
     pub correction_bias: bool,
@@ -75,8 +83,12 @@ impl MoeNames {
 /// How a MoE layer's experts and router are stored, and the experts' activation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum ExpertForm {
-    /// One Linear per expert projection in any stored format, SwiGLU.
-    PerExpert(MoeNames),
+    /// SwiGLU experts in either of HF's layouts, whichever the checkpoint holds: one Linear per
+    /// expert projection (`{block}.experts.{e}.{gate,up,down}`, any stored format), or the
+    /// fused tensors some Qwen releases publish, `{block}.experts.gate_up_proj` `[E, 2I, H]`
+    /// (each expert's gate rows, then its up rows) and `{block}.experts.down_proj` `[E, H, I]`
+    /// (BF16 or F32).
+    Hf(MoeNames),
     /// gpt-oss: experts stacked in `mlp.experts.{gate_up,down}_proj_{blocks,scales}` (MXFP4)
     /// with `…_bias`, gate/up rows interleaved, clamped SwiGLU; router `mlp.router` with a
     /// bias on its logits.
@@ -103,9 +115,24 @@ pub(crate) struct DecoderPlan {
     pub rope: RopeConfig,
     /// Per layer: its sliding window (empty: every layer attends to every earlier position).
     pub windows: Vec<Option<usize>>,
+    /// How every RMSNorm weight of the decoder is stored (layers, final norm, q/k norms).
+    pub norm_weight: NormWeight,
+    /// Per layer: its sequence mixer (empty: attention on every layer).
+    pub mixers: Vec<MixerKind>,
+    /// The gated-DeltaNet layers' shape (required when `mixers` names any).
+    pub linear: Option<GdnDims>,
     /// Per layer: whether its FFN is the routed MoE.
     pub moe_layers: Vec<bool>,
     pub moe: MoePlan,
+}
+
+/// A layer's sequence mixer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MixerKind {
+    /// Softmax attention (`self_attn`).
+    Attention,
+    /// Gated DeltaNet linear attention (`linear_attn`).
+    DeltaNet,
 }
 
 impl MoePlan {
@@ -115,6 +142,8 @@ impl MoePlan {
             experts: 0,
             width: 0,
             shared_width: 0,
+            shared_module: "shared_experts",
+            shared_gate: false,
             router: RouterConfig {
                 scoring: Default::default(),
                 top_k: 0,
@@ -124,7 +153,7 @@ impl MoePlan {
                 scaling: 1.0,
             },
             correction_bias: false,
-            form: ExpertForm::PerExpert(MoeNames::HF),
+            form: ExpertForm::Hf(MoeNames::HF),
         }
     }
 }
@@ -132,6 +161,22 @@ impl MoePlan {
 impl DecoderPlan {
     fn is_moe(&self, l: usize) -> bool {
         self.moe_layers[l]
+    }
+
+    fn mixer(&self, l: usize) -> MixerKind {
+        self.mixers.get(l).copied().unwrap_or(MixerKind::Attention)
+    }
+
+    /// Layer `l`'s gated-DeltaNet shape, when it is a DeltaNet layer.
+    fn delta_net(&self, l: usize) -> Option<GdnDims> {
+        match self.mixer(l) {
+            MixerKind::Attention => None,
+            MixerKind::DeltaNet => self.linear,
+        }
+    }
+
+    fn norm(&self, ld: &Loader<'_>, name: &str) -> Result<Vec<f32>> {
+        ld.norm(name, self.hidden_size, self.norm_weight)
     }
 
     /// Layer `l`'s attention options.
@@ -151,11 +196,18 @@ enum Ffn {
     Moe(Moe),
 }
 
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Mixer {
+    Attention(Gqa),
+    DeltaNet(GatedDeltaNet),
+}
+
 #[derive(Debug)]
 struct Layer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
-    attn: Gqa,
+    mixer: Mixer,
     ffn: Ffn,
 }
 
@@ -219,11 +271,19 @@ impl<F: GqaFamily> super::Architecture for F {
     }
 }
 
-/// Sequence-state bytes: every layer caches per-head keys and values in f32.
+/// Sequence-state bytes: attention layers cache per-head keys and values in f32, DeltaNet
+/// layers keep a convolution history and a recurrent matrix per head.
 pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
+    let (mut per_token, mut per_sequence) = (0, 0);
+    for l in 0..plan.num_layers {
+        match plan.delta_net(l) {
+            None => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
+            Some(d) => per_sequence += 4 * (d.shape().conv_len() + d.shape().state_len()),
+        }
+    }
     StateSize {
-        per_token: (plan.num_layers * 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim) as u64,
-        per_sequence: 0,
+        per_token: per_token as u64,
+        per_sequence: per_sequence as u64,
     }
 }
 
@@ -261,13 +321,23 @@ fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matr
 fn expert(plan: &DecoderPlan, ld: &Loader<'_>, l: usize, e: usize) -> Result<Mlp> {
     let (h, m) = (plan.hidden_size, &plan.moe);
     match m.form {
-        ExpertForm::PerExpert(names) => {
-            let p = format!("model.layers.{l}.{}.experts.{e}", names.block);
-            let [gate, up, down] = names.expert.map(|n| format!("{p}.{n}"));
+        ExpertForm::Hf(names) => {
+            let p = format!("model.layers.{l}.{}.experts", names.block);
+            if !ld.has(&format!("{p}.gate_up_proj")) {
+                let [gate, up, down] = names.expert.map(|n| format!("{p}.{e}.{n}"));
+                return Ok(Mlp::split(
+                    ld.linear(&gate, m.width, h)?,
+                    ld.linear(&up, m.width, h)?,
+                    ld.linear(&down, h, m.width)?,
+                    Activation::Silu,
+                ));
+            }
+            let (n, w) = (m.experts, m.width);
+            let gate_up = |rows| ld.stacked_dense(&format!("{p}.gate_up_proj"), (n, e), (2 * w, h), rows);
             Ok(Mlp::split(
-                ld.linear(&gate, m.width, h)?,
-                ld.linear(&up, m.width, h)?,
-                ld.linear(&down, h, m.width)?,
+                gate_up(0..w)?,
+                gate_up(w..2 * w)?,
+                ld.stacked_dense(&format!("{p}.down_proj"), (n, e), (h, w), 0..h)?,
                 Activation::Silu,
             ))
         }
@@ -303,7 +373,7 @@ fn router(
 ) -> Result<Moe> {
     let m = &plan.moe;
     let (block, router, correction, gpt_oss) = match m.form {
-        ExpertForm::PerExpert(n) => (n.block, n.router, n.correction_bias, false),
+        ExpertForm::Hf(n) => (n.block, n.router, n.correction_bias, false),
         ExpertForm::GptOss { .. } => ("mlp", "router", "", true),
     };
     let p = format!("model.layers.{i}.{block}");
@@ -319,6 +389,12 @@ fn router(
         },
         router: m.router.clone(),
         experts,
+        shared_gate: match (&shared, m.shared_gate) {
+            (Some(_), true) => {
+                Some(ld.dense(&format!("{p}.shared_expert_gate.weight"), 1, plan.hidden_size)?)
+            }
+            _ => None,
+        },
         shared,
         latent: None,
         combine: Combine::Ascending,
@@ -328,14 +404,23 @@ fn router(
 fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
     let h = plan.hidden_size;
     let p = format!("model.layers.{i}");
-    let attn = Gqa::load(
-        ld,
-        &format!("{p}.self_attn"),
-        h,
-        plan.attn,
-        &plan.rope,
-        plan.attn_options(i),
-    )?;
+    let mixer = match plan.delta_net(i) {
+        Some(dims) => Mixer::DeltaNet(GatedDeltaNet::load(
+            ld,
+            &format!("{p}.linear_attn"),
+            h,
+            dims,
+            plan.rms_norm_eps,
+        )?),
+        None => Mixer::Attention(Gqa::load(
+            ld,
+            &format!("{p}.self_attn"),
+            h,
+            plan.attn,
+            &plan.rope,
+            plan.attn_options(i),
+        )?),
+    };
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;
         let n = if ld.routed_experts() { m.experts } else { 0 };
@@ -344,16 +429,16 @@ fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
             .collect::<Result<Vec<_>>>()?;
         let shared = match m.shared_width {
             0 => None,
-            w => Some(mlp(ld, &format!("{p}.mlp.shared_experts"), h, w)?),
+            w => Some(mlp(ld, &format!("{p}.mlp.{}", m.shared_module), h, w)?),
         };
         Ffn::Moe(router(plan, ld, i, experts, shared)?)
     } else {
         Ffn::Dense(mlp(ld, &format!("{p}.mlp"), h, plan.dense_width)?)
     };
     Ok(Layer {
-        input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-        post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-        attn,
+        input_norm: plan.norm(ld, &format!("{p}.input_layernorm.weight"))?,
+        post_norm: plan.norm(ld, &format!("{p}.post_attention_layernorm.weight"))?,
+        mixer,
         ffn,
     })
 }
@@ -366,7 +451,7 @@ fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
         .map(|i| match plan.is_moe(i) {
             false => Ok(None),
             true => Ok(Some(LookaheadLayer {
-                norm: ld.vector(&format!("model.layers.{i}.post_attention_layernorm.weight"), h)?,
+                norm: plan.norm(ld, &format!("model.layers.{i}.post_attention_layernorm.weight"))?,
                 eps: plan.rms_norm_eps,
                 router: router(plan, ld, i, Vec::new(), None)?,
             })),
@@ -375,7 +460,7 @@ fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
     Ok(Fixed {
         embed,
         lm_head,
-        norm: ld.vector("model.norm.weight", h)?,
+        norm: plan.norm(ld, "model.norm.weight")?,
         lookahead,
     })
 }
@@ -483,16 +568,28 @@ impl GqaMoe {
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
-            let mut caches: Vec<&mut KvCache> = batch
-                .iter_mut()
-                .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
-                .collect();
-            let mut rows = KvRows {
-                caches: &mut caches,
-                seq: &plan.seq,
-                pos: &plan.pos,
+            let a = match &layer.mixer {
+                Mixer::Attention(attn) => {
+                    let mut caches: Vec<&mut KvCache> = batch
+                        .iter_mut()
+                        .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
+                        .collect();
+                    let mut rows = KvRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                        pos: &plan.pos,
+                    };
+                    attn.forward(&xn, n, &mut rows)
+                }
+                Mixer::DeltaNet(gdn) => {
+                    let mut caches = kda_caches(batch, l);
+                    let mut rows = KdaRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                    };
+                    gdn.forward(&xn, n, &mut rows)
+                }
             };
-            let a = layer.attn.forward(&xn, n, &mut rows);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
             pass.hint_next(l, x, n);
@@ -510,10 +607,32 @@ impl GqaMoe {
     }
 }
 
-/// Every layer of the state is a key/value cache.
-fn check_state(state: &SeqState, layers: usize) -> Result<()> {
-    let ok = state.layers.len() == layers && state.layers.iter().all(|l| matches!(l, LayerState::Kv(_)));
+/// Each layer of the state is what the plan's layer keeps: a key/value cache for attention, a
+/// recurrent state of the layer's shape for DeltaNet.
+fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
+    let ok = state.layers.len() == plan.num_layers
+        && state
+            .layers
+            .iter()
+            .enumerate()
+            .all(|(l, s)| match (s, plan.delta_net(l)) {
+                (LayerState::Kv(_), None) => true,
+                (LayerState::Kda(c), Some(d)) => c.shape() == d.shape(),
+                _ => false,
+            });
     if ok { Ok(()) } else { Err(foreign_state()) }
+}
+
+/// A fresh state for the plan's layers.
+fn new_state(plan: &DecoderPlan) -> SeqState {
+    SeqState::new(
+        (0..plan.num_layers)
+            .map(|l| match plan.delta_net(l) {
+                None => LayerState::Kv(KvCache::default()),
+                Some(d) => LayerState::Kda(KdaCache::new(d.shape())),
+            })
+            .collect(),
+    )
 }
 
 impl Model for GqaMoe {
@@ -534,11 +653,7 @@ impl Model for GqaMoe {
     }
 
     fn new_state(&self) -> SeqState {
-        SeqState::new(
-            (0..self.layers.len())
-                .map(|_| LayerState::Kv(KvCache::default()))
-                .collect(),
-        )
+        new_state(&self.plan)
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
@@ -549,12 +664,11 @@ impl Model for GqaMoe {
             eps: self.plan.rms_norm_eps,
             info: &self.info,
         };
-        let layers = self.layers.len();
         super::decoder_pass(
             ends,
             batch,
             trace,
-            |s| check_state(s, layers),
+            |s| check_state(&self.plan, s),
             |batch, plan, x, trace| self.run_layers(batch, plan, x, trace),
         )
     }

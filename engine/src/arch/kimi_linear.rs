@@ -311,6 +311,7 @@ pub(crate) fn load_router(cfg: &KimiLinearConfig, ld: &Loader<'_>, l: usize, v: 
         },
         experts: Vec::new(),
         shared: None,
+        shared_gate: None,
         latent: None,
         combine: v.combine,
     })

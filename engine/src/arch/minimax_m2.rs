@@ -13,13 +13,13 @@
 //! `shared_intermediate_size` 0, no `sliding_window`, `hidden_act` silu.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::{FamilyInput, Fields, Nesting, RopeConfig, TextConfig, TokenIds};
 use crate::error::Result;
+use crate::model::NormWeight;
 
 fn default_eps() -> f32 {
     1e-6
@@ -97,11 +97,7 @@ impl TextConfig for MiniMaxM2Config {
         let mut c: MiniMaxM2Config = f.deserialize()?;
         c.rope = RopeConfig::parse(f, c.max_position_embeddings)?;
         if c.rotary_dim.is_none() {
-            let nested = match f.get("rope_parameters") {
-                Some(Value::Object(p)) => p.get("partial_rotary_factor").and_then(Value::as_f64),
-                _ => None,
-            };
-            let factor = nested.or(f.opt_f64("partial_rotary_factor")?).unwrap_or(1.0);
+            let factor = RopeConfig::partial_rotary_factor(f, 1.0)?;
             c.rotary_dim = Some((c.head_dim as f64 * factor) as usize);
         }
         c.validate(f)?;
@@ -205,14 +201,21 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
             eps: c.rms_norm_eps,
             sinks: false,
             window: None,
+            norm_weight: NormWeight::Plain,
+            output_gate: false,
         },
         rope: c.rope.clone(),
         windows: Vec::new(),
+        norm_weight: NormWeight::Plain,
+        mixers: Vec::new(),
+        linear: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
             width: c.intermediate_size,
             shared_width: 0,
+            shared_module: "shared_experts",
+            shared_gate: false,
             router: RouterConfig {
                 scoring: Scoring::Sigmoid,
                 top_k: c.num_experts_per_tok,
@@ -222,7 +225,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: c.use_routing_bias,
-            form: ExpertForm::PerExpert(NAMES),
+            form: ExpertForm::Hf(NAMES),
         },
     }
 }

@@ -16,6 +16,7 @@ mod kimi_ooc;
 mod minimax_m2;
 pub mod qwen3;
 mod qwen3_moe;
+mod qwen3_next;
 mod registry;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@
 use super::gqa_moe::{DecoderPlan, GqaFamily, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use crate::config::Qwen3Config;
+use crate::model::NormWeight;
 
 /// The decoder plan of a Qwen3 dense config.
 fn plan(c: &Qwen3Config) -> DecoderPlan {
@@ -33,9 +34,14 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
             eps: c.rms_norm_eps,
             sinks: false,
             window: None,
+            norm_weight: NormWeight::Plain,
+            output_gate: false,
         },
         rope: c.rope.clone(),
         windows: Vec::new(),
+        norm_weight: NormWeight::Plain,
+        mixers: Vec::new(),
+        linear: None,
         moe_layers: vec![false; c.num_hidden_layers],
         moe: MoePlan::none(),
     }

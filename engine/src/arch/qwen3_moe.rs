@@ -8,6 +8,7 @@ use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::Qwen3MoeConfig;
+use crate::model::NormWeight;
 
 /// The decoder plan of a Qwen3-MoE config.
 fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
@@ -36,14 +37,21 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
             eps: c.rms_norm_eps,
             sinks: false,
             window: None,
+            norm_weight: NormWeight::Plain,
+            output_gate: false,
         },
         rope: c.rope.clone(),
         windows: Vec::new(),
+        norm_weight: NormWeight::Plain,
+        mixers: Vec::new(),
+        linear: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
             width: c.moe_intermediate_size,
             shared_width: 0,
+            shared_module: "shared_experts",
+            shared_gate: false,
             router: RouterConfig {
                 scoring: Scoring::Softmax,
                 top_k: c.num_experts_per_tok,
@@ -53,7 +61,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: false,
-            form: ExpertForm::PerExpert(MoeNames::HF),
+            form: ExpertForm::Hf(MoeNames::HF),
         },
     }
 }

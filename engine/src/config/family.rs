@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 pub struct Checkpoint {
     /// Prefix of every tensor name (`""`, or `"language_model."` for nested configs).
     pub tensor_prefix: String,
+    /// Inserted after the `model.` of the text model's names (`""`, or `"language_model."` for
+    /// Qwen3.5's nested `model.language_model.layers…`); see [`NestedNames`].
+    pub model_infix: String,
     /// How weights are quantised.
     pub quant: Quantization,
     /// The outer `model_type` as written in the file.
@@ -64,6 +67,16 @@ impl Nesting {
     }
 }
 
+/// How a nested text config's tensors are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NestedNames {
+    /// Every name prefixed (Kimi-K2.5: `language_model.model.layers…`).
+    Prefix(&'static str),
+    /// The text model's `model.` names gain an infix (Qwen3.5: `model.language_model.layers…`);
+    /// the others (`lm_head.weight`) are as they are.
+    ModelInfix(&'static str),
+}
+
 /// The fields a family's parser reads: the top of the file and the text config (the same map
 /// when the config is flat).
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +91,8 @@ pub struct Family<A> {
     /// The text config's `model_type`s this row parses.
     pub model_types: &'static [&'static str],
     pub nesting: Nesting,
+    /// How tensors are named when the text config is nested.
+    pub nested_names: NestedNames,
     /// Published checkpoints it runs and their formats (the README table).
     pub runs: &'static str,
     pub parse: fn(FamilyInput<'_>) -> Result<A>,
@@ -90,6 +105,8 @@ pub trait TextConfig: Sized {
     const MODEL_TYPES: &'static [&'static str];
     /// Where the text config may sit.
     const NESTING: Nesting;
+    /// How tensors are named when the text config is nested.
+    const NESTED_NAMES: NestedNames = NestedNames::Prefix("language_model.");
     /// Validate the fields into the typed config.
     fn parse(input: FamilyInput<'_>) -> Result<Self>;
 }
@@ -109,6 +126,7 @@ impl<C: TextConfig> Spec<C> {
         Family {
             model_types: C::MODEL_TYPES,
             nesting: C::NESTING,
+            nested_names: C::NESTED_NAMES,
             runs: "",
             parse: C::parse,
         }
@@ -165,10 +183,10 @@ impl<A> Spec<A> {
             .opt_str("model_type")?
             .ok_or_else(|| top.err("model_type", "missing"))?
             .to_string();
-        let (text, scope, prefix) = match top.get("text_config") {
-            Some(Value::Object(text)) => (text, "text_config.", "language_model."),
+        let (text, scope) = match top.get("text_config") {
+            Some(Value::Object(text)) => (text, "text_config."),
             Some(_) => return Err(top.err("text_config", "expected an object")),
-            None => (outer, "", ""),
+            None => (outer, ""),
         };
         let text = Fields {
             map: text,
@@ -201,7 +219,14 @@ impl<A> Spec<A> {
         Ok(Spec {
             arch: (family.parse)(FamilyInput { top, text })?,
             checkpoint: Checkpoint {
-                tensor_prefix: prefix.to_string(),
+                tensor_prefix: match (nested, family.nested_names) {
+                    (true, NestedNames::Prefix(p)) => p.to_string(),
+                    _ => String::new(),
+                },
+                model_infix: match (nested, family.nested_names) {
+                    (true, NestedNames::ModelInfix(i)) => i.to_string(),
+                    _ => String::new(),
+                },
                 quant,
                 model_type,
                 path: path.to_path_buf(),

@@ -2,7 +2,6 @@
 //! HF's defaults for the fields a checkpoint may omit; every dimension must be written.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{Fields, RopeConfig, TokenIds};
 use crate::error::Result;
@@ -91,14 +90,7 @@ impl Glm4MoeConfig {
     pub(crate) fn parse(f: Fields<'_>) -> Result<Self> {
         let mut c: Glm4MoeConfig = f.deserialize()?;
         c.rope = RopeConfig::parse(f, c.max_position_embeddings)?;
-        let nested = match f.get("rope_parameters") {
-            Some(Value::Object(p)) => p.get("partial_rotary_factor").and_then(Value::as_f64),
-            _ => None,
-        };
-        c.partial_rotary_factor = match nested {
-            Some(x) => x,
-            None => f.opt_f64("partial_rotary_factor")?.unwrap_or(0.5),
-        };
+        c.partial_rotary_factor = RopeConfig::partial_rotary_factor(f, 0.5)?;
         c.validate(f)?;
         Ok(c)
     }

@@ -22,7 +22,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 pub use deepseek_v3::DeepseekV3Config;
-pub use family::{Checkpoint, Family, FamilyInput, Nesting, Spec, TextConfig, supported};
+pub use family::{Checkpoint, Family, FamilyInput, NestedNames, Nesting, Spec, TextConfig, supported};
 pub use glm4_moe::Glm4MoeConfig;
 pub use gpt_oss::{GptOssConfig, GptOssLayer};
 pub use kimi_k3::KimiK3Config;

@@ -41,6 +41,20 @@ impl Default for RopeConfig {
 }
 
 impl RopeConfig {
+    /// The rotated fraction of each head: `rope_parameters.partial_rotary_factor`, else the
+    /// top-level `partial_rotary_factor` (older spelling), else `default` (the family's HF
+    /// default).
+    pub(crate) fn partial_rotary_factor(f: Fields<'_>, default: f64) -> Result<f64> {
+        let nested = match f.get("rope_parameters") {
+            Some(Value::Object(p)) => p.get("partial_rotary_factor").and_then(Value::as_f64),
+            _ => None,
+        };
+        Ok(match nested {
+            Some(x) => x,
+            None => f.opt_f64("partial_rotary_factor")?.unwrap_or(default),
+        })
+    }
+
     /// Parse from a (text) config. `max_position_embeddings` is YaRN's fallback for the original
     /// length, as in HF.
     pub(crate) fn parse(f: Fields<'_>, max_position_embeddings: usize) -> Result<RopeConfig> {

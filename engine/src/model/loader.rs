@@ -12,11 +12,24 @@ use crate::error::{Error, Result};
 use crate::kernels::{Format, Matrix, ScaleDtype};
 use crate::weights::{Blob, BlobSource, Dtype, MappedSource, TensorInfo, WeightIndex};
 
+/// How a checkpoint stores an RMSNorm's weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormWeight {
+    /// The norm multiplies by `w`.
+    #[default]
+    Plain,
+    /// Zero-centred: the norm multiplies by `1 + w`, computed in f32 as HF does (Qwen3-Next,
+    /// Qwen3.5 `Qwen3NextRMSNorm`).
+    Centred,
+}
+
 /// Typed access to one checkpoint's tensors.
 #[derive(Clone, Copy)]
 pub struct Loader<'a> {
     pub index: &'a WeightIndex,
     prefix: &'a str,
+    /// Inserted after a name's leading `model.` (see `Checkpoint::model_infix`).
+    infix: &'a str,
     quant: &'a Quantization,
     source: &'a dyn BlobSource,
     routed_experts: bool,
@@ -33,7 +46,10 @@ impl std::fmt::Debug for Loader<'_> {
 
 impl<'a> Loader<'a> {
     pub fn new(index: &'a WeightIndex, spec: &'a Checkpoint) -> Self {
-        Self::with_layout(index, &spec.tensor_prefix, &spec.quant)
+        Loader {
+            infix: &spec.model_infix,
+            ..Self::with_layout(index, &spec.tensor_prefix, &spec.quant)
+        }
     }
 
     /// A loader for a checkpoint that is not a target model (a draft head): tensor names carry
@@ -42,6 +58,7 @@ impl<'a> Loader<'a> {
         Loader {
             index,
             prefix,
+            infix: "",
             quant,
             source: &MappedSource,
             routed_experts: true,
@@ -72,7 +89,10 @@ impl<'a> Loader<'a> {
     }
 
     fn name(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
+        match name.strip_prefix("model.") {
+            Some(rest) if !self.infix.is_empty() => format!("{}model.{}{rest}", self.prefix, self.infix),
+            _ => format!("{}{name}", self.prefix),
+        }
     }
 
     /// Whether `{prefix}{name}` exists.
@@ -188,6 +208,41 @@ impl<'a> Loader<'a> {
         )?;
         let format = Format::Mxfp4 { group: GROUP };
         Matrix::new(format, rows, cols, self.blob(&data)?, Some(self.blob(&scales)?))
+    }
+
+    /// Rows `rows` of expert `e`'s `[total_rows, cols]` matrix in a BF16/F32 tensor stacked
+    /// `[experts, total_rows, cols]` (HF's fused `experts.gate_up_proj` / `experts.down_proj`),
+    /// as stored: the tensor narrowed to those rows' bytes.
+    pub fn stacked_dense(
+        &self,
+        name: &str,
+        (experts, e): (usize, usize),
+        (total_rows, cols): (usize, usize),
+        rows: std::ops::Range<usize>,
+    ) -> Result<Matrix> {
+        let info = self.expert_slice(name, &[Dtype::BF16, Dtype::F32], experts, e, &[total_rows, cols])?;
+        let row_bytes = (cols * info.dtype.size()) as u64;
+        let part = TensorInfo {
+            shape: vec![rows.len(), cols],
+            offset: info.offset + rows.start as u64 * row_bytes,
+            len: rows.len() as u64 * row_bytes,
+            ..info.clone()
+        };
+        let format = if part.dtype == Dtype::BF16 {
+            Format::Bf16
+        } else {
+            Format::F32
+        };
+        Matrix::new(format, rows.len(), cols, self.blob(&part)?, None)
+    }
+
+    /// An RMSNorm weight of `len` values in the form the norm multiplies by.
+    pub fn norm(&self, name: &str, len: usize, form: NormWeight) -> Result<Vec<f32>> {
+        let mut w = self.vector(name, len)?;
+        if form == NormWeight::Centred {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(w)
     }
 
     /// Row `e` of a float tensor `[experts, len]` (per-expert biases) widened to f32.

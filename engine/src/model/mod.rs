@@ -8,4 +8,4 @@
 pub mod layers;
 mod loader;
 
-pub use loader::Loader;
+pub use loader::{Loader, NormWeight};

@@ -186,7 +186,9 @@ pub fn check_tokenizer(name: &str) {
         let text = case["text"].as_str().unwrap();
         let want = ids(&case["ids"]);
         assert_eq!(t.encode_with_special(text), want, "{name}: encode {text:?}");
-        assert_eq!(t.decode(&want), text, "{name}: decode {text:?}");
+        // `decoded` when the tokenizer's normaliser changes the text (NFC), else the text.
+        let decoded = case["decoded"].as_str().unwrap_or(text);
+        assert_eq!(t.decode(&want), decoded, "{name}: decode {text:?}");
     }
     let chat = &tok["chat"];
     let turns = messages(&chat["messages"]);
@@ -284,9 +286,13 @@ pub fn check_consistency(name: &str) {
         "{name}: a batched pass differs from each sequence alone"
     );
 
+    // Recurrent layers rewind to a checkpoint, so the reused state takes one at the cut, as the
+    // scheduler does at its checkpoint interval.
     let cut = prompt.len() / 2;
     let mut reused = m.new_state();
-    pass_bits(m, &mut reused, &prompt);
+    pass_bits(m, &mut reused, &prompt[..cut]);
+    reused.checkpoint(1);
+    pass_bits(m, &mut reused, &prompt[cut..]);
     pass_bits(m, &mut reused, &seqs[2][..5]);
     reused.truncate(cut).unwrap();
     let tail = pass_bits(m, &mut reused, &prompt[cut..]);

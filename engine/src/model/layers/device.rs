@@ -140,6 +140,12 @@ pub fn moe<D: DeviceOps>(
         }
         out = project(dev, &l.up, WeightClass::Spine, &out, n)?;
     }
+    if m.shared_gate.is_some() {
+        return Err(Error::InvalidArgument {
+            field: "device",
+            reason: "a gated shared expert has no device kernel (the model runs on the CPU path)".into(),
+        });
+    }
     if let Some(shared) = &m.shared {
         let s = mlp(dev, shared, WeightClass::Spine, x, n)?;
         out = add(dev, &out, &s, n * m.gate.cols)?;

@@ -22,8 +22,8 @@ use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::math::exp;
-use crate::kernels::ops::rms_norm_inplace;
-use crate::model::Loader;
+use crate::kernels::ops::{rms_norm_inplace, sigmoid};
+use crate::model::{Loader, NormWeight};
 use crate::state::KvCache;
 
 /// Below this many score multiply-adds a pass attends on the calling thread.
@@ -50,10 +50,16 @@ pub struct GqaOptions {
     pub qk_norm: QkNorm,
     /// RMSNorm epsilon of the q/k norms.
     pub eps: f32,
+    /// How the q/k norm weights are stored.
+    pub norm_weight: NormWeight,
     /// A per-head sink logit `{prefix}.sinks` (gpt-oss).
     pub sinks: bool,
     /// Sliding-window width of this layer (`None`: full causal attention).
     pub window: Option<usize>,
+    /// `q_proj` also yields a per-channel output gate (Qwen3-Next, Qwen3.5: each head's `d` query
+    /// rows are followed by its `d` gate rows); the attention output is scaled by `σ(gate)`
+    /// before `o_proj`.
+    pub output_gate: bool,
 }
 
 /// Where the q/k RMSNorms normalise.
@@ -82,6 +88,7 @@ pub struct Gqa {
     qk_norm: QkNorm,
     sinks: Option<Vec<f32>>,
     window: Option<usize>,
+    output_gate: bool,
     eps: f32,
     rope: Rope,
     dims: GqaDims,
@@ -123,14 +130,19 @@ impl Gqa {
                 QkNorm::PerHead => d,
                 QkNorm::Whole => width,
             };
-            Ok(Some(ld.vector(&format!("{prefix}.{name}.weight"), len)?))
+            Ok(Some(ld.norm(
+                &format!("{prefix}.{name}.weight"),
+                len,
+                opts.norm_weight,
+            )?))
         };
+        let q_rows = if opts.output_gate { 2 * qw } else { qw };
         Ok(Gqa {
-            q: ld.linear(&format!("{prefix}.q_proj"), qw, hidden)?,
+            q: ld.linear(&format!("{prefix}.q_proj"), q_rows, hidden)?,
             k: ld.linear(&format!("{prefix}.k_proj"), kw, hidden)?,
             v: ld.linear(&format!("{prefix}.v_proj"), kw, hidden)?,
             o: ld.linear(&format!("{prefix}.o_proj"), hidden, qw)?,
-            q_bias: bias("q_proj", qw, opts.qkv_bias)?,
+            q_bias: bias("q_proj", q_rows, opts.qkv_bias)?,
             k_bias: bias("k_proj", kw, opts.qkv_bias)?,
             v_bias: bias("v_proj", kw, opts.qkv_bias)?,
             o_bias: bias("o_proj", hidden, opts.o_bias)?,
@@ -142,6 +154,7 @@ impl Gqa {
                 false => None,
             },
             window: opts.window,
+            output_gate: opts.output_gate,
             eps: opts.eps,
             rope: Rope::new(rope, dims.rotary_dim, false),
             dims,
@@ -153,14 +166,7 @@ impl Gqa {
     pub fn forward(&self, xn: &[f32], n: usize, rows: &mut KvRows<'_, '_>) -> Vec<f32> {
         let d = self.dims;
         let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        let q = self.project(
-            &self.q,
-            self.q_bias.as_deref(),
-            self.q_norm.as_deref(),
-            xn,
-            n,
-            rows.pos,
-        );
+        let (q, gate) = self.queries(xn, n, rows.pos);
         let k = self.project(
             &self.k,
             self.k_bias.as_deref(),
@@ -212,12 +218,44 @@ impl Gqa {
                 .enumerate()
                 .for_each(|x| task(&mut scores, x));
         }
+        if let Some(gate) = gate {
+            out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
+        }
         let mut y = vec![0.0f32; n * self.o.rows];
         matmul(&self.o, &out, n, &mut y);
         if let Some(b) = &self.o_bias {
             y.chunks_mut(b.len()).for_each(|r| add_bias(r, b));
         }
         y
+    }
+
+    /// The queries of `n` rows (projected, normalised, rotated) and, with an output gate, the
+    /// gate values (`heads * head_dim` per row, head order).
+    fn queries(&self, xn: &[f32], n: usize, pos: &[usize]) -> (Vec<f32>, Option<Vec<f32>>) {
+        let norm = self.q_norm.as_deref();
+        if !self.output_gate {
+            return (
+                self.project(&self.q, self.q_bias.as_deref(), norm, xn, n, pos),
+                None,
+            );
+        }
+        let hd = self.dims.head_dim;
+        let mut y = vec![0.0f32; n * self.q.rows];
+        matmul(&self.q, xn, n, &mut y);
+        if let Some(b) = &self.q_bias {
+            y.chunks_mut(b.len()).for_each(|r| add_bias(r, b));
+        }
+        // Per head: `d` query values, then `d` gate values.
+        let (mut q, mut gate) = (Vec::with_capacity(y.len() / 2), Vec::with_capacity(y.len() / 2));
+        for pair in y.chunks(2 * hd) {
+            q.extend_from_slice(&pair[..hd]);
+            gate.extend_from_slice(&pair[hd..]);
+        }
+        let width = q.len() / n.max(1);
+        for (row, &p) in q.chunks_mut(width).zip(pos) {
+            self.finish_row(row, None, norm, p);
+        }
+        (q, Some(gate))
     }
 
     /// `W x (+ b)`, then per head: RMSNorm (when configured) and RoPE on the rotary part.
@@ -234,20 +272,25 @@ impl Gqa {
         let mut y = vec![0.0f32; n * width];
         matmul(w, xn, n, &mut y);
         for (row, &p) in y.chunks_mut(width).zip(pos) {
-            if let Some(b) = bias {
-                add_bias(row, b);
-            }
-            if let (Some(w), QkNorm::Whole) = (norm, self.qk_norm) {
-                rms_norm_inplace(row, w, self.eps);
-            }
-            for head in row.chunks_mut(self.dims.head_dim) {
-                if let (Some(w), QkNorm::PerHead) = (norm, self.qk_norm) {
-                    rms_norm_inplace(head, w, self.eps);
-                }
-                self.rope.apply(&mut head[..self.dims.rotary_dim], p);
-            }
+            self.finish_row(row, bias, norm, p);
         }
         y
+    }
+
+    /// One projected row at position `p`: bias, RMSNorm (when configured), RoPE per head.
+    fn finish_row(&self, row: &mut [f32], bias: Option<&[f32]>, norm: Option<&[f32]>, p: usize) {
+        if let Some(b) = bias {
+            add_bias(row, b);
+        }
+        if let (Some(w), QkNorm::Whole) = (norm, self.qk_norm) {
+            rms_norm_inplace(row, w, self.eps);
+        }
+        for head in row.chunks_mut(self.dims.head_dim) {
+            if let (Some(w), QkNorm::PerHead) = (norm, self.qk_norm) {
+                rms_norm_inplace(head, w, self.eps);
+            }
+            self.rope.apply(&mut head[..self.dims.rotary_dim], p);
+        }
     }
 }
 

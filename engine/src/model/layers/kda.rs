@@ -114,12 +114,67 @@ pub struct KdaRows<'a, 'c> {
     pub seq: &'a [usize],
 }
 
-/// Multi-row projections of one pass.
-struct Projections {
-    qkv: Vec<f32>,
-    f: Vec<f32>,
-    beta: Vec<f32>,
-    gate: Vec<f32>,
+/// Multi-row projections of one pass, as the shared recurrence reads them.
+pub(crate) struct Projections {
+    /// Raw `[q | k | v]` per row (`3P`), before the convolution.
+    pub qkv: Vec<f32>,
+    /// The decay input per channel (`P`), `dt_bias` added.
+    pub f: Vec<f32>,
+    /// `β` logits per head.
+    pub beta: Vec<f32>,
+    /// The output gate's input per channel (`P`).
+    pub gate: Vec<f32>,
+}
+
+/// How the output gate's input acts on the normalised read-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// KDA: `σ(gate)`.
+    Sigmoid,
+    /// Gated DeltaNet (HF `RMSNormGated`): `silu(gate)`.
+    Silu,
+}
+
+/// The per-channel constants of a delta-rule layer (KDA or gated DeltaNet) that the shared
+/// convolution, recurrence and gated norm read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeltaCore<'a> {
+    pub shape: KdaShape,
+    /// Depthwise conv weights `[3P, K]`.
+    pub conv: &'a [f32],
+    pub l2: L2Norm,
+    pub q_scale: f32,
+    /// `exp(A_log)` per channel `[P]`.
+    pub decay_rate: &'a [f32],
+    pub decay: KdaDecay,
+    /// The read-out norm's weight `[head_dim]` and epsilon.
+    pub o_norm: &'a [f32],
+    pub eps: f32,
+    pub gate: GateActivation,
+}
+
+impl DeltaCore<'_> {
+    /// The read-out of `n` rows `[n, P]` from their projections, advancing each row's sequence
+    /// state: per-row channel work in order, the delta rule per `(sequence, head)`, then the
+    /// gated norm (see [`Kda::forward`]).
+    pub(crate) fn run(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+        let s = self.shape;
+        let p = s.channels();
+        let inputs = self.channel_phase(proj, n, rows);
+        let mut o = vec![0.0f32; n * p];
+        let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
+        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
+        for (i, out) in o.chunks_mut(p).enumerate() {
+            gated_norm(
+                out,
+                &proj.gate[i * p..(i + 1) * p],
+                self.o_norm,
+                self.eps,
+                self.gate,
+            );
+        }
+        o
+    }
 }
 
 impl Kda {
@@ -162,21 +217,30 @@ impl Kda {
     /// enough, each over its rows in order ([`head_step_with`], [`head_readout`]: the operations of
     /// the sequential twin, so the bits do not depend on the split); last the gated norm.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
-        let s = self.shape;
-        let p = s.channels();
         let proj = self.project(x, n);
-        let inputs = self.channel_phase(&proj, n, rows);
-        let mut o = vec![0.0f32; n * p];
-        let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
-        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
-        for (i, out) in o.chunks_mut(p).enumerate() {
-            gated_norm(out, &proj.gate[i * p..(i + 1) * p], &self.o_norm, self.eps);
-        }
+        let o = self.core().run(&proj, n, rows);
         let mut y = vec![0.0f32; n * self.o.rows];
         matmul(&self.o, &o, n, &mut y);
         y
     }
 
+    /// The constants the shared recurrence reads.
+    fn core(&self) -> DeltaCore<'_> {
+        DeltaCore {
+            shape: self.shape,
+            conv: &self.conv,
+            l2: self.l2,
+            q_scale: self.q_scale,
+            decay_rate: &self.decay_rate,
+            decay: self.decay,
+            o_norm: &self.o_norm,
+            eps: self.eps,
+            gate: GateActivation::Sigmoid,
+        }
+    }
+}
+
+impl DeltaCore<'_> {
     /// Per row, in order: the convolution (advancing each sequence's history), SiLU, the L2
     /// norms and q scale, the decay `g` and `β`; each row's recurrence inputs are recorded in its
     /// sequence's cache.
@@ -195,7 +259,7 @@ impl Kda {
         inp
     }
 
-    /// The rows of [`Kda::channel_phase`], in order.
+    /// The rows of [`DeltaCore::channel_phase`], in order.
     #[inline(always)]
     fn channel_rows(
         &self,
@@ -217,7 +281,7 @@ impl Kda {
             let (v, rest) = rest.split_at_mut(p);
             let (g, beta) = rest.split_at_mut(p);
             let q = &mut inp.q[i * p..(i + 1) * p];
-            convolve(&self.conv, s, cache.conv_history(), raw, [q, k, v]);
+            convolve(self.conv, s, cache.conv_history(), raw, [q, k, v]);
             conv_push(cache.conv_history_mut(), raw, s);
             for h in 0..heads {
                 let qh = &mut q[h * hd..(h + 1) * hd];
@@ -226,7 +290,7 @@ impl Kda {
                 self.l2.apply(&mut k[h * hd..(h + 1) * hd]);
             }
             let f = &proj.f[i * p..(i + 1) * p];
-            for ((g, &f), &rate) in g.iter_mut().zip(f).zip(&self.decay_rate) {
+            for ((g, &f), &rate) in g.iter_mut().zip(f).zip(self.decay_rate) {
                 *g = log_decay(self.decay, rate, f);
             }
             for (b, &logit) in beta.iter_mut().zip(&proj.beta[i * heads..(i + 1) * heads]) {
@@ -275,14 +339,18 @@ pub fn log_decay(decay: KdaDecay, rate: f32, f: f32) -> f32 {
     }
 }
 
-/// Per head of `o` (`o_norm.len()` values each): `o ← w ⊙ (o · rms_inv(o)) ⊙ σ(gate)`.
-pub fn gated_norm(o: &mut [f32], gate: &[f32], o_norm: &[f32], eps: f32) {
+/// Per head of `o` (`o_norm.len()` values each): `o ← w ⊙ (o · rms_inv(o)) ⊙ act(gate)`.
+pub fn gated_norm(o: &mut [f32], gate: &[f32], o_norm: &[f32], eps: f32, act: GateActivation) {
     let hd = o_norm.len();
+    let act = match act {
+        GateActivation::Sigmoid => sigmoid,
+        GateActivation::Silu => silu,
+    };
     math::fma_scope(|| {
         for (oh, gh) in o.chunks_mut(hd).zip(gate.chunks(hd)) {
             let inv = rms_inv(oh, eps);
             for ((v, &w), &g) in oh.iter_mut().zip(o_norm).zip(gh) {
-                *v = (w * (*v * inv)) * sigmoid(g);
+                *v = (w * (*v * inv)) * act(g);
             }
         }
     })

@@ -72,6 +72,9 @@ pub struct Moe {
     pub router: RouterConfig,
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
+    /// A `[1, H]` gate on the shared expert's output: `σ(gate · x) · shared(x)` (Qwen3-Next,
+    /// Qwen3.5 `shared_expert_gate`); `None`: the shared experts are added as they are.
+    pub shared_gate: Option<Matrix>,
     pub latent: Option<Latent>,
     pub combine: Combine,
 }
@@ -206,7 +209,15 @@ impl Moe {
             out = up;
         }
         if let Some(shared) = &self.shared {
-            let s = shared.forward(x, n);
+            let mut s = shared.forward(x, n);
+            if let Some(gate) = &self.shared_gate {
+                let mut logits = vec![0.0f32; n];
+                matmul(gate, x, n, &mut logits);
+                for (row, &l) in s.chunks_mut(h).zip(&logits) {
+                    let w = sigmoid(l);
+                    row.iter_mut().for_each(|v| *v *= w);
+                }
+            }
             out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
         }
         Ok(out)
@@ -309,6 +320,7 @@ mod tests {
             },
             experts: Vec::new(),
             shared: None,
+            shared_gate: None,
             latent: None,
             combine: Combine::Ascending,
         };

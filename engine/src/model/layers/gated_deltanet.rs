@@ -1,0 +1,293 @@
+//! Gated DeltaNet linear attention (HF `Qwen3NextGatedDeltaNet`, `Qwen3_5MoeGatedDeltaNet`): the
+//! delta rule of KDA (`kda.rs`) with one decay per head instead of one per key channel, keys and
+//! queries shared by groups of value heads, and a SiLU-gated output norm.
+//!
+//! For a normalised input row `x` (all f32), with `Hk` key heads, `Hv = r·Hk` value heads and
+//! head width `d` (keys and values alike):
+//! 1. `q, k` (`Hk·d` each), `v`, `z` (`Hv·d` each) and `b`, `a` (`Hv` each) from the input
+//!    projections: Qwen3-Next's fused `in_proj_qkvz` / `in_proj_ba`, whose rows are grouped per
+//!    key head (`[q_h, k_h, v_{h·r..}, z_{h·r..}]` and `[b_{h·r..}, a_{h·r..}]`), or Qwen3.5's
+//!    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`;
+//! 2. key head `h` serves value heads `h·r .. h·r + r` (HF `repeat_interleave`). The repeat is
+//!    taken before the depthwise convolution, on the raw channels and the convolution weights
+//!    alike: a depthwise convolution of a repeated channel is the repeated convolution, so the
+//!    values are those of convolving first. From there on the layer is KDA with `Hv` heads:
+//!    convolution + SiLU, L2 norms of `q` and `k` per head, `q · d^-½`, the log-decay
+//!    `g = −exp(A_log)·softplus(a + dt_bias)` (the head's value on each of its key channels),
+//!    `β = σ(b)`, the delta rule and read-out;
+//! 3. per value head `o ← w ⊙ RMS(o) ⊙ silu(z)`; `y = out_proj o`.
+//!
+//! The recurrence, its state ([`crate::state::KdaCache`]: convolution history and `[Hv, d, d]`
+//! matrices), its replay for partial commits and its prefix checkpoints are KDA's, so a prefill is
+//! bit-identical to token-by-token decoding whatever the split, and prefixes are reused.
+
+use super::kda::{DeltaCore, GateActivation, KdaRows, L2Norm, Projections};
+use crate::backend::matmul;
+use crate::config::KdaDecay;
+use crate::error::Result;
+use crate::kernels::Matrix;
+use crate::kernels::math::exp;
+use crate::model::Loader;
+use crate::state::KdaShape;
+
+/// The input projections as stored.
+#[derive(Debug, Clone)]
+pub enum GdnProjection {
+    /// Qwen3-Next: `in_proj_qkvz` `[2·Hk·d + 2·Hv·d, hidden]` and `in_proj_ba` `[2·Hv, hidden]`,
+    /// rows grouped per key head.
+    Fused { qkvz: Matrix, ba: Matrix },
+    /// Qwen3.5: `in_proj_qkv` `[2·Hk·d + Hv·d, hidden]` (`[q | k | v]`), `in_proj_z` `[Hv·d,
+    /// hidden]`, `in_proj_b` and `in_proj_a` `[Hv, hidden]`.
+    Split {
+        qkv: Matrix,
+        z: Matrix,
+        b: Matrix,
+        a: Matrix,
+    },
+}
+
+/// One gated-DeltaNet layer's weights, the per-head constants already widened to the `Hv·d`
+/// channels the shared recurrence reads.
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    /// `Hv` heads of width `d`, convolution width `K`.
+    pub shape: KdaShape,
+    pub key_heads: usize,
+    pub proj: GdnProjection,
+    /// Depthwise conv weights widened to `[3·Hv·d, K]` (q, then k, then v channels).
+    pub conv: Vec<f32>,
+    /// `dt_bias` per channel.
+    pub dt_bias: Vec<f32>,
+    /// `exp(A_log)` per channel.
+    pub decay_rate: Vec<f32>,
+    /// `norm.weight` `[d]` and its epsilon.
+    pub norm: Vec<f32>,
+    pub eps: f32,
+    pub out: Matrix,
+}
+
+/// A gated-DeltaNet layer's shape, from the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnDims {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    /// Key and value width per head.
+    pub head_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub kernel: usize,
+    /// Qwen3-Next's fused `in_proj_qkvz` / `in_proj_ba` (else Qwen3.5's four projections).
+    pub fused: bool,
+}
+
+impl GdnDims {
+    /// The recurrent state's shape (value heads).
+    pub fn shape(self) -> KdaShape {
+        KdaShape {
+            heads: self.value_heads,
+            head_dim: self.head_dim,
+            kernel: self.kernel,
+        }
+    }
+}
+
+impl GatedDeltaNet {
+    /// Load `{prefix}.{in_proj_*, conv1d, dt_bias, A_log, norm, out_proj}` for a model of width
+    /// `hidden`; `eps` is the gated norm's epsilon.
+    pub fn load(ld: &Loader<'_>, prefix: &str, hidden: usize, dims: GdnDims, eps: f32) -> Result<Self> {
+        let shape = dims.shape();
+        let (d, hv) = (dims.head_dim, dims.value_heads);
+        let (key_dim, value_dim) = (dims.key_heads * d, hv * d);
+        let name = |n: &str| format!("{prefix}.{n}");
+        let proj = if dims.fused {
+            GdnProjection::Fused {
+                qkvz: ld.linear(&name("in_proj_qkvz"), 2 * key_dim + 2 * value_dim, hidden)?,
+                ba: ld.linear(&name("in_proj_ba"), 2 * hv, hidden)?,
+            }
+        } else {
+            GdnProjection::Split {
+                qkv: ld.linear(&name("in_proj_qkv"), 2 * key_dim + value_dim, hidden)?,
+                z: ld.linear(&name("in_proj_z"), value_dim, hidden)?,
+                b: ld.linear(&name("in_proj_b"), hv, hidden)?,
+                a: ld.linear(&name("in_proj_a"), hv, hidden)?,
+            }
+        };
+        let conv_channels = 2 * key_dim + value_dim;
+        let conv = ld.floats(&name("conv1d.weight"), &[conv_channels, 1, dims.kernel])?;
+        Ok(GatedDeltaNet {
+            shape,
+            key_heads: dims.key_heads,
+            proj,
+            conv: Self::widen_conv(&conv, shape, dims.key_heads),
+            dt_bias: Self::per_channel(&ld.vector(&name("dt_bias"), hv)?, d),
+            decay_rate: decay_rate(&ld.vector(&name("A_log"), hv)?, d),
+            norm: ld.vector(&name("norm.weight"), d)?,
+            eps,
+            out: ld.linear(&name("out_proj"), hidden, value_dim)?,
+        })
+    }
+
+    /// Value heads per key head.
+    fn group(&self) -> usize {
+        self.shape.heads / self.key_heads
+    }
+
+    /// Widen per-head values `[Hv]` to channels `[Hv·d]`.
+    pub fn per_channel(per_head: &[f32], d: usize) -> Vec<f32> {
+        per_head.iter().flat_map(|&x| std::iter::repeat_n(x, d)).collect()
+    }
+
+    /// Widen the stored conv weights `[2·Hk·d + Hv·d, K]` to `[3·Hv·d, K]`: value channel `c` of
+    /// q (or k) reads key channel `(c / d / r)·d + c % d`.
+    pub fn widen_conv(stored: &[f32], shape: KdaShape, key_heads: usize) -> Vec<f32> {
+        let (d, kernel, p) = (shape.head_dim, shape.kernel, shape.channels());
+        let r = shape.heads / key_heads;
+        let key_dim = key_heads * d;
+        let row = |c: usize| &stored[c * kernel..(c + 1) * kernel];
+        let mut out = Vec::with_capacity(3 * p * kernel);
+        for part in 0..2 {
+            for c in 0..p {
+                out.extend_from_slice(row(part * key_dim + (c / d / r) * d + c % d));
+            }
+        }
+        for c in 0..p {
+            out.extend_from_slice(row(2 * key_dim + c));
+        }
+        out
+    }
+
+    /// Attention output `[n, hidden]` for normalised rows `x`, advancing each row's sequence
+    /// state (rows of one sequence are consecutive positions, in order).
+    pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+        let proj = self.project(x, n);
+        let core = DeltaCore {
+            shape: self.shape,
+            conv: &self.conv,
+            l2: L2Norm::EpsInside(1e-6),
+            q_scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
+            decay_rate: &self.decay_rate,
+            decay: KdaDecay::Softplus,
+            o_norm: &self.norm,
+            eps: self.eps,
+            gate: GateActivation::Silu,
+        };
+        let o = core.run(&proj, n, rows);
+        let mut y = vec![0.0f32; n * self.out.rows];
+        matmul(&self.out, &o, n, &mut y);
+        y
+    }
+
+    /// The recurrence's inputs per row: raw `[q | k | v]` widened to value heads, the decay input
+    /// `a + dt_bias` and `β` logits per head widened to channels, and `z`.
+    fn project(&self, x: &[f32], n: usize) -> Projections {
+        let s = self.shape;
+        let (d, hv, r) = (s.head_dim, s.heads, self.group());
+        let p = s.channels();
+        let key_dim = self.key_heads * d;
+        let mm = |m: &Matrix| {
+            let mut y = vec![0.0f32; n * m.rows];
+            matmul(m, x, n, &mut y);
+            y
+        };
+        let mut out = Projections {
+            qkv: Vec::with_capacity(n * 3 * p),
+            f: Vec::with_capacity(n * p),
+            beta: Vec::with_capacity(n * hv),
+            gate: Vec::with_capacity(n * p),
+        };
+        // Per row: q and k per key head, v, z, b, a per value head, in standard head order.
+        let mut a = vec![0.0f32; hv];
+        let mut q = vec![0.0f32; key_dim];
+        let mut k = vec![0.0f32; key_dim];
+        let mut v = vec![0.0f32; p];
+        let mut z = vec![0.0f32; p];
+        let mut b = vec![0.0f32; hv];
+        match &self.proj {
+            GdnProjection::Fused { qkvz, ba } => {
+                let (qkvz, ba) = (mm(qkvz), mm(ba));
+                let (group, width) = (2 * d + 2 * r * d, 2 * key_dim + 2 * p);
+                for i in 0..n {
+                    let row = &qkvz[i * width..(i + 1) * width];
+                    let rba = &ba[i * 2 * hv..(i + 1) * 2 * hv];
+                    for h in 0..self.key_heads {
+                        let g = &row[h * group..(h + 1) * group];
+                        q[h * d..(h + 1) * d].copy_from_slice(&g[..d]);
+                        k[h * d..(h + 1) * d].copy_from_slice(&g[d..2 * d]);
+                        v[h * r * d..(h + 1) * r * d].copy_from_slice(&g[2 * d..2 * d + r * d]);
+                        z[h * r * d..(h + 1) * r * d].copy_from_slice(&g[2 * d + r * d..]);
+                        b[h * r..(h + 1) * r].copy_from_slice(&rba[h * 2 * r..h * 2 * r + r]);
+                        a[h * r..(h + 1) * r].copy_from_slice(&rba[h * 2 * r + r..(h + 1) * 2 * r]);
+                    }
+                    self.push_row(&mut out, [&q, &k, &v, &z], &b, &a);
+                }
+            }
+            GdnProjection::Split {
+                qkv,
+                z: zm,
+                b: bm,
+                a: am,
+            } => {
+                let (qkv, zs, bs, as_) = (mm(qkv), mm(zm), mm(bm), mm(am));
+                let width = 2 * key_dim + p;
+                for i in 0..n {
+                    let row = &qkv[i * width..(i + 1) * width];
+                    q.copy_from_slice(&row[..key_dim]);
+                    k.copy_from_slice(&row[key_dim..2 * key_dim]);
+                    v.copy_from_slice(&row[2 * key_dim..]);
+                    z.copy_from_slice(&zs[i * p..(i + 1) * p]);
+                    b.copy_from_slice(&bs[i * hv..(i + 1) * hv]);
+                    a.copy_from_slice(&as_[i * hv..(i + 1) * hv]);
+                    self.push_row(&mut out, [&q, &k, &v, &z], &b, &a);
+                }
+            }
+        }
+        out
+    }
+
+    /// Append one row in the shared recurrence's layout.
+    fn push_row(&self, out: &mut Projections, [q, k, v, z]: [&[f32]; 4], b: &[f32], a: &[f32]) {
+        let (d, hv, r) = (self.shape.head_dim, self.shape.heads, self.group());
+        for part in [q, k] {
+            for vh in 0..hv {
+                let kh = vh / r;
+                out.qkv.extend_from_slice(&part[kh * d..(kh + 1) * d]);
+            }
+        }
+        out.qkv.extend_from_slice(v);
+        for (c, &bias) in self.dt_bias.iter().enumerate() {
+            out.f.push(a[c / d] + bias);
+        }
+        out.beta.extend_from_slice(&b[..hv]);
+        out.gate.extend_from_slice(z);
+    }
+}
+
+/// `exp(A_log)` per head, widened to channels.
+pub fn decay_rate(a_log: &[f32], d: usize) -> Vec<f32> {
+    GatedDeltaNet::per_channel(&a_log.iter().map(|&x| exp(x)).collect::<Vec<_>>(), d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Widening the conv weights then convolving equals HF's order (convolve the `Hk` key
+    /// channels, then `repeat_interleave` to value heads): key channel `c` of head `h` lands on
+    /// channel `c` of heads `h·r .. h·r + r`.
+    #[test]
+    fn conv_weights_widen_as_repeat_interleave() {
+        let shape = KdaShape {
+            heads: 4,
+            head_dim: 2,
+            kernel: 2,
+        };
+        // Stored channels: q (2 key heads × 2), k (2 × 2), v (4 × 2); weight = channel id.
+        let stored: Vec<f32> = (0..16).flat_map(|c| [c as f32, 100.0 + c as f32]).collect();
+        let wide = GatedDeltaNet::widen_conv(&stored, shape, 2);
+        let firsts: Vec<f32> = wide.chunks(2).map(|w| w[0]).collect();
+        // q: heads 0,1 <- key head 0 (channels 0,1); heads 2,3 <- key head 1 (channels 2,3).
+        assert_eq!(firsts[..8], [0.0, 1.0, 0.0, 1.0, 2.0, 3.0, 2.0, 3.0]);
+        assert_eq!(firsts[8..16], [4.0, 5.0, 4.0, 5.0, 6.0, 7.0, 6.0, 7.0]);
+        assert_eq!(firsts[16..], [8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+        assert!(wide.chunks(2).all(|w| w[1] == w[0] + 100.0));
+    }
+}
