@@ -70,48 +70,9 @@ fn gpt_oss_tokenizer_and_chat_template_match_hf() {
     }
 }
 
-/// A copy of the fixture with the shard holding `target` rewritten: the tensor dropped (`None`)
-/// or given another shape of the same byte size.
+/// A copy of the fixture with `target` dropped (`None`) or reshaped.
 fn altered(target: &str, shape: Option<&[usize]>) -> tempfile::TempDir {
-    use deltafin_engine::weights::{TensorSpec, WeightIndex, write_safetensors};
-    let src = golden_support::fixture("gpt-oss");
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    let index = WeightIndex::open(dir.path()).unwrap();
-    let shard = index.shard_path(index.info(target).unwrap()).to_path_buf();
-    let mut names: Vec<String> = index
-        .names()
-        .filter(|n| index.shard_path(index.info(n).unwrap()) == shard)
-        .filter(|n| shape.is_some() || n != &target)
-        .map(String::from)
-        .collect();
-    names.sort();
-    let specs: Vec<TensorSpec> = names
-        .iter()
-        .map(|n| {
-            let i = index.info(n).unwrap();
-            match (n == target, shape) {
-                (true, Some(s)) => TensorSpec::new(n, i.dtype, s),
-                _ => TensorSpec::new(n, i.dtype, &i.shape),
-            }
-        })
-        .collect();
-    let blobs: Vec<Vec<u8>> = names
-        .iter()
-        .map(|n| index.blob(index.info(n).unwrap()).to_vec())
-        .collect();
-    drop(index);
-    write_safetensors(&shard, &specs, &[], |i, out| out.write_all(&blobs[i])).unwrap();
-    if shape.is_none() {
-        let path = dir.path().join("model.safetensors.index.json");
-        let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        v["weight_map"].as_object_mut().unwrap().remove(target);
-        std::fs::write(path, v.to_string()).unwrap();
-    }
-    dir
+    golden_support::with_tensor("gpt-oss", target, shape)
 }
 
 #[test]

@@ -34,16 +34,7 @@ fn minimax_m2_is_batch_and_chunk_invariant_and_drafts_change_nothing() {
 
 /// A copy of the fixture with its config edited.
 fn with_config(edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(golden_support::fixture(NAME)).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    let path = dir.path().join("config.json");
-    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(&path, config.to_string()).unwrap();
-    dir
+    golden_support::with_config(NAME, edit)
 }
 
 #[test]
@@ -77,27 +68,8 @@ fn a_missing_scale_or_a_wrong_block_shape_names_the_tensor() {
     let dir = with_config(|c| {
         c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
     });
-    let index = deltafin_engine::weights::WeightIndex::open(dir.path()).unwrap();
-    let shard = index
-        .shard_path(index.info("lm_head.weight").unwrap())
-        .to_path_buf();
     let scale = "model.layers.2.block_sparse_moe.experts.5.w2.weight_scale_inv";
-    let mut names: Vec<String> = index.names().filter(|n| *n != scale).map(String::from).collect();
-    names.sort();
-    let specs: Vec<_> = names
-        .iter()
-        .map(|n| {
-            let i = index.info(n).unwrap();
-            deltafin_engine::weights::TensorSpec::new(n, i.dtype, &i.shape)
-        })
-        .collect();
-    let blobs: Vec<Vec<u8>> = names
-        .iter()
-        .map(|n| index.blob(index.info(n).unwrap()).to_vec())
-        .collect();
-    drop(index);
-    deltafin_engine::weights::write_safetensors(&shard, &specs, &[], |i, out| out.write_all(&blobs[i]))
-        .unwrap();
+    golden_support::alter_tensor(dir.path(), scale, None);
     let err = arch::load(dir.path()).unwrap_err();
     assert!(
         matches!(&err, Error::MissingTensor { name, .. } if name == scale),

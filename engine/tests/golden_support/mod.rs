@@ -10,6 +10,10 @@
 
 #![allow(dead_code)]
 
+mod edit;
+#[allow(unused_imports)]
+pub use edit::{alter_tensor, copy_fixture, with_config, with_tensor};
+
 use std::path::PathBuf;
 
 use deltafin_engine::arch::{self, LogitRows, SeqInput, Trace};
