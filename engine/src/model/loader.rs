@@ -276,12 +276,13 @@ impl<'a> Loader<'a> {
                 };
                 let scale_name = self.name(&format!("{module}.weight_scale_inv"));
                 let scale_shape = [rows.div_ceil(block_rows), cols.div_ceil(block_cols)];
-                let scale = self.index.expect(&scale_name, &[Dtype::F32], &scale_shape)?;
+                let scale_dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16];
+                let scale = self.index.expect(&scale_name, &scale_dtypes, &scale_shape)?;
                 let format = Format::Fp8Block {
                     block_rows,
                     block_cols,
                 };
-                Matrix::new(format, rows, cols, self.blob(info)?, Some(self.blob(scale)?))
+                Matrix::new(format, rows, cols, self.blob(info)?, Some(self.f32_blob(scale)?))
             }
             Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.blob(info)?, None),
             _ => Matrix::new(Format::F32, rows, cols, self.blob(info)?, None),
@@ -367,6 +368,19 @@ impl<'a> Loader<'a> {
             });
         }
         Ok(())
+    }
+
+    /// A float tensor's bytes as f32: as stored when F32, else widened (exactly: BF16 and F16
+    /// values are all f32 values), as Qwen's FP8 releases store `weight_scale_inv` in BF16.
+    fn f32_blob(&self, info: &TensorInfo) -> Result<Blob> {
+        let blob = self.blob(info)?;
+        if info.dtype == Dtype::F32 {
+            return Ok(blob);
+        }
+        let wide = WeightIndex::decode_f32(info, &blob);
+        Ok(Blob::from_vec(
+            wide.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ))
     }
 
     fn unexpected(&self, name: &str, reason: &str) -> Error {
