@@ -41,6 +41,11 @@ pub enum Preset {
     /// MiniMax-M2's shapes in its published block-FP8 layout (hidden 3072, 256 experts of width
     /// 1536, top-8, whole-projection q/k norms), 1 layer unless `--layers`/`--size`.
     MinimaxM2,
+    /// Qwen3.5-397B-A17B's shapes in its published block-FP8 layout (hidden 4096, 3 gated-DeltaNet
+    /// layers to 1 gated-attention layer, 512 experts of width 1024, top-10, a gated shared
+    /// expert), 4 layers (~26 GB) unless `--layers`/`--experts`/`--size`.
+    #[value(name = "qwen3.5-397b")]
+    Qwen35_397b,
 }
 
 #[derive(Debug, Args)]
@@ -115,7 +120,11 @@ fn k3_preset(p: Preset) -> Option<KimiK3Synth> {
             max_position: 4096,
             ..KimiK3Synth::k3_builtin()
         }),
-        Preset::Builtin | Preset::Dsv3Bench | Preset::GptOss120b | Preset::MinimaxM2 => None,
+        Preset::Builtin
+        | Preset::Dsv3Bench
+        | Preset::GptOss120b
+        | Preset::MinimaxM2
+        | Preset::Qwen35_397b => None,
     }
 }
 
@@ -123,15 +132,19 @@ fn gqa_preset(p: Preset) -> Option<GqaMoeSynth> {
     match p {
         Preset::GptOss120b => Some(GqaMoeSynth::gpt_oss_120b(2)),
         Preset::MinimaxM2 => Some(GqaMoeSynth::minimax_m2(1)),
+        Preset::Qwen35_397b => Some(GqaMoeSynth::qwen35_397b(4)),
         _ => None,
     }
 }
 
 fn preset(p: Preset) -> DeepseekSynth {
     match p {
-        Preset::Builtin | Preset::K3Builtin | Preset::K3Bench | Preset::GptOss120b | Preset::MinimaxM2 => {
-            DeepseekSynth::builtin()
-        }
+        Preset::Builtin
+        | Preset::K3Builtin
+        | Preset::K3Bench
+        | Preset::GptOss120b
+        | Preset::MinimaxM2
+        | Preset::Qwen35_397b => DeepseekSynth::builtin(),
         Preset::Dsv3Bench => DeepseekSynth {
             hidden: 2048,
             intermediate: 4096,
