@@ -135,3 +135,28 @@ fn the_vision_tower_and_mtp_layers_are_not_read() {
     }
     golden_support::check_dir(QWEN35, dir.path());
 }
+
+#[test]
+fn the_residency_plan_states_the_tensors_it_does_not_read() {
+    let mut o = deltafin_engine::cache::OocOptions::with_budget(u64::MAX / 4);
+    o.reserve_bytes = 0;
+    let (_, rt) = arch::load_budgeted(&golden_support::fixture(QWEN35), &o).unwrap();
+    let groups: Vec<&str> = rt.plan.unread.groups.iter().map(|(g, _)| g.as_str()).collect();
+    assert_eq!(
+        groups,
+        [
+            "model.visual",
+            "mtp.fc",
+            "mtp.layers",
+            "mtp.norm",
+            "mtp.pre_fc_norm_embedding",
+            "mtp.pre_fc_norm_hidden"
+        ]
+    );
+    let (_, rt) = arch::load_budgeted(&golden_support::fixture(NEXT), &o).unwrap();
+    assert_eq!(
+        rt.plan.unread,
+        Default::default(),
+        "Qwen3-Next reads every tensor it ships"
+    );
+}

@@ -175,7 +175,7 @@ impl DeepseekV3 {
         options: &OocOptions,
     ) -> Result<(Self, OocRuntime)> {
         let reader = crate::cache::open_reader(&index, options)?;
-        let (fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| Self::load_fixed(&cfg, ld))?;
+        let (fixed, fixed_layout) = load_resident(&index, spec, &reader, |ld| Self::load_fixed(&cfg, ld))?;
         let layer_layouts = (0..cfg.num_hidden_layers)
             .map(|i| source::record(&index, spec, false, |ld| Self::load_layer(&cfg, ld, i)))
             .collect::<Result<Vec<_>>>()?;
@@ -197,7 +197,7 @@ impl DeepseekV3 {
             expert_builder,
             expert_layouts,
             lookahead: fixed.lookahead,
-            fixed_bytes,
+            fixed: fixed_layout,
         };
         let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
         let ld = Loader::new(&index, spec);

@@ -485,7 +485,7 @@ impl GqaMoe {
         options: &OocOptions,
     ) -> Result<(Self, OocRuntime)> {
         let reader = crate::cache::open_reader(&index, options)?;
-        let (mut fixed, fixed_bytes) = load_resident(&index, spec, &reader, |ld| load_fixed(&plan, ld))?;
+        let (mut fixed, fixed_layout) = load_resident(&index, spec, &reader, |ld| load_fixed(&plan, ld))?;
         let layer_layouts = (0..plan.num_layers)
             .map(|i| source::record(&index, spec, false, |ld| load_layer(&plan, ld, i)))
             .collect::<Result<Vec<_>>>()?;
@@ -506,7 +506,7 @@ impl GqaMoe {
             expert_builder,
             expert_layouts,
             lookahead: std::mem::take(&mut fixed.lookahead),
-            fixed_bytes,
+            fixed: fixed_layout,
         };
         let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
         let experts = Some(runtime.experts.clone());

@@ -48,7 +48,7 @@ pub(crate) fn load<L: Send + Sync + 'static, F>(
     layer: LayerBuilder<L>,
 ) -> Result<Budgeted<L, F>> {
     let reader = crate::cache::open_reader(&index, options)?;
-    let ((fixed, lookahead), fixed_bytes) = load_resident(&index, spec, &reader, |ld| {
+    let ((fixed, lookahead), fixed_layout) = load_resident(&index, spec, &reader, |ld| {
         Ok((fixed(ld)?, lookahead_layers(cfg, ld, v)?))
     })?;
     let layer_layouts = (0..cfg.num_hidden_layers)
@@ -63,7 +63,7 @@ pub(crate) fn load<L: Send + Sync + 'static, F>(
         expert_builder,
         expert_layouts,
         lookahead,
-        fixed_bytes,
+        fixed: fixed_layout,
     };
     let (layers, runtime) = crate::cache::assemble(index, spec, reader, parts, options)?;
     Ok(Budgeted {

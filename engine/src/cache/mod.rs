@@ -216,8 +216,8 @@ pub struct OocParts<L: Send + Sync + 'static> {
     /// `[layer][expert]`, empty for dense layers.
     pub expert_layouts: Vec<Vec<spans::SpanLayout>>,
     pub lookahead: Vec<Option<store::LookaheadLayer>>,
-    /// Bytes of the always-resident set (already loaded by the architecture).
-    pub fixed_bytes: u64,
+    /// The always-resident set (already loaded by the architecture).
+    pub fixed: spans::SpanLayout,
 }
 
 impl<L: Send + Sync + 'static> std::fmt::Debug for OocParts<L> {
@@ -227,13 +227,13 @@ impl<L: Send + Sync + 'static> std::fmt::Debug for OocParts<L> {
 }
 
 /// Load a group of tensors into one resident buffer and build `R` over it. Returns `R` and
-/// the bytes read.
+/// the layout read.
 pub fn load_resident<R>(
     index: &WeightIndex,
     spec: &Checkpoint,
     reader: &ReaderPool,
     build: impl Fn(&Loader<'_>) -> Result<R>,
-) -> Result<(R, u64)> {
+) -> Result<(R, spans::SpanLayout)> {
     let layout = source::record(index, spec, false, &build)?;
     let buf = Arc::new(buffer::AlignedBuf::new(layout.total)?);
     reader.read_layout_now(buf.clone(), &layout)?;
@@ -246,7 +246,21 @@ pub fn load_resident<R>(
             .with_source(&src)
             .with_routed_experts(false),
     )?;
-    Ok((r, layout.total as u64))
+    Ok((r, layout))
+}
+
+/// The checkpoint tensors none of `layouts` reads.
+fn unread<'a>(index: &WeightIndex, layouts: impl Iterator<Item = &'a spans::SpanLayout>) -> plan::Unread {
+    let read: Vec<(usize, u64, u64)> = layouts
+        .flat_map(|l| l.tensor_ranges())
+        .map(|(shard, r)| (shard, r.start, r.end))
+        .collect();
+    let infos: Vec<_> = index.names().filter_map(|n| index.info(n).ok()).collect();
+    let all: Vec<(&str, usize, u64, u64)> = infos
+        .iter()
+        .map(|i| (i.name.as_str(), i.shard, i.offset, i.len))
+        .collect();
+    plan::Unread::of(&all, &read)
 }
 
 /// Plan residency from `parts` and build the spine store and the expert store.
@@ -267,7 +281,7 @@ pub fn assemble<L: Send + Sync + 'static>(
     let experts = parts.expert_layouts.iter().map(|l| l.len() as u64).sum();
     let input = plan::PlanInput {
         budget: options.budget,
-        fixed_bytes: parts.fixed_bytes,
+        fixed_bytes: parts.fixed.total as u64,
         reserve_bytes: options.reserve_bytes,
         context_bytes: options.context_bytes,
         layer_bytes: parts.layer_layouts.iter().map(|l| l.total as u64).collect(),
@@ -275,7 +289,12 @@ pub fn assemble<L: Send + Sync + 'static>(
         experts,
         min_expert_slots: options.min_expert_slots,
     };
-    let plan = plan::plan(&input)?;
+    let mut plan = plan::plan(&input)?;
+    let all_layouts = parts
+        .layer_layouts
+        .iter()
+        .chain(parts.expert_layouts.iter().flatten());
+    plan.unread = unread(&index, std::iter::once(&parts.fixed).chain(all_layouts));
     let read = reader.decision();
     let layers = Arc::new(LayerStore::load(
         index.clone(),

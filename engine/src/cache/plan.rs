@@ -61,6 +61,52 @@ pub struct ResidencyPlan {
     pub experts: u64,
     /// Share of all experts the cache can hold.
     pub cache_fraction: f64,
+    /// Checkpoint tensors the model never reads (a vision tower, MTP layers).
+    pub unread: Unread,
+}
+
+/// The checkpoint tensors no layout reads, grouped by name prefix.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Unread {
+    pub tensors: usize,
+    pub bytes: u64,
+    /// Each group's first two name components (`model.visual`, `mtp.layers`) with its count.
+    pub groups: Vec<(String, usize)>,
+}
+
+impl Unread {
+    /// The tensors of `all` (`(name, shard, offset, len)`) whose bytes no range of `read`
+    /// (`(shard, start, end)`) touches.
+    pub fn of(all: &[(&str, usize, u64, u64)], read: &[(usize, u64, u64)]) -> Unread {
+        let mut sorted = read.to_vec();
+        sorted.sort_unstable();
+        // Disjoint, sorted unions: the only range that can touch `start..end` is the last one
+        // starting before `end`.
+        let mut merged: Vec<(usize, u64, u64)> = Vec::with_capacity(sorted.len());
+        for (shard, start, end) in sorted {
+            match merged.last_mut() {
+                Some(m) if m.0 == shard && start <= m.2 => m.2 = m.2.max(end),
+                _ => merged.push((shard, start, end)),
+            }
+        }
+        let touched = |shard: usize, start: u64, end: u64| {
+            let i = merged.partition_point(|r| (r.0, r.1) < (shard, end));
+            i > 0 && merged[i - 1].0 == shard && merged[i - 1].2 > start
+        };
+        let mut out = Unread::default();
+        let mut groups = std::collections::BTreeMap::<String, usize>::new();
+        for &(name, shard, offset, len) in all {
+            if len == 0 || touched(shard, offset, offset + len) {
+                continue;
+            }
+            out.tensors += 1;
+            out.bytes += len;
+            let group: Vec<&str> = name.splitn(3, '.').take(2).collect();
+            *groups.entry(group.join(".")).or_default() += 1;
+        }
+        out.groups = groups.into_iter().collect();
+        out
+    }
 }
 
 impl ResidencyPlan {
@@ -126,6 +172,7 @@ pub fn plan(input: &PlanInput) -> Result<ResidencyPlan> {
         } else {
             slots as f64 / input.experts as f64
         },
+        unread: Unread::default(),
     })
 }
 
@@ -258,6 +305,26 @@ pub fn probe_memory() -> (Option<u64>, u64, u64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unread_tensors_are_those_no_read_range_touches() {
+        let all = [
+            ("model.layers.0.mlp.gate.weight", 0, 0, 100),
+            ("model.visual.blocks.0.attn.qkv.weight", 0, 100, 50),
+            ("model.visual.merger.mlp.0.weight", 1, 0, 10),
+            ("mtp.layers.0.mlp.experts.gate_up_proj", 1, 10, 90),
+            ("model.layers.0.mlp.experts.gate_up_proj", 1, 100, 400),
+        ];
+        // Layer 0's gate, and one expert's slice of the stacked experts.
+        let read = [(0, 0, 100), (1, 200, 300)];
+        let u = Unread::of(&all, &read);
+        assert_eq!((u.tensors, u.bytes), (3, 150));
+        assert_eq!(
+            u.groups,
+            vec![("model.visual".to_string(), 2), ("mtp.layers".to_string(), 1)]
+        );
+        assert_eq!(Unread::of(&all, &[(0, 0, 1000), (1, 0, 1000)]).tensors, 0);
+    }
+
     use super::*;
 
     fn input(budget: u64) -> PlanInput {

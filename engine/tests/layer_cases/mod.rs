@@ -95,6 +95,7 @@ fn moe_with(experts: usize, bias: Vec<f32>, router: RouterConfig) -> Moe {
         router,
         experts: Vec::new(),
         shared: None,
+        shared_gate: None,
         latent: None,
         combine: Combine::RouteOrder,
     }
@@ -419,7 +420,7 @@ pub fn kda(run: Runner) {
     let o_norm = mild(hd, 89, 1.5);
     let mut want = cpu_o.clone();
     for (o, gt) in want.chunks_mut(p).zip(gate.chunks(p)) {
-        kda::gated_norm(o, gt, &o_norm, 1e-5);
+        kda::gated_norm(o, gt, &o_norm, 1e-5, kda::GateActivation::Sigmoid);
     }
     let bufs = [
         bytes_of(&cpu_o),

@@ -130,7 +130,19 @@ fn device_tiers(p: &ResidencyPlan) -> Option<deltafin_engine::backend::residency
 
 /// The host part of the plan.
 fn describe_host_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
-    format!(
+    let unread = match &p.unread {
+        u if u.tensors == 0 => String::new(),
+        u => {
+            let groups: Vec<String> = u.groups.iter().map(|(g, n)| format!("{g}.* ({n})")).collect();
+            format!(
+                "; not read (not part of the text decoder): {} tensors, {}: {}",
+                u.tensors,
+                human(u.bytes),
+                groups.join(", ")
+            )
+        }
+    };
+    let plan = format!(
         "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts); reads: {read}",
         human(p.budget),
         human(p.fixed_bytes),
@@ -145,5 +157,6 @@ fn describe_host_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
         human(p.slot_bytes),
         human(p.expert_cache_bytes),
         100.0 * p.cache_fraction
-    )
+    );
+    plan + &unread
 }

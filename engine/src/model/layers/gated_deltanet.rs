@@ -30,7 +30,9 @@ use crate::kernels::math::exp;
 use crate::model::Loader;
 use crate::state::KdaShape;
 
-/// The input projections as stored.
+/// The input projections as stored (one per layer, built at load: the size difference between
+/// the variants costs nothing).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum GdnProjection {
     /// Qwen3-Next: `in_proj_qkvz` `[2·Hk·d + 2·Hv·d, hidden]` and `in_proj_ba` `[2·Hv, hidden]`,
