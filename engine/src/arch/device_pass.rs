@@ -1,13 +1,14 @@
 //! Whole passes on a device behind one object-safe face: [`DeviceSequence`] is a sequence whose
 //! activations and caches live on a device (each architecture's `DeviceSession`), and
 //! [`device_sequence`] opens one for a loaded [`Model`] when its architecture has a device pass
-//! (DeepSeek-V3, Kimi-Linear, Kimi K3). Generation over it is
+//! (the decoder's MLA stacks — DeepSeek-V3, Kimi-K2 — Kimi-Linear, Kimi K3). Generation over it is
 //! `generate::generate_on_device`.
 
 use std::any::Any;
 
 use super::Model;
-use super::deepseek_v3::{self, DeepseekV3};
+use super::decoder::Decoder;
+use super::decoder_device;
 use super::kimi_k3::{self, KimiK3};
 use super::kimi_linear::{self, KimiLinear};
 use crate::backend::device::DeviceOps;
@@ -41,7 +42,7 @@ macro_rules! device_sequence_impl {
     };
 }
 
-device_sequence_impl!(deepseek_v3::DeviceSession<'_, D>);
+device_sequence_impl!(decoder_device::DeviceSession<'_, D>);
 device_sequence_impl!(kimi_linear::DeviceSession<'_, D>);
 device_sequence_impl!(kimi_k3::DeviceSession<'_, D>);
 
@@ -54,7 +55,7 @@ pub fn device_sequence<'m, D: DeviceOps>(
     capacity: usize,
 ) -> Result<Box<dyn DeviceSequence + 'm>> {
     let any: &dyn Any = model.as_any();
-    if let Some(m) = any.downcast_ref::<DeepseekV3>() {
+    if let Some(m) = any.downcast_ref::<Decoder>() {
         return Ok(Box::new(m.device_session(dev, capacity)?));
     }
     if let Some(m) = any.downcast_ref::<KimiLinear>() {

@@ -1,5 +1,5 @@
 //! GLM-4.5 / GLM-4.6 (HF `transformers/models/glm4_moe/modeling_glm4_moe.py`): the GQA MoE
-//! decoder ([`super::gqa_moe`]) with biases on `q/k/v_proj` when `attention_bias` (none on
+//! decoder ([`super::decoder`]) with biases on `q/k/v_proj` when `attention_bias` (none on
 //! `o_proj`), per-head q/k RMSNorm when `use_qk_norm`, `rotate_half` RoPE on the first
 //! `head_dim · partial_rotary_factor` values of each head, dense MLPs on the first
 //! `first_k_dense_replace` layers, and DeepSeek-V3's router: sigmoid scores, selection on
@@ -7,7 +7,7 @@
 //! renormalised (`norm_topk_prob`) and scaled by `routed_scaling_factor`, plus shared experts.
 //! The multi-token-prediction layer GLM ships after the last decoder layer is not read.
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::Glm4MoeConfig;
@@ -50,6 +50,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         norm_weight: NormWeight::Plain,
         mixers: Vec::new(),
         linear: None,
+        mla: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,
@@ -71,7 +72,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
     }
 }
 
-impl GqaFamily for Glm4MoeConfig {
+impl DecoderFamily for Glm4MoeConfig {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

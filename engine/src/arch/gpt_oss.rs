@@ -1,5 +1,5 @@
 //! gpt-oss (HF `transformers/models/gpt_oss/modeling_gpt_oss.py`): the GQA MoE decoder
-//! ([`super::gqa_moe`]) with biases on all four attention projections, a learned sink logit per
+//! ([`super::decoder`]) with biases on all four attention projections, a learned sink logit per
 //! head, sliding-window layers alternating with full ones (`layer_types`), `rotate_half` YaRN
 //! RoPE whose attention factor scales cos and sin, and on every layer a MoE of MXFP4 experts:
 //! a router `x Wᵀ + b`, top-k on the logits, softmax over the chosen logits only; each expert
@@ -7,7 +7,7 @@
 //! `(clamp(u, ±limit) + 1) · g'σ(α g')`, `g' = min(g, limit)`; outputs summed in ascending
 //! expert order. The experts are read as published (`*_blocks`/`*_scales`, groups of 32).
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::GptOssConfig;
@@ -48,6 +48,7 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
         norm_weight: NormWeight::Plain,
         mixers: Vec::new(),
         linear: None,
+        mla: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
@@ -72,7 +73,7 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
     }
 }
 
-impl GqaFamily for GptOssConfig {
+impl DecoderFamily for GptOssConfig {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

@@ -1,5 +1,5 @@
 //! MiniMax-M2 (HF `transformers/models/minimax_m2/modeling_minimax_m2.py`; MiniMax-M2, M2.1,
-//! M2.5): the GQA MoE decoder ([`super::gqa_moe`]) with RMSNorm of queries and keys over the
+//! M2.5): the shared decoder ([`super::decoder`]) with RMSNorm of queries and keys over the
 //! whole projection (`q_norm [heads * head_dim]`, `k_norm [kv_heads * head_dim]`), `rotate_half`
 //! RoPE on the first `rotary_dim` of each head, no attention biases, and on every layer a
 //! Mixtral-style MoE (`block_sparse_moe.experts.{e}.{w1,w3,w2}`, SwiGLU) with a sigmoid router
@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::{FamilyInput, Fields, Nesting, RopeConfig, TextConfig, TokenIds};
@@ -209,6 +209,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
         norm_weight: NormWeight::Plain,
         mixers: Vec::new(),
         linear: None,
+        mla: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
@@ -230,7 +231,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
     }
 }
 
-impl GqaFamily for MiniMaxM2Config {
+impl DecoderFamily for MiniMaxM2Config {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

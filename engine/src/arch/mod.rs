@@ -5,11 +5,12 @@
 //! tokens. All rows go through the same weight reads (the multi-row kernels), while attention and
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
+mod decoder;
+mod decoder_device;
 pub mod deepseek_v3;
 mod device_pass;
 mod glm4_moe;
 mod gpt_oss;
-mod gqa_moe;
 pub mod kimi_k3;
 pub mod kimi_linear;
 mod kimi_ooc;
@@ -24,6 +25,8 @@ use std::fmt::Debug;
 use std::path::Path;
 
 pub use crate::model::{Loader, layers};
+pub use decoder::Decoder;
+pub use decoder_device::DeviceSession;
 pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence};
 pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 

@@ -1,9 +1,9 @@
 //! Qwen3 dense (HF `transformers/models/qwen3/modeling_qwen3.py`), the raw-completion drafter:
-//! the GQA decoder of [`super::gqa_moe`] with every layer dense — per-head q/k RMSNorm,
+//! the GQA decoder of [`super::decoder`] with every layer dense — per-head q/k RMSNorm,
 //! full-width `rotate_half` RoPE, no biases, tied embeddings when configured. Traced tensors:
 //! `embed`, `layers.{l}`, `norm`. Loads in memory only (drafters are small).
 
-use super::gqa_moe::{DecoderPlan, GqaFamily, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use crate::config::Qwen3Config;
 use crate::model::NormWeight;
@@ -42,12 +42,13 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         norm_weight: NormWeight::Plain,
         mixers: Vec::new(),
         linear: None,
+        mla: None,
         moe_layers: vec![false; c.num_hidden_layers],
         moe: MoePlan::none(),
     }
 }
 
-impl GqaFamily for Qwen3Config {
+impl DecoderFamily for Qwen3Config {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

@@ -1,10 +1,10 @@
 //! Qwen3-MoE (HF `transformers/models/qwen3_moe/modeling_qwen3_moe.py`): the GQA MoE decoder
-//! ([`super::gqa_moe`]) with per-head q/k RMSNorm, full-width `rotate_half` RoPE, biases on all
+//! ([`super::decoder`]) with per-head q/k RMSNorm, full-width `rotate_half` RoPE, biases on all
 //! four projections when `attention_bias`, a softmax router (`softmax` over all experts in f32,
 //! plain top-k, optional `norm_topk_prob` renormalisation, no scaling, no shared experts), and
 //! dense MLPs on `mlp_only_layers` and layers off `decoder_sparse_step`.
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::Qwen3MoeConfig;
@@ -45,6 +45,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
         norm_weight: NormWeight::Plain,
         mixers: Vec::new(),
         linear: None,
+        mla: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
@@ -66,7 +67,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
     }
 }
 
-impl GqaFamily for Qwen3MoeConfig {
+impl DecoderFamily for Qwen3MoeConfig {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

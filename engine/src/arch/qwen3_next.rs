@@ -1,5 +1,5 @@
 //! Qwen3-Next and Qwen3.5/3.6-MoE (HF `transformers/models/qwen3_next/modeling_qwen3_next.py`,
-//! `qwen3_5_moe/modeling_qwen3_5_moe.py`): the GQA MoE decoder ([`super::gqa_moe`]) with
+//! `qwen3_5_moe/modeling_qwen3_5_moe.py`): the shared decoder ([`super::decoder`]) with
 //! `layer_types` choosing each layer's sequence mixer — gated DeltaNet linear attention
 //! ([`super::layers::gated_deltanet`]) or gated full attention (`q_proj` yields each head's query
 //! and a sigmoid output gate; per-head q/k RMSNorm; `rotate_half` RoPE on the first
@@ -25,7 +25,7 @@
 
 use serde::Deserialize;
 
-use super::gqa_moe::{DecoderPlan, ExpertForm, GqaFamily, MixerKind, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MoeNames, MoePlan};
 use super::layers::gated_deltanet::GdnDims;
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::moe::{RouterConfig, Scoring};
@@ -296,6 +296,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
             kernel: c.linear_conv_kernel_dim,
             fused: c.release == Release::Next,
         }),
+        mla: None,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
@@ -317,7 +318,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
     }
 }
 
-impl GqaFamily for Qwen3NextConfig {
+impl DecoderFamily for Qwen3NextConfig {
     fn plan(&self) -> DecoderPlan {
         plan(self)
     }

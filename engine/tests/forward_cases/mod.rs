@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use deltafin_engine::arch::deepseek_v3::DeepseekV3;
 use deltafin_engine::arch::kimi_k3::KimiK3;
 use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};
@@ -68,7 +67,7 @@ pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
         DeepseekSynth::tiny(format).write(dir.path()).unwrap();
         let (spec, index) = open::<DeepseekV3Config>(dir.path());
         let cfg = spec.arch.clone();
-        let model = DeepseekV3::load(cfg, &Loader::new(&index, &spec)).unwrap();
+        let model = deltafin_engine::arch::deepseek_v3::load(&cfg, &Loader::new(&index, &spec)).unwrap();
         let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % 200).collect();
         let mut session = model.device_session(dev, 16).unwrap();
         compare(&model, &prompt, 3, &format!("{format:?}"), |t| {
@@ -143,7 +142,7 @@ pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
     DeepseekSynth::tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
     let (spec, index) = open::<DeepseekV3Config>(dir.path());
     let cfg = spec.arch.clone();
-    let model = DeepseekV3::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let model = deltafin_engine::arch::deepseek_v3::load(&cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..7).map(|i| (i * 37 + 5) % 200).collect();
     let greedy = GenerateOptions {
         max_new_tokens: 5,

@@ -1,20 +1,23 @@
-//! The grouped-query-attention decoder that Qwen3-MoE, GLM-4.5 and dense Qwen3 share, run from
-//! a [`DecoderPlan`] each architecture derives from its own config (`qwen3_moe.rs`,
-//! `glm4_moe.rs`, `qwen3.rs`): which layers are MoE, the attention's options (biases, q/k norm, partial
-//! rotary), the router (softmax or sigmoid with correction bias, group limit, renormalisation,
-//! scaling) and the shared expert.
+//! The one decoder every plain-residual family runs (DeepSeek-V3/K2, Qwen3, Qwen3-MoE,
+//! Qwen3-Next/Qwen3.5, GLM-4.5, gpt-oss, MiniMax-M2), from a [`DecoderPlan`] each architecture
+//! derives from its own config: per layer its sequence mixer ([`MixerKind`]: MLA, grouped-query
+//! attention with its options — biases, q/k norm per head or whole, partial rotary, sinks, sliding
+//! window, output gate — or gated DeltaNet) and whether its FFN is the routed MoE; the router
+//! (softmax or sigmoid with correction bias, group limit, renormalisation, scaling), the
+//! experts' stored form and the shared expert (optionally gated); how norms are stored.
 //!
-//! Layer `i`: `x += o_proj(attn(RMSNorm_in(x)))`, `x += FFN(RMSNorm_post(x))`, the FFN a dense
-//! gated MLP or the routed MoE (experts in ascending id order, as HF's `index_add_` over hit
-//! experts) plus shared experts. Logits: `lm_head(RMSNorm(x))`. Tensor names follow the
-//! published per-expert layout: `model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj`,
-//! `model.layers.{i}.mlp.gate.weight` (+ `e_score_correction_bias`),
-//! `model.layers.{i}.mlp.shared_experts.*`. Tensors beyond `num_hidden_layers` (GLM's
-//! multi-token-prediction layer) are not read.
+//! Layer `i`: `x += mixer(RMSNorm_in(x))`, `x += FFN(RMSNorm_post(x))`, the FFN a dense gated
+//! MLP or the routed MoE (experts in ascending id order, as HF's `index_add_` over hit experts)
+//! plus shared experts. Logits: `lm_head(RMSNorm(x))`. Tensor names follow the published
+//! layouts: `model.layers.{i}.{self_attn,linear_attn}.*`, per-expert or fused experts under
+//! `model.layers.{i}.mlp.experts`, `model.layers.{i}.mlp.gate.weight` (+
+//! `e_score_correction_bias`), `model.layers.{i}.mlp.shared_experts.*`. Tensors beyond
+//! `num_hidden_layers` (multi-token-prediction layers) are not read.
 //!
-//! Layers live in a [`LayerStore`]: all in memory ([`GqaMoe::load`]) or, under a memory budget
-//! ([`GqaMoe::load_budgeted`]), a resident prefix plus streamed layers with the routed experts
-//! served by the out-of-core [`ExpertStore`]; both build layers with the same code.
+//! Layers live in a [`LayerStore`]: all in memory ([`Decoder::load`]) or, under a memory budget
+//! ([`Decoder::load_budgeted`]), a resident prefix plus streamed layers with the routed experts
+//! served by the out-of-core [`ExpertStore`]; both build layers with the same code. A stack of
+//! MLA layers also runs whole passes on a device (`decoder_device.rs`).
 
 use std::sync::Arc;
 
@@ -22,9 +25,13 @@ use super::ModelSpec;
 use super::layers::gated_deltanet::{GatedDeltaNet, GdnDims};
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
 use super::layers::kda::KdaRows;
+use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, GateUp, Mlp, MlpBias};
 use super::layers::moe::{Combine, Moe, RouterConfig};
-use super::{Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches};
+use super::layers::rope::Rope;
+use super::{
+    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches, mla_caches,
+};
 use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
@@ -33,7 +40,7 @@ use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::model::NormWeight;
-use crate::state::{KdaCache, KvCache, LayerState, SeqState};
+use crate::state::{KdaCache, KvCache, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.
@@ -121,6 +128,8 @@ pub(crate) struct DecoderPlan {
     pub mixers: Vec<MixerKind>,
     /// The gated-DeltaNet layers' shape (required when `mixers` names any).
     pub linear: Option<GdnDims>,
+    /// The MLA layers' shape (required when `mixers` names any).
+    pub mla: Option<MlaPlan>,
     /// Per layer: whether its FFN is the routed MoE.
     pub moe_layers: Vec<bool>,
     pub moe: MoePlan,
@@ -129,10 +138,22 @@ pub(crate) struct DecoderPlan {
 /// A layer's sequence mixer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MixerKind {
-    /// Softmax attention (`self_attn`).
+    /// Grouped-query softmax attention (`self_attn`).
     Attention,
     /// Gated DeltaNet linear attention (`linear_attn`).
     DeltaNet,
+    /// Multi-head latent attention (`self_attn`, DeepSeek-V3).
+    Mla,
+}
+
+/// The MLA layers' shape.
+#[derive(Debug, Clone)]
+pub(crate) struct MlaPlan {
+    /// `q_lora_rank` (`None`: a full-rank `q_proj`).
+    pub q_lora_rank: Option<usize>,
+    pub dims: MlaDims,
+    /// RoPE pairs interleaved (`rope_interleave`) rather than `rotate_half`.
+    pub interleave: bool,
 }
 
 impl MoePlan {
@@ -170,8 +191,8 @@ impl DecoderPlan {
     /// Layer `l`'s gated-DeltaNet shape, when it is a DeltaNet layer.
     fn delta_net(&self, l: usize) -> Option<GdnDims> {
         match self.mixer(l) {
-            MixerKind::Attention => None,
             MixerKind::DeltaNet => self.linear,
+            _ => None,
         }
     }
 
@@ -191,24 +212,25 @@ impl DecoderPlan {
 // One per layer, built once at load: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-enum Ffn {
+pub(crate) enum Ffn {
     Dense(Mlp),
     Moe(Moe),
 }
 
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-enum Mixer {
+pub(crate) enum Mixer {
     Attention(Gqa),
     DeltaNet(GatedDeltaNet),
+    Mla(Mla),
 }
 
 #[derive(Debug)]
-struct Layer {
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    mixer: Mixer,
-    ffn: Ffn,
+pub(crate) struct Layer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub ffn: Ffn,
 }
 
 /// The always-resident tensors: embeddings, head, final norm, and each MoE layer's FFN norm
@@ -222,7 +244,7 @@ struct Fixed {
 
 /// A family that is a plan over this decoder (Qwen3, Qwen3-MoE, GLM-4.5, gpt-oss, MiniMax-M2):
 /// its config says the plan, and the [`super::Architecture`] impl is this one.
-pub(crate) trait GqaFamily: std::fmt::Debug + Send + Sync {
+pub(crate) trait DecoderFamily: std::fmt::Debug + Send + Sync {
     /// The decoder plan of this config.
     fn plan(&self) -> DecoderPlan;
 
@@ -237,21 +259,21 @@ pub(crate) trait GqaFamily: std::fmt::Debug + Send + Sync {
     }
 }
 
-impl<F: GqaFamily> super::Architecture for F {
+impl<F: DecoderFamily> super::Architecture for F {
     fn state_size(&self) -> StateSize {
         state_size(&self.plan())
     }
 
     fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(GqaMoe::load(self.plan(), ld)?))
+        Ok(Box::new(Decoder::load(self.plan(), ld)?))
     }
 
     fn supports_budget(&self) -> bool {
-        GqaFamily::supports_budget(self)
+        DecoderFamily::supports_budget(self)
     }
 
     fn raw_completion_drafter(&self) -> bool {
-        GqaFamily::raw_completion_drafter(self)
+        DecoderFamily::raw_completion_drafter(self)
     }
 
     fn load_budgeted(
@@ -260,13 +282,13 @@ impl<F: GqaFamily> super::Architecture for F {
         index: Arc<WeightIndex>,
         options: &OocOptions,
     ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        if !GqaFamily::supports_budget(self) {
+        if !DecoderFamily::supports_budget(self) {
             return Err(crate::error::Error::Budget(format!(
                 "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
                 spec.model_type
             )));
         }
-        let (model, runtime) = GqaMoe::load_budgeted(self.plan(), spec, index, options)?;
+        let (model, runtime) = Decoder::load_budgeted(self.plan(), spec, index, options)?;
         Ok((Box::new(model), runtime))
     }
 }
@@ -276,9 +298,12 @@ impl<F: GqaFamily> super::Architecture for F {
 pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
     let (mut per_token, mut per_sequence) = (0, 0);
     for l in 0..plan.num_layers {
-        match plan.delta_net(l) {
-            None => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
-            Some(d) => per_sequence += 4 * (d.shape().conv_len() + d.shape().state_len()),
+        match (plan.mixer(l), &plan.linear, &plan.mla) {
+            (MixerKind::DeltaNet, Some(d), _) => {
+                per_sequence += 4 * (d.shape().conv_len() + d.shape().state_len())
+            }
+            (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope),
+            _ => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
         }
     }
     StateSize {
@@ -289,15 +314,15 @@ pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
 
 /// A loaded GQA MoE decoder.
 #[derive(Debug)]
-pub struct GqaMoe {
-    plan: DecoderPlan,
+pub struct Decoder {
+    pub(super) plan: DecoderPlan,
     info: ModelInfo,
-    embed: Matrix,
-    layers: Arc<LayerStore<Layer>>,
-    norm: Vec<f32>,
-    lm_head: Matrix,
+    pub(super) embed: Matrix,
+    pub(super) layers: Arc<LayerStore<Layer>>,
+    pub(super) norm: Vec<f32>,
+    pub(super) lm_head: Matrix,
     /// Routed experts when they are not inside the layers (out-of-core mode).
-    experts: Option<Arc<ExpertStore>>,
+    pub(super) experts: Option<Arc<ExpertStore>>,
 }
 
 fn mlp(ld: &Loader<'_>, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
@@ -404,15 +429,20 @@ fn router(
 fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
     let h = plan.hidden_size;
     let p = format!("model.layers.{i}");
-    let mixer = match plan.delta_net(i) {
-        Some(dims) => Mixer::DeltaNet(GatedDeltaNet::load(
+    let mixer = match (plan.mixer(i), &plan.linear, &plan.mla) {
+        (MixerKind::DeltaNet, Some(dims), _) => Mixer::DeltaNet(GatedDeltaNet::load(
             ld,
             &format!("{p}.linear_attn"),
             h,
-            dims,
+            *dims,
             plan.rms_norm_eps,
         )?),
-        None => Mixer::Attention(Gqa::load(
+        (MixerKind::Mla, _, Some(m)) => {
+            let rotary = Some(Rope::new(&plan.rope, m.dims.rope, m.interleave));
+            let a = format!("{p}.self_attn");
+            Mixer::Mla(Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, None)?)
+        }
+        _ => Mixer::Attention(Gqa::load(
             ld,
             &format!("{p}.self_attn"),
             h,
@@ -465,7 +495,7 @@ fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
     })
 }
 
-impl GqaMoe {
+impl Decoder {
     /// Load and shape-check every tensor (memory-mapped).
     pub(crate) fn load(plan: DecoderPlan, ld: &Loader<'_>) -> Result<Self> {
         let fixed = load_fixed(&plan, ld)?;
@@ -535,7 +565,7 @@ impl GqaMoe {
                 .sum(),
             state: state_size(&plan),
         };
-        GqaMoe {
+        Decoder {
             info,
             embed: fixed.embed,
             layers,
@@ -589,6 +619,15 @@ impl GqaMoe {
                     };
                     gdn.forward(&xn, n, &mut rows)
                 }
+                Mixer::Mla(mla) => {
+                    let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
+                    let mut rows = MlaRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                        pos: &plan.pos,
+                    };
+                    mla.forward(&xn, n, &mut rows)
+                }
             };
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
@@ -615,9 +654,11 @@ fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
             .layers
             .iter()
             .enumerate()
-            .all(|(l, s)| match (s, plan.delta_net(l)) {
-                (LayerState::Kv(_), None) => true,
-                (LayerState::Kda(c), Some(d)) => c.shape() == d.shape(),
+            .all(|(l, s)| match (s, plan.mixer(l)) {
+                (LayerState::Kv(_), MixerKind::Attention) | (LayerState::Mla(_), MixerKind::Mla) => true,
+                (LayerState::Kda(c), MixerKind::DeltaNet) => {
+                    plan.linear.is_some_and(|d| c.shape() == d.shape())
+                }
                 _ => false,
             });
     if ok { Ok(()) } else { Err(foreign_state()) }
@@ -627,15 +668,16 @@ fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
 fn new_state(plan: &DecoderPlan) -> SeqState {
     SeqState::new(
         (0..plan.num_layers)
-            .map(|l| match plan.delta_net(l) {
-                None => LayerState::Kv(KvCache::default()),
-                Some(d) => LayerState::Kda(KdaCache::new(d.shape())),
+            .map(|l| match (plan.mixer(l), plan.delta_net(l)) {
+                (_, Some(d)) => LayerState::Kda(KdaCache::new(d.shape())),
+                (MixerKind::Mla, _) => LayerState::Mla(MlaCache::default()),
+                _ => LayerState::Kv(KvCache::default()),
             })
             .collect(),
     )
 }
 
-impl Model for GqaMoe {
+impl Model for Decoder {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
