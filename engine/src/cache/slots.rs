@@ -3,7 +3,10 @@
 //! weights are in use.
 //!
 //! Slot life cycle: `Empty -> Loading -> Ready` (or `Failed`), back to `Loading` when evicted
-//! for another expert. A slot is only ever chosen as a victim when it is unpinned and not
+//! for another expert. A prefetch's read that fails while a demand waits on it does not fail
+//! the demand: the slot goes to `Reread` and the waiting demand reads it again itself (one
+//! waiter, under the lock), so a transient read error of a prefetch is never a request's error;
+//! a demand's own failed read is. A slot is only ever chosen as a victim when it is unpinned and not
 //! `Loading` (its read may still be writing), so a pinned expert's bytes never change; a
 //! `Loading` slot nobody pinned (a prefetch) can be reclaimed only by cancelling its read
 //! before a worker starts it. Views of a slot's bytes exist only through handles of a `Ready`
@@ -26,6 +29,8 @@ enum Status {
     Loading,
     Ready,
     Failed(ReadError),
+    /// A prefetch's read failed while a demand was waiting: the demand reads it again.
+    Reread,
 }
 
 #[derive(Debug)]
@@ -36,6 +41,8 @@ struct Slot {
     ticket: Option<Ticket>,
     /// Loaded by a prefetch and not yet used by a demand.
     speculative: bool,
+    /// The read in flight was submitted by a prefetch.
+    prefetch_read: bool,
 }
 
 #[derive(Debug)]
@@ -67,6 +74,16 @@ pub enum Lookup {
     Present,
     /// Every slot is pinned or loading.
     NoSlot,
+}
+
+/// What [`ExpertCache::wait_any`] woke for (an index into its `slots`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// The slot is `Ready`.
+    Ready(usize),
+    /// The prefetch read the caller joined failed; the caller must submit its own read of the
+    /// slot (it is `Loading` again and still pinned by the caller).
+    Reread(usize),
 }
 
 /// The slot table.
@@ -117,6 +134,7 @@ impl ExpertCache {
                 pins: 0,
                 ticket: None,
                 speculative: false,
+                prefetch_read: false,
             })
             .collect();
         let state = State {
@@ -198,7 +216,7 @@ impl ExpertCache {
                     st.policy.on_access(slot, key);
                     return Lookup::Hit { slot, speculative };
                 }
-                Status::Loading => {
+                Status::Loading | Status::Reread => {
                     s.pins += 1;
                     s.speculative = false;
                     let ticket = s.ticket.clone();
@@ -209,6 +227,7 @@ impl ExpertCache {
                     s.status = Status::Loading;
                     s.pins = 1;
                     s.speculative = false;
+                    s.prefetch_read = false;
                     st.policy.on_access(slot, key);
                     return Lookup::Miss { slot };
                 }
@@ -233,6 +252,7 @@ impl ExpertCache {
         match Self::claim(&mut st, key) {
             Some(slot) => {
                 st.slots[slot].speculative = true;
+                st.slots[slot].prefetch_read = true;
                 Lookup::Miss { slot }
             }
             None => Lookup::NoSlot,
@@ -271,6 +291,7 @@ impl ExpertCache {
         s.status = Status::Loading;
         s.ticket = None;
         s.speculative = false;
+        s.prefetch_read = false;
         st.map.insert(key, slot);
         st.policy.on_access(slot, key);
         Some(slot)
@@ -291,9 +312,11 @@ impl ExpertCache {
         if s.key == Some(key) && s.status == Status::Loading {
             s.status = match result {
                 Ok(()) => Status::Ready,
+                Err(_) if s.prefetch_read && s.pins > 0 => Status::Reread,
                 Err(e) => Status::Failed(e),
             };
             s.ticket = None;
+            s.prefetch_read = false;
         }
         drop(st);
         self.shared.cv.notify_all();
@@ -332,23 +355,29 @@ impl ExpertCache {
             pins: 0,
             ticket: None,
             speculative: false,
+            prefetch_read: false,
         };
         drop(st);
         self.shared.cv.notify_all();
         true
     }
 
-    /// Wait until one of `slots` (each pinned by the caller) is loaded; returns its position
-    /// in `slots` and the time spent blocked. A failed read is an error.
-    pub fn wait_any(&self, slots: &[usize]) -> Result<(usize, Duration)> {
+    /// Wait until one of `slots` (each pinned by the caller) is loaded, or a prefetch read it
+    /// joined failed ([`Woken::Reread`]); returns which and the time spent blocked. A failed
+    /// demand read is an error.
+    pub fn wait_any(&self, slots: &[usize]) -> Result<(Woken, Duration)> {
         let start = Instant::now();
         let mut st = self.lock();
         loop {
             for (i, &slot) in slots.iter().enumerate() {
                 match &st.slots[slot].status {
-                    Status::Ready => return Ok((i, start.elapsed())),
+                    Status::Ready => return Ok((Woken::Ready(i), start.elapsed())),
                     Status::Failed(e) => {
                         return Err(e.clone().into());
+                    }
+                    Status::Reread => {
+                        st.slots[slot].status = Status::Loading;
+                        return Ok((Woken::Reread(i), start.elapsed()));
                     }
                     _ => {}
                 }
@@ -413,6 +442,41 @@ mod tests {
             Lookup::Hit { slot, .. } => c.handle(slot),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    fn eio() -> ReadError {
+        ReadError::Io {
+            path: "shard".into(),
+            offset: 0,
+            len: 4096,
+            kind: std::io::ErrorKind::Other,
+            message: "injected".into(),
+        }
+    }
+
+    #[test]
+    fn a_failed_prefetch_a_demand_joined_is_read_again_by_the_demand() {
+        let c = ExpertCache::new(1, 4096, Box::new(Lru::new(1))).unwrap();
+        let Lookup::Miss { slot } = c.claim_for_prefetch(k(5)) else {
+            panic!()
+        };
+        assert!(
+            matches!(c.acquire(k(5)), Lookup::Loading { .. }),
+            "the demand joins"
+        );
+        c.complete(slot, k(5), Err(eio()));
+        let (woken, _) = c.wait_any(&[slot]).unwrap();
+        assert_eq!(woken, Woken::Reread(0));
+        // The demand's own read: its failure is the demand's error.
+        c.complete(slot, k(5), Err(eio()));
+        assert!(c.wait_any(&[slot]).is_err());
+        c.unpin(slot);
+        // A prefetch that fails with nobody waiting is re-read by the next demand's lookup.
+        let Lookup::Miss { slot } = c.acquire(k(5)) else {
+            panic!("a failed, unpinned slot is a miss")
+        };
+        c.complete(slot, k(5), Ok(()));
+        assert_eq!(c.wait_any(&[slot]).unwrap().0, Woken::Ready(0));
     }
 
     #[test]

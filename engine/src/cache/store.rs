@@ -26,7 +26,7 @@ use super::heat::{Heat, HeatRecorder};
 use super::prefetch::{RANK_PRECISION, RankPrecision, RecallGate, plan_prefetch, rank_lookahead};
 use super::reader::{Origin, Priority, ReadResult, ReaderPool};
 use super::routes::RouteRecorder;
-use super::slots::{ExpertCache, ExpertHandle, Lookup};
+use super::slots::{ExpertCache, ExpertHandle, Lookup, Woken};
 use super::source::BufferSource;
 use super::spans::SpanLayout;
 use crate::config::Checkpoint;
@@ -707,6 +707,28 @@ fn key(layer: usize, expert: usize) -> ExpertKey {
 }
 
 impl LayerExperts<'_> {
+    /// Submit the demand read of expert `e` into `slot` (pinned by the caller, `Loading`).
+    fn read(&self, e: usize, slot: usize) {
+        let st = self.store;
+        let (k, bytes) = (key(self.layer, e), st.layouts[self.layer][e].payload);
+        {
+            let mut s = lock(&st.stats);
+            s.misses += 1;
+            s.miss_bytes += bytes;
+        }
+        let layout = &st.layouts[self.layer][e];
+        let (cache, completions) = (st.cache.clone(), st.completions.clone());
+        let started = Instant::now();
+        let done = Box::new(move |r: ReadResult, origin| {
+            completions.completed(r.is_ok(), origin, bytes, started);
+            cache.complete(slot, k, r);
+        });
+        let ticket = st
+            .reader
+            .submit_layout(st.cache.buffer(slot), layout, Priority::Demand, Some(done));
+        st.cache.set_ticket(slot, ticket);
+    }
+
     /// Pin or start reading one expert; `None` when no slot is free.
     fn start(&self, e: usize) -> Option<usize> {
         let st = self.store;
@@ -734,20 +756,8 @@ impl LayerExperts<'_> {
                 Some(slot)
             }
             Lookup::Miss { slot } => {
-                s.misses += 1;
-                s.miss_bytes += bytes;
                 drop(s);
-                let layout = &st.layouts[self.layer][e];
-                let (cache, completions) = (st.cache.clone(), st.completions.clone());
-                let started = Instant::now();
-                let done = Box::new(move |r: ReadResult, origin| {
-                    completions.completed(r.is_ok(), origin, bytes, started);
-                    cache.complete(slot, k, r);
-                });
-                let ticket =
-                    st.reader
-                        .submit_layout(st.cache.buffer(slot), layout, Priority::Demand, Some(done));
-                st.cache.set_ticket(slot, ticket);
+                self.read(e, slot);
                 Some(slot)
             }
             Lookup::Present | Lookup::NoSlot => None,
@@ -820,11 +830,16 @@ impl LayerExperts<'_> {
                     continue;
                 }
                 let slots: Vec<usize> = inflight.iter().map(|&(_, s)| s).collect();
-                let (i, blocked) = st.cache.wait_any(&slots)?;
+                let (woken, blocked) = st.cache.wait_any(&slots)?;
                 waited += blocked.as_secs_f64();
-                let (e, slot) = inflight.swap_remove(i);
-                let mlp = st.build_mlp(self.layer, e, st.cache.handle(slot))?;
-                ready(e, mlp);
+                match woken {
+                    Woken::Ready(i) => {
+                        let (e, slot) = inflight.swap_remove(i);
+                        let mlp = st.build_mlp(self.layer, e, st.cache.handle(slot))?;
+                        ready(e, mlp);
+                    }
+                    Woken::Reread(i) => self.read(inflight[i].0, inflight[i].1),
+                }
             }
         })();
         for (_, slot) in inflight {
