@@ -238,6 +238,17 @@ fn minimax_m2_fixture_drafts_never_change_output() {
 }
 
 #[test]
+fn qwen3_next_fixture_drafts_never_change_output() {
+    check(&fixture("qwen3-next"), "qwen3-next");
+}
+
+#[test]
+fn qwen35_moe_fixtures_drafts_never_change_output() {
+    check(&fixture("qwen3.5-moe"), "qwen3.5-moe");
+    check(&fixture("qwen3.5-moe-fp8"), "qwen3.5-moe-fp8");
+}
+
+#[test]
 fn synthetic_deepseek_model_drafts_never_change_output() {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Int4).write(dir.path()).unwrap();
