@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use super::ModelSpec;
 use super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
-use super::layers::kda::{Kda, KdaRows, L2Norm, OutputGate, broadcast_decay_rate};
-use super::layers::mla::{Mla, MlaDims, MlaRows, QProj};
+use super::layers::kda::{Kda, KdaRows, L2Norm};
+use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig, Scoring};
 use super::{
@@ -31,7 +31,7 @@ use crate::cache::ExpertPass;
 use crate::cache::layers::LayerBuilder;
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
 use crate::config::{AttnKind, KimiLinearConfig};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
@@ -129,97 +129,31 @@ pub(crate) fn load_mlp(
 
 /// A KDA layer `{p}.self_attn`.
 pub(crate) fn load_kda(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Kda> {
-    let (h, k) = (cfg.hidden_size, &cfg.kda);
-    let shape = kda_shape(cfg);
-    let pw = shape.channels();
     let a = format!("{p}.self_attn");
-    let mut conv = Vec::with_capacity(3 * pw * shape.kernel);
-    for s in ["q", "k", "v"] {
-        conv.extend(ld.floats(&format!("{a}.{s}_conv1d.weight"), &[pw, 1, shape.kernel])?);
-    }
-    let a_log_name = format!("{a}.A_log");
-    let (a_shape, a_log) = ld.floats_any_shape(&a_log_name)?;
-    let decay_rate = broadcast_decay_rate(&a_shape, &a_log, k.num_heads, k.head_dim).map_err(|reason| {
-        Error::TensorShape {
-            path: ld.path_of(&a_log_name),
-            name: format!("{} ({reason})", ld.full_name(&a_log_name)),
-            expected: vec![k.head_dim],
-            found: a_shape.clone(),
-        }
-    })?;
-    let gate = if k.use_full_rank_gate {
-        OutputGate::Full(ld.linear(&format!("{a}.g_proj"), pw, h)?)
-    } else {
-        OutputGate::LowRank {
-            a: ld.linear(&format!("{a}.g_a_proj"), k.head_dim, h)?,
-            b: ld.linear(&format!("{a}.g_b_proj"), pw, k.head_dim)?,
-        }
-    };
-    Ok(Kda {
-        shape,
-        q: ld.linear(&format!("{a}.q_proj"), pw, h)?,
-        k: ld.linear(&format!("{a}.k_proj"), pw, h)?,
-        v: ld.linear(&format!("{a}.v_proj"), pw, h)?,
-        conv,
-        f_a: ld.linear(&format!("{a}.f_a_proj"), k.head_dim, h)?,
-        f_b: ld.linear(&format!("{a}.f_b_proj"), pw, k.head_dim)?,
-        dt_bias: ld.vector(&format!("{a}.dt_bias"), pw)?,
-        decay_rate,
-        decay: k.decay,
-        b: ld.linear(&format!("{a}.b_proj"), k.num_heads, h)?,
-        o_norm: ld.vector(&format!("{a}.o_norm.weight"), k.head_dim)?,
-        eps: cfg.rms_norm_eps,
-        gate,
-        o: ld.linear(&format!("{a}.o_proj"), h, pw)?,
-        l2: v.l2,
-        q_scale: (1.0 / (k.head_dim as f64).sqrt()) as f32,
-    })
+    Kda::load(ld, &a, cfg.hidden_size, &cfg.kda, v.l2, cfg.rms_norm_eps)
 }
 
-/// A NoPE MLA layer `{p}.self_attn` (optionally with the output gate).
-pub(crate) fn load_mla(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Mla> {
-    let (h, heads, qk) = (cfg.hidden_size, cfg.num_attention_heads, cfg.qk_head_dim());
-    let a = format!("{p}.self_attn");
-    let q = match cfg.q_lora_rank {
-        None => QProj::Full(ld.linear(&format!("{a}.q_proj"), heads * qk, h)?),
-        Some(r) => QProj::LowRank {
-            a: ld.linear(&format!("{a}.q_a_proj"), r, h)?,
-            norm: ld.vector(&format!("{a}.q_a_layernorm.weight"), r)?,
-            b: ld.linear(&format!("{a}.q_b_proj"), heads * qk, r)?,
-        },
-    };
-    let dims = MlaDims {
-        heads,
+/// The MLA shape of a config (NoPE: no rotary part is rotated).
+pub(crate) fn mla_dims(cfg: &KimiLinearConfig, v: &Variant) -> MlaDims {
+    MlaDims {
+        heads: cfg.num_attention_heads,
         nope: cfg.qk_nope_head_dim,
         rope: cfg.qk_rope_head_dim,
         v: cfg.v_head_dim,
         kv_lora: cfg.kv_lora_rank,
         eps: v.mla_norm_eps,
-        scale: (qk as f64).powf(-0.5) as f32,
+        scale: (cfg.qk_head_dim() as f64).powf(-0.5) as f32,
+    }
+}
+
+/// A NoPE MLA layer `{p}.self_attn` (optionally with the output gate).
+pub(crate) fn load_mla(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Mla> {
+    let (h, a) = (cfg.hidden_size, format!("{p}.self_attn"));
+    let out_gate = match v.mla_gate {
+        true => Some(ld.linear(&format!("{a}.g_proj"), cfg.num_attention_heads * cfg.v_head_dim, h)?),
+        false => None,
     };
-    let out_gate = if v.mla_gate {
-        Some(ld.linear(&format!("{a}.g_proj"), heads * cfg.v_head_dim, h)?)
-    } else {
-        None
-    };
-    Ok(Mla {
-        q,
-        kv_a: ld.linear(
-            &format!("{a}.kv_a_proj_with_mqa"),
-            cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-            h,
-        )?,
-        kv_a_norm: ld.vector(&format!("{a}.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
-        kv_b: ld.linear(
-            &format!("{a}.kv_b_proj"),
-            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-            cfg.kv_lora_rank,
-        )?,
-        o: ld.linear(&format!("{a}.o_proj"), h, heads * cfg.v_head_dim)?,
-        rotary: None,
-        out_gate,
-        dims,
-    })
+    Mla::load(ld, &a, h, cfg.q_lora_rank, mla_dims(cfg, v), None, out_gate)
 }
 
 /// The FFN of layer `i` (`mlp.*` dense, or `block_sparse_moe.*`).

@@ -24,7 +24,9 @@
 //! keeping that state for a rollback costs no copy.
 
 use crate::backend::matmul;
-use crate::config::KdaDecay;
+use crate::config::{KdaConfig, KdaDecay};
+use crate::error::{Error, Result};
+use crate::model::Loader;
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::L2Norm;
 use crate::kernels::math::{self, exp};
@@ -67,6 +69,62 @@ pub struct Kda {
     pub l2: L2Norm,
     /// `head_dim^-½` applied to q after the L2 norm.
     pub q_scale: f32,
+}
+
+impl Kda {
+    /// Load the KDA layer `{a}.*` (Kimi-Linear's and K3's names: `{q,k,v}_proj`,
+    /// `{q,k,v}_conv1d`, `f_a_proj`/`f_b_proj`, `A_log`, `dt_bias`, `b_proj`, the output gate
+    /// `g_proj` or `g_a_proj`/`g_b_proj`, `o_norm`, `o_proj`) for a model of width `hidden`.
+    pub fn load(ld: &Loader<'_>, a: &str, hidden: usize, k: &KdaConfig, l2: L2Norm, eps: f32) -> Result<Kda> {
+        let h = hidden;
+        let shape = KdaShape {
+            heads: k.num_heads,
+            head_dim: k.head_dim,
+            kernel: k.short_conv_kernel_size,
+        };
+        let pw = shape.channels();
+        let mut conv = Vec::with_capacity(3 * pw * shape.kernel);
+        for s in ["q", "k", "v"] {
+            conv.extend(ld.floats(&format!("{a}.{s}_conv1d.weight"), &[pw, 1, shape.kernel])?);
+        }
+        let a_log_name = format!("{a}.A_log");
+        let (a_shape, a_log) = ld.floats_any_shape(&a_log_name)?;
+        let decay_rate = broadcast_decay_rate(&a_shape, &a_log, k.num_heads, k.head_dim).map_err(|reason| {
+            Error::TensorShape {
+                path: ld.path_of(&a_log_name),
+                name: format!("{} ({reason})", ld.full_name(&a_log_name)),
+                expected: vec![k.head_dim],
+                found: a_shape.clone(),
+            }
+        })?;
+        let gate = if k.use_full_rank_gate {
+            OutputGate::Full(ld.linear(&format!("{a}.g_proj"), pw, h)?)
+        } else {
+            OutputGate::LowRank {
+                a: ld.linear(&format!("{a}.g_a_proj"), k.head_dim, h)?,
+                b: ld.linear(&format!("{a}.g_b_proj"), pw, k.head_dim)?,
+            }
+        };
+        Ok(Kda {
+            shape,
+            q: ld.linear(&format!("{a}.q_proj"), pw, h)?,
+            k: ld.linear(&format!("{a}.k_proj"), pw, h)?,
+            v: ld.linear(&format!("{a}.v_proj"), pw, h)?,
+            conv,
+            f_a: ld.linear(&format!("{a}.f_a_proj"), k.head_dim, h)?,
+            f_b: ld.linear(&format!("{a}.f_b_proj"), pw, k.head_dim)?,
+            dt_bias: ld.vector(&format!("{a}.dt_bias"), pw)?,
+            decay_rate,
+            decay: k.decay,
+            b: ld.linear(&format!("{a}.b_proj"), k.num_heads, h)?,
+            o_norm: ld.vector(&format!("{a}.o_norm.weight"), k.head_dim)?,
+            eps,
+            gate,
+            o: ld.linear(&format!("{a}.o_proj"), h, pw)?,
+            l2,
+            q_scale: (1.0 / (k.head_dim as f64).sqrt()) as f32,
+        })
+    }
 }
 
 /// Broadcast a stored `A_log` to `[heads, head_dim]` by numpy rules: leading unit dims are
