@@ -24,7 +24,7 @@ use std::sync::Arc;
 use super::ModelSpec;
 use super::layers::gated_deltanet::{GatedDeltaNet, GdnDims};
 use super::layers::gqa::{Gqa, GqaDims, GqaOptions, KvRows};
-use super::layers::kda::KdaRows;
+use super::layers::kda::{Kda, KdaRows, L2Norm};
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, GateUp, Mlp, MlpBias};
 use super::layers::moe::{Combine, Moe, RouterConfig};
@@ -35,12 +35,13 @@ use super::{
 use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
+use crate::config::KdaConfig;
 use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::model::NormWeight;
-use crate::state::{KdaCache, KvCache, LayerState, MlaCache, SeqState};
+use crate::state::{KdaCache, KdaShape, KvCache, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 /// The routed part of a MoE layer.
@@ -130,6 +131,8 @@ pub(crate) struct DecoderPlan {
     pub linear: Option<GdnDims>,
     /// The MLA layers' shape (required when `mixers` names any).
     pub mla: Option<MlaPlan>,
+    /// The KDA layers' shape (required when `mixers` names any).
+    pub kda: Option<KdaPlan>,
     /// Per layer: whether its FFN is the routed MoE.
     pub moe_layers: Vec<bool>,
     pub moe: MoePlan,
@@ -142,8 +145,27 @@ pub(crate) enum MixerKind {
     Attention,
     /// Gated DeltaNet linear attention (`linear_attn`).
     DeltaNet,
-    /// Multi-head latent attention (`self_attn`, DeepSeek-V3).
+    /// Multi-head latent attention (`self_attn`, DeepSeek-V3, Kimi).
     Mla,
+    /// Kimi Delta Attention (`self_attn`, Kimi-Linear).
+    Kda,
+}
+
+/// The KDA layers' shape and choices.
+#[derive(Debug, Clone)]
+pub(crate) struct KdaPlan {
+    pub config: KdaConfig,
+    pub l2: L2Norm,
+}
+
+impl KdaPlan {
+    fn shape(&self) -> KdaShape {
+        KdaShape {
+            heads: self.config.num_heads,
+            head_dim: self.config.head_dim,
+            kernel: self.config.short_conv_kernel_size,
+        }
+    }
 }
 
 /// The MLA layers' shape.
@@ -152,11 +174,21 @@ pub(crate) struct MlaPlan {
     /// `q_lora_rank` (`None`: a full-rank `q_proj`).
     pub q_lora_rank: Option<usize>,
     pub dims: MlaDims,
+    /// RoPE on the shared key part (`false`: NoPE, Kimi).
+    pub rotary: bool,
     /// RoPE pairs interleaved (`rope_interleave`) rather than `rotate_half`.
     pub interleave: bool,
 }
 
 impl MoePlan {
+    /// The MoE block's module below `model.layers.{i}`.
+    fn block(&self) -> &'static str {
+        match self.form {
+            ExpertForm::Hf(n) => n.block,
+            ExpertForm::GptOss { .. } => "mlp",
+        }
+    }
+
     /// The plan of a model without routed experts (every layer dense).
     pub(crate) fn none() -> MoePlan {
         MoePlan {
@@ -188,10 +220,11 @@ impl DecoderPlan {
         self.mixers.get(l).copied().unwrap_or(MixerKind::Attention)
     }
 
-    /// Layer `l`'s gated-DeltaNet shape, when it is a DeltaNet layer.
-    fn delta_net(&self, l: usize) -> Option<GdnDims> {
-        match self.mixer(l) {
-            MixerKind::DeltaNet => self.linear,
+    /// Layer `l`'s recurrent state shape, when it has one (DeltaNet, KDA).
+    fn recurrent_shape(&self, l: usize) -> Option<KdaShape> {
+        match (self.mixer(l), &self.linear, &self.kda) {
+            (MixerKind::DeltaNet, Some(d), _) => Some(d.shape()),
+            (MixerKind::Kda, _, Some(k)) => Some(k.shape()),
             _ => None,
         }
     }
@@ -223,6 +256,7 @@ pub(crate) enum Mixer {
     Attention(Gqa),
     DeltaNet(GatedDeltaNet),
     Mla(Mla),
+    Kda(Kda),
 }
 
 #[derive(Debug)]
@@ -298,10 +332,8 @@ impl<F: DecoderFamily> super::Architecture for F {
 pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
     let (mut per_token, mut per_sequence) = (0, 0);
     for l in 0..plan.num_layers {
-        match (plan.mixer(l), &plan.linear, &plan.mla) {
-            (MixerKind::DeltaNet, Some(d), _) => {
-                per_sequence += 4 * (d.shape().conv_len() + d.shape().state_len())
-            }
+        match (plan.mixer(l), plan.recurrent_shape(l), &plan.mla) {
+            (_, Some(s), _) => per_sequence += 4 * (s.conv_len() + s.state_len()),
             (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope),
             _ => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
         }
@@ -437,8 +469,13 @@ fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
             *dims,
             plan.rms_norm_eps,
         )?),
+        (MixerKind::Kda, ..) if plan.kda.is_some() => {
+            let k = plan.kda.as_ref().expect("checked");
+            let a = format!("{p}.self_attn");
+            Mixer::Kda(Kda::load(ld, &a, h, &k.config, k.l2, plan.rms_norm_eps)?)
+        }
         (MixerKind::Mla, _, Some(m)) => {
-            let rotary = Some(Rope::new(&plan.rope, m.dims.rope, m.interleave));
+            let rotary = m.rotary.then(|| Rope::new(&plan.rope, m.dims.rope, m.interleave));
             let a = format!("{p}.self_attn");
             Mixer::Mla(Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, None)?)
         }
@@ -459,7 +496,7 @@ fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
             .collect::<Result<Vec<_>>>()?;
         let shared = match m.shared_width {
             0 => None,
-            w => Some(mlp(ld, &format!("{p}.mlp.{}", m.shared_module), h, w)?),
+            w => Some(mlp(ld, &format!("{p}.{}.{}", m.block(), m.shared_module), h, w)?),
         };
         Ffn::Moe(router(plan, ld, i, experts, shared)?)
     } else {
@@ -619,6 +656,14 @@ impl Decoder {
                     };
                     gdn.forward(&xn, n, &mut rows)
                 }
+                Mixer::Kda(kda) => {
+                    let mut caches = kda_caches(batch, l);
+                    let mut rows = KdaRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                    };
+                    kda.forward(&xn, n, &mut rows)
+                }
                 Mixer::Mla(mla) => {
                     let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
                     let mut rows = MlaRows {
@@ -656,9 +701,7 @@ fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
             .enumerate()
             .all(|(l, s)| match (s, plan.mixer(l)) {
                 (LayerState::Kv(_), MixerKind::Attention) | (LayerState::Mla(_), MixerKind::Mla) => true,
-                (LayerState::Kda(c), MixerKind::DeltaNet) => {
-                    plan.linear.is_some_and(|d| c.shape() == d.shape())
-                }
+                (LayerState::Kda(c), _) => plan.recurrent_shape(l) == Some(c.shape()),
                 _ => false,
             });
     if ok { Ok(()) } else { Err(foreign_state()) }
@@ -668,8 +711,8 @@ fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
 fn new_state(plan: &DecoderPlan) -> SeqState {
     SeqState::new(
         (0..plan.num_layers)
-            .map(|l| match (plan.mixer(l), plan.delta_net(l)) {
-                (_, Some(d)) => LayerState::Kda(KdaCache::new(d.shape())),
+            .map(|l| match (plan.mixer(l), plan.recurrent_shape(l)) {
+                (_, Some(shape)) => LayerState::Kda(KdaCache::new(shape)),
                 (MixerKind::Mla, _) => LayerState::Mla(MlaCache::default()),
                 _ => LayerState::Kv(KvCache::default()),
             })

@@ -63,8 +63,10 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
                 eps: c.rms_norm_eps,
                 scale: ((qk as f64).powf(-0.5) * c.rope.softmax_scale_multiplier()) as f32,
             },
+            rotary: true,
             interleave: c.rope_interleave,
         }),
+        kda: None,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,

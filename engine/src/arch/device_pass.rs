@@ -1,7 +1,7 @@
 //! Whole passes on a device behind one object-safe face: [`DeviceSequence`] is a sequence whose
 //! activations and caches live on a device (each architecture's `DeviceSession`), and
 //! [`device_sequence`] opens one for a loaded [`Model`] when its architecture has a device pass
-//! (the decoder's MLA stacks — DeepSeek-V3, Kimi-K2 — Kimi-Linear, Kimi K3). Generation over it is
+//! (the decoder's stacks of MLA and KDA layers — DeepSeek-V3, Kimi-K2, Kimi-Linear — and Kimi K3). Generation over it is
 //! `generate::generate_on_device`.
 
 use std::any::Any;
@@ -10,7 +10,6 @@ use super::Model;
 use super::decoder::Decoder;
 use super::decoder_device;
 use super::kimi_k3::{self, KimiK3};
-use super::kimi_linear::{self, KimiLinear};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
 
@@ -43,7 +42,6 @@ macro_rules! device_sequence_impl {
 }
 
 device_sequence_impl!(decoder_device::DeviceSession<'_, D>);
-device_sequence_impl!(kimi_linear::DeviceSession<'_, D>);
 device_sequence_impl!(kimi_k3::DeviceSession<'_, D>);
 
 /// A device sequence of up to `capacity` positions for `model` on `dev` (caches allocated now).
@@ -58,16 +56,13 @@ pub fn device_sequence<'m, D: DeviceOps>(
     if let Some(m) = any.downcast_ref::<Decoder>() {
         return Ok(Box::new(m.device_session(dev, capacity)?));
     }
-    if let Some(m) = any.downcast_ref::<KimiLinear>() {
-        return Ok(Box::new(m.device_session(dev, capacity)?));
-    }
     if let Some(m) = any.downcast_ref::<KimiK3>() {
         return Ok(Box::new(m.device_session(dev, capacity)?));
     }
     Err(Error::InvalidArgument {
         field: "device",
         reason: format!(
-            "{} has no whole-pass device path (DeepSeek-V3, Kimi-Linear and Kimi K3 do)",
+            "{} has no whole-pass device path (stacks of MLA and KDA layers — DeepSeek-V3, Kimi-K2, Kimi-Linear — and Kimi K3 do)",
             model.info().arch
         ),
     })

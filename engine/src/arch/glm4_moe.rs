@@ -51,6 +51,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        kda: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,

@@ -49,6 +49,7 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        kda: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,

@@ -3,40 +3,35 @@
 //! `models/kimi_linear/modeling_kimi_linear.py` (float32 path) and `model-formats.md` §3.
 //!
 //! Layer `i`: `x += Attn_i(RMSNorm_in(x)); x += FFN_i(RMSNorm_post(x))`; logits
-//! `lm_head(RMSNorm(x))`. Tensor names are the released checkpoint's (pre-HF-conversion):
-//! `self_attn.{q,k,v}_conv1d`, `self_attn.{f_a_proj,f_b_proj,dt_bias,A_log}`,
+//! `lm_head(RMSNorm(x))`: a plan over the shared decoder ([`super::decoder`]), which runs it in
+//! memory, out of core and (its MLA and KDA layers) on a device. Tensor names are the released
+//! checkpoint's (pre-HF-conversion): `self_attn.{q,k,v}_conv1d`,
+//! `self_attn.{f_a_proj,f_b_proj,dt_bias,A_log}`,
 //! `block_sparse_moe.{gate,experts.{e}.w1/w2/w3,shared_experts}`.
 //!
-//! The loaders for KDA, MLA and the MoE are shared with Kimi K3 ([`super::kimi_k3`]), which
-//! passes its own variant choices ([`Variant`]).
-//!
-//! Layers live in a [`LayerStore`]: all in memory ([`KimiLinear::load`]) or, under a memory
-//! budget ([`KimiLinear::load_budgeted`], [`super::kimi_ooc`]), a resident prefix plus streamed
-//! layers, with routed experts served by the out-of-core [`ExpertStore`].
+//! The loaders and per-layer helpers here are also Kimi K3's ([`super::kimi_k3`]: Block
+//! Attention Residuals, so not a plain-residual plan), which passes its own variant choices
+//! ([`Variant`]).
 
-use std::sync::Arc;
-
-use super::ModelSpec;
+use super::decoder::{
+    Decoder, DecoderFamily, DecoderPlan, ExpertForm, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan,
+};
 use super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
+use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::kda::{Kda, KdaRows, L2Norm};
 use super::layers::mla::{Mla, MlaDims, MlaRows};
 use super::layers::mlp::{Activation, Mlp};
 use super::layers::moe::{Combine, ExpertProvider, Latent, Moe, RouterConfig, Scoring};
-use super::{
-    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, begin_pass, kda_caches, mla_caches,
-};
+use super::{Loader, ModelInfo, RowPlan, SeqInput, StateSize, kda_caches, mla_caches};
 use crate::backend::device::DeviceOps;
 use crate::backend::{WeightClass, matmul};
-use crate::cache::ExpertPass;
-use crate::cache::layers::LayerBuilder;
-use crate::cache::{ExpertStore, LayerStore, OocOptions, OocRuntime};
-use crate::config::{AttnKind, KimiLinearConfig};
+use crate::config::{AttnKind, KimiLinearConfig, RopeConfig};
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm;
 use crate::kernels::reference::decode_row;
+use crate::model::NormWeight;
 use crate::state::{KdaCache, KdaShape, LayerState, MlaCache, SeqState};
-use crate::weights::WeightIndex;
 
 /// HF `KimiLinearRMSNorm`'s default epsilon, which `KimiLinearAttention` uses for
 /// `q_a_layernorm` and `kv_a_layernorm` (it does not pass `rms_norm_eps`).
@@ -89,27 +84,6 @@ impl Ffn {
     }
 }
 
-#[derive(Debug)]
-struct Layer {
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    attn: Attn,
-    ffn: Ffn,
-}
-
-/// A loaded Kimi-Linear model.
-#[derive(Debug)]
-pub struct KimiLinear {
-    cfg: KimiLinearConfig,
-    info: ModelInfo,
-    embed: Matrix,
-    layers: Arc<LayerStore<Layer>>,
-    norm: Vec<f32>,
-    lm_head: Matrix,
-    /// Routed experts when they are not inside the layers (out-of-core mode).
-    experts: Option<Arc<ExpertStore>>,
-}
-
 /// A gated MLP `{prefix}.{gate,up,down}` (names given) from `input` to `width` and back.
 pub(crate) fn load_mlp(
     ld: &Loader<'_>,
@@ -150,7 +124,11 @@ pub(crate) fn mla_dims(cfg: &KimiLinearConfig, v: &Variant) -> MlaDims {
 pub(crate) fn load_mla(cfg: &KimiLinearConfig, ld: &Loader<'_>, p: &str, v: &Variant) -> Result<Mla> {
     let (h, a) = (cfg.hidden_size, format!("{p}.self_attn"));
     let out_gate = match v.mla_gate {
-        true => Some(ld.linear(&format!("{a}.g_proj"), cfg.num_attention_heads * cfg.v_head_dim, h)?),
+        true => Some(ld.linear(
+            &format!("{a}.g_proj"),
+            cfg.num_attention_heads * cfg.v_head_dim,
+            h,
+        )?),
         false => None,
     };
     Mla::load(ld, &a, h, cfg.q_lora_rank, mla_dims(cfg, v), None, out_gate)
@@ -418,186 +396,97 @@ fn variant() -> Variant {
     }
 }
 
-/// The always-resident tensors besides the look-ahead routers.
-struct Fixed {
-    embed: Matrix,
-    lm_head: Matrix,
-    norm: Vec<f32>,
-}
+/// Where Kimi keeps a MoE layer's tensors.
+const NAMES: MoeNames = MoeNames {
+    block: "block_sparse_moe",
+    expert: ["w1", "w3", "w2"],
+    router: "gate",
+    correction_bias: "gate.e_score_correction_bias",
+};
 
-impl super::Architecture for KimiLinearConfig {
-    fn state_size(&self) -> StateSize {
-        state_size(self)
-    }
-
-    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
-        Ok(Box::new(KimiLinear::load(self.clone(), ld)?))
-    }
-
-    fn supports_budget(&self) -> bool {
-        true
-    }
-
-    fn load_budgeted(
-        &self,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Box<dyn Model>, OocRuntime)> {
-        let (model, runtime) = KimiLinear::load_budgeted(self.clone(), spec, index, options)?;
-        Ok((Box::new(model), runtime))
-    }
-}
-
-impl KimiLinear {
-    /// Load and shape-check every tensor.
-    pub fn load(cfg: KimiLinearConfig, ld: &Loader<'_>) -> Result<Self> {
-        let v = variant();
-        let (embed, lm_head) = load_embed_head(&cfg, ld)?;
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|i| load_layer(&cfg, ld, i, &v))
-            .collect::<Result<Vec<_>>>()?;
-        let norm = ld.vector("model.norm.weight", cfg.hidden_size)?;
-        let info = model_info("kimi_linear", &cfg, ld);
-        let layers = Arc::new(LayerStore::resident(layers));
-        Ok(KimiLinear {
-            norm,
-            embed,
-            layers,
-            lm_head,
-            info,
-            cfg,
-            experts: None,
-        })
-    }
-
-    /// Load under `options.budget` (see [`super::kimi_ooc`]): embeddings, head, final norm and
-    /// the look-ahead routers resident, a prefix of layers resident and the rest streamed each
-    /// pass, routed experts through the expert cache. Bit-identical to [`Self::load`].
-    pub fn load_budgeted(
-        cfg: KimiLinearConfig,
-        spec: &ModelSpec,
-        index: Arc<WeightIndex>,
-        options: &OocOptions,
-    ) -> Result<(Self, OocRuntime)> {
-        let v = variant();
-        let fixed = |ld: &Loader<'_>| {
-            let (embed, lm_head) = load_embed_head(&cfg, ld)?;
-            Ok(Fixed {
-                embed,
-                lm_head,
-                norm: ld.vector("model.norm.weight", cfg.hidden_size)?,
-            })
-        };
-        let (c, lv) = (cfg.clone(), v.clone());
-        let layer: LayerBuilder<Layer> = Arc::new(move |ld, i| load_layer(&c, ld, i, &lv));
-        let b = super::kimi_ooc::load(&cfg, &v, spec, index.clone(), options, fixed, layer)?;
-        let info = model_info("kimi_linear", &cfg, &Loader::new(&index, spec));
-        let experts = Some(b.runtime.experts.clone());
-        let Fixed { embed, lm_head, norm } = b.fixed;
-        Ok((
-            KimiLinear {
-                norm,
-                embed,
-                layers: b.layers,
-                lm_head,
-                info,
-                cfg,
-                experts,
-            },
-            b.runtime,
-        ))
-    }
-
-    /// Every decoder layer over the rows of `x`; on error the caller rolls the states back.
-    fn run_layers(
-        &self,
-        batch: &mut [SeqInput<'_>],
-        plan: &RowPlan,
-        x: &mut [f32],
-        mut trace: Option<&mut Trace>,
-    ) -> Result<()> {
-        let (n, eps) = (plan.len(), self.cfg.rms_norm_eps);
-        let pass = ExpertPass::open(self.experts.as_deref());
-        for l in 0..self.layers.len() {
-            let layer = self.layers.get(l)?;
-            let xn = norm_rows(x, &layer.input_norm, eps);
-            let a = run_attn(&layer.attn, &xn, plan, batch, l);
-            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let xn = norm_rows(x, &layer.post_norm, eps);
-            pass.hint_next(l, x, n); // predicts layer l + 1's routes from this residual
-            let experts = pass.layer(l);
-            let f = layer
-                .ffn
-                .forward_with(&xn, n, experts.as_ref().map(|e| e as &dyn ExpertProvider))?;
-            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
-            if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("layers.{l}"), x);
-            }
-        }
-        pass.finish()
-    }
-}
-
-/// Decoder layer `i` (without routed experts when the loader says so).
-fn load_layer(cfg: &KimiLinearConfig, ld: &Loader<'_>, i: usize, v: &Variant) -> Result<Layer> {
-    let (h, p) = (cfg.hidden_size, format!("model.layers.{i}"));
-    Ok(Layer {
-        input_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-        post_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-        attn: load_attn(cfg, ld, i, v)?,
-        ffn: load_ffn(cfg, ld, i, v)?,
-    })
-}
-
-impl Model for KimiLinear {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
-        super::embed_tokens(&self.embed, tokens)
-    }
-
-    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
-        super::head_logits(&self.lm_head, normed, rows)
-    }
-
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn new_state(&self) -> SeqState {
-        new_layer_states(&self.cfg)
-    }
-
-    fn forward(&self, batch: &mut [SeqInput<'_>], mut trace: Option<&mut Trace>) -> Result<Vec<f32>> {
-        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
-        let plan = RowPlan::new(batch, self.cfg.vocab_size, self.info.max_context)?;
-        for b in batch.iter_mut() {
-            check_state(&self.cfg, b.state)?;
-        }
-        begin_pass(batch);
-        let n = plan.len();
-        let logit_rows = plan.logit_rows(batch);
-        let mut x = embed_rows(&self.embed, batch, n);
-        if let Some(t) = trace.as_deref_mut() {
-            t.record("embed", &x);
-        }
-        if let Err(e) = self.run_layers(batch, &plan, &mut x, trace.as_deref_mut()) {
-            batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
-            return Err(e);
-        }
-        let selected: Vec<f32> = logit_rows
+/// The decoder plan of a Kimi-Linear config.
+fn plan(c: &KimiLinearConfig) -> DecoderPlan {
+    let (v, layers) = (variant(), c.num_hidden_layers);
+    DecoderPlan {
+        arch: "kimi_linear",
+        vocab_size: c.vocab_size,
+        hidden_size: c.hidden_size,
+        dense_width: c.intermediate_size,
+        num_layers: layers,
+        max_context: c.max_position_embeddings,
+        rms_norm_eps: c.rms_norm_eps,
+        tie_word_embeddings: c.tie_word_embeddings,
+        bos_token_id: c.bos_token_id,
+        eos_token_ids: c.eos_token_ids.clone(),
+        // Grouped-query attention and RoPE are not used: the layers are KDA and NoPE MLA.
+        attn: GqaDims {
+            heads: c.num_attention_heads,
+            kv_heads: c.num_attention_heads,
+            head_dim: c.qk_head_dim(),
+            rotary_dim: 0,
+        },
+        attn_options: GqaOptions {
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: QkNorm::None,
+            eps: c.rms_norm_eps,
+            norm_weight: NormWeight::Plain,
+            sinks: false,
+            window: None,
+            output_gate: false,
+        },
+        rope: RopeConfig::default(),
+        windows: Vec::new(),
+        norm_weight: NormWeight::Plain,
+        mixers: c
+            .layer_kinds
             .iter()
-            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
-            .collect();
-        let normed = norm_rows(&selected, &self.norm, eps);
-        if let Some(t) = trace {
-            t.record("norm", &normed);
-        }
-        Ok(head(&self.lm_head, &normed, logit_rows.len()))
+            .map(|k| match k {
+                AttnKind::Kda => MixerKind::Kda,
+                AttnKind::Mla => MixerKind::Mla,
+            })
+            .collect(),
+        linear: None,
+        mla: Some(MlaPlan {
+            q_lora_rank: c.q_lora_rank,
+            dims: mla_dims(c, &v),
+            rotary: false,
+            interleave: false,
+        }),
+        kda: Some(KdaPlan {
+            config: c.kda.clone(),
+            l2: v.l2,
+        }),
+        moe_layers: c.moe_layers.clone(),
+        moe: MoePlan {
+            experts: c.num_experts,
+            width: c.moe_intermediate_size,
+            shared_width: c.moe_intermediate_size * c.num_shared_experts,
+            shared_module: "shared_experts",
+            shared_gate: false,
+            router: RouterConfig {
+                scoring: Scoring::Sigmoid,
+                top_k: c.num_experts_per_token,
+                n_group: c.num_expert_group,
+                topk_group: c.topk_group,
+                norm_topk_prob: c.moe_renormalize,
+                scaling: c.routed_scaling_factor,
+            },
+            correction_bias: true,
+            form: ExpertForm::Hf(NAMES),
+        },
     }
+}
+
+impl DecoderFamily for KimiLinearConfig {
+    fn plan(&self) -> DecoderPlan {
+        plan(self)
+    }
+}
+
+/// The in-memory model of `cfg` (the device tests open sessions on it).
+pub fn load(cfg: &KimiLinearConfig, ld: &Loader<'_>) -> Result<Decoder> {
+    Decoder::load(plan(cfg), ld)
 }
 
 /// One attention layer's device-resident constants and its sequence state (shared with K3).
@@ -656,100 +545,5 @@ impl Ffn {
             Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
             Ffn::Moe(moe) => device::moe(dev, (moe, experts), bias, x, n),
         }
-    }
-}
-
-struct DeviceLayer<B> {
-    input_norm: B,
-    post_norm: B,
-    attn: DeviceAttn<B>,
-    bias: Option<B>,
-}
-
-/// A Kimi-Linear model running whole passes of one sequence on a device: activations, MLA
-/// caches and KDA states stay there; tokens go in, the last row's logits come out
-/// (`model::layers::device`). Out of core, routed experts come from the expert store (host
-/// cache, then disk) through the device's expert tier.
-pub struct DeviceSession<'m, D: DeviceOps> {
-    model: &'m KimiLinear,
-    dev: &'m D,
-    layers: Vec<DeviceLayer<D::Buf>>,
-    norm: D::Buf,
-    len: usize,
-}
-
-impl<D: DeviceOps> std::fmt::Debug for DeviceSession<'_, D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "DeviceSession({} layers, {} positions)",
-            self.layers.len(),
-            self.len
-        )
-    }
-}
-
-impl KimiLinear {
-    /// A device session of up to `capacity` positions (its caches are allocated now).
-    pub fn device_session<'m, D: DeviceOps>(
-        &'m self,
-        dev: &'m D,
-        capacity: usize,
-    ) -> Result<DeviceSession<'m, D>> {
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in 0..self.layers.len() {
-            let layer = self.layers.get(l)?;
-            layers.push(DeviceLayer {
-                input_norm: dev.upload_f32(&layer.input_norm)?,
-                post_norm: dev.upload_f32(&layer.post_norm)?,
-                attn: DeviceAttn::new(dev, &layer.attn, capacity)?,
-                bias: layer.ffn.device_bias(dev)?,
-            });
-        }
-        Ok(DeviceSession {
-            model: self,
-            dev,
-            layers,
-            norm: dev.upload_f32(&self.norm)?,
-            len: 0,
-        })
-    }
-}
-
-impl<D: DeviceOps> DeviceSession<'_, D> {
-    /// Positions run so far.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing has run yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Run `tokens` (the sequence's next positions) through every layer on the device; the last
-    /// row's logits.
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let (m, dev, n) = (self.model, self.dev, tokens.len());
-        let (h, eps) = (m.cfg.hidden_size, m.cfg.rms_norm_eps);
-        let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
-        let pass = ExpertPass::open(m.experts.as_deref());
-        for (l, k) in self.layers.iter_mut().enumerate() {
-            let layer = m.layers.get(l)?;
-            let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
-            let a = k.attn.run(dev, &layer.attn, &xn, n)?;
-            x = device::add(dev, &x, &a, n * h)?;
-            let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            if pass.is_out_of_core() {
-                pass.hint_next(l, &dev.download_f32(&x)?, n);
-            }
-            let experts = pass.layer(l);
-            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
-            let f = layer.ffn.run_on(dev, provider, k.bias.as_ref(), &xn, n)?;
-            x = device::add(dev, &x, &f, n * h)?;
-        }
-        pass.finish()?;
-        self.len += n;
-        device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

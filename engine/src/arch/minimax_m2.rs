@@ -210,6 +210,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        kda: None,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,

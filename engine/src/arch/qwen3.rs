@@ -43,6 +43,7 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        kda: None,
         moe_layers: vec![false; c.num_hidden_layers],
         moe: MoePlan::none(),
     }

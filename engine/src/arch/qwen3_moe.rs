@@ -46,6 +46,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        kda: None,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,

@@ -297,6 +297,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
             fused: c.release == Release::Next,
         }),
         mla: None,
+        kda: None,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,

@@ -7,7 +7,6 @@
 use std::path::Path;
 
 use deltafin_engine::arch::kimi_k3::KimiK3;
-use deltafin_engine::arch::kimi_linear::KimiLinear;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};
 use deltafin_engine::backend::device::DeviceOps;
 use deltafin_engine::cache::OocOptions;
@@ -82,7 +81,7 @@ pub fn device_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
 pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
     let (spec, index) = open::<KimiLinearConfig>(&fixture("kimi-linear"));
     let cfg = spec.arch.clone();
-    let model = KimiLinear::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let model = deltafin_engine::arch::kimi_linear::load(&cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..7).map(|i| (i * 53 + 11) % 300).collect();
     let mut session = model.device_session(dev, 16).unwrap();
     compare(&model, &prompt, 3, "kimi-linear", |t| session.forward(t).unwrap());
@@ -165,7 +164,7 @@ pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
 
     let (spec, index) = open::<KimiLinearConfig>(&fixture("kimi-linear"));
     let cfg = spec.arch.clone();
-    let kimi = KimiLinear::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let kimi = deltafin_engine::arch::kimi_linear::load(&cfg, &Loader::new(&index, &spec)).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: 3,
         prefill_chunk: 4,

@@ -26,11 +26,11 @@
 use crate::backend::matmul;
 use crate::config::{KdaConfig, KdaDecay};
 use crate::error::{Error, Result};
-use crate::model::Loader;
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::L2Norm;
 use crate::kernels::math::{self, exp};
 use crate::kernels::ops::{rms_inv, sigmoid, silu};
+use crate::model::Loader;
 use crate::state::recurrence::head_step_with;
 pub use crate::state::recurrence::{StepInputs, conv_push, delta_rule_step, delta_rule_step_from};
 use crate::state::{KdaCache, KdaShape};
@@ -89,14 +89,15 @@ impl Kda {
         }
         let a_log_name = format!("{a}.A_log");
         let (a_shape, a_log) = ld.floats_any_shape(&a_log_name)?;
-        let decay_rate = broadcast_decay_rate(&a_shape, &a_log, k.num_heads, k.head_dim).map_err(|reason| {
-            Error::TensorShape {
-                path: ld.path_of(&a_log_name),
-                name: format!("{} ({reason})", ld.full_name(&a_log_name)),
-                expected: vec![k.head_dim],
-                found: a_shape.clone(),
-            }
-        })?;
+        let decay_rate =
+            broadcast_decay_rate(&a_shape, &a_log, k.num_heads, k.head_dim).map_err(|reason| {
+                Error::TensorShape {
+                    path: ld.path_of(&a_log_name),
+                    name: format!("{} ({reason})", ld.full_name(&a_log_name)),
+                    expected: vec![k.head_dim],
+                    found: a_shape.clone(),
+                }
+            })?;
         let gate = if k.use_full_rank_gate {
             OutputGate::Full(ld.linear(&format!("{a}.g_proj"), pw, h)?)
         } else {
