@@ -3,10 +3,11 @@
 //! weights are in use.
 //!
 //! Slot life cycle: `Empty -> Loading -> Ready` (or `Failed`), back to `Loading` when evicted
-//! for another expert. A prefetch's read that fails while a demand waits on it does not fail
-//! the demand: the slot goes to `Reread` and the waiting demand reads it again itself (one
-//! waiter, under the lock), so a transient read error of a prefetch is never a request's error;
-//! a demand's own failed read is. A slot is only ever chosen as a victim when it is unpinned and not
+//! for another expert. A read that fails after another requester joined it (a demand joining a
+//! prefetch, or a pass joining a read its aborted predecessor left in flight) does not fail the
+//! joiner: the slot goes to `Reread` and one waiter reads it again itself (under the lock), so
+//! a transient error of somebody else's read is never a request's error; the failure of a read
+//! nobody joined, or of the re-read, is. A slot is only ever chosen as a victim when it is unpinned and not
 //! `Loading` (its read may still be writing), so a pinned expert's bytes never change; a
 //! `Loading` slot nobody pinned (a prefetch) can be reclaimed only by cancelling its read
 //! before a worker starts it. Views of a slot's bytes exist only through handles of a `Ready`
@@ -29,7 +30,7 @@ enum Status {
     Loading,
     Ready,
     Failed(ReadError),
-    /// A prefetch's read failed while a demand was waiting: the demand reads it again.
+    /// A read somebody joined failed: one waiter reads it again.
     Reread,
 }
 
@@ -41,8 +42,8 @@ struct Slot {
     ticket: Option<Ticket>,
     /// Loaded by a prefetch and not yet used by a demand.
     speculative: bool,
-    /// The read in flight was submitted by a prefetch.
-    prefetch_read: bool,
+    /// A requester other than the one that submitted the read in flight joined it.
+    joined: bool,
 }
 
 #[derive(Debug)]
@@ -81,8 +82,8 @@ pub enum Lookup {
 pub enum Woken {
     /// The slot is `Ready`.
     Ready(usize),
-    /// The prefetch read the caller joined failed; the caller must submit its own read of the
-    /// slot (it is `Loading` again and still pinned by the caller).
+    /// A read somebody joined failed; the caller must submit its own read of the slot (it is
+    /// `Loading` again and still pinned by the caller).
     Reread(usize),
 }
 
@@ -134,7 +135,7 @@ impl ExpertCache {
                 pins: 0,
                 ticket: None,
                 speculative: false,
-                prefetch_read: false,
+                joined: false,
             })
             .collect();
         let state = State {
@@ -219,6 +220,7 @@ impl ExpertCache {
                 Status::Loading | Status::Reread => {
                     s.pins += 1;
                     s.speculative = false;
+                    s.joined = true;
                     let ticket = s.ticket.clone();
                     st.policy.on_access(slot, key);
                     return Lookup::Loading { slot, ticket };
@@ -227,7 +229,7 @@ impl ExpertCache {
                     s.status = Status::Loading;
                     s.pins = 1;
                     s.speculative = false;
-                    s.prefetch_read = false;
+                    s.joined = false;
                     st.policy.on_access(slot, key);
                     return Lookup::Miss { slot };
                 }
@@ -252,7 +254,6 @@ impl ExpertCache {
         match Self::claim(&mut st, key) {
             Some(slot) => {
                 st.slots[slot].speculative = true;
-                st.slots[slot].prefetch_read = true;
                 Lookup::Miss { slot }
             }
             None => Lookup::NoSlot,
@@ -291,7 +292,7 @@ impl ExpertCache {
         s.status = Status::Loading;
         s.ticket = None;
         s.speculative = false;
-        s.prefetch_read = false;
+        s.joined = false;
         st.map.insert(key, slot);
         st.policy.on_access(slot, key);
         Some(slot)
@@ -312,11 +313,11 @@ impl ExpertCache {
         if s.key == Some(key) && s.status == Status::Loading {
             s.status = match result {
                 Ok(()) => Status::Ready,
-                Err(_) if s.prefetch_read && s.pins > 0 => Status::Reread,
+                Err(_) if s.joined && s.pins > 0 => Status::Reread,
                 Err(e) => Status::Failed(e),
             };
             s.ticket = None;
-            s.prefetch_read = false;
+            s.joined = false;
         }
         drop(st);
         self.shared.cv.notify_all();
@@ -355,16 +356,16 @@ impl ExpertCache {
             pins: 0,
             ticket: None,
             speculative: false,
-            prefetch_read: false,
+            joined: false,
         };
         drop(st);
         self.shared.cv.notify_all();
         true
     }
 
-    /// Wait until one of `slots` (each pinned by the caller) is loaded, or a prefetch read it
-    /// joined failed ([`Woken::Reread`]); returns which and the time spent blocked. A failed
-    /// demand read is an error.
+    /// Wait until one of `slots` (each pinned by the caller) is loaded, or a read somebody
+    /// joined failed ([`Woken::Reread`]: the caller reads it again); returns which and the time
+    /// spent blocked. Any other failed read is an error.
     pub fn wait_any(&self, slots: &[usize]) -> Result<(Woken, Duration)> {
         let start = Instant::now();
         let mut st = self.lock();
@@ -377,6 +378,7 @@ impl ExpertCache {
                     }
                     Status::Reread => {
                         st.slots[slot].status = Status::Loading;
+                        st.slots[slot].joined = false;
                         return Ok((Woken::Reread(i), start.elapsed()));
                     }
                     _ => {}
@@ -477,6 +479,17 @@ mod tests {
         };
         c.complete(slot, k(5), Ok(()));
         assert_eq!(c.wait_any(&[slot]).unwrap().0, Woken::Ready(0));
+        c.unpin(slot);
+
+        // A demand read an aborted pass left in flight (its pin released) and the next pass
+        // joined: the joiner reads it again rather than failing.
+        let Lookup::Miss { slot } = c.acquire(k(6)) else {
+            panic!()
+        };
+        c.unpin(slot);
+        assert!(matches!(c.acquire(k(6)), Lookup::Loading { .. }));
+        c.complete(slot, k(6), Err(eio()));
+        assert_eq!(c.wait_any(&[slot]).unwrap().0, Woken::Reread(0));
     }
 
     #[test]
