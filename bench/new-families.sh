@@ -7,6 +7,8 @@
 # Presets (write once):
 #   deltafin synth --preset gpt-oss-120b --out $CACHE/gpt-oss-120b-2l   # 2 layers, 3.3 GiB
 #   deltafin synth --preset minimax-m2 --out $CACHE/minimax-m2-1l        # 1 layer, 3.4 GiB
+#   deltafin synth --preset qwen3.5-397b --layers 4 --experts 64 --out $CACHE/qwen3.5-397b-4l64e
+#                                        # 3 DeltaNet + 1 attention layer, 64 of 512 experts, 3.5 GiB
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${BENCH_CACHE:-/work/.bench-cache}
@@ -14,7 +16,7 @@ DELTAFIN=${DELTAFIN:-target/release/deltafin}
 ROUNDS=${ROUNDS:-2}
 BUDGET=${BUDGET:-1500M}
 DISK=${DISK_GIB_S:-2.29}
-MODELS=${MODELS:-"dsv3-bench gpt-oss-120b-2l minimax-m2-1l"}
+MODELS=${MODELS:-"dsv3-bench gpt-oss-120b-2l minimax-m2-1l qwen3.5-397b-4l64e"}
 OUT=${OUT:-$CACHE/results/new-families-$(date -u +%Y%m%dT%H%M%SZ)}
 TEXT="The licenses for most software are designed to take away your freedom to share and change it. By contrast, the GNU General Public License is intended to guarantee your freedom to share and change free software."
 mkdir -p "$OUT"
