@@ -60,6 +60,8 @@ pub(crate) struct MoePlan {
     pub router: RouterConfig,
     /// The router has an `e_score_correction_bias`.
     pub correction_bias: bool,
+    /// The router Linear has a bias, added to its logits (gpt-oss `router.bias`).
+    pub router_bias: bool,
     /// How the experts and router are stored and what the experts compute.
     pub form: ExpertForm,
 }
@@ -97,10 +99,15 @@ pub(crate) enum ExpertForm {
     /// (each expert's gate rows, then its up rows) and `{block}.experts.down_proj` `[E, H, I]`
     /// (BF16 or F32).
     Hf(MoeNames),
-    /// gpt-oss: experts stacked in `mlp.experts.{gate_up,down}_proj_{blocks,scales}` (MXFP4)
-    /// with `…_bias`, gate/up rows interleaved, clamped SwiGLU; router `mlp.router` with a
-    /// bias on its logits.
-    GptOss { alpha: f32, limit: f32 },
+    /// Experts stacked over the expert axis in MXFP4 (gpt-oss):
+    /// `{block}.experts.{gate_up}_{blocks,scales}` with gate and up rows interleaved, and
+    /// `{block}.experts.{down}_{blocks,scales}`, each with its `…_bias`; `act` on gate and up.
+    StackedMxfp4 {
+        names: MoeNames,
+        gate_up: &'static str,
+        down: &'static str,
+        act: Activation,
+    },
 }
 
 /// Everything the decoder needs, derived from an architecture's config.
@@ -181,12 +188,16 @@ pub(crate) struct MlaPlan {
 }
 
 impl MoePlan {
+    /// Where the block's tensors are.
+    fn names(&self) -> MoeNames {
+        match self.form {
+            ExpertForm::Hf(n) | ExpertForm::StackedMxfp4 { names: n, .. } => n,
+        }
+    }
+
     /// The MoE block's module below `model.layers.{i}`.
     fn block(&self) -> &'static str {
-        match self.form {
-            ExpertForm::Hf(n) => n.block,
-            ExpertForm::GptOss { .. } => "mlp",
-        }
+        self.names().block
     }
 
     /// The plan of a model without routed experts (every layer dense).
@@ -197,6 +208,7 @@ impl MoePlan {
             shared_width: 0,
             shared_module: "shared_experts",
             shared_gate: false,
+            router_bias: false,
             router: RouterConfig {
                 scoring: Default::default(),
                 top_k: 0,
@@ -398,22 +410,22 @@ fn expert(plan: &DecoderPlan, ld: &Loader<'_>, l: usize, e: usize) -> Result<Mlp
                 Activation::Silu,
             ))
         }
-        ExpertForm::GptOss { alpha, limit } => {
-            let p = format!("model.layers.{l}.mlp.experts");
+        ExpertForm::StackedMxfp4 {
+            names,
+            gate_up,
+            down,
+            act,
+        } => {
+            let p = format!("model.layers.{l}.{}.experts", names.block);
             let (n, w) = (m.experts, m.width);
+            let (gate_up, down) = (format!("{p}.{gate_up}"), format!("{p}.{down}"));
             Ok(Mlp {
-                gate_up: GateUp::Interleaved(ld.stacked_mxfp4(
-                    &format!("{p}.gate_up_proj"),
-                    n,
-                    e,
-                    2 * w,
-                    h,
-                )?),
-                down: ld.stacked_mxfp4(&format!("{p}.down_proj"), n, e, h, w)?,
-                act: Activation::ClampedSwiglu { alpha, limit },
+                gate_up: GateUp::Interleaved(ld.stacked_mxfp4(&gate_up, n, e, 2 * w, h)?),
+                down: ld.stacked_mxfp4(&down, n, e, h, w)?,
+                act,
                 bias: Some(MlpBias {
-                    gate_up: ld.stacked_vector(&format!("{p}.gate_up_proj_bias"), n, e, 2 * w)?,
-                    down: ld.stacked_vector(&format!("{p}.down_proj_bias"), n, e, h)?,
+                    gate_up: ld.stacked_vector(&format!("{gate_up}_bias"), n, e, 2 * w)?,
+                    down: ld.stacked_vector(&format!("{down}_bias"), n, e, h)?,
                 }),
             })
         }
@@ -429,10 +441,12 @@ fn router(
     shared: Option<Mlp>,
 ) -> Result<Moe> {
     let m = &plan.moe;
-    let (block, router, correction, gpt_oss) = match m.form {
-        ExpertForm::Hf(n) => (n.block, n.router, n.correction_bias, false),
-        ExpertForm::GptOss { .. } => ("mlp", "router", "", true),
-    };
+    let MoeNames {
+        block,
+        router,
+        correction_bias: correction,
+        ..
+    } = m.names();
     let p = format!("model.layers.{i}.{block}");
     Ok(Moe {
         gate: ld.dense(&format!("{p}.{router}.weight"), m.experts, plan.hidden_size)?,
@@ -440,7 +454,7 @@ fn router(
             true => ld.vector(&format!("{p}.{correction}"), m.experts)?,
             false => Vec::new(),
         },
-        logit_bias: match gpt_oss {
+        logit_bias: match m.router_bias {
             true => ld.vector(&format!("{p}.{router}.bias"), m.experts)?,
             false => Vec::new(),
         },

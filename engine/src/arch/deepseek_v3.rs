@@ -83,6 +83,7 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
                 scaling: c.routed_scaling_factor,
             },
             correction_bias: true,
+            router_bias: false,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

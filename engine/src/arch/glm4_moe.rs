@@ -68,6 +68,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
                 scaling: c.routed_scaling_factor,
             },
             correction_bias: true,
+            router_bias: false,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

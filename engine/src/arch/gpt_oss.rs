@@ -7,11 +7,21 @@
 //! `(clamp(u, ±limit) + 1) · g'σ(α g')`, `g' = min(g, limit)`; outputs summed in ascending
 //! expert order. The experts are read as published (`*_blocks`/`*_scales`, groups of 32).
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
+use super::layers::mlp::Activation;
 use super::layers::moe::{RouterConfig, Scoring};
 use crate::config::GptOssConfig;
 use crate::model::NormWeight;
+
+/// Where gpt-oss keeps a MoE layer's tensors: `mlp.router` (with a bias) and the stacked
+/// experts under `mlp.experts` (per-expert names unused; no correction bias).
+const NAMES: MoeNames = MoeNames {
+    block: "mlp",
+    expert: ["", "", ""],
+    router: "router",
+    correction_bias: "",
+};
 
 /// The decoder plan of a gpt-oss config.
 fn plan(c: &GptOssConfig) -> DecoderPlan {
@@ -66,9 +76,15 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: false,
-            form: ExpertForm::GptOss {
-                alpha: c.swiglu_alpha,
-                limit: c.swiglu_limit,
+            router_bias: true,
+            form: ExpertForm::StackedMxfp4 {
+                names: NAMES,
+                gate_up: "gate_up_proj",
+                down: "down_proj",
+                act: Activation::ClampedSwiglu {
+                    alpha: c.swiglu_alpha,
+                    limit: c.swiglu_limit,
+                },
             },
         },
     }

@@ -473,6 +473,7 @@ fn plan(c: &KimiLinearConfig) -> DecoderPlan {
                 scaling: c.routed_scaling_factor,
             },
             correction_bias: true,
+            router_bias: false,
             form: ExpertForm::Hf(NAMES),
         },
     }

@@ -227,6 +227,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: c.use_routing_bias,
+            router_bias: false,
             form: ExpertForm::Hf(NAMES),
         },
     }

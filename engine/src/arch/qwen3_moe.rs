@@ -63,6 +63,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: false,
+            router_bias: false,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

@@ -314,6 +314,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
                 scaling: 1.0,
             },
             correction_bias: false,
+            router_bias: false,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }
