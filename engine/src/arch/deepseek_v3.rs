@@ -7,11 +7,12 @@
 //! The decoder's device session runs these stacks whole on a GPU (`decoder_device.rs`).
 
 use super::decoder::{
-    Decoder, DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MlaPlan, MoeNames, MoePlan,
+    Decoder, DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
 };
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mla::MlaDims;
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::DeepseekV3Config;
 use crate::error::Result;
 use crate::model::{Loader, NormWeight};
@@ -64,9 +65,11 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
                 scale: ((qk as f64).powf(-0.5) * c.rope.softmax_scale_multiplier()) as f32,
             },
             rotary: true,
+            out_gate: false,
             interleave: c.rope_interleave,
         }),
         kda: None,
+        residual: Residual::Plain,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,
@@ -84,6 +87,9 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
             },
             correction_bias: true,
             router_bias: false,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

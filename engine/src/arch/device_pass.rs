@@ -7,9 +7,7 @@
 use std::any::Any;
 
 use super::Model;
-use super::decoder::Decoder;
-use super::decoder_device;
-use super::kimi_k3::{self, KimiK3};
+use super::decoder::{self, Decoder};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
 
@@ -41,8 +39,7 @@ macro_rules! device_sequence_impl {
     };
 }
 
-device_sequence_impl!(decoder_device::DeviceSession<'_, D>);
-device_sequence_impl!(kimi_k3::DeviceSession<'_, D>);
+device_sequence_impl!(decoder::DeviceSession<'_, D>);
 
 /// A device sequence of up to `capacity` positions for `model` on `dev` (caches allocated now).
 /// Architectures without a device pass, and out-of-core models, get a typed refusal; their
@@ -54,9 +51,6 @@ pub fn device_sequence<'m, D: DeviceOps>(
 ) -> Result<Box<dyn DeviceSequence + 'm>> {
     let any: &dyn Any = model.as_any();
     if let Some(m) = any.downcast_ref::<Decoder>() {
-        return Ok(Box::new(m.device_session(dev, capacity)?));
-    }
-    if let Some(m) = any.downcast_ref::<KimiK3>() {
         return Ok(Box::new(m.device_session(dev, capacity)?));
     }
     Err(Error::InvalidArgument {

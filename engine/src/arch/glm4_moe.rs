@@ -7,9 +7,10 @@
 //! renormalised (`norm_topk_prob`) and scaled by `routed_scaling_factor`, plus shared experts.
 //! The multi-token-prediction layer GLM ships after the last decoder layer is not read.
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::Glm4MoeConfig;
 use crate::model::NormWeight;
 
@@ -52,6 +53,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         linear: None,
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.n_routed_experts,
@@ -69,6 +71,9 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
             },
             correction_bias: true,
             router_bias: false,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

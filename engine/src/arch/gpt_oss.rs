@@ -7,10 +7,10 @@
 //! `(clamp(u, ±limit) + 1) · g'σ(α g')`, `g' = min(g, limit)`; outputs summed in ascending
 //! expert order. The experts are read as published (`*_blocks`/`*_scales`, groups of 32).
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::GptOssConfig;
 use crate::model::NormWeight;
 
@@ -60,6 +60,7 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
         linear: None,
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
@@ -77,6 +78,9 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
             },
             correction_bias: false,
             router_bias: true,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::StackedMxfp4 {
                 names: NAMES,
                 gate_up: "gate_up_proj",

@@ -14,9 +14,10 @@
 
 use serde::Deserialize;
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::{FamilyInput, Fields, Nesting, RopeConfig, TextConfig, TokenIds};
 use crate::error::Result;
 use crate::model::NormWeight;
@@ -211,6 +212,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
         linear: None,
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: vec![true; layers],
         moe: MoePlan {
             experts: c.num_local_experts,
@@ -228,6 +230,9 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
             },
             correction_bias: c.use_routing_bias,
             router_bias: false,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::Hf(NAMES),
         },
     }

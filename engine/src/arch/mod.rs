@@ -6,14 +6,12 @@
 //! state stay per sequence. Every row's result is bit-identical to running it alone.
 
 mod decoder;
-mod decoder_device;
 pub mod deepseek_v3;
 mod device_pass;
 mod glm4_moe;
 mod gpt_oss;
 pub mod kimi_k3;
 pub mod kimi_linear;
-mod kimi_ooc;
 mod minimax_m2;
 pub mod qwen3;
 mod qwen3_moe;
@@ -26,7 +24,7 @@ use std::path::Path;
 
 pub use crate::model::{Loader, layers};
 pub use decoder::Decoder;
-pub use decoder_device::DeviceSession;
+pub use decoder::DeviceSession;
 pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence};
 pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 

@@ -3,7 +3,7 @@
 //! full-width `rotate_half` RoPE, no biases, tied embeddings when configured. Traced tensors:
 //! `embed`, `layers.{l}`, `norm`. Loads in memory only (drafters are small).
 
-use super::decoder::{DecoderFamily, DecoderPlan, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use crate::config::Qwen3Config;
 use crate::model::NormWeight;
@@ -44,6 +44,7 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         linear: None,
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: vec![false; c.num_hidden_layers],
         moe: MoePlan::none(),
     }

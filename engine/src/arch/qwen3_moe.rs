@@ -4,9 +4,10 @@
 //! plain top-k, optional `norm_topk_prob` renormalisation, no scaling, no shared experts), and
 //! dense MLPs on `mlp_only_layers` and layers off `decoder_sparse_step`.
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::Qwen3MoeConfig;
 use crate::model::NormWeight;
 
@@ -47,6 +48,7 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
         linear: None,
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
@@ -64,6 +66,9 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
             },
             correction_bias: false,
             router_bias: false,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

@@ -25,10 +25,11 @@
 
 use serde::Deserialize;
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MoeNames, MoePlan};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MoeNames, MoePlan, Residual};
 use super::layers::gated_deltanet::GdnDims;
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
-use super::layers::moe::{RouterConfig, Scoring};
+use super::layers::mlp::Activation;
+use super::layers::moe::{Combine, RouterConfig, Scoring};
 use crate::config::{FamilyInput, Fields, NestedNames, Nesting, RopeConfig, TextConfig, TokenIds};
 use crate::error::Result;
 use crate::model::NormWeight;
@@ -298,6 +299,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
         }),
         mla: None,
         kda: None,
+        residual: Residual::Plain,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),
         moe: MoePlan {
             experts: c.num_experts,
@@ -315,6 +317,9 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
             },
             correction_bias: false,
             router_bias: false,
+            act: Activation::Silu,
+            latent: None,
+            combine: Combine::Ascending,
             form: ExpertForm::Hf(MoeNames::HF),
         },
     }

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use deltafin_engine::arch::kimi_k3::KimiK3;
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};
 use deltafin_engine::backend::device::DeviceOps;
 use deltafin_engine::cache::OocOptions;
@@ -94,7 +93,7 @@ pub fn kimi_linear_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
 pub fn k3_pass_matches_the_cpu<D: DeviceOps>(dev: &D) {
     let (spec, index) = open::<KimiK3Config>(&fixture("k3"));
     let cfg = spec.arch.clone();
-    let model = KimiK3::load(cfg, &Loader::new(&index, &spec)).unwrap();
+    let model = deltafin_engine::arch::kimi_k3::load(&cfg, &Loader::new(&index, &spec)).unwrap();
     let prompt: Vec<u32> = (0..5).map(|i| (i * 41 + 3) % 300).collect();
     let mut session = model.device_session(dev, 16).unwrap();
     compare(&model, &prompt, 2, "k3", |t| session.forward(t).unwrap());

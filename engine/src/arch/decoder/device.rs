@@ -5,10 +5,10 @@
 //! through the device's expert tier. Stacks with other mixers are refused with a typed error
 //! (their matrix products still run on the device through `backend::matmul`).
 
-use super::Model;
-use super::decoder::{Decoder, Ffn, Mixer};
-use super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
-use super::layers::moe::ExpertProvider;
+use super::super::Model;
+use super::super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
+use super::super::layers::moe::ExpertProvider;
+use super::{Decoder, Ffn, Mixer, Residual};
 use crate::backend::WeightClass;
 use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
@@ -66,6 +66,8 @@ struct DeviceLayer<B> {
     post_norm: B,
     mixer: DeviceMixer<B>,
     bias: Option<B>,
+    /// The AttnRes queries before the mixer and the FFN (Block Attention Residuals).
+    res: Option<[B; 2]>,
 }
 
 /// A decoder running whole passes of one sequence on a device.
@@ -74,6 +76,8 @@ pub struct DeviceSession<'m, D: DeviceOps> {
     dev: &'m D,
     layers: Vec<DeviceLayer<D::Buf>>,
     norm: D::Buf,
+    /// The AttnRes query before the final norm (Block Attention Residuals).
+    output_res: Option<D::Buf>,
     len: usize,
 }
 
@@ -92,11 +96,16 @@ impl Decoder {
                 Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
                 _ => None,
             };
+            let res = match &layer.res {
+                Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
+                None => None,
+            };
             layers.push(DeviceLayer {
                 input_norm: dev.upload_f32(&layer.input_norm)?,
                 post_norm: dev.upload_f32(&layer.post_norm)?,
                 mixer: DeviceMixer::new(self, dev, &layer.mixer, capacity)?,
                 bias,
+                res,
             });
         }
         Ok(DeviceSession {
@@ -104,6 +113,11 @@ impl Decoder {
             dev,
             layers,
             norm: dev.upload_f32(&self.norm)?,
+            output_res: self
+                .output_res
+                .as_ref()
+                .map(|r| dev.upload_f32(&r.query))
+                .transpose()?,
             len: 0,
         })
     }
@@ -134,9 +148,12 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
     /// Run `tokens` (the sequence's next positions) through every layer on the device; the last
     /// row's logits.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if let Residual::AttnRes { block } = self.model.plan.residual {
+            return self.forward_attn_res(tokens, block);
+        }
         let (m, dev, n) = (self.model, self.dev, tokens.len());
         let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
-        let mut x = dev.upload_f32(&super::embed_tokens(&m.embed, tokens)?)?;
+        let mut x = dev.upload_f32(&super::super::embed_tokens(&m.embed, tokens)?)?;
         let pass = ExpertPass::open(m.experts.as_deref());
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
@@ -147,16 +164,86 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
             if pass.is_out_of_core() {
                 pass.hint_next(l, &dev.download_f32(&x)?, n);
             }
-            let experts = pass.layer(l);
-            let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
-            let f = match &layer.ffn {
-                Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, &xn, n)?,
-                Ffn::Moe(moe) => device::moe(dev, (moe, provider), k.bias.as_ref(), &xn, n)?,
-            };
+            let f = run_ffn(dev, &layer.ffn, (&pass, l), k.bias.as_ref(), &xn, n)?;
             x = device::add(dev, &x, &f, n * h)?;
         }
         pass.finish()?;
         self.len += n;
         device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
+    }
+
+    /// [`DeviceSession::forward`] in the Block Attention Residuals form, as
+    /// `Decoder::forward_attn_res` (anchors every `block` layers, each sub-layer's input mixed
+    /// over them).
+    fn forward_attn_res(&mut self, tokens: &[u32], block: usize) -> Result<Vec<f32>> {
+        let (m, dev, n) = (self.model, self.dev, tokens.len());
+        let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
+        let stack = dev.zeros_f32((self.layers.len().div_ceil(block) + 1) * n * h)?;
+        let mut anchors = 0;
+        let mut run = dev.upload_f32(&super::super::embed_tokens(&m.embed, tokens)?)?;
+        let mix = |site: (&D::Buf, f32), anchors: usize, last: &D::Buf| -> Result<D::Buf> {
+            device::stack_rows(dev, last, &stack, anchors, (n, h))?;
+            device::attn_res(dev, site, &stack, anchors + 1, (n, h))
+        };
+        let pass = ExpertPass::open(m.experts.as_deref());
+        for (l, k) in self.layers.iter_mut().enumerate() {
+            let layer = m.layers.get(l)?;
+            let (Some([attn_q, mlp_q]), Some([attn_res, mlp_res])) = (&k.res, &layer.res) else {
+                return Err(no_res());
+            };
+            let u = match anchors {
+                0 => None,
+                _ => Some(mix((attn_q, attn_res.eps), anchors, &run)?),
+            };
+            let xn = device::rms_norm(dev, u.as_ref().unwrap_or(&run), &k.input_norm, n, h, eps)?;
+            let a = k.mixer.run(dev, &layer.mixer, &xn, n)?;
+            let p = if l % block == 0 {
+                device::stack_rows(dev, &run, &stack, anchors, (n, h))?;
+                anchors += 1;
+                a
+            } else {
+                device::add(dev, &run, &a, n * h)?
+            };
+            let mixed = mix((mlp_q, mlp_res.eps), anchors, &p)?;
+            if pass.is_out_of_core() {
+                pass.hint_next(l, &dev.download_f32(&mixed)?, n);
+            }
+            let xn = device::rms_norm(dev, &mixed, &k.post_norm, n, h, eps)?;
+            let f = run_ffn(dev, &layer.ffn, (&pass, l), k.bias.as_ref(), &xn, n)?;
+            run = device::add(dev, &p, &f, n * h)?;
+        }
+        pass.finish()?;
+        self.len += n;
+        let (Some(out_q), Some(out_res)) = (&self.output_res, &m.output_res) else {
+            return Err(no_res());
+        };
+        let z = mix((out_q, out_res.eps), anchors, &run)?;
+        device::last_row_logits(dev, &z, (n, h), (&self.norm, eps), &m.lm_head)
+    }
+}
+
+/// Layer `l`'s FFN over `n` normalised rows on the device.
+fn run_ffn<D: DeviceOps>(
+    dev: &D,
+    ffn: &Ffn,
+    (pass, l): (&ExpertPass<'_>, usize),
+    bias: Option<&D::Buf>,
+    x: &D::Buf,
+    n: usize,
+) -> Result<D::Buf> {
+    let experts = pass.layer(l);
+    let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
+    match ffn {
+        Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
+        Ffn::Moe(moe) => device::moe(dev, (moe, provider), bias, x, n),
+    }
+}
+
+/// A Block Attention Residuals plan whose layers lack their sites (cannot happen: one plan
+/// builds both).
+fn no_res() -> Error {
+    Error::InvalidArgument {
+        field: "residual",
+        reason: "the model's layers have no Block Attention Residual sites".into(),
     }
 }

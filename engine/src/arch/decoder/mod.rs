@@ -1,0 +1,420 @@
+//! The one decoder every family runs (DeepSeek-V3/K2, Kimi-Linear, Kimi K3, Qwen3, Qwen3-MoE,
+//! Qwen3-Next/Qwen3.5, GLM-4.5, gpt-oss, MiniMax-M2), from a [`DecoderPlan`] (`plan.rs`) each
+//! architecture derives from its own config: per layer its sequence mixer ([`MixerKind`]: MLA,
+//! KDA, gated DeltaNet, or grouped-query attention with its options — biases, q/k norm per head
+//! or whole, partial rotary, sinks, sliding window, output gate) and whether its FFN is the
+//! routed MoE; the router (softmax or sigmoid with correction bias, group limit,
+//! renormalisation, scaling, logit bias), the experts' stored form, names and activation, the
+//! latent projection and the shared expert (optionally gated); how norms are stored; the
+//! residual form ([`Residual`]: plain, or K3's Block Attention Residuals in `attn_res.rs`).
+//!
+//! Plain layer `i`: `x += mixer(RMSNorm_in(x))`, `x += FFN(RMSNorm_post(x))`, the FFN a dense
+//! gated MLP or the routed MoE plus shared experts. Logits: `lm_head(RMSNorm(x))`. Tensors
+//! beyond `num_hidden_layers` (multi-token-prediction layers) and vision towers are not read.
+//!
+//! Layers are built by `load.rs` and live in a [`LayerStore`]: all in memory
+//! ([`Decoder::load`]) or, under a memory budget ([`Decoder::load_budgeted`]), a resident prefix
+//! plus streamed layers with the routed experts served by the out-of-core [`ExpertStore`]; both
+//! build layers with the same code. Stacks of MLA and KDA layers also run whole passes on a
+//! device (`device.rs`).
+
+mod attn_res;
+mod device;
+mod load;
+mod plan;
+
+use std::sync::Arc;
+
+pub use device::DeviceSession;
+use load::{expert, load_fixed, load_layer};
+pub(crate) use plan::{DecoderPlan, ExpertForm, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual};
+
+use super::ModelSpec;
+use super::layers::attn_res::AttnRes;
+use super::layers::gated_deltanet::GatedDeltaNet;
+use super::layers::gqa::{Gqa, KvRows};
+use super::layers::kda::{Kda, KdaRows};
+use super::layers::mla::{Mla, MlaRows};
+use super::layers::mlp::Mlp;
+use super::layers::moe::Moe;
+use super::{
+    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches, mla_caches,
+};
+use crate::cache::ExpertPass;
+use crate::cache::store::{ExpertBuilder, LookaheadLayer};
+use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
+use crate::error::Result;
+use crate::kernels::Matrix;
+use crate::kernels::ops::rms_norm;
+use crate::state::{KdaCache, KvCache, LayerState, MlaCache, SeqState};
+use crate::weights::WeightIndex;
+
+// One per layer, built once at load: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Mixer {
+    Attention(Gqa),
+    DeltaNet(GatedDeltaNet),
+    Mla(Mla),
+    Kda(Kda),
+}
+
+#[derive(Debug)]
+pub(crate) struct Layer {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    pub ffn: Ffn,
+    /// The AttnRes sites before the mixer and before the FFN ([`Residual::AttnRes`]).
+    pub res: Option<[AttnRes; 2]>,
+}
+
+/// The always-resident tensors: embeddings, head, final norm, and each MoE layer's FFN norm
+/// and router for the look-ahead predictor.
+struct Fixed {
+    embed: Matrix,
+    lm_head: Matrix,
+    norm: Vec<f32>,
+    lookahead: Vec<Option<LookaheadLayer>>,
+    /// The AttnRes site before the final norm ([`Residual::AttnRes`]).
+    output_res: Option<AttnRes>,
+}
+
+/// A family that is a plan over this decoder (Qwen3, Qwen3-MoE, GLM-4.5, gpt-oss, MiniMax-M2):
+/// its config says the plan, and the [`super::Architecture`] impl is this one.
+pub(crate) trait DecoderFamily: std::fmt::Debug + Send + Sync {
+    /// The decoder plan of this config.
+    fn plan(&self) -> DecoderPlan;
+
+    /// See [`super::Architecture::raw_completion_drafter`].
+    fn raw_completion_drafter(&self) -> bool {
+        false
+    }
+
+    /// See [`super::Architecture::supports_budget`] (every family with routed experts).
+    fn supports_budget(&self) -> bool {
+        true
+    }
+}
+
+impl<F: DecoderFamily> super::Architecture for F {
+    fn state_size(&self) -> StateSize {
+        state_size(&self.plan())
+    }
+
+    fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
+        Ok(Box::new(Decoder::load(self.plan(), ld)?))
+    }
+
+    fn supports_budget(&self) -> bool {
+        DecoderFamily::supports_budget(self)
+    }
+
+    fn raw_completion_drafter(&self) -> bool {
+        DecoderFamily::raw_completion_drafter(self)
+    }
+
+    fn load_budgeted(
+        &self,
+        spec: &super::ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Box<dyn Model>, OocRuntime)> {
+        if !DecoderFamily::supports_budget(self) {
+            return Err(crate::error::Error::Budget(format!(
+                "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
+                spec.model_type
+            )));
+        }
+        let (model, runtime) = Decoder::load_budgeted(self.plan(), spec, index, options)?;
+        Ok((Box::new(model), runtime))
+    }
+}
+
+/// Sequence-state bytes: attention layers cache per-head keys and values in f32, DeltaNet
+/// layers keep a convolution history and a recurrent matrix per head.
+pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
+    let (mut per_token, mut per_sequence) = (0, 0);
+    for l in 0..plan.num_layers {
+        match (plan.mixer(l), plan.recurrent_shape(l), &plan.mla) {
+            (_, Some(s), _) => per_sequence += 4 * (s.conv_len() + s.state_len()),
+            (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope),
+            _ => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
+        }
+    }
+    StateSize {
+        per_token: per_token as u64,
+        per_sequence: per_sequence as u64,
+    }
+}
+
+/// A loaded GQA MoE decoder.
+#[derive(Debug)]
+pub struct Decoder {
+    pub(super) plan: DecoderPlan,
+    info: ModelInfo,
+    pub(super) embed: Matrix,
+    pub(super) layers: Arc<LayerStore<Layer>>,
+    pub(super) norm: Vec<f32>,
+    /// The AttnRes site before the final norm ([`Residual::AttnRes`]).
+    pub(super) output_res: Option<AttnRes>,
+    pub(super) lm_head: Matrix,
+    /// Routed experts when they are not inside the layers (out-of-core mode).
+    pub(super) experts: Option<Arc<ExpertStore>>,
+}
+
+impl Decoder {
+    /// Load and shape-check every tensor (memory-mapped).
+    pub(crate) fn load(plan: DecoderPlan, ld: &Loader<'_>) -> Result<Self> {
+        let fixed = load_fixed(&plan, ld)?;
+        let layers = (0..plan.num_layers)
+            .map(|i| load_layer(&plan, ld, i))
+            .collect::<Result<Vec<_>>>()?;
+        let layers = Arc::new(LayerStore::resident(layers));
+        Ok(Self::assemble(plan, ld.index, fixed, layers, None))
+    }
+
+    /// Load under `options.budget`: the fixed tensors and a prefix of layers resident, the
+    /// other layers streamed each pass, routed experts through the expert cache.
+    pub(crate) fn load_budgeted(
+        plan: DecoderPlan,
+        spec: &ModelSpec,
+        index: Arc<WeightIndex>,
+        options: &OocOptions,
+    ) -> Result<(Self, OocRuntime)> {
+        let reader = crate::cache::open_reader(&index, options)?;
+        let (mut fixed, fixed_layout) = load_resident(&index, spec, &reader, |ld| load_fixed(&plan, ld))?;
+        let layer_layouts = (0..plan.num_layers)
+            .map(|i| source::record(&index, spec, false, |ld| load_layer(&plan, ld, i)))
+            .collect::<Result<Vec<_>>>()?;
+        let expert_plan = plan.clone();
+        let expert_builder: ExpertBuilder = Arc::new(move |ld, l, e| expert(&expert_plan, ld, l, e));
+        let expert_layouts = (0..plan.num_layers)
+            .map(|l| match plan.is_moe(l) {
+                false => Ok(Vec::new()),
+                true => (0..plan.moe.experts)
+                    .map(|e| source::record(&index, spec, true, |ld| expert_builder(ld, l, e)))
+                    .collect::<Result<Vec<_>>>(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let layer_plan = plan.clone();
+        let parts = OocParts {
+            layer_builder: Arc::new(move |ld, i| load_layer(&layer_plan, ld, i)),
+            layer_layouts,
+            expert_builder,
+            expert_layouts,
+            lookahead: std::mem::take(&mut fixed.lookahead),
+            fixed: fixed_layout,
+        };
+        let (layers, runtime) = crate::cache::assemble(index.clone(), spec, reader, parts, options)?;
+        let experts = Some(runtime.experts.clone());
+        Ok((Self::assemble(plan, &index, fixed, layers, experts), runtime))
+    }
+
+    fn assemble(
+        plan: DecoderPlan,
+        index: &WeightIndex,
+        fixed: Fixed,
+        layers: Arc<LayerStore<Layer>>,
+        experts: Option<Arc<ExpertStore>>,
+    ) -> Self {
+        let info = ModelInfo {
+            arch: plan.arch,
+            vocab_size: plan.vocab_size,
+            hidden_size: plan.hidden_size,
+            num_layers: plan.num_layers,
+            max_context: plan.max_context,
+            bos_token_id: plan.bos_token_id,
+            eos_token_ids: plan.eos_token_ids.clone(),
+            weight_bytes: index
+                .names()
+                .filter_map(|n| index.info(n).ok())
+                .map(|i| i.len)
+                .sum(),
+            state: state_size(&plan),
+        };
+        Decoder {
+            info,
+            embed: fixed.embed,
+            layers,
+            norm: fixed.norm,
+            output_res: fixed.output_res,
+            lm_head: fixed.lm_head,
+            experts,
+            plan,
+        }
+    }
+
+    pub(super) fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
+        let h = self.plan.hidden_size;
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
+            rms_norm(src, weight, self.plan.rms_norm_eps, dst);
+        }
+        out
+    }
+
+    /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
+    fn run_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        x: &mut [f32],
+        mut trace: Option<&mut Trace>,
+    ) -> Result<()> {
+        let n = plan.len();
+        let pass = ExpertPass::open(self.experts.as_deref());
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let xn = self.norm_rows(x, &layer.input_norm);
+            let a = run_mixer(&layer.mixer, &xn, batch, plan, l);
+            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+            let xn = self.norm_rows(x, &layer.post_norm);
+            pass.hint_next(l, x, n);
+            let f = run_ffn(&layer.ffn, &xn, n, &pass, l)?;
+            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), x);
+            }
+        }
+        pass.finish()
+    }
+}
+
+/// Layer `l`'s mixer over the pass's normalised rows `xn`, advancing each row's state.
+pub(super) fn run_mixer(
+    mixer: &Mixer,
+    xn: &[f32],
+    batch: &mut [SeqInput<'_>],
+    plan: &RowPlan,
+    l: usize,
+) -> Vec<f32> {
+    let n = plan.len();
+    match mixer {
+        Mixer::Attention(attn) => {
+            let mut caches: Vec<&mut KvCache> = batch
+                .iter_mut()
+                .map(|b| b.state.layers[l].kv_mut().expect("state checked: KV layer"))
+                .collect();
+            let mut rows = KvRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
+            attn.forward(xn, n, &mut rows)
+        }
+        Mixer::DeltaNet(gdn) => {
+            let mut caches = kda_caches(batch, l);
+            let mut rows = KdaRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+            };
+            gdn.forward(xn, n, &mut rows)
+        }
+        Mixer::Kda(kda) => {
+            let mut caches = kda_caches(batch, l);
+            let mut rows = KdaRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+            };
+            kda.forward(xn, n, &mut rows)
+        }
+        Mixer::Mla(mla) => {
+            let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
+            let mut rows = MlaRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
+            mla.forward(xn, n, &mut rows)
+        }
+    }
+}
+
+/// Layer `l`'s FFN over `n` normalised rows, its routed experts from the pass (out of core) or
+/// its own.
+pub(super) fn run_ffn(ffn: &Ffn, xn: &[f32], n: usize, pass: &ExpertPass<'_>, l: usize) -> Result<Vec<f32>> {
+    Ok(match (ffn, pass.layer(l)) {
+        (Ffn::Dense(m), _) => m.forward(xn, n),
+        (Ffn::Moe(m), None) => m.forward(xn, n),
+        (Ffn::Moe(m), Some(experts)) => m.forward_with(xn, n, &experts)?,
+    })
+}
+
+/// Each layer of the state is what the plan's layer keeps: a key/value cache for attention, a
+/// recurrent state of the layer's shape for DeltaNet.
+pub(super) fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
+    let ok = state.layers.len() == plan.num_layers
+        && state
+            .layers
+            .iter()
+            .enumerate()
+            .all(|(l, s)| match (s, plan.mixer(l)) {
+                (LayerState::Kv(_), MixerKind::Attention) | (LayerState::Mla(_), MixerKind::Mla) => true,
+                (LayerState::Kda(c), _) => plan.recurrent_shape(l) == Some(c.shape()),
+                _ => false,
+            });
+    if ok { Ok(()) } else { Err(foreign_state()) }
+}
+
+/// A fresh state for the plan's layers.
+fn new_state(plan: &DecoderPlan) -> SeqState {
+    SeqState::new(
+        (0..plan.num_layers)
+            .map(|l| match (plan.mixer(l), plan.recurrent_shape(l)) {
+                (_, Some(shape)) => LayerState::Kda(KdaCache::new(shape)),
+                (MixerKind::Mla, _) => LayerState::Mla(MlaCache::default()),
+                _ => LayerState::Kv(KvCache::default()),
+            })
+            .collect(),
+    )
+}
+
+impl Model for Decoder {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        super::embed_tokens(&self.embed, tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        super::head_logits(&self.lm_head, normed, rows)
+    }
+
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> SeqState {
+        new_state(&self.plan)
+    }
+
+    fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        if let Residual::AttnRes { block } = self.plan.residual {
+            return self.forward_attn_res(batch, trace, block);
+        }
+        let ends = super::DecoderEnds {
+            embed: &self.embed,
+            norm: &self.norm,
+            lm_head: &self.lm_head,
+            eps: self.plan.rms_norm_eps,
+            info: &self.info,
+        };
+        super::decoder_pass(
+            ends,
+            batch,
+            trace,
+            |s| check_state(&self.plan, s),
+            |batch, plan, x, trace| self.run_layers(batch, plan, x, trace),
+        )
+    }
+}
