@@ -9,7 +9,6 @@
 use super::decoder::{
     Decoder, DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
 };
-use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mla::MlaDims;
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, RouterConfig, Scoring};
@@ -31,23 +30,7 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id,
         eos_token_ids: c.eos_token_ids.clone(),
-        // Grouped-query attention is not used: every layer is MLA.
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_attention_heads,
-            head_dim: qk,
-            rotary_dim: c.qk_rope_head_dim,
-        },
-        attn_options: GqaOptions {
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: QkNorm::None,
-            eps: c.rms_norm_eps,
-            norm_weight: NormWeight::Plain,
-            sinks: false,
-            window: None,
-            output_gate: false,
-        },
+        gqa: None,
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

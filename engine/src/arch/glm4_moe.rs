@@ -7,7 +7,7 @@
 //! renormalised (`norm_topk_prob`) and scaled by `routed_scaling_factor`, plus shared experts.
 //! The multi-token-prediction layer GLM ships after the last decoder layer is not read.
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, GqaPlan, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, RouterConfig, Scoring};
@@ -27,25 +27,27 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id.first(),
         eos_token_ids: c.eos_token_id.to_vec(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim(),
-            rotary_dim: c.rotary_dim(),
-        },
-        attn_options: GqaOptions {
-            qkv_bias: c.attention_bias,
-            o_bias: false,
-            qk_norm: match c.use_qk_norm {
-                true => QkNorm::PerHead,
-                false => QkNorm::None,
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim(),
+                rotary_dim: c.rotary_dim(),
             },
-            eps: c.rms_norm_eps,
-            sinks: false,
-            window: None,
-            norm_weight: NormWeight::Plain,
-            output_gate: false,
-        },
+            options: GqaOptions {
+                qkv_bias: c.attention_bias,
+                o_bias: false,
+                qk_norm: match c.use_qk_norm {
+                    true => QkNorm::PerHead,
+                    false => QkNorm::None,
+                },
+                eps: c.rms_norm_eps,
+                sinks: false,
+                window: None,
+                norm_weight: NormWeight::Plain,
+                output_gate: false,
+            },
+        }),
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

@@ -7,7 +7,7 @@
 //! `(clamp(u, ±limit) + 1) · g'σ(α g')`, `g' = min(g, limit)`; outputs summed in ascending
 //! expert order. The experts are read as published (`*_blocks`/`*_scales`, groups of 32).
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, GqaPlan, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, RouterConfig, Scoring};
@@ -37,22 +37,24 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id.first(),
         eos_token_ids: c.eos_token_id.to_vec(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            rotary_dim: c.head_dim,
-        },
-        attn_options: GqaOptions {
-            qkv_bias: c.attention_bias,
-            o_bias: c.attention_bias,
-            qk_norm: QkNorm::None,
-            eps: c.rms_norm_eps,
-            sinks: true,
-            window: None,
-            norm_weight: NormWeight::Plain,
-            output_gate: false,
-        },
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                rotary_dim: c.head_dim,
+            },
+            options: GqaOptions {
+                qkv_bias: c.attention_bias,
+                o_bias: c.attention_bias,
+                qk_norm: QkNorm::None,
+                eps: c.rms_norm_eps,
+                sinks: true,
+                window: None,
+                norm_weight: NormWeight::Plain,
+                output_gate: false,
+            },
+        }),
         rope: c.rope.clone(),
         windows: (0..layers).map(|i| c.window(i)).collect(),
         norm_weight: NormWeight::Plain,

@@ -16,7 +16,6 @@ use super::Loader;
 use super::decoder::{
     Decoder, DecoderFamily, DecoderPlan, ExpertForm, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
 };
-use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::kda::L2Norm;
 use super::layers::mla::MlaDims;
 use super::layers::mlp::Activation;
@@ -103,23 +102,7 @@ pub(crate) fn plan_with(
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id,
         eos_token_ids: c.eos_token_ids.clone(),
-        // Grouped-query attention and RoPE are not used: the layers are KDA and NoPE MLA.
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_attention_heads,
-            head_dim: c.qk_head_dim(),
-            rotary_dim: 0,
-        },
-        attn_options: GqaOptions {
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: QkNorm::None,
-            eps: c.rms_norm_eps,
-            norm_weight: NormWeight::Plain,
-            sinks: false,
-            window: None,
-            output_gate: false,
-        },
+        gqa: None,
         rope: RopeConfig::default(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, GqaPlan, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, RouterConfig, Scoring};
@@ -189,22 +189,24 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id.first(),
         eos_token_ids: c.eos_token_id.to_vec(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            rotary_dim: c.rotary_dim(),
-        },
-        attn_options: GqaOptions {
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: QkNorm::Whole,
-            eps: c.rms_norm_eps,
-            sinks: false,
-            window: None,
-            norm_weight: NormWeight::Plain,
-            output_gate: false,
-        },
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                rotary_dim: c.rotary_dim(),
+            },
+            options: GqaOptions {
+                qkv_bias: false,
+                o_bias: false,
+                qk_norm: QkNorm::Whole,
+                eps: c.rms_norm_eps,
+                sinks: false,
+                window: None,
+                norm_weight: NormWeight::Plain,
+                output_gate: false,
+            },
+        }),
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

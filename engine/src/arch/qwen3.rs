@@ -3,7 +3,7 @@
 //! full-width `rotate_half` RoPE, no biases, tied embeddings when configured. Traced tensors:
 //! `embed`, `layers.{l}`, `norm`. Loads in memory only (drafters are small).
 
-use super::decoder::{DecoderFamily, DecoderPlan, MoePlan, Residual};
+use super::decoder::{DecoderFamily, DecoderPlan, GqaPlan, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use crate::config::Qwen3Config;
 use crate::model::NormWeight;
@@ -21,22 +21,24 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id,
         eos_token_ids: c.eos_token_ids.clone(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            rotary_dim: c.head_dim,
-        },
-        attn_options: GqaOptions {
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: QkNorm::PerHead,
-            eps: c.rms_norm_eps,
-            sinks: false,
-            window: None,
-            norm_weight: NormWeight::Plain,
-            output_gate: false,
-        },
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                rotary_dim: c.head_dim,
+            },
+            options: GqaOptions {
+                qkv_bias: false,
+                o_bias: false,
+                qk_norm: QkNorm::PerHead,
+                eps: c.rms_norm_eps,
+                sinks: false,
+                window: None,
+                norm_weight: NormWeight::Plain,
+                output_gate: false,
+            },
+        }),
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

@@ -4,7 +4,7 @@
 //! plain top-k, optional `norm_topk_prob` renormalisation, no scaling, no shared experts), and
 //! dense MLPs on `mlp_only_layers` and layers off `decoder_sparse_step`.
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MoeNames, MoePlan, Residual};
+use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, GqaPlan, MoeNames, MoePlan, Residual};
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
 use super::layers::moe::{Combine, RouterConfig, Scoring};
@@ -25,22 +25,24 @@ fn plan(c: &Qwen3MoeConfig) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id.first(),
         eos_token_ids: c.eos_token_id.to_vec(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: d,
-            rotary_dim: d,
-        },
-        attn_options: GqaOptions {
-            qkv_bias: c.attention_bias,
-            o_bias: c.attention_bias,
-            qk_norm: QkNorm::PerHead,
-            eps: c.rms_norm_eps,
-            sinks: false,
-            window: None,
-            norm_weight: NormWeight::Plain,
-            output_gate: false,
-        },
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: d,
+                rotary_dim: d,
+            },
+            options: GqaOptions {
+                qkv_bias: c.attention_bias,
+                o_bias: c.attention_bias,
+                qk_norm: QkNorm::PerHead,
+                eps: c.rms_norm_eps,
+                sinks: false,
+                window: None,
+                norm_weight: NormWeight::Plain,
+                output_gate: false,
+            },
+        }),
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Plain,

@@ -25,7 +25,9 @@
 
 use serde::Deserialize;
 
-use super::decoder::{DecoderFamily, DecoderPlan, ExpertForm, MixerKind, MoeNames, MoePlan, Residual};
+use super::decoder::{
+    DecoderFamily, DecoderPlan, ExpertForm, GqaPlan, MixerKind, MoeNames, MoePlan, Residual,
+};
 use super::layers::gated_deltanet::GdnDims;
 use super::layers::gqa::{GqaDims, GqaOptions, QkNorm};
 use super::layers::mlp::Activation;
@@ -270,22 +272,24 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
         tie_word_embeddings: c.tie_word_embeddings,
         bos_token_id: c.bos_token_id.first(),
         eos_token_ids: c.eos_token_id.to_vec(),
-        attn: GqaDims {
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            rotary_dim: c.rotary_dim(),
-        },
-        attn_options: GqaOptions {
-            qkv_bias: c.attention_bias,
-            o_bias: c.attention_bias,
-            qk_norm: QkNorm::PerHead,
-            eps: c.rms_norm_eps,
-            norm_weight: NormWeight::Centred,
-            sinks: false,
-            window: None,
-            output_gate: true,
-        },
+        gqa: Some(GqaPlan {
+            dims: GqaDims {
+                heads: c.num_attention_heads,
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                rotary_dim: c.rotary_dim(),
+            },
+            options: GqaOptions {
+                qkv_bias: c.attention_bias,
+                o_bias: c.attention_bias,
+                qk_norm: QkNorm::PerHead,
+                eps: c.rms_norm_eps,
+                norm_weight: NormWeight::Centred,
+                sinks: false,
+                window: None,
+                output_gate: true,
+            },
+        }),
         rope: c.rope.clone(),
         windows: Vec::new(),
         norm_weight: NormWeight::Centred,

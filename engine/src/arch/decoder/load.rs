@@ -11,7 +11,7 @@ use super::super::layers::moe::{Latent, Moe};
 use super::super::layers::rope::Rope;
 use super::{DecoderPlan, ExpertForm, Ffn, Fixed, Layer, Mixer, MixerKind, MoeNames, Residual};
 use crate::cache::store::LookaheadLayer;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::Matrix;
 use crate::model::Loader;
 
@@ -152,14 +152,13 @@ pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Resul
             };
             Mixer::Mla(Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, gate)?)
         }
-        _ => Mixer::Attention(Gqa::load(
-            ld,
-            &format!("{p}.self_attn"),
-            h,
-            plan.attn,
-            &plan.rope,
-            plan.attn_options(i),
-        )?),
+        (MixerKind::Attention, ..) if plan.gqa.is_some() => {
+            let g = plan.gqa.as_ref().expect("checked");
+            let a = format!("{p}.self_attn");
+            let options = plan.attn_options(i, g.options);
+            Mixer::Attention(Gqa::load(ld, &a, h, g.dims, &plan.rope, options)?)
+        }
+        (kind, ..) => return Err(unplanned(plan, kind)),
     };
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;
@@ -240,4 +239,12 @@ pub(super) fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
             Residual::AttnRes { .. } => Some(load_res(ld, "model.", "output_attn", h, plan.rms_norm_eps)?),
         },
     })
+}
+
+/// A plan naming a mixer it gives no shape for (a family's plan is wrong, not the checkpoint).
+fn unplanned(plan: &DecoderPlan, kind: MixerKind) -> Error {
+    Error::InvalidArgument {
+        field: "plan",
+        reason: format!("{}: a {kind:?} layer without its shape in the plan", plan.arch),
+    }
 }

@@ -27,7 +27,9 @@ use std::sync::Arc;
 
 pub use device::DeviceSession;
 use load::{expert, load_fixed, load_layer};
-pub(crate) use plan::{DecoderPlan, ExpertForm, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual};
+pub(crate) use plan::{
+    DecoderPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
+};
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;
@@ -146,7 +148,11 @@ pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
         match (plan.mixer(l), plan.recurrent_shape(l), &plan.mla) {
             (_, Some(s), _) => per_sequence += 4 * (s.conv_len() + s.state_len()),
             (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope),
-            _ => per_token += 4 * 2 * plan.attn.kv_heads * plan.attn.head_dim,
+            (MixerKind::Attention, ..) => {
+                let d = plan.gqa.as_ref().map_or(0, |g| g.dims.kv_heads * g.dims.head_dim);
+                per_token += 4 * 2 * d
+            }
+            _ => {}
         }
     }
     StateSize {

@@ -102,8 +102,8 @@ pub(crate) struct DecoderPlan {
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
-    pub attn: GqaDims,
-    pub attn_options: GqaOptions,
+    /// The grouped-query attention layers' shape and options (`None`: the stack has none).
+    pub gqa: Option<GqaPlan>,
     pub rope: RopeConfig,
     /// Per layer: its sliding window (empty: every layer attends to every earlier position).
     pub windows: Vec<Option<usize>>,
@@ -152,6 +152,13 @@ impl KdaPlan {
             kernel: self.config.short_conv_kernel_size,
         }
     }
+}
+
+/// The grouped-query attention layers' shape and options (per-layer windows apart).
+#[derive(Debug, Clone)]
+pub(crate) struct GqaPlan {
+    pub dims: GqaDims,
+    pub options: GqaOptions,
 }
 
 /// How sub-layer outputs join the residual stream.
@@ -240,10 +247,10 @@ impl DecoderPlan {
     }
 
     /// Layer `l`'s attention options.
-    pub(super) fn attn_options(&self, l: usize) -> GqaOptions {
+    pub(super) fn attn_options(&self, l: usize, options: GqaOptions) -> GqaOptions {
         GqaOptions {
             window: self.windows.get(l).copied().flatten(),
-            ..self.attn_options
+            ..options
         }
     }
 }
