@@ -12,6 +12,7 @@ mod glm4_moe;
 mod gpt_oss;
 pub mod kimi_k3;
 pub mod kimi_linear;
+mod minimax_m2;
 pub mod qwen3;
 mod qwen3_moe;
 mod qwen3_next;

@@ -73,6 +73,7 @@ pub static FAMILIES: &[ArchFamily] = &[
     row::<Qwen3MoeConfig>("Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B-A35B: BF16, block FP8"),
     row::<Glm4MoeConfig>("GLM-4.5, GLM-4.6, GLM-4.7: BF16, block FP8"),
     row::<GptOssConfig>("gpt-oss-20b, gpt-oss-120b: the published MXFP4 experts"),
+    row::<super::minimax_m2::MiniMaxM2Config>("MiniMax-M2, M2.1, M2.5: block FP8"),
     row::<super::qwen3_next::Qwen3NextConfig>(
         "Qwen3-Next-80B-A3B, Qwen3.5/3.6-MoE (35B-A3B to 397B-A17B): gated DeltaNet + gated attention, BF16, block FP8",
     ),
