@@ -41,7 +41,7 @@
 use serde_json::{Map, Value, json};
 
 use super::xtml::escape_attr;
-use super::{DeepSeekMarkers, K2Markers, K3Markers, ToolMarkers};
+use super::{DeepSeekMarkers, K2Markers, K3Markers, TaggedMarkers, ToolMarkers};
 
 /// Most calls a parallel forced-call grammar admits in one turn.
 pub const MAX_CALLS: usize = 32;
@@ -100,6 +100,9 @@ pub enum GrammarError {
     /// A `json_schema` that is not a JSON-schema object.
     #[error("the response schema must be a JSON schema object")]
     InvalidSchema,
+    /// The format's calls cannot be forced yet (Qwen3.5's XML: typed free-text values).
+    #[error("forcing a {format:?} tool call is not supported (tool_choice auto is)")]
+    NotForced { format: super::ToolFormat },
     /// Reasoning was requested but the model has no reasoning markers.
     #[error("the model has no reasoning markers, so thinking cannot precede the constrained output")]
     NoThinkMarkers,
@@ -132,6 +135,12 @@ pub fn forced_call_grammar(
         ToolMarkers::KimiK2(m) => k2_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::KimiK3(m) => k3_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::Hermes(m) => hermes_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::QwenXml(_) => {
+            return Err(GrammarError::NotForced {
+                format: markers.format(),
+            });
+        }
     };
     let prefix = reasoning_prefix(&mut g, Answer::Native(markers), thinking, true)?;
     g.rule("start", &format!("{prefix} {body}"));
@@ -198,6 +207,23 @@ fn deepseek_calls(
         tok(m.calls_end),
         tok(m.end_of_sentence)
     )
+}
+
+/// Qwen hermes calls: `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>` joined by
+/// `\n`, then the end of the turn (the spacing of Qwen's chat template).
+fn hermes_calls(g: &mut Lark, m: &TaggedMarkers, names: &[&str], schemas: &[Value], calls: usize) -> String {
+    let mut alts = Vec::new();
+    for (j, (name, s)) in names.iter().zip(schemas).enumerate() {
+        g.rule(&format!("args_{j}"), &json_rule(s));
+        let head = format!("\n{{\"name\": {}, \"arguments\": ", Value::from(*name));
+        alts.push(format!("{} args_{j} {}", lit(&head), lit("}\n")));
+    }
+    let call = format!("{} ({}) {}", tok(m.call_begin), alts.join(" | "), tok(m.call_end));
+    for i in 0..calls {
+        g.rule(&format!("call_{i}"), &call);
+    }
+    g.chain("calls", calls, "\"\\n\"");
+    format!("calls {}", tok(m.end_of_turn))
 }
 
 /// K3's tools element, then the end of the message.
@@ -288,14 +314,7 @@ fn reasoning_prefix(
                 response
             });
         }
-        Answer::Native(m) => {
-            let think = match m {
-                ToolMarkers::KimiK2(k) => k.think,
-                ToolMarkers::DeepSeekV3(d) => d.think,
-                ToolMarkers::KimiK3(_) => None,
-            };
-            (m.structural_ids(), think.map(|(_, close)| close))
-        }
+        Answer::Native(m) => (m.structural_ids(), m.think().map(|(_, close)| close)),
         Answer::Plain {
             end_of_turn,
             think_close,

@@ -364,12 +364,17 @@ fn deepseek_forced_calls_and_marker_ids_never_inside_json() {
 
 #[test]
 fn json_answers_for_each_format() {
-    for format in [ToolFormat::KimiK2, ToolFormat::KimiK3, ToolFormat::DeepSeekV3] {
+    for format in [
+        ToolFormat::KimiK2,
+        ToolFormat::KimiK3,
+        ToolFormat::DeepSeekV3,
+        ToolFormat::Hermes,
+    ] {
         let (tok, markers) = setup(format);
         let env = env_for(&tok, &markers);
         let s = |t: &str| tok.encode_with_special(t);
         let end = match format {
-            ToolFormat::KimiK2 => "<|im_end|>",
+            ToolFormat::KimiK2 | ToolFormat::Hermes | ToolFormat::QwenXml => "<|im_end|>",
             ToolFormat::KimiK3 => "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
             ToolFormat::DeepSeekV3 => "<｜end▁of▁sentence｜>",
         };

@@ -14,6 +14,10 @@
 //! * **DeepSeek-V3**: `<｜tool▁calls▁begin｜>` then calls
 //!   `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>` joined
 //!   by `\n`, then `<｜tool▁calls▁end｜>`; the format has no id, so one is minted.
+//! * **Qwen hermes** (Qwen3, Qwen3-MoE, Qwen3-Next): each call alone,
+//!   `<tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call>` (`tagged`).
+//! * **Qwen3.5 XML** (Qwen3.5/3.6): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n
+//!   </function>\n</tool_call>`, each value typed by the tool's schema (`tagged`).
 //!
 //! Invariants: markers are recognised by token id only (text that spells a marker stays text);
 //! a call is reported only once it is complete and well formed, so a malformed call can still
@@ -21,10 +25,13 @@
 
 pub mod grammar;
 mod parser;
+mod tagged;
 mod xtml;
 
 #[cfg(test)]
 mod grammar_tests;
+#[cfg(test)]
+mod tagged_tests;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -43,14 +50,31 @@ pub enum ToolFormat {
     KimiK3,
     /// DeepSeek-V3 / V3-0324 / R1: `<｜tool▁calls▁begin｜>` … with fenced JSON arguments.
     DeepSeekV3,
+    /// Qwen3 / Qwen3-MoE / Qwen3-Next: `<tool_call>{json}</tool_call>` (hermes).
+    Hermes,
+    /// Qwen3.5 / Qwen3.6: `<tool_call><function=NAME><parameter=K>V</parameter>…`.
+    QwenXml,
 }
 
 impl ToolFormat {
-    /// The format whose marker tokens `tokenizer` has, if any (checked K3, K2, DeepSeek-V3).
+    /// The format the model speaks: by its marker tokens for Kimi and DeepSeek (checked K3, K2,
+    /// DeepSeek-V3), and for Qwen's shared `<tool_call>` markers by what the chat template
+    /// renders (`<function=` is Qwen3.5's XML; else hermes JSON). `None` without markers, or
+    /// with Qwen markers but a template that renders no tool calls.
     pub fn detect(tokenizer: &Tokenizer) -> Option<ToolFormat> {
-        [ToolFormat::KimiK3, ToolFormat::KimiK2, ToolFormat::DeepSeekV3]
+        let by_markers = [ToolFormat::KimiK3, ToolFormat::KimiK2, ToolFormat::DeepSeekV3]
             .into_iter()
-            .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok())
+            .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
+        if by_markers.is_some() {
+            return by_markers;
+        }
+        ToolMarkers::resolve(ToolFormat::Hermes, tokenizer).ok()?;
+        let template = tokenizer.chat_template()?.source();
+        match (template.contains("<function="), template.contains("<tool_call>")) {
+            (true, _) => Some(ToolFormat::QwenXml),
+            (false, true) => Some(ToolFormat::Hermes),
+            (false, false) => None,
+        }
     }
 }
 
@@ -119,6 +143,19 @@ pub struct DeepSeekMarkers {
     pub think: Option<(u32, u32)>,
 }
 
+/// Qwen's marker ids (hermes and Qwen3.5 XML share them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaggedMarkers {
+    /// `<tool_call>`.
+    pub call_begin: u32,
+    /// `</tool_call>`.
+    pub call_end: u32,
+    /// `<|im_end|>`: the end of the assistant turn.
+    pub end_of_turn: u32,
+    /// `<think>` / `</think>`, when the tokenizer has them.
+    pub think: Option<(u32, u32)>,
+}
+
 /// The marker ids of one format, resolved from a tokenizer once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolMarkers {
@@ -128,6 +165,10 @@ pub enum ToolMarkers {
     KimiK3(K3Markers),
     /// DeepSeek-V3.
     DeepSeekV3(DeepSeekMarkers),
+    /// Qwen hermes.
+    Hermes(TaggedMarkers),
+    /// Qwen3.5 XML.
+    QwenXml(TaggedMarkers),
 }
 
 impl ToolMarkers {
@@ -176,6 +217,18 @@ impl ToolMarkers {
                 end_of_sentence: id("<｜end▁of▁sentence｜>")?,
                 think: pair("<think>", "</think>"),
             }),
+            ToolFormat::Hermes | ToolFormat::QwenXml => {
+                let m = TaggedMarkers {
+                    call_begin: id("<tool_call>")?,
+                    call_end: id("</tool_call>")?,
+                    end_of_turn: id("<|im_end|>")?,
+                    think: pair("<think>", "</think>"),
+                };
+                match format {
+                    ToolFormat::Hermes => ToolMarkers::Hermes(m),
+                    _ => ToolMarkers::QwenXml(m),
+                }
+            }
         })
     }
 
@@ -185,6 +238,18 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(_) => ToolFormat::KimiK2,
             ToolMarkers::KimiK3(_) => ToolFormat::KimiK3,
             ToolMarkers::DeepSeekV3(_) => ToolFormat::DeepSeekV3,
+            ToolMarkers::Hermes(_) => ToolFormat::Hermes,
+            ToolMarkers::QwenXml(_) => ToolFormat::QwenXml,
+        }
+    }
+
+    /// The reasoning markers, when the format's tokenizer has them.
+    pub fn think(&self) -> Option<(u32, u32)> {
+        match self {
+            ToolMarkers::KimiK2(m) => m.think,
+            ToolMarkers::DeepSeekV3(m) => m.think,
+            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => m.think,
+            ToolMarkers::KimiK3(_) => None,
         }
     }
 
@@ -194,6 +259,7 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
             ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
+            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => m.end_of_turn,
         }
     }
 
@@ -217,13 +283,9 @@ impl ToolMarkers {
                 m.sep,
                 m.end_of_sentence,
             ],
+            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => vec![m.call_begin, m.call_end, m.end_of_turn],
         };
-        let think = match self {
-            ToolMarkers::KimiK2(m) => m.think,
-            ToolMarkers::DeepSeekV3(m) => m.think,
-            ToolMarkers::KimiK3(_) => None,
-        };
-        ids.extend(think.into_iter().flat_map(|(a, b)| [a, b]));
+        ids.extend(self.think().into_iter().flat_map(|(a, b)| [a, b]));
         ids.sort_unstable();
         ids.dedup();
         ids

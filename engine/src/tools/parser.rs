@@ -1,7 +1,8 @@
 //! The streaming tool-call parser: generated ids in, [`ToolEvent`]s out.
 //!
 //! Kimi K2 and DeepSeek-V3 share one shape (a section of calls, each call split in two by one
-//! separator marker) and one state machine here; Kimi K3's XTML lives in `xtml`. A call is
+//! separator marker) and one state machine here; Kimi K3's XTML lives in `xtml`, Qwen's
+//! tagged calls in `tagged`. A call is
 //! buffered from its opening marker to its closing one and reported (start, the whole
 //! arguments string, end) only when it parses; otherwise its ids come back as
 //! [`ToolEvent::Malformed`]. Feeding ids one at a time or in any chunking gives the same events.
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::tagged::{Body, TaggedParser};
 use super::xtml::XtmlParser;
 use super::{ToolEvent, ToolFormat, ToolMarkers, mint_call_id};
 use crate::tokenizer::Tokenizer;
@@ -30,6 +32,7 @@ pub struct ToolCallParser {
 enum Machine {
     Section(SectionParser),
     Xtml(XtmlParser),
+    Tagged(TaggedParser),
 }
 
 /// A call as read from the output, before an index is assigned.
@@ -79,6 +82,8 @@ impl ToolCallParser {
                 },
             )),
             ToolMarkers::KimiK3(m) => Machine::Xtml(XtmlParser::new(m)),
+            ToolMarkers::Hermes(m) => Machine::Tagged(TaggedParser::new(m, Body::Hermes, Default::default())),
+            ToolMarkers::QwenXml(m) => Machine::Tagged(TaggedParser::new(m, Body::Xml, Default::default())),
         };
         ToolCallParser {
             tokenizer,
@@ -90,12 +95,22 @@ impl ToolCallParser {
         }
     }
 
+    /// The same parser given each tool's `parameters` schema by name (Qwen3.5's XML values are
+    /// typed by it; the other formats carry JSON and ignore it).
+    pub fn with_tool_schemas(mut self, schemas: std::collections::HashMap<String, Value>) -> Self {
+        if let Machine::Tagged(p) = &mut self.machine {
+            p.set_schemas(schemas);
+        }
+        self
+    }
+
     /// Add one generated id; the events it completes are appended to `out`.
     pub fn push(&mut self, id: u32, out: &mut Vec<ToolEvent>) {
         let mut raw = Vec::new();
         match &mut self.machine {
             Machine::Section(p) => p.push(&self.tokenizer, id, &mut raw),
             Machine::Xtml(p) => p.push(&self.tokenizer, id, &mut raw),
+            Machine::Tagged(p) => p.push(&self.tokenizer, id, &mut raw),
         }
         self.emit(raw, out);
     }
@@ -116,6 +131,7 @@ impl ToolCallParser {
         match &mut self.machine {
             Machine::Section(p) => p.finish(&mut raw),
             Machine::Xtml(p) => p.finish(&mut raw),
+            Machine::Tagged(p) => p.finish(&mut raw),
         }
         let raw = raw
             .into_iter()

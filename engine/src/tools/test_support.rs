@@ -1,4 +1,4 @@
-//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 tokenizers with tool-call tokens
+//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 / Qwen3.5 tokenizers with tool-call tokens
 //! and id builders for the parser and grammar tests.
 
 use std::path::Path;
@@ -32,12 +32,20 @@ pub fn k3() -> Arc<Tokenizer> {
     Arc::new(Tokenizer::from_dir(dir.path()).expect("K3 tokenizer"))
 }
 
+/// The Qwen3.5 fixture's tokenizer (`<tool_call>` markers, `<think>`, the published Qwen3.5
+/// chat template).
+pub fn qwen35() -> Arc<Tokenizer> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3.5-moe");
+    Arc::new(Tokenizer::from_dir(&dir).expect("Qwen3.5 tokenizer"))
+}
+
 /// The tokenizer of `format` and its markers.
 pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
     let tok = match format {
         ToolFormat::KimiK2 => k2(),
         ToolFormat::KimiK3 => k3(),
         ToolFormat::DeepSeekV3 => deepseek(),
+        ToolFormat::Hermes | ToolFormat::QwenXml => qwen35(),
     };
     let markers = ToolMarkers::resolve(format, &tok).expect("markers");
     (tok, markers)

@@ -185,7 +185,7 @@ pub fn start(
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;
@@ -204,7 +204,7 @@ pub fn start(
             );
             match loaded.tool_format.filter(|_| tools_on) {
                 Some(f) => p
-                    .with_tools(f, format!("{id}{i}"))
+                    .with_tools(f, format!("{id}{i}"), tool_schemas(req))
                     .malformed_as_text(app.config().malformed_calls_as_text),
                 None => p,
             }
@@ -224,6 +224,14 @@ pub fn start(
         prompt: prompt_ids,
         tools: tools_on,
     })
+}
+
+/// Each requested tool's `parameters` schema by name (Qwen3.5's XML values are typed by it).
+fn tool_schemas(req: &ChatRequest) -> std::collections::HashMap<String, Value> {
+    req.tools
+        .iter()
+        .map(|t| (t.name.clone(), t.parameters.clone()))
+        .collect()
 }
 
 /// The prompt ids, and whether the generation prompt opened a thinking channel.

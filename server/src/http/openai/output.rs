@@ -12,10 +12,12 @@
 //! did not close it. The concatenation of every delta ([`Delta::extend`]) equals a
 //! non-streamed run.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deltafin_engine::tokenizer::{IncrementalDecoder, Tokenizer};
 use deltafin_engine::tools::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
+use serde_json::Value;
 
 use super::reasoning::{Channel, Markers, ReasoningSplit, Route, ThinkMarkers, XtmlMarkers};
 use super::stop::StopMatcher;
@@ -108,9 +110,17 @@ impl OutputParser {
 
     /// Parse native tool calls of `format`; minted call ids start `call_{id_prefix}_` (make it
     /// unique per request). A tokenizer without the format's tokens leaves parsing off.
-    pub fn with_tools(mut self, format: ToolFormat, id_prefix: String) -> Self {
+    pub fn with_tools(
+        mut self,
+        format: ToolFormat,
+        id_prefix: String,
+        schemas: HashMap<String, Value>,
+    ) -> Self {
         match ToolMarkers::resolve(format, &self.tokenizer) {
-            Ok(markers) => self.tools = Some(ToolCallParser::new(self.tokenizer.clone(), markers, id_prefix)),
+            Ok(markers) => {
+                let parser = ToolCallParser::new(self.tokenizer.clone(), markers, id_prefix);
+                self.tools = Some(parser.with_tool_schemas(schemas))
+            }
             Err(e) => tracing::warn!(error = %e, "tool-call parsing disabled"),
         }
         self
@@ -459,7 +469,7 @@ mod tests {
         ids.extend(s("<|tool_call_end|><|tool_calls_section_end|><|im_end|>"));
         for as_text in [false, true] {
             let mut p = OutputParser::new(tok.clone(), markers.clone(), &[m.open], vec![])
-                .with_tools(ToolFormat::KimiK2, "x".into())
+                .with_tools(ToolFormat::KimiK2, "x".into(), Default::default())
                 .malformed_as_text(as_text);
             let d = run_streamed(&mut p, &ids);
             assert_eq!(d.reasoning, "weigh it");
@@ -489,8 +499,11 @@ mod tests {
         ids.extend(tok.encode("{}"));
         ids.extend(tok.encode_with_special("<|tool_call_end|><|tool_calls_section_end|>"));
         ids.extend(tok.encode("after"));
-        let mut p =
-            OutputParser::new(tok, markers, &[m.open], vec![]).with_tools(ToolFormat::KimiK2, "x".into());
+        let mut p = OutputParser::new(tok, markers, &[m.open], vec![]).with_tools(
+            ToolFormat::KimiK2,
+            "x".into(),
+            Default::default(),
+        );
         let d = run_streamed(&mut p, &ids);
         assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("hmm", "after"));
         assert_eq!(calls(&d), vec![(0, "call_x_0", "a", "{}")]);
@@ -515,8 +528,11 @@ mod tests {
         let prompt = tok.encode_chat(&messages, &opts).unwrap();
         for think_close in [true, false] {
             let ids = tok.encode_with_special(&k3_output(think_close));
-            let mut p = OutputParser::new(tok.clone(), markers.clone(), &prompt, vec![])
-                .with_tools(ToolFormat::KimiK3, "r1".into());
+            let mut p = OutputParser::new(tok.clone(), markers.clone(), &prompt, vec![]).with_tools(
+                ToolFormat::KimiK3,
+                "r1".into(),
+                Default::default(),
+            );
             let d = run_streamed(&mut p, &ids);
             assert_eq!((d.reasoning.as_str(), d.content.as_str()), ("plan", "Calling."));
             assert_eq!(
@@ -549,8 +565,11 @@ mod tests {
         ids.extend(s("<｜tool▁call▁begin｜>function<｜tool▁sep｜>"));
         ids.extend(tok.encode("noop\n```json\n{}\n```"));
         ids.extend(s("<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"));
-        let mut p = OutputParser::new(tok.clone(), reasoning_markers(&tok), &[], vec![])
-            .with_tools(ToolFormat::DeepSeekV3, "q".into());
+        let mut p = OutputParser::new(tok.clone(), reasoning_markers(&tok), &[], vec![]).with_tools(
+            ToolFormat::DeepSeekV3,
+            "q".into(),
+            Default::default(),
+        );
         let d = run_streamed(&mut p, &ids);
         assert_eq!(d.content, "Let me look.");
         assert_eq!(
@@ -571,8 +590,11 @@ mod tests {
         ids.extend(tok.encode_with_special("<|tool_call_argument_begin|>"));
         ids.extend(tok.encode(r#"{"s": "STOP"}"#));
         ids.extend(tok.encode_with_special("<|tool_call_end|><|tool_calls_section_end|>"));
-        let mut p = OutputParser::new(tok.clone(), None, &[], vec!["STOP".into()])
-            .with_tools(ToolFormat::KimiK2, String::new());
+        let mut p = OutputParser::new(tok.clone(), None, &[], vec!["STOP".into()]).with_tools(
+            ToolFormat::KimiK2,
+            String::new(),
+            Default::default(),
+        );
         let d = run_streamed(&mut p, &ids);
         assert_eq!(d.content, "a");
         assert_eq!(calls(&d), vec![(0, "call_0", "f", r#"{"s": "STOP"}"#)]);
