@@ -8,71 +8,34 @@
 //! * `a = mixer(RMSNorm_in(u))`; `p ← p + a`; `m = AttnRes_mlp([A…, p])`;
 //! * `h ← p + FFN(RMSNorm_post(m))`.
 //!
-//! Tail: `z = AttnRes_out([A…, h])`, `logits = lm_head(RMSNorm(z))`. Traced tensors: `embed`,
-//! `layers.{ℓ}` (= `h` after layer ℓ) and `norm` (= `RMSNorm(z)` of the logit rows). The
+//! Tail: `z = AttnRes_out([A…, h])`, `logits = lm_head(RMSNorm(z))`: the layers run inside the
+//! shared pass (`arch::decoder_pass`: embedding, state checks, rollback, norm, head) and leave
+//! `z` in the logit rows. Traced tensors: `embed`, `layers.{ℓ}` (= `h` after layer ℓ) and
+//! `norm` (= `RMSNorm(z)` of the logit rows). The
 //! look-ahead prefetch applies layer `ℓ+1`'s `post_attention_layernorm` and router to `m` of
 //! layer `ℓ` (deltafin's PILOT predictor).
 
 use super::super::layers::attn_res::AttnRes;
-use super::super::{RowPlan, SeqInput, Trace, begin_pass};
-use super::{Decoder, check_state, run_ffn, run_mixer};
-use crate::backend::matmul;
+use super::super::{RowPlan, SeqInput, Trace};
+use super::{Decoder, missing_res, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
-use crate::error::{Error, Result};
-use crate::kernels::reference::decode_row;
+use crate::error::Result;
 
 impl Decoder {
-    /// A pass in the Block Attention Residuals form, anchors every `block` layers.
-    pub(super) fn forward_attn_res(
-        &self,
-        batch: &mut [SeqInput<'_>],
-        mut trace: Option<&mut Trace>,
-        block: usize,
-    ) -> Result<Vec<f32>> {
-        let h = self.plan.hidden_size;
-        let plan = RowPlan::new(batch, self.plan.vocab_size, self.plan.max_context)?;
-        for b in batch.iter() {
-            check_state(&self.plan, b.state)?;
-        }
-        let output_res = self.output_res.as_ref().ok_or_else(missing_res)?;
-        begin_pass(batch);
-        let mut run = vec![0.0f32; plan.len() * h];
-        let tokens = batch.iter().flat_map(|b| b.tokens.iter().copied());
-        for (row, t) in run.chunks_mut(h).zip(tokens) {
-            decode_row(&self.embed, t as usize, row);
-        }
-        if let Some(tr) = trace.as_deref_mut() {
-            tr.record("embed", &run);
-        }
-        let (run, anchors) = match self.attn_res_layers(batch, &plan, run, trace.as_deref_mut(), block) {
-            Ok(r) => r,
-            Err(e) => {
-                batch.iter_mut().for_each(|b| b.state.rollback()); // a failed read leaves no trace
-                return Err(e);
-            }
-        };
-        let logit_rows = plan.logit_rows(batch);
-        let z = mix_rows(output_res, &anchors, &run, &logit_rows, h);
-        let normed = self.norm_rows(&z, &self.norm);
-        if let Some(tr) = trace {
-            tr.record("norm", &normed);
-        }
-        let mut logits = vec![0.0f32; logit_rows.len() * self.lm_head.rows];
-        matmul(&self.lm_head, &normed, logit_rows.len(), &mut logits);
-        Ok(logits)
-    }
-
-    /// Every layer from the embedding rows `run`; returns the final running sum `h` and the
-    /// anchors. On error the caller rolls the states back.
-    fn attn_res_layers(
+    /// Every layer over the embedding rows `x`, anchors every `block` layers; then each logit
+    /// row of `x` becomes its tail mix `z`, which the shared pass normalises and projects. On
+    /// error the caller rolls the states back.
+    pub(super) fn attn_res_layers(
         &self,
         batch: &mut [SeqInput<'_>],
         plan: &RowPlan,
-        mut run: Vec<f32>,
+        x: &mut [f32],
         mut trace: Option<&mut Trace>,
         block: usize,
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    ) -> Result<()> {
         let (h, n) = (self.plan.hidden_size, plan.len());
+        let output_res = self.output_res.as_ref().ok_or_else(missing_res)?;
+        let mut run = x.to_vec();
         let all: Vec<usize> = (0..n).collect();
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.layers.len().div_ceil(block));
         let pass = ExpertPass::open(self.experts.as_deref());
@@ -116,16 +79,13 @@ impl Decoder {
             }
         }
         pass.finish()?;
-        Ok((run, anchors))
-    }
-}
-
-/// A plan with Block Attention Residuals whose layers were built without their sites (cannot
-/// happen: the same plan builds both).
-fn missing_res() -> Error {
-    Error::InvalidArgument {
-        field: "residual",
-        reason: "the model's layers have no Block Attention Residual sites".into(),
+        x.copy_from_slice(&run);
+        let logit_rows = plan.logit_rows(batch);
+        let z = mix_rows(output_res, &anchors, &run, &logit_rows, h);
+        for (&r, zr) in logit_rows.iter().zip(z.chunks(h)) {
+            x[r * h..(r + 1) * h].copy_from_slice(zr);
+        }
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 use super::super::Model;
 use super::super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
 use super::super::layers::moe::ExpertProvider;
-use super::{Decoder, Ffn, Mixer, Residual};
+use super::{Decoder, Ffn, Mixer, Residual, missing_res};
 use crate::backend::WeightClass;
 use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
@@ -189,7 +189,7 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
             let (Some([attn_q, mlp_q]), Some([attn_res, mlp_res])) = (&k.res, &layer.res) else {
-                return Err(no_res());
+                return Err(missing_res());
             };
             let u = match anchors {
                 0 => None,
@@ -215,7 +215,7 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         pass.finish()?;
         self.len += n;
         let (Some(out_q), Some(out_res)) = (&self.output_res, &m.output_res) else {
-            return Err(no_res());
+            return Err(missing_res());
         };
         let z = mix((out_q, out_res.eps), anchors, &run)?;
         device::last_row_logits(dev, &z, (n, h), (&self.norm, eps), &m.lm_head)
@@ -236,14 +236,5 @@ fn run_ffn<D: DeviceOps>(
     match ffn {
         Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
         Ffn::Moe(moe) => device::moe(dev, (moe, provider), bias, x, n),
-    }
-}
-
-/// A Block Attention Residuals plan whose layers lack their sites (cannot happen: one plan
-/// builds both).
-fn no_res() -> Error {
-    Error::InvalidArgument {
-        field: "residual",
-        reason: "the model's layers have no Block Attention Residual sites".into(),
     }
 }

@@ -130,35 +130,35 @@ fn router(
 pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
     let h = plan.hidden_size;
     let p = format!("model.layers.{i}");
-    let mixer = match (plan.mixer(i), &plan.linear, &plan.mla) {
-        (MixerKind::DeltaNet, Some(dims), _) => Mixer::DeltaNet(GatedDeltaNet::load(
-            ld,
-            &format!("{p}.linear_attn"),
-            h,
-            *dims,
-            plan.rms_norm_eps,
-        )?),
-        (MixerKind::Kda, ..) if plan.kda.is_some() => {
-            let k = plan.kda.as_ref().expect("checked");
-            let a = format!("{p}.self_attn");
-            Mixer::Kda(Kda::load(ld, &a, h, &k.config, k.l2, plan.rms_norm_eps)?)
+    let a = format!("{p}.self_attn");
+    let eps = plan.rms_norm_eps;
+    let mixer = match plan.mixer(i) {
+        MixerKind::DeltaNet => {
+            let dims = plan.linear.ok_or_else(|| unplanned(plan, MixerKind::DeltaNet))?;
+            let prefix = format!("{p}.linear_attn");
+            Mixer::DeltaNet(GatedDeltaNet::load(ld, &prefix, h, dims, eps)?)
         }
-        (MixerKind::Mla, _, Some(m)) => {
+        MixerKind::Kda => {
+            let k = plan.kda.as_ref().ok_or_else(|| unplanned(plan, MixerKind::Kda))?;
+            Mixer::Kda(Kda::load(ld, &a, h, &k.config, k.l2, eps)?)
+        }
+        MixerKind::Mla => {
+            let m = plan.mla.as_ref().ok_or_else(|| unplanned(plan, MixerKind::Mla))?;
             let rotary = m.rotary.then(|| Rope::new(&plan.rope, m.dims.rope, m.interleave));
-            let a = format!("{p}.self_attn");
             let gate = match m.out_gate {
                 true => Some(ld.linear(&format!("{a}.g_proj"), m.dims.heads * m.dims.v, h)?),
                 false => None,
             };
             Mixer::Mla(Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, gate)?)
         }
-        (MixerKind::Attention, ..) if plan.gqa.is_some() => {
-            let g = plan.gqa.as_ref().expect("checked");
-            let a = format!("{p}.self_attn");
+        MixerKind::Attention => {
+            let g = plan
+                .gqa
+                .as_ref()
+                .ok_or_else(|| unplanned(plan, MixerKind::Attention))?;
             let options = plan.attn_options(i, g.options);
             Mixer::Attention(Gqa::load(ld, &a, h, g.dims, &plan.rope, options)?)
         }
-        (kind, ..) => return Err(unplanned(plan, kind)),
     };
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;

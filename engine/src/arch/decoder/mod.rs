@@ -356,7 +356,7 @@ pub(super) fn run_ffn(ffn: &Ffn, xn: &[f32], n: usize, pass: &ExpertPass<'_>, l:
 
 /// Each layer of the state is what the plan's layer keeps: a key/value cache for attention, a
 /// recurrent state of the layer's shape for DeltaNet.
-pub(super) fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
+fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
     let ok = state.layers.len() == plan.num_layers
         && state
             .layers
@@ -405,9 +405,6 @@ impl Model for Decoder {
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
-        if let Residual::AttnRes { block } = self.plan.residual {
-            return self.forward_attn_res(batch, trace, block);
-        }
         let ends = super::DecoderEnds {
             embed: &self.embed,
             norm: &self.norm,
@@ -420,7 +417,19 @@ impl Model for Decoder {
             batch,
             trace,
             |s| check_state(&self.plan, s),
-            |batch, plan, x, trace| self.run_layers(batch, plan, x, trace),
+            |batch, plan, x, trace| match self.plan.residual {
+                Residual::Plain => self.run_layers(batch, plan, x, trace),
+                Residual::AttnRes { block } => self.attn_res_layers(batch, plan, x, trace, block),
+            },
         )
+    }
+}
+
+/// A plan with Block Attention Residuals whose layers or tail were built without their sites
+/// (cannot happen: the same plan builds both).
+pub(super) fn missing_res() -> crate::error::Error {
+    crate::error::Error::InvalidArgument {
+        field: "residual",
+        reason: "the model's layers have no Block Attention Residual sites".into(),
     }
 }

@@ -30,6 +30,10 @@ use crate::kernels::math::exp;
 use crate::model::Loader;
 use crate::state::KdaShape;
 
+/// The epsilon of the q/k L2 norm: a constant of the published kernels (HF's `l2norm` and FLA's
+/// `use_qk_l2norm_in_kernel`), not a config key.
+const L2_EPS: f32 = 1e-6;
+
 /// The input projections as stored (one per layer, built at load: the size difference between
 /// the variants costs nothing).
 #[allow(clippy::large_enum_variant)]
@@ -164,7 +168,7 @@ impl GatedDeltaNet {
         let core = DeltaCore {
             shape: self.shape,
             conv: &self.conv,
-            l2: L2Norm::EpsInside(1e-6),
+            l2: L2Norm::EpsInside(L2_EPS),
             q_scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
             decay_rate: &self.decay_rate,
             decay: KdaDecay::Softplus,

@@ -212,30 +212,6 @@ pub(crate) struct DeltaCore<'a> {
     pub gate: GateActivation,
 }
 
-impl DeltaCore<'_> {
-    /// The read-out of `n` rows `[n, P]` from their projections, advancing each row's sequence
-    /// state: per-row channel work in order, the delta rule per `(sequence, head)`, then the
-    /// gated norm (see [`Kda::forward`]).
-    pub(crate) fn run(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
-        let s = self.shape;
-        let p = s.channels();
-        let inputs = self.channel_phase(proj, n, rows);
-        let mut o = vec![0.0f32; n * p];
-        let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
-        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
-        for (i, out) in o.chunks_mut(p).enumerate() {
-            gated_norm(
-                out,
-                &proj.gate[i * p..(i + 1) * p],
-                self.o_norm,
-                self.eps,
-                self.gate,
-            );
-        }
-        o
-    }
-}
-
 impl Kda {
     fn project(&self, x: &[f32], n: usize) -> Projections {
         let p = self.shape.channels();
@@ -300,6 +276,28 @@ impl Kda {
 }
 
 impl DeltaCore<'_> {
+    /// The read-out of `n` rows `[n, P]` from their projections, advancing each row's sequence
+    /// state: per-row channel work in order, the delta rule per `(sequence, head)`, then the
+    /// gated norm (see [`Kda::forward`]).
+    pub(crate) fn run(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+        let s = self.shape;
+        let p = s.channels();
+        let inputs = self.channel_phase(proj, n, rows);
+        let mut o = vec![0.0f32; n * p];
+        let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
+        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
+        for (i, out) in o.chunks_mut(p).enumerate() {
+            gated_norm(
+                out,
+                &proj.gate[i * p..(i + 1) * p],
+                self.o_norm,
+                self.eps,
+                self.gate,
+            );
+        }
+        o
+    }
+
     /// Per row, in order: the convolution (advancing each sequence's history), SiLU, the L2
     /// norms and q scale, the decay `g` and `β`; each row's recurrence inputs are recorded in its
     /// sequence's cache.
