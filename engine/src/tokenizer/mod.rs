@@ -56,7 +56,7 @@ use std::path::Path;
 pub use chat::{ChatMessage, ChatOptions};
 pub use stream::IncrementalDecoder;
 pub use template::ChatTemplate;
-pub use tool_history::normalize_k2_tool_ids;
+pub use tool_history::{arguments_as_objects, normalize_k2_tool_ids};
 
 use chat::{ControlTokens, Piece};
 use config::TokenizerConfig;

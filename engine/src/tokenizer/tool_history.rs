@@ -1,4 +1,10 @@
-//! Tool-call history fixes that Kimi K2's prompt format needs (reference/agent-api.md §1).
+//! Tool-call history as each family's chat template expects it.
+//!
+//! * Kimi K2's ids (reference/agent-api.md §1), below.
+//! * Arguments as objects: OpenAI clients send a history call's `arguments` as a JSON string,
+//!   while the templates of Qwen3.5, GLM, MiniMax-M2 and gpt-oss iterate them as a mapping
+//!   (`arguments.items()`, `arguments|items`, `arguments|tojson`), as transformers documents
+//!   and vLLM does before rendering. [`arguments_as_objects`] decodes them.
 //!
 //! K2 renders a history call's id verbatim, and that id is the only place its function name
 //! reaches the model: the model was trained on `functions.{name}:{idx}` (idx counting the calls
@@ -58,6 +64,38 @@ pub fn normalize_k2_tool_ids(messages: &mut [ChatMessage]) {
     }
 }
 
+/// Decode every assistant tool call's `function.arguments` that is a JSON string holding an
+/// object into that object (the form the templates that iterate arguments need). A string
+/// that is not a JSON object is left as it is, for the template to render or refuse.
+///
+/// ```
+/// use deltafin_engine::tokenizer::{ChatMessage, arguments_as_objects};
+/// let call = serde_json::json!({"id": "call_9", "type": "function",
+///     "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}});
+/// let mut messages = vec![ChatMessage { tool_calls: Some(vec![call]), ..ChatMessage::new("assistant", "") }];
+/// arguments_as_objects(&mut messages);
+/// let args = &messages[0].tool_calls.as_ref().unwrap()[0]["function"]["arguments"];
+/// assert_eq!(args, &serde_json::json!({"city": "Oslo"}));
+/// ```
+pub fn arguments_as_objects(messages: &mut [ChatMessage]) {
+    let calls = messages
+        .iter_mut()
+        .filter(|m| m.role == "assistant")
+        .flat_map(|m| m.tool_calls.iter_mut().flatten());
+    for call in calls {
+        let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) else {
+            continue;
+        };
+        let decoded = args
+            .as_str()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+            .filter(Value::is_object);
+        if let Some(object) = decoded {
+            *args = object;
+        }
+    }
+}
+
 /// Give one call its K2 id if it lacks one; returns `(old id, new id)` when it changed.
 fn normalize_call(call: &mut Value, idx: usize) -> Option<(Option<String>, String)> {
     let name = call.get("function")?.get("name")?.as_str()?.to_owned();
@@ -113,6 +151,31 @@ mod tests {
             .flatten()
             .map(|c| c["id"].as_str().unwrap_or("-").to_owned())
             .collect()
+    }
+
+    #[test]
+    fn json_string_arguments_become_objects_and_other_values_stay() {
+        let with_args = |a: Value| {
+            let mut c = call(Some("c"), "f");
+            c["function"]["arguments"] = a;
+            c
+        };
+        let mut msgs = vec![
+            assistant(vec![
+                with_args(json!("{\"a\": [1, {\"b\": null}]}")),
+                with_args(json!("not json")),
+                with_args(json!("[1]")),
+                with_args(json!({"x": 1})),
+            ]),
+            ChatMessage {
+                tool_calls: Some(vec![with_args(json!("{\"u\": 1}"))]),
+                ..ChatMessage::new("user", "")
+            },
+        ];
+        arguments_as_objects(&mut msgs);
+        let args: Vec<&Value> = msgs[0].tool_calls.as_ref().unwrap().iter().map(|c| &c["function"]["arguments"]).collect();
+        assert_eq!(args, [&json!({"a": [1, {"b": null}]}), &json!("not json"), &json!("[1]"), &json!({"x": 1})]);
+        assert_eq!(msgs[1].tool_calls.as_ref().unwrap()[0]["function"]["arguments"], json!("{\"u\": 1}"));
     }
 
     #[test]

@@ -40,6 +40,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::grammar_xml::{XmlSyntax, xml_calls};
 use super::xtml::escape_attr;
 use super::{DeepSeekMarkers, K2Markers, K3Markers, TaggedMarkers, ToolMarkers};
 
@@ -100,9 +101,6 @@ pub enum GrammarError {
     /// A `json_schema` that is not a JSON-schema object.
     #[error("the response schema must be a JSON schema object")]
     InvalidSchema,
-    /// The format's calls cannot be forced yet (Qwen3.5's XML: typed free-text values).
-    #[error("forcing a {format:?} tool call is not supported (tool_choice auto is)")]
-    NotForced { format: super::ToolFormat },
     /// Reasoning was requested but the model has no reasoning markers.
     #[error("the model has no reasoning markers, so thinking cannot precede the constrained output")]
     NoThinkMarkers,
@@ -136,11 +134,9 @@ pub fn forced_call_grammar(
         ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::KimiK3(m) => k3_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::Hermes(m) => hermes_calls(&mut g, m, &names, &schemas, calls),
-        ToolMarkers::QwenXml(_) => {
-            return Err(GrammarError::NotForced {
-                format: markers.format(),
-            });
-        }
+        ToolMarkers::QwenXml(m) => xml_calls(&mut g, XmlSyntax::Qwen, m, &names, &schemas, calls),
+        ToolMarkers::Glm(m) => xml_calls(&mut g, XmlSyntax::Glm, m, &names, &schemas, calls),
+        ToolMarkers::MiniMax(m) => xml_calls(&mut g, XmlSyntax::MiniMax, m, &names, &schemas, calls),
     };
     let prefix = reasoning_prefix(&mut g, Answer::Native(markers), thinking, true)?;
     g.rule("start", &format!("{prefix} {body}"));
@@ -446,7 +442,7 @@ fn k3_free_block(x: &Xtml) -> String {
 
 /// A property schema that is only a local `$ref` (`#/$defs/N`, `#/definitions/N`) resolved
 /// one level against the root (to learn its type); otherwise the property itself.
-fn resolve_ref(prop: &Value, root: &Value) -> Value {
+pub(super) fn resolve_ref(prop: &Value, root: &Value) -> Value {
     let target = prop
         .get("$ref")
         .and_then(Value::as_str)
@@ -496,7 +492,7 @@ fn k3_types(prop: &Value) -> Vec<&str> {
 }
 
 /// The root `$defs` / `definitions` to re-attach to property schemas.
-fn root_defs(schema: &Value) -> Option<Map<String, Value>> {
+pub(super) fn root_defs(schema: &Value) -> Option<Map<String, Value>> {
     let mut out = Map::new();
     for key in ["$defs", "definitions"] {
         if let Some(d) = schema.get(key) {
@@ -507,18 +503,18 @@ fn root_defs(schema: &Value) -> Option<Map<String, Value>> {
 }
 
 /// The special token `id`.
-fn tok(id: u32) -> String {
+pub(super) fn tok(id: u32) -> String {
     format!("<[{id}]>")
 }
 
 /// Any single token except `ids`.
-fn not_tokens(ids: &[u32]) -> String {
+pub(super) fn not_tokens(ids: &[u32]) -> String {
     let list: Vec<String> = ids.iter().map(u32::to_string).collect();
     format!("<[^{}]>", list.join(","))
 }
 
 /// A lark string literal (lark strings use JSON syntax).
-fn lit(s: &str) -> String {
+pub(super) fn lit(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
@@ -526,7 +522,7 @@ fn lit(s: &str) -> String {
 /// is written in one fixed style, Python `json.dumps`'s `", "` / `": "` (how the native
 /// formats' arguments look), with no free whitespace: free whitespace would let a model pad
 /// forever.
-fn json_rule(schema: &Value) -> String {
+pub(super) fn json_rule(schema: &Value) -> String {
     let mut schema = schema.clone();
     if let Some(o) = schema.as_object_mut()
         && !o.contains_key("x-guidance")
@@ -541,19 +537,19 @@ fn json_rule(schema: &Value) -> String {
 
 /// Rules under construction; each name is written once.
 #[derive(Default)]
-struct Lark {
+pub(super) struct Lark {
     rules: Vec<(String, String)>,
 }
 
 impl Lark {
-    fn rule(&mut self, name: &str, body: &str) {
+    pub(super) fn rule(&mut self, name: &str, body: &str) {
         if !self.rules.iter().any(|(n, _)| n == name) {
             self.rules.push((name.to_string(), body.to_string()));
         }
     }
 
     /// `{name}` = `call_0 (SEP call_1 (SEP call_2 …)?)?` over `n` calls.
-    fn chain(&mut self, name: &str, n: usize, sep: &str) {
+    pub(super) fn chain(&mut self, name: &str, n: usize, sep: &str) {
         for i in (0..n).rev() {
             let body = if i + 1 == n {
                 format!("call_{i}")

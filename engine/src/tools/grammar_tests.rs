@@ -369,6 +369,8 @@ fn json_answers_for_each_format() {
         ToolFormat::KimiK3,
         ToolFormat::DeepSeekV3,
         ToolFormat::Hermes,
+        ToolFormat::Glm,
+        ToolFormat::MiniMax,
     ] {
         let (tok, markers) = setup(format);
         let env = env_for(&tok, &markers);
@@ -377,6 +379,8 @@ fn json_answers_for_each_format() {
             ToolFormat::KimiK2 | ToolFormat::Hermes | ToolFormat::QwenXml => "<|im_end|>",
             ToolFormat::KimiK3 => "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
             ToolFormat::DeepSeekV3 => "<｜end▁of▁sentence｜>",
+            ToolFormat::Glm => "<|observation|>",
+            ToolFormat::MiniMax => "[e~[",
         };
         let any = json_response_grammar(Answer::Native(&markers), None, false).unwrap();
         accepts(&env, &any, &s(&format!(r#"{{"a": [1, {{"b": null}}]}}{end}"#)));

@@ -18,18 +18,26 @@
 //!   `<tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call>` (`tagged`).
 //! * **Qwen3.5 XML** (Qwen3.5/3.6): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n
 //!   </function>\n</tool_call>`, each value typed by the tool's schema (`tagged`).
+//! * **GLM** (GLM-4.5/4.6/4.7, GLM-5): each call alone, `<tool_call>NAME\n<arg_key>K</arg_key>\n
+//!   <arg_value>V</arg_value>\n…</tool_call>` (4.7 without the newlines), values typed by the
+//!   schema (`tagged`).
+//! * **MiniMax-M2**: one `<minimax:tool_call>` block of `<invoke name="NAME">` elements holding
+//!   `<parameter name="K">V</parameter>`, values typed by the schema (`tagged`).
 //!
 //! Invariants: markers are recognised by token id only (text that spells a marker stays text);
 //! a call is reported only once it is complete and well formed, so a malformed call can still
 //! come back as plain text (counted) and never half-streamed; no input panics.
 
 pub mod grammar;
+mod grammar_xml;
 mod parser;
 mod tagged;
 mod xtml;
 
 #[cfg(test)]
 mod grammar_tests;
+#[cfg(test)]
+mod grammar_xml_tests;
 #[cfg(test)]
 mod tagged_tests;
 #[cfg(test)]
@@ -54,6 +62,10 @@ pub enum ToolFormat {
     Hermes,
     /// Qwen3.5 / Qwen3.6: `<tool_call><function=NAME><parameter=K>V</parameter>…`.
     QwenXml,
+    /// GLM-4.5 / 4.6 / 4.7 / GLM-5: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…`.
+    Glm,
+    /// MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter>…`.
+    MiniMax,
 }
 
 impl ToolFormat {
@@ -62,7 +74,13 @@ impl ToolFormat {
     /// renders (`<function=` is Qwen3.5's XML; else hermes JSON). `None` without markers, or
     /// with Qwen markers but a template that renders no tool calls.
     pub fn detect(tokenizer: &Tokenizer) -> Option<ToolFormat> {
-        let by_markers = [ToolFormat::KimiK3, ToolFormat::KimiK2, ToolFormat::DeepSeekV3]
+        let by_markers = [
+            ToolFormat::KimiK3,
+            ToolFormat::KimiK2,
+            ToolFormat::DeepSeekV3,
+            ToolFormat::MiniMax,
+            ToolFormat::Glm,
+        ]
             .into_iter()
             .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
         if by_markers.is_some() {
@@ -75,6 +93,17 @@ impl ToolFormat {
             (false, true) => Some(ToolFormat::Hermes),
             (false, false) => None,
         }
+    }
+
+    /// Whether the family's chat template reads a history call's `arguments` as a mapping
+    /// (`arguments.items()`, `|items`, `|tojson`), so the JSON string an OpenAI client sends
+    /// is decoded before rendering ([`crate::tokenizer::arguments_as_objects`]). Kimi's and
+    /// DeepSeek-V3's templates print the string as it was sent.
+    pub fn history_arguments_as_objects(self) -> bool {
+        !matches!(
+            self,
+            ToolFormat::KimiK2 | ToolFormat::KimiK3 | ToolFormat::DeepSeekV3
+        )
     }
 }
 
@@ -143,17 +172,22 @@ pub struct DeepSeekMarkers {
     pub think: Option<(u32, u32)>,
 }
 
-/// Qwen's marker ids (hermes and Qwen3.5 XML share them).
+/// The marker ids of a tagged format: calls between a begin and an end marker (Qwen's hermes
+/// and XML, GLM, MiniMax-M2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaggedMarkers {
-    /// `<tool_call>`.
+    /// `<tool_call>` (MiniMax: `<minimax:tool_call>`).
     pub call_begin: u32,
-    /// `</tool_call>`.
+    /// `</tool_call>` (MiniMax: `</minimax:tool_call>`).
     pub call_end: u32,
-    /// `<|im_end|>`: the end of the assistant turn.
+    /// The end of the assistant turn: `<|im_end|>` (Qwen), `<|observation|>` (GLM, after
+    /// calls), `[e~[` (MiniMax).
     pub end_of_turn: u32,
     /// `<think>` / `</think>`, when the tokenizer has them.
     pub think: Option<(u32, u32)>,
+    /// GLM's `<arg_key>`, `</arg_key>`, `<arg_value>`, `</arg_value>`: marker tokens that
+    /// belong inside a call.
+    pub inner: Option<[u32; 4]>,
 }
 
 /// The marker ids of one format, resolved from a tokenizer once.
@@ -169,6 +203,10 @@ pub enum ToolMarkers {
     Hermes(TaggedMarkers),
     /// Qwen3.5 XML.
     QwenXml(TaggedMarkers),
+    /// GLM.
+    Glm(TaggedMarkers),
+    /// MiniMax-M2.
+    MiniMax(TaggedMarkers),
 }
 
 impl ToolMarkers {
@@ -223,12 +261,32 @@ impl ToolMarkers {
                     call_end: id("</tool_call>")?,
                     end_of_turn: id("<|im_end|>")?,
                     think: pair("<think>", "</think>"),
+                    inner: None,
                 };
                 match format {
                     ToolFormat::Hermes => ToolMarkers::Hermes(m),
                     _ => ToolMarkers::QwenXml(m),
                 }
             }
+            ToolFormat::Glm => ToolMarkers::Glm(TaggedMarkers {
+                call_begin: id("<tool_call>")?,
+                call_end: id("</tool_call>")?,
+                end_of_turn: id("<|observation|>")?,
+                think: pair("<think>", "</think>"),
+                inner: Some([
+                    id("<arg_key>")?,
+                    id("</arg_key>")?,
+                    id("<arg_value>")?,
+                    id("</arg_value>")?,
+                ]),
+            }),
+            ToolFormat::MiniMax => ToolMarkers::MiniMax(TaggedMarkers {
+                call_begin: id("<minimax:tool_call>")?,
+                call_end: id("</minimax:tool_call>")?,
+                end_of_turn: id("[e~[")?,
+                think: pair("<think>", "</think>"),
+                inner: None,
+            }),
         })
     }
 
@@ -240,6 +298,8 @@ impl ToolMarkers {
             ToolMarkers::DeepSeekV3(_) => ToolFormat::DeepSeekV3,
             ToolMarkers::Hermes(_) => ToolFormat::Hermes,
             ToolMarkers::QwenXml(_) => ToolFormat::QwenXml,
+            ToolMarkers::Glm(_) => ToolFormat::Glm,
+            ToolMarkers::MiniMax(_) => ToolFormat::MiniMax,
         }
     }
 
@@ -248,8 +308,8 @@ impl ToolMarkers {
         match self {
             ToolMarkers::KimiK2(m) => m.think,
             ToolMarkers::DeepSeekV3(m) => m.think,
-            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => m.think,
             ToolMarkers::KimiK3(_) => None,
+            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => t.think,
         }
     }
 
@@ -259,7 +319,7 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
             ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
-            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => m.end_of_turn,
+            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => t.end_of_turn,
         }
     }
 
@@ -283,7 +343,11 @@ impl ToolMarkers {
                 m.sep,
                 m.end_of_sentence,
             ],
-            ToolMarkers::Hermes(m) | ToolMarkers::QwenXml(m) => vec![m.call_begin, m.call_end, m.end_of_turn],
+            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => {
+                let mut ids = vec![t.call_begin, t.call_end, t.end_of_turn];
+                ids.extend(t.inner.into_iter().flatten());
+                ids
+            }
         };
         ids.extend(self.think().into_iter().flat_map(|(a, b)| [a, b]));
         ids.sort_unstable();

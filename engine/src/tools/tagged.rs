@@ -1,10 +1,18 @@
-//! Qwen's tagged tool calls: each call alone between `<tool_call>` and `</tool_call>` (no
-//! section marker), its body hermes JSON `{"name": NAME, "arguments": {…}}` (Qwen3, Qwen3-MoE,
-//! Qwen3-Next) or Qwen3.5's XML `<function=NAME>` with `<parameter=K>\nV\n</parameter>` blocks.
-//! Qwen3.5's values are typed by the tool's schema, as Qwen's own `qwen3_coder` parser does: a
-//! `string` parameter (or one the schema does not type) stays the raw text; numbers, booleans,
-//! null, objects and arrays are decoded from JSON, and a value that does not decode as its type
-//! makes the call malformed.
+//! Tagged tool calls: blocks between a begin and an end marker token (no section marker), the
+//! body in one of four syntaxes ([`Body`]):
+//! * Qwen hermes JSON `{"name": NAME, "arguments": {…}}` (Qwen3, Qwen3-MoE, Qwen3-Next);
+//! * Qwen3.5's XML `<function=NAME>` with `<parameter=K>\nV\n</parameter>` blocks;
+//! * GLM's `NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs;
+//! * MiniMax-M2's `<invoke name="NAME">` elements of `<parameter name="K">V</parameter>`, one
+//!   block holding every call of the turn.
+//!
+//! Values of the XML-like syntaxes are typed by the tool's schema. Qwen3.5 as Qwen's own
+//! `qwen3_coder` parser does: a `string` parameter (or one the schema does not type) stays the
+//! raw text; numbers, booleans, null, objects and arrays are decoded from JSON, and a value that
+//! does not decode as its type makes the call malformed. GLM and MiniMax-M2 as their published
+//! parsers do: a `string` parameter stays text (GLM: trimmed), any other value is decoded from
+//! JSON when it decodes and kept as text when it does not (GLM also decodes parameters the
+//! schema does not know; MiniMax keeps them as text).
 //!
 //! Whitespace between calls is formatting, dropped when another call or the end of the turn
 //! follows; before anything else it is content again.
@@ -22,6 +30,8 @@ use crate::tokenizer::Tokenizer;
 pub(super) enum Body {
     Hermes,
     Xml,
+    Glm,
+    MiniMax,
 }
 
 #[derive(Debug)]
@@ -77,7 +87,8 @@ impl TaggedParser {
                     self.state = State::Call(vec![id]);
                 } else if is_blank(tok, id) {
                     held.push(id);
-                } else if id == m.end_of_turn {
+                } else if id == m.end_of_turn || tok.is_special(id) {
+                    // The turn ends (GLM ends it with `<|user|>` as well as `<|observation|>`).
                     self.state = State::Outside;
                     out.push(Out::Token(id));
                 } else {
@@ -91,11 +102,14 @@ impl TaggedParser {
                     raw.push(id);
                     let raw = std::mem::take(raw);
                     self.state = State::AfterCall(Vec::new());
-                    out.push(match self.parse(tok, &raw) {
-                        Some(call) => Out::Call(call),
-                        None => Out::Malformed(raw),
-                    });
-                } else if id == m.call_begin || id == m.end_of_turn || tok.is_special(id) {
+                    match self.parse(tok, &raw) {
+                        Some(calls) => out.extend(calls.into_iter().map(Out::Call)),
+                        None => out.push(Out::Malformed(raw)),
+                    }
+                } else if id == m.call_begin
+                    || id == m.end_of_turn
+                    || (tok.is_special(id) && !m.inner.is_some_and(|inner| inner.contains(&id)))
+                {
                     // The call never closed: it is text; the marker is read afresh.
                     out.push(Out::Malformed(std::mem::take(raw)));
                     self.state = State::Outside;
@@ -114,12 +128,15 @@ impl TaggedParser {
         self.state = State::Outside;
     }
 
-    /// A complete call `raw` (`<tool_call>` … `</tool_call>`).
-    fn parse(&self, tok: &Tokenizer, raw: &[u32]) -> Option<ParsedCall> {
+    /// The calls of a complete block `raw` (`<tool_call>` … `</tool_call>`); `None` when it
+    /// is malformed or holds no call.
+    fn parse(&self, tok: &Tokenizer, raw: &[u32]) -> Option<Vec<ParsedCall>> {
         let body = text_of(tok, raw.get(1..raw.len().checked_sub(1)?)?)?;
         match self.body {
-            Body::Hermes => parse_hermes(&body),
-            Body::Xml => parse_xml(&body, &self.schemas),
+            Body::Hermes => parse_hermes(&body).map(|c| vec![c]),
+            Body::Xml => parse_xml(&body, &self.schemas).map(|c| vec![c]),
+            Body::Glm => parse_glm(&body, &self.schemas).map(|c| vec![c]),
+            Body::MiniMax => parse_minimax(&body, &self.schemas).filter(|c| !c.is_empty()),
         }
     }
 }
@@ -152,7 +169,6 @@ fn parse_xml(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
     if name.is_empty() || name.contains(char::is_whitespace) {
         return None;
     }
-    let properties = schemas.get(name).and_then(|s| s.get("properties"));
     let mut arguments = serde_json::Map::new();
     let mut rest = inner.trim_start();
     while !rest.is_empty() {
@@ -161,17 +177,104 @@ fn parse_xml(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
         let (value, after) = after.split_once("</parameter>")?;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let kind = properties
-            .and_then(|p| p.get(key))
-            .and_then(|p| p.get("type"))
-            .and_then(Value::as_str);
-        arguments.insert(key.to_string(), typed_value(value, kind)?);
+        arguments.insert(key.to_string(), typed_value(value, schema_type(schemas, name, key))?);
         rest = after.trim_start();
     }
     Some(ParsedCall {
         name: name.to_string(),
         arguments: Value::Object(arguments).to_string(),
     })
+}
+
+/// `NAME` then `<arg_key>K</arg_key>` `<arg_value>V</arg_value>` pairs, whitespace between.
+fn parse_glm(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall> {
+    let (name, mut rest) = body.split_once("<arg_key>").map_or((body, ""), |(n, r)| (n, r));
+    let name = valid_name(name)?;
+    let mut arguments = serde_json::Map::new();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once("</arg_key>")?;
+        let after = after.trim_start().strip_prefix("<arg_value>")?;
+        let (value, after) = after.split_once("</arg_value>")?;
+        let (key, value) = (key.trim(), value.trim());
+        let value = match schema_type(schemas, name, key) {
+            Some("string") => Value::String(value.to_string()),
+            _ => lenient_value(value),
+        };
+        arguments.insert(key.to_string(), value);
+        let after = after.trim_start();
+        rest = match after.strip_prefix("<arg_key>") {
+            Some(next) => next,
+            None if after.is_empty() => "",
+            None => return None,
+        };
+    }
+    Some(ParsedCall {
+        name: name.to_string(),
+        arguments: Value::Object(arguments).to_string(),
+    })
+}
+
+/// `<invoke name="NAME">` elements of `<parameter name="K">V</parameter>`, whitespace between.
+fn parse_minimax(body: &str, schemas: &HashMap<String, Value>) -> Option<Vec<ParsedCall>> {
+    let mut calls = Vec::new();
+    let mut rest = body.trim();
+    while !rest.is_empty() {
+        let (name, after) = rest.strip_prefix("<invoke name=")?.split_once('>')?;
+        let name = valid_name(unquote(name))?;
+        let (mut inner, after) = after.split_once("</invoke>")?;
+        let mut arguments = serde_json::Map::new();
+        inner = inner.trim();
+        while !inner.is_empty() {
+            let (key, after) = inner.strip_prefix("<parameter name=")?.split_once('>')?;
+            let (value, after) = after.split_once("</parameter>")?;
+            let key = unquote(key);
+            let value = value.trim();
+            let value = match schema_type(schemas, name, key) {
+                None | Some("string") => Value::String(value.to_string()),
+                Some(_) => lenient_value(value),
+            };
+            arguments.insert(key.to_string(), value);
+            inner = after.trim();
+        }
+        calls.push(ParsedCall {
+            name: name.to_string(),
+            arguments: Value::Object(arguments).to_string(),
+        });
+        rest = after.trim();
+    }
+    Some(calls)
+}
+
+/// A function name: trimmed, non-empty, without whitespace.
+fn valid_name(name: &str) -> Option<&str> {
+    let name = name.trim();
+    (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
+}
+
+/// An attribute value without its surrounding quotes.
+fn unquote(s: &str) -> &str {
+    let s = s.trim();
+    ['"', '\'']
+        .iter()
+        .find_map(|&q| s.strip_prefix(q).and_then(|r| r.strip_suffix(q)))
+        .unwrap_or(s)
+}
+
+/// The JSON-schema type of parameter `key` of tool `name`, when the schema gives one (a local
+/// `$ref` to `#/$defs/…` or `#/definitions/…` is followed one level, as the grammars do).
+fn schema_type<'a>(schemas: &'a HashMap<String, Value>, name: &str, key: &str) -> Option<&'a str> {
+    let schema = schemas.get(name)?;
+    let prop = schema.get("properties")?.get(key)?;
+    let resolved = match (prop.get("type"), prop.get("$ref").and_then(Value::as_str)) {
+        (None, Some(r)) => schema.pointer(r.strip_prefix('#')?)?,
+        _ => prop,
+    };
+    resolved.get("type")?.as_str()
+}
+
+/// A value decoded from JSON when it decodes, else its text.
+fn lenient_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
 }
 
 /// A parameter's text as its schema type says (`None` when it does not decode as that type).

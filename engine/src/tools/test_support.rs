@@ -1,4 +1,4 @@
-//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 / Qwen3.5 tokenizers with tool-call tokens
+//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 / Qwen3.5 / GLM / MiniMax-M2 tokenizers with tool-call tokens
 //! and id builders for the parser and grammar tests.
 
 use std::path::Path;
@@ -32,11 +32,26 @@ pub fn k3() -> Arc<Tokenizer> {
     Arc::new(Tokenizer::from_dir(dir.path()).expect("K3 tokenizer"))
 }
 
+fn model_fixture(name: &str) -> Arc<Tokenizer> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    Arc::new(Tokenizer::from_dir(&dir).expect("fixture tokenizer"))
+}
+
 /// The Qwen3.5 fixture's tokenizer (`<tool_call>` markers, `<think>`, the published Qwen3.5
 /// chat template).
 pub fn qwen35() -> Arc<Tokenizer> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3.5-moe");
-    Arc::new(Tokenizer::from_dir(&dir).expect("Qwen3.5 tokenizer"))
+    model_fixture("qwen3.5-moe")
+}
+
+/// The GLM-4.5 fixture's tokenizer (GLM's tool and reasoning tokens, the published template).
+pub fn glm() -> Arc<Tokenizer> {
+    model_fixture("glm4-moe-fp8")
+}
+
+/// The MiniMax-M2 fixture's tokenizer (`<minimax:tool_call>`, `<think>`, the published
+/// template).
+pub fn minimax() -> Arc<Tokenizer> {
+    model_fixture("minimax-m2-fp8")
 }
 
 /// The tokenizer of `format` and its markers.
@@ -46,6 +61,8 @@ pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
         ToolFormat::KimiK3 => k3(),
         ToolFormat::DeepSeekV3 => deepseek(),
         ToolFormat::Hermes | ToolFormat::QwenXml => qwen35(),
+        ToolFormat::Glm => glm(),
+        ToolFormat::MiniMax => minimax(),
     };
     let markers = ToolMarkers::resolve(format, &tok).expect("markers");
     (tok, markers)

@@ -11,7 +11,7 @@ use std::time::Instant;
 use deltafin_engine::constrain::Vocabulary;
 use deltafin_engine::generate::{DecodeOptions, TokenLogprobs};
 use deltafin_engine::spec::RequestKind;
-use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, normalize_k2_tool_ids};
+use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, arguments_as_objects, normalize_k2_tool_ids};
 use deltafin_engine::tools::ToolFormat;
 use deltafin_engine::tools::grammar::{self, Answer, Forced, FunctionSpec};
 use serde_json::Value;
@@ -248,6 +248,12 @@ pub fn render_with(
     let mut messages: Vec<ChatMessage> = req.messages.clone();
     if loaded.tool_format == Some(ToolFormat::KimiK2) {
         normalize_k2_tool_ids(&mut messages);
+    }
+    if loaded
+        .tool_format
+        .is_none_or(ToolFormat::history_arguments_as_objects)
+    {
+        arguments_as_objects(&mut messages);
     }
     let mut extra = req.template_kwargs.clone();
     if let Some(effort) = &req.reasoning_effort {

@@ -1,0 +1,233 @@
+//! Forced-call grammars of the XML-like tagged formats, each written the way the family's
+//! published chat template renders a call in history (so a forced call is what the model was
+//! trained to write):
+//! * Qwen3.5 / 3.6: `<tool_call>` `\n<function=NAME>\n` then per argument
+//!   `<parameter=K>\nV\n</parameter>\n`, then `</function>\n` `</tool_call>`; calls joined by
+//!   `\n`, then `<|im_end|>`;
+//! * GLM-4.5 / 4.6: `<tool_call>` `NAME\n` then per argument `<arg_key>` `K` `</arg_key>` `\n`
+//!   `<arg_value>` `V` `</arg_value>` `\n`, then `</tool_call>`; calls joined by `\n`, then
+//!   `<|observation|>` (markers by id);
+//! * MiniMax-M2: one `<minimax:tool_call>` block, `\n`, then per call `<invoke name="NAME">\n`,
+//!   per argument `<parameter name="K">V</parameter>\n`, `</invoke>\n`; then
+//!   `</minimax:tool_call>` `[e~[`.
+//!
+//! Arguments follow the schema's `properties` in declared order: required ones must appear,
+//! optional ones may be skipped, no other keys. A property that may be a string (or names no
+//! type) takes raw text, its `enum`/`const` strings enforced exactly; the text cannot contain
+//! the closing tag (it ends at the first one), and `pattern`, `maxLength`, `format` are not
+//! enforced on raw text. Every other property takes `%json` valid against its schema (root
+//! `$defs`/`definitions` attached), which the parsers decode back by the same schema. A schema
+//! without `properties` takes no arguments here (tool_choice `auto` still parses any).
+
+use serde_json::Value;
+
+use super::TaggedMarkers;
+use super::grammar::{Lark, json_rule, lit, not_tokens, resolve_ref, root_defs, tok};
+
+/// Which XML-like syntax the calls are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum XmlSyntax {
+    Qwen,
+    Glm,
+    MiniMax,
+}
+
+impl XmlSyntax {
+    /// The text around one argument: (before the key, between key and value, after the
+    /// value), for the text syntaxes; GLM's markers are tokens.
+    fn argument_frame(self, m: &TaggedMarkers, key: &str) -> (String, String) {
+        match (self, m.inner) {
+            (XmlSyntax::Qwen, _) => (lit(&format!("<parameter={key}>\n")), lit("\n</parameter>\n")),
+            (XmlSyntax::MiniMax, _) => (
+                lit(&format!("<parameter name=\"{key}\">")),
+                lit("</parameter>\n"),
+            ),
+            (XmlSyntax::Glm, Some([ak, ak_end, av, av_end])) => (
+                format!("{} {} {} \"\\n\" {}", tok(ak), lit(key), tok(ak_end), tok(av)),
+                format!("{} \"\\n\"", tok(av_end)),
+            ),
+            (XmlSyntax::Glm, None) => (String::new(), String::new()),
+        }
+    }
+
+    /// The raw-text value rule: text up to (and including) the argument's closing text, or
+    /// any tokens but the markers for GLM (its close is a token).
+    fn free_value(self, g: &mut Lark, m: &TaggedMarkers) -> &'static str {
+        let (name, body) = match self {
+            XmlSyntax::Qwen => ("QWEN_TEXT", closed_text("\n</parameter>\n")),
+            XmlSyntax::MiniMax => ("MINIMAX_TEXT", closed_text("</parameter>\n")),
+            XmlSyntax::Glm => {
+                let mut ids = vec![m.call_begin, m.call_end, m.end_of_turn];
+                ids.extend(m.inner.into_iter().flatten());
+                ids.extend(m.think.into_iter().flat_map(|(a, b)| [a, b]));
+                ("glm_text", format!("{}*", not_tokens(&ids)))
+            }
+        };
+        g.rule(name, &body);
+        name
+    }
+}
+
+/// A terminal: text without the tag `</parameter>`, then `close` (the tag with the whitespace
+/// around it that the template writes). The tag is excluded wherever it is followed by more
+/// than `close` has after it, so the value can never hold it (the parsers split at the
+/// first one).
+fn closed_text(close: &str) -> String {
+    const TAG: &str = "</parameter>";
+    let after = close.find(TAG).map_or(0, |at| close.len() - at - TAG.len());
+    format!(
+        "/(?s:.*){}/ & ~/(?s:.*){}(?s:.{{{},}})/",
+        regex_escape(close),
+        regex_escape(TAG),
+        after + 1
+    )
+}
+
+/// `s` as a literal inside a lark `/regex/`.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '/' => out.push_str("\\/"),
+            c if "\\.+*?()|[]{}^$#&-~".contains(c) => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The calls of an XML-like format (rules into `g`; returns the expansion from the first
+/// call marker through the end of the turn).
+pub(super) fn xml_calls(
+    g: &mut Lark,
+    syntax: XmlSyntax,
+    m: &TaggedMarkers,
+    names: &[&str],
+    schemas: &[Value],
+    calls: usize,
+) -> String {
+    let mut alts = Vec::new();
+    for (j, (name, schema)) in names.iter().zip(schemas).enumerate() {
+        xml_arguments(g, syntax, m, j, schema);
+        alts.push(match syntax {
+            XmlSyntax::Qwen => format!(
+                "{} xargs_{j} {}",
+                lit(&format!("\n<function={name}>\n")),
+                lit("</function>\n")
+            ),
+            XmlSyntax::Glm => format!("{} xargs_{j}", lit(&format!("{name}\n"))),
+            XmlSyntax::MiniMax => format!(
+                "{} xargs_{j} {}",
+                lit(&format!("<invoke name=\"{name}\">\n")),
+                lit("</invoke>\n")
+            ),
+        });
+    }
+    let one = format!("({})", alts.join(" | "));
+    match syntax {
+        XmlSyntax::MiniMax => {
+            for i in 0..calls {
+                g.rule(&format!("call_{i}"), &one);
+            }
+            g.chain("calls", calls, "");
+            format!(
+                "{} \"\\n\" calls {} {}",
+                tok(m.call_begin),
+                tok(m.call_end),
+                tok(m.end_of_turn)
+            )
+        }
+        XmlSyntax::Qwen | XmlSyntax::Glm => {
+            let call = format!("{} {one} {}", tok(m.call_begin), tok(m.call_end));
+            for i in 0..calls {
+                g.rule(&format!("call_{i}"), &call);
+            }
+            g.chain("calls", calls, "\"\\n\"");
+            format!("calls {}", tok(m.end_of_turn))
+        }
+    }
+}
+
+/// The rule `xargs_{j}`: function `j`'s arguments, in the schema's declared order.
+fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, schema: &Value) {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        g.rule(&format!("xargs_{j}"), "\"\"");
+        return;
+    };
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let defs = root_defs(schema);
+    let mut seq = Vec::new();
+    for (k, (key, prop)) in props.iter().enumerate() {
+        let mut prop = prop.clone();
+        if let (Value::Object(p), Some(defs)) = (&mut prop, &defs) {
+            for (name, d) in defs {
+                p.entry(name.clone()).or_insert_with(|| d.clone());
+            }
+        }
+        let value = xml_value(g, syntax, m, &resolve_ref(&prop, schema), &prop);
+        let (open, close) = syntax.argument_frame(m, key);
+        let close = if value.closed { String::new() } else { close };
+        let rule = format!("xarg_{j}_{k}");
+        g.rule(&rule, &format!("{open} {} {close}", value.expr));
+        seq.push(if required.contains(&key.as_str()) {
+            rule
+        } else {
+            format!("{rule}?")
+        });
+    }
+    let seq = if seq.is_empty() {
+        "\"\"".to_string()
+    } else {
+        seq.join(" ")
+    };
+    g.rule(&format!("xargs_{j}"), &seq);
+}
+
+/// A property's value expansion, and whether it already includes the argument's closing
+/// text (the raw-text terminals of Qwen and MiniMax end with it).
+struct ValueRule {
+    expr: String,
+    closed: bool,
+}
+
+/// The value of one property: its `enum`/`const` strings, raw text when it may be a string or
+/// names no type, else `%json` of the property.
+fn xml_value(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, resolved: &Value, prop: &Value) -> ValueRule {
+    let types: Vec<&str> = match resolved.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let strings: Option<Vec<&str>> = match (resolved.get("const"), resolved.get("enum")) {
+        (Some(Value::String(c)), _) => Some(vec![c.as_str()]),
+        (_, Some(Value::Array(e))) if e.iter().all(Value::is_string) => {
+            Some(e.iter().filter_map(Value::as_str).collect())
+        }
+        _ => None,
+    };
+    if let Some(strings) = strings.filter(|s| !s.is_empty()) {
+        let alts: Vec<String> = strings.iter().map(|s| lit(s)).collect();
+        return ValueRule {
+            expr: format!("({})", alts.join(" | ")),
+            closed: false,
+        };
+    }
+    if types.is_empty() || types.contains(&"string") {
+        return ValueRule {
+            expr: syntax.free_value(g, m).to_string(),
+            closed: syntax != XmlSyntax::Glm,
+        };
+    }
+    ValueRule {
+        expr: json_rule(prop),
+        closed: false,
+    }
+}

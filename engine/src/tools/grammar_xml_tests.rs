@@ -1,0 +1,178 @@
+//! The forced-call grammars of Qwen3.5, GLM and MiniMax-M2 on the fixtures' tokenizers: each
+//! admits the call as the family's template renders it, and everything it admits parses into
+//! schema-valid arguments: required keys present, no unknown keys, enums and JSON types held,
+//! one call without parallel calls, only the named tool when one is named.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::grammar::{Forced, FunctionSpec, forced_call_grammar};
+use super::test_support::{P, ids, setup};
+use super::{ToolCallParser, ToolEvent, ToolFormat};
+
+fn tools() -> Vec<FunctionSpec> {
+    vec![
+        FunctionSpec {
+            name: "get_weather".into(),
+            parameters: json!({"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"]}),
+        },
+        FunctionSpec {
+            name: "search".into(),
+            parameters: json!({"type": "object", "properties": {"opts": {"$ref": "#/$defs/o"}},
+                "required": ["opts"],
+                "$defs": {"o": {"type": "object", "properties": {"n": {"type": "boolean"}}, "required": ["n"]}}}),
+        },
+    ]
+}
+
+/// One call's pieces in a format's own spelling: (name, [(key, value)]).
+type Call<'a> = (&'a str, Vec<(&'a str, &'a str)>);
+
+/// The ids of `calls` as the family's template writes them, through the end of the turn.
+fn spelled(format: ToolFormat, calls: &[Call<'_>]) -> Vec<u32> {
+    let (tok, _) = setup(format);
+    let mut p: Vec<P<'_>> = Vec::new();
+    let mut owned: Vec<String> = Vec::new();
+    for (name, args) in calls {
+        let mut text = String::new();
+        match format {
+            ToolFormat::QwenXml => {
+                text += &format!("\n<function={name}>\n");
+                for (k, v) in args {
+                    text += &format!("<parameter={k}>\n{v}\n</parameter>\n");
+                }
+                text += "</function>\n";
+            }
+            ToolFormat::MiniMax => {
+                text += &format!("<invoke name=\"{name}\">\n");
+                for (k, v) in args {
+                    text += &format!("<parameter name=\"{k}\">{v}</parameter>\n");
+                }
+                text += "</invoke>\n";
+            }
+            _ => {
+                text += &format!("{name}\n");
+                for (k, v) in args {
+                    text += &format!("<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n");
+                }
+            }
+        }
+        owned.push(text);
+    }
+    let (begin, end, eot) = match format {
+        ToolFormat::QwenXml => ("<tool_call>", "</tool_call>", "<|im_end|>"),
+        ToolFormat::MiniMax => ("<minimax:tool_call>", "</minimax:tool_call>", "[e~["),
+        _ => ("<tool_call>", "</tool_call>", "<|observation|>"),
+    };
+    if format == ToolFormat::MiniMax {
+        p.push(P::S(begin));
+        p.push(P::T("\n"));
+        owned.iter().for_each(|t| p.push(P::S(t)));
+        p.push(P::S(end));
+    } else {
+        for (i, t) in owned.iter().enumerate() {
+            if i > 0 {
+                p.push(P::T("\n"));
+            }
+            p.extend([P::S(begin), P::S(t), P::S(end)]);
+        }
+    }
+    p.push(P::S(eot));
+    ids(&tok, &p)
+}
+
+/// Whether the grammar admits all of `ids` and is complete after them.
+fn admits(format: ToolFormat, forced: Forced, parallel: bool, ids: &[u32]) -> bool {
+    let (tok, markers) = setup(format);
+    let lark = forced_call_grammar(&markers, &tools(), forced, parallel, false).expect("grammar");
+    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
+    let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
+    f.quiet();
+    let mut m = llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.clone())));
+    assert_eq!(m.get_error(), None, "{lark}");
+    for &t in ids {
+        if !m.compute_mask().unwrap().is_allowed(t) {
+            return false;
+        }
+        m.consume_token(t).unwrap();
+    }
+    m.is_accepting().unwrap()
+}
+
+/// The calls `ids` parse into, arguments as JSON.
+fn parsed(format: ToolFormat, ids: &[u32]) -> Vec<(String, Value)> {
+    let (tok, markers) = setup(format);
+    let schemas: HashMap<String, Value> = tools().into_iter().map(|t| (t.name, t.parameters)).collect();
+    let mut p = ToolCallParser::new(tok, markers, String::new()).with_tool_schemas(schemas);
+    let mut ev = Vec::new();
+    p.push_all(ids, &mut ev);
+    p.finish(&mut ev);
+    let mut out: Vec<(String, String)> = Vec::new();
+    for e in ev {
+        match e {
+            ToolEvent::CallStart { name, .. } => out.push((name, String::new())),
+            ToolEvent::ArgumentsDelta { fragment, .. } => out.last_mut().unwrap().1 += &fragment,
+            _ => {}
+        }
+    }
+    out.into_iter().map(|(n, a)| (n, serde_json::from_str(&a).unwrap())).collect()
+}
+
+const FORMATS: [ToolFormat; 3] = [ToolFormat::QwenXml, ToolFormat::Glm, ToolFormat::MiniMax];
+
+#[test]
+fn each_family_spelling_is_admitted_and_parses_schema_valid() {
+    let weather: Call<'_> = ("get_weather", vec![("city", "San Francisco, CA"), ("days", "3"), ("unit", "c")]);
+    let search: Call<'_> = ("search", vec![("opts", "{\"n\": true}")]);
+    for format in FORMATS {
+        let one = spelled(format, std::slice::from_ref(&weather));
+        for parallel in [false, true] {
+            assert!(admits(format, Forced::Required, parallel, &one), "{format:?} one call");
+        }
+        assert_eq!(
+            parsed(format, &one),
+            vec![("get_weather".to_string(), json!({"city": "San Francisco, CA", "days": 3, "unit": "c"}))],
+            "{format:?}"
+        );
+        let two = spelled(format, &[weather.clone(), search.clone()]);
+        assert!(admits(format, Forced::Required, true, &two), "{format:?} two calls");
+        assert!(!admits(format, Forced::Required, false, &two), "{format:?}: one call only");
+        assert_eq!(parsed(format, &two)[1], ("search".to_string(), json!({"opts": {"n": true}})));
+        let named = Forced::Named("search".into());
+        assert!(admits(format, named.clone(), false, &spelled(format, std::slice::from_ref(&search))));
+        assert!(!admits(format, named, false, &one), "{format:?}: only the named tool");
+    }
+}
+
+#[test]
+fn schema_violations_are_not_admitted() {
+    let bad: [Call<'_>; 5] = [
+        ("get_weather", vec![("city", "Oslo")]),                                   // required unit missing
+        ("get_weather", vec![("city", "Oslo"), ("unit", "kelvin")]),               // not in the enum
+        ("get_weather", vec![("city", "Oslo"), ("days", "three"), ("unit", "c")]), // not an integer
+        ("get_weather", vec![("city", "Oslo"), ("unit", "c"), ("zip", "1")]),      // unknown key
+        ("search", vec![("opts", "{\"n\": 1}")]),                                  // $ref type held
+    ];
+    for format in FORMATS {
+        for call in &bad {
+            let ids = spelled(format, std::slice::from_ref(call));
+            assert!(!admits(format, Forced::Required, true, &ids), "{format:?} {call:?}");
+        }
+    }
+}
+
+#[test]
+fn a_string_value_ends_at_its_first_closing_tag() {
+    for format in [ToolFormat::QwenXml, ToolFormat::MiniMax] {
+        let sneaky: Call<'_> = ("get_weather", vec![("city", "a</parameter>\nb"), ("unit", "c")]);
+        let ids = spelled(format, &[sneaky]);
+        assert!(!admits(format, Forced::Required, true, &ids), "{format:?}");
+        let fine: Call<'_> = ("get_weather", vec![("city", "<b>Oslo</b> </param"), ("unit", "f")]);
+        let ids = spelled(format, &[fine]);
+        assert!(admits(format, Forced::Required, true, &ids), "{format:?}");
+        assert_eq!(parsed(format, &ids)[0].1["city"], json!("<b>Oslo</b> </param"));
+    }
+}

@@ -1,0 +1,140 @@
+"""Each family's tool format through the real server, against transformers' own rendering.
+
+* Prompt parity: `/tokenize` of conversations with tools, tool calls (arguments sent as the JSON
+  strings the openai client sends), tool results and reasoning equals
+  `apply_chat_template(..., tools=...)` on the published templates
+  (`engine/tests/fixtures/tool-parity/golden.json`, made by `gen_tool_parity.py`), for Qwen3.5
+  XML, Qwen3 hermes, GLM-4.5, GLM-4.7, MiniMax-M2 and gpt-oss; what the template refuses is a 400.
+* The official openai client on the GLM-4.5, MiniMax-M2 and Qwen3.5 fixtures: `tool_choice:
+  auto` never leaves call markup in `content`; a forced call (`required`, named, with and without
+  parallel calls) comes back as schema-valid `tool_calls` (`finish_reason` `tool_calls`; `stop`
+  for a named function, as OpenAI answers), exactly one when parallel calls are off; two tool rounds render and run.
+"""
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import Server
+
+FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
+GOLDEN = json.loads((FIXTURES / "tool-parity/golden.json").read_text(encoding="utf-8"))
+MODELS = {m["name"]: m for m in GOLDEN["models"]}
+
+
+def wire(messages):
+    """The conversation as an OpenAI client sends it: call arguments as JSON strings."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+    return out
+
+
+def model_dir(tmp_path, model):
+    """A copy of the fixture with the model's published template where the model carries it."""
+    dst = tmp_path / model["name"]
+    shutil.copytree(FIXTURES / model["fixture"], dst)
+    if model["template"]:
+        shutil.copy(FIXTURES / "tool-parity" / model["template"], dst / "chat_template.jinja")
+    return dst
+
+
+def post(server, path, body):
+    req = urllib.request.Request(server.base + path, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tokenize_matches_the_published_template_with_tools_calls_and_results(tmp_path, name):
+    model = MODELS[name]
+    s = Server("--max-tokens", "8", model=str(model_dir(tmp_path, model)))
+    try:
+        for case in model["cases"]:
+            body = {"messages": wire(GOLDEN["conversations"][case["conversation"]]),
+                    "add_generation_prompt": True, "chat_template_kwargs": case["chat_template_kwargs"]}
+            if case["tools"]:
+                body["tools"] = GOLDEN["tools"]
+            status, out = post(s, "/tokenize", body)
+            where = f"{name} {case['conversation']} {case['chat_template_kwargs']}"
+            if "error" in case:
+                assert status == 400, (where, out)
+                continue
+            assert status == 200, (where, out)
+            assert out["tokens"] == case["ids"], where
+            assert out["count"] == len(case["ids"]), where
+    finally:
+        s.stop()
+
+
+# Enum- and boolean-only parameters, so a forced call on a tiny random model ends quickly.
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "hourly": {"type": "boolean"}},
+        "required": ["unit", "hourly"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"]}}},
+]
+
+
+def check_call(call):
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(args) == {"unit", "hourly"} and args["unit"] in ("c", "f") and isinstance(args["hourly"], bool), args
+    else:
+        assert call.function.name == "get_time" and args in ({"zone": "utc"}, {"zone": "local"}), args
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5"])
+def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp_path, name):
+    model = MODELS[name]
+    s = Server("--max-tokens", "96", model=str(model_dir(tmp_path, model)))
+    markup = ["<tool_call>", "</tool_call>", "<arg_key>", "<minimax:tool_call>", "<invoke", "<function="]
+    try:
+        c, m = s.client(), s.model_id()
+        messages = [{"role": "user", "content": "What is the weather?"}]
+        for stream in (False, True):
+            if stream:
+                chunks = list(c.chat.completions.create(model=m, messages=messages, tools=TOOLS, max_tokens=24,
+                                                        temperature=0, stream=True))
+                content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            else:
+                r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, max_tokens=24, temperature=0)
+                content = r.choices[0].message.content or ""
+            assert not any(t in content for t in markup), content
+        for choice, parallel in [("required", True), ("required", False),
+                                 ({"type": "function", "function": {"name": "get_time"}}, False)]:
+            r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice=choice,
+                                          parallel_tool_calls=parallel, max_tokens=96, temperature=0)
+            msg = r.choices[0].message
+            # With parallel calls a tiny random model may go on calling until max_tokens: the
+            # complete calls come back and the cut-off one is withheld (finish_reason length).
+            # A named function ends with "stop", as OpenAI answers it.
+            allowed = ("stop",) if isinstance(choice, dict) else ("tool_calls", "length") if parallel else ("tool_calls",)
+            assert r.choices[0].finish_reason in allowed, (choice, parallel, r)
+            assert msg.tool_calls and not any(t in (msg.content or "") for t in markup), msg
+            if not parallel:
+                assert len(msg.tool_calls) == 1, msg.tool_calls
+            if isinstance(choice, dict):
+                assert msg.tool_calls[0].function.name == "get_time"
+            for call in msg.tool_calls:
+                check_call(call)
+        # Two tool rounds: the calls and results go back, and the server renders them.
+        for _ in range(2):
+            r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice="required",
+                                          parallel_tool_calls=False, max_tokens=96, temperature=0)
+            msg = r.choices[0].message
+            messages.append({"role": "assistant", "content": msg.content or "",
+                             "tool_calls": [t.model_dump() for t in msg.tool_calls]})
+            messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny"})
+        r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, max_tokens=8, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        s.stop()
