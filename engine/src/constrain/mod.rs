@@ -131,6 +131,7 @@ impl Vocabulary {
         let g = Grammar {
             factory: self.factory.clone(),
             grammar,
+            budget: None,
         };
         g.matcher()?;
         Ok(Arc::new(g))
@@ -141,6 +142,28 @@ impl Vocabulary {
 pub struct Grammar {
     factory: Arc<ParserFactory>,
     grammar: TopLevelGrammar,
+    budget: Option<ReasoningBudget>,
+}
+
+/// A bound on the reasoning that opens a constrained output: once `tokens` tokens are out and
+/// `close` has not been, `close` is the only token allowed (when the grammar allows it), so
+/// the constrained part always gets the rest of the token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningBudget {
+    /// The token that ends the reasoning (`</think>`; K3's `<|close|>`).
+    pub close: u32,
+    /// How many tokens the reasoning may take.
+    pub tokens: usize,
+}
+
+impl ReasoningBudget {
+    /// Half of a `max_new_tokens` limit for the reasoning, ended by `close`.
+    pub fn half_of(max_new_tokens: usize, close: u32) -> ReasoningBudget {
+        ReasoningBudget {
+            close,
+            tokens: max_new_tokens / 2,
+        }
+    }
 }
 
 impl std::fmt::Debug for Grammar {
@@ -162,6 +185,15 @@ impl Grammar {
         }
     }
 
+    /// The same grammar with its opening reasoning bounded by `budget`.
+    pub fn with_reasoning_budget(&self, budget: ReasoningBudget) -> Arc<Grammar> {
+        Arc::new(Grammar {
+            factory: self.factory.clone(),
+            grammar: self.grammar.clone(),
+            budget: Some(budget),
+        })
+    }
+
     /// Whether `tokens`, consumed in order from the start, are all allowed (for tests and checks).
     pub fn accepts_prefix(&self, tokens: &[u32]) -> Result<bool> {
         let mut m = self.matcher()?;
@@ -180,6 +212,8 @@ impl ConstraintFactory for Grammar {
         Ok(Box::new(GrammarConstraint {
             matcher: self.matcher()?,
             eos: self.factory.tok_env().tok_trie().eos_token(),
+            budget: self.budget,
+            consumed: 0,
         }))
     }
 }
@@ -190,6 +224,17 @@ struct GrammarConstraint {
     /// The trie's end-of-sequence id (allowed by the mask when the grammar may end; checked
     /// by the full mask only).
     eos: u32,
+    /// The reasoning bound, until its close is consumed (then `None`).
+    budget: Option<ReasoningBudget>,
+    /// Tokens consumed so far.
+    consumed: usize,
+}
+
+impl GrammarConstraint {
+    /// The close token when the reasoning budget is spent and the close is still due.
+    fn forced_close(&self) -> Option<u32> {
+        self.budget.filter(|b| self.consumed >= b.tokens).map(|b| b.close)
+    }
 }
 
 impl std::fmt::Debug for GrammarConstraint {
@@ -202,10 +247,16 @@ impl std::fmt::Debug for GrammarConstraint {
 
 impl TokenConstraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        let mask = self
+        let mut mask = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| Error::Constraint(e.to_string()))?;
+        if let Some(close) = self.forced_close()
+            && mask.is_allowed(close)
+        {
+            mask.set_all(false);
+            mask.allow_token(close);
+        }
         // The mask covers the model's vocabulary (the trie was built for it); any row entry past
         // it is forbidden too.
         let n = logits.len();
@@ -228,6 +279,10 @@ impl TokenConstraint for GrammarConstraint {
         if self.matcher.is_stopped() || token == self.eos {
             return Ok(None);
         }
+        if self.forced_close().is_some_and(|close| close != token) {
+            // Only the close may come, if the grammar allows it here: the mask decides.
+            return Ok(None);
+        }
         let valid = self
             .matcher
             .validate_tokens(&[token])
@@ -239,6 +294,10 @@ impl TokenConstraint for GrammarConstraint {
         if self.matcher.is_stopped() {
             // The grammar is complete: only the end token may follow, and it ends the output.
             return Ok(());
+        }
+        self.consumed += 1;
+        if self.budget.is_some_and(|b| b.close == token) {
+            self.budget = None;
         }
         self.matcher
             .consume_token(token)

@@ -139,3 +139,38 @@ fn the_greedy_fast_path_picks_what_the_full_mask_picks() {
     }
     assert!(fast_hits > 0);
 }
+
+#[test]
+fn a_reasoning_budget_forces_the_close_once_spent_and_then_lifts() {
+    let (tok, v) = vocab();
+    let close = tok.token_to_id("<|close|>").unwrap();
+    let free = format!("<[^{close}]>*");
+    let g = v
+        .lark(&format!("start: think <[{close}]> \"ok\"\nthink: {free}"))
+        .unwrap();
+    let budgeted = g.with_reasoning_budget(ReasoningBudget::half_of(6, close));
+    let n = tok.vocab_size() + 64;
+    let mut c = budgeted.start().unwrap();
+    let a = tok.encode("a")[0];
+    for _ in 0..3 {
+        assert_eq!(c.allows(a).unwrap(), Some(true));
+        c.accept(a).unwrap();
+    }
+    // Three tokens of reasoning spent: only the close is allowed, by the mask and the fast path.
+    let mut logits = vec![0.0f32; n];
+    c.mask(&mut logits).unwrap();
+    let allowed: Vec<usize> = (0..n).filter(|&i| logits[i].is_finite()).collect();
+    assert_eq!(allowed, [close as usize]);
+    assert_eq!(c.allows(a).unwrap(), None, "the fast path defers to the mask");
+    c.accept(close).unwrap();
+    // After the close the grammar alone decides again.
+    let mut logits = vec![0.0f32; n];
+    c.mask(&mut logits).unwrap();
+    assert!(logits[tok.encode("o")[0] as usize].is_finite());
+    // Unbudgeted, the reasoning may go on.
+    let mut c = g.start().unwrap();
+    for _ in 0..10 {
+        c.accept(a).unwrap();
+    }
+    assert_eq!(c.allows(a).unwrap(), Some(true));
+}

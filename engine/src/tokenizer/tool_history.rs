@@ -173,9 +173,26 @@ mod tests {
             },
         ];
         arguments_as_objects(&mut msgs);
-        let args: Vec<&Value> = msgs[0].tool_calls.as_ref().unwrap().iter().map(|c| &c["function"]["arguments"]).collect();
-        assert_eq!(args, [&json!({"a": [1, {"b": null}]}), &json!("not json"), &json!("[1]"), &json!({"x": 1})]);
-        assert_eq!(msgs[1].tool_calls.as_ref().unwrap()[0]["function"]["arguments"], json!("{\"u\": 1}"));
+        let args: Vec<&Value> = msgs[0]
+            .tool_calls
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| &c["function"]["arguments"])
+            .collect();
+        assert_eq!(
+            args,
+            [
+                &json!({"a": [1, {"b": null}]}),
+                &json!("not json"),
+                &json!("[1]"),
+                &json!({"x": 1})
+            ]
+        );
+        assert_eq!(
+            msgs[1].tool_calls.as_ref().unwrap()[0]["function"]["arguments"],
+            json!("{\"u\": 1}")
+        );
     }
 
     #[test]

@@ -324,7 +324,8 @@ fn reasoning_prefix(
     }
     let close = close.ok_or(GrammarError::NoThinkMarkers)?;
     g.rule("reasoning", &format!("{}*", not_tokens(&excluded)));
-    g.rule("ws", "/[ \\t\\r\\n]+/");
+    // Bounded: a model could otherwise pad with whitespace until `max_tokens`.
+    g.rule("ws", "/[ \\t\\r\\n]{1,8}/");
     Ok(format!("reasoning {} ws?", tok(close)))
 }
 

@@ -38,10 +38,7 @@ impl XmlSyntax {
     fn argument_frame(self, m: &TaggedMarkers, key: &str) -> (String, String) {
         match (self, m.inner) {
             (XmlSyntax::Qwen, _) => (lit(&format!("<parameter={key}>\n")), lit("\n</parameter>\n")),
-            (XmlSyntax::MiniMax, _) => (
-                lit(&format!("<parameter name=\"{key}\">")),
-                lit("</parameter>\n"),
-            ),
+            (XmlSyntax::MiniMax, _) => (lit(&format!("<parameter name=\"{key}\">")), lit("</parameter>\n")),
             (XmlSyntax::Glm, Some([ak, ak_end, av, av_end])) => (
                 format!("{} {} {} \"\\n\" {}", tok(ak), lit(key), tok(ak_end), tok(av)),
                 format!("{} \"\\n\"", tok(av_end)),
@@ -200,7 +197,13 @@ struct ValueRule {
 
 /// The value of one property: its `enum`/`const` strings, raw text when it may be a string or
 /// names no type, else `%json` of the property.
-fn xml_value(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, resolved: &Value, prop: &Value) -> ValueRule {
+fn xml_value(
+    g: &mut Lark,
+    syntax: XmlSyntax,
+    m: &TaggedMarkers,
+    resolved: &Value,
+    prop: &Value,
+) -> ValueRule {
     let types: Vec<&str> = match resolved.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),

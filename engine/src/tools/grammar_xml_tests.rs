@@ -91,7 +91,8 @@ fn admits(format: ToolFormat, forced: Forced, parallel: bool, ids: &[u32]) -> bo
     let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
     let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
     f.quiet();
-    let mut m = llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.clone())));
+    let mut m =
+        llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.clone())));
     assert_eq!(m.get_error(), None, "{lark}");
     for &t in ids {
         if !m.compute_mask().unwrap().is_allowed(t) {
@@ -118,48 +119,82 @@ fn parsed(format: ToolFormat, ids: &[u32]) -> Vec<(String, Value)> {
             _ => {}
         }
     }
-    out.into_iter().map(|(n, a)| (n, serde_json::from_str(&a).unwrap())).collect()
+    out.into_iter()
+        .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
+        .collect()
 }
 
 const FORMATS: [ToolFormat; 3] = [ToolFormat::QwenXml, ToolFormat::Glm, ToolFormat::MiniMax];
 
 #[test]
 fn each_family_spelling_is_admitted_and_parses_schema_valid() {
-    let weather: Call<'_> = ("get_weather", vec![("city", "San Francisco, CA"), ("days", "3"), ("unit", "c")]);
+    let weather: Call<'_> = (
+        "get_weather",
+        vec![("city", "San Francisco, CA"), ("days", "3"), ("unit", "c")],
+    );
     let search: Call<'_> = ("search", vec![("opts", "{\"n\": true}")]);
     for format in FORMATS {
         let one = spelled(format, std::slice::from_ref(&weather));
         for parallel in [false, true] {
-            assert!(admits(format, Forced::Required, parallel, &one), "{format:?} one call");
+            assert!(
+                admits(format, Forced::Required, parallel, &one),
+                "{format:?} one call"
+            );
         }
         assert_eq!(
             parsed(format, &one),
-            vec![("get_weather".to_string(), json!({"city": "San Francisco, CA", "days": 3, "unit": "c"}))],
+            vec![(
+                "get_weather".to_string(),
+                json!({"city": "San Francisco, CA", "days": 3, "unit": "c"})
+            )],
             "{format:?}"
         );
         let two = spelled(format, &[weather.clone(), search.clone()]);
-        assert!(admits(format, Forced::Required, true, &two), "{format:?} two calls");
-        assert!(!admits(format, Forced::Required, false, &two), "{format:?}: one call only");
-        assert_eq!(parsed(format, &two)[1], ("search".to_string(), json!({"opts": {"n": true}})));
+        assert!(
+            admits(format, Forced::Required, true, &two),
+            "{format:?} two calls"
+        );
+        assert!(
+            !admits(format, Forced::Required, false, &two),
+            "{format:?}: one call only"
+        );
+        assert_eq!(
+            parsed(format, &two)[1],
+            ("search".to_string(), json!({"opts": {"n": true}}))
+        );
         let named = Forced::Named("search".into());
-        assert!(admits(format, named.clone(), false, &spelled(format, std::slice::from_ref(&search))));
-        assert!(!admits(format, named, false, &one), "{format:?}: only the named tool");
+        assert!(admits(
+            format,
+            named.clone(),
+            false,
+            &spelled(format, std::slice::from_ref(&search))
+        ));
+        assert!(
+            !admits(format, named, false, &one),
+            "{format:?}: only the named tool"
+        );
     }
 }
 
 #[test]
 fn schema_violations_are_not_admitted() {
     let bad: [Call<'_>; 5] = [
-        ("get_weather", vec![("city", "Oslo")]),                                   // required unit missing
-        ("get_weather", vec![("city", "Oslo"), ("unit", "kelvin")]),               // not in the enum
-        ("get_weather", vec![("city", "Oslo"), ("days", "three"), ("unit", "c")]), // not an integer
-        ("get_weather", vec![("city", "Oslo"), ("unit", "c"), ("zip", "1")]),      // unknown key
-        ("search", vec![("opts", "{\"n\": 1}")]),                                  // $ref type held
+        ("get_weather", vec![("city", "Oslo")]), // required unit missing
+        ("get_weather", vec![("city", "Oslo"), ("unit", "kelvin")]), // not in the enum
+        (
+            "get_weather",
+            vec![("city", "Oslo"), ("days", "three"), ("unit", "c")],
+        ), // not an integer
+        ("get_weather", vec![("city", "Oslo"), ("unit", "c"), ("zip", "1")]), // unknown key
+        ("search", vec![("opts", "{\"n\": 1}")]), // $ref type held
     ];
     for format in FORMATS {
         for call in &bad {
             let ids = spelled(format, std::slice::from_ref(call));
-            assert!(!admits(format, Forced::Required, true, &ids), "{format:?} {call:?}");
+            assert!(
+                !admits(format, Forced::Required, true, &ids),
+                "{format:?} {call:?}"
+            );
         }
     }
 }
@@ -170,7 +205,10 @@ fn a_string_value_ends_at_its_first_closing_tag() {
         let sneaky: Call<'_> = ("get_weather", vec![("city", "a</parameter>\nb"), ("unit", "c")]);
         let ids = spelled(format, &[sneaky]);
         assert!(!admits(format, Forced::Required, true, &ids), "{format:?}");
-        let fine: Call<'_> = ("get_weather", vec![("city", "<b>Oslo</b> </param"), ("unit", "f")]);
+        let fine: Call<'_> = (
+            "get_weather",
+            vec![("city", "<b>Oslo</b> </param"), ("unit", "f")],
+        );
         let ids = spelled(format, &[fine]);
         assert!(admits(format, Forced::Required, true, &ids), "{format:?}");
         assert_eq!(parsed(format, &ids)[0].1["city"], json!("<b>Oslo</b> </param"));

@@ -81,8 +81,8 @@ impl ToolFormat {
             ToolFormat::MiniMax,
             ToolFormat::Glm,
         ]
-            .into_iter()
-            .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
+        .into_iter()
+        .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
         if by_markers.is_some() {
             return by_markers;
         }
@@ -309,7 +309,10 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.think,
             ToolMarkers::DeepSeekV3(m) => m.think,
             ToolMarkers::KimiK3(_) => None,
-            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => t.think,
+            ToolMarkers::Hermes(t)
+            | ToolMarkers::QwenXml(t)
+            | ToolMarkers::Glm(t)
+            | ToolMarkers::MiniMax(t) => t.think,
         }
     }
 
@@ -319,7 +322,10 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
             ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
-            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => t.end_of_turn,
+            ToolMarkers::Hermes(t)
+            | ToolMarkers::QwenXml(t)
+            | ToolMarkers::Glm(t)
+            | ToolMarkers::MiniMax(t) => t.end_of_turn,
         }
     }
 
@@ -343,7 +349,10 @@ impl ToolMarkers {
                 m.sep,
                 m.end_of_sentence,
             ],
-            ToolMarkers::Hermes(t) | ToolMarkers::QwenXml(t) | ToolMarkers::Glm(t) | ToolMarkers::MiniMax(t) => {
+            ToolMarkers::Hermes(t)
+            | ToolMarkers::QwenXml(t)
+            | ToolMarkers::Glm(t)
+            | ToolMarkers::MiniMax(t) => {
                 let mut ids = vec![t.call_begin, t.call_end, t.end_of_turn];
                 ids.extend(t.inner.into_iter().flatten());
                 ids

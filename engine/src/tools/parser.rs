@@ -85,7 +85,9 @@ impl ToolCallParser {
             ToolMarkers::Hermes(m) => Machine::Tagged(TaggedParser::new(m, Body::Hermes, Default::default())),
             ToolMarkers::QwenXml(m) => Machine::Tagged(TaggedParser::new(m, Body::Xml, Default::default())),
             ToolMarkers::Glm(m) => Machine::Tagged(TaggedParser::new(m, Body::Glm, Default::default())),
-            ToolMarkers::MiniMax(m) => Machine::Tagged(TaggedParser::new(m, Body::MiniMax, Default::default())),
+            ToolMarkers::MiniMax(m) => {
+                Machine::Tagged(TaggedParser::new(m, Body::MiniMax, Default::default()))
+            }
         };
         ToolCallParser {
             tokenizer,

@@ -177,7 +177,10 @@ fn parse_xml(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
         let (value, after) = after.split_once("</parameter>")?;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        arguments.insert(key.to_string(), typed_value(value, schema_type(schemas, name, key))?);
+        arguments.insert(
+            key.to_string(),
+            typed_value(value, schema_type(schemas, name, key))?,
+        );
         rest = after.trim_start();
     }
     Some(ParsedCall {

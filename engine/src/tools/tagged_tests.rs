@@ -153,7 +153,11 @@ fn the_forced_hermes_grammar_admits_qwens_own_call() {
 }
 
 /// Every chunking of `ids` parses to the same events as one id at a time; returns those.
-fn events_in_every_chunking(format: ToolFormat, ids: &[u32], schemas: &HashMap<String, serde_json::Value>) -> Vec<ToolEvent> {
+fn events_in_every_chunking(
+    format: ToolFormat,
+    ids: &[u32],
+    schemas: &HashMap<String, serde_json::Value>,
+) -> Vec<ToolEvent> {
     let whole = events(format, ids, schemas.clone());
     for chunk in 2..=ids.len().min(9) {
         let (tok, markers) = setup(format);
@@ -248,11 +252,20 @@ fn glm_is_detected_and_its_calls_parse_typed_in_45_and_47_spacing() {
     assert_eq!(
         calls(&ev),
         vec![
-            ("get_weather".to_string(), r#"{"city":"San Francisco","days":3,"zip":"007"}"#.to_string()),
-            ("get_weather".to_string(), r#"{"opts":{"units":"metric"},"note":"not json"}"#.to_string()),
+            (
+                "get_weather".to_string(),
+                r#"{"city":"San Francisco","days":3,"zip":"007"}"#.to_string()
+            ),
+            (
+                "get_weather".to_string(),
+                r#"{"opts":{"units":"metric"},"note":"not json"}"#.to_string()
+            ),
         ]
     );
-    assert_eq!(content(&tok, &ev), "<think>Need weather.</think>\nChecking.<|observation|>");
+    assert_eq!(
+        content(&tok, &ev),
+        "<think>Need weather.</think>\nChecking.<|observation|>"
+    );
 }
 
 #[test]
@@ -277,7 +290,10 @@ fn minimax_is_detected_and_one_block_holds_several_typed_calls() {
     assert_eq!(
         calls(&ev),
         vec![
-            ("get_weather".to_string(), r#"{"city":"Oslo","days":2,"zip":"007"}"#.to_string()),
+            (
+                "get_weather".to_string(),
+                r#"{"city":"Oslo","days":2,"zip":"007"}"#.to_string()
+            ),
             ("get_time".to_string(), r#"{"zone":"+01:00"}"#.to_string()),
         ]
     );
@@ -289,27 +305,62 @@ fn glm_and_minimax_cut_off_or_malformed_blocks_never_become_calls() {
     for (format, pieces) in [
         (
             ToolFormat::MiniMax,
-            vec![P::S("<minimax:tool_call>"), P::T("\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Os")],
+            vec![
+                P::S("<minimax:tool_call>"),
+                P::T("\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Os"),
+            ],
         ),
-        (ToolFormat::Glm, vec![P::S("<tool_call>"), P::T("get_weather\n"), P::S("<arg_key>"), P::T("ci")]),
+        (
+            ToolFormat::Glm,
+            vec![
+                P::S("<tool_call>"),
+                P::T("get_weather\n"),
+                P::S("<arg_key>"),
+                P::T("ci"),
+            ],
+        ),
     ] {
         let (tok, _) = setup(format);
         let ev = events(format, &ids(&tok, &pieces), weather_schemas());
-        assert!(calls(&ev).is_empty() && ev.iter().any(|e| matches!(e, ToolEvent::CutOff(_))), "{format:?}");
+        assert!(
+            calls(&ev).is_empty() && ev.iter().any(|e| matches!(e, ToolEvent::CutOff(_))),
+            "{format:?}"
+        );
     }
     for (format, pieces) in [
         (
             ToolFormat::MiniMax,
-            vec![P::S("<minimax:tool_call>"), P::T("\n<invoke name=\"a b\">\n</invoke>\n"), P::S("</minimax:tool_call>")],
+            vec![
+                P::S("<minimax:tool_call>"),
+                P::T("\n<invoke name=\"a b\">\n</invoke>\n"),
+                P::S("</minimax:tool_call>"),
+            ],
         ),
-        (ToolFormat::MiniMax, vec![P::S("<minimax:tool_call>"), P::T("\n"), P::S("</minimax:tool_call>")]),
+        (
+            ToolFormat::MiniMax,
+            vec![
+                P::S("<minimax:tool_call>"),
+                P::T("\n"),
+                P::S("</minimax:tool_call>"),
+            ],
+        ),
         (
             ToolFormat::Glm,
-            vec![P::S("<tool_call>"), P::T("f\n"), P::S("<arg_key>"), P::T("k"), P::S("</arg_key>"), P::S("</tool_call>")],
+            vec![
+                P::S("<tool_call>"),
+                P::T("f\n"),
+                P::S("<arg_key>"),
+                P::T("k"),
+                P::S("</arg_key>"),
+                P::S("</tool_call>"),
+            ],
         ),
     ] {
         let (tok, _) = setup(format);
         let ev = events(format, &ids(&tok, &pieces), weather_schemas());
-        assert!(calls(&ev).is_empty() && ev.iter().any(|e| matches!(e, ToolEvent::Malformed(_))), "{format:?}");
+        assert!(
+            calls(&ev).is_empty() && ev.iter().any(|e| matches!(e, ToolEvent::Malformed(_))),
+            "{format:?}"
+        );
     }
 }

@@ -33,7 +33,9 @@ pub fn k3() -> Arc<Tokenizer> {
 }
 
 fn model_fixture(name: &str) -> Arc<Tokenizer> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     Arc::new(Tokenizer::from_dir(&dir).expect("fixture tokenizer"))
 }
 

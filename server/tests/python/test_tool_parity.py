@@ -6,9 +6,11 @@
   (`engine/tests/fixtures/tool-parity/golden.json`, made by `gen_tool_parity.py`), for Qwen3.5
   XML, Qwen3 hermes, GLM-4.5, GLM-4.7, MiniMax-M2 and gpt-oss; what the template refuses is a 400.
 * The official openai client on the GLM-4.5, MiniMax-M2 and Qwen3.5 fixtures: `tool_choice:
-  auto` never leaves call markup in `content`; a forced call (`required`, named, with and without
+  auto` never leaves call or reasoning markup in `content` (reasoning opened by the generation
+  prompt's `<think>\n` comes back as `reasoning_content`); a forced call (`required`, named, with and without
   parallel calls) comes back as schema-valid `tool_calls` (`finish_reason` `tool_calls`; `stop`
-  for a named function, as OpenAI answers), exactly one when parallel calls are off; two tool rounds render and run.
+  for a named function, as OpenAI answers), exactly one when parallel calls are off, after
+  reasoning held to half of `max_tokens`; two tool rounds render and run.
 """
 
 import json
@@ -95,8 +97,9 @@ def check_call(call):
 @pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5"])
 def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp_path, name):
     model = MODELS[name]
-    s = Server("--max-tokens", "96", model=str(model_dir(tmp_path, model)))
-    markup = ["<tool_call>", "</tool_call>", "<arg_key>", "<minimax:tool_call>", "<invoke", "<function="]
+    s = Server("--max-tokens", "256", model=str(model_dir(tmp_path, model)))
+    markup = ["<tool_call>", "</tool_call>", "<arg_key>", "<minimax:tool_call>", "<invoke", "<function=",
+              "<think>", "</think>"]
     try:
         c, m = s.client(), s.model_id()
         messages = [{"role": "user", "content": "What is the weather?"}]
@@ -108,11 +111,14 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
             else:
                 r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, max_tokens=24, temperature=0)
                 content = r.choices[0].message.content or ""
+                if name != "glm-4.5":
+                    # The generation prompt opens `<think>\n`: the output starts as reasoning.
+                    assert r.choices[0].message.model_extra.get("reasoning_content"), r
             assert not any(t in content for t in markup), content
         for choice, parallel in [("required", True), ("required", False),
                                  ({"type": "function", "function": {"name": "get_time"}}, False)]:
             r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice=choice,
-                                          parallel_tool_calls=parallel, max_tokens=96, temperature=0)
+                                          parallel_tool_calls=parallel, max_tokens=256, temperature=0)
             msg = r.choices[0].message
             # With parallel calls a tiny random model may go on calling until max_tokens: the
             # complete calls come back and the cut-off one is withheld (finish_reason length).
@@ -129,7 +135,7 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
         # Two tool rounds: the calls and results go back, and the server renders them.
         for _ in range(2):
             r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice="required",
-                                          parallel_tool_calls=False, max_tokens=96, temperature=0)
+                                          parallel_tool_calls=False, max_tokens=256, temperature=0)
             msg = r.choices[0].message
             messages.append({"role": "assistant", "content": msg.content or "",
                              "tool_calls": [t.model_dump() for t in msg.tool_calls]})

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltafin_engine::constrain::Vocabulary;
+use deltafin_engine::constrain::{ReasoningBudget, Vocabulary};
 use deltafin_engine::generate::{DecodeOptions, TokenLogprobs};
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, arguments_as_objects, normalize_k2_tool_ids};
@@ -185,14 +185,15 @@ pub fn start(
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;
     if app.config().log_prompts {
         tracing::info!(messages = ?req.messages, "chat prompt");
     }
-    let decode = decode_options(&loaded, req, &req.common, thinking)?;
+    let limit = req.common.max_tokens.unwrap_or(app.config().limits.max_tokens);
+    let decode = decode_options(&loaded, req, &req.common, thinking.then_some(limit))?;
     let id = super::handlers::random_hex();
     let parsers = (0..req.common.n)
         .map(|i| {
@@ -285,14 +286,16 @@ pub fn render_with(
     Ok((prompt, thinking))
 }
 
-/// Decode options of a chat request: bias, penalties, log-probabilities and the grammar.
+/// Decode options of a chat request: bias, penalties, log-probabilities and the grammar;
+/// `reasoning_limit`: the prompt opened reasoning, and the request may write this many tokens.
 fn decode_options(
     loaded: &Loaded,
     req: &ChatRequest,
     common: &Common,
-    thinking: bool,
+    reasoning_limit: Option<usize>,
 ) -> Result<DecodeOptions, ApiError> {
     let mut decode = sampling_options(common);
+    let thinking = reasoning_limit.is_some();
     let forced = match &req.tool_choice {
         ToolChoice::Required => Some(Forced::Required),
         ToolChoice::Named(n) => Some(Forced::Named(n.clone())),
@@ -351,13 +354,26 @@ fn decode_options(
     };
     if let Some((text, param)) = grammar_text {
         let vocab: Arc<Vocabulary> = loaded.vocabulary()?;
-        let g = vocab.lark(&text).map_err(|e| match param {
+        let mut g = vocab.lark(&text).map_err(|e| match param {
             "response_format" => ApiError::field(param, format!("Invalid schema for response_format: {e}")),
             _ => ApiError::field(param, format!("Invalid schema for function parameters: {e}")),
         })?;
+        // Reasoning before a forced call or JSON takes at most half the token limit.
+        if let (Some(limit), Some(close)) = (reasoning_limit, reasoning_close(loaded)) {
+            g = g.with_reasoning_budget(ReasoningBudget::half_of(limit, close));
+        }
         decode.constraint = Some(g);
     }
     Ok(decode)
+}
+
+/// The token that ends the model's reasoning: `</think>`, or K3's `<|close|>`.
+fn reasoning_close(loaded: &Loaded) -> Option<u32> {
+    match &loaded.markers {
+        Some(Markers::Think(t)) => Some(t.close),
+        Some(Markers::Xtml(x)) => Some(x.close),
+        None => None,
+    }
 }
 
 /// Whether the model may call a tool in this turn.

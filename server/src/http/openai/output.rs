@@ -249,10 +249,13 @@ impl OutputParser {
 }
 
 /// How a tokenizer's chat format marks thinking: XTML (`<|open|>`, `<|close|>`, `<|sep|>`
-/// specials, Kimi K3) or `<think>` / `</think>` specials (Kimi K2, DeepSeek-R1); `None` if
-/// neither.
+/// specials, Kimi K3) or `<think>` / `</think>` tokens (specials in Kimi K2; added tokens that
+/// are not special in Qwen3.5, GLM, MiniMax-M2 and DeepSeek); `None` if neither.
 pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
     let id = |t: &str| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id));
+    // `<think>` may be an added token that is not special (Qwen3.5, GLM, DeepSeek): a marker
+    // when the text encodes to exactly that one id.
+    let added = |t: &str| id(t).or_else(|| tokenizer.token_to_id(t).filter(|&i| tokenizer.encode(t) == [i]));
     if let (Some(open), Some(close), Some(sep)) = (id("<|open|>"), id("<|close|>"), id("<|sep|>")) {
         return Some(Markers::Xtml(XtmlMarkers {
             open,
@@ -264,8 +267,11 @@ pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
         }));
     }
     Some(Markers::Think(ThinkMarkers {
-        open: id("<think>")?,
-        close: id("</think>")?,
+        open: added("<think>")?,
+        close: added("</think>")?,
+        newline: Some(tokenizer.encode("\n"))
+            .filter(|n| n.len() == 1)
+            .map(|n| n[0]),
     }))
 }
 

@@ -14,11 +14,14 @@
 //! `response` or `tools`, or closing `response`, also ends the thinking. A tool-call section
 //! (parsed before this split) ends it too, through [`ReasoningSplit::leave_reasoning`].
 
-/// The `<think>` / `</think>` special token ids.
+/// The `<think>` / `</think>` token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThinkMarkers {
     pub open: u32,
     pub close: u32,
+    /// The id of `"\n"`, which may follow `<think>` at the end of a generation prompt
+    /// (Qwen3.5's and MiniMax-M2's `<think>\n`).
+    pub newline: Option<u32>,
 }
 
 /// XTML control tokens and the ids of the element names that switch channels.
@@ -72,11 +75,15 @@ pub struct ReasoningSplit {
     tag: Option<(bool, Vec<u32>)>,
 }
 
-/// Whether `prompt` ends inside an opened thinking element (`<think>`, or XTML's
-/// `<|open|>think<|sep|>`), so the output starts with reasoning.
+/// Whether `prompt` ends inside an opened thinking element (`<think>`, possibly followed by a
+/// newline, or XTML's `<|open|>think<|sep|>`), so the output starts with reasoning.
 pub fn opens_thinking(markers: Option<&Markers>, prompt: &[u32]) -> bool {
     match markers {
-        Some(Markers::Think(m)) => prompt.last() == Some(&m.open),
+        Some(Markers::Think(m)) => match prompt {
+            [.., last] if *last == m.open => true,
+            [.., open, last] => *open == m.open && Some(*last) == m.newline,
+            _ => false,
+        },
         Some(Markers::Xtml(x)) => {
             let mut opened = vec![x.open];
             opened.extend(&x.think);
@@ -159,6 +166,7 @@ mod tests {
     const M: ThinkMarkers = ThinkMarkers {
         open: 100,
         close: 101,
+        newline: Some(9),
     };
 
     fn xtml() -> Markers {
@@ -215,6 +223,11 @@ mod tests {
         assert_eq!(s.route(9, false), Text(Reasoning));
         assert_eq!(s.route(101, true), Hidden);
         assert_eq!(s.route(9, false), Text(Content));
+        // `<think>\n` (Qwen3.5, MiniMax-M2) opens it too; other text after the open does not.
+        assert!(opens_thinking(Some(&Markers::Think(M)), &[5, 100, 9]));
+        assert!(!opens_thinking(Some(&Markers::Think(M)), &[5, 100, 7]));
+        assert!(!opens_thinking(Some(&Markers::Think(M)), &[100, 101, 9]));
+        assert!(!opens_thinking(Some(&Markers::Think(M)), &[9]));
     }
 
     #[test]
