@@ -25,6 +25,11 @@
 //!   A property with several or no types allows a block per type. A schema without
 //!   `properties` allows any keys (`[A-Za-z0-9_.-]+`) with any values. Alternatively the
 //!   model may write one raw `json type="object"` block, checked against the whole schema;
+//! * gpt-oss (harmony): an optional `analysis` message first, then one call
+//!   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` + schema-valid JSON
+//!   + `<|call|>` (one call per turn, whatever `parallel` says); a JSON answer goes on the
+//!   `final` channel and ends with `<|return|>`;
+//! * Qwen3.5 XML, GLM and MiniMax-M2: see `grammar_xml`;
 //! * the end of the turn: K2 `<|tool_calls_section_end|><|im_end|>`, K3
 //!   `<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>`, DeepSeek-V3
 //!   `<｜tool▁calls▁end｜><｜end▁of▁sentence｜>`.
@@ -42,7 +47,7 @@ use serde_json::{Map, Value, json};
 
 use super::grammar_xml::{XmlSyntax, xml_calls};
 use super::xtml::escape_attr;
-use super::{DeepSeekMarkers, K2Markers, K3Markers, TaggedMarkers, ToolMarkers};
+use super::{DeepSeekMarkers, HarmonyMarkers, K2Markers, K3Markers, TaggedMarkers, ToolMarkers};
 
 /// Most calls a parallel forced-call grammar admits in one turn.
 pub const MAX_CALLS: usize = 32;
@@ -137,6 +142,7 @@ pub fn forced_call_grammar(
         ToolMarkers::QwenXml(m) => xml_calls(&mut g, XmlSyntax::Qwen, m, &names, &schemas, calls),
         ToolMarkers::Glm(m) => xml_calls(&mut g, XmlSyntax::Glm, m, &names, &schemas, calls),
         ToolMarkers::MiniMax(m) => xml_calls(&mut g, XmlSyntax::MiniMax, m, &names, &schemas, calls),
+        ToolMarkers::Harmony(m) => harmony_call(&mut g, m, &names, &schemas),
     };
     let prefix = reasoning_prefix(&mut g, Answer::Native(markers), thinking, true)?;
     g.rule("start", &format!("{prefix} {body}"));
@@ -222,6 +228,29 @@ fn hermes_calls(g: &mut Lark, m: &TaggedMarkers, names: &[&str], schemas: &[Valu
     format!("calls {}", tok(m.end_of_turn))
 }
 
+/// gpt-oss's call: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` then
+/// the JSON arguments and `<|call|>`. A harmony turn holds one call (`<|call|>` ends it), so
+/// parallel calls change nothing.
+fn harmony_call(g: &mut Lark, m: &HarmonyMarkers, names: &[&str], schemas: &[Value]) -> String {
+    let alts: Vec<String> = names
+        .iter()
+        .zip(schemas)
+        .enumerate()
+        .map(|(j, (name, s))| {
+            g.rule(&format!("args_{j}"), &json_rule(s));
+            format!(
+                "{} {} {} \"json\" {} args_{j} {}",
+                tok(m.channel),
+                lit(&format!("commentary to=functions.{name} ")),
+                tok(m.constrain),
+                tok(m.message),
+                tok(m.call)
+            )
+        })
+        .collect();
+    format!("({})", alts.join(" | "))
+}
+
 /// K3's tools element, then the end of the message.
 fn k3_calls(g: &mut Lark, m: &K3Markers, names: &[&str], schemas: &[Value], calls: usize) -> String {
     let x = Xtml(*m);
@@ -297,6 +326,23 @@ fn reasoning_prefix(
     calls: bool,
 ) -> Result<String, GrammarError> {
     let (excluded, close) = match answer {
+        // gpt-oss reasons in an `analysis` message of its own, which the prompt never opens:
+        // it may come first; a JSON answer then goes on the `final` channel.
+        Answer::Native(ToolMarkers::Harmony(m)) => {
+            let free = not_tokens(&ToolMarkers::Harmony(*m).structural_ids());
+            g.rule(
+                "analysis",
+                &format!(
+                    "{} \"analysis\" {} {free}* {} {} \"assistant\"",
+                    tok(m.channel),
+                    tok(m.message),
+                    tok(m.end),
+                    tok(m.start)
+                ),
+            );
+            let final_channel = format!("{} \"final\" {}", tok(m.channel), tok(m.message));
+            return Ok(format!("analysis? {}", if calls { "" } else { &final_channel }));
+        }
         Answer::Native(ToolMarkers::KimiK3(m)) => {
             let x = Xtml(*m);
             g.rule("free", &x.free());

@@ -381,6 +381,7 @@ fn json_answers_for_each_format() {
             ToolFormat::DeepSeekV3 => "<｜end▁of▁sentence｜>",
             ToolFormat::Glm => "<|observation|>",
             ToolFormat::MiniMax => "[e~[",
+            ToolFormat::Harmony => unreachable!("harmony answers are tested in harmony_tests"),
         };
         let any = json_response_grammar(Answer::Native(&markers), None, false).unwrap();
         accepts(&env, &any, &s(&format!(r#"{{"a": [1, {{"b": null}}]}}{end}"#)));

@@ -21,6 +21,8 @@
 //! * **GLM** (GLM-4.5/4.6/4.7, GLM-5): each call alone, `<tool_call>NAME\n<arg_key>K</arg_key>\n
 //!   <arg_value>V</arg_value>\n…</tool_call>` (4.7 without the newlines), values typed by the
 //!   schema (`tagged`).
+//! * **gpt-oss harmony**: a message whose header names `to=functions.NAME` (channel or role
+//!   part), its JSON body ended by `<|call|>` (`harmony`).
 //! * **MiniMax-M2**: one `<minimax:tool_call>` block of `<invoke name="NAME">` elements holding
 //!   `<parameter name="K">V</parameter>`, values typed by the schema (`tagged`).
 //!
@@ -30,6 +32,7 @@
 
 pub mod grammar;
 mod grammar_xml;
+mod harmony;
 mod parser;
 mod tagged;
 mod xtml;
@@ -38,6 +41,8 @@ mod xtml;
 mod grammar_tests;
 #[cfg(test)]
 mod grammar_xml_tests;
+#[cfg(test)]
+mod harmony_tests;
 #[cfg(test)]
 mod tagged_tests;
 #[cfg(test)]
@@ -66,6 +71,8 @@ pub enum ToolFormat {
     Glm,
     /// MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter>…`.
     MiniMax,
+    /// gpt-oss harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>…<|call|>`.
+    Harmony,
 }
 
 impl ToolFormat {
@@ -80,6 +87,7 @@ impl ToolFormat {
             ToolFormat::DeepSeekV3,
             ToolFormat::MiniMax,
             ToolFormat::Glm,
+            ToolFormat::Harmony,
         ]
         .into_iter()
         .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
@@ -105,6 +113,25 @@ impl ToolFormat {
             ToolFormat::KimiK2 | ToolFormat::KimiK3 | ToolFormat::DeepSeekV3
         )
     }
+}
+
+/// gpt-oss harmony marker ids (all specials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HarmonyMarkers {
+    /// `<|start|>`: a message's role header.
+    pub start: u32,
+    /// `<|channel|>`.
+    pub channel: u32,
+    /// `<|message|>`: the end of a header.
+    pub message: u32,
+    /// `<|constrain|>`: the content type of a call's body.
+    pub constrain: u32,
+    /// `<|end|>`: the end of a message.
+    pub end: u32,
+    /// `<|call|>`: the end of a call (and of the turn).
+    pub call: u32,
+    /// `<|return|>`: the end of the final answer (and of the turn).
+    pub ret: u32,
 }
 
 /// A tokenizer lacks a marker token of the requested format.
@@ -207,6 +234,8 @@ pub enum ToolMarkers {
     Glm(TaggedMarkers),
     /// MiniMax-M2.
     MiniMax(TaggedMarkers),
+    /// gpt-oss harmony.
+    Harmony(HarmonyMarkers),
 }
 
 impl ToolMarkers {
@@ -287,6 +316,25 @@ impl ToolMarkers {
                 think: pair("<think>", "</think>"),
                 inner: None,
             }),
+            ToolFormat::Harmony => {
+                let m = HarmonyMarkers {
+                    start: id("<|start|>")?,
+                    channel: id("<|channel|>")?,
+                    message: id("<|message|>")?,
+                    constrain: id("<|constrain|>")?,
+                    end: id("<|end|>")?,
+                    call: id("<|call|>")?,
+                    ret: id("<|return|>")?,
+                };
+                let ids = [m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
+                if !ids.iter().all(|&t| tokenizer.is_special(t)) {
+                    return Err(ToolError::MissingToken {
+                        format,
+                        token: "<|channel|>",
+                    });
+                }
+                ToolMarkers::Harmony(m)
+            }
         })
     }
 
@@ -300,6 +348,7 @@ impl ToolMarkers {
             ToolMarkers::QwenXml(_) => ToolFormat::QwenXml,
             ToolMarkers::Glm(_) => ToolFormat::Glm,
             ToolMarkers::MiniMax(_) => ToolFormat::MiniMax,
+            ToolMarkers::Harmony(_) => ToolFormat::Harmony,
         }
     }
 
@@ -308,7 +357,7 @@ impl ToolMarkers {
         match self {
             ToolMarkers::KimiK2(m) => m.think,
             ToolMarkers::DeepSeekV3(m) => m.think,
-            ToolMarkers::KimiK3(_) => None,
+            ToolMarkers::KimiK3(_) | ToolMarkers::Harmony(_) => None,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
             | ToolMarkers::Glm(t)
@@ -322,6 +371,7 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
             ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
+            ToolMarkers::Harmony(m) => m.ret,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
             | ToolMarkers::Glm(t)
@@ -341,6 +391,7 @@ impl ToolMarkers {
                 m.end_of_turn,
             ],
             ToolMarkers::KimiK3(m) => vec![m.open, m.close, m.sep, m.end_of_msg],
+            ToolMarkers::Harmony(m) => vec![m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret],
             ToolMarkers::DeepSeekV3(m) => vec![
                 m.calls_begin,
                 m.calls_end,

@@ -1,8 +1,8 @@
 //! The streaming tool-call parser: generated ids in, [`ToolEvent`]s out.
 //!
 //! Kimi K2 and DeepSeek-V3 share one shape (a section of calls, each call split in two by one
-//! separator marker) and one state machine here; Kimi K3's XTML lives in `xtml`, Qwen's
-//! tagged calls in `tagged`. A call is
+//! separator marker) and one state machine here; Kimi K3's XTML lives in `xtml`, the tagged
+//! calls (Qwen, GLM, MiniMax-M2) in `tagged`, gpt-oss's harmony messages in `harmony`. A call is
 //! buffered from its opening marker to its closing one and reported (start, the whole
 //! arguments string, end) only when it parses; otherwise its ids come back as
 //! [`ToolEvent::Malformed`]. Feeding ids one at a time or in any chunking gives the same events.
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::harmony::HarmonyParser;
 use super::tagged::{Body, TaggedParser};
 use super::xtml::XtmlParser;
 use super::{ToolEvent, ToolFormat, ToolMarkers, mint_call_id};
@@ -33,6 +34,7 @@ enum Machine {
     Section(SectionParser),
     Xtml(XtmlParser),
     Tagged(TaggedParser),
+    Harmony(HarmonyParser),
 }
 
 /// A call as read from the output, before an index is assigned.
@@ -88,6 +90,7 @@ impl ToolCallParser {
             ToolMarkers::MiniMax(m) => {
                 Machine::Tagged(TaggedParser::new(m, Body::MiniMax, Default::default()))
             }
+            ToolMarkers::Harmony(m) => Machine::Harmony(HarmonyParser::new(m)),
         };
         ToolCallParser {
             tokenizer,
@@ -115,6 +118,7 @@ impl ToolCallParser {
             Machine::Section(p) => p.push(&self.tokenizer, id, &mut raw),
             Machine::Xtml(p) => p.push(&self.tokenizer, id, &mut raw),
             Machine::Tagged(p) => p.push(&self.tokenizer, id, &mut raw),
+            Machine::Harmony(p) => p.push(&self.tokenizer, id, &mut raw),
         }
         self.emit(raw, out);
     }
@@ -136,6 +140,7 @@ impl ToolCallParser {
             Machine::Section(p) => p.finish(&mut raw),
             Machine::Xtml(p) => p.finish(&mut raw),
             Machine::Tagged(p) => p.finish(&mut raw),
+            Machine::Harmony(p) => p.finish(&self.tokenizer, &mut raw),
         }
         let raw = raw
             .into_iter()

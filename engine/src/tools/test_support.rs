@@ -1,4 +1,4 @@
-//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 / Qwen3.5 / GLM / MiniMax-M2 tokenizers with tool-call tokens
+//! Test fixtures: the tiny K2 / K3 / DeepSeek-V3 / Qwen3.5 / GLM / MiniMax-M2 / gpt-oss tokenizers with tool-call tokens
 //! and id builders for the parser and grammar tests.
 
 use std::path::Path;
@@ -50,6 +50,11 @@ pub fn glm() -> Arc<Tokenizer> {
     model_fixture("glm4-moe-fp8")
 }
 
+/// The gpt-oss fixture's tokenizer (harmony specials, the published template).
+pub fn gpt_oss() -> Arc<Tokenizer> {
+    model_fixture("gpt-oss")
+}
+
 /// The MiniMax-M2 fixture's tokenizer (`<minimax:tool_call>`, `<think>`, the published
 /// template).
 pub fn minimax() -> Arc<Tokenizer> {
@@ -65,6 +70,7 @@ pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
         ToolFormat::Hermes | ToolFormat::QwenXml => qwen35(),
         ToolFormat::Glm => glm(),
         ToolFormat::MiniMax => minimax(),
+        ToolFormat::Harmony => gpt_oss(),
     };
     let markers = ToolMarkers::resolve(format, &tok).expect("markers");
     (tok, markers)

@@ -12,8 +12,8 @@ use deltafin_engine::constrain::{ReasoningBudget, Vocabulary};
 use deltafin_engine::generate::{DecodeOptions, TokenLogprobs};
 use deltafin_engine::spec::RequestKind;
 use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, arguments_as_objects, normalize_k2_tool_ids};
-use deltafin_engine::tools::ToolFormat;
 use deltafin_engine::tools::grammar::{self, Answer, Forced, FunctionSpec};
+use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 use serde_json::Value;
 
 use super::generation::{Generation, Step};
@@ -185,7 +185,7 @@ pub fn start(
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2, gpt-oss harmony)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;
@@ -193,7 +193,7 @@ pub fn start(
         tracing::info!(messages = ?req.messages, "chat prompt");
     }
     let limit = req.common.max_tokens.unwrap_or(app.config().limits.max_tokens);
-    let decode = decode_options(&loaded, req, &req.common, thinking.then_some(limit))?;
+    let decode = decode_options(&loaded, req, &req.common, thinking, limit)?;
     let id = super::handlers::random_hex();
     let parsers = (0..req.common.n)
         .map(|i| {
@@ -287,15 +287,15 @@ pub fn render_with(
 }
 
 /// Decode options of a chat request: bias, penalties, log-probabilities and the grammar;
-/// `reasoning_limit`: the prompt opened reasoning, and the request may write this many tokens.
+/// `thinking`: the prompt opened reasoning; `limit`: the tokens the request may write.
 fn decode_options(
     loaded: &Loaded,
     req: &ChatRequest,
     common: &Common,
-    reasoning_limit: Option<usize>,
+    thinking: bool,
+    limit: usize,
 ) -> Result<DecodeOptions, ApiError> {
     let mut decode = sampling_options(common);
-    let thinking = reasoning_limit.is_some();
     let forced = match &req.tool_choice {
         ToolChoice::Required => Some(Forced::Required),
         ToolChoice::Named(n) => Some(Forced::Named(n.clone())),
@@ -359,7 +359,7 @@ fn decode_options(
             _ => ApiError::field(param, format!("Invalid schema for function parameters: {e}")),
         })?;
         // Reasoning before a forced call or JSON takes at most half the token limit.
-        if let (Some(limit), Some(close)) = (reasoning_limit, reasoning_close(loaded)) {
+        if let Some(close) = reasoning_close(loaded, thinking) {
             g = g.with_reasoning_budget(ReasoningBudget::half_of(limit, close));
         }
         decode.constraint = Some(g);
@@ -367,12 +367,15 @@ fn decode_options(
     Ok(decode)
 }
 
-/// The token that ends the model's reasoning: `</think>`, or K3's `<|close|>`.
-fn reasoning_close(loaded: &Loaded) -> Option<u32> {
-    match &loaded.markers {
-        Some(Markers::Think(t)) => Some(t.close),
-        Some(Markers::Xtml(x)) => Some(x.close),
-        None => None,
+/// The token that ends reasoning the output may open with: `</think>` or K3's `<|close|>`
+/// when the prompt opened it (`thinking`); harmony's `<|end|>` always (gpt-oss opens its own
+/// `analysis` message).
+fn reasoning_close(loaded: &Loaded, thinking: bool) -> Option<u32> {
+    match (&loaded.markers, &loaded.tool_markers) {
+        (_, Some(ToolMarkers::Harmony(h))) => Some(h.end),
+        (Some(Markers::Think(t)), _) if thinking => Some(t.close),
+        (Some(Markers::Xtml(x)), _) if thinking => Some(x.close),
+        _ => None,
     }
 }
 

@@ -19,7 +19,7 @@ use deltafin_engine::tokenizer::{IncrementalDecoder, Tokenizer};
 use deltafin_engine::tools::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
 use serde_json::Value;
 
-use super::reasoning::{Channel, Markers, ReasoningSplit, Route, ThinkMarkers, XtmlMarkers};
+use super::reasoning::{Channel, HarmonyMarkers, Markers, ReasoningSplit, Route, ThinkMarkers, XtmlMarkers};
 use super::stop::StopMatcher;
 
 /// One piece of a tool call, in the OpenAI streaming shape.
@@ -248,14 +248,25 @@ impl OutputParser {
     }
 }
 
-/// How a tokenizer's chat format marks thinking: XTML (`<|open|>`, `<|close|>`, `<|sep|>`
-/// specials, Kimi K3) or `<think>` / `</think>` tokens (specials in Kimi K2; added tokens that
+/// How a tokenizer's chat format marks thinking: harmony channels (`<|start|>`, `<|channel|>`,
+/// `<|message|>` specials, gpt-oss), XTML (`<|open|>`, `<|close|>`, `<|sep|>` specials, Kimi
+/// K3) or `<think>` / `</think>` tokens (specials in Kimi K2; added tokens that
 /// are not special in Qwen3.5, GLM, MiniMax-M2 and DeepSeek); `None` if neither.
 pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
     let id = |t: &str| tokenizer.token_to_id(t).filter(|&id| tokenizer.is_special(id));
     // `<think>` may be an added token that is not special (Qwen3.5, GLM, DeepSeek): a marker
     // when the text encodes to exactly that one id.
     let added = |t: &str| id(t).or_else(|| tokenizer.token_to_id(t).filter(|&i| tokenizer.encode(t) == [i]));
+    if let (Some(start), Some(channel), Some(message)) =
+        (id("<|start|>"), id("<|channel|>"), id("<|message|>"))
+    {
+        return Some(Markers::Harmony(HarmonyMarkers {
+            start,
+            channel,
+            message,
+            analysis: tokenizer.encode("analysis"),
+        }));
+    }
     if let (Some(open), Some(close), Some(sep)) = (id("<|open|>"), id("<|close|>"), id("<|sep|>")) {
         return Some(Markers::Xtml(XtmlMarkers {
             open,

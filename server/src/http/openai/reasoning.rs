@@ -5,6 +5,10 @@
 //! * **XTML** (Kimi K3): elements `<|open|>NAME<|sep|>` … `<|close|>NAME<|sep|>`, where the
 //!   special `<|open|>`/`<|close|>`/`<|sep|>` wrap a plain-text name; `think` holds the
 //!   reasoning and `response` the answer. Every tag (any name) is hidden, never partially shown.
+//! * **Harmony** (gpt-oss): messages `<|channel|>NAME<|message|>BODY` (a later one opened by
+//!   `<|start|>ROLE`); the `analysis` channel is reasoning, `final` and `commentary` are the
+//!   answer. Headers are hidden; the output starts in the header of the assistant message the
+//!   generation prompt opened.
 //!
 //! A rendered prompt that already opened the thinking (the generation prompt of thinking
 //! templates) starts the output inside it. Markers are recognised only by token ids: text the
@@ -38,11 +42,22 @@ pub struct XtmlMarkers {
     pub tools: Vec<u32>,
 }
 
+/// Harmony's control tokens and the ids of the channel name `analysis`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HarmonyMarkers {
+    pub start: u32,
+    pub channel: u32,
+    pub message: u32,
+    /// Ids of the plain text `analysis`.
+    pub analysis: Vec<u32>,
+}
+
 /// How a chat format marks its thinking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Markers {
     Think(ThinkMarkers),
     Xtml(XtmlMarkers),
+    Harmony(HarmonyMarkers),
 }
 
 /// Where a piece of output text goes.
@@ -73,6 +88,8 @@ pub struct ReasoningSplit {
     channel: Channel,
     /// Inside an XTML tag: whether it opens an element, and the name's ids so far.
     tag: Option<(bool, Vec<u32>)>,
+    /// Inside a harmony header: the channel name's ids so far.
+    header: Option<Vec<u32>>,
 }
 
 /// Whether `prompt` ends inside an opened thinking element (`<think>`, possibly followed by a
@@ -90,7 +107,7 @@ pub fn opens_thinking(markers: Option<&Markers>, prompt: &[u32]) -> bool {
             opened.push(x.sep);
             prompt.ends_with(&opened)
         }
-        None => false,
+        Some(Markers::Harmony(_)) | None => false,
     }
 }
 
@@ -103,10 +120,12 @@ impl ReasoningSplit {
         } else {
             Channel::Content
         };
+        let header = matches!(markers, Some(Markers::Harmony(_))).then(Vec::new);
         ReasoningSplit {
             markers,
             channel,
             tag: None,
+            header,
         }
     }
 
@@ -151,6 +170,24 @@ impl ReasoningSplit {
                     return Route::Hidden;
                 }
                 return Route::Text(self.channel);
+            }
+            Some(Markers::Harmony(h)) => {
+                if id == h.start || id == h.channel {
+                    self.header = Some(Vec::new());
+                } else if id == h.message {
+                    let analysis = self.header.take().is_some_and(|name| name == h.analysis);
+                    self.channel = if analysis {
+                        Channel::Reasoning
+                    } else {
+                        Channel::Content
+                    };
+                } else if let Some(name) = &mut self.header {
+                    if !special && name.len() < MAX_TAG_TOKENS {
+                        name.push(id);
+                    }
+                } else if !special {
+                    return Route::Text(self.channel);
+                }
             }
             _ if special => {}
             _ => return Route::Text(self.channel),
@@ -228,6 +265,50 @@ mod tests {
         assert!(!opens_thinking(Some(&Markers::Think(M)), &[5, 100, 7]));
         assert!(!opens_thinking(Some(&Markers::Think(M)), &[100, 101, 9]));
         assert!(!opens_thinking(Some(&Markers::Think(M)), &[9]));
+    }
+
+    #[test]
+    fn harmony_channels_split_and_headers_hide() {
+        // <|start|>=1 <|channel|>=2 <|message|>=3 <|end|>=4 (special); "analysis" = [7, 8].
+        let h = Markers::Harmony(HarmonyMarkers {
+            start: 1,
+            channel: 2,
+            message: 3,
+            analysis: vec![7, 8],
+        });
+        let mut s = ReasoningSplit::new(Some(h), &[1, 9]);
+        assert!(!opens_thinking(s.markers.as_ref(), &[1, 9]));
+        let ids = [
+            (2, true),
+            (7, false),
+            (8, false),
+            (3, true),
+            (20, false),
+            (4, true), // analysis
+            (1, true),
+            (9, false),
+            (2, true),
+            (30, false),
+            (3, true),
+            (21, false), // final
+        ];
+        assert_eq!(
+            routes(&mut s, &ids),
+            [
+                Hidden,
+                Hidden,
+                Hidden,
+                Hidden,
+                Text(Reasoning),
+                Hidden,
+                Hidden,
+                Hidden,
+                Hidden,
+                Hidden,
+                Hidden,
+                Text(Content),
+            ]
+        );
     }
 
     #[test]
