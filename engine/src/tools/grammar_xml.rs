@@ -21,8 +21,8 @@
 
 use serde_json::Value;
 
-use super::TaggedMarkers;
 use super::grammar::{Lark, json_rule, lit, not_tokens, resolve_ref, root_defs, tok};
+use super::{TaggedMarkers, ToolMarkers};
 
 /// Which XML-like syntax the calls are written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,9 +54,7 @@ impl XmlSyntax {
             XmlSyntax::Qwen => ("QWEN_TEXT", closed_text("\n</parameter>\n")),
             XmlSyntax::MiniMax => ("MINIMAX_TEXT", closed_text("</parameter>\n")),
             XmlSyntax::Glm => {
-                let mut ids = vec![m.call_begin, m.call_end, m.end_of_turn];
-                ids.extend(m.inner.into_iter().flatten());
-                ids.extend(m.think.into_iter().flat_map(|(a, b)| [a, b]));
+                let ids = ToolMarkers::Glm(*m).structural_ids();
                 ("glm_text", format!("{}*", not_tokens(&ids)))
             }
         };

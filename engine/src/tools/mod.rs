@@ -132,6 +132,8 @@ pub struct HarmonyMarkers {
     pub call: u32,
     /// `<|return|>`: the end of the final answer (and of the turn).
     pub ret: u32,
+    /// `<|endoftext|>`, when the tokenizer has it (it ends generation).
+    pub endoftext: Option<u32>,
 }
 
 /// A tokenizer lacks a marker token of the requested format.
@@ -215,6 +217,9 @@ pub struct TaggedMarkers {
     /// GLM's `<arg_key>`, `</arg_key>`, `<arg_value>`, `</arg_value>`: marker tokens that
     /// belong inside a call.
     pub inner: Option<[u32; 4]>,
+    /// `<|endoftext|>`, when the tokenizer has it: it ends generation, so it never belongs in
+    /// free text either.
+    pub endoftext: Option<u32>,
 }
 
 /// The marker ids of one format, resolved from a tokenizer once.
@@ -247,6 +252,7 @@ impl ToolMarkers {
                 .ok_or(ToolError::MissingToken { format, token })
         };
         let pair = |a: &'static str, b: &'static str| id(a).ok().zip(id(b).ok());
+        let endoftext = tokenizer.token_to_id("<|endoftext|>");
         Ok(match format {
             ToolFormat::KimiK2 => ToolMarkers::KimiK2(K2Markers {
                 section_begin: id("<|tool_calls_section_begin|>")?,
@@ -291,6 +297,7 @@ impl ToolMarkers {
                     end_of_turn: id("<|im_end|>")?,
                     think: pair("<think>", "</think>"),
                     inner: None,
+                    endoftext,
                 };
                 match format {
                     ToolFormat::Hermes => ToolMarkers::Hermes(m),
@@ -308,6 +315,7 @@ impl ToolMarkers {
                     id("<arg_value>")?,
                     id("</arg_value>")?,
                 ]),
+                endoftext,
             }),
             ToolFormat::MiniMax => ToolMarkers::MiniMax(TaggedMarkers {
                 call_begin: id("<minimax:tool_call>")?,
@@ -315,6 +323,7 @@ impl ToolMarkers {
                 end_of_turn: id("[e~[")?,
                 think: pair("<think>", "</think>"),
                 inner: None,
+                endoftext,
             }),
             ToolFormat::Harmony => {
                 let m = HarmonyMarkers {
@@ -325,6 +334,7 @@ impl ToolMarkers {
                     end: id("<|end|>")?,
                     call: id("<|call|>")?,
                     ret: id("<|return|>")?,
+                    endoftext,
                 };
                 let ids = [m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
                 if !ids.iter().all(|&t| tokenizer.is_special(t)) {
@@ -391,7 +401,11 @@ impl ToolMarkers {
                 m.end_of_turn,
             ],
             ToolMarkers::KimiK3(m) => vec![m.open, m.close, m.sep, m.end_of_msg],
-            ToolMarkers::Harmony(m) => vec![m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret],
+            ToolMarkers::Harmony(m) => {
+                let mut ids = vec![m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
+                ids.extend(m.endoftext);
+                ids
+            }
             ToolMarkers::DeepSeekV3(m) => vec![
                 m.calls_begin,
                 m.calls_end,
@@ -406,6 +420,7 @@ impl ToolMarkers {
             | ToolMarkers::MiniMax(t) => {
                 let mut ids = vec![t.call_begin, t.call_end, t.end_of_turn];
                 ids.extend(t.inner.into_iter().flatten());
+                ids.extend(t.endoftext);
                 ids
             }
         };

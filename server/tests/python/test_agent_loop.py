@@ -14,6 +14,12 @@ ROUNDS = 2
 
 
 def test_openai_agents_sdk_runs_two_tool_rounds_and_finishes(server):
+    run_agents_sdk(server)
+
+
+def run_agents_sdk(server):
+    """The `openai-agents` SDK over `/v1/responses` on `server`: two forced tool rounds, then a
+    structured answer (shared with the per-family runs in test_tool_parity.py)."""
     from typing import Annotated, Literal
 
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Server
+from test_agent_loop import run_agents_sdk
 
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "tool-parity/golden.json").read_text(encoding="utf-8"))
@@ -151,5 +152,14 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
             messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "sunny"})
         r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, max_tokens=8, temperature=0)
         assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5", "gpt-oss"])
+def test_the_openai_agents_sdk_runs_two_tool_rounds_on_each_family(tmp_path, name):
+    s = Server("--max-tokens", "256", model=str(model_dir(tmp_path, MODELS[name], context=4096)))
+    try:
+        run_agents_sdk(s)
     finally:
         s.stop()
