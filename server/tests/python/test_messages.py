@@ -235,12 +235,20 @@ def test_thinking_blocks_come_from_the_reasoning(thinking_model):
         r = client(s).messages.create(model=m, max_tokens=16, extra_body=GREEDY, messages=MSGS,
                                       thinking={"type": "enabled", "budget_tokens": 1024})
         assert r.content[0].type == "thinking" and r.content[0].thinking and r.content[0].signature == ""
-        events = list(client(s).messages.create(model=m, max_tokens=16, extra_body=GREEDY,
-                                                messages=MSGS, stream=True))
+        events = list(client(s).messages.create(model=m, max_tokens=16, extra_body=GREEDY, messages=MSGS,
+                                                thinking={"type": "enabled", "budget_tokens": 1024}, stream=True))
         assert events[1].type == "content_block_start" and events[1].content_block.type == "thinking"
         thinking = "".join(e.delta.thinking for e in events
                            if e.type == "content_block_delta" and e.delta.type == "thinking_delta")
         assert thinking == r.content[0].thinking
+        # Without `thinking` enabled there is no thinking block, streamed or not (Anthropic's
+        # semantics), even where the template cannot turn the reasoning off.
+        for kw in ({}, {"thinking": {"type": "disabled"}}):
+            r = client(s).messages.create(model=m, max_tokens=16, extra_body=GREEDY, messages=MSGS, **kw)
+            assert all(b.type != "thinking" for b in r.content), r.content
+            events = list(client(s).messages.create(model=m, max_tokens=16, extra_body=GREEDY, messages=MSGS,
+                                                    stream=True, **kw))
+            assert all(e.type != "content_block_start" or e.content_block.type != "thinking" for e in events)
         # History thinking blocks are accepted as the assistant's reasoning.
         history = MSGS + [{"role": "assistant", "content": [
             {"type": "thinking", "thinking": "hmm", "signature": ""}, {"type": "text", "text": "Waves."}]},

@@ -107,13 +107,21 @@ def test_thinking_effort_and_forced_calls_with_thinking_never_fail(k3_server):
 def test_messages_api_forced_tool_use_on_k3(k3_server):
     c = anthropic.Anthropic(base_url=k3_server.base, api_key="unused", max_retries=0)
     tool = {"name": "get_time", "input_schema": TIME}
-    r = c.messages.create(model=k3_server.model_id(), max_tokens=300, messages=USER, tools=[tool],
-                          tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
-                          thinking={"type": "disabled"}, extra_body={"temperature": 0})
-    uses = [b for b in r.content if b.type == "tool_use"]
-    assert len(uses) == 1 and uses[0].name == "get_time"
-    jsonschema.validate(uses[0].input, TIME)
-    assert r.stop_reason == "tool_use"
+    forced = {"type": "tool", "name": "get_time", "disable_parallel_tool_use": True}
+    # Thinking is off unless the request enables it (K3 thinks by default): no thinking block.
+    for kw in ({}, {"thinking": {"type": "disabled"}}):
+        r = c.messages.create(model=k3_server.model_id(), max_tokens=300, messages=USER, tools=[tool],
+                              tool_choice=forced, extra_body={"temperature": 0}, **kw)
+        assert [b.type for b in r.content] == ["tool_use"], r.content
+        assert r.content[0].name == "get_time"
+        jsonschema.validate(r.content[0].input, TIME)
+        assert r.stop_reason == "tool_use"
+    # A forced tool with thinking enabled is refused, as Anthropic refuses it.
+    for choice in (forced, {"type": "any"}):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            c.messages.create(model=k3_server.model_id(), max_tokens=300, messages=USER, tools=[tool],
+                              tool_choice=choice, thinking={"type": "enabled", "budget_tokens": 1024})
+        assert "Thinking may not be enabled when tool_choice forces tool use" in str(e.value)
 
 
 def test_responses_api_forced_function_call_on_k3(k3_server):

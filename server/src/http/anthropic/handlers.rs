@@ -13,7 +13,7 @@ use futures_util::Stream;
 use serde_json::json;
 
 use super::error::AnthropicError;
-use super::request::parse;
+use super::request::{parse, thinking_shown};
 use super::response::message;
 use super::stream::{Event, MessageStream};
 use crate::http::body::JsonBody;
@@ -29,15 +29,15 @@ use crate::state::{AppState, Loaded};
 pub async fn messages(State(app): State<AppState>, body: Result<JsonBody, ApiError>) -> Response {
     let started = Instant::now();
     let prep = app.clone();
-    let start = move || -> Result<(bool, ChatRun), ApiError> {
+    let start = move || -> Result<(bool, bool, ChatRun), ApiError> {
         let JsonBody(body) = body?;
         let req = parse(&body, &prep.config().limits, false)?;
         let run = chat::start(&prep, &req, Endpoint::Messages, started).map_err(|e| e.renamed(NAMES))?;
-        Ok((req.common.stream, run))
+        Ok((req.common.stream, thinking_shown(&req), run))
     };
     match app.prepare(start).await {
-        Ok((true, run)) => stream(&app, run),
-        Ok((false, run)) => collect(run).await,
+        Ok((true, show, run)) => stream(&app, run, show),
+        Ok((false, show, run)) => collect(run, show).await,
         Err(e) => refuse(&app, e),
     }
 }
@@ -79,12 +79,18 @@ fn prompt_len(loaded: &Loaded, req: &ChatRequest) -> Result<usize, ApiError> {
     Ok(prompt.len())
 }
 
-async fn collect(run: ChatRun) -> Response {
+/// The whole message; `show_thinking`: the request enabled thinking (else reasoning is dropped).
+async fn collect(run: ChatRun, show_thinking: bool) -> Response {
     let id = format!("msg_{}", run.id);
     let model = run.model.clone();
     match run.collect().await {
-        Ok(outcome) => match outcome.choices.first() {
-            Some(choice) => Json(message(&id, &model, choice, &outcome.usage)).into_response(),
+        Ok(mut outcome) => match outcome.choices.first_mut() {
+            Some(choice) => {
+                if !show_thinking {
+                    choice.reasoning.clear();
+                }
+                Json(message(&id, &model, choice, &outcome.usage)).into_response()
+            }
             None => AnthropicError(ApiError::Internal("no choice")).into_response(),
         },
         Err(e) => AnthropicError(e).into_response(),
@@ -97,7 +103,7 @@ fn sse(e: Event) -> Result<SseEvent, Infallible> {
 
 /// SSE with `event:` names. Dropping the stream (a client disconnect) drops the generation,
 /// which cancels it.
-fn stream(app: &AppState, mut run: ChatRun) -> Response {
+fn stream(app: &AppState, mut run: ChatRun, show_thinking: bool) -> Response {
     let Some(generation) = run.choices.pop() else {
         return AnthropicError(ApiError::Internal("no choice")).into_response();
     };
@@ -106,7 +112,7 @@ fn stream(app: &AppState, mut run: ChatRun) -> Response {
     let keep_alive = KeepAlive::new()
         .interval(app.config().keep_alive)
         .text("keep-alive");
-    Sse::new(events(generation, state, queue))
+    Sse::new(events(generation, state, queue, show_thinking))
         .keep_alive(keep_alive)
         .into_response()
 }
@@ -115,9 +121,10 @@ fn events(
     generation: Generation,
     state: MessageStream,
     queue: VecDeque<Event>,
+    show_thinking: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static {
     let init = (generation, state, queue, false);
-    futures_util::stream::unfold(init, |(mut g, mut st, mut q, mut ended)| async move {
+    futures_util::stream::unfold(init, move |(mut g, mut st, mut q, mut ended)| async move {
         loop {
             if let Some(e) = q.pop_front() {
                 return Some((sse(e), (g, st, q, ended)));
@@ -127,7 +134,8 @@ fn events(
             }
             match g.next().await {
                 Some(Step::Text(d)) => {
-                    q.extend(st.text(&d.reasoning, &d.content));
+                    let reasoning = if show_thinking { d.reasoning.as_str() } else { "" };
+                    q.extend(st.text(reasoning, &d.content));
                     for t in &d.tool_calls {
                         st.call(t.index, t.id.as_deref(), t.name.as_deref(), &t.arguments);
                     }

@@ -8,8 +8,11 @@
 //! an assistant turn's `text` → content, `thinking` → `reasoning_content`, `tool_use` →
 //! OpenAI-shaped `tool_calls` (`input` serialised as the arguments string). `tools[].input_schema`
 //! → the function's parameters; `tool_choice` auto / any / tool / none → Auto / Required /
-//! Named / None (`disable_parallel_tool_use` → one call per turn); `thinking.type: disabled` →
-//! the template variable `thinking: false`; `output_config.format` (a JSON schema) → the same
+//! Named / None (`disable_parallel_tool_use` → one call per turn); thinking as Anthropic
+//! defines it: only when `thinking` is enabled (or adaptive); otherwise the template variables
+//! `thinking: false` / `enable_thinking: false` turn it off where the template can, and
+//! [`thinking_shown`] hides what a model reasons anyway; a forced tool (`any` / `tool`) with
+//! thinking enabled is refused, as Anthropic refuses it; `output_config.format` (a JSON schema) → the same
 //! constrained structured output as `response_format`, `output_config.effort` → the reasoning
 //! effort.
 
@@ -60,6 +63,7 @@ pub fn parse(body: &Value, limits: &Limits, count_only: bool) -> Result<ChatRequ
     let mut system = Vec::new();
     let mut messages = None;
     let mut tool_choice = None;
+    let mut thinking_on = false;
     for (key, v) in body.iter().filter(|(_, v)| !v.is_null()) {
         let c = &mut req.common;
         match key.as_str() {
@@ -81,7 +85,7 @@ pub fn parse(body: &Value, limits: &Limits, count_only: bool) -> Result<ChatRequ
                     .as_bool()
                     .ok_or_else(|| ApiError::field(key, "`stream` must be a boolean"))?
             }
-            "thinking" => thinking(v, &mut req.template_kwargs)?,
+            "thinking" => thinking_on = thinking(v)?,
             "output_config" => output_config(v, &mut req.response_format, &mut req.reasoning_effort)?,
             "cache_control" => drop(obj(v, key)?),
             "metadata" => drop(obj(v, key)?),
@@ -105,6 +109,17 @@ pub fn parse(body: &Value, limits: &Limits, count_only: bool) -> Result<ChatRequ
         None if req.tools.is_empty() => (ToolChoice::None, true),
         None => (ToolChoice::Auto, true),
     };
+    if thinking_on && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ApiError::field(
+            "thinking",
+            "Thinking may not be enabled when tool_choice forces tool use.",
+        ));
+    }
+    if !thinking_on && req.reasoning_effort.is_none() {
+        for key in ["thinking", "enable_thinking"] {
+            req.template_kwargs.insert(key.into(), Value::Bool(false));
+        }
+    }
     req.tool_choice = choice;
     req.parallel_tool_calls = parallel;
     let messages = messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
@@ -120,10 +135,16 @@ fn unsupported_field(key: &str) -> Result<(), ApiError> {
     ))
 }
 
-/// `thinking: {type: enabled, budget_tokens} | {type: adaptive} | {type: disabled}`; the
-/// budget is accepted, and the model thinks as its template lets it. `display` may only be
-/// `summarized` (thinking is returned as it is).
-fn thinking(v: &Value, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> {
+/// Whether the response may carry `thinking` blocks: only when the request enabled thinking
+/// (a model whose template cannot turn reasoning off still reasons; it is not shown).
+pub fn thinking_shown(req: &ChatRequest) -> bool {
+    req.template_kwargs.get("thinking") != Some(&Value::Bool(false))
+}
+
+/// `thinking: {type: enabled, budget_tokens} | {type: adaptive} | {type: disabled}`: whether
+/// thinking is on. The budget is accepted, and the model thinks as its template lets it.
+/// `display` may only be `summarized` (thinking is returned as it is).
+fn thinking(v: &Value) -> Result<bool, ApiError> {
     let o = obj(v, "thinking")?;
     if let Some(d) = o.get("display").filter(|d| !d.is_null())
         && d.as_str() != Some("summarized")
@@ -143,7 +164,7 @@ fn thinking(v: &Value, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> 
         Some("adaptive") => only(o, &["type", "display"], "thinking")?,
         Some("disabled") => {
             only(o, &["type"], "thinking")?;
-            kwargs.insert("thinking".into(), Value::Bool(false));
+            return Ok(false);
         }
         _ => {
             return Err(ApiError::field(
@@ -152,7 +173,7 @@ fn thinking(v: &Value, kwargs: &mut Map<String, Value>) -> Result<(), ApiError> 
             ));
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// `output_config: {format?: {type: json_schema, schema}, effort?}`: structured output (the

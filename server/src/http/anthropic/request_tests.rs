@@ -39,6 +39,7 @@ fn a_full_request_becomes_a_typed_chat_request() {
     assert_eq!(r.common.stop, vec!["END"]);
     assert!(r.common.stream);
     assert_eq!(r.template_kwargs["thinking"], json!(false));
+    assert_eq!(r.template_kwargs["enable_thinking"], json!(false));
     assert_eq!(
         r.messages,
         vec![
@@ -158,4 +159,24 @@ fn count_tokens_needs_no_max_tokens() {
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
     assert!(parse(&body, &LIMITS, true).is_ok());
     assert_eq!(param(parse(&body, &LIMITS, false).unwrap_err()), "max_tokens");
+}
+
+#[test]
+fn thinking_is_on_only_when_enabled_and_never_with_a_forced_tool() {
+    let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+    let off = messages(json!({"tools": tools})).unwrap();
+    assert_eq!(off.template_kwargs["thinking"], json!(false));
+    assert!(!thinking_shown(&off));
+    for on in [
+        json!({"type": "enabled", "budget_tokens": 64}),
+        json!({"type": "adaptive"}),
+    ] {
+        let r = messages(json!({"thinking": on, "tools": tools})).unwrap();
+        assert!(r.template_kwargs.get("thinking").is_none() && thinking_shown(&r));
+        for choice in [json!({"type": "any"}), json!({"type": "tool", "name": "f"})] {
+            let e = messages(json!({"thinking": on, "tools": tools, "tool_choice": choice})).unwrap_err();
+            assert!(e.to_string().contains("Thinking may not be enabled"), "{e}");
+        }
+        assert!(messages(json!({"thinking": on, "tools": tools, "tool_choice": {"type": "auto"}})).is_ok());
+    }
 }
