@@ -103,6 +103,20 @@ impl ToolFormat {
         }
     }
 
+    /// The metrics label of the format.
+    pub fn label(self) -> &'static str {
+        match self {
+            ToolFormat::KimiK2 => "kimi_k2",
+            ToolFormat::KimiK3 => "kimi_k3",
+            ToolFormat::DeepSeekV3 => "deepseek_v3",
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::QwenXml => "qwen_xml",
+            ToolFormat::Glm => "glm",
+            ToolFormat::MiniMax => "minimax_m2",
+            ToolFormat::Harmony => "harmony",
+        }
+    }
+
     /// Whether the family's chat template reads a history call's `arguments` as a mapping
     /// (`arguments.items()`, `|items`, `|tojson`), so the JSON string an OpenAI client sends
     /// is decoded before rendering ([`crate::tokenizer::arguments_as_objects`]). Kimi's and

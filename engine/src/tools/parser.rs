@@ -22,6 +22,7 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug)]
 pub struct ToolCallParser {
     tokenizer: Arc<Tokenizer>,
+    format: ToolFormat,
     machine: Machine,
     id_prefix: String,
     calls: usize,
@@ -94,6 +95,7 @@ impl ToolCallParser {
         };
         ToolCallParser {
             tokenizer,
+            format: markers.format(),
             machine,
             id_prefix,
             calls: 0,
@@ -150,6 +152,11 @@ impl ToolCallParser {
             })
             .collect();
         self.emit(raw, out);
+    }
+
+    /// The format this parser reads.
+    pub fn format(&self) -> ToolFormat {
+        self.format
     }
 
     /// Calls cut off by the end of the output and withheld.

@@ -218,6 +218,9 @@ pub fn serve(args: ServeArgs, cache_dir: &Path) -> Result<()> {
                     tracing::info!(%memory, "context memory");
                 }
                 metrics.set_model_load_seconds(started.elapsed().as_secs_f64());
+                if let Some(format) = loaded.tool_format {
+                    metrics.tool_format(format.label());
+                }
                 tracing::info!(model = %loaded.model_id, dir = %dir.display(), seconds = started.elapsed().as_secs_f64(), "model loaded; ready");
                 state.set_loaded(loaded);
                 Ok(())

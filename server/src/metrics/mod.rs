@@ -88,6 +88,14 @@ struct EndpointOutcome {
     outcome: &'static str,
 }
 
+/// `{endpoint, format, outcome}` labels of the tool-call counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolCallLabels {
+    endpoint: &'static str,
+    format: &'static str,
+    outcome: &'static str,
+}
+
 /// `{endpoint}` labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabel {
@@ -113,7 +121,7 @@ pub struct Metrics {
     requests: Family<EndpointOutcome, Counter>,
     prompt_tokens: Family<EndpointLabel, Counter>,
     generation_tokens: Family<EndpointLabel, Counter>,
-    tool_calls: Family<EndpointOutcome, Counter>,
+    tool_calls: Family<ToolCallLabels, Counter>,
     model_load_seconds: Gauge<f64, AtomicU64>,
 }
 
@@ -151,9 +159,6 @@ impl Metrics {
             let endpoint = e.label();
             let _ = m.prompt_tokens.get_or_create(&EndpointLabel { endpoint });
             let _ = m.generation_tokens.get_or_create(&EndpointLabel { endpoint });
-            for outcome in ["parsed", "malformed"] {
-                let _ = m.tool_calls.get_or_create(&EndpointOutcome { endpoint, outcome });
-            }
         }
         m.register(build)
     }
@@ -224,9 +229,16 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    /// Count the native tool calls of one finished response: parsed into `tool_calls`, and
-    /// malformed ones returned as text.
-    pub fn tool_calls(&self, endpoint: Endpoint, parsed: usize, malformed: usize, withheld: usize) {
+    /// Count the native tool calls of one finished response in `format` (its label): parsed
+    /// into `tool_calls`, malformed, and withheld (cut off by the end of the output).
+    pub fn tool_calls(
+        &self,
+        endpoint: Endpoint,
+        format: &'static str,
+        parsed: usize,
+        malformed: usize,
+        withheld: usize,
+    ) {
         let endpoint = endpoint.label();
         for (outcome, n) in [
             ("parsed", parsed),
@@ -234,8 +246,25 @@ impl Metrics {
             ("withheld", withheld),
         ] {
             self.tool_calls
-                .get_or_create(&EndpointOutcome { endpoint, outcome })
+                .get_or_create(&ToolCallLabels {
+                    endpoint,
+                    format,
+                    outcome,
+                })
                 .inc_by(n as u64);
+        }
+    }
+
+    /// The loaded model speaks tool-call `format` (its label): its series start at zero.
+    pub fn tool_format(&self, format: &'static str) {
+        for e in Endpoint::GENERATING {
+            for outcome in ["parsed", "malformed", "withheld"] {
+                let _ = self.tool_calls.get_or_create(&ToolCallLabels {
+                    endpoint: e.label(),
+                    format,
+                    outcome,
+                });
+            }
         }
     }
 

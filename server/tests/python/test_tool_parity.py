@@ -25,6 +25,8 @@ from test_agent_loop import run_agents_sdk
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "tool-parity/golden.json").read_text(encoding="utf-8"))
 MODELS = {m["name"]: m for m in GOLDEN["models"]}
+# Each family's `format` label of deltafin_tool_calls_total.
+LABELS = {"glm-4.5": "glm", "minimax-m2": "minimax_m2", "qwen3.5": "qwen_xml", "gpt-oss": "harmony"}
 
 
 def wire(messages):
@@ -142,6 +144,10 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
                 assert msg.tool_calls[0].function.name == "get_time"
             for call in msg.tool_calls:
                 check_call(call)
+        # Every parsed call was counted under the family's format label.
+        labels = dict(endpoint="chat_completions", format=LABELS[name])
+        assert s.metric("deltafin_tool_calls_total", **labels, outcome="parsed") >= 3
+        assert s.metric("deltafin_tool_calls_total", **labels, outcome="malformed") == 0
         # Two tool rounds: the calls and results go back, and the server renders them.
         for _ in range(2):
             r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice="required",

@@ -66,7 +66,7 @@ def check_call(call, allowed):
 
 
 def test_required_gives_a_schema_valid_call(server):
-    before = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="parsed")
+    before = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", format="kimi_k2", outcome="parsed")
     r = ask(server, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -76,7 +76,7 @@ def test_required_gives_a_schema_valid_call(server):
     # Ids are unique per response (K2's own `functions.NAME:IDX` restarts every turn; the
     # prompt side restores it, see test_tool_results_in_history_render_and_are_answered).
     assert calls[0].id.startswith("call_")
-    after = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="parsed")
+    after = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", format="kimi_k2", outcome="parsed")
     assert after == before + 1
     assert server.metric("deltafin_constrained_tokens_total") > 0
 
@@ -97,7 +97,7 @@ def test_required_with_parallel_calls_and_seeded_sampling(server):
 def test_a_call_cut_off_by_max_tokens_is_withheld_never_content(server):
     """A forced call that max_tokens cuts off is withheld: finish_reason length, only complete
     calls, and no call markup in content, streamed or not; the withheld call is counted."""
-    before = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="withheld")
+    before = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", format="kimi_k2", outcome="withheld")
     for max_tokens in (3, 7, 12):
         r = ask(server, tools=TOOLS, tool_choice="required", max_tokens=max_tokens)
         choice = r.choices[0]
@@ -108,7 +108,7 @@ def test_a_call_cut_off_by_max_tokens_is_withheld_never_content(server):
         stream = ask(server, tools=TOOLS, tool_choice="required", max_tokens=max_tokens, stream=True)
         text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
         assert "tool_call" not in text, text
-    after = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", outcome="withheld")
+    after = server.metric("deltafin_tool_calls_total", endpoint="chat_completions", format="kimi_k2", outcome="withheld")
     assert after >= before + 3
 
 

@@ -158,8 +158,9 @@ impl Generation {
         }
         let (parsed, malformed, withheld) = self.tool_call_counts();
         if parsed + malformed + withheld > 0 {
+            let format = self.parser.tool_format_label();
             self.metrics
-                .tool_calls(self.endpoint, parsed, malformed, withheld);
+                .tool_calls(self.endpoint, format, parsed, malformed, withheld);
         }
         self.done = true;
         // A stop string may end output before the engine does: stop its work now.

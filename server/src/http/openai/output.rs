@@ -126,6 +126,11 @@ impl OutputParser {
         self
     }
 
+    /// The metrics label of the tool-call format parsed (`none` without tools).
+    pub fn tool_format_label(&self) -> &'static str {
+        self.tools.as_ref().map_or("none", |t| t.format().label())
+    }
+
     /// Tool calls parsed so far.
     pub fn tool_calls_seen(&self) -> usize {
         self.tools.as_ref().map_or(0, ToolCallParser::calls_seen)
