@@ -1,13 +1,16 @@
-//! `deltafin bench grammar`: what constrained decoding costs per generated token on a
-//! Kimi-sized vocabulary (163,840 ids: 163,584 BPE ranks + 256 specials, K2's tool tokens at
-//! K2's offsets), beside the decode time of a model pass.
+//! `deltafin bench grammar`: what constrained decoding costs per generated token, for every
+//! native tool-call format on a vocabulary the size of its family's published one, beside the
+//! decode time of a model pass.
 //!
-//! The vocabulary is synthetic but shaped like a real one (the 256 bytes, then words and word
+//! Each vocabulary is synthetic but shaped like a real one (the 256 bytes, then words and word
 //! pieces with and without a leading space, digits, punctuation runs), written in the real
-//! `tiktoken.model` format and loaded by the real tokenizer; the grammars are the ones the
-//! server builds (a strict JSON schema for `response_format`, and a forced K2 tool call). Each
-//! grammar is walked token by token with pseudo-random logits under its mask (the mask decides
-//! every step, as under an untrained model), timing only the mask computation and the advance.
+//! `tiktoken.model` format with the format's marker tokens after the ranks, and loaded by the
+//! real tokenizer; the grammars are the ones the server builds (a strict JSON schema for
+//! `response_format`, and a forced call in each format). Each grammar is walked token by token
+//! with pseudo-random logits under its full mask (the mask decides every step, as under an
+//! untrained model); then the same tokens are replayed with the greedy fast path (the model's
+//! own choice checked against the grammar without a mask, as when a trained model complies).
+//! Only the constraint's work is timed.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -29,9 +32,9 @@ use serde::Serialize;
 /// Arguments of `deltafin bench grammar`.
 #[derive(Debug, Args)]
 pub struct GrammarBenchArgs {
-    /// Vocabulary size (ranks + 256 specials).
-    #[arg(long, default_value_t = 163_840, env = "DELTAFIN_VOCAB")]
-    vocab: usize,
+    /// One vocabulary size for every format (ranks + 256 specials); default: each family's.
+    #[arg(long, env = "DELTAFIN_VOCAB")]
+    vocab: Option<usize>,
     /// Tokens to walk per grammar.
     #[arg(long, default_value_t = 400, env = "DELTAFIN_TOKENS")]
     tokens: usize,
@@ -40,19 +43,103 @@ pub struct GrammarBenchArgs {
     json: bool,
 }
 
+/// Each format, its family's published vocabulary size (`vocab_size` of the config), and the
+/// marker tokens its tokenizer carries (placed after the ranks; K2's at K2's offsets).
+const FORMATS: &[(ToolFormat, &str, usize, &[&str])] = &[
+    (ToolFormat::KimiK2, "Kimi K2", 163_840, &[]),
+    (
+        ToolFormat::KimiK3,
+        "Kimi K3",
+        163_840,
+        &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
+    ),
+    (
+        ToolFormat::DeepSeekV3,
+        "DeepSeek-V3",
+        129_280,
+        &[
+            "<｜end▁of▁sentence｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "<think>",
+            "</think>",
+        ],
+    ),
+    (ToolFormat::Hermes, "Qwen3", 151_936, QWEN_MARKERS),
+    (ToolFormat::QwenXml, "Qwen3.5", 248_320, QWEN_MARKERS),
+    (
+        ToolFormat::Glm,
+        "GLM-4.5",
+        151_552,
+        &[
+            "<|endoftext|>",
+            "<|observation|>",
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<arg_key>",
+            "</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
+        ],
+    ),
+    (
+        ToolFormat::MiniMax,
+        "MiniMax-M2",
+        200_064,
+        &[
+            "[e~[",
+            "<think>",
+            "</think>",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+        ],
+    ),
+    (
+        ToolFormat::Harmony,
+        "gpt-oss",
+        201_088,
+        &[
+            "<|endoftext|>",
+            "<|start|>",
+            "<|channel|>",
+            "<|message|>",
+            "<|constrain|>",
+            "<|end|>",
+            "<|call|>",
+            "<|return|>",
+        ],
+    ),
+];
+
+const QWEN_MARKERS: &[&str] = &[
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+];
+
 #[derive(Debug, Serialize)]
 struct GrammarFigure {
-    grammar: &'static str,
+    grammar: String,
+    vocab: usize,
     compile_ms: f64,
     tokens: usize,
+    /// The full mask every token (an untrained model).
     mask_us_per_token: f64,
     mask_us_p99: f64,
+    /// The greedy fast path on the same tokens (the model's choice checked without a mask).
+    fast_us_per_token: f64,
 }
 
 #[derive(Debug, Serialize)]
 struct Report {
-    vocab: usize,
-    index_ms: f64,
     grammars: Vec<GrammarFigure>,
     /// Decode time per token of the built-in model (one sequence, in memory).
     decode_ms_per_token: f64,
@@ -96,8 +183,9 @@ fn pieces(ranks: usize) -> Vec<Vec<u8>> {
     out
 }
 
-/// Write a `tiktoken.model` + `tokenizer_config.json` of `vocab` ids into `dir`.
-fn write_vocab(dir: &Path, vocab: usize) -> Result<()> {
+/// Write a `tiktoken.model` + `tokenizer_config.json` of `vocab` ids into `dir`: K2's specials
+/// at K2's offsets after the ranks, and `markers` after them.
+fn write_vocab(dir: &Path, vocab: usize, markers: &[&str]) -> Result<()> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let ranks = vocab.checked_sub(256).context("--vocab must be at least 512")?;
     let mut text = String::with_capacity(ranks * 16);
@@ -106,8 +194,11 @@ fn write_vocab(dir: &Path, vocab: usize) -> Result<()> {
     }
     std::fs::write(dir.join("tiktoken.model"), text)?;
     let mut added = serde_json::Map::new();
-    // K2's specials at K2's offsets (the tool tokens included), as the synthetic K2 tokenizer.
-    for &(offset, name) in KIMI_SPECIALS {
+    let taken: Vec<&str> = KIMI_SPECIALS.iter().map(|&(_, n)| n).collect();
+    let extra = markers.iter().filter(|m| !taken.contains(m));
+    let free = (0..256).filter(|o| !KIMI_SPECIALS.iter().any(|&(k, _)| k == *o));
+    let all = KIMI_SPECIALS.iter().copied().chain(free.zip(extra.copied()));
+    for (offset, name) in all {
         added.insert(
             (ranks + offset).to_string(),
             serde_json::json!({"content": name, "special": true}),
@@ -126,14 +217,19 @@ fn write_vocab(dir: &Path, vocab: usize) -> Result<()> {
     Ok(())
 }
 
-/// Walk `factory`'s grammar for up to `tokens` tokens (restarting when it ends); returns the
-/// per-token times in microseconds.
-fn walk(factory: &dyn ConstraintFactory, vocab: usize, tokens: usize, ends: &[u32]) -> Result<Vec<f64>> {
+/// Walk `factory`'s grammar for up to `tokens` tokens under the full mask (restarting when it
+/// ends); returns the per-token times in microseconds and the runs of tokens walked.
+fn walk(
+    factory: &dyn ConstraintFactory,
+    vocab: usize,
+    tokens: usize,
+    ends: &[u32],
+) -> Result<(Vec<f64>, Vec<Vec<u32>>)> {
     let mut rng = Rng::new(11);
     let mut times = Vec::with_capacity(tokens);
+    let mut runs = vec![Vec::new()];
     let mut c = factory.start()?;
     let mut logits = vec![0f32; vocab];
-    let mut since_start = 0;
     while times.len() < tokens {
         logits
             .iter_mut()
@@ -143,27 +239,69 @@ fn walk(factory: &dyn ConstraintFactory, vocab: usize, tokens: usize, ends: &[u3
         let token = argmax(&logits) as u32;
         let accepted = masked.and_then(|_| c.accept(token));
         times.push(t.elapsed().as_secs_f64() * 1e6);
-        since_start += 1;
+        let run = runs.last_mut().expect("a run");
+        if accepted.is_ok() {
+            run.push(token);
+        }
         // The output ended (an end token), failed, or got long: start again.
-        if accepted.is_err() || since_start > 2000 || ends.contains(&token) {
+        if accepted.is_err() || run.len() > 2000 || ends.contains(&token) {
             c = factory.start()?;
-            since_start = 0;
+            runs.push(Vec::new());
+        }
+    }
+    Ok((times, runs))
+}
+
+/// Replay `runs` through the greedy fast path: each token is the model's choice, checked with
+/// `allows` (the mask only where that cannot tell); per-token microseconds.
+fn replay_fast(factory: &dyn ConstraintFactory, vocab: usize, runs: &[Vec<u32>]) -> Result<Vec<f64>> {
+    let mut times = Vec::new();
+    let mut logits = vec![0f32; vocab];
+    for run in runs {
+        let mut c = factory.start()?;
+        for &token in run {
+            let t = Instant::now();
+            if c.allows(token)? != Some(true) {
+                c.mask(&mut logits)?;
+            }
+            c.accept(token)?;
+            times.push(t.elapsed().as_secs_f64() * 1e6);
         }
     }
     Ok(times)
 }
 
-fn figure(name: &'static str, compile_ms: f64, mut times: Vec<f64>) -> GrammarFigure {
-    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+fn mean(times: &[f64]) -> f64 {
+    times.iter().sum::<f64>() / times.len().max(1) as f64
+}
+
+fn figure(name: String, vocab: usize, compile_ms: f64, mut times: Vec<f64>, fast: &[f64]) -> GrammarFigure {
+    let mask_us_per_token = mean(&times);
     times.sort_by(f64::total_cmp);
     let p99 = times.get(times.len() * 99 / 100).copied().unwrap_or(0.0);
     GrammarFigure {
         grammar: name,
+        vocab,
         compile_ms,
         tokens: times.len(),
-        mask_us_per_token: mean,
+        mask_us_per_token,
         mask_us_p99: p99,
+        fast_us_per_token: mean(fast),
     }
+}
+
+/// Time one compiled grammar: full mask, then the fast path on the same tokens.
+fn measure(
+    name: String,
+    vocab: usize,
+    compile_ms: f64,
+    g: &dyn ConstraintFactory,
+    tokens: usize,
+    ends: &[u32],
+) -> Result<GrammarFigure> {
+    let (times, runs) = walk(g, vocab, tokens, ends)?;
+    let fast = replay_fast(g, vocab, &runs)?;
+    Ok(figure(name, vocab, compile_ms, times, &fast))
 }
 
 fn decode_ms_per_token(cache_dir: &Path) -> Result<f64> {
@@ -181,16 +319,9 @@ fn decode_ms_per_token(cache_dir: &Path) -> Result<f64> {
     Ok(1e3 / g.stats.decode_tokens_per_second.max(1e-9))
 }
 
-pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
-    let tmp = tempfile::tempdir()?;
-    write_vocab(tmp.path(), args.vocab)?;
-    let tok = Arc::new(Tokenizer::from_dir(tmp.path())?);
-    let markers = ToolMarkers::resolve(ToolFormat::KimiK2, &tok)?;
-    let t = Instant::now();
-    let vocab = Vocabulary::new(tok.clone(), args.vocab, &markers.structural_ids())?;
-    let index_ms = t.elapsed().as_secs_f64() * 1e3;
-    let ends: Vec<u32> = tok.eos_id().into_iter().chain([markers.end_of_turn()]).collect();
-    let schema = serde_json::json!({
+/// The schema of the benchmark's JSON answer and of its first tool.
+fn person_schema() -> serde_json::Value {
+    serde_json::json!({
         "type": "object",
         "properties": {
             "name": {"type": "string", "maxLength": 40},
@@ -200,19 +331,41 @@ pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
         },
         "required": ["name", "age", "tags", "kind"],
         "additionalProperties": false
-    });
-    let mut grammars = Vec::new();
-    let t = Instant::now();
-    let json = vocab.json_schema(schema.clone())?;
-    grammars.push(figure(
-        "json_schema",
-        t.elapsed().as_secs_f64() * 1e3,
-        walk(json.as_ref(), args.vocab, args.tokens, &ends)?,
-    ));
+    })
+}
+
+/// The figures of one format: its forced call (and, for K2, the JSON schema answer).
+fn format_figures(
+    format: ToolFormat,
+    family: &str,
+    vocab: usize,
+    markers: &[&str],
+    tokens: usize,
+) -> Result<Vec<GrammarFigure>> {
+    let tmp = tempfile::tempdir()?;
+    write_vocab(tmp.path(), vocab, markers)?;
+    let tok = Arc::new(Tokenizer::from_dir(tmp.path())?);
+    let m = ToolMarkers::resolve(format, &tok)?;
+    let index = Vocabulary::new(tok.clone(), vocab, &m.structural_ids())?;
+    let ends: Vec<u32> = tok.eos_id().into_iter().chain([m.end_of_turn()]).collect();
+    let mut out = Vec::new();
+    if format == ToolFormat::KimiK2 {
+        let t = Instant::now();
+        let json = index.json_schema(person_schema())?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        out.push(measure(
+            "json_schema".into(),
+            vocab,
+            ms,
+            json.as_ref(),
+            tokens,
+            &ends,
+        )?);
+    }
     let tools = [
         FunctionSpec {
             name: "lookup_person".into(),
-            parameters: schema,
+            parameters: person_schema(),
         },
         FunctionSpec {
             name: "get_time".into(),
@@ -220,16 +373,21 @@ pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
         },
     ];
     let t = Instant::now();
-    let lark = forced_call_grammar(&markers, &tools, Forced::Required, true, false)?;
-    let call = vocab.lark(&lark)?;
-    grammars.push(figure(
-        "k2_forced_call",
-        t.elapsed().as_secs_f64() * 1e3,
-        walk(call.as_ref(), args.vocab, args.tokens, &ends)?,
-    ));
+    let lark = forced_call_grammar(&m, &tools, Forced::Required, true, false)?;
+    let call = index.lark(&lark)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let name = format!("{} call ({family})", format.label());
+    out.push(measure(name, vocab, ms, call.as_ref(), tokens, &ends)?);
+    Ok(out)
+}
+
+pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
+    let mut grammars = Vec::new();
+    for &(format, family, vocab, markers) in FORMATS {
+        let vocab = args.vocab.unwrap_or(vocab);
+        grammars.extend(format_figures(format, family, vocab, markers, args.tokens)?);
+    }
     let report = Report {
-        vocab: args.vocab,
-        index_ms,
         grammars,
         decode_ms_per_token: decode_ms_per_token(cache_dir)?,
     };
@@ -238,19 +396,22 @@ pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
         return Ok(());
     }
     println!(
-        "vocabulary {} ids, indexed in {:.0} ms",
-        report.vocab, report.index_ms
-    );
-    println!(
-        "{:<16} {:>11} {:>8} {:>14} {:>12}",
-        "grammar", "compile ms", "tokens", "mask us/token", "p99 us"
+        "{:<32} {:>8} {:>11} {:>7} {:>10} {:>8} {:>10}",
+        "grammar", "vocab", "compile ms", "tokens", "mask us", "p99 us", "fast us"
     );
     for g in &report.grammars {
         println!(
-            "{:<16} {:>11.1} {:>8} {:>14.1} {:>12.1}",
-            g.grammar, g.compile_ms, g.tokens, g.mask_us_per_token, g.mask_us_p99
+            "{:<32} {:>8} {:>11.1} {:>7} {:>10.1} {:>8.1} {:>10.1}",
+            g.grammar,
+            g.vocab,
+            g.compile_ms,
+            g.tokens,
+            g.mask_us_per_token,
+            g.mask_us_p99,
+            g.fast_us_per_token
         );
     }
+    println!("mask us: the full mask every token; fast us: the same tokens through the greedy fast path");
     println!(
         "decode of the built-in model: {:.2} ms per token (mask / decode: {:.1}% for json_schema)",
         report.decode_ms_per_token,
