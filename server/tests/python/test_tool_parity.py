@@ -169,3 +169,34 @@ def test_the_openai_agents_sdk_runs_two_tool_rounds_on_each_family(tmp_path, nam
         run_agents_sdk(s)
     finally:
         s.stop()
+
+
+def tool_outputs(server):
+    """Token ids and parsed calls of auto and forced tool requests, greedy and sampled."""
+    c, m = server.client(), server.model_id()
+    messages = [{"role": "user", "content": "What is the weather? abc abc abc abc"}]
+    out = []
+    for choice, sampling in [("auto", {"temperature": 0}), ("required", {"temperature": 0}),
+                             ("required", {"temperature": 0.9, "top_p": 0.9, "seed": 7})]:
+        r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=160,
+                                      extra_body={"return_token_ids": True}, **sampling)
+        msg = r.choices[0].message
+        calls = [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]
+        out.append((r.choices[0].model_extra["token_ids"], calls, msg.content, r.choices[0].finish_reason))
+    return out
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5", "gpt-oss"])
+def test_drafts_never_change_the_ids_or_the_calls(tmp_path, name):
+    """n-gram drafting (the fixtures carry no draft model) gives the same ids and calls."""
+    outs = []
+    for spec in ("off", "on"):
+        s = Server("--max-tokens", "256", "--spec", spec,
+                   model=str(model_dir(tmp_path / spec, MODELS[name], context=2048)))
+        try:
+            outs.append(tool_outputs(s))
+            if spec == "on":
+                assert s.metric("deltafin_spec_decode_drafts_total", draft="ngram") > 0, "n-gram drafted"
+        finally:
+            s.stop()
+    assert outs[0] == outs[1]
