@@ -14,7 +14,8 @@
 //! * K2: the id text `functions.NAME:IDX` with IDX counting from 0, then arguments that are
 //!   JSON valid against the function's `parameters` schema;
 //! * DeepSeek-V3: `function<｜tool▁sep｜>NAME\n```json\n` + schema-valid JSON + `\n```` per
-//!   call, calls joined by `\n`;
+//!   call, calls joined by `\n`; DeepSeek-V3.1: `NAME<｜tool▁sep｜>` + schema-valid JSON per
+//!   call, not joined;
 //! * K3: `call tool="NAME" index="N"` (N from 1) with argument blocks for the schema's
 //!   `properties` in sorted key order (the order the K3 tool declaration shows the model):
 //!   required properties must appear, optional ones may be skipped, no other keys. A property
@@ -137,6 +138,7 @@ pub fn forced_call_grammar(
     let body = match markers {
         ToolMarkers::KimiK2(m) => k2_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::DeepSeekV31(m) => deepseek_v31_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::KimiK3(m) => k3_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::Hermes(m) => hermes_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::QwenXml(m) => xml_calls(&mut g, XmlSyntax::Qwen, m, &names, &schemas, calls),
@@ -203,6 +205,33 @@ fn deepseek_calls(
         g.rule(&format!("call_{i}"), &call);
     }
     g.chain("calls", calls, "\"\\n\"");
+    format!(
+        "{} calls {} {}",
+        tok(m.calls_begin),
+        tok(m.calls_end),
+        tok(m.end_of_sentence)
+    )
+}
+
+/// DeepSeek-V3.1's calls block: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`
+/// per call, not joined (as its template writes them).
+fn deepseek_v31_calls(
+    g: &mut Lark,
+    m: &DeepSeekMarkers,
+    names: &[&str],
+    schemas: &[Value],
+    calls: usize,
+) -> String {
+    let mut alts = Vec::new();
+    for (j, (name, s)) in names.iter().zip(schemas).enumerate() {
+        g.rule(&format!("args_{j}"), &json_rule(s));
+        alts.push(format!("{} {} args_{j}", lit(name), tok(m.sep)));
+    }
+    let call = format!("{} ({}) {}", tok(m.call_begin), alts.join(" | "), tok(m.call_end));
+    for i in 0..calls {
+        g.rule(&format!("call_{i}"), &call);
+    }
+    g.chain("calls", calls, "");
     format!(
         "{} calls {} {}",
         tok(m.calls_begin),

@@ -378,7 +378,7 @@ fn json_answers_for_each_format() {
         let end = match format {
             ToolFormat::KimiK2 | ToolFormat::Hermes | ToolFormat::QwenXml => "<|im_end|>",
             ToolFormat::KimiK3 => "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
-            ToolFormat::DeepSeekV3 => "<｜end▁of▁sentence｜>",
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => "<｜end▁of▁sentence｜>",
             ToolFormat::Glm => "<|observation|>",
             ToolFormat::MiniMax => "[e~[",
             ToolFormat::Harmony => unreachable!("harmony answers are tested in harmony_tests"),

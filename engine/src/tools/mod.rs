@@ -14,6 +14,9 @@
 //! * **DeepSeek-V3**: `<｜tool▁calls▁begin｜>` then calls
 //!   `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>` joined
 //!   by `\n`, then `<｜tool▁calls▁end｜>`; the format has no id, so one is minted.
+//! * **DeepSeek-V3.1**: the same markers, each call `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+//!   <｜tool▁call▁end｜>` with plain JSON arguments, calls not joined; chosen when the chat
+//!   template renders history calls that way (no fenced JSON).
 //! * **Qwen hermes** (Qwen3, Qwen3-MoE, Qwen3-Next): each call alone,
 //!   `<tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call>` (`tagged`).
 //! * **Qwen3.5 XML** (Qwen3.5/3.6): `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n
@@ -63,6 +66,8 @@ pub enum ToolFormat {
     KimiK3,
     /// DeepSeek-V3 / V3-0324 / R1: `<｜tool▁calls▁begin｜>` … with fenced JSON arguments.
     DeepSeekV3,
+    /// DeepSeek-V3.1: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`.
+    DeepSeekV31,
     /// Qwen3 / Qwen3-MoE / Qwen3-Next: `<tool_call>{json}</tool_call>` (hermes).
     Hermes,
     /// Qwen3.5 / Qwen3.6: `<tool_call><function=NAME><parameter=K>V</parameter>…`.
@@ -91,6 +96,16 @@ impl ToolFormat {
         ]
         .into_iter()
         .find(|&f| ToolMarkers::resolve(f, tokenizer).is_ok());
+        if by_markers == Some(ToolFormat::DeepSeekV3) {
+            // V3.1's template writes `NAME<｜tool▁sep｜>ARGS`; V3's fences the JSON.
+            let template = tokenizer.chat_template().map(|t| t.source());
+            let v31 = template.is_some_and(|t| t.contains("<｜tool▁sep｜>") && !t.contains("```json"));
+            return Some(if v31 {
+                ToolFormat::DeepSeekV31
+            } else {
+                ToolFormat::DeepSeekV3
+            });
+        }
         if by_markers.is_some() {
             return by_markers;
         }
@@ -109,6 +124,7 @@ impl ToolFormat {
             ToolFormat::KimiK2 => "kimi_k2",
             ToolFormat::KimiK3 => "kimi_k3",
             ToolFormat::DeepSeekV3 => "deepseek_v3",
+            ToolFormat::DeepSeekV31 => "deepseek_v31",
             ToolFormat::Hermes => "hermes",
             ToolFormat::QwenXml => "qwen_xml",
             ToolFormat::Glm => "glm",
@@ -124,7 +140,7 @@ impl ToolFormat {
     pub fn history_arguments_as_objects(self) -> bool {
         !matches!(
             self,
-            ToolFormat::KimiK2 | ToolFormat::KimiK3 | ToolFormat::DeepSeekV3
+            ToolFormat::KimiK2 | ToolFormat::KimiK3 | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31
         )
     }
 }
@@ -245,6 +261,8 @@ pub enum ToolMarkers {
     KimiK3(K3Markers),
     /// DeepSeek-V3.
     DeepSeekV3(DeepSeekMarkers),
+    /// DeepSeek-V3.1 (the same markers).
+    DeepSeekV31(DeepSeekMarkers),
     /// Qwen hermes.
     Hermes(TaggedMarkers),
     /// Qwen3.5 XML.
@@ -295,15 +313,21 @@ impl ToolMarkers {
                     end_of_msg: id("<|end_of_msg|>")?,
                 })
             }
-            ToolFormat::DeepSeekV3 => ToolMarkers::DeepSeekV3(DeepSeekMarkers {
-                calls_begin: id("<｜tool▁calls▁begin｜>")?,
-                calls_end: id("<｜tool▁calls▁end｜>")?,
-                call_begin: id("<｜tool▁call▁begin｜>")?,
-                call_end: id("<｜tool▁call▁end｜>")?,
-                sep: id("<｜tool▁sep｜>")?,
-                end_of_sentence: id("<｜end▁of▁sentence｜>")?,
-                think: pair("<think>", "</think>"),
-            }),
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => {
+                let m = DeepSeekMarkers {
+                    calls_begin: id("<｜tool▁calls▁begin｜>")?,
+                    calls_end: id("<｜tool▁calls▁end｜>")?,
+                    call_begin: id("<｜tool▁call▁begin｜>")?,
+                    call_end: id("<｜tool▁call▁end｜>")?,
+                    sep: id("<｜tool▁sep｜>")?,
+                    end_of_sentence: id("<｜end▁of▁sentence｜>")?,
+                    think: pair("<think>", "</think>"),
+                };
+                match format {
+                    ToolFormat::DeepSeekV3 => ToolMarkers::DeepSeekV3(m),
+                    _ => ToolMarkers::DeepSeekV31(m),
+                }
+            }
             ToolFormat::Hermes | ToolFormat::QwenXml => {
                 let m = TaggedMarkers {
                     call_begin: id("<tool_call>")?,
@@ -368,6 +392,7 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(_) => ToolFormat::KimiK2,
             ToolMarkers::KimiK3(_) => ToolFormat::KimiK3,
             ToolMarkers::DeepSeekV3(_) => ToolFormat::DeepSeekV3,
+            ToolMarkers::DeepSeekV31(_) => ToolFormat::DeepSeekV31,
             ToolMarkers::Hermes(_) => ToolFormat::Hermes,
             ToolMarkers::QwenXml(_) => ToolFormat::QwenXml,
             ToolMarkers::Glm(_) => ToolFormat::Glm,
@@ -380,7 +405,7 @@ impl ToolMarkers {
     pub fn think(&self) -> Option<(u32, u32)> {
         match self {
             ToolMarkers::KimiK2(m) => m.think,
-            ToolMarkers::DeepSeekV3(m) => m.think,
+            ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => m.think,
             ToolMarkers::KimiK3(_) | ToolMarkers::Harmony(_) => None,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
@@ -394,7 +419,7 @@ impl ToolMarkers {
         match self {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
-            ToolMarkers::DeepSeekV3(m) => m.end_of_sentence,
+            ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => m.end_of_sentence,
             ToolMarkers::Harmony(m) => m.ret,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
@@ -420,7 +445,7 @@ impl ToolMarkers {
                 ids.extend(m.endoftext);
                 ids
             }
-            ToolMarkers::DeepSeekV3(m) => vec![
+            ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => vec![
                 m.calls_begin,
                 m.calls_end,
                 m.call_begin,

@@ -73,8 +73,8 @@ impl ToolCallParser {
                     end_of_turn: m.end_of_turn,
                 },
             )),
-            ToolMarkers::DeepSeekV3(m) => Machine::Section(SectionParser::new(
-                ToolFormat::DeepSeekV3,
+            ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => Machine::Section(SectionParser::new(
+                markers.format(),
                 SectionIds {
                     begin: m.calls_begin,
                     end: m.calls_end,
@@ -346,7 +346,7 @@ impl SectionParser {
     }
 }
 
-/// Parse a complete call `raw` (opening marker … closing marker) of K2 or DeepSeek-V3.
+/// Parse a complete call `raw` (opening marker … closing marker) of K2, DeepSeek-V3 or V3.1.
 fn parse_section_call(
     format: ToolFormat,
     tok: &Tokenizer,
@@ -365,9 +365,19 @@ fn parse_section_call(
                 arguments: body,
             }
         }
+        ToolFormat::DeepSeekV31 => ParsedCall {
+            name: valid_name(&head)?.to_string(),
+            arguments: body.trim().to_string(),
+        },
         _ => parse_deepseek(&head, &body)?,
     };
     is_json_object(&call.arguments).then_some(call)
+}
+
+/// A function name: trimmed, non-empty, without whitespace.
+fn valid_name(name: &str) -> Option<&str> {
+    let name = name.trim();
+    (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
 }
 
 /// A K2 call id `functions.NAME:IDX` (the `functions.` prefix optional) → (id, NAME). The name

@@ -66,7 +66,7 @@ pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
     let tok = match format {
         ToolFormat::KimiK2 => k2(),
         ToolFormat::KimiK3 => k3(),
-        ToolFormat::DeepSeekV3 => deepseek(),
+        ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => deepseek(),
         ToolFormat::Hermes | ToolFormat::QwenXml => qwen35(),
         ToolFormat::Glm => glm(),
         ToolFormat::MiniMax => minimax(),

@@ -437,6 +437,109 @@ fn deepseek_malformed_calls_and_spelled_markers() {
 }
 
 #[test]
+fn deepseek_v31_is_chosen_by_its_template_and_its_calls_parse() {
+    // deepseek_tiny with a template that writes history calls as V3.1's does.
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers/deepseek_tiny");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    config["chat_template"] = serde_json::json!(
+        "{% for m in messages %}{% for tool in m['tool_calls'] or [] %}{{'<｜tool▁call▁begin｜>' + \
+         tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}\
+         {% endfor %}{% endfor %}"
+    );
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let v31 = crate::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(ToolFormat::detect(&v31), Some(ToolFormat::DeepSeekV31));
+    let (tok, _) = setup(ToolFormat::DeepSeekV31);
+    assert_eq!(
+        ToolFormat::detect(&tok),
+        Some(ToolFormat::DeepSeekV3),
+        "V3's fenced template"
+    );
+    let input = ids(
+        &tok,
+        &[
+            T("Sure."),
+            S("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),
+            T("get_weather"),
+            S("<｜tool▁sep｜>"),
+            T("{\"city\": \"Paris\"}"),
+            S("<｜tool▁call▁end｜><｜tool▁call▁begin｜>"),
+            T("noop"),
+            S("<｜tool▁sep｜>"),
+            T("{}"),
+            S("<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"),
+        ],
+    );
+    let r = run(ToolFormat::DeepSeekV31, &input);
+    assert_eq!(
+        r.calls,
+        vec![
+            call(0, "call_req_0", "get_weather", "{\"city\": \"Paris\"}"),
+            call(1, "call_req_1", "noop", "{}")
+        ]
+    );
+    // V3's spelling is not V3.1's: the name would be `function`, the arguments not JSON.
+    let v3 = ids(
+        &tok,
+        &[
+            S("<｜tool▁call▁begin｜>"),
+            T("function"),
+            S("<｜tool▁sep｜>"),
+            T("f\n```json\n{}\n```"),
+            S("<｜tool▁call▁end｜>"),
+        ],
+    );
+    let r = run(ToolFormat::DeepSeekV31, &v3);
+    assert!(r.calls.is_empty() && r.malformed.len() == 1);
+    // The forced grammar admits V3.1's own spelling, one call or several.
+    let (_, markers) = setup(ToolFormat::DeepSeekV31);
+    let tools = [grammar::FunctionSpec {
+        name: "get_weather".into(),
+        parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }];
+    let begin = ids(&tok, &[S("<｜tool▁calls▁begin｜>")]);
+    let one = ids(
+        &tok,
+        &[
+            S("<｜tool▁call▁begin｜>"),
+            T("get_weather"),
+            S("<｜tool▁sep｜>"),
+            T("{\"city\": \"Paris\"}"),
+            S("<｜tool▁call▁end｜>"),
+        ],
+    );
+    let end = ids(&tok, &[S("<｜tool▁calls▁end｜><｜end▁of▁sentence｜>")]);
+    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
+    for (parallel, calls, ok) in [(false, 1, true), (true, 2, true), (false, 2, false)] {
+        let lark = grammar::forced_call_grammar(&markers, &tools, grammar::Forced::Required, parallel, false)
+            .unwrap();
+        let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
+        f.quiet();
+        let mut m =
+            llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark)));
+        let seq: Vec<u32> = begin
+            .iter()
+            .copied()
+            .chain((0..calls).flat_map(|_| one.clone()))
+            .chain(end.clone())
+            .collect();
+        let admitted = seq.iter().all(|&t| {
+            let allowed = !m.is_stopped() && m.compute_mask().unwrap().is_allowed(t);
+            allowed && m.consume_token(t).is_ok()
+        });
+        assert_eq!(
+            admitted && m.is_accepting().unwrap(),
+            ok,
+            "parallel {parallel}, {calls} calls"
+        );
+    }
+}
+
+#[test]
 fn minted_ids() {
     assert_eq!(mint_call_id("", 3), "call_3");
     assert_eq!(mint_call_id("abc", 0), "call_abc_0");

@@ -53,21 +53,8 @@ const FORMATS: &[(ToolFormat, &str, usize, &[&str])] = &[
         163_840,
         &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
     ),
-    (
-        ToolFormat::DeepSeekV3,
-        "DeepSeek-V3",
-        129_280,
-        &[
-            "<｜end▁of▁sentence｜>",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            "<｜tool▁call▁begin｜>",
-            "<｜tool▁call▁end｜>",
-            "<｜tool▁sep｜>",
-            "<think>",
-            "</think>",
-        ],
-    ),
+    (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280, DEEPSEEK_MARKERS),
+    (ToolFormat::DeepSeekV31, "DeepSeek-V3.1", 129_280, DEEPSEEK_MARKERS),
     (ToolFormat::Hermes, "Qwen3", 151_936, QWEN_MARKERS),
     (ToolFormat::QwenXml, "Qwen3.5", 248_320, QWEN_MARKERS),
     (
@@ -114,6 +101,17 @@ const FORMATS: &[(ToolFormat, &str, usize, &[&str])] = &[
             "<|return|>",
         ],
     ),
+];
+
+const DEEPSEEK_MARKERS: &[&str] = &[
+    "<｜end▁of▁sentence｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<think>",
+    "</think>",
 ];
 
 const QWEN_MARKERS: &[&str] = &[
