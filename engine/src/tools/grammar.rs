@@ -27,8 +27,8 @@
 //!   `properties` allows any keys (`[A-Za-z0-9_.-]+`) with any values. Alternatively the
 //!   model may write one raw `json type="object"` block, checked against the whole schema;
 //! * gpt-oss (harmony): an optional `analysis` message first, then one call
-//!   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>` + schema-valid JSON
-//!   + `<|call|>` (one call per turn, whatever `parallel` says); a JSON answer goes on the
+//!   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, schema-valid JSON
+//!   and `<|call|>` (one call per turn, whatever `parallel` says); a JSON answer goes on the
 //!   `final` channel and ends with `<|return|>`;
 //! * Qwen3.5 XML, GLM and MiniMax-M2: see `grammar_xml`;
 //! * the end of the turn: K2 `<|tool_calls_section_end|><|im_end|>`, K3
