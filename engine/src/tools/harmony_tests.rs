@@ -68,7 +68,9 @@ fn calls_parse_with_the_recipient_in_the_channel_or_the_role_header() {
         "<|channel|>analysis to=functions.get_weather<|message|>{\"city\": \"Oslo\"}<|call|>".to_string(),
     ];
     for text in &cases {
-        for chunk in [1, 2, 5, 1000] {
+        let n = setup(ToolFormat::Harmony).0.encode_with_special(text).len();
+        // Every chunk size (chunk k splits at every multiple of k), the whole at once.
+        for chunk in (1..=n).chain([1000]) {
             let ev = events(text, chunk);
             assert_eq!(
                 calls(&ev),
