@@ -13,9 +13,9 @@
 //!
 //! Arguments follow the schema's `properties` in declared order: required ones must appear,
 //! optional ones may be skipped, no other keys. A property that may be a string (or names no
-//! type) takes raw text, its `enum`/`const` strings enforced exactly; the text cannot contain
-//! the closing tag (it ends at the first one), and `pattern`, `maxLength`, `format` are not
-//! enforced on raw text. Every other property takes `%json` valid against its schema (root
+//! type) takes raw text, its `enum`/`const` strings enforced exactly and its `minLength` /
+//! `maxLength` in characters; the text cannot contain the closing tag (it ends at the first
+//! one), and `pattern` and `format` are not enforced on raw text. Every other property takes `%json` valid against its schema (root
 //! `$defs`/`definitions` attached), which the parsers decode back by the same schema. A schema
 //! without `properties` takes no arguments here (tool_choice `auto` still parses any).
 
@@ -48,30 +48,47 @@ impl XmlSyntax {
     }
 
     /// The raw-text value rule: text up to (and including) the argument's closing text, or
-    /// any tokens but the markers for GLM (its close is a token).
-    fn free_value(self, g: &mut Lark, m: &TaggedMarkers) -> &'static str {
-        let (name, body) = match self {
-            XmlSyntax::Qwen => ("QWEN_TEXT", closed_text("\n</parameter>\n")),
-            XmlSyntax::MiniMax => ("MINIMAX_TEXT", closed_text("</parameter>\n")),
-            XmlSyntax::Glm => {
+    /// for GLM (whose close is a token) the text alone; `len`: the string's `minLength` and
+    /// `maxLength` in characters, when the schema bounds it.
+    fn free_value(self, g: &mut Lark, m: &TaggedMarkers, len: Option<(u64, Option<u64>)>) -> String {
+        let suffix = len.map_or(String::new(), |(lo, hi)| {
+            format!("_{lo}_{}", hi.map_or("".into(), |h| h.to_string()))
+        });
+        let (name, body) = match (self, len) {
+            (XmlSyntax::Qwen, _) => (format!("QWEN_TEXT{suffix}"), closed_text("\n</parameter>\n", len)),
+            (XmlSyntax::MiniMax, _) => (
+                format!("MINIMAX_TEXT{suffix}"),
+                closed_text("</parameter>\n", len),
+            ),
+            (XmlSyntax::Glm, Some(_)) => (format!("GLM_TEXT{suffix}"), format!("/{}/", chars(len))),
+            (XmlSyntax::Glm, None) => {
                 let ids = ToolMarkers::Glm(*m).structural_ids();
-                ("glm_text", format!("{}*", not_tokens(&ids)))
+                ("glm_text".to_string(), format!("{}*", not_tokens(&ids)))
             }
         };
-        g.rule(name, &body);
+        g.rule(&name, &body);
         name
     }
 }
 
-/// A terminal: text without the tag `</parameter>`, then `close` (the tag with the whitespace
-/// around it that the template writes). The tag is excluded wherever it is followed by more
-/// than `close` has after it, so the value can never hold it (the parsers split at the
-/// first one).
-fn closed_text(close: &str) -> String {
+/// `(?s:.*)`, or `(?s:.{lo,hi})` for a bounded length.
+fn chars(len: Option<(u64, Option<u64>)>) -> String {
+    match len {
+        None => "(?s:.*)".to_string(),
+        Some((lo, hi)) => format!("(?s:.{{{lo},{}}})", hi.map_or(String::new(), |h| h.to_string())),
+    }
+}
+
+/// A terminal: text without the tag `</parameter>` (of `len` characters when bounded), then
+/// `close` (the tag with the whitespace around it that the template writes). The tag is
+/// excluded wherever it is followed by more than `close` has after it, so the value can never
+/// hold it (the parsers split at the first one).
+fn closed_text(close: &str, len: Option<(u64, Option<u64>)>) -> String {
     const TAG: &str = "</parameter>";
     let after = close.find(TAG).map_or(0, |at| close.len() - at - TAG.len());
     format!(
-        "/(?s:.*){}/ & ~/(?s:.*){}(?s:.{{{},}})/",
+        "/{}{}/ & ~/(?s:.*){}(?s:.{{{},}})/",
+        chars(len),
         regex_escape(close),
         regex_escape(TAG),
         after + 1
@@ -222,8 +239,11 @@ fn xml_value(
         };
     }
     if types.is_empty() || types.contains(&"string") {
+        let lo = resolved.get("minLength").and_then(Value::as_u64);
+        let hi = resolved.get("maxLength").and_then(Value::as_u64);
+        let len = (lo.is_some() || hi.is_some()).then(|| (lo.unwrap_or(0), hi));
         return ValueRule {
-            expr: syntax.free_value(g, m).to_string(),
+            expr: syntax.free_value(g, m, len),
             closed: syntax != XmlSyntax::Glm,
         };
     }

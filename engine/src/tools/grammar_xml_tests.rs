@@ -14,6 +14,11 @@ use super::{ToolCallParser, ToolEvent, ToolFormat};
 fn tools() -> Vec<FunctionSpec> {
     vec![
         FunctionSpec {
+            name: "note".into(),
+            parameters: json!({"type": "object", "properties": {"text": {"type": "string", "minLength": 2, "maxLength": 5}},
+                "required": ["text"]}),
+        },
+        FunctionSpec {
             name: "get_weather".into(),
             parameters: json!({"type": "object", "properties": {
                 "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
@@ -212,5 +217,19 @@ fn a_string_value_ends_at_its_first_closing_tag() {
         let ids = spelled(format, &[fine]);
         assert!(admits(format, Forced::Required, true, &ids), "{format:?}");
         assert_eq!(parsed(format, &ids)[0].1["city"], json!("<b>Oslo</b> </param"));
+    }
+}
+
+#[test]
+fn string_lengths_are_held_in_characters() {
+    for format in FORMATS {
+        for (text, ok) in [("ab", true), ("héllo", true), ("a", false), ("abcdef", false)] {
+            let ids = spelled(format, &[("note", vec![("text", text)])]);
+            assert_eq!(
+                admits(format, Forced::Required, false, &ids),
+                ok,
+                "{format:?} {text:?}"
+            );
+        }
     }
 }

@@ -54,7 +54,12 @@ const FORMATS: &[(ToolFormat, &str, usize, &[&str])] = &[
         &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
     ),
     (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280, DEEPSEEK_MARKERS),
-    (ToolFormat::DeepSeekV31, "DeepSeek-V3.1", 129_280, DEEPSEEK_MARKERS),
+    (
+        ToolFormat::DeepSeekV31,
+        "DeepSeek-V3.1",
+        129_280,
+        DEEPSEEK_MARKERS,
+    ),
     (ToolFormat::Hermes, "Qwen3", 151_936, QWEN_MARKERS),
     (ToolFormat::QwenXml, "Qwen3.5", 248_320, QWEN_MARKERS),
     (

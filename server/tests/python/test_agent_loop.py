@@ -73,6 +73,12 @@ def run_agents_sdk(server):
 
 
 def test_a_messages_api_agent_loop_runs_two_tool_rounds_and_finishes(server):
+    run_messages_loop(server)
+
+
+def run_messages_loop(server):
+    """A Claude-Code-style loop with the `anthropic` client over `/v1/messages` on `server`: two
+    forced tool rounds, then an answer with tool choice `none` (shared with test_tool_parity.py)."""
     tool = {
         "name": "read_file",
         "description": "Read a file of the project.",

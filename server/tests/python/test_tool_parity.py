@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Server
-from test_agent_loop import run_agents_sdk
+from test_agent_loop import run_agents_sdk, run_messages_loop
 
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "tool-parity/golden.json").read_text(encoding="utf-8"))
@@ -163,10 +163,11 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
 
 
 @pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5", "gpt-oss"])
-def test_the_openai_agents_sdk_runs_two_tool_rounds_on_each_family(tmp_path, name):
+def test_the_agents_sdk_and_an_anthropic_loop_run_two_tool_rounds_on_each_family(tmp_path, name):
     s = Server("--max-tokens", "256", model=str(model_dir(tmp_path, MODELS[name], context=4096)))
     try:
         run_agents_sdk(s)
+        run_messages_loop(s)
     finally:
         s.stop()
 
