@@ -137,8 +137,8 @@ pub fn forced_call_grammar(
     let mut g = Lark::default();
     let body = match markers {
         ToolMarkers::KimiK2(m) => k2_calls(&mut g, m, &names, &schemas, calls),
-        ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls),
-        ToolMarkers::DeepSeekV31(m) => deepseek_v31_calls(&mut g, m, &names, &schemas, calls),
+        ToolMarkers::DeepSeekV3(m) => deepseek_calls(&mut g, m, &names, &schemas, calls, false),
+        ToolMarkers::DeepSeekV31(m) => deepseek_calls(&mut g, m, &names, &schemas, calls, true),
         ToolMarkers::KimiK3(m) => k3_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::Hermes(m) => hermes_calls(&mut g, m, &names, &schemas, calls),
         ToolMarkers::QwenXml(m) => xml_calls(&mut g, XmlSyntax::Qwen, m, &names, &schemas, calls),
@@ -177,61 +177,36 @@ fn k2_calls(g: &mut Lark, m: &K2Markers, names: &[&str], schemas: &[Value], call
     )
 }
 
-/// DeepSeek-V3's calls block.
+/// DeepSeek's calls block: V3's `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` calls
+/// joined by `\n`, or (`v31`) V3.1's `NAME<｜tool▁sep｜>ARGS` calls not joined, as each
+/// template writes them.
 fn deepseek_calls(
     g: &mut Lark,
     m: &DeepSeekMarkers,
     names: &[&str],
     schemas: &[Value],
     calls: usize,
+    v31: bool,
 ) -> String {
     let mut alts = Vec::new();
     for (j, (name, s)) in names.iter().zip(schemas).enumerate() {
         g.rule(&format!("args_{j}"), &json_rule(s));
-        alts.push(format!(
-            "{} args_{j} {}",
-            lit(&format!("{name}\n```json\n")),
-            lit("\n```")
-        ));
-    }
-    let call = format!(
-        "{} \"function\" {} ({}) {}",
-        tok(m.call_begin),
-        tok(m.sep),
-        alts.join(" | "),
-        tok(m.call_end)
-    );
-    for i in 0..calls {
-        g.rule(&format!("call_{i}"), &call);
-    }
-    g.chain("calls", calls, "\"\\n\"");
-    format!(
-        "{} calls {} {}",
-        tok(m.calls_begin),
-        tok(m.calls_end),
-        tok(m.end_of_sentence)
-    )
-}
-
-/// DeepSeek-V3.1's calls block: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`
-/// per call, not joined (as its template writes them).
-fn deepseek_v31_calls(
-    g: &mut Lark,
-    m: &DeepSeekMarkers,
-    names: &[&str],
-    schemas: &[Value],
-    calls: usize,
-) -> String {
-    let mut alts = Vec::new();
-    for (j, (name, s)) in names.iter().zip(schemas).enumerate() {
-        g.rule(&format!("args_{j}"), &json_rule(s));
-        alts.push(format!("{} {} args_{j}", lit(name), tok(m.sep)));
+        alts.push(if v31 {
+            format!("{} {} args_{j}", lit(name), tok(m.sep))
+        } else {
+            let head = format!(
+                "\"function\" {} {}",
+                tok(m.sep),
+                lit(&format!("{name}\n```json\n"))
+            );
+            format!("{head} args_{j} {}", lit("\n```"))
+        });
     }
     let call = format!("{} ({}) {}", tok(m.call_begin), alts.join(" | "), tok(m.call_end));
     for i in 0..calls {
         g.rule(&format!("call_{i}"), &call);
     }
-    g.chain("calls", calls, "");
+    g.chain("calls", calls, if v31 { "" } else { "\"\\n\"" });
     format!(
         "{} calls {} {}",
         tok(m.calls_begin),
@@ -453,43 +428,70 @@ fn k3_arguments(g: &mut Lark, x: &Xtml, j: usize, schema: &Value) {
         g.rule(&format!("k3args_{j}"), &format!("k3anyblock* | {raw}"));
         return;
     };
+    let mut keys: Vec<&String> = props.keys().collect();
+    keys.sort();
+    let seq = argument_sequence(
+        g,
+        schema,
+        &keys,
+        &format!("k3arg_{j}"),
+        |_, key, prop, resolved| {
+            let types = k3_types(resolved);
+            let typed = types.len() < 6;
+            let blocks: Vec<String> = types
+                .into_iter()
+                .map(|t| k3_value(x, key, t, prop, typed))
+                .collect();
+            blocks.join(" | ")
+        },
+    );
+    g.rule(&format!("k3args_{j}"), &format!("{seq} | {raw}"));
+}
+
+/// The argument rules `{prefix}_{k}` of `schema`'s properties `keys`, in that order: `arg`
+/// gives one's expansion from its key, its schema (root `$defs`/`definitions` attached) and
+/// that schema with a local `$ref` resolved. Returns the sequence: required properties must
+/// appear, optional ones may be skipped (`""` when there are none).
+pub(super) fn argument_sequence(
+    g: &mut Lark,
+    schema: &Value,
+    keys: &[&String],
+    prefix: &str,
+    mut arg: impl FnMut(&mut Lark, &str, &Value, &Value) -> String,
+) -> String {
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let defs = root_defs(schema);
-    let mut keys: Vec<&String> = props.keys().collect();
-    keys.sort();
+    let props = schema.get("properties");
     let mut seq = Vec::new();
-    for (k, key) in keys.into_iter().enumerate() {
-        let mut prop = props[key].clone();
+    for (k, key) in keys.iter().enumerate() {
+        let mut prop = props
+            .and_then(|p| p.get(key.as_str()))
+            .cloned()
+            .unwrap_or(Value::Null);
         if let (Value::Object(p), Some(defs)) = (&mut prop, &defs) {
             for (name, d) in defs {
                 p.entry(name.clone()).or_insert_with(|| d.clone());
             }
         }
         let resolved = resolve_ref(&prop, schema);
-        let types = k3_types(&resolved);
-        let typed = types.len() < 6;
-        let blocks: Vec<String> = types
-            .into_iter()
-            .map(|t| k3_value(x, key, t, &prop, typed))
-            .collect();
-        let rule = format!("k3arg_{j}_{k}");
-        g.rule(&rule, &blocks.join(" | "));
+        let body = arg(g, key, &prop, &resolved);
+        let rule = format!("{prefix}_{k}");
+        g.rule(&rule, &body);
         seq.push(if required.contains(&key.as_str()) {
             rule
         } else {
             format!("{rule}?")
         });
     }
-    let seq = if seq.is_empty() {
+    if seq.is_empty() {
         "\"\"".to_string()
     } else {
         seq.join(" ")
-    };
-    g.rule(&format!("k3args_{j}"), &format!("{seq} | {raw}"));
+    }
 }
 
 /// An argument block of any key and any type (schemas without `properties`).
@@ -518,7 +520,7 @@ fn k3_free_block(x: &Xtml) -> String {
 
 /// A property schema that is only a local `$ref` (`#/$defs/N`, `#/definitions/N`) resolved
 /// one level against the root (to learn its type); otherwise the property itself.
-pub(super) fn resolve_ref(prop: &Value, root: &Value) -> Value {
+fn resolve_ref(prop: &Value, root: &Value) -> Value {
     let target = prop
         .get("$ref")
         .and_then(Value::as_str)
@@ -568,7 +570,7 @@ fn k3_types(prop: &Value) -> Vec<&str> {
 }
 
 /// The root `$defs` / `definitions` to re-attach to property schemas.
-pub(super) fn root_defs(schema: &Value) -> Option<Map<String, Value>> {
+fn root_defs(schema: &Value) -> Option<Map<String, Value>> {
     let mut out = Map::new();
     for key in ["$defs", "definitions"] {
         if let Some(d) = schema.get(key) {

@@ -21,7 +21,7 @@
 
 use serde_json::Value;
 
-use super::grammar::{Lark, json_rule, lit, not_tokens, resolve_ref, root_defs, tok};
+use super::grammar::{Lark, argument_sequence, json_rule, lit, not_tokens, tok};
 use super::{TaggedMarkers, ToolMarkers};
 
 /// Which XML-like syntax the calls are written in.
@@ -166,40 +166,23 @@ pub(super) fn xml_calls(
 
 /// The rule `xargs_{j}`: function `j`'s arguments, in the schema's declared order.
 fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, schema: &Value) {
-    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
-        g.rule(&format!("xargs_{j}"), "\"\"");
-        return;
-    };
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
+    let keys: Vec<&String> = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().collect())
         .unwrap_or_default();
-    let defs = root_defs(schema);
-    let mut seq = Vec::new();
-    for (k, (key, prop)) in props.iter().enumerate() {
-        let mut prop = prop.clone();
-        if let (Value::Object(p), Some(defs)) = (&mut prop, &defs) {
-            for (name, d) in defs {
-                p.entry(name.clone()).or_insert_with(|| d.clone());
-            }
-        }
-        let value = xml_value(g, syntax, m, &resolve_ref(&prop, schema), &prop);
-        let (open, close) = syntax.argument_frame(m, key);
-        let close = if value.closed { String::new() } else { close };
-        let rule = format!("xarg_{j}_{k}");
-        g.rule(&rule, &format!("{open} {} {close}", value.expr));
-        seq.push(if required.contains(&key.as_str()) {
-            rule
-        } else {
-            format!("{rule}?")
-        });
-    }
-    let seq = if seq.is_empty() {
-        "\"\"".to_string()
-    } else {
-        seq.join(" ")
-    };
+    let seq = argument_sequence(
+        g,
+        schema,
+        &keys,
+        &format!("xarg_{j}"),
+        |g, key, prop, resolved| {
+            let value = xml_value(g, syntax, m, resolved, prop);
+            let (open, close) = syntax.argument_frame(m, key);
+            let close = if value.closed { String::new() } else { close };
+            format!("{open} {} {close}", value.expr)
+        },
+    );
     g.rule(&format!("xargs_{j}"), &seq);
 }
 

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::grammar::{Forced, FunctionSpec, forced_call_grammar};
-use super::test_support::{P, ids, setup};
-use super::{ToolCallParser, ToolEvent, ToolFormat};
+use super::test_support::{P, calls_of, grammar_admits, ids, setup};
+use super::{ToolCallParser, ToolFormat};
 
 fn tools() -> Vec<FunctionSpec> {
     vec![
@@ -89,23 +89,11 @@ fn spelled(format: ToolFormat, calls: &[Call<'_>]) -> Vec<u32> {
     ids(&tok, &p)
 }
 
-/// Whether the grammar admits all of `ids` and is complete after them.
+/// Whether the forced grammar admits all of `ids` and is complete after them.
 fn admits(format: ToolFormat, forced: Forced, parallel: bool, ids: &[u32]) -> bool {
     let (tok, markers) = setup(format);
     let lark = forced_call_grammar(&markers, &tools(), forced, parallel, false).expect("grammar");
-    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
-    let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
-    f.quiet();
-    let mut m =
-        llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.clone())));
-    assert_eq!(m.get_error(), None, "{lark}");
-    for &t in ids {
-        if !m.compute_mask().unwrap().is_allowed(t) {
-            return false;
-        }
-        m.consume_token(t).unwrap();
-    }
-    m.is_accepting().unwrap()
+    grammar_admits(&tok, &markers, &lark, ids)
 }
 
 /// The calls `ids` parse into, arguments as JSON.
@@ -116,15 +104,8 @@ fn parsed(format: ToolFormat, ids: &[u32]) -> Vec<(String, Value)> {
     let mut ev = Vec::new();
     p.push_all(ids, &mut ev);
     p.finish(&mut ev);
-    let mut out: Vec<(String, String)> = Vec::new();
-    for e in ev {
-        match e {
-            ToolEvent::CallStart { name, .. } => out.push((name, String::new())),
-            ToolEvent::ArgumentsDelta { fragment, .. } => out.last_mut().unwrap().1 += &fragment,
-            _ => {}
-        }
-    }
-    out.into_iter()
+    calls_of(&ev)
+        .into_iter()
         .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
         .collect()
 }

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use super::grammar::{Answer, Forced, FunctionSpec, forced_call_grammar, json_response_grammar};
-use super::test_support::setup;
+use super::test_support::{calls_of, grammar_admits, passed_text, setup};
 use super::{ToolCallParser, ToolEvent, ToolFormat};
 
 const CALL: &str =
@@ -26,27 +26,11 @@ fn events(text: &str, chunk: usize) -> Vec<ToolEvent> {
 }
 
 fn calls(ev: &[ToolEvent]) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for e in ev {
-        match e {
-            ToolEvent::CallStart { name, .. } => out.push((name.clone(), String::new())),
-            ToolEvent::ArgumentsDelta { fragment, .. } => out.last_mut().unwrap().1 += fragment,
-            _ => {}
-        }
-    }
-    out
+    calls_of(ev)
 }
 
 fn passed(ev: &[ToolEvent]) -> String {
-    let (tok, _) = setup(ToolFormat::Harmony);
-    let ids: Vec<u32> = ev
-        .iter()
-        .filter_map(|e| match e {
-            ToolEvent::Token(t) => Some(*t),
-            _ => None,
-        })
-        .collect();
-    tok.decode(&ids)
+    passed_text(&setup(ToolFormat::Harmony).0, ev)
 }
 
 #[test]
@@ -120,22 +104,8 @@ fn the_forced_grammar_admits_a_call_after_optional_analysis_and_json_goes_final(
             parameters: json!({"type": "object", "properties": {}}),
         },
     ];
-    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
-    let admits = |lark: &str, text: &str| {
-        let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
-        f.quiet();
-        let mut m = llguidance::Matcher::new(
-            f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.into())),
-        );
-        assert_eq!(m.get_error(), None, "{lark}");
-        for t in tok.encode_with_special(text) {
-            if m.is_stopped() || !m.compute_mask().unwrap().is_allowed(t) {
-                return false;
-            }
-            m.consume_token(t).unwrap();
-        }
-        m.is_accepting().unwrap()
-    };
+    let admits =
+        |lark: &str, text: &str| grammar_admits(&tok, &markers, lark, &tok.encode_with_special(text));
     for parallel in [false, true] {
         let g = forced_call_grammar(&markers, &tools, Forced::Required, parallel, false).unwrap();
         assert!(admits(&g, CALL));

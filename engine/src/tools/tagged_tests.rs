@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::grammar::{Forced, FunctionSpec, forced_call_grammar};
-use super::test_support::{P, glm, ids, minimax, qwen35, setup};
+use super::test_support::{P, calls_of, glm, grammar_admits, ids, minimax, passed_text, qwen35, setup};
 use super::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
 
 fn events(format: ToolFormat, ids: &[u32], schemas: HashMap<String, serde_json::Value>) -> Vec<ToolEvent> {
@@ -21,15 +21,7 @@ fn events(format: ToolFormat, ids: &[u32], schemas: HashMap<String, serde_json::
 }
 
 fn calls(events: &[ToolEvent]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for e in events {
-        match e {
-            ToolEvent::CallStart { name, .. } => out.push((name.clone(), String::new())),
-            ToolEvent::ArgumentsDelta { fragment, .. } => out.last_mut().unwrap().1 += fragment,
-            _ => {}
-        }
-    }
-    out
+    calls_of(events)
 }
 
 #[test]
@@ -130,12 +122,6 @@ fn the_forced_hermes_grammar_admits_qwens_own_call() {
         parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
     }];
     let lark = forced_call_grammar(&markers, &tools, Forced::Required, false, false).unwrap();
-    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids()).unwrap();
-    let mut f = llguidance::ParserFactory::new_simple(&env).unwrap();
-    f.quiet();
-    let mut m =
-        llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.clone())));
-    assert_eq!(m.get_error(), None, "{lark}");
     let want = ids(
         &tok,
         &[
@@ -145,11 +131,7 @@ fn the_forced_hermes_grammar_admits_qwens_own_call() {
             P::S("<|im_end|>"),
         ],
     );
-    for &t in &want {
-        assert!(m.compute_mask().unwrap().is_allowed(t), "token {t} of {want:?}");
-        m.consume_token(t).unwrap();
-    }
-    assert!(m.is_accepting().unwrap());
+    assert!(grammar_admits(&tok, &markers, &lark, &want));
 }
 
 /// Every chunking of `ids` parses to the same events as one id at a time; returns those.
@@ -181,14 +163,7 @@ fn weather_schemas() -> HashMap<String, serde_json::Value> {
 }
 
 fn content(tok: &crate::tokenizer::Tokenizer, ev: &[ToolEvent]) -> String {
-    let ids: Vec<u32> = ev
-        .iter()
-        .filter_map(|e| match e {
-            ToolEvent::Token(t) => Some(*t),
-            _ => None,
-        })
-        .collect();
-    tok.decode(&ids)
+    passed_text(tok, ev)
 }
 
 #[test]

@@ -96,3 +96,51 @@ pub fn ids(tok: &Tokenizer, pieces: &[P<'_>]) -> Vec<u32> {
         })
         .collect()
 }
+
+/// The calls of `events` as (name, whole arguments).
+pub fn calls_of(events: &[super::ToolEvent]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for e in events {
+        match e {
+            super::ToolEvent::CallStart { name, .. } => out.push((name.clone(), String::new())),
+            super::ToolEvent::ArgumentsDelta { fragment, .. } => {
+                if let Some(last) = out.last_mut() {
+                    last.1 += fragment;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The ids `events` passed through, decoded.
+pub fn passed_text(tok: &Tokenizer, events: &[super::ToolEvent]) -> String {
+    let ids: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            super::ToolEvent::Token(t) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    tok.decode(&ids)
+}
+
+/// Whether the lark grammar `lark` (compiled against `tok` with `markers`' structural ids)
+/// admits all of `ids`, checked against the mask at every step, and is complete after them.
+pub fn grammar_admits(tok: &Arc<Tokenizer>, markers: &ToolMarkers, lark: &str, ids: &[u32]) -> bool {
+    let env = crate::constrain::token_env(tok.clone(), tok.vocab_size(), &markers.structural_ids())
+        .expect("token env");
+    let mut f = llguidance::ParserFactory::new_simple(&env).expect("factory");
+    f.quiet();
+    let mut m =
+        llguidance::Matcher::new(f.create_parser(llguidance::api::TopLevelGrammar::from_lark(lark.into())));
+    assert_eq!(m.get_error(), None, "{lark}");
+    for &t in ids {
+        if m.is_stopped() || !m.compute_mask().expect("mask").is_allowed(t) {
+            return false;
+        }
+        m.consume_token(t).expect("consume");
+    }
+    m.is_accepting().expect("accepting")
+}
