@@ -339,3 +339,28 @@ fn glm_and_minimax_cut_off_or_malformed_blocks_never_become_calls() {
         );
     }
 }
+
+#[test]
+fn a_call_written_inside_the_reasoning_is_still_a_call() {
+    // Qwen3.5/3.6 sometimes call before closing `</think>` (peers lose such calls).
+    let tok = qwen35();
+    let input = ids(
+        &tok,
+        &[
+            P::T("Let me look it up."),
+            P::S("<tool_call>"),
+            P::T("\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"),
+            P::S("</tool_call>"),
+            P::S("<|im_end|>"),
+        ],
+    );
+    let ev = events_in_every_chunking(ToolFormat::QwenXml, &input, &weather_schemas());
+    assert_eq!(
+        calls(&ev),
+        [("get_weather".to_string(), r#"{"city":"Oslo"}"#.to_string())]
+    );
+    assert!(
+        ev.contains(&ToolEvent::SectionStart),
+        "the reasoning split leaves the thinking"
+    );
+}

@@ -144,9 +144,21 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
                 assert msg.tool_calls[0].function.name == "get_time"
             for call in msg.tool_calls:
                 check_call(call)
+        # A forced call streamed reassembles to the same call as the non-streamed one.
+        kw = dict(model=m, messages=messages, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=256, temperature=0)
+        whole = c.chat.completions.create(**kw).choices[0].message.tool_calls
+        parts = {}
+        for ch in c.chat.completions.create(stream=True, **kw):
+            for t in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                p = parts.setdefault(t.index, {"id": t.id, "name": "", "arguments": ""})
+                p["name"] += (t.function.name or "") if t.function else ""
+                p["arguments"] += (t.function.arguments or "") if t.function else ""
+        assert [(p["name"], p["arguments"]) for p in parts.values()] == \
+            [(t.function.name, t.function.arguments) for t in whole]
         # Every parsed call was counted under the family's format label.
         labels = dict(endpoint="chat_completions", format=LABELS[name])
-        assert s.metric("deltafin_tool_calls_total", **labels, outcome="parsed") >= 3
+        assert s.metric("deltafin_tool_calls_total", **labels, outcome="parsed") >= 5
         assert s.metric("deltafin_tool_calls_total", **labels, outcome="malformed") == 0
         # Two tool rounds: the calls and results go back, and the server renders them.
         for _ in range(2):
