@@ -399,12 +399,12 @@ pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<32} {:>8} {:>11} {:>7} {:>10} {:>8} {:>10}",
+        "{:<34} {:>8} {:>11} {:>7} {:>10} {:>8} {:>10}",
         "grammar", "vocab", "compile ms", "tokens", "mask us", "p99 us", "fast us"
     );
     for g in &report.grammars {
         println!(
-            "{:<32} {:>8} {:>11.1} {:>7} {:>10.1} {:>8.1} {:>10.1}",
+            "{:<34} {:>8} {:>11.1} {:>7} {:>10.1} {:>8.1} {:>10.1}",
             g.grammar,
             g.vocab,
             g.compile_ms,
