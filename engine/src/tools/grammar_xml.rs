@@ -6,7 +6,8 @@
 //!   `\n`, then `<|im_end|>`;
 //! * GLM-4.5 / 4.6: `<tool_call>` `NAME\n` then per argument `<arg_key>` `K` `</arg_key>` `\n`
 //!   `<arg_value>` `V` `</arg_value>` `\n`, then `</tool_call>`; calls joined by `\n`, then
-//!   `<|observation|>` (markers by id);
+//!   `<|observation|>` (markers by id); GLM-4.7 and GLM-5 the same without any of those
+//!   newlines (`TaggedMarkers::compact`, from the template);
 //! * MiniMax-M2: one `<minimax:tool_call>` block, `\n`, then per call `<invoke name="NAME">\n`,
 //!   per argument `<parameter name="K">V</parameter>\n`, `</invoke>\n`; then
 //!   `</minimax:tool_call>` `[e~[`.
@@ -39,10 +40,13 @@ impl XmlSyntax {
         match (self, m.inner) {
             (XmlSyntax::Qwen, _) => (lit(&format!("<parameter={key}>\n")), lit("\n</parameter>\n")),
             (XmlSyntax::MiniMax, _) => (lit(&format!("<parameter name=\"{key}\">")), lit("</parameter>\n")),
-            (XmlSyntax::Glm, Some([ak, ak_end, av, av_end])) => (
-                format!("{} {} {} \"\\n\" {}", tok(ak), lit(key), tok(ak_end), tok(av)),
-                format!("{} \"\\n\"", tok(av_end)),
-            ),
+            (XmlSyntax::Glm, Some([ak, ak_end, av, av_end])) => {
+                let nl = if m.compact { "" } else { "\"\\n\"" };
+                (
+                    format!("{} {} {} {nl} {}", tok(ak), lit(key), tok(ak_end), tok(av)),
+                    format!("{} {nl}", tok(av_end)),
+                )
+            }
             (XmlSyntax::Glm, None) => (String::new(), String::new()),
         }
     }
@@ -131,6 +135,7 @@ pub(super) fn xml_calls(
                 lit(&format!("\n<function={name}>\n")),
                 lit("</function>\n")
             ),
+            XmlSyntax::Glm if m.compact => format!("{} xargs_{j}", lit(name)),
             XmlSyntax::Glm => format!("{} xargs_{j}", lit(&format!("{name}\n"))),
             XmlSyntax::MiniMax => format!(
                 "{} xargs_{j} {}",
@@ -158,7 +163,7 @@ pub(super) fn xml_calls(
             for i in 0..calls {
                 g.rule(&format!("call_{i}"), &call);
             }
-            g.chain("calls", calls, "\"\\n\"");
+            g.chain("calls", calls, if m.compact { "" } else { "\"\\n\"" });
             format!("calls {}", tok(m.end_of_turn))
         }
     }

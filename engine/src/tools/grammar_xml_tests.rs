@@ -214,3 +214,63 @@ fn string_lengths_are_held_in_characters() {
         }
     }
 }
+
+#[test]
+fn glm_47_templates_get_the_compact_spelling() {
+    // The GLM fixture's tokenizer with GLM-4.7's published template (as in tool-parity/).
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixtures.join("glm4-moe-fp8").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures.join("tool-parity/glm-4.7.jinja"),
+        dir.path().join("chat_template.jinja"),
+    )
+    .unwrap();
+    let tok = std::sync::Arc::new(crate::tokenizer::Tokenizer::from_dir(dir.path()).unwrap());
+    let m47 = super::ToolMarkers::resolve(ToolFormat::Glm, &tok).unwrap();
+    let (_, m45) = setup(ToolFormat::Glm);
+    let compact = |m: &super::ToolMarkers| matches!(m, super::ToolMarkers::Glm(t) if t.compact);
+    assert!(compact(&m47) && !compact(&m45));
+    let spelled_47 = |calls: &[(&str, &str)]| {
+        let mut p = Vec::new();
+        for (name, city) in calls {
+            p.extend([
+                P::S("<tool_call>"),
+                P::T(name),
+                P::S("<arg_key>"),
+                P::T("city"),
+                P::S("</arg_key>"),
+            ]);
+            p.extend([
+                P::S("<arg_value>"),
+                P::T(city),
+                P::S("</arg_value>"),
+                P::S("</tool_call>"),
+            ]);
+        }
+        p.push(P::S("<|observation|>"));
+        ids(&tok, &p)
+    };
+    let tools = [FunctionSpec {
+        name: "get_weather".into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }];
+    let lark = forced_call_grammar(&m47, &tools, Forced::Required, true, false).unwrap();
+    assert!(grammar_admits(
+        &tok,
+        &m47,
+        &lark,
+        &spelled_47(&[("get_weather", "Oslo")])
+    ));
+    assert!(grammar_admits(
+        &tok,
+        &m47,
+        &lark,
+        &spelled_47(&[("get_weather", "Oslo"), ("get_weather", "Rome")])
+    ));
+    // GLM-4.5's newlines are not 4.7's spelling.
+    let spelled_45 = spelled(ToolFormat::Glm, &[("get_weather", vec![("city", "Oslo")])]);
+    assert!(!grammar_admits(&tok, &m47, &lark, &spelled_45));
+}

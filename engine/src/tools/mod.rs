@@ -247,6 +247,9 @@ pub struct TaggedMarkers {
     /// GLM's `<arg_key>`, `</arg_key>`, `<arg_value>`, `</arg_value>`: marker tokens that
     /// belong inside a call.
     pub inner: Option<[u32; 4]>,
+    /// GLM-4.7's spelling (also GLM-5's), as its chat template writes calls: no newlines
+    /// between a call's parts or between calls (GLM-4.5/4.6 put one after each part).
+    pub compact: bool,
     /// `<|endoftext|>`, when the tokenizer has it: it ends generation, so it never belongs in
     /// free text either.
     pub endoftext: Option<u32>,
@@ -335,6 +338,7 @@ impl ToolMarkers {
                     end_of_turn: id("<|im_end|>")?,
                     think: pair("<think>", "</think>"),
                     inner: None,
+                    compact: false,
                     endoftext,
                 };
                 match format {
@@ -353,6 +357,9 @@ impl ToolMarkers {
                     id("<arg_value>")?,
                     id("</arg_value>")?,
                 ]),
+                compact: tokenizer
+                    .chat_template()
+                    .is_some_and(|t| t.source().contains("</arg_key><arg_value>")),
                 endoftext,
             }),
             ToolFormat::MiniMax => ToolMarkers::MiniMax(TaggedMarkers {
@@ -361,6 +368,7 @@ impl ToolMarkers {
                 end_of_turn: id("[e~[")?,
                 think: pair("<think>", "</think>"),
                 inner: None,
+                compact: false,
                 endoftext,
             }),
             ToolFormat::Harmony => {
