@@ -23,6 +23,8 @@ use crate::tokenizer::Tokenizer;
 pub struct ToolCallParser {
     tokenizer: Arc<Tokenizer>,
     format: ToolFormat,
+    /// The format's structural ids, sorted ([`ToolMarkers::structural_ids`]).
+    structural: Vec<u32>,
     machine: Machine,
     id_prefix: String,
     calls: usize,
@@ -96,6 +98,7 @@ impl ToolCallParser {
         ToolCallParser {
             tokenizer,
             format: markers.format(),
+            structural: markers.structural_ids(),
             machine,
             id_prefix,
             calls: 0,
@@ -152,6 +155,12 @@ impl ToolCallParser {
             })
             .collect();
         self.emit(raw, out);
+    }
+
+    /// Whether `id` is one of the format's marker tokens (special or not: GLM's and Qwen's
+    /// are plain added tokens), which never belong in text made from a malformed call.
+    pub fn is_marker(&self, id: u32) -> bool {
+        self.structural.binary_search(&id).is_ok()
     }
 
     /// The format this parser reads.

@@ -199,7 +199,14 @@ impl OutputParser {
                 ToolEvent::Malformed(ids) => {
                     if self.malformed_as_text {
                         let tokenizer = Arc::clone(&self.tokenizer);
-                        for id in ids.into_iter().filter(|&id| !tokenizer.is_special(id)) {
+                        let tools = self.tools.as_ref();
+                        let text: Vec<u32> = ids
+                            .into_iter()
+                            .filter(|&id| {
+                                !tokenizer.is_special(id) && !tools.is_some_and(|t| t.is_marker(id))
+                            })
+                            .collect();
+                        for id in text {
                             self.content_text(id, d);
                         }
                     }
@@ -504,6 +511,26 @@ mod tests {
                 vec![(0, "call_x_0", "get.weather", r#"{"city": "Paris"}"#)]
             );
             assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (1, 1));
+        }
+    }
+
+    #[test]
+    fn a_malformed_glm_call_as_text_loses_its_plain_added_marker_tokens() {
+        // GLM's `<tool_call>`/`<arg_key>` are added tokens that are not special.
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/glm4-moe-fp8");
+        let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+        let mut ids = tok.encode("Hi. ");
+        ids.extend(
+            tok.encode_with_special("<tool_call>f\n<arg_key>k</arg_key>\n</tool_call><|observation|>"),
+        );
+        for (as_text, want) in [(false, "Hi. "), (true, "Hi. f\nk\n")] {
+            let mut p = OutputParser::new(tok.clone(), reasoning_markers(&tok), &[], vec![])
+                .with_tools(ToolFormat::Glm, "x".into(), Default::default())
+                .malformed_as_text(as_text);
+            let d = run_streamed(&mut p, &ids);
+            assert_eq!(d.content, want);
+            assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (0, 1));
         }
     }
 
