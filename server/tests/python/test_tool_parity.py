@@ -82,6 +82,15 @@ def test_tokenize_matches_the_published_template_with_tools_calls_and_results(tm
             assert status == 200, (where, out)
             assert out["tokens"] == case["ids"], where
             assert out["count"] == len(case["ids"]), where
+            # The request's own `reasoning_effort` reaches gpt-oss's template the same way;
+            # models without an effort control refuse it.
+            if case["chat_template_kwargs"] == {"reasoning_effort": "high"}:
+                body = dict(body, chat_template_kwargs={}, reasoning_effort="high")
+                status, out = post(s, "/tokenize", body)
+                if name == "gpt-oss":
+                    assert (status, out["tokens"]) == (200, case["ids"]), where
+                else:
+                    assert status == 400 and "reasoning_effort" in json.dumps(out), (where, out)
     finally:
         s.stop()
 

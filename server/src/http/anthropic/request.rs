@@ -201,8 +201,8 @@ fn output_config(
         let parsed = agent::parse_reasoning_effort(e).map_err(|_| {
             ApiError::field(
                 "output_config.effort",
-                "`output_config.effort` must be one of low, high, max (this model's thinking_effort has \
-                 no equivalent of medium or xhigh)",
+                "`output_config.effort` must be one of low, medium, high, max (which of them a model \
+                 takes depends on the model: Kimi K3 low, high, max; gpt-oss low, medium, high)",
             )
         })?;
         *effort = Some(parsed);

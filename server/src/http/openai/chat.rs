@@ -258,16 +258,8 @@ pub fn render_with(
     }
     let mut extra = req.template_kwargs.clone();
     if let Some(effort) = &req.reasoning_effort {
-        if loaded.tool_format != Some(ToolFormat::KimiK3) {
-            return Err(ApiError::unsupported(
-                "reasoning_effort",
-                "`reasoning_effort`: this model has no reasoning-effort control (Kimi K3's thinking_effort is the one supported)",
-            ));
-        }
-        match effort {
-            Some(e) => extra.insert("thinking_effort".into(), Value::from(e.clone())),
-            None => extra.insert("thinking".into(), Value::Bool(false)),
-        };
+        let (key, value) = effort_kwarg(loaded.tool_format, effort.as_deref())?;
+        extra.insert(key.into(), value);
     }
     let opts = ChatOptions {
         add_generation_prompt,
@@ -284,6 +276,33 @@ pub fn render_with(
     })?;
     let thinking = super::reasoning::opens_thinking(loaded.markers.as_ref(), &prompt);
     Ok((prompt, thinking))
+}
+
+/// The template variable a request's `reasoning_effort` sets (`None`: thinking off): Kimi K3's
+/// `thinking_effort` (low, high, max) or `thinking: false`; gpt-oss's `reasoning_effort` (low,
+/// medium, high: harmony's system message; gpt-oss cannot stop reasoning). Other models have no
+/// effort control.
+fn effort_kwarg(format: Option<ToolFormat>, effort: Option<&str>) -> Result<(&'static str, Value), ApiError> {
+    let refuse = |msg: &str| {
+        Err(ApiError::unsupported(
+            "reasoning_effort",
+            format!("`reasoning_effort`: {msg}"),
+        ))
+    };
+    match (format, effort) {
+        (Some(ToolFormat::KimiK3), None) => Ok(("thinking", Value::Bool(false))),
+        (Some(ToolFormat::KimiK3), Some("medium")) => {
+            refuse("Kimi K3's thinking_effort accepts low, high and max (\"medium\" has no equivalent)")
+        }
+        (Some(ToolFormat::KimiK3), Some(e)) => Ok(("thinking_effort", Value::from(e))),
+        (Some(ToolFormat::Harmony), Some(e @ ("low" | "medium" | "high"))) => {
+            Ok(("reasoning_effort", Value::from(e)))
+        }
+        (Some(ToolFormat::Harmony), _) => refuse("gpt-oss accepts low, medium and high (it always reasons)"),
+        _ => refuse(
+            "this model has no reasoning-effort control (Kimi K3's thinking_effort and gpt-oss's reasoning effort are supported)",
+        ),
+    }
 }
 
 /// Decode options of a chat request: bias, penalties, log-probabilities and the grammar;

@@ -397,16 +397,16 @@ pub fn parse_history_calls(v: &Value, at: &str) -> Result<Vec<Value>, ApiError> 
         .collect()
 }
 
-/// `reasoning_effort` as the K3 renderer's `thinking_effort` (`None`: thinking off).
+/// `reasoning_effort` (`None`: thinking off; `minimal` is `low`); which efforts a model takes
+/// is decided when its prompt is rendered (K3: low, high, max; gpt-oss: low, medium, high).
 pub fn parse_reasoning_effort(v: &Value) -> Result<Option<String>, ApiError> {
     match v.as_str() {
         Some("none") => Ok(None),
-        Some(e @ ("low" | "high" | "max")) => Ok(Some(e.to_string())),
+        Some(e @ ("low" | "medium" | "high" | "max")) => Ok(Some(e.to_string())),
         Some("minimal") => Ok(Some("low".to_string())),
         _ => Err(ApiError::field(
             "reasoning_effort",
-            "`reasoning_effort` must be one of none, minimal, low, high, max (this model's \
-             thinking_effort accepts low, high and max; \"medium\" has no equivalent)",
+            "`reasoning_effort` must be one of none, minimal, low, medium, high, max",
         )),
     }
 }

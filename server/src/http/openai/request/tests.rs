@@ -77,7 +77,7 @@ fn unsupported_fields_fail_closed_naming_the_field() {
         (json!({"logit_bias": {"5": 101}}), "logit_bias"),
         (json!({"frequency_penalty": 2.5}), "frequency_penalty"),
         (json!({"min_p": 1.5}), "min_p"),
-        (json!({"reasoning_effort": "medium"}), "reasoning_effort"),
+        (json!({"reasoning_effort": "extreme"}), "reasoning_effort"),
         (json!({"bogus": 1}), "bogus"),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
