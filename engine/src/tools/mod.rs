@@ -255,6 +255,13 @@ pub struct TaggedMarkers {
     pub endoftext: Option<u32>,
 }
 
+/// The id of `format`'s marker `token`, or the typed error naming it.
+fn marker(tokenizer: &Tokenizer, format: ToolFormat, token: &'static str) -> Result<u32, ToolError> {
+    tokenizer
+        .token_to_id(token)
+        .ok_or(ToolError::MissingToken { format, token })
+}
+
 /// The marker ids of one format, resolved from a tokenizer once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolMarkers {
@@ -281,13 +288,8 @@ pub enum ToolMarkers {
 impl ToolMarkers {
     /// Look up `format`'s marker tokens in `tokenizer`.
     pub fn resolve(format: ToolFormat, tokenizer: &Tokenizer) -> Result<ToolMarkers, ToolError> {
-        let id = |token: &'static str| {
-            tokenizer
-                .token_to_id(token)
-                .ok_or(ToolError::MissingToken { format, token })
-        };
+        let id = |token: &'static str| marker(tokenizer, format, token);
         let pair = |a: &'static str, b: &'static str| id(a).ok().zip(id(b).ok());
-        let endoftext = tokenizer.token_to_id("<|endoftext|>");
         Ok(match format {
             ToolFormat::KimiK2 => ToolMarkers::KimiK2(K2Markers {
                 section_begin: id("<|tool_calls_section_begin|>")?,
@@ -331,67 +333,72 @@ impl ToolMarkers {
                     _ => ToolMarkers::DeepSeekV31(m),
                 }
             }
-            ToolFormat::Hermes | ToolFormat::QwenXml => {
-                let m = TaggedMarkers {
-                    call_begin: id("<tool_call>")?,
-                    call_end: id("</tool_call>")?,
-                    end_of_turn: id("<|im_end|>")?,
-                    think: pair("<think>", "</think>"),
-                    inner: None,
-                    compact: false,
-                    endoftext,
-                };
-                match format {
-                    ToolFormat::Hermes => ToolMarkers::Hermes(m),
-                    _ => ToolMarkers::QwenXml(m),
-                }
+            ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Glm | ToolFormat::MiniMax => {
+                Self::tagged(format, tokenizer)?
             }
-            ToolFormat::Glm => ToolMarkers::Glm(TaggedMarkers {
-                call_begin: id("<tool_call>")?,
-                call_end: id("</tool_call>")?,
-                end_of_turn: id("<|observation|>")?,
-                think: pair("<think>", "</think>"),
-                inner: Some([
-                    id("<arg_key>")?,
-                    id("</arg_key>")?,
-                    id("<arg_value>")?,
-                    id("</arg_value>")?,
-                ]),
-                compact: tokenizer
+            ToolFormat::Harmony => Self::harmony(tokenizer)?,
+        })
+    }
+
+    /// The markers of a tagged format (Qwen's two, GLM, MiniMax-M2).
+    fn tagged(format: ToolFormat, tokenizer: &Tokenizer) -> Result<ToolMarkers, ToolError> {
+        let id = |token: &'static str| marker(tokenizer, format, token);
+        let (begin, end, end_of_turn) = match format {
+            ToolFormat::Glm => ("<tool_call>", "</tool_call>", "<|observation|>"),
+            ToolFormat::MiniMax => ("<minimax:tool_call>", "</minimax:tool_call>", "[e~["),
+            _ => ("<tool_call>", "</tool_call>", "<|im_end|>"),
+        };
+        let inner = match format {
+            ToolFormat::Glm => Some([
+                id("<arg_key>")?,
+                id("</arg_key>")?,
+                id("<arg_value>")?,
+                id("</arg_value>")?,
+            ]),
+            _ => None,
+        };
+        let m = TaggedMarkers {
+            call_begin: id(begin)?,
+            call_end: id(end)?,
+            end_of_turn: id(end_of_turn)?,
+            think: id("<think>").ok().zip(id("</think>").ok()),
+            inner,
+            // GLM-4.7's template writes `</arg_key><arg_value>` with nothing between.
+            compact: inner.is_some()
+                && tokenizer
                     .chat_template()
                     .is_some_and(|t| t.source().contains("</arg_key><arg_value>")),
-                endoftext,
-            }),
-            ToolFormat::MiniMax => ToolMarkers::MiniMax(TaggedMarkers {
-                call_begin: id("<minimax:tool_call>")?,
-                call_end: id("</minimax:tool_call>")?,
-                end_of_turn: id("[e~[")?,
-                think: pair("<think>", "</think>"),
-                inner: None,
-                compact: false,
-                endoftext,
-            }),
-            ToolFormat::Harmony => {
-                let m = HarmonyMarkers {
-                    start: id("<|start|>")?,
-                    channel: id("<|channel|>")?,
-                    message: id("<|message|>")?,
-                    constrain: id("<|constrain|>")?,
-                    end: id("<|end|>")?,
-                    call: id("<|call|>")?,
-                    ret: id("<|return|>")?,
-                    endoftext,
-                };
-                let ids = [m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
-                if !ids.iter().all(|&t| tokenizer.is_special(t)) {
-                    return Err(ToolError::MissingToken {
-                        format,
-                        token: "<|channel|>",
-                    });
-                }
-                ToolMarkers::Harmony(m)
-            }
+            endoftext: tokenizer.token_to_id("<|endoftext|>"),
+        };
+        Ok(match format {
+            ToolFormat::Hermes => ToolMarkers::Hermes(m),
+            ToolFormat::QwenXml => ToolMarkers::QwenXml(m),
+            ToolFormat::Glm => ToolMarkers::Glm(m),
+            _ => ToolMarkers::MiniMax(m),
         })
+    }
+
+    /// gpt-oss's harmony markers (all specials; a tokenizer with them as text is not harmony).
+    fn harmony(tokenizer: &Tokenizer) -> Result<ToolMarkers, ToolError> {
+        let id = |token: &'static str| marker(tokenizer, ToolFormat::Harmony, token);
+        let m = HarmonyMarkers {
+            start: id("<|start|>")?,
+            channel: id("<|channel|>")?,
+            message: id("<|message|>")?,
+            constrain: id("<|constrain|>")?,
+            end: id("<|end|>")?,
+            call: id("<|call|>")?,
+            ret: id("<|return|>")?,
+            endoftext: tokenizer.token_to_id("<|endoftext|>"),
+        };
+        let ids = [m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
+        if !ids.iter().all(|&t| tokenizer.is_special(t)) {
+            return Err(ToolError::MissingToken {
+                format: ToolFormat::Harmony,
+                token: "<|channel|>",
+            });
+        }
+        Ok(ToolMarkers::Harmony(m))
     }
 
     /// Which format these markers belong to.
