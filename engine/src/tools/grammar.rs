@@ -520,7 +520,7 @@ fn k3_free_block(x: &Xtml) -> String {
 
 /// A property schema that is only a local `$ref` (`#/$defs/N`, `#/definitions/N`) resolved
 /// one level against the root (to learn its type); otherwise the property itself.
-fn resolve_ref(prop: &Value, root: &Value) -> Value {
+pub(super) fn resolve_ref(prop: &Value, root: &Value) -> Value {
     let target = prop
         .get("$ref")
         .and_then(Value::as_str)

@@ -107,8 +107,8 @@ impl ToolCallParser {
         }
     }
 
-    /// The same parser given each tool's `parameters` schema by name (Qwen3.5's XML values are
-    /// typed by it; the other formats carry JSON and ignore it).
+    /// The same parser given each tool's `parameters` schema by name (the values of Qwen3.5's,
+    /// GLM's and MiniMax-M2's XML-like calls are typed by it; the JSON formats ignore it).
     pub fn with_tool_schemas(mut self, schemas: std::collections::HashMap<String, Value>) -> Self {
         if let Machine::Tagged(p) = &mut self.machine {
             p.set_schemas(schemas);
@@ -384,7 +384,7 @@ fn parse_section_call(
 }
 
 /// A function name: trimmed, non-empty, without whitespace.
-fn valid_name(name: &str) -> Option<&str> {
+pub(super) fn valid_name(name: &str) -> Option<&str> {
     let name = name.trim();
     (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
 }
@@ -407,10 +407,7 @@ fn parse_deepseek(head: &str, body: &str) -> Option<ParsedCall> {
         return None;
     }
     let (name, rest) = body.split_once('\n')?;
-    let name = name.trim();
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return None;
-    }
+    let name = valid_name(name)?;
     let arguments = match rest.strip_prefix("```json\n") {
         Some(fenced) => fenced.trim_end().strip_suffix("```")?.strip_suffix('\n')?,
         None => rest.trim(),

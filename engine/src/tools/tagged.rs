@@ -22,7 +22,8 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::TaggedMarkers;
-use super::parser::{Out, ParsedCall, is_blank, text_of};
+use super::grammar::resolve_ref;
+use super::parser::{Out, ParsedCall, is_blank, text_of, valid_name};
 use crate::tokenizer::Tokenizer;
 
 /// Which body the calls carry.
@@ -48,7 +49,7 @@ enum State {
 pub(super) struct TaggedParser {
     m: TaggedMarkers,
     body: Body,
-    /// Each tool's `parameters` schema, by name (Qwen3.5's value types).
+    /// Each tool's `parameters` schema, by name (the value types of the XML-like bodies).
     schemas: HashMap<String, Value>,
     state: State,
     started: bool,
@@ -146,10 +147,7 @@ fn parse_hermes(body: &str) -> Option<ParsedCall> {
     let Value::Object(call) = serde_json::from_str::<Value>(body.trim()).ok()? else {
         return None;
     };
-    let name = call.get("name")?.as_str()?.trim();
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return None;
-    }
+    let name = valid_name(call.get("name")?.as_str()?)?;
     let arguments = match call.get("arguments").or_else(|| call.get("parameters"))? {
         Value::String(s) => serde_json::from_str::<Value>(s).ok()?,
         v => v.clone(),
@@ -165,10 +163,7 @@ fn parse_xml(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
     let rest = body.trim().strip_prefix("<function=")?;
     let (name, rest) = rest.split_once('>')?;
     let inner = rest.strip_suffix("</function>")?;
-    let name = name.trim();
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return None;
-    }
+    let name = valid_name(name)?;
     let mut arguments = serde_json::Map::new();
     let mut rest = inner.trim_start();
     while !rest.is_empty() {
@@ -179,7 +174,7 @@ fn parse_xml(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
         let value = value.strip_suffix('\n').unwrap_or(value);
         arguments.insert(
             key.to_string(),
-            typed_value(value, schema_type(schemas, name, key))?,
+            typed_value(value, schema_type(schemas, name, key).as_deref())?,
         );
         rest = after.trim_start();
     }
@@ -199,7 +194,7 @@ fn parse_glm(body: &str, schemas: &HashMap<String, Value>) -> Option<ParsedCall>
         let after = after.trim_start().strip_prefix("<arg_value>")?;
         let (value, after) = after.split_once("</arg_value>")?;
         let (key, value) = (key.trim(), value.trim());
-        let value = match schema_type(schemas, name, key) {
+        let value = match schema_type(schemas, name, key).as_deref() {
             Some("string") => Value::String(value.to_string()),
             _ => lenient_value(value),
         };
@@ -232,7 +227,7 @@ fn parse_minimax(body: &str, schemas: &HashMap<String, Value>) -> Option<Vec<Par
             let (value, after) = after.split_once("</parameter>")?;
             let key = unquote(key);
             let value = value.trim();
-            let value = match schema_type(schemas, name, key) {
+            let value = match schema_type(schemas, name, key).as_deref() {
                 None | Some("string") => Value::String(value.to_string()),
                 Some(_) => lenient_value(value),
             };
@@ -248,12 +243,6 @@ fn parse_minimax(body: &str, schemas: &HashMap<String, Value>) -> Option<Vec<Par
     Some(calls)
 }
 
-/// A function name: trimmed, non-empty, without whitespace.
-fn valid_name(name: &str) -> Option<&str> {
-    let name = name.trim();
-    (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
-}
-
 /// An attribute value without its surrounding quotes.
 fn unquote(s: &str) -> &str {
     let s = s.trim();
@@ -265,14 +254,13 @@ fn unquote(s: &str) -> &str {
 
 /// The JSON-schema type of parameter `key` of tool `name`, when the schema gives one (a local
 /// `$ref` to `#/$defs/…` or `#/definitions/…` is followed one level, as the grammars do).
-fn schema_type<'a>(schemas: &'a HashMap<String, Value>, name: &str, key: &str) -> Option<&'a str> {
+fn schema_type(schemas: &HashMap<String, Value>, name: &str, key: &str) -> Option<String> {
     let schema = schemas.get(name)?;
     let prop = schema.get("properties")?.get(key)?;
-    let resolved = match (prop.get("type"), prop.get("$ref").and_then(Value::as_str)) {
-        (None, Some(r)) => schema.pointer(r.strip_prefix('#')?)?,
-        _ => prop,
-    };
-    resolved.get("type")?.as_str()
+    resolve_ref(prop, schema)
+        .get("type")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// A value decoded from JSON when it decodes, else its text.

@@ -227,7 +227,7 @@ pub fn start(
     })
 }
 
-/// Each requested tool's `parameters` schema by name (Qwen3.5's XML values are typed by it).
+/// Each requested tool's `parameters` schema by name (the XML-like formats' values are typed by it).
 fn tool_schemas(req: &ChatRequest) -> std::collections::HashMap<String, Value> {
     req.tools
         .iter()
