@@ -133,6 +133,73 @@ impl ToolFormat {
         }
     }
 
+    /// The marker tokens [`ToolMarkers::resolve`] looks up for this format (optional ones,
+    /// `<think>` and `<|endoftext|>`, included): what a tokenizer must carry to speak it.
+    pub fn marker_tokens(self) -> &'static [&'static str] {
+        const DEEPSEEK: &[&str] = &[
+            "<｜end▁of▁sentence｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "<think>",
+            "</think>",
+        ];
+        const QWEN: &[&str] = &[
+            "<|endoftext|>",
+            "<|im_end|>",
+            "<tool_call>",
+            "</tool_call>",
+            "<think>",
+            "</think>",
+        ];
+        match self {
+            ToolFormat::KimiK2 => &[
+                "<|im_end|>",
+                "<|tool_calls_section_begin|>",
+                "<|tool_calls_section_end|>",
+                "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>",
+                "<|tool_call_end|>",
+                "<think>",
+                "</think>",
+            ],
+            ToolFormat::KimiK3 => &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => DEEPSEEK,
+            ToolFormat::Hermes | ToolFormat::QwenXml => QWEN,
+            ToolFormat::Glm => &[
+                "<|endoftext|>",
+                "<|observation|>",
+                "<think>",
+                "</think>",
+                "<tool_call>",
+                "</tool_call>",
+                "<arg_key>",
+                "</arg_key>",
+                "<arg_value>",
+                "</arg_value>",
+            ],
+            ToolFormat::MiniMax => &[
+                "[e~[",
+                "<think>",
+                "</think>",
+                "<minimax:tool_call>",
+                "</minimax:tool_call>",
+            ],
+            ToolFormat::Harmony => &[
+                "<|endoftext|>",
+                "<|start|>",
+                "<|channel|>",
+                "<|message|>",
+                "<|constrain|>",
+                "<|end|>",
+                "<|call|>",
+                "<|return|>",
+            ],
+        }
+    }
+
     /// Whether the family's chat template reads a history call's `arguments` as a mapping
     /// (`arguments.items()`, `|items`, `|tojson`), so the JSON string an OpenAI client sends
     /// is decoded before rendering ([`crate::tokenizer::arguments_as_objects`]). Kimi's and

@@ -540,6 +540,30 @@ fn deepseek_v31_is_chosen_by_its_template_and_its_calls_parse() {
 }
 
 #[test]
+fn marker_tokens_name_every_marker_a_format_resolves() {
+    for format in [
+        ToolFormat::KimiK2,
+        ToolFormat::KimiK3,
+        ToolFormat::DeepSeekV3,
+        ToolFormat::DeepSeekV31,
+        ToolFormat::Hermes,
+        ToolFormat::QwenXml,
+        ToolFormat::Glm,
+        ToolFormat::MiniMax,
+        ToolFormat::Harmony,
+    ] {
+        let (tok, markers) = setup(format);
+        for id in markers.structural_ids() {
+            let text = tok.id_to_token(id).unwrap();
+            assert!(
+                format.marker_tokens().contains(&text.as_str()),
+                "{format:?}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
 fn minted_ids() {
     assert_eq!(mint_call_id("", 3), "call_3");
     assert_eq!(mint_call_id("abc", 0), "call_abc_0");

@@ -43,89 +43,19 @@ pub struct GrammarBenchArgs {
     json: bool,
 }
 
-/// Each format, its family's published vocabulary size (`vocab_size` of the config), and the
-/// marker tokens its tokenizer carries (placed after the ranks; K2's at K2's offsets).
-const FORMATS: &[(ToolFormat, &str, usize, &[&str])] = &[
-    (ToolFormat::KimiK2, "Kimi K2", 163_840, &[]),
-    (
-        ToolFormat::KimiK3,
-        "Kimi K3",
-        163_840,
-        &["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"],
-    ),
-    (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280, DEEPSEEK_MARKERS),
-    (
-        ToolFormat::DeepSeekV31,
-        "DeepSeek-V3.1",
-        129_280,
-        DEEPSEEK_MARKERS,
-    ),
-    (ToolFormat::Hermes, "Qwen3", 151_936, QWEN_MARKERS),
-    (ToolFormat::QwenXml, "Qwen3.5", 248_320, QWEN_MARKERS),
-    (
-        ToolFormat::Glm,
-        "GLM-4.5",
-        151_552,
-        &[
-            "<|endoftext|>",
-            "<|observation|>",
-            "<think>",
-            "</think>",
-            "<tool_call>",
-            "</tool_call>",
-            "<arg_key>",
-            "</arg_key>",
-            "<arg_value>",
-            "</arg_value>",
-        ],
-    ),
-    (
-        ToolFormat::MiniMax,
-        "MiniMax-M2",
-        200_064,
-        &[
-            "[e~[",
-            "<think>",
-            "</think>",
-            "<minimax:tool_call>",
-            "</minimax:tool_call>",
-        ],
-    ),
-    (
-        ToolFormat::Harmony,
-        "gpt-oss",
-        201_088,
-        &[
-            "<|endoftext|>",
-            "<|start|>",
-            "<|channel|>",
-            "<|message|>",
-            "<|constrain|>",
-            "<|end|>",
-            "<|call|>",
-            "<|return|>",
-        ],
-    ),
-];
-
-const DEEPSEEK_MARKERS: &[&str] = &[
-    "<｜end▁of▁sentence｜>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁calls▁end｜>",
-    "<｜tool▁call▁begin｜>",
-    "<｜tool▁call▁end｜>",
-    "<｜tool▁sep｜>",
-    "<think>",
-    "</think>",
-];
-
-const QWEN_MARKERS: &[&str] = &[
-    "<|endoftext|>",
-    "<|im_end|>",
-    "<tool_call>",
-    "</tool_call>",
-    "<think>",
-    "</think>",
+/// Each format and its family's published vocabulary size (`vocab_size` of the config); the
+/// tokenizer carries the format's [`ToolFormat::marker_tokens`] after the ranks (K2's at K2's
+/// offsets).
+const FORMATS: &[(ToolFormat, &str, usize)] = &[
+    (ToolFormat::KimiK2, "Kimi K2", 163_840),
+    (ToolFormat::KimiK3, "Kimi K3", 163_840),
+    (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280),
+    (ToolFormat::DeepSeekV31, "DeepSeek-V3.1", 129_280),
+    (ToolFormat::Hermes, "Qwen3", 151_936),
+    (ToolFormat::QwenXml, "Qwen3.5", 248_320),
+    (ToolFormat::Glm, "GLM-4.5", 151_552),
+    (ToolFormat::MiniMax, "MiniMax-M2", 200_064),
+    (ToolFormat::Harmony, "gpt-oss", 201_088),
 ];
 
 #[derive(Debug, Serialize)]
@@ -386,9 +316,15 @@ fn format_figures(
 
 pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
     let mut grammars = Vec::new();
-    for &(format, family, vocab, markers) in FORMATS {
+    for &(format, family, vocab) in FORMATS {
         let vocab = args.vocab.unwrap_or(vocab);
-        grammars.extend(format_figures(format, family, vocab, markers, args.tokens)?);
+        grammars.extend(format_figures(
+            format,
+            family,
+            vocab,
+            format.marker_tokens(),
+            args.tokens,
+        )?);
     }
     let report = Report {
         grammars,
