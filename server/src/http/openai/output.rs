@@ -269,13 +269,11 @@ pub fn reasoning_markers(tokenizer: &Tokenizer) -> Option<Markers> {
     // `<think>` may be an added token that is not special (Qwen3.5, GLM, DeepSeek): a marker
     // when the text encodes to exactly that one id.
     let added = |t: &str| id(t).or_else(|| tokenizer.token_to_id(t).filter(|&i| tokenizer.encode(t) == [i]));
-    if let (Some(start), Some(channel), Some(message)) =
-        (id("<|start|>"), id("<|channel|>"), id("<|message|>"))
-    {
+    if let Ok(ToolMarkers::Harmony(h)) = ToolMarkers::resolve(ToolFormat::Harmony, tokenizer) {
         return Some(Markers::Harmony(HarmonyMarkers {
-            start,
-            channel,
-            message,
+            start: h.start,
+            channel: h.channel,
+            message: h.message,
             analysis: tokenizer.encode("analysis"),
         }));
     }
