@@ -16,8 +16,8 @@ use crate::config::DeepseekV3Config;
 use crate::error::Result;
 use crate::model::{Loader, NormWeight};
 
-/// The decoder plan of a DeepSeek-V3 config.
-fn plan(c: &DeepseekV3Config) -> DecoderPlan {
+/// The decoder plan of a DeepSeek-V3 config (GLM-5's base, [`super::glm_moe_dsa`]).
+pub(super) fn plan(c: &DeepseekV3Config) -> DecoderPlan {
     let (layers, qk) = (c.num_hidden_layers, c.qk_head_dim());
     DecoderPlan {
         arch: "deepseek_v3",
@@ -50,6 +50,7 @@ fn plan(c: &DeepseekV3Config) -> DecoderPlan {
             rotary: true,
             out_gate: false,
             interleave: c.rope_interleave,
+            sparse: None,
         }),
         kda: None,
         residual: Residual::Plain,

@@ -121,6 +121,7 @@ pub(crate) fn plan_with(
             rotary: false,
             out_gate: v.mla_gate,
             interleave: false,
+            sparse: None,
         }),
         kda: Some(KdaPlan {
             config: c.kda.clone(),

@@ -9,6 +9,7 @@ mod decoder;
 pub mod deepseek_v3;
 mod device_pass;
 mod glm4_moe;
+pub mod glm_moe_dsa;
 mod gpt_oss;
 pub mod kimi_k3;
 pub mod kimi_linear;

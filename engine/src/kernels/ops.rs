@@ -52,6 +52,21 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// PyTorch `LayerNorm` of one row in f32: `out = (x - mean) / sqrt(var + eps) * weight + bias`
+/// with the biased variance; both means are sums in the canonical 16-lane order.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == weight.len() && x.len() == bias.len());
+    let n = x.len() as f32;
+    let ones = vec![1.0f32; x.len()];
+    let mean = super::math::fma_scope(|| lanes_dot(x, &ones)) / n;
+    let centred: Vec<f32> = x.iter().map(|&v| v - mean).collect();
+    let var = super::math::fma_scope(|| lanes_dot(&centred, &centred)) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((o, &c), (&w, &b)) in out.iter_mut().zip(&centred).zip(weight.iter().zip(bias)) {
+        *o = (c * inv) * w + b;
+    }
+}
+
 /// SiLU (`x * sigmoid(x)`).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -99,6 +114,25 @@ mod tests {
                 super::super::math::fma_scope(|| lanes_dot(&a, &b)).to_bits(),
                 want.to_bits()
             );
+        }
+    }
+
+    /// The f32 LayerNorm is within rounding of the f64 definition (biased variance).
+    #[test]
+    fn layer_norm_matches_the_f64_definition() {
+        let x: Vec<f32> = (0..40)
+            .map(|i| ((i * 29 % 31) as f32 - 12.0) * 0.37 + 3.0)
+            .collect();
+        let w: Vec<f32> = (0..40).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..40).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+        let mut out = vec![0.0f32; 40];
+        layer_norm(&x, &w, &b, 1e-6, &mut out);
+        let n = x.len() as f64;
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+        for i in 0..40 {
+            let want = (x[i] as f64 - mean) / (var + 1e-6).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((out[i] as f64 - want).abs() < 1e-5, "{i}: {} vs {want}", out[i]);
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct MlaCache {
     pub latent: Vec<f32>,
     /// `len × qk_rope_head_dim` values.
     pub k_rope: Vec<f32>,
+    /// `len × index_head_dim` values: the DSA indexer's keys (empty on dense MLA layers and on
+    /// layers sharing another layer's selection).
+    pub index_keys: Vec<f32>,
 }
 
 /// A standard per-head key/value cache (grouped-query attention, Qwen3): the rotated keys and
@@ -439,7 +442,7 @@ impl SeqState {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Mla(c) => 4 * (c.latent.len() + c.k_rope.len()),
+                LayerState::Mla(c) => 4 * (c.latent.len() + c.k_rope.len() + c.index_keys.len()),
                 LayerState::Kv(c) => 4 * (c.k.len() + c.v.len()),
                 LayerState::Kda(_) => 0,
             })
@@ -483,6 +486,8 @@ fn truncate_mla(c: &mut MlaCache, old_len: usize, new_len: usize) {
     }
     let kv = c.latent.len() / old_len;
     let rope = c.k_rope.len() / old_len;
+    let index = c.index_keys.len() / old_len;
     c.latent.truncate(new_len * kv);
     c.k_rope.truncate(new_len * rope);
+    c.index_keys.truncate(new_len * index);
 }

@@ -16,6 +16,7 @@
 //! layer `ℓ` (deltafin's PILOT predictor).
 
 use super::super::layers::attn_res::AttnRes;
+use super::super::layers::dsa::Selection;
 use super::super::{RowPlan, SeqInput, Trace};
 use super::{Decoder, missing_res, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
@@ -56,8 +57,8 @@ impl Decoder {
                 &layer.mixer,
                 &self.norm_rows(&u, &layer.input_norm),
                 batch,
-                plan,
-                l,
+                (plan, l),
+                &mut Selection::new(),
             );
             let p = match partial {
                 None => a,

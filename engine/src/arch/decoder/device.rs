@@ -25,6 +25,15 @@ impl<B> DeviceMixer<B> {
     /// typed refusal of a mixer this path does not run.
     fn new<D: DeviceOps<Buf = B>>(model: &Decoder, dev: &D, mixer: &Mixer, capacity: usize) -> Result<Self> {
         Ok(match mixer {
+            Mixer::Mla(m) if m.sparse.is_some() => {
+                return Err(Error::InvalidArgument {
+                    field: "device",
+                    reason: format!(
+                        "{}: DeepSeek Sparse Attention has no whole-pass device path yet",
+                        model.info().arch
+                    ),
+                });
+            }
             Mixer::Mla(m) => {
                 let cache = DeviceMlaCache {
                     latent: dev.zeros_f32(capacity * m.dims.kv_lora)?,

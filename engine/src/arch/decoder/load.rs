@@ -2,6 +2,7 @@
 //! the in-memory model, the out-of-core recording pass and the streamed layers and experts.
 
 use super::super::layers::attn_res::AttnRes;
+use super::super::layers::dsa::{Indexer, Sparse};
 use super::super::layers::gated_deltanet::GatedDeltaNet;
 use super::super::layers::gqa::Gqa;
 use super::super::layers::kda::Kda;
@@ -22,6 +23,24 @@ fn mlp(ld: &Loader<'_>, prefix: &str, (hidden, width): (usize, usize), act: Acti
         ld.linear(&format!("{prefix}.down_proj"), hidden, width)?,
         act,
     ))
+}
+
+/// Layer `i`'s DSA choice of positions: its own indexer `{a}.indexer`, or the previous full
+/// layer's selection.
+fn sparse(plan: &DecoderPlan, ld: &Loader<'_>, a: &str, i: usize) -> Result<Option<Sparse>> {
+    let Some(m) = &plan.mla else { return Ok(None) };
+    let Some(dsa) = &m.sparse else { return Ok(None) };
+    if dsa.shared.get(i).copied().unwrap_or(false) {
+        return Ok(Some(Sparse::Shared));
+    }
+    let q_lora = m.q_lora_rank.ok_or_else(|| Error::InvalidArgument {
+        field: "q_lora_rank",
+        reason: "the DSA indexer reads the query latent: q_lora_rank must be set".into(),
+    })?;
+    let rope = Rope::new(&plan.rope, dsa.dims.rope, dsa.interleave);
+    let prefix = format!("{a}.indexer");
+    let ix = Indexer::load(ld, &prefix, plan.hidden_size, q_lora, dsa.dims, rope)?;
+    Ok(Some(Sparse::Index(ix)))
 }
 
 /// The AttnRes site `{p}{site}_res_norm` / `{p}{site}_res_proj`.
@@ -149,7 +168,9 @@ pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Resul
                 true => Some(ld.linear(&format!("{a}.g_proj"), m.dims.heads * m.dims.v, h)?),
                 false => None,
             };
-            Mixer::Mla(Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, gate)?)
+            let mut mla = Mla::load(ld, &a, h, m.q_lora_rank, m.dims.clone(), rotary, gate)?;
+            mla.sparse = sparse(plan, ld, &a, i)?;
+            Mixer::Mla(mla)
         }
         MixerKind::Attention => {
             let g = plan

@@ -28,11 +28,12 @@ use std::sync::Arc;
 pub use device::DeviceSession;
 use load::{expert, load_fixed, load_layer};
 pub(crate) use plan::{
-    DecoderPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
+    DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
 };
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;
+use super::layers::dsa::Selection;
 use super::layers::gated_deltanet::GatedDeltaNet;
 use super::layers::gqa::{Gqa, KvRows};
 use super::layers::kda::{Kda, KdaRows};
@@ -140,14 +141,15 @@ impl<F: DecoderFamily> super::Architecture for F {
     }
 }
 
-/// Sequence-state bytes: attention layers cache per-head keys and values in f32, DeltaNet
-/// layers keep a convolution history and a recurrent matrix per head.
+/// Sequence-state bytes: attention layers cache per-head keys and values in f32 (MLA: the
+/// latent, the shared key and a DSA indexer's key), DeltaNet layers keep a convolution history
+/// and a recurrent matrix per head.
 pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
     let (mut per_token, mut per_sequence) = (0, 0);
     for l in 0..plan.num_layers {
         match (plan.mixer(l), plan.recurrent_shape(l), &plan.mla) {
             (_, Some(s), _) => per_sequence += 4 * (s.conv_len() + s.state_len()),
-            (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope),
+            (MixerKind::Mla, _, Some(m)) => per_token += 4 * (m.dims.kv_lora + m.dims.rope + m.index_keys(l)),
             (MixerKind::Attention, ..) => {
                 let d = plan.gqa.as_ref().map_or(0, |g| g.dims.kv_heads * g.dims.head_dim);
                 per_token += 4 * 2 * d
@@ -277,10 +279,11 @@ impl Decoder {
     ) -> Result<()> {
         let n = plan.len();
         let pass = ExpertPass::open(self.experts.as_deref());
+        let mut selection = Selection::new();
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let xn = self.norm_rows(x, &layer.input_norm);
-            let a = run_mixer(&layer.mixer, &xn, batch, plan, l);
+            let a = run_mixer(&layer.mixer, &xn, batch, (plan, l), &mut selection);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
             pass.hint_next(l, x, n);
@@ -294,13 +297,14 @@ impl Decoder {
     }
 }
 
-/// Layer `l`'s mixer over the pass's normalised rows `xn`, advancing each row's state.
+/// Layer `l`'s mixer over the pass's normalised rows `xn`, advancing each row's state;
+/// `selection` carries a DSA layer's choice of positions to the layers that share it.
 pub(super) fn run_mixer(
     mixer: &Mixer,
     xn: &[f32],
     batch: &mut [SeqInput<'_>],
-    plan: &RowPlan,
-    l: usize,
+    (plan, l): (&RowPlan, usize),
+    selection: &mut Selection,
 ) -> Vec<f32> {
     let n = plan.len();
     match mixer {
@@ -338,6 +342,7 @@ pub(super) fn run_mixer(
                 caches: &mut caches,
                 seq: &plan.seq,
                 pos: &plan.pos,
+                selection,
             };
             mla.forward(xn, n, &mut rows)
         }

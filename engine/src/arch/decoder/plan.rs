@@ -2,6 +2,7 @@
 //! the router, the experts' stored form and names, norms, the residual form), and the pure
 //! questions the loader and the passes ask of it.
 
+use super::super::layers::dsa::IndexerDims;
 use super::super::layers::gated_deltanet::GdnDims;
 use super::super::layers::gqa::{GqaDims, GqaOptions};
 use super::super::layers::kda::L2Norm;
@@ -183,6 +184,29 @@ pub(crate) struct MlaPlan {
     pub out_gate: bool,
     /// RoPE pairs interleaved (`rope_interleave`) rather than `rotate_half`.
     pub interleave: bool,
+    /// DeepSeek Sparse Attention (`None`: every row attends to every earlier position).
+    pub sparse: Option<DsaPlan>,
+}
+
+/// DeepSeek Sparse Attention's lightning indexer on MLA layers.
+#[derive(Debug, Clone)]
+pub(crate) struct DsaPlan {
+    pub dims: IndexerDims,
+    /// The indexer's RoPE pairs are interleaved (GLM-5) rather than halves (DeepSeek-V3.2).
+    pub interleave: bool,
+    /// Per layer: it reuses the previous full layer's selection instead of running an indexer
+    /// (GLM-5.2's IndexShare; `indexer_types` `"shared"`). The first layer is never shared.
+    pub shared: Vec<bool>,
+}
+
+impl MlaPlan {
+    /// Indexer key values layer `l` caches per position.
+    pub(super) fn index_keys(&self, l: usize) -> usize {
+        match &self.sparse {
+            Some(s) if !s.shared.get(l).copied().unwrap_or(false) => s.dims.head_dim,
+            _ => 0,
+        }
+    }
 }
 
 impl MoePlan {

@@ -6,10 +6,13 @@
 //! results do not depend on the batch.
 //!
 //! Variants: NoPE attention (Kimi-Linear, K3: `rotary: None`, the shared key channels are used
-//! unrotated) and K3's gated MLA (`out_gate`: `attn ← attn ⊙ σ(W_g x)` before `o_proj`).
+//! unrotated), K3's gated MLA (`out_gate`: `attn ← attn ⊙ σ(W_g x)` before `o_proj`) and
+//! DeepSeek Sparse Attention (`sparse`: each row attends to the positions the lightning indexer
+//! chose, [`super::dsa`]).
 
 use rayon::prelude::*;
 
+use super::dsa::{self, Selection, Sparse};
 use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
 use super::rope::Rope;
 use crate::backend::matmul;
@@ -41,6 +44,8 @@ pub struct Mla {
     pub rotary: Option<Rope>,
     /// Sigmoid output gate `g_proj` `[heads * v, hidden]` (K3), applied before `o_proj`.
     pub out_gate: Option<Matrix>,
+    /// DeepSeek Sparse Attention: the positions each row attends to (`None`: all).
+    pub sparse: Option<Sparse>,
 }
 
 /// Where each row of a pass goes: its cache and position.
@@ -50,6 +55,9 @@ pub struct MlaRows<'a, 'c> {
     pub caches: &'a mut [&'c mut MlaCache],
     pub seq: &'a [usize],
     pub pos: &'a [usize],
+    /// The selection of the pass's last full DSA layer: written by a layer with an indexer,
+    /// read by a layer that shares it.
+    pub selection: &'a mut Selection,
 }
 
 impl Mla {
@@ -90,17 +98,19 @@ impl Mla {
             o: ld.linear(&format!("{a}.o_proj"), hidden, heads * dims.v)?,
             rotary,
             out_gate,
+            sparse: None,
             dims,
         })
     }
 
-    /// Queries `[n, heads * (nope + rope)]` for normalised input rows.
-    fn queries(&self, x: &[f32], n: usize) -> Vec<f32> {
+    /// Queries `[n, heads * (nope + rope)]` for normalised input rows, and with a low-rank
+    /// projection the normalised query latents `[n, q_lora_rank]` (empty otherwise).
+    fn queries(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
         match &self.q {
             QProj::Full(m) => {
                 let mut q = vec![0.0; n * m.rows];
                 matmul(m, x, n, &mut q);
-                q
+                (q, Vec::new())
             }
             QProj::LowRank { a, norm, b } => {
                 let mut qa = vec![0.0; n * a.rows];
@@ -109,17 +119,18 @@ impl Mla {
                     .for_each(|r| rms_norm_inplace(r, norm, self.dims.eps));
                 let mut q = vec![0.0; n * b.rows];
                 matmul(b, &qa, n, &mut q);
-                q
+                (q, qa)
             }
         }
     }
 
     /// Latents and shared keys `[n, kv_lora + rope]` of normalised rows `x` at positions `pos`
-    /// (latent RMS-normalised, key rotated), and the rotated queries `[n, heads * (nope + rope)]`.
-    fn project(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> (Vec<f32>, Vec<f32>) {
+    /// (latent RMS-normalised, key rotated), the rotated queries `[n, heads * (nope + rope)]`
+    /// and the normalised query latents (see [`Mla::queries`]).
+    fn project(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let d = &self.dims;
         let qk = d.nope + d.rope;
-        let mut q = self.queries(x, n);
+        let (mut q, q_resid) = self.queries(x, n);
         let ckv = self.context_rows(x, n, pos);
         if let Some(rope) = &self.rotary {
             // One set of factors per row (its position), applied to every head.
@@ -132,7 +143,7 @@ impl Mla {
                 }
             }
         }
-        (ckv, q)
+        (ckv, q, q_resid)
     }
 
     /// Latents and shared keys `[n, kv_lora + rope]` of rows `x` at positions `pos`: the cache
@@ -162,10 +173,11 @@ impl Mla {
     }
 
     /// Attention output `[n, hidden]` for normalised rows `x`; appends every row's latent and
-    /// rotated key to its cache first (rows of one sequence are consecutive positions).
+    /// rotated key (and indexer key) to its cache first (rows of one sequence are consecutive
+    /// positions).
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> Vec<f32> {
         let d = &self.dims;
-        let (ckv, q) = self.project(x, n, &|i| rows.pos[i]);
+        let (ckv, q, q_resid) = self.project(x, n, &|i| rows.pos[i]);
         for (i, row) in ckv.chunks(d.kv_lora + d.rope).enumerate() {
             let cache = &mut rows.caches[rows.seq[i]];
             debug_assert_eq!(
@@ -175,23 +187,59 @@ impl Mla {
             );
             self.append(cache, row);
         }
+        let sparse = self.select(x, &q_resid, n, rows).then_some(&*rows.selection);
         let shape = self.latent_shape();
         let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
-        let keys: Vec<LatentKeys<'_>> = (0..n)
+        let chosen = |i: usize| sparse.and_then(|s: &Selection| s[i].as_deref());
+        let gathered: Vec<Option<(Vec<f32>, Vec<f32>)>> = (0..n)
             .map(|i| {
                 let c = caches[rows.seq[i]];
-                LatentKeys::one(&c.latent, &c.k_rope, shape)
+                chosen(i).map(|p| dsa::gather(&c.latent, &c.k_rope, p, (d.kv_lora, d.rope)))
             })
             .collect();
-        let attn = self.attend_rows(&q, n, &|i| (keys[i], rows.pos[i] + 1));
+        let keys: Vec<(LatentKeys<'_>, usize)> = (0..n)
+            .map(|i| match (&gathered[i], chosen(i)) {
+                (Some((l, r)), Some(p)) => (LatentKeys::one(l, r, shape), p.len()),
+                _ => {
+                    let c = caches[rows.seq[i]];
+                    (LatentKeys::one(&c.latent, &c.k_rope, shape), rows.pos[i] + 1)
+                }
+            })
+            .collect();
+        let attn = self.attend_rows(&q, n, &|i| keys[i]);
         self.output(x, n, attn)
+    }
+
+    /// Whether this layer is sparse; if so `rows.selection` holds its rows' choice. A layer with
+    /// an indexer appends its rows' indexer keys and chooses, leaving its choice there for the
+    /// layers that share it.
+    fn select(&self, x: &[f32], q_resid: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> bool {
+        let indexer = match &self.sparse {
+            None => return false,
+            Some(Sparse::Shared) => {
+                debug_assert_eq!(rows.selection.len(), n, "a shared DSA layer follows a full one");
+                return true;
+            }
+            Some(Sparse::Index(ix)) => ix,
+        };
+        let keys = indexer.keys(x, n, &|i| rows.pos[i]);
+        for (i, k) in keys.chunks(indexer.dims().head_dim).enumerate() {
+            rows.caches[rows.seq[i]].index_keys.extend_from_slice(k);
+        }
+        let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
+        let (seq, pos) = (rows.seq, rows.pos);
+        *rows.selection = indexer.select(x, q_resid, n, &|i| pos[i], &|i| {
+            caches[seq[i]].index_keys.as_slice()
+        });
+        true
     }
 
     /// Attention output `[n, hidden]` for `n` normalised rows `x` at positions
     /// `base..base + n` that attend to every position of `cache` and to all `n` rows (no causal
     /// mask inside the block, as a block draft head needs); nothing is cached.
     pub fn forward_block(&self, x: &[f32], n: usize, cache: &MlaCache, base: usize) -> Vec<f32> {
-        let (ckv, q) = self.project(x, n, &|i| base + i);
+        debug_assert!(self.sparse.is_none(), "block drafting heads are dense MLA");
+        let (ckv, q, _) = self.project(x, n, &|i| base + i);
         let mut block = MlaCache::default();
         self.append(&mut block, &ckv);
         let shape = self.latent_shape();

@@ -1,8 +1,9 @@
-//! Layers shared by architectures: MLA attention, KDA and gated-DeltaNet linear attention, Block Attention
+//! Layers shared by architectures: MLA attention (dense, or sparse with the DSA indexer), KDA and gated-DeltaNet linear attention, Block Attention
 //! Residuals, RoPE, the gated MLP (SiLU / SiTU) and the routed (optionally latent) MoE.
 
 pub mod attn_res;
 pub mod device;
+pub mod dsa;
 pub mod gated_deltanet;
 pub mod gqa;
 pub mod kda;
