@@ -132,6 +132,7 @@ impl Vocabulary {
             factory: self.factory.clone(),
             grammar,
             budget: None,
+            stops: Vec::new(),
         };
         g.matcher()?;
         Ok(Arc::new(g))
@@ -143,6 +144,8 @@ pub struct Grammar {
     factory: Arc<ParserFactory>,
     grammar: TopLevelGrammar,
     budget: Option<ReasoningBudget>,
+    /// Tokens that end generation (see [`Grammar::with_stop_ids`]).
+    stops: Vec<u32>,
 }
 
 /// A bound on the reasoning that opens a constrained output: once `tokens` tokens are out and
@@ -191,6 +194,21 @@ impl Grammar {
             factory: self.factory.clone(),
             grammar: self.grammar.clone(),
             budget: Some(budget),
+            stops: self.stops.clone(),
+        })
+    }
+
+    /// The same grammar for a generation that ends at any of `stops` (the model's end-of-turn
+    /// and end-of-text ids): one of them is allowed only where it completes the grammar. A
+    /// grammar whose free text admits any token would otherwise let the model end the output
+    /// in the middle (GLM's `<|user|>` inside reasoning before a forced call), and the answer
+    /// would come back cut short.
+    pub fn with_stop_ids(&self, stops: &[u32]) -> Arc<Grammar> {
+        Arc::new(Grammar {
+            factory: self.factory.clone(),
+            grammar: self.grammar.clone(),
+            budget: self.budget,
+            stops: stops.to_vec(),
         })
     }
 
@@ -214,6 +232,7 @@ impl ConstraintFactory for Grammar {
             eos: self.factory.tok_env().tok_trie().eos_token(),
             budget: self.budget,
             consumed: 0,
+            stops: self.stops.clone(),
         }))
     }
 }
@@ -228,9 +247,21 @@ struct GrammarConstraint {
     budget: Option<ReasoningBudget>,
     /// Tokens consumed so far.
     consumed: usize,
+    /// Tokens that end generation: allowed only where they complete the grammar.
+    stops: Vec<u32>,
 }
 
 impl GrammarConstraint {
+    /// Whether consuming `stop` (which the mask allows) leaves the grammar complete; the
+    /// matcher is rolled back either way.
+    fn completes(&mut self, stop: u32) -> Result<bool> {
+        let err = |e: &dyn std::fmt::Display| Error::Constraint(e.to_string());
+        self.matcher.consume_token(stop).map_err(|e| err(&e))?;
+        let done = self.matcher.is_stopped() || self.matcher.is_accepting().map_err(|e| err(&e))?;
+        self.matcher.rollback(1).map_err(|e| err(&e))?;
+        Ok(done)
+    }
+
     /// The close token when the reasoning budget is spent and the close is still due.
     fn forced_close(&self) -> Option<u32> {
         self.budget.filter(|b| self.consumed >= b.tokens).map(|b| b.close)
@@ -257,6 +288,17 @@ impl TokenConstraint for GrammarConstraint {
             mask.set_all(false);
             mask.allow_token(close);
         }
+        if !self.matcher.is_stopped() {
+            for stop in self.stops.clone() {
+                if stop != self.eos
+                    && (stop as usize) < mask.len()
+                    && mask.is_allowed(stop)
+                    && !self.completes(stop)?
+                {
+                    mask.disallow_token(stop);
+                }
+            }
+        }
         // The mask covers the model's vocabulary (the trie was built for it); any row entry past
         // it is forbidden too.
         let n = logits.len();
@@ -279,8 +321,9 @@ impl TokenConstraint for GrammarConstraint {
         if self.matcher.is_stopped() || token == self.eos {
             return Ok(None);
         }
-        if self.forced_close().is_some_and(|close| close != token) {
-            // Only the close may come, if the grammar allows it here: the mask decides.
+        if self.forced_close().is_some_and(|close| close != token) || self.stops.contains(&token) {
+            // Only the close may come, if the grammar allows it here; a stop only where it
+            // completes the grammar: the mask decides.
             return Ok(None);
         }
         let valid = self

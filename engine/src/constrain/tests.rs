@@ -174,3 +174,46 @@ fn a_reasoning_budget_forces_the_close_once_spent_and_then_lifts() {
     }
     assert_eq!(c.allows(a).unwrap(), Some(true));
 }
+
+/// A stop token the grammar's free text would admit is allowed only where it completes the
+/// grammar: mid-reasoning it is masked (and the fast path defers to the mask), at the end it is
+/// the answer's last token.
+#[test]
+fn a_stop_token_is_allowed_only_where_it_completes_the_grammar() {
+    let (tok, v) = vocab();
+    let (close, stop) = (
+        tok.token_to_id("<|close|>").unwrap(),
+        tok.token_to_id("[EOS]").unwrap(),
+    );
+    let g = v
+        .lark(&format!(
+            "start: think <[{close}]> \"ok\" <[{stop}]>\nthink: <[^{close}]>*"
+        ))
+        .unwrap();
+    let n = tok.vocab_size() + 64;
+    let allowed = |c: &mut Box<dyn TokenConstraint>| {
+        let mut logits = vec![0.0f32; n];
+        c.mask(&mut logits).unwrap();
+        logits[stop as usize].is_finite()
+    };
+    // Without stop ids the reasoning admits it (and generation would end there).
+    let mut plain = g.start().unwrap();
+    assert!(allowed(&mut plain));
+    let mut c = g.with_stop_ids(&[stop]).start().unwrap();
+    let a = tok.encode("a")[0];
+    c.accept(a).unwrap();
+    assert!(!allowed(&mut c), "a stop inside the reasoning");
+    assert_eq!(c.allows(stop).unwrap(), None);
+    assert_eq!(
+        c.allows(a).unwrap(),
+        Some(true),
+        "checking the stop left the matcher as it was"
+    );
+    c.accept(close).unwrap();
+    for t in tok.encode("ok") {
+        assert!(!allowed(&mut c));
+        c.accept(t).unwrap();
+    }
+    assert!(allowed(&mut c), "the stop that completes the grammar");
+    c.accept(stop).unwrap();
+}

@@ -4,8 +4,9 @@
   strings the openai client sends), tool results and reasoning equals
   `apply_chat_template(..., tools=...)` on the published templates
   (`engine/tests/fixtures/tool-parity/golden.json`, made by `gen_tool_parity.py`), for Qwen3.5
-  XML, Qwen3 hermes, GLM-4.5, GLM-4.7, MiniMax-M2 and gpt-oss; what the template refuses is a 400.
-* The official openai client on the GLM-4.5, MiniMax-M2, Qwen3.5 and gpt-oss (harmony) fixtures: `tool_choice:
+  XML, Qwen3 hermes, GLM-4.5, GLM-4.7 (and GLM-5, which ships its files), MiniMax-M2 and gpt-oss;
+  what the template refuses is a 400.
+* The official openai client on the GLM-4.5, GLM-5, MiniMax-M2, Qwen3.5 and gpt-oss (harmony) fixtures: `tool_choice:
   auto` never leaves call or reasoning markup in `content` (reasoning opened by the generation
   prompt's `<think>\n` comes back as `reasoning_content`); a forced call (`required`, named, with and without
   parallel calls) comes back as schema-valid `tool_calls` (`finish_reason` `tool_calls`; `stop`
@@ -25,8 +26,12 @@ from test_agent_loop import run_agents_sdk, run_messages_loop
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "tool-parity/golden.json").read_text(encoding="utf-8"))
 MODELS = {m["name"]: m for m in GOLDEN["models"]}
+# GLM-5 (fixture glm5-dsa-fp8) carries GLM-4.7's published template and the tokenizer of the
+# glm4-moe-fp8 fixture byte for byte (gen_glm5.py), so GLM-4.7's rendered goldens are its own.
+MODELS["glm-5"] = dict(MODELS["glm-4.7"], name="glm-5", fixture="glm5-dsa-fp8", template=None)
 # Each family's `format` label of deltafin_tool_calls_total.
-LABELS = {"glm-4.5": "glm", "glm-4.7": "glm", "minimax-m2": "minimax_m2", "qwen3.5": "qwen_xml", "gpt-oss": "harmony"}
+LABELS = {"glm-4.5": "glm", "glm-4.7": "glm", "glm-5": "glm", "minimax-m2": "minimax_m2", "qwen3.5": "qwen_xml",
+          "gpt-oss": "harmony"}
 
 
 def wire(messages):
@@ -115,7 +120,7 @@ def check_call(call):
         assert call.function.name == "get_time" and args in ({"zone": "utc"}, {"zone": "local"}), args
 
 
-@pytest.mark.parametrize("name", ["glm-4.5", "glm-4.7", "minimax-m2", "qwen3.5", "gpt-oss"])
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-4.7", "glm-5", "minimax-m2", "qwen3.5", "gpt-oss"])
 def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp_path, name):
     model = MODELS[name]
     s = Server("--max-tokens", "256", model=str(model_dir(tmp_path, model, context=2048)))
@@ -185,7 +190,7 @@ def test_the_openai_client_gets_native_calls_forced_by_grammar_and_no_markup(tmp
         s.stop()
 
 
-@pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5", "gpt-oss"])
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-5", "minimax-m2", "qwen3.5", "gpt-oss"])
 def test_the_agents_sdk_and_an_anthropic_loop_run_two_tool_rounds_on_each_family(tmp_path, name):
     s = Server("--max-tokens", "256", model=str(model_dir(tmp_path, MODELS[name], context=4096)))
     try:
@@ -210,7 +215,7 @@ def tool_outputs(server):
     return out
 
 
-@pytest.mark.parametrize("name", ["glm-4.5", "minimax-m2", "qwen3.5", "gpt-oss"])
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-5", "minimax-m2", "qwen3.5", "gpt-oss"])
 def test_drafts_never_change_the_ids_or_the_calls(tmp_path, name):
     """n-gram drafting (the fixtures carry no draft model) gives the same ids and calls."""
     outs = []

@@ -381,7 +381,14 @@ fn decode_options(
         if let Some(close) = reasoning_close(loaded, thinking) {
             g = g.with_reasoning_budget(ReasoningBudget::half_of(limit, close));
         }
-        decode.constraint = Some(g);
+        // A stop token ends the output only where it completes the grammar.
+        let stops: Vec<u32> = loaded
+            .stop_ids
+            .iter()
+            .chain(&loaded.chat_stop_ids)
+            .copied()
+            .collect();
+        decode.constraint = Some(g.with_stop_ids(&stops));
     }
     Ok(decode)
 }
