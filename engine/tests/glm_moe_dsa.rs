@@ -26,3 +26,61 @@ fn glm5_tokenizer_and_chat_template_match_hf() {
 fn glm5_chunking_batching_prefix_reuse_and_drafts_are_exact() {
     golden_support::check_consistency("glm5-dsa-fp8");
 }
+
+/// Long prompts, where nearly every row attends sparsely (12 of up to `len` positions): one
+/// pass, chunks of 256 and of 64, and batched beside another sequence give the same logits bit
+/// for bit. `lens` of 1k and 8k tokens.
+fn long_prompt_bits_agree(len: usize) {
+    use deltafin_engine::arch::{self, LogitRows, SeqInput};
+    use golden_support::pass_bits;
+    let model = arch::load(&golden_support::fixture("glm5-dsa-fp8")).unwrap();
+    let m = model.as_ref();
+    let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % 420) as u32).collect();
+    let whole = pass_bits(m, &mut m.new_state(), &prompt);
+    for chunk in [256, 64] {
+        let mut state = m.new_state();
+        let got: Vec<u32> = prompt
+            .chunks(chunk)
+            .flat_map(|c| pass_bits(m, &mut state, c))
+            .collect();
+        assert_eq!(got, whole, "{len} tokens in chunks of {chunk}");
+    }
+    let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % 420) as u32).collect();
+    let (mut a, mut b) = (m.new_state(), m.new_state());
+    let batched: Vec<u32> = m
+        .forward(
+            &mut [
+                SeqInput {
+                    state: &mut a,
+                    tokens: &other,
+                    logits: LogitRows::All,
+                },
+                SeqInput {
+                    state: &mut b,
+                    tokens: &prompt,
+                    logits: LogitRows::All,
+                },
+            ],
+            None,
+        )
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let vocab = m.info().vocab_size;
+    assert_eq!(
+        batched[other.len() * vocab..],
+        whole[..],
+        "{len} tokens batched with another sequence"
+    );
+}
+
+#[test]
+fn glm5_1k_token_prompt_is_bit_identical_in_chunks_and_batches() {
+    long_prompt_bits_agree(1024);
+}
+
+#[test]
+fn glm5_8k_token_prompt_is_bit_identical_in_chunks_and_batches() {
+    long_prompt_bits_agree(8192);
+}

@@ -223,7 +223,11 @@ pub fn check_tokenizer(name: &str) {
 }
 
 /// One pass over `tokens` appended to `state`, every row's logits as bits.
-fn pass_bits(m: &dyn arch::Model, state: &mut deltafin_engine::state::SeqState, tokens: &[u32]) -> Vec<u32> {
+pub fn pass_bits(
+    m: &dyn arch::Model,
+    state: &mut deltafin_engine::state::SeqState,
+    tokens: &[u32],
+) -> Vec<u32> {
     m.forward(
         &mut [SeqInput {
             state,
