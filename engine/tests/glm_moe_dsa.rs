@@ -84,3 +84,38 @@ fn glm5_1k_token_prompt_is_bit_identical_in_chunks_and_batches() {
 fn glm5_8k_token_prompt_is_bit_identical_in_chunks_and_batches() {
     long_prompt_bits_agree(8192);
 }
+
+/// A checkpoint without an indexer tensor, or with one of the wrong shape, is refused naming
+/// it, in memory and out of core; a shared layer's missing indexer is what the config says.
+#[test]
+fn a_missing_or_misshapen_indexer_tensor_names_it() {
+    use deltafin_engine::arch;
+    use deltafin_engine::cache::OocOptions;
+    use deltafin_engine::error::Error;
+    let wk = "model.layers.2.self_attn.indexer.wk.weight";
+    let dir = golden_support::with_tensor("glm5-dsa-fp8", wk, None);
+    let err = arch::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingTensor { name, .. } if name == wk),
+        "{err}"
+    );
+    let err = arch::load_budgeted(dir.path(), &OocOptions::with_budget(u64::MAX / 4)).unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingTensor { name, .. } if name == wk),
+        "{err}"
+    );
+    let proj = "model.layers.0.self_attn.indexer.weights_proj.weight";
+    let dir = golden_support::with_tensor("glm5-dsa-fp8", proj, Some(&[8, 192]));
+    let err = arch::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::TensorShape { name, .. } if name == proj),
+        "{err}"
+    );
+    // Layer 1 shares layer 0's choice: marking it full asks for an indexer it does not have.
+    let dir = golden_support::with_config("glm5-dsa-fp8", |c| c["indexer_types"][1] = "full".into());
+    let err = arch::load(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, Error::MissingTensor { name, .. } if name.starts_with("model.layers.1.self_attn.indexer.")),
+        "{err}"
+    );
+}
