@@ -29,14 +29,26 @@ fn glm5_chunking_batching_prefix_reuse_and_drafts_are_exact() {
 
 /// Long prompts, where nearly every row attends sparsely (12 of up to `len` positions): one
 /// pass, chunks of 256 and of 64, and batched beside another sequence give the same logits bit
-/// for bit. `lens` of 1k and 8k tokens.
+/// for bit; the context memory the sequence holds is the plan's bytes per token (latent, shared
+/// key and indexer key of every layer that has one) times its length.
 fn long_prompt_bits_agree(len: usize) {
     use deltafin_engine::arch::{self, LogitRows, SeqInput};
     use golden_support::pass_bits;
     let model = arch::load(&golden_support::fixture("glm5-dsa-fp8")).unwrap();
     let m = model.as_ref();
     let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % 420) as u32).collect();
-    let whole = pass_bits(m, &mut m.new_state(), &prompt);
+    let mut state = m.new_state();
+    let whole = pass_bits(m, &mut state, &prompt);
+    let plan = m.info().state;
+    assert_eq!(
+        plan.per_token,
+        4 * (4 * (32 + 8) + 2 * 32),
+        "4 MLA layers, 2 with an indexer"
+    );
+    assert_eq!(
+        state.cache_bytes() as u64,
+        plan.per_token * len as u64 + plan.per_sequence
+    );
     for chunk in [256, 64] {
         let mut state = m.new_state();
         let got: Vec<u32> = prompt

@@ -1,17 +1,21 @@
-//! GLM-5 / 5.1 / 5.2 (HF `transformers/models/glm_moe_dsa/modular_glm_moe_dsa.py`): DeepSeek-V3's
-//! decoder ([`super::deepseek_v3`]: MLA with Q-LoRA, dense MLPs on the first layers, sigmoid
-//! routing with correction bias and group limit, shared experts) with DeepSeek Sparse Attention
-//! on every MLA layer ([`super::layers::dsa`]): a lightning indexer of `index_n_heads` heads of
-//! `index_head_dim` values chooses the `index_topk` positions each row attends to. The indexer
-//! rotates interleaved pairs, as the MLA does; the MLA always uses interleaved RoPE here (HF
-//! ignores `rope_interleave` for this family).
+//! The DeepSeek Sparse Attention families: GLM-5 / 5.1 / 5.2 (`glm_moe_dsa`, HF
+//! `transformers/models/glm_moe_dsa/modular_glm_moe_dsa.py`) and DeepSeek-V3.2 (`deepseek_v32`,
+//! `models/deepseek_v32/modeling_deepseek_v32.py`). Both are DeepSeek-V3's decoder
+//! ([`super::deepseek_v3`]: MLA with Q-LoRA, dense MLPs on the first layers, sigmoid routing
+//! with correction bias and group limit, shared experts) with a lightning indexer
+//! ([`super::layers::dsa`]) of `index_n_heads` heads of `index_head_dim` values choosing the
+//! `index_topk` positions each row attends to. The MLA always rotates interleaved pairs here (HF
+//! ignores `rope_interleave` for both). They differ in two places ([`Flavor`]):
+//! - the indexer's RoPE: interleaved pairs on GLM-5, halves (`rotate_half`) on V3.2;
+//! - GLM-5's `indexer_types` says per layer whether it runs its own indexer (`"full"`) or
+//!   reuses the previous full layer's choice (`"shared"`, GLM-5.2's IndexShare). Absent, HF
+//!   derives it from `index_topk_pattern` (`"F"`/`"S"` per layer) or from `index_topk_freq` and
+//!   `index_skip_topk_offset`; this file derives it the same way. V3.2 runs an indexer on every
+//!   layer (HF reads no such key for it).
 //!
-//! `indexer_types` says per layer whether it runs its own indexer (`"full"`) or reuses the
-//! previous full layer's choice (`"shared"`, GLM-5.2's IndexShare). Absent, HF derives it from
-//! `index_topk_pattern` (`"F"`/`"S"` per layer) or from `index_topk_freq` and
-//! `index_skip_topk_offset`; this file derives it the same way. `mlp_layer_types` (`"dense"` /
-//! `"sparse"` per layer) overrides `first_k_dense_replace` when present. The multi-token-
-//! prediction layer published after the last decoder layer is not read.
+//! `mlp_layer_types` (`"dense"` / `"sparse"` per layer) overrides `first_k_dense_replace` when
+//! present. The multi-token-prediction layer published after the last decoder layer is not
+//! read.
 
 use serde::Deserialize;
 
@@ -28,10 +32,6 @@ fn index_head_dim() -> usize {
     128
 }
 
-fn index_n_heads() -> usize {
-    32
-}
-
 /// The DSA keys of `config.json` (HF `GlmMoeDsaConfig` defaults).
 #[derive(Debug, Deserialize)]
 struct RawDsa {
@@ -39,8 +39,8 @@ struct RawDsa {
     index_topk: usize,
     #[serde(default = "index_head_dim")]
     index_head_dim: usize,
-    #[serde(default = "index_n_heads")]
-    index_n_heads: usize,
+    #[serde(default)]
+    index_n_heads: Option<usize>,
     #[serde(default)]
     indexer_types: Option<Vec<String>>,
     #[serde(default)]
@@ -53,9 +53,21 @@ struct RawDsa {
     mlp_layer_types: Option<Vec<String>>,
 }
 
-/// Validated GLM-5 hyperparameters: DeepSeek-V3's, plus the indexer.
+/// Which of the two DSA families a config is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// GLM-5 (`glm_moe_dsa`): interleaved indexer RoPE, shared indexer layers, 32 index heads
+    /// by default.
+    Glm5,
+    /// DeepSeek-V3.2 (`deepseek_v32`): `rotate_half` indexer RoPE, an indexer on every layer,
+    /// 64 index heads by default.
+    DeepseekV32,
+}
+
+/// Validated GLM-5 / DeepSeek-V3.2 hyperparameters: DeepSeek-V3's, plus the indexer.
 #[derive(Debug, Clone)]
 pub struct GlmMoeDsaConfig {
+    pub flavor: Flavor,
     pub base: DeepseekV3Config,
     pub index: IndexerDims,
     /// Per layer: it shares the previous full layer's selection.
@@ -65,19 +77,27 @@ pub struct GlmMoeDsaConfig {
 }
 
 impl TextConfig for GlmMoeDsaConfig {
-    const MODEL_TYPES: &'static [&'static str] = &["glm_moe_dsa"];
+    const MODEL_TYPES: &'static [&'static str] = &["glm_moe_dsa", "deepseek_v32"];
     const NESTING: Nesting = Nesting::Flat;
 
     fn parse(i: FamilyInput<'_>) -> Result<Self> {
         let f = i.text;
+        let flavor = match f.opt_str("model_type")? {
+            Some("deepseek_v32") => Flavor::DeepseekV32,
+            _ => Flavor::Glm5,
+        };
         let mut base = DeepseekV3Config::parse(f)?;
         base.rope_interleave = true;
         let raw: RawDsa = f.deserialize()?;
         let layers = base.num_hidden_layers;
+        let heads = raw.index_n_heads.unwrap_or(match flavor {
+            Flavor::Glm5 => 32,
+            Flavor::DeepseekV32 => 64,
+        });
         f.positive(&[
             ("index_topk", raw.index_topk),
             ("index_head_dim", raw.index_head_dim),
-            ("index_n_heads", raw.index_n_heads),
+            ("index_n_heads", heads),
         ])?;
         if raw.index_head_dim < base.qk_rope_head_dim {
             return Err(f.err(
@@ -94,18 +114,22 @@ impl TextConfig for GlmMoeDsaConfig {
                 "the DSA indexer reads the query latent: it must be set",
             ));
         }
-        let shared = indexer_types(f, &raw, layers)?;
+        let shared = match flavor {
+            Flavor::Glm5 => indexer_types(f, &raw, layers)?,
+            Flavor::DeepseekV32 => vec![false; layers],
+        };
         let moe_layers = match &raw.mlp_layer_types {
             None => (0..layers).map(|l| base.is_moe_layer(l)).collect(),
             Some(kinds) => per_layer(f, "mlp_layer_types", kinds, layers, ("dense", "sparse"))?,
         };
         let index = IndexerDims {
-            heads: raw.index_n_heads,
+            heads,
             head_dim: raw.index_head_dim,
             rope: base.qk_rope_head_dim,
             topk: raw.index_topk,
         };
         Ok(GlmMoeDsaConfig {
+            flavor,
             base,
             index,
             shared,
@@ -180,12 +204,15 @@ fn per_layer(
 impl DecoderFamily for GlmMoeDsaConfig {
     fn plan(&self) -> DecoderPlan {
         let mut plan = super::deepseek_v3::plan(&self.base);
-        plan.arch = "glm_moe_dsa";
+        plan.arch = match self.flavor {
+            Flavor::Glm5 => "glm_moe_dsa",
+            Flavor::DeepseekV32 => "deepseek_v32",
+        };
         plan.moe_layers = self.moe_layers.clone();
         if let Some(mla) = plan.mla.as_mut() {
             mla.sparse = Some(DsaPlan {
                 dims: self.index,
-                interleave: true,
+                interleave: self.flavor == Flavor::Glm5,
                 shared: self.shared.clone(),
             });
         }
@@ -240,6 +267,25 @@ mod tests {
         let plan = c.plan();
         assert_eq!(plan.arch, "glm_moe_dsa");
         assert!(plan.mla.unwrap().interleave);
+    }
+
+    /// DeepSeek-V3.2: an indexer on every layer whatever `indexer_types` says (HF reads no such
+    /// key for it), halves RoPE in the indexer, 64 index heads unless given.
+    #[test]
+    fn deepseek_v32_runs_an_indexer_everywhere() {
+        let c = parse(serde_json::json!({
+            "model_type": "deepseek_v32", "index_n_heads": null,
+            "indexer_types": ["full", "shared", "shared", "shared"], "rope_interleave": false,
+        }))
+        .unwrap();
+        assert_eq!(
+            (c.flavor, c.shared.clone(), c.index.heads),
+            (Flavor::DeepseekV32, vec![false; 4], 64)
+        );
+        let plan = c.plan();
+        let mla = plan.mla.unwrap();
+        assert_eq!(plan.arch, "deepseek_v32");
+        assert!(mla.interleave && !mla.sparse.unwrap().interleave);
     }
 
     /// HF's derivations of `indexer_types`: a pattern, or a frequency after an offset.

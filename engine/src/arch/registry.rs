@@ -73,7 +73,7 @@ pub static FAMILIES: &[ArchFamily] = &[
     row::<Qwen3MoeConfig>("Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B-A35B: BF16, block FP8"),
     row::<Glm4MoeConfig>("GLM-4.5, GLM-4.6, GLM-4.7: BF16, block FP8"),
     row::<super::glm_moe_dsa::GlmMoeDsaConfig>(
-        "GLM-5, GLM-5.1, GLM-5.2: MLA + DeepSeek Sparse Attention (lightning indexer, shared indexer layers), BF16, block FP8",
+        "GLM-5, GLM-5.1, GLM-5.2, DeepSeek-V3.2: MLA + DeepSeek Sparse Attention (lightning indexer, shared indexer layers), BF16, block FP8",
     ),
     row::<GptOssConfig>("gpt-oss-20b, gpt-oss-120b: the published MXFP4 experts"),
     row::<super::minimax_m2::MiniMaxM2Config>("MiniMax-M2, M2.1, M2.5: block FP8"),

@@ -126,6 +126,26 @@ mod tests {
         check(|d| DeepseekSynth::tiny(ExpertFormat::Bf16).write(d).unwrap());
     }
 
+    /// GLM-5's sparse attention (5 tokens against a top-3 indexer, the second layer sharing the
+    /// first's choice): the failed pass's indexer keys are rolled back with the latents.
+    #[test]
+    fn a_failed_pass_leaks_nothing_into_the_next_glm5() {
+        let dsa = crate::synth::DsaShape {
+            heads: 2,
+            head_dim: 16,
+            topk: 3,
+            freq: 2,
+        };
+        check(|d| {
+            DeepseekSynth {
+                dsa: Some(dsa),
+                ..DeepseekSynth::tiny(ExpertFormat::Bf16)
+            }
+            .write(d)
+            .unwrap()
+        });
+    }
+
     #[test]
     fn a_failed_pass_leaks_nothing_into_the_next_kimi_linear() {
         check(|d| KimiSynth::linear_tiny().write(d).unwrap());

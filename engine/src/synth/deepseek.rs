@@ -1,4 +1,6 @@
-//! Synthetic DeepSeek-V3-architecture checkpoints (BF16 spine; BF16, block-FP8 or INT4 experts).
+//! Synthetic DeepSeek-V3-architecture checkpoints (BF16 spine; BF16, block-FP8 or INT4 experts),
+//! and with [`DsaShape`] GLM-5's (`glm_moe_dsa`: the same stack with DeepSeek Sparse Attention's
+//! lightning indexer, a full indexer every `freq` layers).
 //!
 //! Routing shape ([`RoutingShape`]): `skew` adds a per-expert offset drawn from N(0, skew²) to
 //! each MoE layer's `e_score_correction_bias` (selection only, like DeepSeek's balancing bias,
@@ -52,6 +54,35 @@ pub struct DeepseekSynth {
     pub shards: usize,
     pub seed: u64,
     pub routing: RoutingShape,
+    /// DeepSeek Sparse Attention (`None`: DeepSeek-V3's dense MLA).
+    pub dsa: Option<DsaShape>,
+}
+
+/// The lightning indexer of a GLM-5 checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DsaShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    /// A full indexer on every `freq`-th layer from the first, the others `"shared"` (GLM-5:
+    /// 1; GLM-5.2's IndexShare: 4).
+    pub freq: usize,
+}
+
+impl DsaShape {
+    /// GLM-5's indexer (32 heads of 128, top-2048) with a full indexer every `freq` layers.
+    pub fn glm5(freq: usize) -> Self {
+        DsaShape {
+            heads: 32,
+            head_dim: 128,
+            topk: 2048,
+            freq: freq.max(1),
+        }
+    }
+
+    fn full(&self, layer: usize) -> bool {
+        layer.is_multiple_of(self.freq)
+    }
 }
 
 /// Knobs shaping how the synthetic router behaves (see the module docs).
@@ -96,6 +127,7 @@ impl DeepseekSynth {
             shards: 1,
             seed: 0x5EED,
             routing: RoutingShape::default(),
+            dsa: None,
         }
     }
 
@@ -122,6 +154,36 @@ impl DeepseekSynth {
             shards: 2,
             seed: 7,
             routing: RoutingShape::default(),
+            dsa: None,
+        }
+    }
+
+    /// GLM-5's shapes (`glm_moe_dsa`: hidden 6144, 64 heads with Q-LoRA 2048, latent 512, nope
+    /// 192, rope 64, v 256, 256 experts of width 2048, top-8, one shared expert, a dense first
+    /// layer, the 32-head indexer choosing 2048 positions), `layers` layers.
+    pub fn glm5(layers: usize, format: ExpertFormat) -> Self {
+        DeepseekSynth {
+            hidden: 6144,
+            intermediate: 12288,
+            moe_intermediate: 2048,
+            layers,
+            heads: 64,
+            q_lora: Some(2048),
+            kv_lora: 512,
+            nope: 192,
+            rope: 64,
+            v: 256,
+            experts: 256,
+            top_k: 8,
+            n_group: 1,
+            topk_group: 1,
+            first_dense: 1,
+            max_position: 202_752,
+            format,
+            shards: 4,
+            seed: 0x61A5,
+            routing: RoutingShape::default(),
+            dsa: Some(DsaShape::glm5(1)),
         }
     }
 
@@ -168,6 +230,20 @@ impl DeepseekSynth {
             "torch_dtype": "bfloat16",
             "deltafin_synthetic": true,
         });
+        if let Some(d) = self.dsa {
+            c["architectures"] = json!(["GlmMoeDsaForCausalLM"]);
+            c["model_type"] = json!("glm_moe_dsa");
+            c["index_n_heads"] = json!(d.heads);
+            c["index_head_dim"] = json!(d.head_dim);
+            c["index_topk"] = json!(d.topk);
+            let kinds: Vec<&str> = (0..self.layers)
+                .map(|l| if d.full(l) { "full" } else { "shared" })
+                .collect();
+            c["indexer_types"] = json!(kinds);
+            // GLM-5 publishes plain RoPE (θ 10⁶), not DeepSeek-V3's YaRN.
+            c["rope_theta"] = json!(1_000_000.0);
+            c.as_object_mut().expect("object").remove("rope_scaling");
+        }
         match self.format {
             ExpertFormat::Bf16 => {}
             ExpertFormat::Fp8 => {
@@ -233,6 +309,9 @@ impl DeepseekSynth {
                 &format!("{p}.self_attn.kv_a_layernorm.weight"),
                 self.kv_lora,
             ));
+            if let Some(d) = self.dsa.filter(|d| d.full(l)) {
+                self.indexer(&mut t, &format!("{p}.self_attn.indexer"), d);
+            }
             self.linear(
                 &mut t,
                 &format!("{p}.self_attn.kv_b_proj"),
@@ -278,6 +357,24 @@ impl DeepseekSynth {
         t.push(norm("model.norm.weight", h));
         t.push(dense("lm_head.weight", v, h, 4.0));
         t
+    }
+
+    /// A lightning indexer's tensors (`wq_b` and `wk` in the Linear format, the rest BF16).
+    fn indexer(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, d: DsaShape) {
+        let q_lora = self.q_lora.unwrap_or(self.hidden);
+        self.linear(t, &format!("{p}.wq_b"), d.heads * d.head_dim, q_lora, false);
+        self.linear(t, &format!("{p}.wk"), d.head_dim, self.hidden, false);
+        t.push(norm(&format!("{p}.k_norm.weight"), d.head_dim));
+        t.push((
+            TensorSpec::new(format!("{p}.k_norm.bias"), Dtype::F32, &[d.head_dim]),
+            Fill::Bias,
+        ));
+        t.push(dense(
+            &format!("{p}.weights_proj.weight"),
+            d.heads,
+            self.hidden,
+            1.0,
+        ));
     }
 
     fn mlp(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, width: usize, routed: bool) {

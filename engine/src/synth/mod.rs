@@ -13,7 +13,7 @@ mod kimi;
 mod tokenizer;
 
 pub use crate::rng::Rng;
-pub use deepseek::{DeepseekSynth, ExpertFormat, RoutingShape};
+pub use deepseek::{DeepseekSynth, DsaShape, ExpertFormat, RoutingShape};
 pub use dspark::DSparkSynth;
 pub use gqa::{GqaFamily, GqaMoeSynth};
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};

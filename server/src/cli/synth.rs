@@ -46,6 +46,11 @@ pub enum Preset {
     /// expert), 4 layers (~26 GB) unless `--layers`/`--experts`/`--size`.
     #[value(name = "qwen3.5-397b")]
     Qwen35_397b,
+    /// GLM-5's shapes in its block-FP8 layout (`glm_moe_dsa`: hidden 6144, MLA with 64 heads,
+    /// DeepSeek Sparse Attention with a 32-head indexer choosing 2048 positions, 256 experts of
+    /// width 2048, top-8, a shared expert), a dense layer and a MoE layer (~10 GB) unless
+    /// `--layers`/`--experts`/`--size`.
+    Glm5,
 }
 
 #[derive(Debug, Args)]
@@ -55,7 +60,8 @@ pub struct SynthArgs {
     pub out: PathBuf,
     #[arg(long, value_enum, default_value = "dsv3-bench")]
     pub preset: Preset,
-    /// Expert format of the DeepSeek-V3 presets (K3 experts are always MXFP4).
+    /// Expert format of the DeepSeek-V3 and GLM-5 presets (default: BF16; GLM-5: FP8; K3 experts
+    /// are always MXFP4).
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Override the number of decoder layers (scales the size).
@@ -124,7 +130,8 @@ fn k3_preset(p: Preset) -> Option<KimiK3Synth> {
         | Preset::Dsv3Bench
         | Preset::GptOss120b
         | Preset::MinimaxM2
-        | Preset::Qwen35_397b => None,
+        | Preset::Qwen35_397b
+        | Preset::Glm5 => None,
     }
 }
 
@@ -145,6 +152,7 @@ fn preset(p: Preset) -> DeepseekSynth {
         | Preset::GptOss120b
         | Preset::MinimaxM2
         | Preset::Qwen35_397b => DeepseekSynth::builtin(),
+        Preset::Glm5 => DeepseekSynth::glm5(2, ExpertFormat::Fp8),
         Preset::Dsv3Bench => DeepseekSynth {
             hidden: 2048,
             intermediate: 4096,
@@ -175,10 +183,11 @@ pub fn run(a: SynthArgs) -> Result<()> {
         return run_gqa(g, &a);
     }
     let mut s = preset(a.preset);
-    s.format = match a.format.unwrap_or(Format::Bf16) {
-        Format::Bf16 => ExpertFormat::Bf16,
-        Format::Fp8 => ExpertFormat::Fp8,
-        Format::Int4 => ExpertFormat::Int4,
+    s.format = match a.format {
+        None => s.format,
+        Some(Format::Bf16) => ExpertFormat::Bf16,
+        Some(Format::Fp8) => ExpertFormat::Fp8,
+        Some(Format::Int4) => ExpertFormat::Int4,
     };
     s.shards = a.shards.max(1);
     s.seed = a.seed;
