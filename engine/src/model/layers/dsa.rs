@@ -55,7 +55,9 @@ pub struct IndexerDims {
 /// own; `Some` lists the chosen ones in ascending order.
 pub type Selection = Vec<Option<Vec<u32>>>;
 
-/// A DSA layer's choice of positions.
+/// A DSA layer's choice of positions (one per layer, built at load: the variants' size
+/// difference costs nothing).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Sparse {
     /// The layer runs its own indexer.
