@@ -1,5 +1,6 @@
 //! Speculative decoding never changes output: for every proposer — n-gram prompt lookup, the
-//! DSpark-style draft head, the Qwen3 cross-tokenizer drafter, and two replay proposers that are
+//! DSpark-style draft head, the Qwen3 cross-tokenizer drafter, the checkpoint's own MTP module
+//! where it publishes one (GLM-4.5, GLM-5), and two replay proposers that are
 //! always right and always wrong — on the DeepSeek-V3, Kimi-Linear and K3 fixtures, a synthetic
 //! DeepSeek-V3 model and the Qwen3 fixture itself, the token ids generated with drafts equal the
 //! target-only ids, greedy and seeded sampling, over 50 prompts of varied length. Drafting is
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use deltafin_engine::arch::{self, Model};
 use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate, generate_with};
 use deltafin_engine::spec::dspark::DSpark;
+use deltafin_engine::spec::mtp::Mtp;
 use deltafin_engine::spec::ngram::{Ngram, NgramConfig};
 use deltafin_engine::spec::qwen::{QwenDraftConfig, QwenDrafter};
 use deltafin_engine::spec::{EconomicsConfig, Proposal, Proposer, ProposerKind, SpecSummary, Speculator};
@@ -124,6 +126,10 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
     head.check_target(model.as_ref()).unwrap();
     let qwen =
         Arc::new(QwenDrafter::load(&fixture("qwen3"), tok.clone(), QwenDraftConfig::default()).unwrap());
+    let mtp = arch::load_mtp(dir).unwrap().map(|m| Arc::new(Mtp::new(m)));
+    if let Some(m) = &mtp {
+        m.check_target(model.as_ref()).unwrap();
+    }
     let samplings = [Sampling::Greedy, Sampling::new(0.8, 0.95, 0, 7).unwrap()];
     let mut totals: std::collections::BTreeMap<&'static str, SpecSummary> = Default::default();
     for sampling in samplings {
@@ -146,7 +152,7 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
                 wrong,
                 vocab: info.vocab_size as u32,
             };
-            let proposers: Vec<(&'static str, Box<dyn Proposer>)> = vec![
+            let mut proposers: Vec<(&'static str, Box<dyn Proposer>)> = vec![
                 ("ngram", Box::new(Ngram::default())),
                 // Unigram matches too, so a target that never repeats a bigram is still drafted for.
                 (
@@ -161,6 +167,9 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
                 ("right", Box::new(replay(false))),
                 ("wrong", Box::new(replay(true))),
             ];
+            if let Some(m) = &mtp {
+                proposers.push(("mtp", Box::new(m.session())));
+            }
             for (name, proposer) in proposers {
                 let mut spec = Speculator::new(vec![proposer], &forced(), None);
                 let got = run(model.as_ref(), prompt, &opts, Some(&mut spec));
@@ -193,6 +202,13 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
         stats("dspark", ProposerKind::Dspark).proposals > 0,
         "{label}: the draft head never drafted"
     );
+    if mtp.is_some() {
+        let m = stats("mtp", ProposerKind::Mtp);
+        assert!(
+            m.proposals > 0 && m.errors == 0,
+            "{label}: the MTP module did not draft: {m:?}"
+        );
+    }
     for (name, s) in &totals {
         eprintln!("{label} {name}: {}", s.describe());
     }
@@ -225,6 +241,16 @@ fn qwen3_moe_fixture_drafts_never_change_output() {
 #[test]
 fn glm4_moe_fixture_drafts_never_change_output() {
     check(&fixture("glm4-moe-fp8"), "glm4-moe-fp8");
+}
+
+#[test]
+fn glm5_fixture_drafts_never_change_output() {
+    check(&fixture("glm5-dsa-fp8"), "glm5-dsa-fp8");
+}
+
+#[test]
+fn deepseek_v32_fixture_drafts_never_change_output() {
+    check(&fixture("dsv32-dsa-bf16"), "dsv32-dsa-bf16");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Which draft models a command loads, from where: `--draft-dspark DIR` / `--draft-qwen DIR`,
 //! else the install's own `MODEL/drafts/dspark` and `MODEL/drafts/qwen` when present (where
-//! `deltafin setup --draft …` / `setup-qwen` put them). A draft that is present but broken, or
+//! `deltafin setup --draft …` / `setup-qwen` put them); with `--draft-mtp` the target's own
+//! multi-token-prediction module (DeepSeek-V3, GLM-4.5, GLM-5), beside an in-memory target. A draft that is present but broken, or
 //! that was made for another target, is an error naming it (`--spec off` runs without drafts).
 
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::sync::Arc;
 
 use deltafin_engine::arch::Model;
 use deltafin_engine::spec::dspark::DSpark;
+use deltafin_engine::spec::mtp::Mtp;
 use deltafin_engine::spec::ngram::NgramConfig;
 use deltafin_engine::spec::qwen::{QwenDraftConfig, QwenDrafter};
 use deltafin_engine::spec::{Drafts, EconomicsConfig, SpecMode};
@@ -22,6 +24,8 @@ pub struct DraftSources {
     /// Explicit Qwen drafter directory (else `MODEL/drafts/qwen` if it exists).
     pub qwen: Option<PathBuf>,
     pub ngram: bool,
+    /// Draft with the checkpoint's own MTP module (`--draft-mtp`).
+    pub mtp: bool,
     pub max_width: usize,
 }
 
@@ -32,6 +36,7 @@ impl Default for DraftSources {
             dspark: None,
             qwen: None,
             ngram: true,
+            mtp: false,
             max_width: 8,
         }
     }
@@ -55,12 +60,14 @@ fn pick(explicit: &Option<PathBuf>, model_dir: &Path, name: &str) -> Option<Path
 }
 
 impl DraftSources {
-    /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`).
+    /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`; `out_of_core`:
+    /// the target runs under a memory budget).
     pub fn load(
         &self,
         model_dir: &Path,
         target: &dyn Model,
         tokenizer: &Arc<Tokenizer>,
+        out_of_core: bool,
     ) -> Result<Drafts, DraftError> {
         let economics = EconomicsConfig {
             max_width: self.max_width.max(1),
@@ -73,6 +80,9 @@ impl DraftSources {
         };
         if self.mode == SpecMode::Off {
             return Ok(drafts);
+        }
+        if self.mtp {
+            drafts.mtp = Some(Arc::new(load_mtp(model_dir, target, out_of_core)?));
         }
         if let Some(dir) = pick(&self.dspark, model_dir, "dspark") {
             let err = |source| DraftError {
@@ -95,4 +105,34 @@ impl DraftSources {
         }
         Ok(drafts)
     }
+}
+
+/// The target's own MTP module, checked against it.
+fn load_mtp(model_dir: &Path, target: &dyn Model, out_of_core: bool) -> Result<Mtp, DraftError> {
+    let err = |source| DraftError {
+        name: "mtp",
+        dir: model_dir.to_path_buf(),
+        source: Box::new(source),
+    };
+    if out_of_core {
+        return Err(err(deltafin_engine::Error::Budget(
+            "the MTP module runs beside an in-memory target only (its layer and experts are not in the \
+             budget plan yet)"
+                .into(),
+        )));
+    }
+    let module = deltafin_engine::arch::load_mtp(model_dir)
+        .map_err(err)?
+        .ok_or_else(|| {
+            err(deltafin_engine::Error::InvalidArgument {
+                field: "mtp",
+                reason: format!(
+                    "the checkpoint has no multi-token-prediction module (model.layers.{}.eh_proj)",
+                    target.info().num_layers
+                ),
+            })
+        })?;
+    let mtp = Mtp::new(module);
+    mtp.check_target(target).map_err(err)?;
+    Ok(mtp)
 }

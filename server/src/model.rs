@@ -75,7 +75,7 @@ pub fn load(
     let markers = reasoning_markers(&tokenizer);
     let vocab_size = model.info().vocab_size;
     let tool_format = ToolFormat::detect(&tokenizer);
-    cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
+    cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer, ooc.is_some())?;
     tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
     let created = std::time::SystemTime::now()

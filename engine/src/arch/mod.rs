@@ -24,8 +24,8 @@ use std::fmt::Debug;
 use std::path::Path;
 
 pub use crate::model::{Loader, layers};
-pub use decoder::Decoder;
 pub use decoder::DeviceSession;
+pub use decoder::{Decoder, MtpModule};
 pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence};
 pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 
@@ -245,6 +245,13 @@ pub fn supports_budget(dir: &Path) -> Result<bool> {
 /// Build the architecture for an already-parsed spec and index.
 pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>> {
     spec.arch.load(&Loader::new(index, spec))
+}
+
+/// The multi-token-prediction module of the checkpoint in `dir`, if it publishes one this build
+/// runs (DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{num_hidden_layers}.eh_proj` and the rest).
+pub fn load_mtp(dir: &Path) -> Result<Option<MtpModule>> {
+    let spec = ModelSpec::load(dir)?;
+    spec.arch.load_mtp(&Loader::new(&WeightIndex::open(dir)?, &spec))
 }
 
 /// Stage a new pass over every sequence of a validated batch (commits each one's previous

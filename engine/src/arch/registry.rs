@@ -31,6 +31,14 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
     /// Build the model with every tensor in memory (memory-mapped).
     fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>>;
 
+    /// The multi-token-prediction module the checkpoint publishes after its last layer, loaded
+    /// in memory as a drafter (`None`: the checkpoint has none, or this architecture does not
+    /// run it).
+    fn load_mtp(&self, ld: &Loader<'_>) -> Result<Option<super::MtpModule>> {
+        let _ = ld;
+        Ok(None)
+    }
+
     /// Whether [`Architecture::load_budgeted`] is implemented.
     fn supports_budget(&self) -> bool {
         false

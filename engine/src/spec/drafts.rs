@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::dspark::DSpark;
+use super::mtp::Mtp;
 use super::ngram::{Ngram, NgramConfig};
 use super::qwen::QwenDrafter;
 use super::{EconomicsConfig, Proposer, SpecMode, SpecStats, Speculator};
@@ -22,6 +23,9 @@ pub enum RequestKind {
 /// Loaded draft models and drafting settings, shared by every request.
 #[derive(Debug, Clone)]
 pub struct Drafts {
+    /// The target's own multi-token-prediction module (chat and completions: it shares the
+    /// target's tokenizer).
+    pub mtp: Option<Arc<Mtp>>,
     pub dspark: Option<Arc<DSpark>>,
     pub qwen: Option<Arc<QwenDrafter>>,
     /// Prompt lookup (`None`: off).
@@ -35,6 +39,7 @@ pub struct Drafts {
 impl Default for Drafts {
     fn default() -> Self {
         Drafts {
+            mtp: None,
             dspark: None,
             qwen: None,
             ngram: Some(NgramConfig::default()),
@@ -65,6 +70,9 @@ impl Drafts {
             return None;
         }
         let mut lanes: Vec<Box<dyn Proposer>> = Vec::new();
+        if let Some(m) = &self.mtp {
+            lanes.push(Box::new(m.session()));
+        }
         match kind {
             RequestKind::Chat => {
                 if let Some(d) = &self.dspark {
@@ -93,6 +101,9 @@ impl Drafts {
     /// Labels of the loaded proposers (for logs and `/v1/models`).
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
+        if self.mtp.is_some() {
+            parts.push("mtp");
+        }
         if self.dspark.is_some() {
             parts.push("dspark (chat)");
         }

@@ -10,8 +10,9 @@
 //! sampled ([`verify`] holds the pure decision).
 //!
 //! Proposers implement [`Proposer`], one file each: [`ngram`] (prompt lookup, no model),
-//! [`dspark`] (a DSpark-style block draft head fed by captured target hidden rows) and
-//! [`qwen`] (a Qwen3 dense drafter translated through text). A request's [`Speculator`] holds
+//! [`dspark`] (a DSpark-style block draft head fed by captured target hidden rows), [`mtp`]
+//! (the target's own multi-token-prediction module, fed the same way) and [`qwen`] (a Qwen3
+//! dense drafter translated through text). A request's [`Speculator`] holds
 //! its proposers in preference order, each with its own [`economics::Economics`] controller; a
 //! proposer that errors is dropped for the request (drafts are optional, the target is the
 //! sole authority), one that loses is backed off and retried later.
@@ -19,6 +20,7 @@
 mod drafts;
 pub mod dspark;
 pub mod economics;
+pub mod mtp;
 pub mod ngram;
 pub mod qwen;
 mod speculator;
@@ -43,13 +45,16 @@ pub enum ProposerKind {
     Ngram,
     Dspark,
     Qwen,
+    /// The target's own multi-token-prediction module.
+    Mtp,
     /// Test and benchmark proposers (oracle replays, controlled-acceptance wrappers).
     Custom,
 }
 
 impl ProposerKind {
     /// Every kind, in metric order.
-    pub const ALL: [ProposerKind; 4] = [
+    pub const ALL: [ProposerKind; 5] = [
+        ProposerKind::Mtp,
         ProposerKind::Dspark,
         ProposerKind::Qwen,
         ProposerKind::Ngram,
@@ -62,6 +67,7 @@ impl ProposerKind {
             ProposerKind::Ngram => "ngram",
             ProposerKind::Dspark => "dspark",
             ProposerKind::Qwen => "qwen",
+            ProposerKind::Mtp => "mtp",
             ProposerKind::Custom => "custom",
         }
     }

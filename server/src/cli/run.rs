@@ -250,7 +250,10 @@ fn run_on_device(args: RunArgs, cache_dir: &Path) -> Result<()> {
     );
     let prompt_ids = prompt_ids(&args, &tok)?;
     let (model, ooc, stream) = load_model(&dir, &args, prompt_ids.len() + args.max_new)?;
-    let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
+    let drafts = args
+        .spec
+        .sources()
+        .load(&dir, model.as_ref(), &tok, ooc.is_some())?;
     let kind = if args.chat {
         RequestKind::Chat
     } else {

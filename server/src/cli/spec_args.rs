@@ -19,6 +19,10 @@ pub struct SpecArgs {
     /// Qwen3 drafter directory; default MODEL/drafts/qwen when present. Used for raw completions.
     #[arg(long, env = "DELTAFIN_DRAFT_QWEN")]
     pub draft_qwen: Option<PathBuf>,
+    /// Draft with the checkpoint's own multi-token-prediction module (DeepSeek-V3, GLM-4.5,
+    /// GLM-5; the target in memory). Used for chat and completions, before the other drafts.
+    #[arg(long, env = "DELTAFIN_DRAFT_MTP")]
+    pub draft_mtp: bool,
     /// Do not fall back to n-gram prompt-lookup drafts.
     #[arg(long, env = "DELTAFIN_NO_NGRAM")]
     pub no_ngram: bool,
@@ -35,6 +39,7 @@ impl SpecArgs {
             dspark: self.draft_dspark.clone(),
             qwen: self.draft_qwen.clone(),
             ngram: !self.no_ngram,
+            mtp: self.draft_mtp,
             max_width: self.spec_max_width.max(1),
         }
     }

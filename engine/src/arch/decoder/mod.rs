@@ -21,12 +21,14 @@
 mod attn_res;
 mod device;
 mod load;
+mod mtp;
 mod plan;
 
 use std::sync::Arc;
 
 pub use device::DeviceSession;
 use load::{expert, load_fixed, load_layer};
+pub use mtp::MtpModule;
 pub(crate) use plan::{
     DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
 };
@@ -114,6 +116,10 @@ impl<F: DecoderFamily> super::Architecture for F {
 
     fn load(&self, ld: &Loader<'_>) -> Result<Box<dyn Model>> {
         Ok(Box::new(Decoder::load(self.plan(), ld)?))
+    }
+
+    fn load_mtp(&self, ld: &Loader<'_>) -> Result<Option<MtpModule>> {
+        MtpModule::load(&self.plan(), ld)
     }
 
     fn supports_budget(&self) -> bool {

@@ -1,0 +1,193 @@
+//! The multi-token-prediction (MTP) module DeepSeek-V3, GLM-4.5 and GLM-5 publish after their
+//! last decoder layer (`model.layers.{L}`, `L = num_hidden_layers`), run as a drafter
+//! ([`crate::spec::mtp`]). HF `transformers` does not run it; the computation follows the
+//! DeepSeek-V3 report §2.2 and vLLM's `DeepSeekMultiTokenPredictorLayer`:
+//!
+//! - row at position `t`: `x = eh_proj([RMSNorm_enorm(e), RMSNorm_hnorm(h)])`, with `e` the
+//!   module's own `embed_tokens` row of token `t + 1` (zeroed at `t = 0`) and `h` the target's
+//!   final-normed hidden row of position `t`;
+//! - the module's decoder layer (the target's layer kind, with its own attention cache at the
+//!   target's positions, its own experts);
+//! - logits `shared_head.head(RMSNorm_shared_head(x))` predict token `t + 2`; a draft of `k`
+//!   tokens feeds the output row back as the next `h`.
+//!
+//! Drafts are verified by the target, so this module can change how often a draft is accepted,
+//! never the output. It is loaded in memory beside an in-memory target.
+
+use super::super::layers::dsa::Selection;
+use super::super::{Loader, LogitRows, RowPlan, SeqInput};
+use super::{DecoderPlan, Layer, load_layer, new_state, run_ffn, run_mixer};
+use crate::cache::ExpertPass;
+use crate::error::{Error, Result};
+use crate::kernels::Matrix;
+use crate::kernels::ops::{rms_norm, rms_norm_inplace};
+use crate::kernels::reference::decode_row;
+use crate::state::SeqState;
+
+/// A loaded MTP module.
+#[derive(Debug)]
+pub struct MtpModule {
+    /// The target's plan with the module's layer appended.
+    plan: DecoderPlan,
+    layer: Layer,
+    embed: Matrix,
+    enorm: Vec<f32>,
+    hnorm: Vec<f32>,
+    eh_proj: Matrix,
+    /// The target's final norm (`model.norm`), applied to the captured target rows.
+    final_norm: Vec<f32>,
+    head_norm: Vec<f32>,
+    head: Matrix,
+}
+
+impl MtpModule {
+    /// The module of `plan`'s checkpoint, or `None` when it publishes none (no
+    /// `model.layers.{L}.eh_proj`).
+    pub(crate) fn load(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Option<MtpModule>> {
+        let l = plan.num_layers;
+        let p = format!("model.layers.{l}");
+        if !ld.has(&format!("{p}.eh_proj.weight")) {
+            return Ok(None);
+        }
+        let (h, v) = (plan.hidden_size, plan.vocab_size);
+        let mut plan = plan.clone();
+        plan.num_layers += 1;
+        plan.moe_layers.push(plan.moe.experts > 0);
+        if !plan.mixers.is_empty() {
+            let last = plan.mixer(l - 1);
+            plan.mixers.push(last);
+        }
+        if !plan.windows.is_empty() {
+            plan.windows.push(None);
+        }
+        if plan.recurrent_shape(l).is_some() {
+            return Err(Error::InvalidArgument {
+                field: "mtp",
+                reason: "an MTP layer after a recurrent layer is not supported".into(),
+            });
+        }
+        let layer = load_layer(&plan, ld, l)?;
+        Ok(Some(MtpModule {
+            embed: ld.dense(&format!("{p}.embed_tokens.weight"), v, h)?,
+            enorm: plan.norm(ld, &format!("{p}.enorm.weight"))?,
+            hnorm: plan.norm(ld, &format!("{p}.hnorm.weight"))?,
+            eh_proj: ld.linear(&format!("{p}.eh_proj"), h, 2 * h)?,
+            final_norm: plan.norm(ld, "model.norm.weight")?,
+            head_norm: plan.norm(ld, &format!("{p}.shared_head.norm.weight"))?,
+            head: ld.dense(&format!("{p}.shared_head.head.weight"), v, h)?,
+            layer,
+            plan,
+        }))
+    }
+
+    /// The target trace tensor the module reads: the hidden rows after the target's last layer.
+    pub fn capture(&self) -> String {
+        format!("layers.{}", self.plan.num_layers - 2)
+    }
+
+    /// Hidden and vocabulary sizes.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.plan.hidden_size, self.plan.vocab_size)
+    }
+
+    /// A fresh cache for the module's layer.
+    pub fn new_state(&self) -> SeqState {
+        let mut all = new_state(&self.plan);
+        let last = all.layers.pop().expect("the plan has the module's layer");
+        SeqState::new(vec![last])
+    }
+
+    /// The target's final norm over raw captured rows (`hidden` values each).
+    pub fn target_rows(&self, raw: &[f32]) -> Vec<f32> {
+        let h = self.plan.hidden_size;
+        let mut out = raw.to_vec();
+        out.chunks_mut(h)
+            .for_each(|r| rms_norm_inplace(r, &self.final_norm, self.plan.rms_norm_eps));
+        out
+    }
+
+    /// Rows at positions `state.len()..` for `tokens` (each the token after its position) and
+    /// `prev` hidden rows: the output rows (the next step's `prev`) and the logits of the last.
+    pub fn forward(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
+        if n == 0 || prev.len() != n * h {
+            return Err(Error::InvalidArgument {
+                field: "mtp",
+                reason: format!("{n} tokens with {} hidden values", prev.len()),
+            });
+        }
+        let start = state.len();
+        let mut joined = vec![0.0f32; n * 2 * h];
+        let mut e = vec![0.0f32; h];
+        for (i, row) in joined.chunks_mut(2 * h).enumerate() {
+            let t = tokens[i] as usize;
+            if t >= self.embed.rows {
+                return Err(Error::InvalidArgument {
+                    field: "tokens",
+                    reason: format!("token id {t} is outside the vocabulary"),
+                });
+            }
+            match start + i {
+                0 => e.fill(0.0),
+                _ => decode_row(&self.embed, t, &mut e),
+            }
+            let (a, b) = row.split_at_mut(h);
+            rms_norm(&e, &self.enorm, eps, a);
+            rms_norm(&prev[i * h..][..h], &self.hnorm, eps, b);
+        }
+        let mut x = vec![0.0f32; n * h];
+        crate::backend::matmul(&self.eh_proj, &joined, n, &mut x);
+        self.run_layer(state, tokens, &mut x)?;
+        let mut last = vec![0.0f32; h];
+        rms_norm(&x[(n - 1) * h..], &self.head_norm, eps, &mut last);
+        let mut logits = vec![0.0f32; self.plan.vocab_size];
+        crate::backend::matmul(&self.head, &last, 1, &mut logits);
+        Ok((x, logits))
+    }
+
+    /// The module's decoder layer over `x`, appending its rows to `state`.
+    fn run_layer(&self, state: &mut SeqState, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
+        let norm = |x: &[f32], w: &[f32]| {
+            let mut out = x.to_vec();
+            out.chunks_mut(h).for_each(|r| rms_norm_inplace(r, w, eps));
+            out
+        };
+        let start = state.len();
+        let rows = RowPlan {
+            seq: vec![0; n],
+            pos: (start..start + n).collect(),
+        };
+        state.begin_pass(n);
+        let mut batch = [SeqInput {
+            state,
+            tokens,
+            logits: LogitRows::Last,
+        }];
+        let xn = norm(x, &self.layer.input_norm);
+        let a = run_mixer(
+            &self.layer.mixer,
+            &xn,
+            &mut batch,
+            (&rows, 0),
+            &mut Selection::new(),
+        );
+        x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
+        let xn = norm(x, &self.layer.post_norm);
+        let f = match run_ffn(&self.layer.ffn, &xn, n, &ExpertPass::open(None), 0) {
+            Ok(f) => f,
+            Err(e) => {
+                batch[0].state.rollback();
+                return Err(e);
+            }
+        };
+        x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
+        batch[0].state.commit_all();
+        Ok(())
+    }
+}
