@@ -1,7 +1,8 @@
 //! Which draft models a command loads, from where: `--draft-dspark DIR` / `--draft-qwen DIR`,
 //! else the install's own `MODEL/drafts/dspark` and `MODEL/drafts/qwen` when present (where
 //! `deltafin setup --draft …` / `setup-qwen` put them); with `--draft-mtp` the target's own
-//! multi-token-prediction module (DeepSeek-V3, GLM-4.5, GLM-5), beside an in-memory target. A draft that is present but broken, or
+//! multi-token-prediction module (DeepSeek-V3, GLM-4.5, GLM-5), held in memory beside the
+//! target (under a budget its bytes are reserved out of it). A draft that is present but broken, or
 //! that was made for another target, is an error naming it (`--spec off` runs without drafts).
 
 use std::path::{Path, PathBuf};
@@ -60,14 +61,13 @@ fn pick(explicit: &Option<PathBuf>, model_dir: &Path, name: &str) -> Option<Path
 }
 
 impl DraftSources {
-    /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`; `out_of_core`:
-    /// the target runs under a memory budget).
+    /// Load the drafts for `target` (in `model_dir`, tokenised by `tokenizer`). Under a memory
+    /// budget the caller reserves the MTP module's bytes ([`deltafin_engine::arch::mtp_bytes`]).
     pub fn load(
         &self,
         model_dir: &Path,
         target: &dyn Model,
         tokenizer: &Arc<Tokenizer>,
-        out_of_core: bool,
     ) -> Result<Drafts, DraftError> {
         let economics = EconomicsConfig {
             max_width: self.max_width.max(1),
@@ -82,7 +82,7 @@ impl DraftSources {
             return Ok(drafts);
         }
         if self.mtp {
-            drafts.mtp = Some(Arc::new(load_mtp(model_dir, target, out_of_core)?));
+            drafts.mtp = Some(Arc::new(load_mtp(model_dir, target)?));
         }
         if let Some(dir) = pick(&self.dspark, model_dir, "dspark") {
             let err = |source| DraftError {
@@ -108,19 +108,12 @@ impl DraftSources {
 }
 
 /// The target's own MTP module, checked against it.
-fn load_mtp(model_dir: &Path, target: &dyn Model, out_of_core: bool) -> Result<Mtp, DraftError> {
+fn load_mtp(model_dir: &Path, target: &dyn Model) -> Result<Mtp, DraftError> {
     let err = |source| DraftError {
         name: "mtp",
         dir: model_dir.to_path_buf(),
         source: Box::new(source),
     };
-    if out_of_core {
-        return Err(err(deltafin_engine::Error::Budget(
-            "the MTP module runs beside an in-memory target only (its layer and experts are not in the \
-             budget plan yet)"
-                .into(),
-        )));
-    }
     let module = deltafin_engine::arch::load_mtp(model_dir)
         .map_err(err)?
         .ok_or_else(|| {

@@ -60,7 +60,12 @@ pub fn load(
             (arch::load_spec(&spec, dir).map_err(LoadError::Model)?, None)
         }
         Some(o) => {
-            let o = with_context_memory(&spec, o, &mut cfg);
+            let mut o = with_context_memory(&spec, o, &mut cfg);
+            if drafts.mtp && drafts.mode != deltafin_engine::spec::SpecMode::Off {
+                // The MTP module is loaded beside the target: its bytes come out of the budget.
+                let index = deltafin_engine::weights::WeightIndex::open(dir).map_err(LoadError::Model)?;
+                o.reserve_bytes += arch::mtp_bytes(&index);
+            }
             let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).map_err(LoadError::Model)?;
             (m, Some(Arc::new(rt)))
         }
@@ -75,7 +80,7 @@ pub fn load(
     let markers = reasoning_markers(&tokenizer);
     let vocab_size = model.info().vocab_size;
     let tool_format = ToolFormat::detect(&tokenizer);
-    cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer, ooc.is_some())?;
+    cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
     tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
     let created = std::time::SystemTime::now()

@@ -247,6 +247,26 @@ pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>
     spec.arch.load(&Loader::new(index, spec))
 }
 
+/// Bytes of the multi-token-prediction module's tensors in `index` (every tensor under the
+/// `model.layers.{L}.` that holds an `eh_proj`; 0 without one): what a budget reserves to load
+/// it beside an out-of-core target.
+pub fn mtp_bytes(index: &WeightIndex) -> u64 {
+    let layer = index.names().find_map(|n| {
+        n.strip_prefix("model.layers.")?
+            .strip_suffix(".eh_proj.weight")
+            .filter(|l| l.parse::<usize>().is_ok())
+            .map(str::to_string)
+    });
+    let Some(l) = layer else { return 0 };
+    let prefix = format!("model.layers.{l}.");
+    index
+        .names()
+        .filter(|n| n.starts_with(&prefix))
+        .filter_map(|n| index.info(n).ok())
+        .map(|i| i.len)
+        .sum()
+}
+
 /// The multi-token-prediction module of the checkpoint in `dir`, if it publishes one this build
 /// runs (DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{num_hidden_layers}.eh_proj` and the rest).
 pub fn load_mtp(dir: &Path) -> Result<Option<MtpModule>> {

@@ -141,6 +141,10 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
             }
             Some(mut o) => {
                 let spec = crate::cli::ooc_args::plan_context(dir, &mut o, context_tokens)?;
+                if args.spec.draft_mtp && args.spec.spec != deltafin_engine::spec::SpecMode::Off {
+                    // The MTP module is loaded beside the target: its bytes come out of the budget.
+                    o.reserve_bytes += arch::mtp_bytes(&WeightIndex::open(dir).with_context(loading)?);
+                }
                 let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).with_context(loading)?;
                 if args.stats {
                     eprintln!("{}", describe_plan(&rt.plan, &rt.read));
@@ -250,10 +254,7 @@ fn run_on_device(args: RunArgs, cache_dir: &Path) -> Result<()> {
     );
     let prompt_ids = prompt_ids(&args, &tok)?;
     let (model, ooc, stream) = load_model(&dir, &args, prompt_ids.len() + args.max_new)?;
-    let drafts = args
-        .spec
-        .sources()
-        .load(&dir, model.as_ref(), &tok, ooc.is_some())?;
+    let drafts = args.spec.sources().load(&dir, model.as_ref(), &tok)?;
     let kind = if args.chat {
         RequestKind::Chat
     } else {

@@ -20,7 +20,8 @@ pub struct SpecArgs {
     #[arg(long, env = "DELTAFIN_DRAFT_QWEN")]
     pub draft_qwen: Option<PathBuf>,
     /// Draft with the checkpoint's own multi-token-prediction module (DeepSeek-V3, GLM-4.5,
-    /// GLM-5; the target in memory). Used for chat and completions, before the other drafts.
+    /// GLM-5), held in memory (under a budget, its bytes are reserved out of it). Used for chat
+    /// and completions, before the other drafts.
     #[arg(long, env = "DELTAFIN_DRAFT_MTP")]
     pub draft_mtp: bool,
     /// Do not fall back to n-gram prompt-lookup drafts.

@@ -289,7 +289,12 @@ const SPEC_LENGTH_BUCKETS: usize = 8;
 /// A per-proposer counter: name (without `_total`), help, and how to read it.
 type SpecCounter = (&'static str, &'static str, fn(&ProposerStats) -> u64);
 
-const KINDS: [ProposerKind; 3] = [ProposerKind::Dspark, ProposerKind::Qwen, ProposerKind::Ngram];
+const KINDS: [ProposerKind; 4] = [
+    ProposerKind::Mtp,
+    ProposerKind::Dspark,
+    ProposerKind::Qwen,
+    ProposerKind::Ngram,
+];
 
 impl Spec {
     fn get(&self, k: ProposerKind) -> ProposerStats {

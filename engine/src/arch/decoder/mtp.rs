@@ -12,7 +12,8 @@
 //!   tokens feeds the output row back as the next `h`.
 //!
 //! Drafts are verified by the target, so this module can change how often a draft is accepted,
-//! never the output. It is loaded in memory beside an in-memory target.
+//! never the output. It is memory-mapped whole (under a budget the server reserves its bytes:
+//! `arch::mtp_bytes`); its experts do not go through the out-of-core expert cache.
 
 use super::super::layers::dsa::Selection;
 use super::super::{Loader, LogitRows, RowPlan, SeqInput};
