@@ -20,6 +20,7 @@ use deltafin_engine::arch::{self, Model};
 use deltafin_engine::cache::OocRuntime;
 use deltafin_engine::generate::{Flow, GenerateOptions, Sampling, generate_with, uniform};
 use deltafin_engine::spec::dspark::DSpark;
+use deltafin_engine::spec::mtp::Mtp;
 use deltafin_engine::spec::ngram::Ngram;
 use deltafin_engine::spec::qwen::{QwenDraftConfig, QwenDrafter};
 use deltafin_engine::spec::{EconomicsConfig, Observation, Proposal, Proposer, ProposerKind, Speculator};
@@ -40,7 +41,8 @@ pub struct SpecBenchArgs {
     /// Qwen3 drafter directory (default MODEL/drafts/qwen; the proposer is skipped without one).
     #[arg(long, env = "DELTAFIN_DRAFT_QWEN")]
     draft_qwen: Option<PathBuf>,
-    /// Proposers to measure.
+    /// Proposers to measure (`mtp`: the model's own multi-token-prediction module, when its
+    /// checkpoint has one).
     #[arg(
         long,
         default_value = "ngram,dspark,qwen",
@@ -62,6 +64,10 @@ pub struct SpecBenchArgs {
     /// Prompt length.
     #[arg(long, default_value_t = 32, env = "DELTAFIN_PROMPT_TOKENS")]
     prompt_tokens: usize,
+    /// A text prompt (encoded by the model's tokenizer) instead of `--prompt-tokens` fixed ids:
+    /// natural acceptance rates depend on the text a trained model continues.
+    #[arg(long, env = "DELTAFIN_PROMPT")]
+    prompt: Option<String>,
     /// Widest draft.
     #[arg(long, default_value_t = 8, env = "DELTAFIN_SPEC_MAX_WIDTH")]
     max_width: usize,
@@ -151,6 +157,7 @@ struct Bench {
     reference: Arc<Vec<u32>>,
     dspark: Option<Arc<DSpark>>,
     qwen: Option<Arc<QwenDrafter>>,
+    mtp: Option<Arc<Mtp>>,
     max_width: usize,
 }
 
@@ -166,6 +173,10 @@ impl Bench {
                 .qwen
                 .as_ref()
                 .map(|q| Box::new(q.session()) as Box<dyn Proposer>),
+            "mtp" => self
+                .mtp
+                .as_ref()
+                .map(|m| Box::new(m.session()) as Box<dyn Proposer>),
             _ => None,
         }
     }
@@ -281,9 +292,13 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
     let (model, _ooc) = load(&dir, &args)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?);
     let vocab = model.info().vocab_size;
-    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
-        .map(|i| ((i * 37 + 11) % vocab.min(256)) as u32)
-        .collect();
+    let prompt: Vec<u32> = match &args.prompt {
+        Some(text) => tok.encode_prompt(text),
+        None => (0..args.prompt_tokens.max(1))
+            .map(|i| ((i * 37 + 11) % vocab.min(256)) as u32)
+            .collect(),
+    };
+    ensure!(!prompt.is_empty(), "the prompt encodes to no tokens");
     let opts = GenerateOptions {
         max_new_tokens: args.tokens.max(2),
         sampling: Sampling::Greedy,
@@ -320,6 +335,17 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
         )?)),
         None => None,
     };
+    let mtp = match args.proposers.iter().any(|p| p == "mtp") {
+        true => match deltafin_engine::arch::load_mtp(&dir)? {
+            Some(module) => {
+                let m = Mtp::new(module);
+                m.check_target(model.as_ref())?;
+                Some(Arc::new(m))
+            }
+            None => None,
+        },
+        false => None,
+    };
     let bench = Bench {
         model,
         prompt: prompt.clone(),
@@ -327,6 +353,7 @@ pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
         reference: Arc::new(reference.output_ids.clone()),
         dspark: Some(Arc::new(head)),
         qwen,
+        mtp,
         max_width: args.max_width.max(1),
     };
     let mut rows = Vec::new();
