@@ -21,8 +21,9 @@
 //! row's selection depends only on its own inputs and its sequence's keys `0..=p`: not on the
 //! batch, the chunking or the thread count. Equal scores are broken towards the earlier
 //! position (HF's `torch.topk` leaves their order unspecified; the fixtures have no tie at the
-//! boundary). The chosen positions are attended in ascending order, so a row whose selection is
-//! every position computes exactly what dense MLA computes.
+//! boundary). The chosen positions are attended in ascending order, read in place from the cache
+//! (`LatentKeys::chosen`: nothing is copied), so a row whose selection is every position
+//! computes exactly what dense MLA computes.
 
 use rayon::prelude::*;
 
@@ -195,25 +196,6 @@ pub fn top_positions(scores: &[f32], k: usize) -> Vec<u32> {
         order.sort_unstable();
     }
     order
-}
-
-/// The latents and rotated keys of `positions` of one sequence's cache, in that order
-/// (`latent` and `rope` values per position): the keys a sparse row attends to.
-pub fn gather(
-    latent: &[f32],
-    k_rope: &[f32],
-    positions: &[u32],
-    widths: (usize, usize),
-) -> (Vec<f32>, Vec<f32>) {
-    let (c, r) = widths;
-    let mut l = Vec::with_capacity(positions.len() * c);
-    let mut k = Vec::with_capacity(positions.len() * r);
-    for &p in positions {
-        let p = p as usize;
-        l.extend_from_slice(&latent[p * c..][..c]);
-        k.extend_from_slice(&k_rope[p * r..][..r]);
-    }
-    (l, k)
 }
 
 #[cfg(test)]

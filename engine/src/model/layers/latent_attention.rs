@@ -51,12 +51,15 @@ pub struct LatentShape {
 }
 
 /// The keys one row attends to: up to two runs of consecutive positions (a sequence's cache,
-/// and for block drafting the block's own rows after it), `latent` and `rope` values per position.
+/// and for block drafting the block's own rows after it), `latent` and `rope` values per position;
+/// or chosen positions of one run (DeepSeek Sparse Attention), read in the order given.
 #[derive(Debug, Clone, Copy)]
 pub struct LatentKeys<'a> {
     parts: [(&'a [f32], &'a [f32]); 2],
     /// Positions in the first part.
     first: usize,
+    /// Key `j` is position `chosen[j]` of the run (`None`: key `j` is position `j`).
+    chosen: Option<&'a [u32]>,
 }
 
 impl<'a> LatentKeys<'a> {
@@ -70,16 +73,33 @@ impl<'a> LatentKeys<'a> {
         LatentKeys {
             parts: [a, b],
             first: a.0.len() / shape.latent.max(1),
+            chosen: None,
         }
     }
 
-    /// Positions held.
+    /// The positions `chosen` (ascending) of one run, as keys `0..chosen.len()`: the same
+    /// values in the same order as a run holding only those positions, without copying them.
+    pub fn chosen(latent: &'a [f32], rope: &'a [f32], chosen: &'a [u32], shape: LatentShape) -> Self {
+        LatentKeys {
+            chosen: Some(chosen),
+            ..Self::one(latent, rope, shape)
+        }
+    }
+
+    /// Keys held.
     pub fn len(&self, shape: LatentShape) -> usize {
-        self.first + self.parts[1].0.len() / shape.latent.max(1)
+        match self.chosen {
+            Some(c) => c.len(),
+            None => self.first + self.parts[1].0.len() / shape.latent.max(1),
+        }
     }
 
     #[inline(always)]
     pub(super) fn key(&self, j: usize, s: LatentShape) -> (&'a [f32], &'a [f32]) {
+        let j = match self.chosen {
+            Some(c) => c[j] as usize,
+            None => j,
+        };
         let (part, j) = if j < self.first {
             (self.parts[0], j)
         } else {
@@ -557,6 +577,37 @@ mod tests {
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
         }
+    }
+
+    /// Chosen positions read in place (sparse attention) give the bits of a run holding a copy
+    /// of just those positions, on the tile path (many rows) and the block path (one row).
+    #[test]
+    fn chosen_keys_are_a_copied_run_bit_for_bit() {
+        let s = shape();
+        let c = case(3000, 3);
+        let chosen: Vec<u32> = (0..3000u32).filter(|p| p % 7 == 3 || p % 11 == 0).collect();
+        let copy = |src: &[f32], w: usize| -> Vec<f32> {
+            chosen
+                .iter()
+                .flat_map(|&p| src[p as usize * w..][..w].to_vec())
+                .collect()
+        };
+        let (latent, rope) = (copy(&c.latent, s.latent), copy(&c.rope, s.rope));
+        let rows = |keys: LatentKeys<'_>| -> Vec<f32> {
+            let qs: Vec<LatentQuery<'_>> = (0..3)
+                .map(|i| LatentQuery {
+                    q_abs: &c.q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
+                    q_rope: &c.q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
+                    keys,
+                    len: chosen.len() - i * 100,
+                })
+                .collect();
+            let mut all = run(&qs, 2);
+            all.extend(run(&qs[..1], 2));
+            all
+        };
+        let got = rows(LatentKeys::chosen(&c.latent, &c.rope, &chosen, s));
+        assert_eq!(got, rows(LatentKeys::one(&latent, &rope, s)));
     }
 
     #[test]

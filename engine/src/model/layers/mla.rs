@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::dsa::{self, Selection, Sparse};
+use super::dsa::{Selection, Sparse};
 use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
 use super::rope::Rope;
 use crate::backend::matmul;
@@ -190,19 +190,12 @@ impl Mla {
         let sparse = self.select(x, &q_resid, n, rows).then_some(&*rows.selection);
         let shape = self.latent_shape();
         let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
-        let chosen = |i: usize| sparse.and_then(|s: &Selection| s[i].as_deref());
-        let gathered: Vec<Option<(Vec<f32>, Vec<f32>)>> = (0..n)
+        let keys: Vec<(LatentKeys<'_>, usize)> = (0..n)
             .map(|i| {
                 let c = caches[rows.seq[i]];
-                chosen(i).map(|p| dsa::gather(&c.latent, &c.k_rope, p, (d.kv_lora, d.rope)))
-            })
-            .collect();
-        let keys: Vec<(LatentKeys<'_>, usize)> = (0..n)
-            .map(|i| match (&gathered[i], chosen(i)) {
-                (Some((l, r)), Some(p)) => (LatentKeys::one(l, r, shape), p.len()),
-                _ => {
-                    let c = caches[rows.seq[i]];
-                    (LatentKeys::one(&c.latent, &c.k_rope, shape), rows.pos[i] + 1)
+                match sparse.and_then(|s: &Selection| s[i].as_deref()) {
+                    Some(p) => (LatentKeys::chosen(&c.latent, &c.k_rope, p, shape), p.len()),
+                    None => (LatentKeys::one(&c.latent, &c.k_rope, shape), rows.pos[i] + 1),
                 }
             })
             .collect();
