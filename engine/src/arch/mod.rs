@@ -248,8 +248,8 @@ pub fn load_with(spec: &ModelSpec, index: &WeightIndex) -> Result<Box<dyn Model>
 }
 
 /// Bytes of the multi-token-prediction module's tensors in `index` (every tensor under the
-/// `model.layers.{L}.` that holds an `eh_proj`; 0 without one): what a budget reserves to load
-/// it beside an out-of-core target.
+/// `model.layers.{L}.` that holds an `eh_proj`, else under `mtp.`; 0 without one): what a
+/// budget reserves to load it beside an out-of-core target.
 pub fn mtp_bytes(index: &WeightIndex) -> u64 {
     let layer = index.names().find_map(|n| {
         n.strip_prefix("model.layers.")?
@@ -257,8 +257,10 @@ pub fn mtp_bytes(index: &WeightIndex) -> u64 {
             .filter(|l| l.parse::<usize>().is_ok())
             .map(str::to_string)
     });
-    let Some(l) = layer else { return 0 };
-    let prefix = format!("model.layers.{l}.");
+    let prefix = match layer {
+        Some(l) => format!("model.layers.{l}."),
+        None => "mtp.".to_string(),
+    };
     index
         .names()
         .filter(|n| n.starts_with(&prefix))
@@ -268,7 +270,8 @@ pub fn mtp_bytes(index: &WeightIndex) -> u64 {
 }
 
 /// The multi-token-prediction module of the checkpoint in `dir`, if it publishes one this build
-/// runs (DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{num_hidden_layers}.eh_proj` and the rest).
+/// runs (DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{num_hidden_layers}.eh_proj` and the rest;
+/// Qwen3-Next and Qwen3.5: `mtp.*`).
 pub fn load_mtp(dir: &Path) -> Result<Option<MtpModule>> {
     let spec = ModelSpec::load(dir)?;
     spec.arch.load_mtp(&Loader::new(&WeightIndex::open(dir)?, &spec))

@@ -33,6 +33,9 @@ pub struct Loader<'a> {
     quant: &'a Quantization,
     source: &'a dyn BlobSource,
     routed_experts: bool,
+    /// Names starting with `.0` are read as `.1` plus the rest, as stored (a module published
+    /// under its own root, e.g. Qwen3.5's `mtp.layers.0.` read as a decoder layer).
+    rename: Option<(&'a str, &'a str)>,
 }
 
 impl std::fmt::Debug for Loader<'_> {
@@ -62,6 +65,15 @@ impl<'a> Loader<'a> {
             quant,
             source: &MappedSource,
             routed_experts: true,
+            rename: None,
+        }
+    }
+
+    /// The same loader reading names that start with `from` as `to` plus the rest, verbatim.
+    pub fn with_rename(self, from: &'a str, to: &'a str) -> Self {
+        Loader {
+            rename: Some((from, to)),
+            ..self
         }
     }
 
@@ -89,6 +101,11 @@ impl<'a> Loader<'a> {
     }
 
     fn name(&self, name: &str) -> String {
+        if let Some((from, to)) = self.rename
+            && let Some(rest) = name.strip_prefix(from)
+        {
+            return format!("{to}{rest}");
+        }
         match name.strip_prefix("model.") {
             Some(rest) if !self.infix.is_empty() => format!("{}model.{}{rest}", self.prefix, self.infix),
             _ => format!("{}{name}", self.prefix),

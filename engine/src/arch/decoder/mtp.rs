@@ -1,15 +1,21 @@
-//! The multi-token-prediction (MTP) module DeepSeek-V3, GLM-4.5 and GLM-5 publish after their
-//! last decoder layer (`model.layers.{L}`, `L = num_hidden_layers`), run as a drafter
-//! ([`crate::spec::mtp`]). HF `transformers` does not run it; the computation follows the
-//! DeepSeek-V3 report §2.2 and vLLM's `DeepSeekMultiTokenPredictorLayer`:
+//! The multi-token-prediction (MTP) module a checkpoint publishes beside its decoder, run as a
+//! drafter ([`crate::spec::mtp`]). HF `transformers` runs neither layout; the computation follows
+//! the DeepSeek-V3 report §2.2 and vLLM's `DeepSeekMultiTokenPredictorLayer` /
+//! `Qwen3NextMultiTokenPredictor`. Two published layouts ([`Layout`]):
+//! - DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{L}` (`L = num_hidden_layers`) with `enorm`,
+//!   `hnorm`, `eh_proj`, a decoder layer of the target's kind, `shared_head.{norm,head}` and its
+//!   own `embed_tokens`; the row at position 0 gets a zero embedding (as vLLM does);
+//! - Qwen3-Next / Qwen3.5 (`mtp_num_hidden_layers: 1`): `mtp.pre_fc_norm_embedding`,
+//!   `mtp.pre_fc_norm_hidden`, `mtp.fc`, a full-attention decoder layer `mtp.layers.0`, and
+//!   `mtp.norm`, with the target's embedding and head.
 //!
-//! - row at position `t`: `x = eh_proj([RMSNorm_enorm(e), RMSNorm_hnorm(h)])`, with `e` the
-//!   module's own `embed_tokens` row of token `t + 1` (zeroed at `t = 0`) and `h` the target's
-//!   final-normed hidden row of position `t`;
-//! - the module's decoder layer (the target's layer kind, with its own attention cache at the
-//!   target's positions, its own experts);
-//! - logits `shared_head.head(RMSNorm_shared_head(x))` predict token `t + 2`; a draft of `k`
-//!   tokens feeds the output row back as the next `h`.
+//! In both:
+//! - row at position `t`: `x = fc([norm_e(e), norm_h(h)])`, with `e` the embedding row of token
+//!   `t + 1` and `h` the target's final-normed hidden row of position `t`;
+//! - the module's decoder layer (its own attention cache at the target's positions, its own
+//!   experts);
+//! - logits `head(norm(x))` predict token `t + 2`; a draft of `k` tokens feeds the output row
+//!   back as the next `h`.
 //!
 //! Drafts are verified by the target, so this module can change how often a draft is accepted,
 //! never the output. It is memory-mapped whole (under a budget the server reserves its bytes:
@@ -17,13 +23,54 @@
 
 use super::super::layers::dsa::Selection;
 use super::super::{Loader, LogitRows, RowPlan, SeqInput};
-use super::{DecoderPlan, Layer, load_layer, new_state, run_ffn, run_mixer};
+use super::{DecoderPlan, Layer, MixerKind, load_layer, new_state, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
 use crate::kernels::ops::{rms_norm, rms_norm_inplace};
 use crate::kernels::reference::decode_row;
 use crate::state::SeqState;
+
+/// Where a published MTP module's tensors are.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// The decoder layer's root, read as `model.layers.{L}` (`None`: it is there already).
+    layer: Option<&'static str>,
+    fc: &'static str,
+    norm_e: &'static str,
+    norm_h: &'static str,
+    head_norm: &'static str,
+    /// The module's own head and embedding (`None`: the target's `lm_head` and embedding).
+    head: Option<&'static str>,
+    embed: Option<&'static str>,
+    /// The row at position 0 gets a zero embedding.
+    zero_first: bool,
+}
+
+impl Layout {
+    /// DeepSeek-V3's names below `model.layers.{L}.`.
+    const DEEPSEEK: Layout = Layout {
+        layer: None,
+        fc: "eh_proj",
+        norm_e: "enorm.weight",
+        norm_h: "hnorm.weight",
+        head_norm: "shared_head.norm.weight",
+        head: Some("shared_head.head.weight"),
+        embed: Some("embed_tokens.weight"),
+        zero_first: true,
+    };
+    /// Qwen3-Next / Qwen3.5's names below `mtp.`.
+    const QWEN: Layout = Layout {
+        layer: Some("mtp.layers.0."),
+        fc: "fc",
+        norm_e: "pre_fc_norm_embedding.weight",
+        norm_h: "pre_fc_norm_hidden.weight",
+        head_norm: "norm.weight",
+        head: None,
+        embed: None,
+        zero_first: false,
+    };
+}
 
 /// A loaded MTP module.
 #[derive(Debug)]
@@ -39,24 +86,33 @@ pub struct MtpModule {
     final_norm: Vec<f32>,
     head_norm: Vec<f32>,
     head: Matrix,
+    zero_first: bool,
 }
 
 impl MtpModule {
     /// The module of `plan`'s checkpoint, or `None` when it publishes none (no
-    /// `model.layers.{L}.eh_proj`).
+    /// `model.layers.{L}.eh_proj` or `mtp.fc`).
     pub(crate) fn load(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Option<MtpModule>> {
         let l = plan.num_layers;
-        let p = format!("model.layers.{l}");
-        if !ld.has(&format!("{p}.eh_proj.weight")) {
+        let root = format!("model.layers.{l}.");
+        let (layout, names) = if ld.has(&format!("{root}eh_proj.weight")) {
+            (Layout::DEEPSEEK, root.clone())
+        } else if ld.has("mtp.fc.weight") {
+            (Layout::QWEN, "mtp.".to_string())
+        } else {
             return Ok(None);
-        }
+        };
         let (h, v) = (plan.hidden_size, plan.vocab_size);
         let mut plan = plan.clone();
         plan.num_layers += 1;
         plan.moe_layers.push(plan.moe.experts > 0);
         if !plan.mixers.is_empty() {
-            let last = plan.mixer(l - 1);
-            plan.mixers.push(last);
+            // Qwen's module is a full-attention layer; DeepSeek's is the target's last kind.
+            let kind = match layout.layer {
+                Some(_) => MixerKind::Attention,
+                None => plan.mixer(l - 1),
+            };
+            plan.mixers.push(kind);
         }
         if !plan.windows.is_empty() {
             plan.windows.push(None);
@@ -64,18 +120,32 @@ impl MtpModule {
         if plan.recurrent_shape(l).is_some() {
             return Err(Error::InvalidArgument {
                 field: "mtp",
-                reason: "an MTP layer after a recurrent layer is not supported".into(),
+                reason: "an MTP layer with a recurrent mixer is not supported".into(),
             });
         }
-        let layer = load_layer(&plan, ld, l)?;
+        let layer = match layout.layer {
+            Some(at) => load_layer(&plan, &ld.with_rename(&root, at), l)?,
+            None => load_layer(&plan, ld, l)?,
+        };
+        let name = |n: &str| format!("{names}{n}");
         Ok(Some(MtpModule {
-            embed: ld.dense(&format!("{p}.embed_tokens.weight"), v, h)?,
-            enorm: plan.norm(ld, &format!("{p}.enorm.weight"))?,
-            hnorm: plan.norm(ld, &format!("{p}.hnorm.weight"))?,
-            eh_proj: ld.linear(&format!("{p}.eh_proj"), h, 2 * h)?,
+            embed: match layout.embed {
+                Some(e) => ld.dense(&name(e), v, h)?,
+                None => ld.dense("model.embed_tokens.weight", v, h)?,
+            },
+            enorm: plan.norm(ld, &name(layout.norm_e))?,
+            hnorm: plan.norm(ld, &name(layout.norm_h))?,
+            eh_proj: ld.linear(&name(layout.fc), h, 2 * h)?,
             final_norm: plan.norm(ld, "model.norm.weight")?,
-            head_norm: plan.norm(ld, &format!("{p}.shared_head.norm.weight"))?,
-            head: ld.dense(&format!("{p}.shared_head.head.weight"), v, h)?,
+            head_norm: plan.norm(ld, &name(layout.head_norm))?,
+            head: match layout.head {
+                Some(n) => ld.dense(&name(n), v, h)?,
+                None if plan.tie_word_embeddings && !ld.has("lm_head.weight") => {
+                    ld.dense("model.embed_tokens.weight", v, h)?
+                }
+                None => ld.dense("lm_head.weight", v, h)?,
+            },
+            zero_first: layout.zero_first,
             layer,
             plan,
         }))
@@ -134,7 +204,7 @@ impl MtpModule {
                 });
             }
             match start + i {
-                0 => e.fill(0.0),
+                0 if self.zero_first => e.fill(0.0),
                 _ => decode_row(&self.embed, t, &mut e),
             }
             let (a, b) = row.split_at_mut(h);
