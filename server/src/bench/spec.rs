@@ -278,7 +278,12 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
             arch::load(dir).with_context(|| format!("loading {}", dir.display()))?,
             None,
         ),
-        Some(o) => {
+        Some(mut o) => {
+            if args.proposers.iter().any(|p| p == "mtp") {
+                // The MTP module is held beside the target: its bytes come out of the budget.
+                let index = deltafin_engine::weights::WeightIndex::open(dir)?;
+                o.reserve_bytes += arch::mtp_bytes(&index);
+            }
             let (m, rt) =
                 arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
             eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read));
