@@ -131,3 +131,74 @@ fn a_missing_or_misshapen_indexer_tensor_names_it() {
         "{err}"
     );
 }
+
+/// GLM-5's MTP module as a drafter: after a proposal its cache holds exactly the committed
+/// positions (speculative rows are cut), and its drafts do not depend on how the committed rows
+/// reached it (all in one multi-row pass, or one row per step).
+#[test]
+fn glm5_mtp_drafts_do_not_depend_on_how_rows_were_batched() {
+    use std::sync::Arc;
+
+    use deltafin_engine::arch::{self, LogitRows, SeqInput, Trace};
+    use deltafin_engine::spec::mtp::Mtp;
+    use deltafin_engine::spec::{Observation, Proposal, Proposer};
+    let dir = golden_support::fixture("glm5-dsa-fp8");
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let prompt = golden_support::ids(&golden["prompt_ids"]);
+    let model = arch::load(&dir).unwrap();
+    let m = model.as_ref();
+    let mtp = Arc::new(Mtp::new(
+        arch::load_mtp(&dir)
+            .unwrap()
+            .expect("the fixture has an MTP layer"),
+    ));
+    mtp.check_target(m).unwrap();
+    let capture = mtp.session().captures().to_vec();
+    let mut trace = Trace::capture(&capture);
+    let mut state = m.new_state();
+    let inputs = &mut [SeqInput {
+        state: &mut state,
+        tokens: &prompt,
+        logits: LogitRows::Last,
+    }];
+    m.forward(inputs, Some(&mut trace)).unwrap();
+    let h = m.info().hidden_size;
+    let rows = |start: usize, n: usize| trace.rows(&capture, start, n, h);
+    let pending = 7u32;
+    let full: Vec<u32> = prompt.iter().copied().chain([pending]).collect();
+
+    let mut whole = mtp.session();
+    let hidden = rows(0, prompt.len());
+    let obs = Observation {
+        start: 0,
+        tokens: &prompt,
+        hidden: &hidden,
+    };
+    whole.observe(m, &obs).unwrap();
+    let a = whole.propose(m, &full, 4).unwrap();
+    assert_eq!(whole.cached(), prompt.len(), "speculative rows were cut");
+
+    let mut stepwise = mtp.session();
+    let mut last = Proposal::default();
+    for t in 0..prompt.len() {
+        let hidden = rows(t, 1);
+        let obs = Observation {
+            start: t,
+            tokens: &prompt[t..t + 1],
+            hidden: &hidden,
+        };
+        stepwise.observe(m, &obs).unwrap();
+        last = stepwise
+            .propose(m, &full[..t + 2], if t + 1 == prompt.len() { 4 } else { 3 })
+            .unwrap();
+        assert_eq!(stepwise.cached(), t + 1);
+    }
+    assert_eq!(last, a, "one row per step drafts what one multi-row pass drafts");
+    assert_eq!(a.tokens.len(), 4);
+    assert_eq!(
+        stepwise.propose(m, &full, 4).unwrap(),
+        Proposal::default(),
+        "nothing new to read"
+    );
+}
