@@ -27,7 +27,6 @@
 
 use rayon::prelude::*;
 
-use super::latent_attention::dot16;
 use super::rope::Rope;
 use crate::backend::matmul;
 use crate::kernels::Matrix;
@@ -144,42 +143,186 @@ impl Indexer {
         matmul(&self.weights_proj, x, n, &mut w);
         let w_scale = (heads as f32).powf(-0.5);
         w.iter_mut().for_each(|v| *v *= w_scale);
-        (0..n)
-            .into_par_iter()
-            .map(|i| {
-                let len = pos(i) + 1;
-                if len <= topk {
-                    return None;
-                }
-                let qi = &mut q[i * heads * head_dim..][..heads * head_dim].to_vec();
+        q.par_chunks_mut(heads * head_dim)
+            .enumerate()
+            .for_each(|(i, qi)| {
                 let mut f = vec![0.0f32; self.dims.rope];
                 self.rope.factors_into(pos(i), &mut f);
                 for h in qi.chunks_mut(head_dim) {
                     self.rope.apply_factors(&mut h[..self.dims.rope], &f);
                 }
-                let scores = self.scores(qi, &w[i * heads..][..heads], &keys(i)[..len * head_dim]);
-                Some(top_positions(&scores, topk))
-            })
-            .collect()
-    }
-
-    /// `Σ_h w_h · relu(scale · q_h · k_t)` for every key `t` of `keys` (`head_dim` values each).
-    fn scores(&self, q: &[f32], w: &[f32], keys: &[f32]) -> Vec<f32> {
-        let d = self.dims.head_dim;
-        let scale = (d as f32).powf(-0.5);
-        let mut scores = vec![0.0f32; keys.len() / d];
-        scores
-            .par_chunks_mut(SCORE_CHUNK)
-            .zip(keys.par_chunks(SCORE_CHUNK * d))
-            .for_each(|(out, keys)| {
-                for (s, k) in out.iter_mut().zip(keys.chunks(d)) {
-                    *s = q.chunks(d).zip(w).fold(0.0f32, |acc, (qh, &wh)| {
-                        acc + wh * (dot16(qh, k) * scale).max(0.0)
-                    });
-                }
             });
-        scores
+        // Rows of one sequence are consecutive and share its keys: score them together, so each
+        // tile of keys is laid out once for up to ROW_GROUP rows.
+        let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
+        let mut selection: Selection = vec![None; n];
+        for group in sparse.chunk_by(|&a, &b| keys(a).as_ptr() == keys(b).as_ptr()) {
+            for rows in group.chunks(ROW_GROUP) {
+                let queries: Vec<RowQuery<'_>> = rows
+                    .iter()
+                    .map(|&i| RowQuery {
+                        q: &q[i * heads * head_dim..][..heads * head_dim],
+                        w: &w[i * heads..][..heads],
+                        len: pos(i) + 1,
+                    })
+                    .collect();
+                let scores = index_scores_rows(&queries, keys(rows[0]), head_dim);
+                let chosen: Vec<Vec<u32>> = scores.par_iter().map(|s| top_positions(s, topk)).collect();
+                for (&i, c) in rows.iter().zip(chosen) {
+                    selection[i] = Some(c);
+                }
+            }
+        }
+        selection
     }
+}
+
+/// Rows scored together per tile of keys (their scores are held at once).
+const ROW_GROUP: usize = 32;
+
+/// One row to score: its rotated queries `[heads, head_dim]`, head weights, and how many keys
+/// it reaches.
+#[derive(Debug, Clone, Copy)]
+pub struct RowQuery<'a> {
+    pub q: &'a [f32],
+    pub w: &'a [f32],
+    pub len: usize,
+}
+
+/// [`index_scores`] of several rows over the same keys (one sequence's rows of a pass): each
+/// tile of keys is laid out once for all of them; every row's scores are the bits it gets
+/// alone.
+pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<Vec<f32>> {
+    let longest = rows.iter().map(|r| r.len).max().unwrap_or(0);
+    let parts: Vec<Vec<Vec<f32>>> = (0..longest.div_ceil(SCORE_CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let (lo, hi) = (c * SCORE_CHUNK, ((c + 1) * SCORE_CHUNK).min(longest));
+            let mut tile = vec![0.0f32; d * KEY_LANES];
+            let mut out: Vec<Vec<f32>> = rows.iter().map(|_| Vec::with_capacity(hi - lo)).collect();
+            for t0 in (lo..hi).step_by(KEY_LANES) {
+                let t1 = (t0 + KEY_LANES).min(hi);
+                transpose_tile(&keys[t0 * d..t1 * d], d, &mut tile);
+                for (r, o) in rows.iter().zip(&mut out).filter(|(r, _)| r.len > t0) {
+                    let got = score_tile(r.q, r.w, &tile, d);
+                    o.extend_from_slice(&got[..r.len.min(t1) - t0]);
+                }
+            }
+            out
+        })
+        .collect();
+    (0..rows.len())
+        .map(|i| parts.iter().flat_map(|p| p[i].iter().copied()).collect())
+        .collect()
+}
+
+/// One row's index scores, `Σ_h w_h · relu(scale · q_h · k_t)` for every key `t` of `keys`
+/// (`head_dim` values each, `scale = head_dim^-½`): `q` holds the row's rotated queries
+/// `[heads, head_dim]`, `w` its head weights (`weights_proj x · heads^-½`).
+///
+/// The canonical order, which [`index_scores_reference`] spells out: each `q_h · k_t` is one
+/// chain of fused multiply-adds over the dimensions in order, and the heads are added in order.
+/// The tiled kernel keeps 16 keys in the lanes of a vector and [`HEAD_GROUP`] heads in flight,
+/// so every lane runs exactly that chain: the same bits on every CPU and for any split of the
+/// keys over threads.
+pub fn index_scores(q: &[f32], w: &[f32], keys: &[f32], head_dim: usize) -> Vec<f32> {
+    let row = RowQuery {
+        q,
+        w,
+        len: keys.len() / head_dim,
+    };
+    index_scores_rows(&[row], keys, head_dim).pop().expect("one row")
+}
+
+/// Keys scored together, one per vector lane.
+const KEY_LANES: usize = 16;
+/// Heads whose chains run at once (independent accumulators hide the FMA latency).
+pub const HEAD_GROUP: usize = 8;
+
+/// Up to [`KEY_LANES`] keys (`d` values each) as `[d][KEY_LANES]`, missing keys zero.
+fn transpose_tile(keys: &[f32], d: usize, tile: &mut [f32]) {
+    tile.fill(0.0);
+    for (j, k) in keys.chunks(d).enumerate() {
+        for (dd, &v) in k.iter().enumerate() {
+            tile[dd * KEY_LANES + j] = v;
+        }
+    }
+}
+
+/// The scores of one transposed tile of keys, on the widest vector unit this CPU has (the same
+/// bits on each: every lane is the canonical chain).
+fn score_tile(q: &[f32], w: &[f32], tile: &[f32], d: usize) -> [f32; KEY_LANES] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static PATH: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+        let path = *PATH.get_or_init(|| {
+            use std::arch::is_x86_feature_detected as has;
+            match (has!("avx512f") && has!("fma"), has!("avx2") && has!("fma")) {
+                (true, _) => 2,
+                (false, true) => 1,
+                _ => 0,
+            }
+        });
+        // SAFETY: each path runs only where the CPU reports its features (checked above).
+        #[allow(unsafe_code)]
+        match path {
+            2 => return unsafe { score_tile_avx512(q, w, tile, d) },
+            1 => return unsafe { score_tile_avx2(q, w, tile, d) },
+            _ => {}
+        }
+    }
+    score_tile_portable(q, w, tile, d)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn score_tile_avx512(q: &[f32], w: &[f32], tile: &[f32], d: usize) -> [f32; KEY_LANES] {
+    score_tile_portable(q, w, tile, d)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn score_tile_avx2(q: &[f32], w: &[f32], tile: &[f32], d: usize) -> [f32; KEY_LANES] {
+    score_tile_portable(q, w, tile, d)
+}
+
+/// [`score_tile`] in portable code: groups of [`HEAD_GROUP`] heads, each head's chain over the
+/// dimensions in order in every lane, heads added in order.
+#[inline(always)]
+fn score_tile_portable(q: &[f32], w: &[f32], tile: &[f32], d: usize) -> [f32; KEY_LANES] {
+    let scale = (d as f32).powf(-0.5);
+    let mut total = [0.0f32; KEY_LANES];
+    for (qg, wg) in q.chunks(HEAD_GROUP * d).zip(w.chunks(HEAD_GROUP)) {
+        let mut acc = [[0.0f32; KEY_LANES]; HEAD_GROUP];
+        for (dd, k) in tile.chunks_exact(KEY_LANES).enumerate() {
+            for (g, a) in acc.iter_mut().enumerate().take(wg.len()) {
+                let qv = qg[g * d + dd];
+                for j in 0..KEY_LANES {
+                    a[j] = qv.mul_add(k[j], a[j]);
+                }
+            }
+        }
+        for (a, &wh) in acc.iter().zip(wg) {
+            for j in 0..KEY_LANES {
+                total[j] += wh * (a[j] * scale).max(0.0);
+            }
+        }
+    }
+    total
+}
+
+/// The scalar twin of [`index_scores`]: one key and one head at a time, in the canonical order.
+pub fn index_scores_reference(q: &[f32], w: &[f32], keys: &[f32], head_dim: usize) -> Vec<f32> {
+    let d = head_dim;
+    let scale = (d as f32).powf(-0.5);
+    keys.chunks(d)
+        .map(|k| {
+            q.chunks(d).zip(w).fold(0.0f32, |total, (qh, &wh)| {
+                let dot = qh.iter().zip(k).fold(0.0f32, |acc, (&a, &b)| a.mul_add(b, acc));
+                total + wh * (dot * scale).max(0.0)
+            })
+        })
+        .collect()
 }
 
 /// The `k` positions of highest score in ascending order; equal scores prefer the earlier
@@ -201,8 +344,6 @@ pub fn top_positions(scores: &[f32], k: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Format;
-    use crate::weights::Blob;
 
     #[test]
     fn top_positions_keeps_the_highest_in_ascending_order() {
@@ -245,20 +386,7 @@ mod tests {
         let q: Vec<f32> = (0..dims.heads * dims.head_dim).map(|_| next()).collect();
         let w: Vec<f32> = (0..dims.heads).map(|_| next()).collect();
         let keys: Vec<f32> = (0..20 * dims.head_dim).map(|_| next()).collect();
-        let zeros = |rows: usize| {
-            let bytes = vec![0u8; rows * 4];
-            Matrix::new(Format::F32, rows, 1, Blob::from_vec(bytes), None).unwrap()
-        };
-        let ix = Indexer {
-            dims,
-            wq_b: zeros(dims.heads * dims.head_dim),
-            wk: zeros(dims.head_dim),
-            k_norm: vec![1.0; dims.head_dim],
-            k_bias: vec![0.0; dims.head_dim],
-            weights_proj: zeros(dims.heads),
-            rope: Rope::new(&Default::default(), dims.rope, true),
-        };
-        let got = ix.scores(&q, &w, &keys);
+        let got = index_scores(&q, &w, &keys, dims.head_dim);
         for (t, k) in keys.chunks(dims.head_dim).enumerate() {
             let want: f64 = (0..dims.heads)
                 .map(|h| {
@@ -269,6 +397,70 @@ mod tests {
                 })
                 .sum();
             assert!((got[t] as f64 - want).abs() < 1e-6, "{t}: {} vs {want}", got[t]);
+        }
+    }
+
+    /// The tiled kernel gives its scalar twin's bits, for head counts around the group size and
+    /// key counts around the tile and chunk sizes.
+    #[test]
+    fn tiled_scores_are_the_reference_bits() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (heads, d, keys) in [
+            (1, 8, 1),
+            (3, 16, 15),
+            (8, 32, 16),
+            (9, 24, 17),
+            (16, 128, 300),
+            (32, 128, 515),
+        ] {
+            let q: Vec<f32> = (0..heads * d).map(|_| next()).collect();
+            let w: Vec<f32> = (0..heads).map(|_| next()).collect();
+            let k: Vec<f32> = (0..keys * d).map(|_| next()).collect();
+            let got = index_scores(&q, &w, &k, d);
+            let want = index_scores_reference(&q, &w, &k, d);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "heads {heads} dim {d} keys {keys}"
+            );
+        }
+    }
+
+    /// Rows scored together over shared keys get the bits each gets alone, whatever their
+    /// lengths (shorter than, within and past a tile and a chunk).
+    #[test]
+    fn rows_scored_together_get_their_bits_alone() {
+        let (heads, d, keys) = (5, 32, 700);
+        let v = |n: usize, seed: u32| -> Vec<f32> {
+            (0..n as u32)
+                .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2000) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let k = v(keys * d, 7);
+        let qs: Vec<Vec<f32>> = (0..6).map(|r| v(heads * d, 100 + r)).collect();
+        let ws: Vec<Vec<f32>> = (0..6).map(|r| v(heads, 200 + r)).collect();
+        let lens = [1, 15, 16, 257, 512, 700];
+        let rows: Vec<RowQuery<'_>> = (0..6)
+            .map(|r| RowQuery {
+                q: &qs[r],
+                w: &ws[r],
+                len: lens[r],
+            })
+            .collect();
+        let together = index_scores_rows(&rows, &k, d);
+        for (r, got) in together.iter().enumerate() {
+            let alone = index_scores_reference(&qs[r], &ws[r], &k[..lens[r] * d], d);
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "row {r}"
+            );
         }
     }
 }
