@@ -289,7 +289,8 @@ impl TokenConstraint for GrammarConstraint {
             mask.allow_token(close);
         }
         if !self.matcher.is_stopped() {
-            for stop in self.stops.clone() {
+            for i in 0..self.stops.len() {
+                let stop = self.stops[i];
                 if stop != self.eos
                     && (stop as usize) < mask.len()
                     && mask.is_allowed(stop)

@@ -44,6 +44,31 @@ pub fn lanes_dot(a: &[f32], b: &[f32]) -> f32 {
     reduce_lanes(&mut acc)
 }
 
+/// RMSNorm of every `width`-value row of `x`, into a new buffer (the bits of [`rms_norm`] per
+/// row).
+pub fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, width: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (src, dst) in x.chunks(width).zip(out.chunks_mut(width)) {
+        rms_norm(src, weight, eps, dst);
+    }
+    out
+}
+
+/// The sum of a row in the canonical 16-lane order (the bits of [`lanes_dot`] with ones).
+fn lanes_sum(a: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let whole = a.len() / LANES * LANES;
+    for x in a[..whole].chunks_exact(LANES) {
+        for l in 0..LANES {
+            acc[l] += x[l];
+        }
+    }
+    for (l, x) in a[whole..].iter().enumerate() {
+        acc[l] += x;
+    }
+    reduce_lanes(&mut acc)
+}
+
 /// In-place RMSNorm.
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     let inv = rms_inv(x, eps);
@@ -57,13 +82,12 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == weight.len() && x.len() == bias.len());
     let n = x.len() as f32;
-    let ones = vec![1.0f32; x.len()];
-    let mean = super::math::fma_scope(|| lanes_dot(x, &ones)) / n;
-    let centred: Vec<f32> = x.iter().map(|&v| v - mean).collect();
-    let var = super::math::fma_scope(|| lanes_dot(&centred, &centred)) / n;
+    let mean = lanes_sum(x) / n;
+    out.iter_mut().zip(x).for_each(|(o, &v)| *o = v - mean);
+    let var = super::math::fma_scope(|| lanes_dot(out, out)) / n;
     let inv = 1.0 / (var + eps).sqrt();
-    for ((o, &c), (&w, &b)) in out.iter_mut().zip(&centred).zip(weight.iter().zip(bias)) {
-        *o = (c * inv) * w + b;
+    for (o, (&w, &b)) in out.iter_mut().zip(weight.iter().zip(bias)) {
+        *o = (*o * inv) * w + b;
     }
 }
 

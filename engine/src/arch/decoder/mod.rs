@@ -50,7 +50,7 @@ use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::error::Result;
 use crate::kernels::Matrix;
-use crate::kernels::ops::rms_norm;
+use crate::kernels::ops::rms_norm_rows;
 use crate::state::{KdaCache, KvCache, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
@@ -267,12 +267,7 @@ impl Decoder {
     }
 
     pub(super) fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
-        let h = self.plan.hidden_size;
-        let mut out = vec![0.0; x.len()];
-        for (src, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
-            rms_norm(src, weight, self.plan.rms_norm_eps, dst);
-        }
-        out
+        rms_norm_rows(x, weight, self.plan.rms_norm_eps, self.plan.hidden_size)
     }
 
     /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.

@@ -1,5 +1,5 @@
 //! The multi-token-prediction (MTP) module a checkpoint publishes beside its decoder, run as a
-//! drafter ([`crate::spec::mtp`]). HF `transformers` runs neither layout; the computation follows
+//! drafter (the engine's `spec::mtp` proposer). HF `transformers` runs neither layout; the computation follows
 //! the DeepSeek-V3 report §2.2 and vLLM's `DeepSeekMultiTokenPredictorLayer` /
 //! `Qwen3NextMultiTokenPredictor`. Two published layouts ([`Layout`]):
 //! - DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{L}` (`L = num_hidden_layers`) with `enorm`,
@@ -27,7 +27,7 @@ use super::{DecoderPlan, Layer, MixerKind, load_layer, new_state, run_ffn, run_m
 use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
-use crate::kernels::ops::{rms_norm, rms_norm_inplace};
+use crate::kernels::ops::{rms_norm, rms_norm_rows};
 use crate::kernels::reference::decode_row;
 use crate::state::SeqState;
 
@@ -170,11 +170,12 @@ impl MtpModule {
 
     /// The target's final norm over raw captured rows (`hidden` values each).
     pub fn target_rows(&self, raw: &[f32]) -> Vec<f32> {
-        let h = self.plan.hidden_size;
-        let mut out = raw.to_vec();
-        out.chunks_mut(h)
-            .for_each(|r| rms_norm_inplace(r, &self.final_norm, self.plan.rms_norm_eps));
-        out
+        rms_norm_rows(
+            raw,
+            &self.final_norm,
+            self.plan.rms_norm_eps,
+            self.plan.hidden_size,
+        )
     }
 
     /// Rows at positions `state.len()..` for `tokens` (each the token after its position) and
@@ -224,11 +225,7 @@ impl MtpModule {
     /// The module's decoder layer over `x`, appending its rows to `state`.
     fn run_layer(&self, state: &mut SeqState, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
-        let norm = |x: &[f32], w: &[f32]| {
-            let mut out = x.to_vec();
-            out.chunks_mut(h).for_each(|r| rms_norm_inplace(r, w, eps));
-            out
-        };
+        let norm = |x: &[f32], w: &[f32]| rms_norm_rows(x, w, eps, h);
         let start = state.len();
         let rows = RowPlan {
             seq: vec![0; n],

@@ -33,7 +33,7 @@ use crate::backend::matmul;
 use crate::config::Quantization;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
-use crate::kernels::ops::{argmax, rms_norm_inplace};
+use crate::kernels::ops::{argmax, rms_norm_inplace, rms_norm_rows};
 use crate::model::layers::mla::{Mla, MlaDims};
 use crate::model::layers::mlp::{Activation, Mlp};
 use crate::model::layers::rope::Rope;
@@ -227,15 +227,15 @@ impl DSpark {
         tokens[0] = anchor;
         let mut x = target.embed(&tokens)?;
         for (layer, cache) in self.layers.iter().zip(caches) {
-            let xn = norm_rows(&x, &layer.input_norm, self.cfg.eps, h);
+            let xn = rms_norm_rows(&x, &layer.input_norm, self.cfg.eps, h);
             let a = layer.attn.forward_block(&xn, b, cache, len);
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let xn = norm_rows(&x, &layer.post_norm, self.cfg.eps, h);
+            let xn = rms_norm_rows(&x, &layer.post_norm, self.cfg.eps, h);
             let f = layer.mlp.forward(&xn, b);
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
         }
         let rows = rows.min(b);
-        let normed = norm_rows(&x[..rows * h], &self.norm, self.cfg.eps, h);
+        let normed = rms_norm_rows(&x[..rows * h], &self.norm, self.cfg.eps, h);
         let mut logits = target.head(&normed, rows)?;
         let vocab = self.cfg.vocab_size;
         let mut prev = anchor;
@@ -251,12 +251,6 @@ impl DSpark {
         }
         Ok((logits, out))
     }
-}
-
-fn norm_rows(x: &[f32], weight: &[f32], eps: f32, h: usize) -> Vec<f32> {
-    let mut out = x.to_vec();
-    out.chunks_mut(h).for_each(|r| rms_norm_inplace(r, weight, eps));
-    out
 }
 
 /// Committed rows a session buffers before adding them to its context in one pass (unless a
