@@ -129,3 +129,14 @@ fn load_mtp(model_dir: &Path, target: &dyn Model) -> Result<Mtp, DraftError> {
     mtp.check_target(target).map_err(err)?;
     Ok(mtp)
 }
+
+/// Reserve the bytes of the MTP module in `dir` out of a memory budget: `--draft-mtp` holds it
+/// beside the target (`deltafin_engine::arch::mtp_bytes`; nothing without a module).
+pub fn reserve_mtp(
+    dir: &Path,
+    options: &mut deltafin_engine::cache::OocOptions,
+) -> deltafin_engine::Result<()> {
+    let index = deltafin_engine::weights::WeightIndex::open(dir)?;
+    options.reserve_bytes += deltafin_engine::arch::mtp_bytes(&index);
+    Ok(())
+}

@@ -62,9 +62,7 @@ pub fn load(
         Some(o) => {
             let mut o = with_context_memory(&spec, o, &mut cfg);
             if drafts.mtp && drafts.mode != deltafin_engine::spec::SpecMode::Off {
-                // The MTP module is loaded beside the target: its bytes come out of the budget.
-                let index = deltafin_engine::weights::WeightIndex::open(dir).map_err(LoadError::Model)?;
-                o.reserve_bytes += arch::mtp_bytes(&index);
+                crate::drafts::reserve_mtp(dir, &mut o).map_err(LoadError::Model)?;
             }
             let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).map_err(LoadError::Model)?;
             (m, Some(Arc::new(rt)))

@@ -33,8 +33,9 @@ pub struct Loader<'a> {
     quant: &'a Quantization,
     source: &'a dyn BlobSource,
     routed_experts: bool,
-    /// Names starting with `.0` are read as `.1` plus the rest, as stored (a module published
-    /// under its own root, e.g. Qwen3.5's `mtp.layers.0.` read as a decoder layer).
+    /// `(from, to)`: a name starting with `from` is read as `to` plus the rest, verbatim (a
+    /// module published under its own root, e.g. Qwen3.5's `mtp.layers.0.` read as a decoder
+    /// layer `model.layers.{L}.`).
     rename: Option<(&'a str, &'a str)>,
 }
 

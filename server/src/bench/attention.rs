@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use clap::Args;
-use deltafin_engine::model::layers::dsa::{RowQuery, index_scores_rows, top_positions};
+use deltafin_engine::model::layers::dsa::{RowQuery, choose};
 use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, LatentShape, attend};
 use deltafin_engine::synth::Rng;
 use serde::Serialize;
@@ -159,7 +159,6 @@ fn measure_sparse(
     (length, rows, repeats): (usize, usize, usize),
     a: &AttentionBenchArgs,
 ) -> Sparse {
-    use rayon::prelude::*;
     let (heads, d, topk) = (a.index_heads, a.index_dim, a.index_topk);
     let mut rng = Rng::new(length as u64 ^ 0xD5A);
     let mut values = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.symmetric(0.5)).collect() };
@@ -167,24 +166,20 @@ fn measure_sparse(
     let (latent, rope) = (values(length * s.latent), values(length * s.rope));
     let (q_abs, q_rope) = (values(rows * s.heads * s.latent), values(rows * s.heads * s.rope));
     let len = |r: usize| length - rows + r + 1;
-    // As the engine does: the chunk's rows score each tile of keys together, 32 at a time.
+    // As the engine does (`dsa::choose`): the chunk's rows score each tile of keys together.
     let select = || -> Vec<Option<Vec<u32>>> {
-        let mut out: Vec<Option<Vec<u32>>> = vec![None; rows];
         let sparse: Vec<usize> = (0..rows).filter(|&r| len(r) > topk).collect();
-        for group in sparse.chunks(32) {
-            let queries: Vec<RowQuery<'_>> = group
-                .iter()
-                .map(|&r| RowQuery {
-                    q: &q[r * heads * d..][..heads * d],
-                    w: &w[r * heads..][..heads],
-                    len: len(r),
-                })
-                .collect();
-            let scores = index_scores_rows(&queries, &keys, d);
-            let chosen: Vec<Vec<u32>> = scores.par_iter().map(|s| top_positions(s, topk)).collect();
-            for (&r, c) in group.iter().zip(chosen) {
-                out[r] = Some(c);
-            }
+        let queries: Vec<RowQuery<'_>> = sparse
+            .iter()
+            .map(|&r| RowQuery {
+                q: &q[r * heads * d..][..heads * d],
+                w: &w[r * heads..][..heads],
+                len: len(r),
+            })
+            .collect();
+        let mut out: Vec<Option<Vec<u32>>> = vec![None; rows];
+        for (&r, c) in sparse.iter().zip(choose(&queries, &keys, d, topk)) {
+            out[r] = Some(c);
         }
         out
     };

@@ -280,9 +280,7 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
         ),
         Some(mut o) => {
             if args.proposers.iter().any(|p| p == "mtp") {
-                // The MTP module is held beside the target: its bytes come out of the budget.
-                let index = deltafin_engine::weights::WeightIndex::open(dir)?;
-                o.reserve_bytes += arch::mtp_bytes(&index);
+                deltafin_server::drafts::reserve_mtp(dir, &mut o)?;
             }
             let (m, rt) =
                 arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;

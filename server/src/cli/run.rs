@@ -142,8 +142,7 @@ fn load_model(dir: &Path, args: &RunArgs, context_tokens: usize) -> Result<Loade
             Some(mut o) => {
                 let spec = crate::cli::ooc_args::plan_context(dir, &mut o, context_tokens)?;
                 if args.spec.draft_mtp && args.spec.spec != deltafin_engine::spec::SpecMode::Off {
-                    // The MTP module is loaded beside the target: its bytes come out of the budget.
-                    o.reserve_bytes += arch::mtp_bytes(&WeightIndex::open(dir).with_context(loading)?);
+                    deltafin_server::drafts::reserve_mtp(dir, &mut o).with_context(loading)?;
                 }
                 let (m, rt) = arch::load_budgeted_spec(&spec, dir, &o).with_context(loading)?;
                 if args.stats {

@@ -156,25 +156,38 @@ impl Indexer {
         // tile of keys is laid out once for up to ROW_GROUP rows.
         let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
         let mut selection: Selection = vec![None; n];
-        for group in sparse.chunk_by(|&a, &b| keys(a).as_ptr() == keys(b).as_ptr()) {
-            for rows in group.chunks(ROW_GROUP) {
-                let queries: Vec<RowQuery<'_>> = rows
-                    .iter()
-                    .map(|&i| RowQuery {
-                        q: &q[i * heads * head_dim..][..heads * head_dim],
-                        w: &w[i * heads..][..heads],
-                        len: pos(i) + 1,
-                    })
-                    .collect();
-                let scores = index_scores_rows(&queries, keys(rows[0]), head_dim);
-                let chosen: Vec<Vec<u32>> = scores.par_iter().map(|s| top_positions(s, topk)).collect();
-                for (&i, c) in rows.iter().zip(chosen) {
-                    selection[i] = Some(c);
-                }
+        for rows in sparse.chunk_by(|&a, &b| keys(a).as_ptr() == keys(b).as_ptr()) {
+            let queries: Vec<RowQuery<'_>> = rows
+                .iter()
+                .map(|&i| RowQuery {
+                    q: &q[i * heads * head_dim..][..heads * head_dim],
+                    w: &w[i * heads..][..heads],
+                    len: pos(i) + 1,
+                })
+                .collect();
+            let chosen = choose(&queries, keys(rows[0]), head_dim, topk);
+            for (&i, c) in rows.iter().zip(chosen) {
+                selection[i] = Some(c);
             }
         }
         selection
     }
+}
+
+/// Each row's `topk` positions ([`top_positions`] of its [`index_scores_rows`]), for rows over
+/// the same keys, [`ROW_GROUP`] rows at a time.
+pub fn choose(rows: &[RowQuery<'_>], keys: &[f32], head_dim: usize, topk: usize) -> Vec<Vec<u32>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for group in rows.chunks(ROW_GROUP) {
+        let scores = index_scores_rows(group, keys, head_dim);
+        out.extend(
+            scores
+                .par_iter()
+                .map(|s| top_positions(s, topk))
+                .collect::<Vec<_>>(),
+        );
+    }
+    out
 }
 
 /// Rows scored together per tile of keys (their scores are held at once).
@@ -189,8 +202,18 @@ pub struct RowQuery<'a> {
     pub len: usize,
 }
 
-/// [`index_scores`] of several rows over the same keys (one sequence's rows of a pass): each
-/// tile of keys is laid out once for all of them; every row's scores are the bits it gets
+/// Index scores of rows over the same keys (one sequence's rows of a pass): for each row,
+/// `Σ_h w_h · relu(scale · q_h · k_t)` for every key `t < len` of `keys` (`head_dim` values each,
+/// `scale = head_dim^-½`), with `q` the row's rotated queries `[heads, head_dim]` and `w` its
+/// head weights (`weights_proj x · heads^-½`).
+///
+/// The canonical order, which [`index_scores_reference`] spells out: each `q_h · k_t` is one
+/// chain of fused multiply-adds over the dimensions in order, and the heads are added in order.
+/// The tiled kernel keeps 16 keys in the lanes of a vector and [`HEAD_GROUP`] heads in flight,
+/// so every lane runs exactly that chain: the same bits on every CPU and for any split of the
+/// keys over threads.
+///
+/// Each tile of keys is laid out once for all the rows; every row's scores are the bits it gets
 /// alone.
 pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<Vec<f32>> {
     let longest = rows.iter().map(|r| r.len).max().unwrap_or(0);
@@ -214,24 +237,6 @@ pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<V
     (0..rows.len())
         .map(|i| parts.iter().flat_map(|p| p[i].iter().copied()).collect())
         .collect()
-}
-
-/// One row's index scores, `Σ_h w_h · relu(scale · q_h · k_t)` for every key `t` of `keys`
-/// (`head_dim` values each, `scale = head_dim^-½`): `q` holds the row's rotated queries
-/// `[heads, head_dim]`, `w` its head weights (`weights_proj x · heads^-½`).
-///
-/// The canonical order, which [`index_scores_reference`] spells out: each `q_h · k_t` is one
-/// chain of fused multiply-adds over the dimensions in order, and the heads are added in order.
-/// The tiled kernel keeps 16 keys in the lanes of a vector and [`HEAD_GROUP`] heads in flight,
-/// so every lane runs exactly that chain: the same bits on every CPU and for any split of the
-/// keys over threads.
-pub fn index_scores(q: &[f32], w: &[f32], keys: &[f32], head_dim: usize) -> Vec<f32> {
-    let row = RowQuery {
-        q,
-        w,
-        len: keys.len() / head_dim,
-    };
-    index_scores_rows(&[row], keys, head_dim).pop().expect("one row")
 }
 
 /// Keys scored together, one per vector lane.
@@ -311,7 +316,8 @@ fn score_tile_portable(q: &[f32], w: &[f32], tile: &[f32], d: usize) -> [f32; KE
     total
 }
 
-/// The scalar twin of [`index_scores`]: one key and one head at a time, in the canonical order.
+/// The scalar twin of [`index_scores_rows`] for one row: one key and one head at a time, in the
+/// canonical order.
 pub fn index_scores_reference(q: &[f32], w: &[f32], keys: &[f32], head_dim: usize) -> Vec<f32> {
     let d = head_dim;
     let scale = (d as f32).powf(-0.5);
@@ -344,6 +350,11 @@ pub fn top_positions(scores: &[f32], k: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one_row(q: &[f32], w: &[f32], keys: &[f32], d: usize) -> Vec<f32> {
+        let len = keys.len() / d;
+        index_scores_rows(&[RowQuery { q, w, len }], keys, d).remove(0)
+    }
 
     #[test]
     fn top_positions_keeps_the_highest_in_ascending_order() {
@@ -386,7 +397,7 @@ mod tests {
         let q: Vec<f32> = (0..dims.heads * dims.head_dim).map(|_| next()).collect();
         let w: Vec<f32> = (0..dims.heads).map(|_| next()).collect();
         let keys: Vec<f32> = (0..20 * dims.head_dim).map(|_| next()).collect();
-        let got = index_scores(&q, &w, &keys, dims.head_dim);
+        let got = one_row(&q, &w, &keys, dims.head_dim);
         for (t, k) in keys.chunks(dims.head_dim).enumerate() {
             let want: f64 = (0..dims.heads)
                 .map(|h| {
@@ -422,7 +433,7 @@ mod tests {
             let q: Vec<f32> = (0..heads * d).map(|_| next()).collect();
             let w: Vec<f32> = (0..heads).map(|_| next()).collect();
             let k: Vec<f32> = (0..keys * d).map(|_| next()).collect();
-            let got = index_scores(&q, &w, &k, d);
+            let got = one_row(&q, &w, &k, d);
             let want = index_scores_reference(&q, &w, &k, d);
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
