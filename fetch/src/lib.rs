@@ -12,6 +12,8 @@
 //!   [`engine_source`] hands that store to the engine's out-of-core expert cache (the engine's
 //!   `RangeSource` trait: this crate depends on the engine, never the other way), and [`warm`]
 //!   fetches the experts a route trace used most;
+//! * progress reports to a `DeltafinModel`'s status on the Kubernetes API ([`report`]), the
+//!   operator's progress channel;
 //! * [`push`](source::oci::push) of an install as an OCI artifact, and read-only inspection of an
 //!   install ([`inspect`]) for `deltafin doctor`.
 //!
@@ -29,6 +31,7 @@ pub mod install;
 pub mod manifest;
 pub mod progress;
 pub mod ranges;
+pub mod report;
 pub mod retry;
 pub mod safetensors;
 pub mod source;

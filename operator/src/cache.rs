@@ -3,7 +3,8 @@
 //! reconciles), and a reconcile reads the stores.
 //!
 //! Scope of each watch (the chart's RBAC grants list/watch on exactly these):
-//! - Jobs, Deployments, Services and Pods labelled `app.kubernetes.io/managed-by=deltafin-operator`
+//! - Jobs, Deployments, Services, Pods and the setup reporter's ServiceAccounts, Roles and
+//!   RoleBindings labelled `app.kubernetes.io/managed-by=deltafin-operator`
 //!   (every child and its pods carry the label);
 //! - weights marker ConfigMaps (`component=weights`, managed by the operator);
 //! - every PersistentVolumeClaim (a `storage.existingClaim` is the user's, without our labels);
@@ -13,7 +14,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::{Resource, ResourceExt};
@@ -47,6 +49,12 @@ pub struct Stores {
     pub claims: Store<PersistentVolumeClaim>,
     /// Weights markers.
     pub markers: Store<ConfigMap>,
+    /// The setup reporters' ServiceAccounts.
+    pub accounts: Store<ServiceAccount>,
+    /// The setup reporters' Roles.
+    pub roles: Store<Role>,
+    /// The setup reporters' RoleBindings.
+    pub role_bindings: Store<RoleBinding>,
     /// ServiceMonitors, where served.
     pub service_monitors: Option<Store<DynamicObject>>,
     /// Set once every store has listed. One waiter per store: a store's own readiness future
@@ -68,6 +76,12 @@ pub struct Writers {
     pub claims: Writer<PersistentVolumeClaim>,
     /// See [`Stores::markers`].
     pub markers: Writer<ConfigMap>,
+    /// See [`Stores::accounts`].
+    pub accounts: Writer<ServiceAccount>,
+    /// See [`Stores::roles`].
+    pub roles: Writer<Role>,
+    /// See [`Stores::role_bindings`].
+    pub role_bindings: Writer<RoleBinding>,
     /// See [`Stores::service_monitors`].
     pub service_monitors: Option<Writer<DynamicObject>>,
 }
@@ -96,6 +110,9 @@ pub fn stores(service_monitors: bool) -> (Stores, Writers) {
     let (services, services_w) = reflector::store();
     let (claims, claims_w) = reflector::store();
     let (markers, markers_w) = reflector::store();
+    let (accounts, accounts_w) = reflector::store();
+    let (roles, roles_w) = reflector::store();
+    let (role_bindings, role_bindings_w) = reflector::store();
     let sm_w = service_monitors.then(|| Writer::new(resources::service_monitor_resource()));
     let stores = Stores {
         jobs,
@@ -104,6 +121,9 @@ pub fn stores(service_monitors: bool) -> (Stores, Writers) {
         services,
         claims,
         markers,
+        accounts,
+        roles,
+        role_bindings,
         service_monitors: sm_w.as_ref().map(Writer::as_reader),
         ready: Arc::default(),
     };
@@ -114,6 +134,9 @@ pub fn stores(service_monitors: bool) -> (Stores, Writers) {
         services: services_w,
         claims: claims_w,
         markers: markers_w,
+        accounts: accounts_w,
+        roles: roles_w,
+        role_bindings: role_bindings_w,
         service_monitors: sm_w,
     };
     (stores, writers)
@@ -147,6 +170,9 @@ impl Stores {
         let _ = self.services.wait_until_ready().await;
         let _ = self.claims.wait_until_ready().await;
         let _ = self.markers.wait_until_ready().await;
+        let _ = self.accounts.wait_until_ready().await;
+        let _ = self.roles.wait_until_ready().await;
+        let _ = self.role_bindings.wait_until_ready().await;
         if let Some(s) = &self.service_monitors {
             let _ = s.wait_until_ready().await;
         }
@@ -170,6 +196,20 @@ impl Stores {
     /// The Service `name` in `ns`.
     pub fn service(&self, ns: &str, name: &str) -> Option<Service> {
         named(&self.services, ns, name)
+    }
+
+    /// The setup reporter of model `name` in `ns`: its ServiceAccount, Role and RoleBinding.
+    pub fn setup_reporter(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> (Option<ServiceAccount>, Option<Role>, Option<RoleBinding>) {
+        let n = crate::names::setup_reporter(name);
+        (
+            named(&self.accounts, ns, &n),
+            named(&self.roles, ns, &n),
+            named(&self.role_bindings, ns, &n),
+        )
     }
 
     /// The ServiceMonitor `name` in `ns` (none where not served).
@@ -240,6 +280,9 @@ mod tests {
         list_empty(&mut w.services);
         list_empty(&mut w.claims);
         list_empty(&mut w.markers);
+        list_empty(&mut w.accounts);
+        list_empty(&mut w.roles);
+        list_empty(&mut w.role_bindings);
         for h in waiters {
             tokio::time::timeout(Duration::from_secs(5), h)
                 .await

@@ -10,9 +10,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -147,8 +148,8 @@ async fn apply(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     Ok(Action::requeue(plan.requeue))
 }
 
-/// Reads everything [`plan::plan`] needs from the stores; the only API request is the setup
-/// pod's log while a setup Job runs (the progress stream).
+/// Reads everything [`plan::plan`] needs from the stores: no API request. Setup progress comes
+/// with the DeltafinModel itself (`status.setupProgress`, written by the setup Job).
 pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let name = obj.name_any();
@@ -164,22 +165,7 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
     } else {
         None
     };
-    let setup_log = match plan::setup_log_pod(obj, &ctx.settings, &jobs, &pods) {
-        Some(pod) => {
-            let lp = LogParams {
-                container: Some("setup".into()),
-                tail_lines: Some(20),
-                ..Default::default()
-            };
-            // A pod that has not started yet has no log; progress then stays as it was.
-            Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-                .logs(&pod, &lp)
-                .await
-                .map_err(|e| debug!(%pod, error = %e, "no setup log yet"))
-                .ok()
-        }
-        None => None,
-    };
+    let (setup_account, setup_role, setup_role_binding) = st.setup_reporter(&ns, &name);
     let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
     Ok(Observed {
         now,
@@ -187,7 +173,9 @@ pub async fn observe(obj: &DeltafinModel, ctx: &Context) -> Result<Observed> {
         marker: st.marker(&ns, &names::weights(&name)),
         jobs,
         pods,
-        setup_log,
+        setup_account,
+        setup_role,
+        setup_role_binding,
         deployment: st.deployment(&ns, &names::server(&name)),
         service: st.service(&ns, &names::server(&name)),
         service_monitor,
@@ -229,11 +217,16 @@ pub async fn execute(obj: &DeltafinModel, ctx: &Context, plan: &Plan) -> Result<
     }
     if obj.status.as_ref() != Some(&plan.status) {
         let api: Api<DeltafinModel> = Api::namespaced(client.clone(), &ns);
-        let body = json!({
+        let mut body = json!({
             "apiVersion": DeltafinModel::api_version(&()),
             "kind": DeltafinModel::kind(&()),
             "status": plan.status,
         });
+        // `setupProgress` is the setup Job's: applying the copy read with the object could put
+        // back an older report over a newer one.
+        if let Some(s) = body["status"].as_object_mut() {
+            s.remove("setupProgress");
+        }
         api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
         ctx.metrics.write("status");
     }
@@ -249,37 +242,36 @@ pub async fn execute(obj: &DeltafinModel, ctx: &Context, plan: &Plan) -> Result<
 async fn apply_child(client: &Client, ns: &str, child: &Child, pp: &PatchParams) -> Result<()> {
     let name = child.name();
     match child {
-        Child::Pvc(o) => {
-            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-                .patch(&name, pp, &Patch::Apply(o))
-                .await?;
-        }
-        Child::Marker(o) => {
-            Api::<ConfigMap>::namespaced(client.clone(), ns)
-                .patch(&name, pp, &Patch::Apply(o))
-                .await?;
-        }
-        Child::Job(o) => {
-            Api::<Job>::namespaced(client.clone(), ns)
-                .patch(&name, pp, &Patch::Apply(o))
-                .await?;
-        }
-        Child::Deployment(o) => {
-            Api::<Deployment>::namespaced(client.clone(), ns)
-                .patch(&name, pp, &Patch::Apply(o))
-                .await?;
-        }
-        Child::Service(o) => {
-            Api::<Service>::namespaced(client.clone(), ns)
-                .patch(&name, pp, &Patch::Apply(o))
-                .await?;
-        }
+        Child::Pvc(o) => ssa::<PersistentVolumeClaim>(client, ns, &name, pp, o).await,
+        Child::Marker(o) => ssa::<ConfigMap>(client, ns, &name, pp, o).await,
+        Child::Job(o) => ssa::<Job>(client, ns, &name, pp, o).await,
+        Child::Deployment(o) => ssa::<Deployment>(client, ns, &name, pp, o).await,
+        Child::Service(o) => ssa::<Service>(client, ns, &name, pp, o).await,
+        Child::ServiceAccount(o) => ssa::<ServiceAccount>(client, ns, &name, pp, o).await,
+        Child::Role(o) => ssa::<Role>(client, ns, &name, pp, o).await,
+        Child::RoleBinding(o) => ssa::<RoleBinding>(client, ns, &name, pp, o).await,
         Child::ServiceMonitor(o) => {
             Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resources::service_monitor_resource())
                 .patch(&name, pp, &Patch::Apply(o))
                 .await?;
+            Ok(())
         }
     }
+}
+
+/// Server-side apply of one namespaced object of a built-in kind.
+async fn ssa<K>(client: &Client, ns: &str, name: &str, pp: &PatchParams, obj: &K) -> Result<()>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .patch(name, pp, &Patch::Apply(obj))
+        .await?;
     Ok(())
 }
 
@@ -435,6 +427,9 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         services,
         claims,
         markers,
+        accounts,
+        roles,
+        role_bindings,
         service_monitors,
     } = writers;
     fn watched<K>(
@@ -457,6 +452,9 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
     .owns_stream(watched(deployments, api(&client, ns), managed.clone()))
     .owns_stream(watched(jobs, api(&client, ns), managed.clone()))
     .owns_stream(watched(services, api(&client, ns), managed.clone()))
+    .owns_stream(watched(accounts, api(&client, ns), managed.clone()))
+    .owns_stream(watched(roles, api(&client, ns), managed.clone()))
+    .owns_stream(watched(role_bindings, api(&client, ns), managed.clone()))
     .watches_stream(watched(pods, api(&client, ns), managed.clone()), |o: Pod| {
         model_ref(&o)
     })

@@ -599,7 +599,7 @@ pub enum ServiceMonitorMode {
     Disabled,
 }
 
-/// Observed state, written by the operator only.
+/// Observed state, written by the operator, except `setupProgress`, which the setup Job writes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeltafinModelStatus {
@@ -628,6 +628,39 @@ pub struct DeltafinModelStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// What the running setup Job last reported (`deltafin setup --report-status`, a JSON merge
+    /// patch of this field under the model's own `<name>-setup` Role). The operator reads it into
+    /// `weights` and the conditions and never writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup_progress: Option<SetupProgress>,
+}
+
+/// One progress report of `deltafin setup` (the `--progress-file` record, camelCase, with the
+/// Job that sent it so a report of an earlier Job is never taken for the current one).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SetupProgress {
+    /// The setup Job that reported.
+    #[serde(default)]
+    pub job: String,
+    /// `resolve`, `download`, `verify`, `done` or `error`.
+    #[serde(default)]
+    pub phase: String,
+    /// Bytes installed so far.
+    #[serde(default)]
+    pub bytes_done: i64,
+    /// Bytes of the complete install (0 while unknown).
+    #[serde(default)]
+    pub bytes_total: i64,
+    /// Files installed so far.
+    #[serde(default)]
+    pub files_done: i64,
+    /// Files of the complete install.
+    #[serde(default)]
+    pub files_total: i64,
+    /// Last message.
+    #[serde(default)]
+    pub message: String,
 }
 
 /// Human summary of where the model stands.

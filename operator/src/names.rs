@@ -112,6 +112,11 @@ pub fn setup_job(model: &str, key: &str) -> String {
     format!("{model}-setup-{}", &key[..key.len().min(10)])
 }
 
+/// Name of the setup Job's ServiceAccount, Role and RoleBinding (its progress reports).
+pub fn setup_reporter(model: &str) -> String {
+    format!("{model}-setup")
+}
+
 /// Name of the pre-flight Job for one image.
 pub fn preflight_job(model: &str, image: &str) -> String {
     format!("{model}-preflight-{}", short_hash(image.as_bytes(), 10))

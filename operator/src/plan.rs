@@ -3,10 +3,12 @@
 //! ([`Plan`]). The controller observes, calls [`plan`], and executes the result.
 //!
 //! Order: resolve the spec -> storage (create the PVC, or wait for an existing claim) -> weights
-//! marker check -> setup Job (progress from its log; on success, write the marker) -> pre-flight
+//! marker check -> setup reporter identity and setup Job (progress from `status.setupProgress`,
+//! which the Job writes; on success, write the marker) -> pre-flight
 //! Job when the spec's image differs from the image the marker records -> server Deployment with
 //! the verified image -> Service -> ServiceMonitor -> status. The Deployment, Service and
-//! ServiceMonitor are server-side applied whenever the cached server object does not hold what
+//! ServiceMonitor (and the setup reporter's ServiceAccount, Role, RoleBinding) are server-side
+//! applied whenever the cached server object does not hold what
 //! the operator sets ([`crate::drift`]: drift is repaired, a no-op reconcile writes nothing); the
 //! PVC and Jobs are applied only while absent (their specs are immutable); the marker only when
 //! an install or a pre-flight completes.
@@ -15,7 +17,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
 use kube::{Resource, ResourceExt};
@@ -28,7 +31,7 @@ use crate::crd::{
 use crate::drift;
 use crate::model::{Model, Settings, Storage, resolve};
 use crate::names;
-use crate::progress::{self, Progress};
+use crate::progress;
 use crate::resources::{self, Marker};
 
 /// Requeue while something is in progress (setup, pre-flight, server start).
@@ -49,8 +52,12 @@ pub struct Observed {
     pub jobs: Vec<Job>,
     /// Pods labelled with the model (setup, pre-flight, server).
     pub pods: Vec<Pod>,
-    /// Tail of the running setup pod's log (the progress stream).
-    pub setup_log: Option<String>,
+    /// The setup reporter's ServiceAccount `<name>-setup`.
+    pub setup_account: Option<ServiceAccount>,
+    /// The setup reporter's Role `<name>-setup`.
+    pub setup_role: Option<Role>,
+    /// The setup reporter's RoleBinding `<name>-setup`.
+    pub setup_role_binding: Option<RoleBinding>,
     /// The server Deployment.
     pub deployment: Option<Deployment>,
     /// The Service.
@@ -74,6 +81,12 @@ pub enum Child {
     Service(Box<Service>),
     /// The ServiceMonitor.
     ServiceMonitor(Box<DynamicObject>),
+    /// The setup Job's ServiceAccount.
+    ServiceAccount(Box<ServiceAccount>),
+    /// The setup Job's Role (patch on its model's status).
+    Role(Box<Role>),
+    /// Binds that Role to that ServiceAccount.
+    RoleBinding(Box<RoleBinding>),
 }
 
 impl Child {
@@ -86,6 +99,9 @@ impl Child {
             Self::Deployment(_) => "Deployment",
             Self::Service(_) => "Service",
             Self::ServiceMonitor(_) => "ServiceMonitor",
+            Self::ServiceAccount(_) => "ServiceAccount",
+            Self::Role(_) => "Role",
+            Self::RoleBinding(_) => "RoleBinding",
         }
     }
 
@@ -98,6 +114,9 @@ impl Child {
             Self::Deployment(o) => o.name_any(),
             Self::Service(o) => o.name_any(),
             Self::ServiceMonitor(o) => o.name_any(),
+            Self::ServiceAccount(o) => o.name_any(),
+            Self::Role(o) => o.name_any(),
+            Self::RoleBinding(o) => o.name_any(),
         }
     }
 }
@@ -198,22 +217,6 @@ fn server_pods(pods: &[Pod]) -> Vec<&Pod> {
         .collect()
 }
 
-/// The pod whose log the controller should read for setup progress: the newest running pod of
-/// the current setup Job, when that Job is running and the weights are not installed.
-pub fn setup_log_pod(cr: &DeltafinModel, settings: &Settings, jobs: &[Job], pods: &[Pod]) -> Option<String> {
-    let m = resolve(cr, settings).ok()?;
-    let name = names::setup_job(&m.name, &m.key);
-    let job = jobs.iter().find(|j| j.name_any() == name)?;
-    if job_state(job) != JobState::Running || m.source_uri.is_none() {
-        return None;
-    }
-    job_pods(pods, &name)
-        .into_iter()
-        .rev()
-        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .map(|p| p.name_any())
-}
-
 /// Whether the live Deployment does not run the desired spec yet (replicas or images differ):
 /// the server status then says the new spec is being applied. Only for status; whether the
 /// Deployment is applied is [`crate::drift::already_applied`]'s.
@@ -280,6 +283,8 @@ pub fn plan(cr: &DeltafinModel, settings: &Settings, obs: &Observed) -> Plan {
             conditions: old.conditions.clone(),
             last_failure: old.last_failure.clone(),
             image: old.image.clone(),
+            // The setup Job's field: carried as it is, never written by the operator.
+            setup_progress: old.setup_progress.clone(),
             ..Default::default()
         },
         generation: cr.meta().generation,
@@ -545,6 +550,9 @@ fn plan_setup(
     } else {
         "Verifying"
     };
+    if m.source_uri.is_some() {
+        plan_setup_reporter(b, m);
+    }
     let Some(job) = setup else {
         b.writes
             .push(Write::Apply(Child::Job(Box::new(resources::setup_job(
@@ -563,9 +571,9 @@ fn plan_setup(
     match job_state(job) {
         JobState::Running => {
             b.busy = true;
-            let p = obs.setup_log.as_deref().and_then(progress::last_progress);
+            let p = progress::reported_by(b.status.setup_progress.as_ref(), setup_name);
             if let Some(p) = &p {
-                apply_progress(weights, p);
+                p.apply_to(weights);
             }
             let reason = match weights.stage.as_deref() {
                 Some("verify") => "Verifying",
@@ -624,15 +632,22 @@ fn plan_setup(
     }
 }
 
-fn apply_progress(w: &mut WeightsStatus, p: &Progress) {
-    w.stage = Some(p.phase.clone());
-    w.bytes_done = Some(p.bytes_done);
-    w.bytes_total = (p.bytes_total > 0).then_some(p.bytes_total);
-    w.files_done = Some(p.files_done);
-    w.files_total = (p.files_total > 0).then_some(p.files_total);
-    w.percent = p.percent();
-    w.percent_text = p.percent().map(|p| format!("{p}%"));
-    w.message = (!p.message.is_empty()).then(|| p.message.clone());
+/// The setup Job's identity (ServiceAccount, Role, RoleBinding), applied while it is missing or
+/// drifted, before the Job that runs as it.
+fn plan_setup_reporter(b: &mut Builder<'_>, m: &Model<'_>) {
+    let obs = b.obs;
+    let sa = resources::setup_service_account(m);
+    if !drift::already_applied(&sa, obs.setup_account.as_ref()) {
+        b.writes.push(Write::Apply(Child::ServiceAccount(Box::new(sa))));
+    }
+    let role = resources::setup_role(m);
+    if !drift::already_applied(&role, obs.setup_role.as_ref()) {
+        b.writes.push(Write::Apply(Child::Role(Box::new(role))));
+    }
+    let binding = resources::setup_role_binding(m);
+    if !drift::already_applied(&binding, obs.setup_role_binding.as_ref()) {
+        b.writes.push(Write::Apply(Child::RoleBinding(Box::new(binding))));
+    }
 }
 
 /// Image handling; returns the image the Deployment runs.

@@ -1,16 +1,18 @@
 //! Reading what the setup, pre-flight and server containers report: the JSON-lines progress of
 //! `deltafin setup` and the causes of failed containers.
 //!
-//! The setup Job runs `deltafin setup ... --progress-file /dev/stdout`, so its pod log is the
-//! progress stream (one JSON object per line, other log lines are ignored); the operator reads
-//! the tail of the running pod's log. Containers use `terminationMessagePolicy:
-//! FallbackToLogsOnError`, so a failed container's termination message holds the end of its log,
-//! whose last line is the one-line cause `deltafin` prints on stderr.
+//! The setup Job runs `deltafin setup ... --report-status NS/NAME`, which patches
+//! `status.setupProgress` of its own DeltafinModel (under the model's `<name>-setup` Role, which
+//! allows exactly that); the DeltafinModel watch brings each report to a reconcile, so progress
+//! moves without reading logs or polling. The Job also writes the same records as JSON lines on
+//! stdout (`--progress-file /dev/stdout`) for `kubectl logs`. Containers use
+//! `terminationMessagePolicy: FallbackToLogsOnError`, so a failed container's termination message
+//! holds the end of its log, whose last line is the one-line cause `deltafin` prints on stderr.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use serde::Deserialize;
 
-use crate::crd::FailureStatus;
+use crate::crd::{FailureStatus, SetupProgress, WeightsStatus};
 
 /// One line of the `--progress-file` stream.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -43,6 +45,18 @@ impl Progress {
         })
     }
 
+    /// Copies the report into the weights status (stage, counters, percent, message).
+    pub fn apply_to(&self, w: &mut WeightsStatus) {
+        w.stage = Some(self.phase.clone());
+        w.bytes_done = Some(self.bytes_done);
+        w.bytes_total = (self.bytes_total > 0).then_some(self.bytes_total);
+        w.files_done = Some(self.files_done);
+        w.files_total = (self.files_total > 0).then_some(self.files_total);
+        w.percent = self.percent();
+        w.percent_text = self.percent().map(|p| format!("{p}%"));
+        w.message = (!self.message.is_empty()).then(|| self.message.clone());
+    }
+
     /// `"38% (712.0/1870.0 GB)"`, or the phase when sizes are unknown.
     pub fn summary(&self) -> String {
         match self.percent() {
@@ -58,15 +72,23 @@ impl Progress {
     }
 }
 
-/// The last progress line in a log (lines that are not progress JSON are skipped).
-pub fn last_progress(log: &str) -> Option<Progress> {
-    log.lines().rev().find_map(|line| {
-        let line = line.trim();
-        if !line.starts_with('{') {
-            return None;
+impl From<&SetupProgress> for Progress {
+    fn from(p: &SetupProgress) -> Self {
+        Progress {
+            phase: p.phase.clone(),
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+            files_done: p.files_done,
+            files_total: p.files_total,
+            message: p.message.clone(),
         }
-        serde_json::from_str::<Progress>(line).ok()
-    })
+    }
+}
+
+/// The report of setup Job `job` in the status, if that Job sent the last one (a report left by
+/// an earlier Job, of another content key, is not this Job's progress).
+pub fn reported_by(status: Option<&SetupProgress>, job: &str) -> Option<Progress> {
+    status.filter(|p| p.job == job).map(Progress::from)
 }
 
 /// The cause in a termination message: an `error` progress line's message, else the last
@@ -224,18 +246,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn last_progress_skips_non_json_lines() {
-        let log = concat!(
-            "{\"phase\":\"resolve\",\"bytes_done\":0,\"bytes_total\":0,\"files_done\":0,\"files_total\":0,\"message\":\"\"}\n",
-            "{\"phase\":\"download\",\"bytes_done\":712000000000,\"bytes_total\":1870000000000,\"files_done\":10,\"files_total\":64,\"message\":\"model-00011.safetensors\"}\n",
-            "INFO downloading shard 11\n",
-            "{\"phase\":\"download\",\"bytes_d\n"
-        );
-        let p = last_progress(log).unwrap();
+    fn only_the_current_jobs_report_counts() {
+        let report = SetupProgress {
+            job: "m-setup-abc".into(),
+            phase: "download".into(),
+            bytes_done: 712_000_000_000,
+            bytes_total: 1_870_000_000_000,
+            files_done: 10,
+            files_total: 64,
+            message: "model-00011.safetensors".into(),
+        };
+        let p = reported_by(Some(&report), "m-setup-abc").unwrap();
         assert_eq!(p.phase, "download");
         assert_eq!(p.percent(), Some(38));
         assert_eq!(p.summary(), "38% (712.0/1870.0 GB, 10/64 files)");
-        assert_eq!(last_progress("plain\nlines\n"), None);
+        assert_eq!(
+            reported_by(Some(&report), "m-setup-def"),
+            None,
+            "an earlier Job's report"
+        );
+        assert_eq!(reported_by(None, "m-setup-abc"), None);
     }
 
     #[test]

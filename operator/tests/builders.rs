@@ -34,6 +34,11 @@ fn render(m: &Model<'_>) -> String {
         bytes_total: Some(1),
     };
     docs.push(serde_json::to_value(resources::marker(m, &marker)).unwrap());
+    if m.source_uri.is_some() {
+        docs.push(serde_json::to_value(resources::setup_service_account(m)).unwrap());
+        docs.push(serde_json::to_value(resources::setup_role(m)).unwrap());
+        docs.push(serde_json::to_value(resources::setup_role_binding(m)).unwrap());
+    }
     docs.push(serde_json::to_value(resources::setup_job(m, &m.image)).unwrap());
     docs.push(serde_json::to_value(resources::preflight_job(m, NEW_IMAGE)).unwrap());
     docs.push(serde_json::to_value(resources::deployment(m, &m.image)).unwrap());
@@ -116,7 +121,8 @@ fn probes_hit_the_server_endpoints() {
     });
 }
 
-fn assert_restricted(what: &str, pod: &PodSpec) {
+/// `account`: the ServiceAccount whose token the pod may mount (the setup reporter), or none.
+fn assert_restricted(what: &str, pod: &PodSpec, account: Option<String>) {
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true), "{what}");
     assert_eq!(psc.run_as_user, Some(65532), "{what}");
@@ -127,9 +133,10 @@ fn assert_restricted(what: &str, pod: &PodSpec) {
     );
     assert_eq!(
         pod.automount_service_account_token,
-        Some(false),
-        "{what}: no API token in model pods"
+        Some(account.is_some()),
+        "{what}: no API token in model pods but the setup reporter's"
     );
+    assert_eq!(pod.service_account_name, account, "{what}");
     assert_eq!(
         pod.enable_service_links,
         Some(false),
@@ -163,7 +170,58 @@ fn assert_restricted(what: &str, pod: &PodSpec) {
 fn every_pod_runs_restricted() {
     for_each_model(|_, m| {
         for (what, pod) in pod_specs(m) {
-            assert_restricted(what, &pod);
+            let reporter =
+                (what == "setup" && m.source_uri.is_some()).then(|| names::setup_reporter(&m.name));
+            assert_restricted(what, &pod, reporter);
+        }
+    });
+}
+
+/// The setup pod's token can patch its own model's status and do nothing else.
+#[test]
+fn the_setup_reporter_may_patch_only_its_models_status() {
+    for_each_model(|_, m| {
+        let role = resources::setup_role(m);
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        let r = &rules[0];
+        assert_eq!(r.api_groups.as_deref(), Some(&["deltafin.dev".to_string()][..]));
+        assert_eq!(
+            r.resources.as_deref(),
+            Some(&["deltafinmodels/status".to_string()][..])
+        );
+        assert_eq!(r.resource_names.as_deref(), Some(&[m.name.clone()][..]));
+        assert_eq!(r.verbs, ["patch"]);
+        let b = resources::setup_role_binding(m);
+        assert_eq!(b.role_ref.name, names::setup_reporter(&m.name));
+        let subject = &b.subjects.unwrap()[0];
+        assert_eq!(
+            (subject.kind.as_str(), subject.name.as_str()),
+            ("ServiceAccount", b.role_ref.name.as_str())
+        );
+        assert_eq!(subject.namespace.as_deref(), Some(m.namespace.as_str()));
+        let sa = resources::setup_service_account(m);
+        assert_eq!(
+            sa.automount_service_account_token,
+            Some(false),
+            "mounted only where asked"
+        );
+        if m.source_uri.is_some() {
+            let job = resources::setup_job(m, &m.image);
+            let args = job.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap();
+            let at = args
+                .iter()
+                .position(|a| a == "--report-status")
+                .expect("--report-status");
+            assert_eq!(args[at + 1], format!("{}/{}", m.namespace, m.name));
+            let at = args
+                .iter()
+                .position(|a| a == "--report-job")
+                .expect("--report-job");
+            assert_eq!(args[at + 1], names::setup_job(&m.name, &m.key));
         }
     });
 }

@@ -294,41 +294,78 @@ async fn new_resource_gets_finalizer_then_pvc_and_setup_job() {
 }
 
 #[tokio::test]
-async fn setup_progress_is_read_from_the_job_pod_log() {
+async fn setup_progress_comes_from_the_status_the_setup_job_patches() {
     let w = World::new(false);
     w.create(example("kimi-k2-pvc"));
-    w.reconcile("kimi-k2").await;
-    w.reconcile("kimi-k2").await;
+    let first = w.reconcile("kimi-k2").await;
+    let second = w.reconcile("kimi-k2").await;
+    let created: Vec<String> = [first, second]
+        .concat()
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.path.clone())
+        .collect();
+    for kind in [
+        "serviceaccounts/kimi-k2-setup",
+        "roles/kimi-k2-setup",
+        "rolebindings/kimi-k2-setup",
+    ] {
+        assert!(
+            created.iter().any(|p| p.ends_with(kind)),
+            "{kind} applied: {created:?}"
+        );
+    }
     let job = w.job_named("kimi-k2-setup-").pop().unwrap();
-    let pod = w.add_job_pod(&job, "kimi-k2", json!({"phase": "Running"}));
-    w.fake.set_log(
-        &pod,
-        "{\"phase\":\"download\",\"bytes_done\":712000000000,\"bytes_total\":1870000000000,\"files_done\":10,\"files_total\":64,\"message\":\"model-00011\"}\n",
-    );
+    w.add_job_pod(&job, "kimi-k2", json!({"phase": "Running"}));
+    // What `deltafin setup --report-status` sends: a merge patch of its own field.
+    let report = |job: &str, phase: &str, done: i64| {
+        let p = json!({"job": job, "phase": phase, "bytesDone": done,
+            "bytesTotal": 1_870_000_000_000i64, "filesDone": 10, "filesTotal": 64, "message": "model-00011"});
+        w.fake
+            .edit(&models(), "kimi-k2", |o| o["status"]["setupProgress"] = p);
+    };
+    report(&job, "download", 712_000_000_000);
     let reqs = w.reconcile("kimi-k2").await;
     assert!(
-        reqs.iter()
-            .any(|r| r.method == "GET" && r.path.ends_with(&format!("/pods/{pod}/log")))
+        reqs.iter().all(|r| r.method != "GET"),
+        "no log or object reads: {:?}",
+        reqs.iter().map(|r| &r.path).collect::<Vec<_>>()
     );
     assert_eq!(
         writes(&reqs),
         [format!("PATCH {}/kimi-k2/status", models())],
         "only the status changes"
     );
-    let weights = w.cr("kimi-k2").unwrap().status.unwrap().weights.unwrap();
+    let applied = reqs.iter().find(|r| r.path.ends_with("/status")).unwrap();
+    let body = applied.body.as_ref().unwrap();
+    assert!(
+        body["status"].get("setupProgress").is_none(),
+        "the operator never writes the Job's field"
+    );
+    let status = w.cr("kimi-k2").unwrap().status.unwrap();
+    assert_eq!(
+        status.setup_progress.as_ref().unwrap().bytes_done,
+        712_000_000_000,
+        "the report is kept"
+    );
+    let weights = status.weights.unwrap();
     assert_eq!(weights.percent, Some(38));
     assert_eq!(weights.percent_text.as_deref(), Some("38%"));
     assert_eq!(weights.bytes_total, Some(1_870_000_000_000));
     let (_, reason, msg) = w.condition("kimi-k2", "WeightsReady");
     assert_eq!(reason, "Downloading");
     assert!(msg.contains("38% (712.0/1870.0 GB"), "{msg}");
-    // Same log, same state: nothing to write.
+    // Same report, same state: nothing to write.
     assert!(writes(&w.reconcile("kimi-k2").await).is_empty());
-    // Verify stage.
-    w.fake.set_log(
-        &pod,
-        "{\"phase\":\"verify\",\"bytes_done\":1870000000000,\"bytes_total\":1870000000000}\n",
+    // A report of another Job (an earlier content key) is not this Job's progress.
+    report("kimi-k2-setup-0000000000", "verify", 1);
+    w.reconcile("kimi-k2").await;
+    assert_eq!(
+        w.cr("kimi-k2").unwrap().status.unwrap().weights.unwrap().percent,
+        Some(38)
     );
+    // Verify stage.
+    report(&job, "verify", 1_870_000_000_000);
     w.reconcile("kimi-k2").await;
     assert_eq!(w.condition("kimi-k2", "WeightsReady").1, "Verifying");
     assert_eq!(w.phase("kimi-k2"), Some(Phase::Verifying));

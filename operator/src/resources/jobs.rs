@@ -51,6 +51,11 @@ pub fn setup_args(m: &Model<'_>) -> Vec<String> {
     if d.qwen.enabled {
         a.push("--include-qwen".into());
     }
+    // Progress for the operator (the model's status, watched) and for `kubectl logs` (stdout).
+    a.push("--report-status".into());
+    a.push(format!("{}/{}", m.namespace, m.name));
+    a.push("--report-job".into());
+    a.push(names::setup_job(&m.name, &m.key));
     a.push("--progress-file".into());
     a.push("/dev/stdout".into());
     a
@@ -76,7 +81,7 @@ pub fn setup_job(m: &Model<'_>, image: &str) -> Job {
         ..Default::default()
     };
     let name = names::setup_job(&m.name, &m.key);
-    job(
+    let mut job = job(
         m,
         name,
         Component::Setup,
@@ -85,7 +90,15 @@ pub fn setup_job(m: &Model<'_>, image: &str) -> Job {
         spec.backoff_limit,
         spec.active_deadline_seconds,
         true,
-    )
+    );
+    if m.source_uri.is_some()
+        && let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut())
+    {
+        // The token of `<name>-setup`, whose only right is patching this model's status.
+        pod.service_account_name = Some(names::setup_reporter(&m.name));
+        pod.automount_service_account_token = Some(true);
+    }
+    job
 }
 
 /// The pre-flight Job `<name>-preflight-<hash(image)>`: `deltafin doctor` with the new image on

@@ -2,10 +2,12 @@
 //! controller applies what these return, and the tests snapshot them.
 
 mod jobs;
+mod reporter;
 mod server;
 mod storage;
 
 pub use jobs::{preflight_job, setup_job};
+pub use reporter::{setup_role, setup_role_binding, setup_service_account};
 pub use server::{deployment, service, service_monitor, service_monitor_resource};
 pub use storage::{Marker, marker, marker_data, pvc};
 

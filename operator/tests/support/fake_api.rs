@@ -1,12 +1,12 @@
 //! A scripted, stateful stand-in for the Kubernetes API server, plugged into a `kube::Client`
 //! through `tower_test::mock` (the kube-rs testing pattern). It stores objects as JSON per
 //! collection path, assigns `uid`/`resourceVersion`/`generation`/`creationTimestamp`, and
-//! understands what the operator sends: GET (object, list with an equality label selector, pod
-//! log), POST, PATCH (server-side apply, JSON merge patch, JSON patch, `/status`) and DELETE
+//! understands what the operator sends: GET (object, list with an equality label selector),
+//! POST, PATCH (server-side apply, JSON merge patch, JSON patch, `/status`) and DELETE
 //! (with finalizer semantics). Every request is recorded so tests can assert the exact writes.
 //! Tests play the other controllers (Job, Deployment, kubelet) by editing stored objects.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response, StatusCode};
@@ -39,9 +39,11 @@ impl Recorded {
 pub struct State {
     /// collection path -> name -> object.
     pub objects: BTreeMap<String, BTreeMap<String, Value>>,
-    /// pod name -> log text.
-    pub logs: HashMap<String, String>,
     pub requests: Vec<Recorded>,
+    /// (collection, name) -> the top-level status fields the applier has sent: an apply removes
+    /// the ones it sent before and leaves out now, and keeps fields it never sent (another
+    /// writer's, such as the setup Job's `setupProgress`), as server-side apply does.
+    status_applied: BTreeMap<(String, String), Vec<String>>,
     rv: u64,
     uid: u64,
 }
@@ -121,10 +123,6 @@ impl FakeApi {
             .and_then(|c| c.get_mut(name))
             .unwrap_or_else(|| panic!("{collection}/{name} missing"));
         f(obj);
-    }
-
-    pub fn set_log(&self, pod: &str, log: &str) {
-        self.state.lock().unwrap().logs.insert(pod.into(), log.into());
     }
 
     /// Takes the recorded requests (and forgets them).
@@ -287,13 +285,6 @@ impl State {
                     &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}),
                 )
             }
-            ("GET", Some(n), Some("log")) => match self.logs.get(&n) {
-                Some(l) => Response::builder()
-                    .status(200)
-                    .body(Body::from(l.clone().into_bytes()))
-                    .unwrap(),
-                None => status(400, "BadRequest", "container is waiting to start"),
-            },
             ("GET", Some(n), _) => match self.objects.get(&collection).and_then(|c| c.get(&n)) {
                 Some(o) => ok(200, o),
                 None => status(404, "NotFound", &format!("{n} not found")),
@@ -356,7 +347,19 @@ impl State {
             (None, _) => return status(404, "NotFound", &format!("{name} not found")),
             (Some(mut obj), Some("status")) => {
                 if apply {
-                    obj["status"] = body["status"].clone();
+                    let sent: Vec<String> = body["status"]
+                        .as_object()
+                        .map(|m| m.keys().cloned().collect())
+                        .unwrap_or_default();
+                    let before = self
+                        .status_applied
+                        .insert((collection.into(), name.into()), sent.clone());
+                    let mut status = obj["status"].as_object().cloned().unwrap_or_default();
+                    status.retain(|k, _| sent.contains(k) || !before.iter().flatten().any(|b| b == k));
+                    for (k, v) in body["status"].as_object().into_iter().flatten() {
+                        status.insert(k.clone(), v.clone());
+                    }
+                    obj["status"] = Value::Object(status);
                 } else {
                     merge(&mut obj, &json!({"status": body["status"]}));
                 }

@@ -76,6 +76,9 @@ pub fn sync_stores(w: &mut Writers, fake: &fake_api::FakeApi) {
     fill(&mut w.services, fake, "/services");
     fill(&mut w.claims, fake, "/persistentvolumeclaims");
     fill(&mut w.markers, fake, "/configmaps");
+    fill(&mut w.accounts, fake, "/serviceaccounts");
+    fill(&mut w.roles, fake, "/roles");
+    fill(&mut w.role_bindings, fake, "/rolebindings");
     if let Some(sm) = w.service_monitors.as_mut() {
         fill(sm, fake, "/servicemonitors");
     }

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use deltafin_fetch::error::human_bytes;
 use deltafin_fetch::progress::{Fanout, JsonLinesFile, ProgressSink};
+use deltafin_fetch::report::{KubeTarget, StatusReporter};
 use deltafin_fetch::retry::RetryPolicy;
 use deltafin_fetch::source::hf::HfRepo;
 use deltafin_fetch::source::oci::{OciOptions, OciSource};
@@ -91,7 +92,37 @@ pub struct SetupArgs {
     #[arg(long, env = "DELTAFIN_JSON")]
     pub json: bool,
     #[command(flatten)]
+    pub report: ReportArgs,
+    #[command(flatten)]
     pub net: NetArgs,
+}
+
+/// Progress reports to a DeltafinModel's status (the operator's setup Job sets these).
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Also report progress to `status.setupProgress` of the DeltafinModel `NAMESPACE/NAME` on
+    /// the Kubernetes API (in-cluster: the pod's ServiceAccount token and CA).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub report_status: Option<String>,
+    /// The setup Job name written with each report.
+    #[arg(long, requires = "report_status", default_value = "")]
+    pub report_job: String,
+    /// Kubernetes API server URL (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).
+    #[arg(long, env = "DELTAFIN_KUBE_API")]
+    pub kube_api: Option<String>,
+    #[arg(long, env = "KUBERNETES_SERVICE_HOST", hide = true)]
+    pub kube_host: Option<String>,
+    #[arg(long, env = "KUBERNETES_SERVICE_PORT", hide = true)]
+    pub kube_port: Option<String>,
+    /// Bearer token file for the reports.
+    #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token")]
+    pub kube_token_file: PathBuf,
+    /// CA bundle of the API server.
+    #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")]
+    pub kube_ca_file: PathBuf,
+    /// Least time between two download reports, in seconds (phase changes go at once).
+    #[arg(long, default_value_t = 2.0)]
+    pub report_interval_s: f64,
 }
 
 /// `deltafin setup-qwen`.
@@ -148,7 +179,63 @@ pub fn setup(args: SetupArgs) -> anyhow::Result<ExitCode> {
             mode: Mode::Full,
         });
     }
-    run_jobs(&jobs, &args.net, args.progress_file.as_deref(), args.json)
+    let reporter = status_reporter(&args.report)?;
+    let reporter = reporter.map(std::sync::Arc::new);
+    let res = run_jobs(
+        &jobs,
+        &args.net,
+        args.progress_file.as_deref(),
+        args.json,
+        reporter.as_ref(),
+    );
+    if let Some(r) = reporter {
+        let s = r.finish();
+        if s.failed > 0 {
+            eprintln!(
+                "warning: {} of {} status reports failed (last: {})",
+                s.failed,
+                s.sent + s.failed,
+                s.last_error.unwrap_or_default()
+            );
+        }
+    }
+    res
+}
+
+/// The status reporter `--report-status` asks for.
+fn status_reporter(a: &ReportArgs) -> anyhow::Result<Option<StatusReporter>> {
+    let Some(target) = &a.report_status else {
+        return Ok(None);
+    };
+    let Some((namespace, name)) = target
+        .split_once('/')
+        .filter(|(n, m)| !n.is_empty() && !m.is_empty())
+    else {
+        bail!("--report-status `{target}`: expected NAMESPACE/NAME");
+    };
+    let api = match (&a.kube_api, &a.kube_host, &a.kube_port) {
+        (Some(api), _, _) => api.clone(),
+        (None, Some(h), Some(p)) if h.contains(':') => format!("https://[{h}]:{p}"),
+        (None, Some(h), Some(p)) => format!("https://{h}:{p}"),
+        _ => bail!(
+            "--report-status needs the API server: --kube-api, or KUBERNETES_SERVICE_HOST and \
+             KUBERNETES_SERVICE_PORT (set in every pod)"
+        ),
+    };
+    if !(a.report_interval_s.is_finite() && a.report_interval_s >= 0.0) {
+        bail!("--report-interval-s must be a number of seconds >= 0");
+    }
+    let target = KubeTarget {
+        api,
+        token_file: a.kube_token_file.clone(),
+        ca_file: Some(a.kube_ca_file.clone()),
+        namespace: namespace.into(),
+        name: name.into(),
+        job: a.report_job.clone(),
+    };
+    let warn = Box::new(|m: &str| eprintln!("warning: {m}"));
+    let interval = Duration::from_secs_f64(a.report_interval_s);
+    Ok(Some(StatusReporter::start(target, interval, warn)?))
 }
 
 /// `deltafin setup-qwen`.
@@ -160,7 +247,7 @@ pub fn setup_qwen(args: SetupQwenArgs) -> anyhow::Result<ExitCode> {
         dir: draft_dir(&args.dir, "qwen"),
         mode: Mode::Full,
     }];
-    run_jobs(&jobs, &args.net, args.progress_file.as_deref(), args.json)
+    run_jobs(&jobs, &args.net, args.progress_file.as_deref(), args.json, None)
 }
 
 /// `NAME=SOURCE` with a plain NAME.
@@ -189,6 +276,7 @@ fn run_jobs(
     net: &NetArgs,
     progress_file: Option<&Path>,
     json: bool,
+    reporter: Option<&std::sync::Arc<StatusReporter>>,
 ) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -202,7 +290,10 @@ fn run_jobs(
     for (i, job) in jobs.iter().enumerate() {
         let mut sinks: Vec<Box<dyn ProgressSink>> = vec![human_sink(&job.label)];
         if let Some(f) = &file_sink {
-            sinks.push(Box::new(FileRef(f.clone())));
+            sinks.push(Box::new(Shared(f.clone())));
+        }
+        if let Some(r) = reporter {
+            sinks.push(Box::new(Shared(r.clone())));
         }
         let fan = Fanout(sinks);
         let last = i + 1 == jobs.len();
@@ -236,9 +327,10 @@ fn run_jobs(
     Ok(ExitCode::SUCCESS)
 }
 
-struct FileRef(std::sync::Arc<JsonLinesFile>);
+/// A sink shared by every job's [`Fanout`] (the progress file, the status reporter).
+struct Shared<T>(std::sync::Arc<T>);
 
-impl ProgressSink for FileRef {
+impl<T: ProgressSink> ProgressSink for Shared<T> {
     fn event(&self, e: &deltafin_fetch::progress::ProgressEvent) {
         self.0.event(e);
     }
