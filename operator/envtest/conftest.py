@@ -276,3 +276,102 @@ def ns(kube, request):
     yield name
     if not os.environ.get("DELTAFIN_ENVTEST_STARTED"):
         kube.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+class TinyHub:
+    """A loopback Hugging Face endpoint serving one repository: the revision listing
+    (`/api/models/ORG/REPO/revision/REV`) and its files (`/ORG/REPO/resolve/SHA/FILE`, with
+    `Range`), laid out as the Hub serves them (LFS SHA-256 for weights, git blob ids otherwise)."""
+
+    def __init__(self, repo, revision, model_dir):
+        import hashlib
+        import http.server
+        import threading
+
+        files = {p.name: p.read_bytes() for p in sorted(Path(model_dir).iterdir()) if p.is_file()}
+        sha = hashlib.sha1(b"".join(n.encode() + b for n, b in files.items())).hexdigest()
+        siblings = []
+        for name, data in files.items():
+            if name.endswith(".safetensors"):
+                siblings.append({"rfilename": name, "size": 135, "blobId": "0" * 40,
+                                 "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                         "pointerSize": 135}})
+            else:
+                blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+                siblings.append({"rfilename": name, "size": len(data), "blobId": blob})
+        listing = json.dumps({"id": repo, "sha": sha, "siblings": siblings}).encode()
+        routes = {f"/api/models/{repo}/revision/{rev}": listing for rev in (revision, sha)}
+        routes.update({f"/{repo}/resolve/{sha}/{n}": b for n, b in files.items()})
+        self.total_bytes, self.files = sum(len(b) for b in files.values()), len(files)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = routes.get(self.path.split("?", 1)[0])
+                if body is None:
+                    self.send_error(404)
+                    return
+                m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+                if m:
+                    a, b = int(m.group(1)), min(int(m.group(2)), len(body) - 1)
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {a}-{b}/{len(body)}")
+                    body = body[a:b + 1]
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Cluster:
+    """Where the API server is and how to trust it, from the admin kubeconfig."""
+
+    def __init__(self, kube, workdir):
+        import base64
+
+        cfg = json.loads(kube.run("config", "view", "--raw", "--minify", "-o", "json").stdout)
+        c = cfg["clusters"][0]["cluster"]
+        self.server = c["server"]
+        self.ca_file = Path(workdir) / "ca.crt"
+        if "certificate-authority-data" in c:
+            self.ca_file.write_bytes(base64.b64decode(c["certificate-authority-data"]))
+        else:
+            self.ca_file.write_bytes(Path(c["certificate-authority"]).read_bytes())
+
+    def request(self, method, path, token, body=None, content_type="application/merge-patch+json"):
+        """One request with `token`; returns (status, parsed body)."""
+        import ssl
+        import urllib.error
+
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        req = urllib.request.Request(self.server + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.fixture(scope="session")
+def cluster(kube, tmp_path_factory):
+    return Cluster(kube, tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hub():
+    hub = TinyHub("deltafin-test/tiny-moe", "0123abc", REPO / "engine" / "tests" / "fixtures" / "qwen3")
+    yield hub
+    hub.close()

@@ -6,11 +6,12 @@ check the owner references instead of the deletion).
 """
 
 import copy
+import subprocess
 import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import required_env, wait_for
 
 IMAGE = "ghcr.io/deltafin/deltafin:0.1.0"
 NEW_IMAGE = "ghcr.io/deltafin/deltafin:0.2.0"
@@ -289,6 +290,8 @@ def test_a_no_op_reconcile_reads_only_caches_and_changes_no_resource_version(kub
     assert m1["deltafin_operator_last_success_timestamp_seconds"] >= time.time() - 60
     assert m1["deltafin_operator_reconcile_duration_seconds_count"] >= m1[RECONCILES] - 1
     assert m1['deltafin_operator_writes_total{kind="Deployment"}'] >= 1
+    # Settled: nothing waits in the reconcile queue (every model's next run is a future requeue).
+    assert m1["deltafin_operator_queue_depth"] == 0, m1["deltafin_operator_queue_depth"]
 
 
 def fail_job(kube, ns, job, container, terminated):
@@ -402,22 +405,51 @@ def test_a_crashing_server_is_reported_as_the_last_failure(kube, operator, ns):
     assert (f["component"], f["reason"], f["exitCode"]) == ("server", "OOMKilled", 137)
 
 
-def test_a_running_setup_pod_is_asked_for_its_progress_log(kube, operator, ns):
-    """The progress stream is the setup pod's log. No kubelet serves logs here, so the request
-    fails and progress stays as it was (parsing the log is covered by the fake-API scenarios);
-    what runs here is the request, under the chart's `pods/log` grant."""
+def test_the_setup_reports_progress_to_the_model_status_under_its_own_role(
+        kube, operator, ns, cluster, tiny_hub, tmp_path):
+    """The real `deltafin setup`, run as the Job would run it (its arguments, and a token of the
+    model's `<name>-setup` ServiceAccount), downloads from a loopback Hub and patches
+    `status.setupProgress`; the operator sees it through its watch and shows it, reading no log.
+    That token can patch this model's status and nothing else."""
     kube.apply(model("tiny", ns))
+    kube.apply(model("other", ns))
     job = wait_job(kube, ns, "tiny")
-    labels = dict(job["spec"]["template"]["metadata"]["labels"], **{"job-name": job["metadata"]["name"]})
-    pod = job["metadata"]["name"] + "-run1"
-    logs = lambda: api_requests(operator.metrics()).get(("log", "pods/log"), 0)
-    before = logs()
-    kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns, "labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "setup", "image": IMAGE}]}})
-    kube.patch("pod", pod, ns, {"status": {"phase": "Running"}}, subresource="status")
-    wait_for(lambda: logs() > before, what="a pods/log request for the running setup pod")
-    w = condition(kube.get("dfm", "tiny", ns), "WeightsReady")
-    assert (w["status"], w["reason"]) == ("False", "Downloading"), w
+    for kind in ("serviceaccount", "role", "rolebinding"):
+        wait_for(lambda: kube.get(kind, "tiny-setup", ns), what=f"{kind} tiny-setup")
+    pod = job["spec"]["template"]["spec"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("tiny-setup", True)
+    args = pod["containers"][0]["args"]
+    at = args.index("--report-status")
+    assert args[at:at + 4] == ["--report-status", f"{ns}/tiny", "--report-job", job["metadata"]["name"]], args
+    token = kube.run("create", "token", "tiny-setup", "-n", ns, "--duration", "1h").stdout.strip()
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    dir_at = args.index("--dir")
+    args = args[:dir_at + 1] + [str(tmp_path / "weights")] + args[dir_at + 2:]
+    r = subprocess.run([required_env("DELTAFIN_BIN"), *args, "--kube-api", cluster.server,
+                        "--kube-token-file", str(token_file), "--kube-ca-file", str(cluster.ca_file),
+                        "--endpoint", tiny_hub.url],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "status report" not in r.stderr, r.stderr
+    report = kube.get("dfm", "tiny", ns)["status"]["setupProgress"]
+    assert report == {"job": job["metadata"]["name"], "phase": "done", "bytesDone": tiny_hub.total_bytes,
+                      "bytesTotal": tiny_hub.total_bytes, "filesDone": tiny_hub.files,
+                      "filesTotal": tiny_hub.files, "message": report["message"]}, report
+    weights = wait_for(lambda: (kube.get("dfm", "tiny", ns)["status"].get("weights") or {}).get("percent") == 100
+                       and kube.get("dfm", "tiny", ns)["status"]["weights"], what="the report in status.weights")
+    assert (weights["stage"], weights["bytesTotal"]) == ("done", tiny_hub.total_bytes), weights
+    assert not [k for k in api_requests(operator.metrics()) if k[0] == "log"], "no pod log is read"
+    # The operator's status writes keep the Job's field.
+    assert kube.get("dfm", "tiny", ns)["status"]["setupProgress"]["phase"] == "done"
+    # The setup token: this model's status only.
+    base = f"/apis/deltafin.dev/v1alpha1/namespaces/{ns}/deltafinmodels"
+    patch = {"status": {"setupProgress": {"job": "x", "phase": "download"}}}
+    assert cluster.request("PATCH", f"{base}/other/status", token, patch)[0] == 403
+    assert cluster.request("PATCH", f"{base}/tiny", token, {"spec": {"paused": True}})[0] == 403
+    assert cluster.request("GET", f"{base}/tiny", token)[0] == 403
+    assert cluster.request("GET", f"/api/v1/namespaces/{ns}/pods", token)[0] == 403
+    assert cluster.request("PATCH", f"{base}/tiny/status", token, patch)[0] == 200
 
 
 def test_a_new_model_reuses_the_retained_weights_without_a_download(kube, operator, ns):

@@ -18,8 +18,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::reflector;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -117,6 +117,7 @@ impl Context {
 pub async fn reconcile(obj: Arc<DeltafinModel>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile();
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    ctx.metrics.started(&ns, &obj.name_any());
     let api: Api<DeltafinModel> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.stores.ready().await;
     let action = finalizer(&api, FINALIZER, obj, |event| async {
@@ -135,6 +136,11 @@ pub async fn reconcile(obj: Arc<DeltafinModel>, ctx: Arc<Context>) -> Result<Act
 pub fn error_policy(obj: Arc<DeltafinModel>, err: &Error, ctx: Arc<Context>) -> Action {
     warn!(model = %obj.name_any(), error = %err, "reconcile failed");
     ctx.metrics.failure(err);
+    ctx.metrics.requeued(
+        &obj.namespace().unwrap_or_default(),
+        &obj.name_any(),
+        ERROR_REQUEUE,
+    );
     Action::requeue(ERROR_REQUEUE)
 }
 
@@ -145,6 +151,8 @@ async fn apply(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     if let Some(e) = ctx.notice_for(obj) {
         publish(ctx, obj, &e).await;
     }
+    let ns = obj.namespace().unwrap_or_default();
+    ctx.metrics.requeued(&ns, &obj.name_any(), plan.requeue);
     Ok(Action::requeue(plan.requeue))
 }
 
@@ -358,6 +366,17 @@ async fn cleanup(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     Ok(Action::await_change())
 }
 
+/// The DeltafinModel that controls `obj` (its controller owner reference).
+fn owner_model<K: Resource>(obj: &K) -> Option<ObjectRef<DeltafinModel>> {
+    let ns = obj.meta().namespace.as_deref()?;
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "DeltafinModel")
+        .map(|o| ObjectRef::new(&o.name).within(ns))
+}
+
 fn model_ref<K: Resource>(obj: &K) -> Option<ObjectRef<DeltafinModel>> {
     let name = obj.meta().labels.as_ref()?.get(MODEL_LABEL)?;
     Some(ObjectRef::new(name).within(obj.meta().namespace.as_deref()?))
@@ -432,10 +451,14 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         role_bindings,
         service_monitors,
     } = writers;
+    /// The watch of one kind, filling its store; every object it touches queues the models it
+    /// concerns in the queue-depth mirror (`queued`).
     fn watched<K>(
         w: kube::runtime::reflector::store::Writer<K>,
         api: Api<K>,
         cfg: watcher::Config,
+        queued: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + 'static,
+        metrics: Arc<Metrics>,
     ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
     where
         K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -444,26 +467,103 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         reflector(w, watcher(api, cfg))
             .default_backoff()
             .touched_objects()
+            .inspect(move |r| {
+                for m in r.iter().flat_map(&queued) {
+                    metrics.triggered(m.namespace.as_deref().unwrap_or_default(), &m.name);
+                }
+            })
     }
-    let mut controller = Controller::new(
-        api::<DeltafinModel>(&client, ns),
-        watcher::Config::default().any_semantic(),
+    // Only models that exist are queued: the controller skips a reference it has no object for
+    // (a deleted model, children left behind where no garbage collector runs).
+    let (models, models_w) = kube::runtime::reflector::store();
+    type Refs = Vec<ObjectRef<DeltafinModel>>;
+    fn existing<K: Resource + 'static>(
+        models: &Store<DeltafinModel>,
+        f: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
+    ) -> impl Fn(&K) -> Refs + Send + 'static {
+        let models = models.clone();
+        move |o| f(o).into_iter().filter(|r| models.get(r).is_some()).collect()
+    }
+    let m = || ctx.metrics.clone();
+    let own = existing(&models, |o: &DeltafinModel| Some(ObjectRef::from_obj(o)));
+    ctx.metrics.set_models(models.clone());
+    let models_cfg = watcher::Config::default().any_semantic();
+    let mut controller = Controller::for_stream(
+        watched(models_w, api(&client, ns), models_cfg, own, m()),
+        models.clone(),
     )
-    .owns_stream(watched(deployments, api(&client, ns), managed.clone()))
-    .owns_stream(watched(jobs, api(&client, ns), managed.clone()))
-    .owns_stream(watched(services, api(&client, ns), managed.clone()))
-    .owns_stream(watched(accounts, api(&client, ns), managed.clone()))
-    .owns_stream(watched(roles, api(&client, ns), managed.clone()))
-    .owns_stream(watched(role_bindings, api(&client, ns), managed.clone()))
-    .watches_stream(watched(pods, api(&client, ns), managed.clone()), |o: Pod| {
-        model_ref(&o)
-    })
-    .watches_stream(watched(markers, api(&client, ns), weights), |o: ConfigMap| {
-        model_ref(&o)
-    });
-    let models = controller.store();
+    .owns_stream(watched(
+        deployments,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .owns_stream(watched(
+        jobs,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .owns_stream(watched(
+        services,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .owns_stream(watched(
+        accounts,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .owns_stream(watched(
+        roles,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .owns_stream(watched(
+        role_bindings,
+        api(&client, ns),
+        managed.clone(),
+        existing(&models, owner_model),
+        m(),
+    ))
+    .watches_stream(
+        watched(
+            pods,
+            api(&client, ns),
+            managed.clone(),
+            existing(&models, model_ref),
+            m(),
+        ),
+        |o: Pod| model_ref(&o),
+    )
+    .watches_stream(
+        watched(
+            markers,
+            api(&client, ns),
+            weights,
+            existing(&models, model_ref),
+            m(),
+        ),
+        |o: ConfigMap| model_ref(&o),
+    );
+    let waiting = models.clone();
+    let claims_of = move |o: &PersistentVolumeClaim| claim_models(o, &waiting.state());
     controller = controller.watches_stream(
-        watched(claims, api(&client, ns), watcher::Config::default()),
+        watched(
+            claims,
+            api(&client, ns),
+            watcher::Config::default(),
+            claims_of,
+            m(),
+        ),
         move |o: PersistentVolumeClaim| claim_models(&o, &models.state()),
     );
     if let Some(w) = service_monitors {
@@ -472,9 +572,15 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
             Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar),
             None => Api::<DynamicObject>::all_with(client.clone(), &ar),
         };
+        let sm_metrics = m();
         let stream = reflector(w, watcher(sm_api, managed))
             .default_backoff()
-            .touched_objects();
+            .touched_objects()
+            .inspect(move |r| {
+                for o in r.iter().filter_map(owner_model) {
+                    sm_metrics.triggered(o.namespace.as_deref().unwrap_or_default(), &o.name);
+                }
+            });
         controller = controller.owns_stream_with(stream, ar);
     }
     ready.store(true, Ordering::SeqCst);

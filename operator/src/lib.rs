@@ -8,7 +8,8 @@
 //! events out), [`controller`] is the thin I/O shell and the kube-runtime wiring, [`metrics`] and
 //! [`web`] serve the operator's own `/metrics`, `/livez` and `/readyz`; [`version`] decides which
 //! Kubernetes versions are supported and which optional fields a server gets; [`cache`] holds the
-//! reflector stores reconciles read, [`requests`] counts the requests sent to the API server.
+//! reflector stores reconciles read, [`requests`] counts the requests sent to the API server, [`queue`] mirrors the reconcile queue
+//! for its depth metric.
 
 pub mod cache;
 pub mod conditions;
@@ -21,6 +22,7 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod progress;
+pub mod queue;
 pub mod requests;
 pub mod resources;
 pub mod version;

@@ -1,6 +1,6 @@
 //! The operator's own Prometheus metrics (`deltafin_operator_*`), served on `/metrics`.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -9,6 +9,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::crd::DeltafinModel;
+use crate::queue::WorkQueue;
 
 /// Label of `deltafin_operator_reconcile_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,6 +69,11 @@ pub struct Metrics {
     /// `deltafin_operator_last_success_timestamp_seconds`: end of the last successful reconcile
     /// (its age is `time() - ...`).
     pub last_success: Gauge,
+    /// `deltafin_operator_queue_depth`: models due for a reconcile that has not started
+    /// ([`crate::queue`]), computed when scraped.
+    pub queue_depth: Gauge,
+    queue: Mutex<WorkQueue>,
+    models: OnceLock<Store<DeltafinModel>>,
 }
 
 impl Default for Metrics {
@@ -76,6 +86,12 @@ impl Default for Metrics {
         let weights_bytes = Family::<WeightsLabels, Gauge>::default();
         let api_requests = Family::<ApiLabels, Counter>::default();
         let last_success = Gauge::default();
+        let queue_depth = Gauge::default();
+        registry.register(
+            "queue_depth",
+            "DeltafinModels due for a reconcile that has not started (watch events and due requeues, one per model)",
+            queue_depth.clone(),
+        );
         registry.register(
             "api_requests",
             "Requests to the Kubernetes API server, by verb and resource",
@@ -112,6 +128,9 @@ impl Default for Metrics {
             weights_bytes,
             api_requests,
             last_success,
+            queue_depth,
+            queue: Mutex::default(),
+            models: OnceLock::new(),
         }
     }
 }
@@ -125,6 +144,31 @@ impl Metrics {
             metrics: self,
             start: Instant::now(),
         }
+    }
+
+    /// A watch event concerns model `ns/name`: it is queued now.
+    pub fn triggered(&self, ns: &str, name: &str) {
+        self.queue().schedule(&format!("{ns}/{name}"), Instant::now());
+    }
+
+    /// The reconcile of `ns/name` started.
+    pub fn started(&self, ns: &str, name: &str) {
+        self.queue().start(&format!("{ns}/{name}"));
+    }
+
+    /// The reconcile of `ns/name` ended and asked to run again after `after`.
+    pub fn requeued(&self, ns: &str, name: &str, after: std::time::Duration) {
+        self.queue()
+            .schedule(&format!("{ns}/{name}"), Instant::now() + after);
+    }
+
+    /// The models that exist (the controller's store): the queue depth counts only those.
+    pub fn set_models(&self, models: Store<DeltafinModel>) {
+        let _ = self.models.set(models);
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, WorkQueue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Counts a failed reconcile.
@@ -187,6 +231,12 @@ impl Metrics {
 
     /// Text exposition (OpenMetrics).
     pub fn render(&self) -> String {
+        let exists = |key: &str| match (self.models.get(), key.split_once('/')) {
+            (Some(store), Some((ns, name))) => store.get(&ObjectRef::new(name).within(ns)).is_some(),
+            _ => true,
+        };
+        let depth = self.queue().depth(Instant::now(), exists);
+        self.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         // Writing into a String cannot fail.
@@ -218,12 +268,17 @@ mod tests {
         drop(m.reconcile());
         m.write("Job");
         m.set_weights("ai", "k2", Some(5), Some(10));
+        m.triggered("ai", "k2");
+        m.triggered("ai", "k3");
+        m.started("ai", "k3");
+        m.requeued("ai", "k3", std::time::Duration::from_secs(300));
         let text = m.render();
         for needle in [
             "deltafin_operator_reconciliations_total 1",
             "deltafin_operator_reconcile_duration_seconds_count 1",
             "deltafin_operator_writes_total{kind=\"Job\"} 1",
             "deltafin_operator_weights_bytes{namespace=\"ai\",name=\"k2\",kind=\"total\"} 10",
+            "deltafin_operator_queue_depth 1",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }
