@@ -451,136 +451,42 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         role_bindings,
         service_monitors,
     } = writers;
-    /// The watch of one kind, filling its store; every object it touches queues the models it
-    /// concerns in the queue-depth mirror (`queued`).
-    fn watched<K>(
-        w: kube::runtime::reflector::store::Writer<K>,
-        api: Api<K>,
-        cfg: watcher::Config,
-        queued: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + 'static,
-        metrics: Arc<Metrics>,
-    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
-    where
-        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-    {
-        reflector(w, watcher(api, cfg))
-            .default_backoff()
-            .touched_objects()
-            .inspect(move |r| {
-                for m in r.iter().flat_map(&queued) {
-                    metrics.triggered(m.namespace.as_deref().unwrap_or_default(), &m.name);
-                }
-            })
-    }
-    // Only models that exist are queued: the controller skips a reference it has no object for
-    // (a deleted model, children left behind where no garbage collector runs).
     let (models, models_w) = kube::runtime::reflector::store();
-    type Refs = Vec<ObjectRef<DeltafinModel>>;
-    fn existing<K: Resource + 'static>(
-        models: &Store<DeltafinModel>,
-        f: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
-    ) -> impl Fn(&K) -> Refs + Send + 'static {
-        let models = models.clone();
-        move |o| f(o).into_iter().filter(|r| models.get(r).is_some()).collect()
-    }
-    let m = || ctx.metrics.clone();
-    let own = existing(&models, |o: &DeltafinModel| Some(ObjectRef::from_obj(o)));
     ctx.metrics.set_models(models.clone());
+    let w = Watches {
+        client: client.clone(),
+        ns: namespace.clone(),
+        models: models.clone(),
+        metrics: ctx.metrics.clone(),
+    };
+    let own = |o: &DeltafinModel| Some(ObjectRef::from_obj(o));
     let models_cfg = watcher::Config::default().any_semantic();
-    let mut controller = Controller::for_stream(
-        watched(models_w, api(&client, ns), models_cfg, own, m()),
-        models.clone(),
-    )
-    .owns_stream(watched(
-        deployments,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .owns_stream(watched(
-        jobs,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .owns_stream(watched(
-        services,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .owns_stream(watched(
-        accounts,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .owns_stream(watched(
-        roles,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .owns_stream(watched(
-        role_bindings,
-        api(&client, ns),
-        managed.clone(),
-        existing(&models, owner_model),
-        m(),
-    ))
-    .watches_stream(
-        watched(
-            pods,
-            api(&client, ns),
-            managed.clone(),
-            existing(&models, model_ref),
-            m(),
-        ),
-        |o: Pod| model_ref(&o),
-    )
-    .watches_stream(
-        watched(
-            markers,
-            api(&client, ns),
-            weights,
-            existing(&models, model_ref),
-            m(),
-        ),
-        |o: ConfigMap| model_ref(&o),
-    );
+    let mut controller = Controller::for_stream(w.watch(models_w, models_cfg, own), models.clone())
+        .owns_stream(w.watch(deployments, managed.clone(), owner_model))
+        .owns_stream(w.watch(jobs, managed.clone(), owner_model))
+        .owns_stream(w.watch(services, managed.clone(), owner_model))
+        .owns_stream(w.watch(accounts, managed.clone(), owner_model))
+        .owns_stream(w.watch(roles, managed.clone(), owner_model))
+        .owns_stream(w.watch(role_bindings, managed.clone(), owner_model))
+        .watches_stream(w.watch(pods, managed.clone(), model_ref), |o: Pod| model_ref(&o))
+        .watches_stream(w.watch(markers, weights, model_ref), |o: ConfigMap| model_ref(&o));
     let waiting = models.clone();
     let claims_of = move |o: &PersistentVolumeClaim| claim_models(o, &waiting.state());
-    controller = controller.watches_stream(
-        watched(
-            claims,
-            api(&client, ns),
-            watcher::Config::default(),
-            claims_of,
-            m(),
-        ),
-        move |o: PersistentVolumeClaim| claim_models(&o, &models.state()),
-    );
-    if let Some(w) = service_monitors {
+    let claims = w.watch_with(claims, watcher::Config::default(), claims_of);
+    controller = controller.watches_stream(claims, move |o: PersistentVolumeClaim| {
+        claim_models(&o, &models.state())
+    });
+    if let Some(sm) = service_monitors {
         let ar = resources::service_monitor_resource();
         let sm_api = match ns {
             Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar),
             None => Api::<DynamicObject>::all_with(client.clone(), &ar),
         };
-        let sm_metrics = m();
-        let stream = reflector(w, watcher(sm_api, managed))
+        let queued = w.queued(owner_model::<DynamicObject>);
+        let stream = reflector(sm, watcher(sm_api, managed))
             .default_backoff()
             .touched_objects()
-            .inspect(move |r| {
-                for o in r.iter().filter_map(owner_model) {
-                    sm_metrics.triggered(o.namespace.as_deref().unwrap_or_default(), &o.name);
-                }
-            });
+            .inspect(move |r| r.iter().for_each(&queued));
         controller = controller.owns_stream_with(stream, ar);
     }
     ready.store(true, Ordering::SeqCst);
@@ -597,6 +503,83 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
         .await;
     ready.store(false, Ordering::SeqCst);
     info!("controller stopped");
+}
+
+/// The watches of [`run`]: each fills its store, and every object it touches queues the models
+/// it concerns in the queue-depth mirror ([`Metrics::triggered`]). Only models that exist are
+/// queued: the controller skips a reference it has no object for (a deleted model, children left
+/// behind where no garbage collector runs).
+struct Watches {
+    client: Client,
+    ns: Option<String>,
+    models: Store<DeltafinModel>,
+    metrics: Arc<Metrics>,
+}
+
+impl Watches {
+    /// A watch of `K` whose objects concern the model `model_of` names.
+    fn watch<K>(
+        &self,
+        w: kube::runtime::reflector::store::Writer<K>,
+        cfg: watcher::Config,
+        model_of: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        self.watch_with(w, cfg, move |o: &K| model_of(o).into_iter().collect())
+    }
+
+    /// A watch of `K` whose objects concern the models `models_of` names.
+    fn watch_with<K>(
+        &self,
+        w: kube::runtime::reflector::store::Writer<K>,
+        cfg: watcher::Config,
+        models_of: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + Sync + 'static,
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        let queued = self.queued_many(models_of);
+        reflector(w, watcher(api(&self.client, self.ns.as_deref()), cfg))
+            .default_backoff()
+            .touched_objects()
+            .inspect(move |r| r.iter().for_each(&queued))
+    }
+
+    /// Queues the model `model_of` names, when it exists.
+    fn queued<K: 'static>(
+        &self,
+        model_of: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
+    ) -> impl Fn(&K) + Send + 'static {
+        self.queued_many(move |o: &K| model_of(o).into_iter().collect())
+    }
+
+    fn queued_many<K>(
+        &self,
+        models_of: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + 'static,
+    ) -> impl Fn(&K) + Send + 'static {
+        let (models, metrics) = (self.models.clone(), self.metrics.clone());
+        move |o| {
+            for r in models_of(o).into_iter().filter(|r| models.get(r).is_some()) {
+                metrics.triggered(r.namespace.as_deref().unwrap_or_default(), &r.name);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
