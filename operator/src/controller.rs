@@ -509,6 +509,29 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
 /// it concerns in the queue-depth mirror ([`Metrics::triggered`]). Only models that exist are
 /// queued: the controller skips a reference it has no object for (a deleted model, children left
 /// behind where no garbage collector runs).
+/// A namespaced built-in or custom kind the controller watches.
+trait Watched:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 struct Watches {
     client: Client,
     ns: Option<String>,
@@ -518,42 +541,22 @@ struct Watches {
 
 impl Watches {
     /// A watch of `K` whose objects concern the model `model_of` names.
-    fn watch<K>(
+    fn watch<K: Watched>(
         &self,
         w: kube::runtime::reflector::store::Writer<K>,
         cfg: watcher::Config,
         model_of: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
-    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-    {
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static {
         self.watch_with(w, cfg, move |o: &K| model_of(o).into_iter().collect())
     }
 
     /// A watch of `K` whose objects concern the models `models_of` names.
-    fn watch_with<K>(
+    fn watch_with<K: Watched>(
         &self,
         w: kube::runtime::reflector::store::Writer<K>,
         cfg: watcher::Config,
         models_of: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + Sync + 'static,
-    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug
-            + Send
-            + Sync
-            + 'static,
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-    {
+    ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static {
         let queued = self.queued_many(models_of);
         reflector(w, watcher(api(&self.client, self.ns.as_deref()), cfg))
             .default_backoff()

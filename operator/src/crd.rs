@@ -636,7 +636,8 @@ pub struct DeltafinModelStatus {
 }
 
 /// One progress report of `deltafin setup` (the `--progress-file` record, camelCase, with the
-/// Job that sent it so a report of an earlier Job is never taken for the current one).
+/// Job that sent it so a report of an earlier Job is never taken for the current one). The
+/// snake_case names of the JSON-lines records on stdout are read too (termination messages).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SetupProgress {
@@ -647,16 +648,16 @@ pub struct SetupProgress {
     #[serde(default)]
     pub phase: String,
     /// Bytes installed so far.
-    #[serde(default)]
+    #[serde(default, alias = "bytes_done")]
     pub bytes_done: i64,
     /// Bytes of the complete install (0 while unknown).
-    #[serde(default)]
+    #[serde(default, alias = "bytes_total")]
     pub bytes_total: i64,
     /// Files installed so far.
-    #[serde(default)]
+    #[serde(default, alias = "files_done")]
     pub files_done: i64,
     /// Files of the complete install.
-    #[serde(default)]
+    #[serde(default, alias = "files_total")]
     pub files_total: i64,
     /// Last message.
     #[serde(default)]

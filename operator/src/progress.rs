@@ -10,33 +10,11 @@
 //! holds the end of its log, whose last line is the one-line cause `deltafin` prints on stderr.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use serde::Deserialize;
 
 use crate::crd::{FailureStatus, SetupProgress, WeightsStatus};
 
-/// One line of the `--progress-file` stream.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Progress {
-    /// `resolve`, `download`, `verify`, `done` or `error`.
-    pub phase: String,
-    /// Bytes done.
-    #[serde(default)]
-    pub bytes_done: i64,
-    /// Bytes in total (0 while unknown).
-    #[serde(default)]
-    pub bytes_total: i64,
-    /// Files done.
-    #[serde(default)]
-    pub files_done: i64,
-    /// Files in total.
-    #[serde(default)]
-    pub files_total: i64,
-    /// Human message.
-    #[serde(default)]
-    pub message: String,
-}
-
-impl Progress {
+/// Reading a report: the fields are [`SetupProgress`]'s (`deltafin setup`'s record).
+impl SetupProgress {
     /// Percent of bytes done, rounded down, when the total is known.
     pub fn percent(&self) -> Option<i32> {
         (self.bytes_total > 0).then(|| {
@@ -72,23 +50,10 @@ impl Progress {
     }
 }
 
-impl From<&SetupProgress> for Progress {
-    fn from(p: &SetupProgress) -> Self {
-        Progress {
-            phase: p.phase.clone(),
-            bytes_done: p.bytes_done,
-            bytes_total: p.bytes_total,
-            files_done: p.files_done,
-            files_total: p.files_total,
-            message: p.message.clone(),
-        }
-    }
-}
-
 /// The report of setup Job `job` in the status, if that Job sent the last one (a report left by
 /// an earlier Job, of another content key, is not this Job's progress).
-pub fn reported_by(status: Option<&SetupProgress>, job: &str) -> Option<Progress> {
-    status.filter(|p| p.job == job).map(Progress::from)
+pub fn reported_by<'a>(status: Option<&'a SetupProgress>, job: &str) -> Option<&'a SetupProgress> {
+    status.filter(|p| p.job == job)
 }
 
 /// The cause in a termination message: an `error` progress line's message, else the last
@@ -96,7 +61,7 @@ pub fn reported_by(status: Option<&SetupProgress>, job: &str) -> Option<Progress
 pub fn cause_from_message(message: &str) -> Option<String> {
     for line in message.lines().rev().map(str::trim).filter(|l| !l.is_empty()) {
         if line.starts_with('{') {
-            match serde_json::from_str::<Progress>(line) {
+            match serde_json::from_str::<SetupProgress>(line) {
                 Ok(p) if p.phase == "error" && !p.message.is_empty() => return Some(p.message),
                 Ok(_) => continue,
                 Err(_) => {}
@@ -270,7 +235,8 @@ mod tests {
 
     #[test]
     fn percent_is_clamped_and_needs_a_total() {
-        let p = |d, t| Progress {
+        let p = |d, t| SetupProgress {
+            job: String::new(),
             phase: "download".into(),
             bytes_done: d,
             bytes_total: t,
