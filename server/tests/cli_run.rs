@@ -457,3 +457,56 @@ fn bench_compress_reports_every_stored_format() {
     let out = deltafin(&["bench", "compress", "--model", "/nonexistent/m"], cache.path());
     assert_clean_failure(&out, "/nonexistent/m");
 }
+
+/// `bench serve` out of core reports the per-step bound beside what it measured: the union of
+/// the step's routed experts per layer, the ideal disk bytes per token the cache size allows, and
+/// the tokens per second the reader's busy rate allows.
+#[test]
+fn bench_serve_reports_the_step_bound_out_of_core() {
+    let model = synth();
+    let cache = tempfile::tempdir().unwrap();
+    let m = model.path().to_str().unwrap();
+    let args = [
+        "bench",
+        "serve",
+        "--model",
+        m,
+        "--streams",
+        "1,4",
+        "--tokens",
+        "6",
+        "--prompt-tokens",
+        "4",
+    ];
+    let out = deltafin(
+        &[&args[..], &["--memory-budget", "34300000", "--json"]].concat(),
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    let top_k = DeepseekSynth::tiny(ExpertFormat::Bf16).top_k as f64;
+    for l in levels {
+        let rows = l["mean_batch_rows"].as_f64().unwrap();
+        let union = l["union_experts_per_layer_step"].as_f64().unwrap();
+        assert!(union > 0.0 && union <= top_k * rows.ceil() + 1e-9, "{l}");
+        let ideal = l["ideal_disk_bytes_per_token"].as_f64().unwrap();
+        let fraction = l["cache_fraction"].as_f64().unwrap();
+        let want = l["union_bytes_per_token"].as_f64().unwrap() * (1.0 - fraction);
+        assert!((ideal - want).abs() <= 1e-6 * want.max(1.0), "{l}");
+        assert!(l["io_bound_tokens_per_second"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["fraction_of_io_bound"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    // In memory there is no bound to report.
+    let out = deltafin(
+        &[&args[..], &["--memory-budget", "off", "--json"]].concat(),
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        r["levels"][0].get("union_experts_per_layer_step").is_none(),
+        "{r}"
+    );
+}

@@ -87,6 +87,9 @@ pub struct LookaheadLayer {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ExpertStats {
     pub passes: u64,
+    /// MoE layer steps: one per layer per pass that asked for its experts (the `uses` of one
+    /// step of one layer are the union of its rows' selections, each expert once).
+    pub layer_steps: u64,
     /// Expert uses (one per selected expert per layer per pass) and their bytes.
     pub uses: u64,
     pub use_bytes: u64,
@@ -800,6 +803,7 @@ impl LayerExperts<'_> {
         st.observe(self.layer, ids);
         {
             let mut s = lock(&st.stats);
+            s.layer_steps += 1;
             s.uses += ids.len() as u64;
             s.use_bytes += ids
                 .iter()

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch;
+use deltafin_engine::cache::OocStats;
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::{self, Event, EventSink, GenRequest, SchedulerConfig};
 use deltafin_engine::synth::DeepseekSynth;
@@ -59,6 +60,74 @@ struct Level {
     expert_bytes_per_token: Option<f64>,
     /// Of those, bytes read from disk (demand misses + prefetch), per generated token.
     disk_bytes_per_token: Option<f64>,
+    /// The per-step bound (out of core only).
+    #[serde(flatten)]
+    bound: Option<StepBound>,
+}
+
+/// What one batched step must read at best, and the rate the disk allows for it.
+#[derive(Debug, Serialize)]
+struct StepBound {
+    /// Distinct routed experts per MoE layer per step (the union of the step's rows).
+    union_experts_per_layer_step: f64,
+    /// Routed-expert bytes the unions hold, per generated token.
+    union_bytes_per_token: f64,
+    /// Share of the routed experts the cache holds (the plan's).
+    cache_fraction: f64,
+    /// `union_bytes_per_token x (1 - cache_fraction)`: the disk bytes per token if the cache hit
+    /// as often as its size allows under independent uniform routing.
+    ideal_disk_bytes_per_token: f64,
+    /// Measured: expert disk bytes per token over the ideal.
+    disk_over_ideal: f64,
+    /// Everything the reader read (experts and streamed spine), per generated token.
+    read_bytes_per_token: f64,
+    /// Bytes per second while at least one read was in flight (the reader's busy rate).
+    reader_busy_bytes_per_second: f64,
+    /// `reader_busy_bytes_per_second / read_bytes_per_token`: tokens per second if the disk
+    /// were busy the whole time at that rate.
+    io_bound_tokens_per_second: f64,
+    /// Aggregate tokens per second over that bound.
+    fraction_of_io_bound: f64,
+    /// Measured expert disk bytes per token (the level's `disk_bytes_per_token`).
+    #[serde(skip)]
+    disk_bytes_per_token: f64,
+}
+
+impl StepBound {
+    /// The bound between two snapshots of the out-of-core counters, over `generated` tokens
+    /// decoded at `rate` tokens per second.
+    fn between(a: &OocStats, b: &OocStats, generated: f64, rate: f64) -> StepBound {
+        let (ea, eb) = (&a.experts, &b.experts);
+        let steps = (eb.layer_steps - ea.layer_steps).max(1) as f64;
+        let union_bytes = (eb.use_bytes - ea.use_bytes) as f64 / generated;
+        let disk = (eb.miss_bytes + eb.prefetch_read_bytes - ea.miss_bytes - ea.prefetch_read_bytes) as f64
+            / generated;
+        let ideal = union_bytes * (1.0 - b.plan.cache_fraction.clamp(0.0, 1.0));
+        let read = (b.read.bytes - a.read.bytes) as f64 / generated;
+        let busy = b.read.busy_seconds - a.read.busy_seconds;
+        let busy_rate = if busy > 0.0 { read * generated / busy } else { 0.0 };
+        let bound = if read > 0.0 {
+            busy_rate / read
+        } else {
+            f64::INFINITY
+        };
+        StepBound {
+            union_experts_per_layer_step: (eb.uses - ea.uses) as f64 / steps,
+            union_bytes_per_token: union_bytes,
+            cache_fraction: b.plan.cache_fraction,
+            ideal_disk_bytes_per_token: ideal,
+            disk_over_ideal: if ideal > 0.0 { disk / ideal } else { 0.0 },
+            read_bytes_per_token: read,
+            reader_busy_bytes_per_second: busy_rate,
+            io_bound_tokens_per_second: bound,
+            fraction_of_io_bound: if bound.is_finite() && bound > 0.0 {
+                rate / bound
+            } else {
+                0.0
+            },
+            disk_bytes_per_token: disk,
+        }
+    }
 }
 
 /// Timestamps each event when the engine loop emits it.
@@ -205,12 +274,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             (m, Some(rt))
         }
     };
-    let expert_bytes = || {
-        ooc.as_ref().map(|rt| {
-            let e = rt.stats().experts;
-            (e.use_bytes, e.miss_bytes + e.prefetch_read_bytes)
-        })
-    };
+    let ooc_stats = || ooc.as_ref().map(|rt| rt.stats());
     let vocab = model.info().vocab_size;
     let max = args.streams.iter().copied().max().unwrap_or(1).max(1);
     let cfg = SchedulerConfig {
@@ -224,16 +288,16 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     let mut levels = Vec::new();
     for &streams in &args.streams {
         let before = handle.stats().snapshot();
-        let io_before = expert_bytes();
+        let io_before = ooc_stats();
         let times = run_level(&handle, streams.max(1), &args, vocab)?;
         let after = handle.stats().snapshot();
+        let io_after = ooc_stats();
         let generated = (after.generated - before.generated).max(1) as f64;
-        let per_token = |f: fn((u64, u64)) -> u64| {
-            io_before
-                .zip(expert_bytes())
-                .map(|(b, a)| (f(a) - f(b)) as f64 / generated)
-        };
         let rate = window_rate(&times);
+        let bound = io_before
+            .as_ref()
+            .zip(io_after.as_ref())
+            .map(|(a, b)| StepBound::between(a, b, generated, rate));
         let passes = after.steps - before.steps;
         levels.push(Level {
             streams,
@@ -241,8 +305,9 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             per_stream_tokens_per_second: rate / streams.max(1) as f64,
             mean_batch_rows: (after.rows - before.rows) as f64 / passes.max(1) as f64,
             passes,
-            expert_bytes_per_token: per_token(|v| v.0),
-            disk_bytes_per_token: per_token(|v| v.1),
+            expert_bytes_per_token: bound.as_ref().map(|b| b.union_bytes_per_token),
+            disk_bytes_per_token: bound.as_ref().map(|b| b.disk_bytes_per_token),
+            bound,
             mean_pass_ms: (after.forward_seconds_x1e9 - before.forward_seconds_x1e9) as f64
                 / 1e6
                 / passes.max(1) as f64,
@@ -254,31 +319,44 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             serde_json::json!({"model": dir, "tokens_per_stream": args.tokens, "levels": levels})
         );
     } else {
-        println!("model: {}", dir.display());
-        println!(
-            "{:>8} {:>14} {:>14} {:>10} {:>10} {:>16} {:>14}",
-            "streams",
-            "aggregate t/s",
-            "per-stream t/s",
-            "rows/pass",
-            "ms/pass",
-            "expert MiB/tok",
-            "disk MiB/tok"
-        );
-        for l in &levels {
-            println!(
-                "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2} {:>16} {:>14}",
-                l.streams,
-                l.aggregate_tokens_per_second,
-                l.per_stream_tokens_per_second,
-                l.mean_batch_rows,
-                l.mean_pass_ms,
-                mib(l.expert_bytes_per_token),
-                mib(l.disk_bytes_per_token)
-            );
-        }
+        print_table(&dir, &levels);
     }
     Ok(())
+}
+
+fn print_table(dir: &Path, levels: &[Level]) {
+    println!("model: {}", dir.display());
+    println!(
+        "{:>8} {:>14} {:>14} {:>10} {:>10} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10}",
+        "streams",
+        "aggregate t/s",
+        "per-stream t/s",
+        "rows/pass",
+        "ms/pass",
+        "expert MiB/tok",
+        "disk MiB/tok",
+        "union/layer",
+        "ideal MiB/tok",
+        "I/O bound t/s",
+        "of bound"
+    );
+    for l in levels {
+        let b = l.bound.as_ref();
+        println!(
+            "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10}",
+            l.streams,
+            l.aggregate_tokens_per_second,
+            l.per_stream_tokens_per_second,
+            l.mean_batch_rows,
+            l.mean_pass_ms,
+            mib(l.expert_bytes_per_token),
+            mib(l.disk_bytes_per_token),
+            b.map_or("-".into(), |b| format!("{:.1}", b.union_experts_per_layer_step)),
+            mib(b.map(|b| b.ideal_disk_bytes_per_token)),
+            b.map_or("-".into(), |b| format!("{:.1}", b.io_bound_tokens_per_second)),
+            b.map_or("-".into(), |b| format!("{:.2}", b.fraction_of_io_bound)),
+        );
+    }
 }
 
 fn mib(v: Option<f64>) -> String {
