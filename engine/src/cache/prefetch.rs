@@ -47,17 +47,21 @@ pub fn recall(predicted: &[usize], actual: &[usize]) -> f32 {
     actual.iter().filter(|e| predicted.contains(e)).count() as f32 / actual.len() as f32
 }
 
-/// Precision a single-row look-ahead rank needs before its expert is read ahead.
+/// Precision a look-ahead rank needs before its expert is read ahead.
 pub const RANK_PRECISION: f32 = 0.9;
 
-/// How often each rank of single-row look-ahead forecasts was right (exponential moving
+/// How often each rank of look-ahead forecasts was right (exponential moving
 /// averages), and the confident prefix of a forecast. The top ranks of a forecast are almost
 /// always selected; the last ones, near the router's top-k boundary, often are not (dsv3-bench,
 /// uniform routing: ranks 1-5 0.98-1.0, then 0.91, 0.84, 0.66). A wrong read ahead costs its
 /// bytes and a slot, while a right one only hides a read that would happen anyway, so ranks
 /// right less than [`RANK_PRECISION`] of the time are left to demand reads (dsv3-bench under
 /// 2, 4 and 8 GiB cgroup limits: bytes read over the ideal 1.10/1.18/1.13 -> 1.04/1.12/1.06 at
-/// 0.9, 1.06/1.13/1.08 at 0.8, decode tok/s unchanged or up 1-4 %).
+/// 0.9, 1.06/1.13/1.08 at 0.8, decode tok/s unchanged or up 1-4 %). A forecast of several
+/// rows is their routes' ranked union, scored against the layer's union; the store keeps one
+/// of these per bucket of row counts, since a union's ranks differ with its size (bench serve's
+/// default model under 110M: disk bytes per token at 2 streams 28.3 -> 21.2 MiB once multi-row
+/// forecasts were pruned too).
 #[derive(Debug, Clone)]
 pub struct RankPrecision {
     alpha: f32,
@@ -76,7 +80,7 @@ impl RankPrecision {
         }
     }
 
-    /// Score each rank of a single-row `forecast` against the experts actually selected.
+    /// Score each rank of a `forecast` against the experts actually selected.
     pub fn observe(&mut self, forecast: &[usize], actual: &[usize]) {
         if self.ema.len() < forecast.len() {
             self.ema.resize(forecast.len(), 0.0);
@@ -115,9 +119,17 @@ impl RankPrecision {
 /// Recall the weaker predictor needs before its experts are read too.
 pub const SECONDARY_RECALL: f32 = 0.3;
 
-/// Per-layer exponential moving averages of each predictor's recall; speculation at a layer
-/// stops while the better predictor's average is below `threshold` (after `warmup` samples),
-/// and resumes when it recovers (scoring continues either way).
+/// Precision the previous pass's selection needs before it is read ahead for the next: the
+/// share of it the layer selects again. Under a batch of rows the previous pass's union is
+/// large and only partly selected again (bench serve's default model at 4 and 8 streams, 110M:
+/// 1.5-1.6x the disk bytes per token of no prefetch at all, while the look-ahead alone read
+/// 1.03-1.07x); a list that is mostly wrong costs its reads and the slots it evicts.
+pub const PREVIOUS_PRECISION: f32 = 0.9;
+
+/// Per-layer exponential moving averages of each predictor's recall (and of the previous pass's
+/// precision); speculation at a layer stops while the better predictor's average is below
+/// `threshold` (after `warmup` samples), and resumes when it recovers (scoring continues either
+/// way).
 #[derive(Debug, Clone)]
 pub struct RecallGate {
     alpha: f32,
@@ -125,6 +137,7 @@ pub struct RecallGate {
     warmup: u32,
     lookahead: Vec<f32>,
     previous: Vec<f32>,
+    previous_precision: Vec<f32>,
     samples: Vec<u32>,
 }
 
@@ -136,6 +149,7 @@ impl RecallGate {
             warmup,
             lookahead: vec![0.0; layers],
             previous: vec![0.0; layers],
+            previous_precision: vec![0.0; layers],
             samples: vec![0; layers],
         }
     }
@@ -147,6 +161,8 @@ impl RecallGate {
         let upd = |ema: &mut f32, r: f32| *ema = if first { r } else { (1.0 - a) * *ema + a * r };
         upd(&mut self.lookahead[layer], recall(lookahead, actual));
         upd(&mut self.previous[layer], recall(previous, actual));
+        // Precision is the recall of the other direction.
+        upd(&mut self.previous_precision[layer], recall(actual, previous));
         self.samples[layer] += 1;
     }
 
@@ -158,14 +174,17 @@ impl RecallGate {
     /// Which predictors to follow at `layer`: `(look-ahead, previous pass)`. Warming up: the
     /// look-ahead only. Then each predictor whose recall clears the threshold, the weaker one
     /// only if it also clears [`SECONDARY_RECALL`] (reading a second, mostly wrong list of
-    /// experts costs more than the hits it adds).
+    /// experts costs more than the hits it adds), and the previous pass only while its
+    /// precision clears [`PREVIOUS_PRECISION`] (the look-ahead's ranks are pruned by their own
+    /// precision, [`RankPrecision`]).
     pub fn predictors(&self, layer: usize) -> (bool, bool) {
         if self.samples[layer] < self.warmup {
             return (true, false);
         }
         let (la, prev) = (self.lookahead[layer], self.previous[layer]);
         let ok = |r: f32, other: f32| r >= self.threshold && (r >= other || r >= SECONDARY_RECALL);
-        (ok(la, prev), ok(prev, la))
+        let precise = self.previous_precision[layer] >= PREVIOUS_PRECISION;
+        (ok(la, prev), ok(prev, la) && precise)
     }
 
     /// `(look-ahead, previous-pass)` recall averages of `layer`.
@@ -241,11 +260,17 @@ mod tests {
             "the previous-pass predictor is useless here"
         );
         let mut w = RecallGate::new(1, 1.0, 0.1, 0);
-        w.observe(0, &[1, 2, 3], &[1, 9, 8], &[1, 2, 3]);
+        w.observe(0, &[1, 2, 3], &[1, 2, 8], &[1, 2, 3]);
+        assert_eq!(
+            w.predictors(0),
+            (true, false),
+            "two thirds of a list right is not precise enough to read it"
+        );
+        w.observe(0, &[1, 2, 3], &[1, 2], &[1, 2, 3]);
         assert_eq!(
             w.predictors(0),
             (true, true),
-            "a third of the experts is worth reading too"
+            "a precise previous pass is read too, though it covers only part of the layer"
         );
         assert_eq!(recall(&[1], &[1, 2]), 0.5);
     }

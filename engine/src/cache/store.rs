@@ -144,12 +144,12 @@ impl ExpertStats {
 #[derive(Debug, Clone)]
 pub enum TraceStep {
     /// A MoE layer selected `ids`; `lookahead` is what the predictor had forecast for it, from
-    /// one row of input or several (`single_row`).
+    /// `rows` rows of input.
     Layer {
         layer: usize,
         ids: Vec<usize>,
         lookahead: Vec<usize>,
-        single_row: bool,
+        rows: usize,
     },
     /// A pass ended.
     EndPass,
@@ -168,15 +168,30 @@ pub struct ExpertStoreConfig {
     pub compute_threads: usize,
 }
 
+/// Buckets of forecast row counts with their own rank precision: 1, 2, 3-4, 5-8, more.
+const ROWS_BUCKETS: usize = 5;
+
+/// The [`Pass::ranks`] bucket of a forecast made from `rows` rows.
+fn rows_bucket(rows: usize) -> usize {
+    match rows {
+        0 | 1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        5..=8 => 3,
+        _ => 4,
+    }
+}
+
 struct Pass {
     /// Selections of the current pass per layer, becoming the previous pass's at its end.
     current: Vec<Vec<usize>>,
     previous: Vec<Vec<usize>>,
-    /// Look-ahead prediction made for each layer in this pass, and whether it came from one row.
+    /// Look-ahead prediction made for each layer in this pass, and from how many rows.
     predicted: Vec<Vec<usize>>,
-    single_row: Vec<bool>,
-    /// Precision of each rank of single-row forecasts.
-    ranks: RankPrecision,
+    rows: Vec<usize>,
+    /// Precision of each rank of forecasts, by [`rows_bucket`] of the rows they came from (a
+    /// forecast is the ranked union of its rows' routes, scored against the layer's union).
+    ranks: Vec<RankPrecision>,
     /// Prefetch planned for a layer, submitted after the current layer's demand reads.
     pending: Option<(usize, Vec<usize>)>,
     /// Prefetches in flight or landed, per layer (for cancelling losers).
@@ -247,8 +262,8 @@ impl ExpertStore {
             current: vec![Vec::new(); layers],
             previous: vec![Vec::new(); layers],
             predicted: vec![Vec::new(); layers],
-            single_row: vec![false; layers],
-            ranks: RankPrecision::new(0.05, 32),
+            rows: vec![0; layers],
+            ranks: (0..ROWS_BUCKETS).map(|_| RankPrecision::new(0.05, 32)).collect(),
             pending: None,
             issued: vec![Vec::new(); layers],
             gate: RecallGate::new(layers, 0.2, config.gate_threshold, 16),
@@ -363,15 +378,15 @@ impl ExpertStore {
             }
             None => Vec::new(),
         };
-        self.plan_hint(layer, next, lookahead, n == 1);
+        self.plan_hint(layer, next, lookahead, n);
     }
 
     /// Plan the prefetch of layer `next` from a look-ahead forecast of one or several rows,
     /// made while at `layer`.
-    fn plan_hint(&self, layer: usize, next: usize, lookahead: Vec<usize>, single_row: bool) {
+    fn plan_hint(&self, layer: usize, next: usize, lookahead: Vec<usize>, rows: usize) {
         let mut pass = lock(&self.pass);
         pass.predicted[next] = lookahead.clone();
-        pass.single_row[next] = single_row;
+        pass.rows[next] = rows;
         if !pass.gate.allow(next) {
             return;
         }
@@ -380,10 +395,10 @@ impl ExpertStore {
             .slots()
             .saturating_sub(pass.current[layer].len().max(1));
         let (use_la, use_prev) = pass.gate.predictors(next);
-        let la: &[usize] = match (use_la, single_row) {
-            (false, _) => &[],
-            (true, true) => pass.ranks.confident(&lookahead, RANK_PRECISION),
-            (true, false) => &lookahead,
+        let la: &[usize] = if use_la {
+            pass.ranks[rows_bucket(rows)].confident(&lookahead, RANK_PRECISION)
+        } else {
+            &[]
         };
         let prev: &[usize] = if use_prev { &pass.previous[next] } else { &[] };
         // The forecast experts already cached are about to be used: refresh them first, or they
@@ -489,7 +504,7 @@ impl ExpertStore {
         let mut pass = lock(&self.pass);
         pass.current.iter_mut().for_each(Vec::clear);
         pass.predicted.iter_mut().for_each(Vec::clear);
-        pass.single_row.iter_mut().for_each(|s| *s = false);
+        pass.rows.iter_mut().for_each(|s| *s = 0);
         pass.pending = None;
         drop(pass);
         if let Some(r) = lock(&self.routes).as_mut() {
@@ -529,23 +544,23 @@ impl ExpertStore {
                     layer,
                     ids,
                     lookahead,
-                    single_row,
+                    rows,
                 } => {
                     let l = *layer;
                     if self.config.prefetch && l > 0 && self.layouts[l - 1].is_empty() {
                         // A dense layer's hint goes out at once.
-                        self.plan_hint(l - 1, l, lookahead.clone(), *single_row);
+                        self.plan_hint(l - 1, l, lookahead.clone(), *rows);
                     }
                     if self.config.prefetch
                         && let Some(TraceStep::Layer {
                             layer: n,
                             lookahead: la,
-                            single_row: one,
+                            rows: n_rows,
                             ..
                         }) = steps.get(i + 1)
                         && *n == l + 1
                     {
-                        self.plan_hint(l, *n, la.clone(), *one);
+                        self.plan_hint(l, *n, la.clone(), *n_rows);
                     }
                     self.layer(l).for_each_expert(ids, &|_, _| {})?;
                 }
@@ -571,15 +586,15 @@ impl ExpertStore {
                 layer,
                 ids: ids.to_vec(),
                 lookahead: p.predicted[layer].clone(),
-                single_row: p.single_row[layer],
+                rows: p.rows[layer],
             });
         }
         p.current[layer] = ids.to_vec();
         if self.config.prefetch {
             p.gate
                 .observe(layer, &p.predicted[layer], &p.previous[layer], ids);
-            if p.single_row[layer] {
-                p.ranks.observe(&p.predicted[layer], ids);
+            if p.rows[layer] > 0 {
+                p.ranks[rows_bucket(p.rows[layer])].observe(&p.predicted[layer], ids);
             }
             let mut s = lock(&self.stats);
             s.lookahead_recall += super::prefetch::recall(&p.predicted[layer], ids) as f64;

@@ -86,8 +86,10 @@ struct StepBound {
     /// `reader_busy_bytes_per_second / read_bytes_per_token`: tokens per second if the disk
     /// were busy the whole time at that rate.
     io_bound_tokens_per_second: f64,
-    /// Aggregate tokens per second over that bound.
+    /// Aggregate tokens per second (the all-decoding window) over that bound.
     fraction_of_io_bound: f64,
+    /// Share of the level's wall time during which a read was in flight.
+    disk_busy_share: f64,
     /// Measured expert disk bytes per token (the level's `disk_bytes_per_token`).
     #[serde(skip)]
     disk_bytes_per_token: f64,
@@ -96,7 +98,7 @@ struct StepBound {
 impl StepBound {
     /// The bound between two snapshots of the out-of-core counters, over `generated` tokens
     /// decoded at `rate` tokens per second.
-    fn between(a: &OocStats, b: &OocStats, generated: f64, rate: f64) -> StepBound {
+    fn between(a: &OocStats, b: &OocStats, generated: f64, rate: f64, wall: f64) -> StepBound {
         let (ea, eb) = (&a.experts, &b.experts);
         let steps = (eb.layer_steps - ea.layer_steps).max(1) as f64;
         let union_bytes = (eb.use_bytes - ea.use_bytes) as f64 / generated;
@@ -125,6 +127,7 @@ impl StepBound {
             } else {
                 0.0
             },
+            disk_busy_share: if wall > 0.0 { busy / wall } else { 0.0 },
             disk_bytes_per_token: disk,
         }
     }
@@ -289,7 +292,9 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
     for &streams in &args.streams {
         let before = handle.stats().snapshot();
         let io_before = ooc_stats();
+        let started = Instant::now();
         let times = run_level(&handle, streams.max(1), &args, vocab)?;
+        let wall = started.elapsed().as_secs_f64();
         let after = handle.stats().snapshot();
         let io_after = ooc_stats();
         let generated = (after.generated - before.generated).max(1) as f64;
@@ -297,7 +302,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
         let bound = io_before
             .as_ref()
             .zip(io_after.as_ref())
-            .map(|(a, b)| StepBound::between(a, b, generated, rate));
+            .map(|(a, b)| StepBound::between(a, b, generated, rate, wall));
         let passes = after.steps - before.steps;
         levels.push(Level {
             streams,
