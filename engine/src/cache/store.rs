@@ -168,6 +168,29 @@ pub struct ExpertStoreConfig {
     pub compute_threads: usize,
 }
 
+/// One miss in this many of an over-subscribed batched step is kept like any other (see
+/// [`bypass_miss`]), so the kept set follows slowly changing routes.
+pub const BYPASS_KEEP_EVERY: u64 = 32;
+
+/// Whether a miss goes to the eviction end of the cache instead of its head (pure).
+///
+/// When one step's routed experts over all layers outnumber the slots, recency evicts exactly
+/// what the next step needs first: the step walks the layers in the same order every time, so
+/// the oldest entries are the next step's first layers. Reading on demand cannot avoid the
+/// misses, but it can keep them from evicting the experts that do hit: a miss of such a step is
+/// demoted once read (evicted first after its use; pinned slots are never victims), except one
+/// in [`BYPASS_KEEP_EVERY`]. The cached set then stays put and hits as often as its share of the
+/// experts, where recency hit almost never (bench serve's default model under 110M at 8 streams:
+/// see docs/performance.md). Only batched steps: one row's steps keep plain recency, whose
+/// token-to-token reuse the single-stream figures were tuned on.
+pub fn bypass_miss(oversubscribed_batch: bool, misses: &mut u64) -> bool {
+    if !oversubscribed_batch {
+        return false;
+    }
+    *misses += 1;
+    *misses % BYPASS_KEEP_EVERY != 0
+}
+
 /// Buckets of forecast row counts with their own rank precision: 1, 2, 3-4, 5-8, more.
 const ROWS_BUCKETS: usize = 5;
 
@@ -197,6 +220,13 @@ struct Pass {
     /// Prefetches in flight or landed, per layer (for cancelling losers).
     issued: Vec<Vec<usize>>,
     gate: RecallGate,
+    /// Rows of the step in progress (from the last look-ahead hint).
+    step_rows: usize,
+    /// Whether the last finished pass selected more experts over all its layers than the cache
+    /// has slots (see [`bypass_miss`]).
+    oversubscribed: bool,
+    /// Misses of over-subscribed steps so far (see [`bypass_miss`]).
+    bypass_misses: u64,
 }
 
 /// Routed experts of a model, served through the cache.
@@ -267,6 +297,9 @@ impl ExpertStore {
             pending: None,
             issued: vec![Vec::new(); layers],
             gate: RecallGate::new(layers, 0.2, config.gate_threshold, 16),
+            step_rows: 0,
+            oversubscribed: false,
+            bypass_misses: 0,
         };
         ExpertStore {
             index,
@@ -364,6 +397,7 @@ impl ExpertStore {
     /// `layer`'s FFN: plans the prefetch of layer `layer + 1`'s experts.
     pub fn hint_next(&self, layer: usize, x: &[f32], n: usize) {
         let next = layer + 1;
+        lock(&self.pass).step_rows = n;
         if !self.config.prefetch || next >= self.layouts.len() || self.layouts[next].is_empty() {
             return;
         }
@@ -464,12 +498,14 @@ impl ExpertStore {
         let mut pass = lock(&self.pass);
         let p = &mut *pass;
         std::mem::swap(&mut p.previous, &mut p.current);
+        p.oversubscribed = p.previous.iter().map(Vec::len).sum::<usize>() > self.cache.slots();
         p.current.iter_mut().for_each(Vec::clear);
         p.predicted.iter_mut().for_each(Vec::clear);
         p.pending = None;
         if self.config.prefetch
             && let Some(first) = self.layouts.iter().position(|l| !l.is_empty())
             && p.gate.allow(first)
+            && p.gate.predictors(first).1
         {
             let plan = plan_prefetch(
                 &[],
@@ -754,8 +790,9 @@ impl LayerExperts<'_> {
         let bytes = st.layouts[self.layer][e].payload;
         let lookup = st.cache.acquire(k);
         let mut s = lock(&st.stats);
-        match lookup {
-            Lookup::Hit { slot, speculative } => {
+        // Read for this step (on demand or ahead of it), not kept from an earlier one.
+        let (slot, read_for_step) = match &lookup {
+            &Lookup::Hit { slot, speculative } => {
                 if speculative {
                     s.prefetch_hits += 1;
                     s.prefetch_hit_bytes += bytes;
@@ -763,23 +800,33 @@ impl LayerExperts<'_> {
                     s.hits += 1;
                     s.hit_bytes += bytes;
                 }
-                Some(slot)
+                (slot, speculative)
             }
             Lookup::Loading { slot, ticket } => {
                 if let Some(t) = ticket {
-                    st.reader.promote(&t);
+                    st.reader.promote(t);
                 }
                 s.prefetch_hits += 1;
                 s.prefetch_hit_bytes += bytes;
-                Some(slot)
+                (*slot, true)
             }
-            Lookup::Miss { slot } => {
-                drop(s);
-                self.read(e, slot);
-                Some(slot)
-            }
-            Lookup::Present | Lookup::NoSlot => None,
+            &Lookup::Miss { slot } => (slot, true),
+            Lookup::Present | Lookup::NoSlot => return None,
+        };
+        // Never hold the stats lock while taking the pass lock (`observe` takes them the other
+        // way round), nor while submitting a read.
+        drop(s);
+        if matches!(lookup, Lookup::Miss { .. }) {
+            self.read(e, slot);
         }
+        if read_for_step {
+            let mut p = lock(&st.pass);
+            let multi_row = p.step_rows > 1;
+            if bypass_miss(p.oversubscribed && multi_row, &mut p.bypass_misses) {
+                st.cache.demote(k);
+            }
+        }
+        Some(slot)
     }
 }
 
@@ -866,5 +913,31 @@ impl LayerExperts<'_> {
         }
         lock(&st.stats).wait_seconds += waited;
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_oversubscribed_batch_bypasses_and_one_miss_in_n_is_kept() {
+        let mut n = 0;
+        assert!(!bypass_miss(false, &mut n), "plain recency otherwise");
+        assert_eq!(n, 0);
+        let kept = (0..3 * BYPASS_KEEP_EVERY)
+            .filter(|_| !bypass_miss(true, &mut n))
+            .count();
+        assert_eq!(kept, 3);
+    }
+
+    #[test]
+    fn row_counts_share_rank_statistics_by_bucket() {
+        let b: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 64]
+            .iter()
+            .map(|&r| rows_bucket(r))
+            .collect();
+        assert_eq!(b, [0, 1, 2, 2, 3, 3, 4, 4]);
+        assert!(b.iter().all(|&x| x < ROWS_BUCKETS));
     }
 }
