@@ -188,7 +188,7 @@ pub fn bypass_miss(oversubscribed_batch: bool, misses: &mut u64) -> bool {
         return false;
     }
     *misses += 1;
-    *misses % BYPASS_KEEP_EVERY != 0
+    !(*misses).is_multiple_of(BYPASS_KEEP_EVERY)
 }
 
 /// Buckets of forecast row counts with their own rank precision: 1, 2, 3-4, 5-8, more.
