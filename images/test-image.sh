@@ -153,7 +153,7 @@ print("chat:", repr(r.choices[0].message.content))
 PYEOF
 step "chat completion OK (official openai client)"
 metrics=$(curl -sf http://127.0.0.1:18000/metrics)
-echo "$metrics" | grep -q '^deltafin_requests_total{endpoint="chat_completions",outcome="success"} 1$' \
+grep -q '^deltafin_requests_total{endpoint="chat_completions",outcome="success"} 1$' <<<"$metrics" \
     || { echo "/metrics does not count the chat completion" >&2; exit 1; }
 step "/metrics counts it"
 
