@@ -174,6 +174,29 @@ impl EvictionPolicy for Lfu {
     }
 }
 
+/// One miss in this many of an over-subscribed batched step is kept like any other (see
+/// [`bypass_miss`]), so the kept set follows slowly changing routes.
+pub const BYPASS_KEEP_EVERY: u64 = 32;
+
+/// Whether a miss goes to the eviction end of the cache instead of its head (pure).
+///
+/// When one step's routed experts over all layers outnumber the slots, recency evicts exactly
+/// what the next step needs first: the step walks the layers in the same order every time, so
+/// the oldest entries are the next step's first layers. Reading on demand cannot avoid the
+/// misses, but it can keep them from evicting the experts that do hit: a miss of such a step is
+/// demoted once read (evicted first after its use; pinned slots are never victims), except one
+/// in [`BYPASS_KEEP_EVERY`]. The cached set then stays put and hits as often as its share of the
+/// experts, where recency hit almost never (bench serve's default model under 110M at 8 streams:
+/// see docs/performance.md). Only batched steps: one row's steps keep plain recency, whose
+/// token-to-token reuse the single-stream figures were tuned on.
+pub fn bypass_miss(oversubscribed_batch: bool, misses: &mut u64) -> bool {
+    if !oversubscribed_batch {
+        return false;
+    }
+    *misses += 1;
+    !(*misses).is_multiple_of(BYPASS_KEEP_EVERY)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +250,16 @@ mod tests {
         assert_eq!(p.hotness(k(2)), 3.0);
         assert_eq!("lfu".parse::<PolicyKind>().unwrap(), PolicyKind::Lfu);
         assert!("mru".parse::<PolicyKind>().is_err());
+    }
+
+    #[test]
+    fn only_an_oversubscribed_batch_bypasses_and_one_miss_in_n_is_kept() {
+        let mut n = 0;
+        assert!(!bypass_miss(false, &mut n), "plain recency otherwise");
+        assert_eq!(n, 0);
+        let kept = (0..3 * BYPASS_KEEP_EVERY)
+            .filter(|_| !bypass_miss(true, &mut n))
+            .count();
+        assert_eq!(kept, 3);
     }
 }

@@ -193,6 +193,20 @@ impl RecallGate {
     }
 }
 
+/// Buckets of forecast row counts with their own rank precision: 1, 2, 3-4, 5-8, more.
+pub const ROWS_BUCKETS: usize = 5;
+
+/// The rank-statistics bucket of a forecast made from `rows` rows.
+pub fn rows_bucket(rows: usize) -> usize {
+    match rows {
+        0 | 1 => 0,
+        2 => 1,
+        3..=4 => 2,
+        5..=8 => 3,
+        _ => 4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +287,15 @@ mod tests {
             "a precise previous pass is read too, though it covers only part of the layer"
         );
         assert_eq!(recall(&[1], &[1, 2]), 0.5);
+    }
+
+    #[test]
+    fn row_counts_share_rank_statistics_by_bucket() {
+        let b: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 64]
+            .iter()
+            .map(|&r| rows_bucket(r))
+            .collect();
+        assert_eq!(b, [0, 1, 2, 2, 3, 3, 4, 4]);
+        assert!(b.iter().all(|&x| x < ROWS_BUCKETS));
     }
 }

@@ -23,7 +23,10 @@ use serde::Serialize;
 
 use super::ExpertKey;
 use super::heat::{Heat, HeatRecorder};
-use super::prefetch::{RANK_PRECISION, RankPrecision, RecallGate, plan_prefetch, rank_lookahead};
+use super::policy::bypass_miss;
+use super::prefetch::{
+    RANK_PRECISION, ROWS_BUCKETS, RankPrecision, RecallGate, plan_prefetch, rank_lookahead, rows_bucket,
+};
 use super::reader::{Origin, Priority, ReadResult, ReaderPool};
 use super::routes::RouteRecorder;
 use super::slots::{ExpertCache, ExpertHandle, Lookup, Woken};
@@ -168,43 +171,6 @@ pub struct ExpertStoreConfig {
     pub compute_threads: usize,
 }
 
-/// One miss in this many of an over-subscribed batched step is kept like any other (see
-/// [`bypass_miss`]), so the kept set follows slowly changing routes.
-pub const BYPASS_KEEP_EVERY: u64 = 32;
-
-/// Whether a miss goes to the eviction end of the cache instead of its head (pure).
-///
-/// When one step's routed experts over all layers outnumber the slots, recency evicts exactly
-/// what the next step needs first: the step walks the layers in the same order every time, so
-/// the oldest entries are the next step's first layers. Reading on demand cannot avoid the
-/// misses, but it can keep them from evicting the experts that do hit: a miss of such a step is
-/// demoted once read (evicted first after its use; pinned slots are never victims), except one
-/// in [`BYPASS_KEEP_EVERY`]. The cached set then stays put and hits as often as its share of the
-/// experts, where recency hit almost never (bench serve's default model under 110M at 8 streams:
-/// see docs/performance.md). Only batched steps: one row's steps keep plain recency, whose
-/// token-to-token reuse the single-stream figures were tuned on.
-pub fn bypass_miss(oversubscribed_batch: bool, misses: &mut u64) -> bool {
-    if !oversubscribed_batch {
-        return false;
-    }
-    *misses += 1;
-    !(*misses).is_multiple_of(BYPASS_KEEP_EVERY)
-}
-
-/// Buckets of forecast row counts with their own rank precision: 1, 2, 3-4, 5-8, more.
-const ROWS_BUCKETS: usize = 5;
-
-/// The [`Pass::ranks`] bucket of a forecast made from `rows` rows.
-fn rows_bucket(rows: usize) -> usize {
-    match rows {
-        0 | 1 => 0,
-        2 => 1,
-        3..=4 => 2,
-        5..=8 => 3,
-        _ => 4,
-    }
-}
-
 struct Pass {
     /// Selections of the current pass per layer, becoming the previous pass's at its end.
     current: Vec<Vec<usize>>,
@@ -223,9 +189,9 @@ struct Pass {
     /// Rows of the step in progress (from the last look-ahead hint).
     step_rows: usize,
     /// Whether the last finished pass selected more experts over all its layers than the cache
-    /// has slots (see [`bypass_miss`]).
+    /// has slots (see [`super::policy::bypass_miss`]).
     oversubscribed: bool,
-    /// Misses of over-subscribed steps so far (see [`bypass_miss`]).
+    /// Misses of over-subscribed steps so far (see [`super::policy::bypass_miss`]).
     bypass_misses: u64,
 }
 
@@ -913,31 +879,5 @@ impl LayerExperts<'_> {
         }
         lock(&st.stats).wait_seconds += waited;
         result
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_an_oversubscribed_batch_bypasses_and_one_miss_in_n_is_kept() {
-        let mut n = 0;
-        assert!(!bypass_miss(false, &mut n), "plain recency otherwise");
-        assert_eq!(n, 0);
-        let kept = (0..3 * BYPASS_KEEP_EVERY)
-            .filter(|_| !bypass_miss(true, &mut n))
-            .count();
-        assert_eq!(kept, 3);
-    }
-
-    #[test]
-    fn row_counts_share_rank_statistics_by_bucket() {
-        let b: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 64]
-            .iter()
-            .map(|&r| rows_bucket(r))
-            .collect();
-        assert_eq!(b, [0, 1, 2, 2, 3, 3, 4, 4]);
-        assert!(b.iter().all(|&x| x < ROWS_BUCKETS));
     }
 }
