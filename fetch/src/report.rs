@@ -63,7 +63,7 @@ pub struct ReportSummary {
     pub sent: u64,
     /// Reports that failed.
     pub failed: u64,
-    /// The last failure, if any.
+    /// The last failure ([`ReportError`], as it was said), if any.
     pub last_error: Option<String>,
 }
 
@@ -226,6 +226,7 @@ fn report_loop(
             Err(e) => {
                 summary.failed += 1;
                 // Said once per distinct failure, not once per tick.
+                let e = e.to_string();
                 if warned.as_deref() != Some(e.as_str()) {
                     warn(&format!("status report to {} failed: {e}", target.status_url()));
                     warned = Some(e.clone());
@@ -240,21 +241,36 @@ fn report_loop(
     }
 }
 
+/// Why one status report failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The bearer token file could not be read.
+    #[error("token {path}: {source}")]
+    Token { path: PathBuf, source: std::io::Error },
+    /// The request did not complete (connection, TLS, timeout).
+    #[error("{0}")]
+    Request(#[from] reqwest::Error),
+    /// The API server refused the patch (its `message`, at most 300 characters).
+    #[error("HTTP {status}: {message}")]
+    Refused { status: u16, message: String },
+}
+
 async fn send(
     client: &reqwest::Client,
     target: &KubeTarget,
     ev: &ProgressEvent,
-) -> std::result::Result<(), String> {
-    let token = std::fs::read_to_string(&target.token_file)
-        .map_err(|e| format!("token {}: {e}", target.token_file.display()))?;
+) -> std::result::Result<(), ReportError> {
+    let token = std::fs::read_to_string(&target.token_file).map_err(|source| ReportError::Token {
+        path: target.token_file.clone(),
+        source,
+    })?;
     let resp = client
         .patch(target.status_url())
         .bearer_auth(token.trim())
         .header(reqwest::header::CONTENT_TYPE, "application/merge-patch+json")
         .body(patch_body(&target.job, ev).to_string())
         .send()
-        .await
-        .map_err(|e| format!("{e}"))?;
+        .await?;
     let status = resp.status();
     if status.is_success() {
         return Ok(());
@@ -264,11 +280,10 @@ async fn send(
         .ok()
         .and_then(|v| v["message"].as_str().map(String::from))
         .unwrap_or(body);
-    Err(format!(
-        "HTTP {}: {}",
-        status.as_u16(),
-        reason.chars().take(300).collect::<String>()
-    ))
+    Err(ReportError::Refused {
+        status: status.as_u16(),
+        message: reason.chars().take(300).collect(),
+    })
 }
 
 #[cfg(test)]
