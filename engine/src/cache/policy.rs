@@ -178,7 +178,8 @@ impl EvictionPolicy for Lfu {
 /// [`bypass_miss`]), so the kept set follows slowly changing routes.
 pub const BYPASS_KEEP_EVERY: u64 = 32;
 
-/// Whether a miss goes to the eviction end of the cache instead of its head (pure).
+/// Whether the `nth` (from 1) expert read for an over-subscribed batched step goes to the
+/// eviction end of the cache instead of its head (pure).
 ///
 /// When one step's routed experts over all layers outnumber the slots, recency evicts exactly
 /// what the next step needs first: the step walks the layers in the same order every time, so
@@ -189,12 +190,8 @@ pub const BYPASS_KEEP_EVERY: u64 = 32;
 /// experts, where recency hit almost never (bench serve's default model under 110M at 8 streams:
 /// see docs/performance.md). Only batched steps: one row's steps keep plain recency, whose
 /// token-to-token reuse the single-stream figures were tuned on.
-pub fn bypass_miss(oversubscribed_batch: bool, misses: &mut u64) -> bool {
-    if !oversubscribed_batch {
-        return false;
-    }
-    *misses += 1;
-    !(*misses).is_multiple_of(BYPASS_KEEP_EVERY)
+pub fn bypass_miss(nth: u64) -> bool {
+    !nth.is_multiple_of(BYPASS_KEEP_EVERY)
 }
 
 #[cfg(test)]
@@ -253,13 +250,11 @@ mod tests {
     }
 
     #[test]
-    fn only_an_oversubscribed_batch_bypasses_and_one_miss_in_n_is_kept() {
-        let mut n = 0;
-        assert!(!bypass_miss(false, &mut n), "plain recency otherwise");
-        assert_eq!(n, 0);
-        let kept = (0..3 * BYPASS_KEEP_EVERY)
-            .filter(|_| !bypass_miss(true, &mut n))
-            .count();
-        assert_eq!(kept, 3);
+    fn one_read_in_n_of_an_oversubscribed_batch_is_kept() {
+        let kept: Vec<u64> = (1..=3 * BYPASS_KEEP_EVERY).filter(|&n| !bypass_miss(n)).collect();
+        assert_eq!(
+            kept,
+            [BYPASS_KEEP_EVERY, 2 * BYPASS_KEEP_EVERY, 3 * BYPASS_KEEP_EVERY]
+        );
     }
 }

@@ -191,8 +191,6 @@ struct Pass {
     /// Whether the last finished pass selected more experts over all its layers than the cache
     /// has slots (see [`super::policy::bypass_miss`]).
     oversubscribed: bool,
-    /// Misses of over-subscribed steps so far (see [`super::policy::bypass_miss`]).
-    bypass_misses: u64,
 }
 
 /// Routed experts of a model, served through the cache.
@@ -211,6 +209,8 @@ pub struct ExpertStore {
     routes: Mutex<Option<RouteRecorder>>,
     remote: OnceLock<Remote>,
     stats: Mutex<ExpertStats>,
+    /// Experts read for over-subscribed batched steps so far ([`super::policy::bypass_miss`]).
+    bypass_reads: AtomicU64,
     completions: Arc<CompletionStats>,
     trace: Mutex<Option<Vec<TraceStep>>>,
 }
@@ -265,7 +265,6 @@ impl ExpertStore {
             gate: RecallGate::new(layers, 0.2, config.gate_threshold, 16),
             step_rows: 0,
             oversubscribed: false,
-            bypass_misses: 0,
         };
         ExpertStore {
             index,
@@ -281,6 +280,7 @@ impl ExpertStore {
             routes: Mutex::new(None),
             remote: OnceLock::new(),
             stats: Mutex::new(ExpertStats::default()),
+            bypass_reads: AtomicU64::new(0),
             completions: Arc::default(),
             trace: Mutex::new(None),
         }
@@ -749,8 +749,9 @@ impl LayerExperts<'_> {
         st.cache.set_ticket(slot, ticket);
     }
 
-    /// Pin or start reading one expert; `None` when no slot is free.
-    fn start(&self, e: usize) -> Option<usize> {
+    /// Pin or start reading one expert; `None` when no slot is free. `bypass`: this step
+    /// over-subscribes the cache with several rows ([`super::policy::bypass_miss`]).
+    fn start(&self, e: usize, bypass: bool) -> Option<usize> {
         let st = self.store;
         let k = key(self.layer, e);
         let bytes = st.layouts[self.layer][e].payload;
@@ -785,10 +786,9 @@ impl LayerExperts<'_> {
         if matches!(lookup, Lookup::Miss { .. }) {
             self.read(e, slot);
         }
-        if read_for_step {
-            let mut p = lock(&st.pass);
-            let multi_row = p.step_rows > 1;
-            if bypass_miss(p.oversubscribed && multi_row, &mut p.bypass_misses) {
+        if bypass && read_for_step {
+            let nth = st.bypass_reads.fetch_add(1, Ordering::Relaxed) + 1;
+            if bypass_miss(nth) {
                 st.cache.demote(k);
             }
         }
@@ -829,6 +829,10 @@ impl LayerExperts<'_> {
             });
         }
         st.observe(self.layer, ids);
+        let bypass = {
+            let p = lock(&st.pass);
+            p.oversubscribed && p.step_rows > 1
+        };
         {
             let mut s = lock(&st.stats);
             s.layer_steps += 1;
@@ -846,7 +850,7 @@ impl LayerExperts<'_> {
         let result = (|| -> Result<()> {
             loop {
                 while let Some(&e) = pending.front() {
-                    let Some(slot) = self.start(e) else { break };
+                    let Some(slot) = self.start(e, bypass) else { break };
                     inflight.push((e, slot));
                     pending.pop_front();
                 }
