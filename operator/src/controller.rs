@@ -18,8 +18,8 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::reflector;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -117,7 +117,7 @@ impl Context {
 pub async fn reconcile(obj: Arc<DeltafinModel>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile();
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
-    ctx.metrics.started(&ns, &obj.name_any());
+    ctx.metrics.started(&ObjectRef::from_obj(&*obj));
     let api: Api<DeltafinModel> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.stores.ready().await;
     let action = finalizer(&api, FINALIZER, obj, |event| async {
@@ -136,11 +136,7 @@ pub async fn reconcile(obj: Arc<DeltafinModel>, ctx: Arc<Context>) -> Result<Act
 pub fn error_policy(obj: Arc<DeltafinModel>, err: &Error, ctx: Arc<Context>) -> Action {
     warn!(model = %obj.name_any(), error = %err, "reconcile failed");
     ctx.metrics.failure(err);
-    ctx.metrics.requeued(
-        &obj.namespace().unwrap_or_default(),
-        &obj.name_any(),
-        ERROR_REQUEUE,
-    );
+    ctx.metrics.requeued(&ObjectRef::from_obj(&*obj), ERROR_REQUEUE);
     Action::requeue(ERROR_REQUEUE)
 }
 
@@ -151,8 +147,7 @@ async fn apply(obj: &DeltafinModel, ctx: &Context) -> Result<Action> {
     if let Some(e) = ctx.notice_for(obj) {
         publish(ctx, obj, &e).await;
     }
-    let ns = obj.namespace().unwrap_or_default();
-    ctx.metrics.requeued(&ns, &obj.name_any(), plan.requeue);
+    ctx.metrics.requeued(&ObjectRef::from_obj(obj), plan.requeue);
     Ok(Action::requeue(plan.requeue))
 }
 
@@ -456,7 +451,6 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
     let w = Watches {
         client: client.clone(),
         ns: namespace.clone(),
-        models: models.clone(),
         metrics: ctx.metrics.clone(),
     };
     let own = |o: &DeltafinModel| Some(ObjectRef::from_obj(o));
@@ -505,10 +499,6 @@ pub async fn run(ctx: Arc<Context>, writers: Writers, namespace: Option<String>,
     info!("controller stopped");
 }
 
-/// The watches of [`run`]: each fills its store, and every object it touches queues the models
-/// it concerns in the queue-depth mirror ([`Metrics::triggered`]). Only models that exist are
-/// queued: the controller skips a reference it has no object for (a deleted model, children left
-/// behind where no garbage collector runs).
 /// A namespaced built-in or custom kind the controller watches.
 trait Watched:
     Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -532,10 +522,12 @@ impl<K> Watched for K where
 {
 }
 
+/// The watches of [`run`]: each fills its store, and every object it touches queues the models
+/// it concerns in the queue-depth mirror ([`Metrics::triggered`]; models that no longer exist
+/// are dropped there, as the controller skips them).
 struct Watches {
     client: Client,
     ns: Option<String>,
-    models: Store<DeltafinModel>,
     metrics: Arc<Metrics>,
 }
 
@@ -564,7 +556,7 @@ impl Watches {
             .inspect(move |r| r.iter().for_each(&queued))
     }
 
-    /// Queues the model `model_of` names, when it exists.
+    /// Queues the model `model_of` names.
     fn queued<K: 'static>(
         &self,
         model_of: fn(&K) -> Option<ObjectRef<DeltafinModel>>,
@@ -576,10 +568,10 @@ impl Watches {
         &self,
         models_of: impl Fn(&K) -> Vec<ObjectRef<DeltafinModel>> + Send + 'static,
     ) -> impl Fn(&K) + Send + 'static {
-        let (models, metrics) = (self.models.clone(), self.metrics.clone());
+        let metrics = self.metrics.clone();
         move |o| {
-            for r in models_of(o).into_iter().filter(|r| models.get(r).is_some()) {
-                metrics.triggered(r.namespace.as_deref().unwrap_or_default(), &r.name);
+            for r in models_of(o) {
+                metrics.triggered(&r);
             }
         }
     }

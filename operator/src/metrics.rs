@@ -72,7 +72,7 @@ pub struct Metrics {
     /// `deltafin_operator_queue_depth`: models due for a reconcile that has not started
     /// ([`crate::queue`]), computed when scraped.
     pub queue_depth: Gauge,
-    queue: Mutex<WorkQueue>,
+    queue: Mutex<WorkQueue<ObjectRef<DeltafinModel>>>,
     models: OnceLock<Store<DeltafinModel>>,
 }
 
@@ -146,20 +146,19 @@ impl Metrics {
         }
     }
 
-    /// A watch event concerns model `ns/name`: it is queued now.
-    pub fn triggered(&self, ns: &str, name: &str) {
-        self.queue().schedule(&format!("{ns}/{name}"), Instant::now());
+    /// A watch event concerns `model`: it is queued now.
+    pub fn triggered(&self, model: &ObjectRef<DeltafinModel>) {
+        self.queue().schedule(model, Instant::now());
     }
 
-    /// The reconcile of `ns/name` started.
-    pub fn started(&self, ns: &str, name: &str) {
-        self.queue().start(&format!("{ns}/{name}"));
+    /// The reconcile of `model` started.
+    pub fn started(&self, model: &ObjectRef<DeltafinModel>) {
+        self.queue().start(model);
     }
 
-    /// The reconcile of `ns/name` ended and asked to run again after `after`.
-    pub fn requeued(&self, ns: &str, name: &str, after: std::time::Duration) {
-        self.queue()
-            .schedule(&format!("{ns}/{name}"), Instant::now() + after);
+    /// The reconcile of `model` ended and asked to run again after `after`.
+    pub fn requeued(&self, model: &ObjectRef<DeltafinModel>, after: std::time::Duration) {
+        self.queue().schedule(model, Instant::now() + after);
     }
 
     /// The models that exist (the controller's store): the queue depth counts only those.
@@ -167,7 +166,7 @@ impl Metrics {
         let _ = self.models.set(models);
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, WorkQueue> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, WorkQueue<ObjectRef<DeltafinModel>>> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -231,10 +230,8 @@ impl Metrics {
 
     /// Text exposition (OpenMetrics).
     pub fn render(&self) -> String {
-        let exists = |key: &str| match (self.models.get(), key.split_once('/')) {
-            (Some(store), Some((ns, name))) => store.get(&ObjectRef::new(name).within(ns)).is_some(),
-            _ => true,
-        };
+        let exists =
+            |model: &ObjectRef<DeltafinModel>| self.models.get().is_none_or(|s| s.get(model).is_some());
         let depth = self.queue().depth(Instant::now(), exists);
         self.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
         let mut out = String::new();
@@ -268,10 +265,11 @@ mod tests {
         drop(m.reconcile());
         m.write("Job");
         m.set_weights("ai", "k2", Some(5), Some(10));
-        m.triggered("ai", "k2");
-        m.triggered("ai", "k3");
-        m.started("ai", "k3");
-        m.requeued("ai", "k3", std::time::Duration::from_secs(300));
+        let model = |name: &str| ObjectRef::<DeltafinModel>::new(name).within("ai");
+        m.triggered(&model("k2"));
+        m.triggered(&model("k3"));
+        m.started(&model("k3"));
+        m.requeued(&model("k3"), std::time::Duration::from_secs(300));
         let text = m.render();
         for needle in [
             "deltafin_operator_reconciliations_total 1",
