@@ -510,3 +510,38 @@ fn bench_serve_reports_the_step_bound_out_of_core() {
         "{r}"
     );
 }
+
+/// `synth --routing published` writes routers whose consecutive tokens share experts well above
+/// chance (the published band is 29.5-41.3 %), where `uniform` stays at chance (top-4 of 16:
+/// 25 %); `bench serve` measures both (one stream: the previous pass is the previous token).
+#[test]
+fn synth_routing_models_give_the_reuse_bench_serve_measures() {
+    let cache = tempfile::tempdir().unwrap();
+    let reuse = |routing: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        let o = out.to_str().unwrap();
+        let w = deltafin(
+            &["synth", "--preset", "builtin", "--routing", routing, "--out", o],
+            cache.path(),
+        );
+        assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+        let args = ["bench", "serve", "--model", o, "--streams", "1", "--tokens", "64"];
+        let r = deltafin(
+            &[&args[..], &["--memory-budget", "40M", "--json"]].concat(),
+            cache.path(),
+        );
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+        v["levels"][0]["previous_pass_reuse"].as_f64().unwrap()
+    };
+    let (uniform, published) = (reuse("uniform"), reuse("published"));
+    assert!((0.17..=0.33).contains(&uniform), "uniform {uniform}");
+    assert!(
+        (0.3..=0.5).contains(&published) && published > uniform + 0.06,
+        "published {published}, uniform {uniform}"
+    );
+    let bad = deltafin(&["synth", "--routing", "zipf", "--out", "/tmp/x"], cache.path());
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("uniform, published"));
+}

@@ -133,6 +133,22 @@ pub struct ExpertStats {
 }
 
 impl ExpertStats {
+    /// Mean recalls of the look-ahead and previous-pass predictors over the layers scored
+    /// between `earlier` and this snapshot (`None` if none was: prefetch off, or no MoE layer).
+    pub fn recalls_since(&self, earlier: &ExpertStats) -> Option<(f64, f64)> {
+        let n = self
+            .recall_samples
+            .checked_sub(earlier.recall_samples)
+            .filter(|&n| n > 0)?;
+        let delta = |now: f64, before: f64| {
+            (now * self.recall_samples as f64 - before * earlier.recall_samples as f64) / n as f64
+        };
+        Some((
+            delta(self.lookahead_recall, earlier.lookahead_recall),
+            delta(self.previous_recall, earlier.previous_recall),
+        ))
+    }
+
     /// Byte-weighted share of expert uses that needed no demand read.
     pub fn hit_rate(&self) -> f64 {
         if self.use_bytes == 0 {

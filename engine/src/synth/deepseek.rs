@@ -2,20 +2,15 @@
 //! and with [`DsaShape`] GLM-5's (`glm_moe_dsa`: the same stack with DeepSeek Sparse Attention's
 //! lightning indexer, a full indexer every `freq` layers).
 //!
-//! Routing shape ([`RoutingShape`]): `skew` adds a per-expert offset drawn from N(0, skew²) to
-//! each MoE layer's `e_score_correction_bias` (selection only, like DeepSeek's balancing bias,
-//! so some experts win more often); `locality` sets the RMS of token embeddings to
-//! `8^(1 - 2·locality)` relative to the O(1) outputs of the attention and FFN blocks. A large
-//! embedding (locality 0) makes each token's own identity decide its routes (random tokens route
-//! almost independently), a small one (locality 1) lets the slowly-changing attention context
-//! decide (consecutive tokens share experts). `docs/performance.md` lists measured reuse and
-//! skew for the settings the benchmark uses.
+//! Routing shape ([`RoutingShape`], `super::routing`): the per-layer selection-bias skew and
+//! the embedding scale that sets temporal reuse.
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::fill::{Fill, dense, norm, write_shards};
+use super::routing::RoutingShape;
 use super::write_byte_tokenizer;
 use crate::error::{Error, Result};
 use crate::weights::{Dtype, TensorSpec, write_atomic};
@@ -82,24 +77,6 @@ impl DsaShape {
 
     fn full(&self, layer: usize) -> bool {
         layer.is_multiple_of(self.freq)
-    }
-}
-
-/// Knobs shaping how the synthetic router behaves (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RoutingShape {
-    /// Standard deviation of per-expert selection-bias offsets (0: balanced).
-    pub skew: f32,
-    /// 0: routes follow the token; 1: routes follow the context (more token-to-token reuse).
-    pub locality: f32,
-}
-
-impl Default for RoutingShape {
-    fn default() -> Self {
-        RoutingShape {
-            skew: 0.0,
-            locality: 0.5,
-        }
     }
 }
 
@@ -266,7 +243,7 @@ impl DeepseekSynth {
     fn tensors(&self) -> Vec<(TensorSpec, Fill)> {
         let mut t = Vec::new();
         let (h, v) = (self.hidden, self.vocab());
-        let embed_rms = 8f32.powf(1.0 - 2.0 * self.routing.locality.clamp(0.0, 1.0));
+        let embed_rms = self.routing.embed_rms();
         t.push(dense(
             "model.embed_tokens.weight",
             v,
@@ -336,7 +313,7 @@ impl DeepseekSynth {
                         Dtype::F32,
                         &[self.experts],
                     ),
-                    Fill::SkewedBias(self.routing.skew),
+                    Fill::SkewedBias(self.routing.layer_skew(self.seed, l)),
                 ));
                 for e in 0..self.experts {
                     self.mlp(

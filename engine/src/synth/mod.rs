@@ -9,14 +9,15 @@ mod dspark;
 mod fill;
 mod gqa;
 mod kimi;
-
+mod routing;
 mod tokenizer;
 
 pub use crate::rng::Rng;
-pub use deepseek::{DeepseekSynth, DsaShape, ExpertFormat, RoutingShape};
+pub use deepseek::{DeepseekSynth, DsaShape, ExpertFormat};
 pub use dspark::DSparkSynth;
 pub use gqa::{GqaFamily, GqaMoeSynth};
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};
+pub use routing::{RoutingModel, RoutingShape};
 pub use tokenizer::{
     K3_SPECIALS, KIMI_SPECIALS, TokenizerFlavor, write_byte_tokenizer, write_byte_tokenizer_flavor,
 };

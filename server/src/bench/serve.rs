@@ -13,7 +13,7 @@ use deltafin_engine::arch;
 use deltafin_engine::cache::OocStats;
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::{self, Event, EventSink, GenRequest, SchedulerConfig};
-use deltafin_engine::synth::DeepseekSynth;
+use deltafin_engine::synth::{DeepseekSynth, RoutingModel, RoutingShape};
 use serde::Serialize;
 
 /// Arguments of `deltafin bench serve`.
@@ -37,6 +37,17 @@ pub struct ServeBenchArgs {
     /// Prompt length per stream.
     #[arg(long, default_value_t = 16, env = "DELTAFIN_PROMPT_TOKENS")]
     prompt_tokens: usize,
+    /// Routing models of the default model to measure, each a checkpoint of its own
+    /// (`uniform`: independent balanced routes; `published`: temporal reuse and per-layer skew
+    /// calibrated to published measurements, see `engine/src/synth/routing.rs`). Not with
+    /// `--model`.
+    #[arg(
+        long,
+        default_value = "uniform",
+        value_delimiter = ',',
+        value_parser = crate::cli::synth::parse_routing
+    )]
+    routing: Vec<RoutingModel>,
     /// Print one JSON object instead of a table.
     #[arg(long, env = "DELTAFIN_JSON")]
     json: bool,
@@ -47,6 +58,8 @@ pub struct ServeBenchArgs {
 /// One concurrency level's result.
 #[derive(Debug, Serialize)]
 struct Level {
+    /// The default model's routing model (`None`: a `--model` directory).
+    routing: Option<&'static str>,
     streams: usize,
     /// Generated tokens per second over all streams while all were decoding.
     aggregate_tokens_per_second: f64,
@@ -90,6 +103,11 @@ struct StepBound {
     fraction_of_io_bound: f64,
     /// Share of the level's wall time during which a read was in flight.
     disk_busy_share: f64,
+    /// Share of a layer's selection that the previous pass also selected at that layer (at one
+    /// stream: the previous token's reuse), and that the look-ahead predictor forecast; `None`
+    /// with prefetch off.
+    previous_pass_reuse: Option<f64>,
+    lookahead_recall: Option<f64>,
     /// Measured expert disk bytes per token (the level's `disk_bytes_per_token`).
     #[serde(skip)]
     disk_bytes_per_token: f64,
@@ -128,6 +146,8 @@ impl StepBound {
                 0.0
             },
             disk_busy_share: if wall > 0.0 { busy / wall } else { 0.0 },
+            previous_pass_reuse: eb.recalls_since(ea).map(|r| r.1),
+            lookahead_recall: eb.recalls_since(ea).map(|r| r.0),
             disk_bytes_per_token: disk,
         }
     }
@@ -232,20 +252,21 @@ pub(crate) fn resolve(model: Option<PathBuf>, cache_dir: &Path) -> Result<PathBu
     resolve_with(model, cache_dir, None)
 }
 
-/// [`resolve`], with the default model's routing locality overridden (a separate directory).
+/// [`resolve`], with the default model's router shaped otherwise: `routing` names the variant
+/// (a directory of its own) and gives its knobs.
 pub(crate) fn resolve_with(
     model: Option<PathBuf>,
     cache_dir: &Path,
-    locality: Option<f32>,
+    routing: Option<(&str, RoutingShape)>,
 ) -> Result<PathBuf> {
     if let Some(dir) = model {
         return Ok(dir);
     }
     let mut synth = bench_synth();
-    let suffix = match locality {
-        Some(l) => {
-            synth.routing.locality = l;
-            format!("-locality{:.0}", 100.0 * l)
+    let suffix = match routing {
+        Some((name, shape)) => {
+            synth.routing = shape;
+            format!("-{name}")
         }
         None => String::new(),
     };
@@ -262,17 +283,61 @@ pub(crate) fn resolve_with(
     Ok(dir)
 }
 
+/// The default model's directory for routing model `m` (`uniform` is the default model).
+fn resolve_routing(m: RoutingModel, cache_dir: &Path) -> Result<PathBuf> {
+    match m {
+        RoutingModel::Uniform => resolve(None, cache_dir),
+        _ => resolve_with(None, cache_dir, Some((m.name(), m.shape()))),
+    }
+}
+
 pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
-    let dir = resolve(args.model.clone(), cache_dir)?;
-    let budgeted = args.ooc.explicit() || arch::supports_budget(&dir)?;
+    let runs: Vec<(Option<&'static str>, PathBuf)> = match &args.model {
+        Some(dir) => {
+            if args.routing != [RoutingModel::Uniform] {
+                anyhow::bail!("--routing shapes the default model; it does not apply with --model");
+            }
+            vec![(None, dir.clone())]
+        }
+        None => args
+            .routing
+            .iter()
+            .map(|&m| Ok((Some(m.name()), resolve_routing(m, cache_dir)?)))
+            .collect::<Result<_>>()?,
+    };
+    let mut levels = Vec::new();
+    for (routing, dir) in &runs {
+        levels.extend(measure(&args, dir, *routing)?);
+    }
+    if args.json {
+        let models: Vec<_> = runs
+            .iter()
+            .map(|(r, d)| serde_json::json!({"routing": r, "model": d}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"model": runs[0].1, "models": models, "tokens_per_stream": args.tokens, "levels": levels})
+        );
+    } else {
+        for (routing, dir) in &runs {
+            let mine: Vec<&Level> = levels.iter().filter(|l| l.routing == *routing).collect();
+            print_table(dir, *routing, &mine);
+        }
+    }
+    Ok(())
+}
+
+/// Every concurrency level on the model in `dir`.
+fn measure(args: &ServeBenchArgs, dir: &Path, routing: Option<&'static str>) -> Result<Vec<Level>> {
+    let budgeted = args.ooc.explicit() || arch::supports_budget(dir)?;
     let (model, ooc) = match args.ooc.options()?.filter(|_| budgeted) {
         None => (
-            arch::load(&dir).with_context(|| format!("loading {}", dir.display()))?,
+            arch::load(dir).with_context(|| format!("loading {}", dir.display()))?,
             None,
         ),
         Some(o) => {
             let (m, rt) =
-                arch::load_budgeted(&dir, &o).with_context(|| format!("loading {}", dir.display()))?;
+                arch::load_budgeted(dir, &o).with_context(|| format!("loading {}", dir.display()))?;
             eprintln!("{}", crate::cli::ooc_args::describe_plan(&rt.plan, &rt.read));
             (m, Some(rt))
         }
@@ -287,13 +352,13 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
         ..Default::default()
     };
     let (handle, _thread) = scheduler::start(model, cfg)?;
-    run_level(&handle, 1, &args, vocab)?; // warm-up
+    run_level(&handle, 1, args, vocab)?; // warm-up
     let mut levels = Vec::new();
     for &streams in &args.streams {
         let before = handle.stats().snapshot();
         let io_before = ooc_stats();
         let started = Instant::now();
-        let times = run_level(&handle, streams.max(1), &args, vocab)?;
+        let times = run_level(&handle, streams.max(1), args, vocab)?;
         let wall = started.elapsed().as_secs_f64();
         let after = handle.stats().snapshot();
         let io_after = ooc_stats();
@@ -305,6 +370,7 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
             .map(|(a, b)| StepBound::between(a, b, generated, rate, wall));
         let passes = after.steps - before.steps;
         levels.push(Level {
+            routing,
             streams,
             aggregate_tokens_per_second: rate,
             per_stream_tokens_per_second: rate / streams.max(1) as f64,
@@ -318,21 +384,16 @@ pub fn bench_serve(args: ServeBenchArgs, cache_dir: &Path) -> Result<()> {
                 / passes.max(1) as f64,
         });
     }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({"model": dir, "tokens_per_stream": args.tokens, "levels": levels})
-        );
-    } else {
-        print_table(&dir, &levels);
-    }
-    Ok(())
+    Ok(levels)
 }
 
-fn print_table(dir: &Path, levels: &[Level]) {
-    println!("model: {}", dir.display());
+fn print_table(dir: &Path, routing: Option<&str>, levels: &[&Level]) {
+    match routing {
+        Some(r) => println!("model: {} (routing: {r})", dir.display()),
+        None => println!("model: {}", dir.display()),
+    }
     println!(
-        "{:>8} {:>14} {:>14} {:>10} {:>10} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10}",
+        "{:>8} {:>14} {:>14} {:>10} {:>10} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10} {:>10}",
         "streams",
         "aggregate t/s",
         "per-stream t/s",
@@ -343,12 +404,13 @@ fn print_table(dir: &Path, levels: &[Level]) {
         "union/layer",
         "ideal MiB/tok",
         "I/O bound t/s",
-        "of bound"
+        "of bound",
+        "prev reuse"
     );
     for l in levels {
         let b = l.bound.as_ref();
         println!(
-            "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10}",
+            "{:>8} {:>14.1} {:>14.1} {:>10.2} {:>10.2} {:>16} {:>14} {:>12} {:>14} {:>12} {:>10} {:>10}",
             l.streams,
             l.aggregate_tokens_per_second,
             l.per_stream_tokens_per_second,
@@ -360,6 +422,8 @@ fn print_table(dir: &Path, levels: &[Level]) {
             mib(b.map(|b| b.ideal_disk_bytes_per_token)),
             b.map_or("-".into(), |b| format!("{:.1}", b.io_bound_tokens_per_second)),
             b.map_or("-".into(), |b| format!("{:.2}", b.fraction_of_io_bound)),
+            b.and_then(|b| b.previous_pass_reuse)
+                .map_or("-".into(), |r| format!("{:.1}%", 100.0 * r)),
         );
     }
 }

@@ -291,7 +291,19 @@ fn load(dir: &Path, args: &SpecBenchArgs) -> Result<(Box<dyn Model>, Option<OocR
 }
 
 pub fn run(args: SpecBenchArgs, cache_dir: &Path) -> Result<()> {
-    let dir = crate::bench::serve::resolve_with(args.model.clone(), cache_dir, args.route_locality)?;
+    let shape = args.route_locality.map(|l| {
+        let name = format!("locality{:.0}", 100.0 * l);
+        let shape = deltafin_engine::synth::RoutingShape {
+            locality: l,
+            ..Default::default()
+        };
+        (name, shape)
+    });
+    let dir = crate::bench::serve::resolve_with(
+        args.model.clone(),
+        cache_dir,
+        shape.as_ref().map(|(n, s)| (n.as_str(), *s)),
+    )?;
     let (model, _ooc) = load(&dir, &args)?;
     let tok = Arc::new(Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?);
     let vocab = model.info().vocab_size;

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use deltafin_engine::cache::plan::human;
-use deltafin_engine::synth::{DeepseekSynth, ExpertFormat, GqaMoeSynth, KimiK3Synth, RoutingShape};
+use deltafin_engine::synth::{
+    DeepseekSynth, ExpertFormat, GqaMoeSynth, KimiK3Synth, RoutingModel, RoutingShape,
+};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -78,17 +80,56 @@ pub struct SynthArgs {
     pub size: Option<String>,
     #[arg(long, default_value_t = 4)]
     pub shards: usize,
-    /// Per-expert selection-bias spread (0 = balanced routing).
-    #[arg(long, default_value_t = 0.0)]
-    pub route_skew: f32,
-    /// 0 = routes follow the token, 1 = routes follow the context (more reuse).
-    #[arg(long, default_value_t = 0.0)]
-    pub route_locality: f32,
+    /// Routing model of the DeepSeek-V3 and GLM-5 presets: `uniform` (independent, balanced
+    /// routes) or `published` (temporal reuse and per-layer skew calibrated to the published
+    /// measurements; see `engine/src/synth/routing.rs`). Without it: skew 0, locality 0.
+    #[arg(long, value_parser = parse_routing)]
+    pub routing: Option<RoutingModel>,
+    /// Per-expert selection-bias spread (0 = balanced routing); overrides `--routing`'s.
+    #[arg(long)]
+    pub route_skew: Option<f32>,
+    /// 0 = routes follow the token, 1 = routes follow the context (more reuse); overrides
+    /// `--routing`'s.
+    #[arg(long)]
+    pub route_locality: Option<f32>,
     #[arg(long, default_value_t = 0x5EED)]
     pub seed: u64,
     /// Print a JSON summary.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A routing model's name, for clap.
+pub fn parse_routing(name: &str) -> Result<RoutingModel, String> {
+    RoutingModel::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = RoutingModel::ALL.iter().map(|m| m.name()).collect();
+        format!("unknown routing model {name:?} (one of: {})", names.join(", "))
+    })
+}
+
+/// The router knobs: the `--routing` model's (skew 0 and locality 0 without one), then the
+/// explicit overrides.
+fn routing_shape(a: &SynthArgs) -> RoutingShape {
+    let mut shape = a.routing.map_or(
+        RoutingShape {
+            skew: 0.0,
+            locality: 0.0,
+            layer_spread: 0.0,
+        },
+        RoutingModel::shape,
+    );
+    if let Some(s) = a.route_skew {
+        shape.skew = s;
+    }
+    if let Some(l) = a.route_locality {
+        shape.locality = l;
+    }
+    shape
+}
+
+/// Whether any routing knob was given (they shape the DeepSeek-V3 router only).
+fn routing_given(a: &SynthArgs) -> bool {
+    a.routing.is_some() || a.route_skew.is_some() || a.route_locality.is_some()
 }
 
 /// The one-based MLA layers of a K3-style schedule: every 4th layer and the last (K3: 4, 8,
@@ -191,10 +232,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
     };
     s.shards = a.shards.max(1);
     s.seed = a.seed;
-    s.routing = RoutingShape {
-        skew: a.route_skew,
-        locality: a.route_locality,
-    };
+    s.routing = routing_shape(&a);
     if let Some(l) = a.layers {
         s.layers = l.max(s.first_dense + 1);
     }
@@ -233,10 +271,9 @@ fn wanted_size(a: &SynthArgs) -> Result<Option<u64>> {
 }
 
 fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
-    if a.format.is_some_and(|f| !matches!(f, Format::Bf16)) || a.route_skew != 0.0 || a.route_locality != 0.0
-    {
+    if a.format.is_some_and(|f| !matches!(f, Format::Bf16)) || routing_given(a) {
         bail!(
-            "--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only (K3 experts are MXFP4)"
+            "--format, --routing, --route-skew and --route-locality apply to the DeepSeek-V3 presets only (K3 experts are MXFP4)"
         );
     }
     s.shards = a.shards.max(1);
@@ -274,8 +311,8 @@ fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
 }
 
 fn run_gqa(mut s: GqaMoeSynth, a: &SynthArgs) -> Result<()> {
-    if a.format.is_some() || a.route_skew != 0.0 || a.route_locality != 0.0 {
-        bail!("--format, --route-skew and --route-locality apply to the DeepSeek-V3 presets only");
+    if a.format.is_some() || routing_given(a) {
+        bail!("--format, --routing, --route-skew and --route-locality apply to the DeepSeek-V3 presets only");
     }
     s.shards = a.shards.max(1);
     s.seed = a.seed;
@@ -319,7 +356,8 @@ fn report(a: &SynthArgs, bytes: u64, secs: f64, s: Shape) {
         let summary = serde_json::json!({
             "out": a.out, "preset": format!("{:?}", a.preset), "bytes": bytes, "seconds": secs, "gib_per_second": gib_s,
             "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "expert_bytes": s.expert_bytes,
-            "route_skew": a.route_skew, "route_locality": a.route_locality,
+            "routing": a.routing.map(RoutingModel::name), "route_skew": routing_shape(a).skew,
+            "route_locality": routing_shape(a).locality, "route_layer_spread": routing_shape(a).layer_spread,
         });
         println!("{summary}");
     } else {
