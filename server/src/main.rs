@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use cli::{doctor, push, run, serve, setup, synth, warm};
+use cli::{doctor, plan, push, run, serve, setup, synth, warm};
 
 /// Exact-weights inference for giant mixture-of-experts models.
 #[derive(Debug, Parser)]
@@ -55,6 +55,9 @@ enum Command {
     Warm(warm::WarmArgs),
     /// Write a deterministic synthetic checkpoint (any size, routing skew and locality knobs).
     Synth(synth::SynthArgs),
+    /// What a given box will do with a model: the residency plan for its memory and the
+    /// predicted decode and prefill tokens/s, from rates measured here.
+    Plan(plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor::doctor(args, cli.device),
         Command::Warm(args) => warm::warm(args),
         Command::Synth(args) => done(synth::run(args)),
+        Command::Plan(args) => done(plan::run(args, &cache_dir)),
     };
     match result {
         Ok(code) => code,

@@ -545,3 +545,89 @@ fn synth_routing_models_give_the_reuse_bench_serve_measures() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("uniform, published"));
 }
+
+/// `deltafin plan` prints the residency plan `serve` would make for the given memory and the
+/// predicted tokens/s from the measured kernel cost: the plan matches the one the loader makes
+/// (`bench serve` prints it), more memory never predicts less, the box's figures are named as
+/// given, and bad input fails with the flag named.
+#[test]
+fn plan_predicts_from_the_loaders_plan_and_names_its_inputs() {
+    let model = synth();
+    let cache = tempfile::tempdir().unwrap();
+    let m = model.path().to_str().unwrap();
+    let plan = |ram: &str| {
+        let args = [
+            "plan",
+            "--model",
+            m,
+            "--ram",
+            ram,
+            "--disk-gbps",
+            "1.5",
+            "--cores",
+            "4",
+        ];
+        let out = deltafin(
+            &[&args[..], &["--context-memory", "0", "--json"]].concat(),
+            cache.path(),
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let (small, large) = (plan("34300000"), plan("1G"));
+    assert_eq!(small["budget"]["source"], "given");
+    assert_eq!(small["disk_bytes_per_second"]["value"].as_f64(), Some(1.5e9));
+    assert_eq!(small["cores"]["value"].as_u64(), Some(4));
+    let tiny = DeepseekSynth::tiny(ExpertFormat::Bf16);
+    assert_eq!(small["layout"]["top_k"].as_u64(), Some(tiny.top_k as u64));
+    assert_eq!(large["plan"]["cache_fraction"].as_f64(), Some(1.0));
+    // The loader's own plan at the same budget has the same expert slots.
+    let out = deltafin(
+        &[
+            "bench",
+            "serve",
+            "--model",
+            m,
+            "--streams",
+            "1",
+            "--tokens",
+            "2",
+            "--prompt-tokens",
+            "2",
+            "--memory-budget",
+            "34300000",
+            "--json",
+        ],
+        cache.path(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let served: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fraction = served["levels"][0]["cache_fraction"].as_f64().unwrap();
+    assert_eq!(small["plan"]["cache_fraction"].as_f64(), Some(fraction));
+    let rate = |r: &Value, kind: &str, streams: u64| {
+        r["predictions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["kind"] == kind && p["streams"].as_u64() == Some(streams))
+            .map(|p| p["tokens_per_second"].as_f64().unwrap())
+            .unwrap()
+    };
+    for (kind, s) in [("decode", 1), ("decode", 8), ("prefill", 1)] {
+        assert!(rate(&small, kind, s) > 0.0);
+        assert!(rate(&large, kind, s) >= rate(&small, kind, s), "{kind} {s}");
+    }
+    assert!(
+        rate(&small, "decode", 8) > rate(&small, "decode", 1),
+        "streams share experts"
+    );
+    let out = deltafin(
+        &["plan", "--model", m, "--ram", "1K", "--disk-gbps", "1"],
+        cache.path(),
+    );
+    assert_clean_failure(&out, "too small");
+    let out = deltafin(&["plan", "--model", m, "--disk-gbps", "0"], cache.path());
+    assert_clean_failure(&out, "--disk-gbps");
+    let out = deltafin(&["plan", "--model", "/nonexistent/m"], cache.path());
+    assert_clean_failure(&out, "/nonexistent/m");
+}

@@ -237,6 +237,60 @@ pub fn load_budgeted_spec(
     spec.arch.load_budgeted(spec, index, options)
 }
 
+/// What planning a memory budget needs of a checkpoint, read from its tensor headers:
+/// the always-resident bytes, each layer's spine bytes and the routed experts (as
+/// [`load_budgeted`] would lay them out).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OocLayout {
+    pub fixed_bytes: u64,
+    /// Spine bytes of each layer, in layer order.
+    pub layer_bytes: Vec<u64>,
+    /// Bytes of the largest routed expert (one cache slot).
+    pub slot_bytes: u64,
+    /// Layers with routed experts, the experts of each and how many a token selects.
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    pub top_k: usize,
+}
+
+impl OocLayout {
+    /// Routed experts in the model.
+    pub fn experts(&self) -> u64 {
+        (self.moe_layers * self.experts_per_layer) as u64
+    }
+}
+
+/// The layout of the model in `dir` (nothing but headers is read).
+pub fn ooc_layout(dir: &Path) -> Result<OocLayout> {
+    let spec = ModelSpec::load(dir)?;
+    let index = WeightIndex::open(dir)?;
+    spec.arch.ooc_layout(&spec, &index)
+}
+
+/// Seconds one forward of a routed expert of the model in `dir` takes at `rows` rows, with the
+/// kernel threads of this process and its weights memory-mapped and warm: the per-byte rate of its format's kernels
+/// here. Repeats until `min_seconds` have passed; returns `(seconds per forward, expert bytes)`.
+pub fn time_expert(dir: &Path, rows: usize, min_seconds: f64) -> Result<(f64, u64)> {
+    let spec = ModelSpec::load(dir)?;
+    let index = WeightIndex::open(dir)?;
+    let ld = Loader::new(&index, &spec);
+    let expert = spec.arch.routed_expert(&ld, 0, 0)?;
+    let layout = spec.arch.ooc_layout(&spec, &index)?;
+    let width = expert.down.rows;
+    let class = crate::backend::WeightClass::Expert;
+    let x: Vec<f32> = (0..rows * width)
+        .map(|i| ((i % 13) as f32 - 6.0) * 0.01)
+        .collect();
+    std::hint::black_box(expert.forward_as(&x, rows, class));
+    let start = std::time::Instant::now();
+    let mut n = 0u32;
+    while n < 3 || start.elapsed().as_secs_f64() < min_seconds {
+        std::hint::black_box(expert.forward_as(std::hint::black_box(&x), rows, class));
+        n += 1;
+    }
+    Ok((start.elapsed().as_secs_f64() / f64::from(n), layout.slot_bytes))
+}
+
 /// Whether [`load_budgeted`] supports the model in `dir`.
 pub fn supports_budget(dir: &Path) -> Result<bool> {
     Ok(ModelSpec::load(dir)?.arch.supports_budget())

@@ -51,6 +51,28 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
         false
     }
 
+    /// What a residency plan needs of the checkpoint, from its tensor headers alone (nothing
+    /// is read): the layouts [`Architecture::load_budgeted`] would plan with.
+    fn ooc_layout(&self, spec: &ModelSpec, index: &WeightIndex) -> Result<super::OocLayout> {
+        let _ = index;
+        Err(Error::Budget(format!(
+            "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
+            spec.model_type
+        )))
+    }
+
+    /// Routed expert `expert` of the `moe_layer`-th MoE layer, loaded through `ld` (to time the
+    /// kernels of its stored format).
+    fn routed_expert(
+        &self,
+        ld: &Loader<'_>,
+        moe_layer: usize,
+        expert: usize,
+    ) -> Result<crate::model::layers::mlp::Mlp> {
+        let _ = (ld, moe_layer, expert);
+        Err(Error::Budget("this architecture has no routed experts".into()))
+    }
+
     /// Build the model under `options.budget`: a resident prefix of layers, the rest streamed,
     /// routed experts through the expert cache; bit-identical to [`Architecture::load`].
     fn load_budgeted(

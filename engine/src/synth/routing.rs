@@ -58,7 +58,7 @@ impl RoutingShape {
         if self.layer_spread == 0.0 {
             return self.skew;
         }
-        let mut rng = Rng::new(seed ^ 0x5EED_0F_5C3E ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = Rng::new(seed ^ 0x005E_ED0F_5C3E ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let u = rng.unit();
         (self.skew * (1.0 + self.layer_spread.clamp(0.0, 1.0) * (2.0 * u - 1.0))).max(0.0)
     }

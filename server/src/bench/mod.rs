@@ -15,7 +15,7 @@ mod disk;
 mod grammar;
 mod model;
 mod prefill;
-mod serve;
+pub(crate) mod serve;
 mod spec;
 
 /// Arguments of `deltafin bench`.

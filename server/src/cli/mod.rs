@@ -6,6 +6,7 @@
 
 pub mod doctor;
 pub mod ooc_args;
+pub mod plan;
 pub mod progress;
 pub mod push;
 pub mod run;

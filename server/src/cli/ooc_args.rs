@@ -130,6 +130,11 @@ fn device_tiers(p: &ResidencyPlan) -> Option<deltafin_engine::backend::residency
 
 /// The host part of the plan.
 fn describe_host_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
+    format!("{}; reads: {read}", describe_budget(p))
+}
+
+/// How the plan divides the budget (without the read mode, which needs the files open).
+pub fn describe_budget(p: &ResidencyPlan) -> String {
     let unread = match &p.unread {
         u if u.tensors == 0 => String::new(),
         u => {
@@ -143,7 +148,7 @@ fn describe_host_plan(p: &ResidencyPlan, read: &ReadDecision) -> String {
         }
     };
     let plan = format!(
-        "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts); reads: {read}",
+        "memory budget {}: fixed {} + reserve {} + context memory {}; spine layers 0..{} resident ({}), {} streamed ({} per pass, arena {}); expert cache {} slots x {} = {} ({:.1}% of experts)",
         human(p.budget),
         human(p.fixed_bytes),
         human(p.reserve_bytes),

@@ -130,6 +130,19 @@ impl<F: DecoderFamily> super::Architecture for F {
         DecoderFamily::raw_completion_drafter(self)
     }
 
+    fn ooc_layout(&self, spec: &super::ModelSpec, index: &WeightIndex) -> Result<super::OocLayout> {
+        Decoder::ooc_layout(&self.plan(), spec, index)
+    }
+
+    fn routed_expert(&self, ld: &Loader<'_>, moe_layer: usize, e: usize) -> Result<Mlp> {
+        let plan = self.plan();
+        let l = (0..plan.num_layers)
+            .filter(|&l| plan.is_moe(l))
+            .nth(moe_layer)
+            .ok_or_else(|| crate::error::Error::Budget(format!("no MoE layer {moe_layer} in this model")))?;
+        expert(&plan, ld, l, e)
+    }
+
     fn load_budgeted(
         &self,
         spec: &super::ModelSpec,
@@ -193,6 +206,30 @@ impl Decoder {
             .collect::<Result<Vec<_>>>()?;
         let layers = Arc::new(LayerStore::resident(layers));
         Ok(Self::assemble(plan, ld.index, fixed, layers, None))
+    }
+
+    /// The layouts [`Decoder::load_budgeted`] plans with, from the headers alone.
+    fn ooc_layout(plan: &DecoderPlan, spec: &ModelSpec, index: &WeightIndex) -> Result<super::OocLayout> {
+        let fixed = source::record(index, spec, false, |ld| load_fixed(plan, ld))?;
+        let layer_bytes = (0..plan.num_layers)
+            .map(|i| Ok(source::record(index, spec, false, |ld| load_layer(plan, ld, i))?.total as u64))
+            .collect::<Result<Vec<_>>>()?;
+        let moe: Vec<usize> = (0..plan.num_layers).filter(|&l| plan.is_moe(l)).collect();
+        let mut slot_bytes = 0;
+        for &l in &moe {
+            for e in 0..plan.moe.experts {
+                let layout = source::record(index, spec, true, |ld| expert(plan, ld, l, e))?;
+                slot_bytes = slot_bytes.max(layout.total as u64);
+            }
+        }
+        Ok(super::OocLayout {
+            fixed_bytes: fixed.total as u64,
+            layer_bytes,
+            slot_bytes,
+            moe_layers: moe.len(),
+            experts_per_layer: plan.moe.experts,
+            top_k: plan.moe.router.top_k,
+        })
     }
 
     /// Load under `options.budget`: the fixed tensors and a prefix of layers resident, the

@@ -1,0 +1,330 @@
+//! `deltafin plan`: what a given box will do with a model. It prints the residency plan for the
+//! box's memory and the predicted decode and prefill tokens per second at several numbers of
+//! streams, from the plan's bytes per step and two rates measured here — the disk's bandwidth
+//! for whole-expert reads and the kernels' seconds per weight byte on the model's own stored
+//! expert format — scaled to the box's cores and disk (`engine/src/cache/predict.rs` has the
+//! formula, which is printed with the figures). Nothing but tensor headers is read to plan.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use deltafin_engine::arch::{self, ModelSpec, OocLayout};
+use deltafin_engine::backend::residency::TierPlan;
+use deltafin_engine::cache::plan::{PlanInput, default_budget, human, parse_size, plan, probe_memory};
+use deltafin_engine::cache::predict::{KernelCost, Machine, Routing, StepPrediction, step};
+use deltafin_engine::cache::probe::{evict_page_cache, expert_layouts, pick, read_probe};
+use deltafin_engine::cache::{OocOptions, ReadMode, ResidencyPlan};
+use deltafin_engine::scheduler;
+use deltafin_engine::weights::WeightIndex;
+use serde::Serialize;
+
+/// Arguments of `deltafin plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Model directory (default: the `bench serve` model, generated if missing).
+    #[arg(long, env = "DELTAFIN_MODEL")]
+    model: Option<PathBuf>,
+    /// Memory the engine may use on that box, as `--memory-budget` takes it (`64G`); default:
+    /// this machine's `auto` budget.
+    #[arg(long)]
+    ram: Option<String>,
+    /// That box's disk read bandwidth in GB/s (default: measured here on the model's shards,
+    /// whole-expert O_DIRECT reads, 8 in flight).
+    #[arg(long)]
+    disk_gbps: Option<f64>,
+    /// That box's cores for the kernels (default: this process's kernel threads).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// That box's GPU memory for weights (`24G`): the device tiers are planned and printed;
+    /// the predicted rates stay those of CPU compute (no GPU rate is measured here).
+    #[arg(long)]
+    gpu_memory: Option<String>,
+    /// Context memory inside the budget: a size, `0` (none planned, as `bench serve`), or
+    /// `auto` (what `serve` plans for the largest number of streams).
+    #[arg(long, default_value = "auto")]
+    context_memory: String,
+    /// Concurrent streams to predict.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Prompt tokens per stream for the prefill prediction.
+    #[arg(long, default_value_t = 512)]
+    prefill_tokens: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A figure and where it came from.
+#[derive(Debug, Serialize)]
+struct Input<T> {
+    value: T,
+    /// `given` or `measured here`.
+    source: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+struct Prediction {
+    kind: &'static str,
+    streams: usize,
+    #[serde(flatten)]
+    step: StepPrediction,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: PathBuf,
+    layout: OocLayout,
+    budget: Input<u64>,
+    disk_bytes_per_second: Input<f64>,
+    cores: Input<usize>,
+    kernel: KernelCost,
+    plan: ResidencyPlan,
+    device: Option<String>,
+    formula: &'static str,
+    predictions: Vec<Prediction>,
+}
+
+const FORMULA: &str = "union(s) = E*(1-(1-k/E)^s); disk(s) = streamed + L*union(s)*(1-h)*slot; \
+compute(s) = (spine + L*union(s)*slot) * c(s) * cores_here/cores; step(s) = disk(s)/bandwidth + compute(s); \
+tokens/s = s/step(s)  [s rows per step, E experts of `slot` bytes in each of L MoE layers, top-k, \
+h = the plan's cache fraction, c(s) = measured kernel seconds per weight byte at s rows]";
+
+/// Row counts the kernels are timed at (interpolated between).
+const KERNEL_ROWS: [usize; 3] = [1, 8, 64];
+
+pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
+    let dir = crate::bench::serve::resolve(a.model.clone(), cache_dir)?;
+    let spec = ModelSpec::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    let layout = arch::ooc_layout(&dir).with_context(|| format!("planning {}", dir.display()))?;
+    let budget = match &a.ram {
+        Some(s) => Input {
+            value: parse_size(s).context("--ram")?,
+            source: "given",
+        },
+        None => {
+            let (limit, usage, available) = probe_memory();
+            Input {
+                value: default_budget(limit, usage, available),
+                source: "measured here",
+            }
+        }
+    };
+    let max_streams = a.streams.iter().copied().max().unwrap_or(1).max(1);
+    let plan = residency(&spec, &layout, budget.value, &a.context_memory, max_streams)?;
+    let disk = match a.disk_gbps {
+        Some(g) if g > 0.0 => Input {
+            value: g * 1e9,
+            source: "given",
+        },
+        Some(g) => bail!("--disk-gbps {g}: give a bandwidth above 0"),
+        None => Input {
+            value: measure_disk(&dir)?,
+            source: "measured here",
+        },
+    };
+    let here = rayon::current_num_threads().max(1);
+    let cores = Input {
+        value: a.cores.unwrap_or(here).max(1),
+        source: if a.cores.is_some() {
+            "given"
+        } else {
+            "measured here"
+        },
+    };
+    let kernel = deltafin_engine::pool::on_pool(|| measure_kernels(&dir, here))?;
+    let device = a
+        .gpu_memory
+        .as_deref()
+        .map(|g| device_tiers(g, &plan))
+        .transpose()?;
+    let machine = Machine {
+        disk_bytes_per_second: disk.value,
+        cores: cores.value,
+        kernel: kernel.clone(),
+    };
+    let routing = Routing {
+        moe_layers: layout.moe_layers,
+        experts_per_layer: layout.experts_per_layer,
+        top_k: layout.top_k,
+    };
+    let mut predictions = Vec::new();
+    for &s in &a.streams {
+        let s = s.max(1);
+        let decode = step(&plan, &routing, &machine, s);
+        predictions.push(Prediction {
+            kind: "decode",
+            streams: s,
+            step: decode,
+        });
+    }
+    for &s in &a.streams {
+        let s = s.max(1);
+        let prefill = step(&plan, &routing, &machine, s * a.prefill_tokens.max(1));
+        predictions.push(Prediction {
+            kind: "prefill",
+            streams: s,
+            step: prefill,
+        });
+    }
+    let report = Report {
+        model: dir,
+        layout,
+        budget,
+        disk_bytes_per_second: disk,
+        cores,
+        kernel,
+        plan,
+        device,
+        formula: FORMULA,
+        predictions,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+/// The residency plan `load_budgeted` would make for `budget`, with the context memory `serve`
+/// would plan (`auto`), none (`0`) or the size given.
+fn residency(
+    spec: &ModelSpec,
+    layout: &OocLayout,
+    budget: u64,
+    context: &str,
+    streams: usize,
+) -> Result<ResidencyPlan> {
+    let o = OocOptions::with_budget(budget);
+    let context_bytes = match context {
+        "auto" => scheduler::auto_context_bytes(arch::state_size(spec), budget, streams, usize::MAX).max(1),
+        "0" => 0,
+        s => parse_size(s).context("--context-memory")?,
+    };
+    Ok(plan(&PlanInput {
+        budget,
+        fixed_bytes: layout.fixed_bytes,
+        reserve_bytes: o.reserve_bytes,
+        context_bytes,
+        layer_bytes: layout.layer_bytes.clone(),
+        slot_bytes: layout.slot_bytes,
+        experts: layout.experts(),
+        min_expert_slots: o.min_expert_slots,
+    })?)
+}
+
+/// Whole-expert reads from the model's shards, 8 in flight, O_DIRECT where the filesystem has
+/// it (else buffered reads of pages dropped first): bytes per second.
+fn measure_disk(dir: &Path) -> Result<f64> {
+    let index = WeightIndex::open(dir)?;
+    let layouts = expert_layouts(&index);
+    if layouts.is_empty() {
+        bail!("{}: no routed experts to read", dir.display());
+    }
+    let paths = index.shard_paths();
+    // About 256 MiB of reads (at least 96): shorter probes swing with the disk's moods.
+    let slot = layouts.iter().map(|l| l.read_bytes()).max().unwrap_or(1).max(1);
+    let count = ((256u64 << 20) / slot).clamp(96, 4096) as usize;
+    let chosen = pick(layouts.len(), 0, count, 0x9_1A4);
+    let result = match read_probe(&paths, &layouts, &chosen, ReadMode::Direct, 8) {
+        Ok(r) => r,
+        Err(_) => {
+            evict_page_cache(&paths);
+            read_probe(&paths, &layouts, &chosen, ReadMode::Buffered, 8)?
+        }
+    };
+    Ok(result.bytes as f64 / result.seconds.max(1e-9))
+}
+
+/// Seconds per weight byte of a routed expert's forward at [`KERNEL_ROWS`], on `cores` threads.
+fn measure_kernels(dir: &Path, cores: usize) -> Result<KernelCost> {
+    let points = KERNEL_ROWS
+        .iter()
+        .map(|&rows| {
+            let (seconds, bytes) = arch::time_expert(dir, rows, 0.15)?;
+            Ok((rows, seconds / bytes.max(1) as f64))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(KernelCost { points, cores })
+}
+
+/// How a GPU of `size` would hold the plan's spine and experts.
+fn device_tiers(size: &str, plan: &ResidencyPlan) -> Result<String> {
+    let tiers = TierPlan {
+        device: "GPU (given)".into(),
+        budget: parse_size(size).context("--gpu-memory")?,
+        spine_bytes: plan.fixed_bytes + plan.layer_bytes.iter().sum::<u64>(),
+        expert_bytes: plan.slot_bytes,
+        experts: plan.experts,
+        host_slots: plan.expert_slots,
+    };
+    Ok(tiers.to_string())
+}
+
+fn print_report(r: &Report) {
+    let l = &r.layout;
+    println!(
+        "model: {} ({} layers, {} MoE layers x {} experts of {}, top-{})",
+        r.model.display(),
+        l.layer_bytes.len(),
+        l.moe_layers,
+        l.experts_per_layer,
+        human(l.slot_bytes),
+        l.top_k
+    );
+    println!(
+        "box: memory {} ({}), disk {:.2} GB/s ({}), {} cores ({})",
+        human(r.budget.value),
+        r.budget.source,
+        r.disk_bytes_per_second.value / 1e9,
+        r.disk_bytes_per_second.source,
+        r.cores.value,
+        r.cores.source
+    );
+    println!("plan: {}", crate::cli::ooc_args::describe_budget(&r.plan));
+    if let Some(d) = &r.device {
+        println!("device tiers: {d} (the rates below are for CPU compute: no GPU is measured here)");
+    }
+    let kernel: Vec<String> = r
+        .kernel
+        .points
+        .iter()
+        .map(|(rows, c)| format!("{rows} row(s) {:.3} ns/B", c * 1e9))
+        .collect();
+    println!(
+        "kernels (the model's expert format, measured here on {} threads): {}",
+        r.kernel.cores,
+        kernel.join(", ")
+    );
+    println!("formula: {}", r.formula);
+    println!(
+        "{:>8} {:>8} {:>7} {:>12} {:>14} {:>10} {:>14} {:>11} {:>8} {:>10}",
+        "",
+        "streams",
+        "rows",
+        "union/layer",
+        "disk MiB/step",
+        "disk ms",
+        "compute MiB",
+        "compute ms",
+        "bound",
+        "tok/s"
+    );
+    for p in &r.predictions {
+        let s = &p.step;
+        println!(
+            "{:>8} {:>8} {:>7} {:>12.1} {:>14.2} {:>10.2} {:>14.2} {:>11.2} {:>8} {:>10.1}",
+            p.kind,
+            p.streams,
+            s.rows,
+            s.union_experts_per_layer,
+            s.disk_bytes / (1u64 << 20) as f64,
+            s.disk_seconds * 1e3,
+            s.compute_bytes / (1u64 << 20) as f64,
+            s.compute_seconds * 1e3,
+            s.bound,
+            s.tokens_per_second
+        );
+    }
+}
