@@ -11,12 +11,13 @@
 //!   `k` of `E` independently and uniformly (the worst case; routing locality only lowers it);
 //! - `disk(s) = streamed + L · union(s) · (1 − h) · slot`, with `h` the share of experts the
 //!   plan's cache holds (hits under uniform routing);
-//! - `compute(s) = (spine + L · union(s) · slot) · c(s)`, with `c(s)` the kernels' measured
-//!   seconds per weight byte at `s` rows, scaled by the cores;
+//! - `compute(s) = spine · c(s) + L · union(s) · slot · c(s·k / union(s))`, with `c(r)` the
+//!   kernels' measured seconds per weight byte at `r` rows, scaled by the cores: the spine
+//!   runs every row, an expert only the rows routed to it;
 //! - `step(s) = disk(s) / bandwidth + compute(s)`: a layer computes once its experts have
 //!   arrived, so reads and compute add up; the look-ahead prefetch overlaps part of them, which
-//!   the prediction leaves out (measured runs came out at 0.87-1.14 of it on the `bench serve`
-//!   model at three limits, `bench/results/plan-2026-12-06`);
+//!   the prediction leaves out (decode measured 0.74-1.24 of it on the `bench serve` model at
+//!   three limits, 0.92-0.99 on dsv3-bench under 4 GiB: `docs/performance.md`);
 //! - tokens per second `= s / step(s)`.
 
 use serde::Serialize;
@@ -33,22 +34,22 @@ pub struct KernelCost {
 }
 
 impl KernelCost {
-    /// Seconds per weight byte at `rows` rows on `cores` cores: linear between the measured
-    /// row counts, proportional to rows past the last one, and inversely proportional to the
-    /// cores (the kernels split a product's rows over the cores).
-    pub fn at(&self, rows: usize, cores: usize) -> f64 {
+    /// Seconds per weight byte at `rows` rows (a mean, so fractional) on `cores` cores: linear
+    /// between the measured row counts, proportional to rows past the last one, and inversely
+    /// proportional to the cores (the kernels split a product's rows over the cores).
+    pub fn at(&self, rows: f64, cores: usize) -> f64 {
         let p = &self.points;
         let Some(&(last_rows, last)) = p.last() else {
             return 0.0;
         };
-        let here = if rows <= p[0].0 {
+        let here = if rows <= p[0].0 as f64 {
             p[0].1
-        } else if rows >= last_rows {
-            last * rows as f64 / last_rows as f64
+        } else if rows >= last_rows as f64 {
+            last * rows / last_rows as f64
         } else {
-            let i = p.partition_point(|&(r, _)| r <= rows);
+            let i = p.partition_point(|&(r, _)| r as f64 <= rows);
             let ((r0, c0), (r1, c1)) = (p[i - 1], p[i]);
-            c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64
+            c0 + (c1 - c0) * (rows - r0 as f64) / (r1 - r0) as f64
         };
         here * self.cores as f64 / cores.max(1) as f64
     }
@@ -104,14 +105,20 @@ pub fn step(plan: &ResidencyPlan, routing: &Routing, machine: &Machine, rows: us
     let slot = plan.slot_bytes as f64;
     let held = plan.cache_fraction.clamp(0.0, 1.0);
     let disk_bytes = plan.streamed_bytes_per_pass as f64 + layers * union * (1.0 - held) * slot;
-    let spine: u64 = plan.layer_bytes.iter().sum();
-    let compute_bytes = spine as f64 + layers * union * slot;
+    let spine = plan.layer_bytes.iter().sum::<u64>() as f64;
+    let compute_bytes = spine + layers * union * slot;
+    let expert_rows = if union > 0.0 {
+        (rows * routing.top_k) as f64 / union
+    } else {
+        0.0
+    };
     let disk_seconds = if disk_bytes > 0.0 {
         disk_bytes / machine.disk_bytes_per_second.max(1.0)
     } else {
         0.0
     };
-    let compute_seconds = compute_bytes * machine.kernel.at(rows, machine.cores);
+    let cost = |r: f64| machine.kernel.at(r, machine.cores);
+    let compute_seconds = spine * cost(rows as f64) + layers * union * slot * cost(expert_rows);
     let seconds = disk_seconds + compute_seconds;
     StepPrediction {
         rows,
@@ -177,10 +184,10 @@ mod tests {
     #[test]
     fn kernel_cost_interpolates_between_rows_and_scales_with_cores() {
         let k = machine(1.0).kernel;
-        assert_eq!(k.at(1, 2), 1e-10);
-        assert!((k.at(4, 2) - (1e-10 + 1e-10 * 3.0 / 7.0)).abs() < 1e-20);
-        assert!((k.at(128, 2) - 16e-10).abs() < 1e-20);
-        assert!((k.at(1, 4) - 0.5e-10).abs() < 1e-20);
+        assert_eq!(k.at(1.0, 2), 1e-10);
+        assert!((k.at(4.0, 2) - (1e-10 + 1e-10 * 3.0 / 7.0)).abs() < 1e-20);
+        assert!((k.at(128.0, 2) - 16e-10).abs() < 1e-20);
+        assert!((k.at(1.0, 4) - 0.5e-10).abs() < 1e-20);
     }
 
     #[test]
@@ -195,6 +202,20 @@ mod tests {
         let eight = step(&plan_with(40 << 20), &ROUTING, &m, 8);
         assert!(eight.disk_bytes / 8.0 < small.disk_bytes);
         assert!(eight.tokens_per_second > small.tokens_per_second);
+    }
+
+    #[test]
+    fn a_prompt_runs_every_row_through_the_spine_and_its_routed_rows_through_each_expert() {
+        let p = plan_with(1 << 30);
+        let s = step(&p, &ROUTING, &machine(1e9), 512);
+        // 512 rows x top-6 over 64 experts: 48 rows per expert, where the spine takes 512.
+        let k = machine(1e9).kernel;
+        let want = (16 << 20) as f64 * k.at(512.0, 2) + 4.0 * 64.0 * (1 << 20) as f64 * k.at(48.0, 2);
+        assert!(
+            (s.compute_seconds - want).abs() < 1e-9 * want,
+            "{} {want}",
+            s.compute_seconds
+        );
     }
 
     #[test]

@@ -47,8 +47,9 @@ pub struct PlanArgs {
     /// Concurrent streams to predict.
     #[arg(long, default_value = "1,8", value_delimiter = ',')]
     streams: Vec<usize>,
-    /// Prompt tokens per stream for the prefill prediction.
-    #[arg(long, default_value_t = 512)]
+    /// Prompt tokens per pass for the prefill prediction (default: the server's chunk for a
+    /// prompt prefilling alone); `s` streams prefill `s` times as many per pass.
+    #[arg(long, default_value_t = scheduler::DEFAULT_PREFILL_CHUNK_SOLO)]
     prefill_tokens: usize,
     /// Print one JSON object.
     #[arg(long)]
@@ -91,7 +92,7 @@ tokens/s = s/step(s)  [s rows per step, E experts of `slot` bytes in each of L M
 h = the plan's cache fraction, c(s) = measured kernel seconds per weight byte at s rows]";
 
 /// Row counts the kernels are timed at (interpolated between).
-const KERNEL_ROWS: [usize; 3] = [1, 8, 64];
+const KERNEL_ROWS: [usize; 4] = [1, 8, 64, 512];
 
 pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
     let dir = crate::bench::serve::resolve(a.model.clone(), cache_dir)?;
