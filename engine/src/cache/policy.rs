@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn hits_start_first_then_misses_in_disk_order_within_a_window() {
-        let cached = |e: usize| e % 3 == 0;
+        let cached = |e: usize| e.is_multiple_of(3);
         let position = |e: usize| (e % 2, 1000 - 10 * e as u64);
         assert_eq!(
             issue_order(&[5, 3, 4, 0, 1, 2, 6], cached, position),
