@@ -87,9 +87,10 @@ struct Report {
 }
 
 const FORMULA: &str = "union(s) = E*(1-(1-k/E)^s); disk(s) = streamed + L*union(s)*(1-h)*slot; \
-compute(s) = (spine + L*union(s)*slot) * c(s) * cores_here/cores; step(s) = disk(s)/bandwidth + compute(s); \
+compute(s) = spine*c(s) + L*union(s)*slot*c(s*k/union(s)); step(s) = disk(s)/bandwidth + compute(s); \
 tokens/s = s/step(s)  [s rows per step, E experts of `slot` bytes in each of L MoE layers, top-k, \
-h = the plan's cache fraction, c(s) = measured kernel seconds per weight byte at s rows]";
+h = the plan's cache fraction, c(r) = measured kernel seconds per weight byte at r rows, times \
+cores_here/cores]";
 
 /// Row counts the kernels are timed at (interpolated between).
 const KERNEL_ROWS: [usize; 4] = [1, 8, 64, 512];
