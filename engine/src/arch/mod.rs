@@ -267,28 +267,30 @@ pub fn ooc_layout(dir: &Path) -> Result<OocLayout> {
     spec.arch.ooc_layout(&spec, &index)
 }
 
-/// Seconds one forward of a routed expert of the model in `dir` takes at `rows` rows, with the
-/// kernel threads of this process and its weights memory-mapped and warm: the per-byte rate of its format's kernels
-/// here. Repeats until `min_seconds` have passed; returns `(seconds per forward, expert bytes)`.
-pub fn time_expert(dir: &Path, rows: usize, min_seconds: f64) -> Result<(f64, u64)> {
+/// Seconds one forward of a routed expert of the model in `dir` takes at each of `rows` row
+/// counts, with the kernel threads of this process and its weights memory-mapped and warm: over
+/// the expert's bytes, the per-byte cost of its format's kernels here. Each count repeats until
+/// `min_seconds` have passed (at least 3 times). The expert is loaded once.
+pub fn time_expert(dir: &Path, rows: &[usize], min_seconds: f64) -> Result<Vec<f64>> {
     let spec = ModelSpec::load(dir)?;
     let index = WeightIndex::open(dir)?;
-    let ld = Loader::new(&index, &spec);
-    let expert = spec.arch.routed_expert(&ld, 0, 0)?;
-    let layout = spec.arch.ooc_layout(&spec, &index)?;
+    let expert = spec.arch.routed_expert(&Loader::new(&index, &spec), 0, 0)?;
     let width = expert.down.rows;
     let class = crate::backend::WeightClass::Expert;
-    let x: Vec<f32> = (0..rows * width)
-        .map(|i| ((i % 13) as f32 - 6.0) * 0.01)
-        .collect();
-    std::hint::black_box(expert.forward_as(&x, rows, class));
-    let start = std::time::Instant::now();
-    let mut n = 0u32;
-    while n < 3 || start.elapsed().as_secs_f64() < min_seconds {
-        std::hint::black_box(expert.forward_as(std::hint::black_box(&x), rows, class));
-        n += 1;
-    }
-    Ok((start.elapsed().as_secs_f64() / f64::from(n), layout.slot_bytes))
+    let time = |rows: usize| {
+        let x: Vec<f32> = (0..rows * width)
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.01)
+            .collect();
+        std::hint::black_box(expert.forward_as(&x, rows, class));
+        let start = std::time::Instant::now();
+        let mut n = 0u32;
+        while n < 3 || start.elapsed().as_secs_f64() < min_seconds {
+            std::hint::black_box(expert.forward_as(std::hint::black_box(&x), rows, class));
+            n += 1;
+        }
+        start.elapsed().as_secs_f64() / f64::from(n)
+    };
+    Ok(rows.iter().map(|&r| time(r)).collect())
 }
 
 /// Whether [`load_budgeted`] supports the model in `dir`.

@@ -55,10 +55,7 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
     /// is read): the layouts [`Architecture::load_budgeted`] would plan with.
     fn ooc_layout(&self, spec: &ModelSpec, index: &WeightIndex) -> Result<super::OocLayout> {
         let _ = index;
-        Err(Error::Budget(format!(
-            "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
-            spec.model_type
-        )))
+        Err(not_budgeted(spec))
     }
 
     /// Routed expert `expert` of the `moe_layer`-th MoE layer, loaded through `ld` (to time the
@@ -82,11 +79,16 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
         options: &OocOptions,
     ) -> Result<(Box<dyn Model>, OocRuntime)> {
         let _ = (index, options);
-        Err(Error::Budget(format!(
-            "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
-            spec.model_type
-        )))
+        Err(not_budgeted(spec))
     }
+}
+
+/// What an architecture without out-of-core loading answers when asked for it.
+pub(super) fn not_budgeted(spec: &ModelSpec) -> Error {
+    Error::Budget(format!(
+        "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
+        spec.model_type
+    ))
 }
 
 /// A family row building an [`Architecture`].

@@ -119,6 +119,7 @@ impl StepBound {
     fn between(a: &OocStats, b: &OocStats, generated: f64, rate: f64, wall: f64) -> StepBound {
         let (ea, eb) = (&a.experts, &b.experts);
         let steps = (eb.layer_steps - ea.layer_steps).max(1) as f64;
+        let recalls = eb.recalls_since(ea);
         let union_bytes = (eb.use_bytes - ea.use_bytes) as f64 / generated;
         let disk = (eb.miss_bytes + eb.prefetch_read_bytes - ea.miss_bytes - ea.prefetch_read_bytes) as f64
             / generated;
@@ -146,8 +147,8 @@ impl StepBound {
                 0.0
             },
             disk_busy_share: if wall > 0.0 { busy / wall } else { 0.0 },
-            previous_pass_reuse: eb.recalls_since(ea).map(|r| r.1),
-            lookahead_recall: eb.recalls_since(ea).map(|r| r.0),
+            previous_pass_reuse: recalls.map(|r| r.1),
+            lookahead_recall: recalls.map(|r| r.0),
             disk_bytes_per_token: disk,
         }
     }

@@ -30,7 +30,7 @@ pub struct PlanArgs {
     #[arg(long)]
     ram: Option<String>,
     /// That box's disk read bandwidth in GB/s (default: measured here on the model's shards,
-    /// whole-expert O_DIRECT reads, 8 in flight).
+    /// whole-expert reads as the engine makes them, 8 in flight).
     #[arg(long)]
     disk_gbps: Option<f64>,
     /// That box's cores for the kernels (default: this process's kernel threads).
@@ -134,7 +134,7 @@ pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
             "measured here"
         },
     };
-    let kernel = deltafin_engine::pool::on_pool(|| measure_kernels(&dir, here))?;
+    let kernel = deltafin_engine::pool::on_pool(|| measure_kernels(&dir, layout.slot_bytes, here))?;
     let device = a
         .gpu_memory
         .as_deref()
@@ -216,8 +216,9 @@ fn residency(
     })?)
 }
 
-/// Whole-expert reads from the model's shards, 8 in flight, O_DIRECT where the filesystem has
-/// it (else buffered reads of pages dropped first): bytes per second.
+/// Whole-expert reads from the model's shards, 8 in flight, as the engine reads them
+/// (`ReadMode::Auto`: O_DIRECT where the filesystem has it, else buffered reads that drop their
+/// pages; the shards' page cache is dropped first): bytes per second.
 fn measure_disk(dir: &Path) -> Result<f64> {
     let index = WeightIndex::open(dir)?;
     let layouts = expert_layouts(&index);
@@ -229,25 +230,20 @@ fn measure_disk(dir: &Path) -> Result<f64> {
     let slot = layouts.iter().map(|l| l.read_bytes()).max().unwrap_or(1).max(1);
     let count = ((256u64 << 20) / slot).clamp(96, 4096) as usize;
     let chosen = pick(layouts.len(), 0, count, 0x9_1A4);
-    let result = match read_probe(&paths, &layouts, &chosen, ReadMode::Direct, 8) {
-        Ok(r) => r,
-        Err(_) => {
-            evict_page_cache(&paths);
-            read_probe(&paths, &layouts, &chosen, ReadMode::Buffered, 8)?
-        }
-    };
+    evict_page_cache(&paths);
+    let result = read_probe(&paths, &layouts, &chosen, ReadMode::Auto, 8)?;
     Ok(result.bytes as f64 / result.seconds.max(1e-9))
 }
 
-/// Seconds per weight byte of a routed expert's forward at [`KERNEL_ROWS`], on `cores` threads.
-fn measure_kernels(dir: &Path, cores: usize) -> Result<KernelCost> {
+/// Seconds per weight byte of a routed expert's forward at [`KERNEL_ROWS`], on `cores` threads
+/// (over the plan's slot bytes: one expert's).
+fn measure_kernels(dir: &Path, slot_bytes: u64, cores: usize) -> Result<KernelCost> {
+    let seconds = arch::time_expert(dir, &KERNEL_ROWS, 0.15)?;
     let points = KERNEL_ROWS
         .iter()
-        .map(|&rows| {
-            let (seconds, bytes) = arch::time_expert(dir, rows, 0.15)?;
-            Ok((rows, seconds / bytes.max(1) as f64))
-        })
-        .collect::<Result<Vec<_>>>()?;
+        .zip(seconds)
+        .map(|(&rows, s)| (rows, s / slot_bytes.max(1) as f64))
+        .collect();
     Ok(KernelCost { points, cores })
 }
 

@@ -353,11 +353,12 @@ struct Shape {
 fn report(a: &SynthArgs, bytes: u64, secs: f64, s: Shape) {
     let gib_s = bytes as f64 / secs / (1u64 << 30) as f64;
     if a.json {
+        let shape = routing_shape(a);
         let summary = serde_json::json!({
             "out": a.out, "preset": format!("{:?}", a.preset), "bytes": bytes, "seconds": secs, "gib_per_second": gib_s,
             "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "expert_bytes": s.expert_bytes,
-            "routing": a.routing.map(RoutingModel::name), "route_skew": routing_shape(a).skew,
-            "route_locality": routing_shape(a).locality, "route_layer_spread": routing_shape(a).layer_spread,
+            "routing": a.routing.map(RoutingModel::name), "route_skew": shape.skew,
+            "route_locality": shape.locality, "route_layer_spread": shape.layer_spread,
         });
         println!("{summary}");
     } else {

@@ -131,6 +131,9 @@ impl<F: DecoderFamily> super::Architecture for F {
     }
 
     fn ooc_layout(&self, spec: &super::ModelSpec, index: &WeightIndex) -> Result<super::OocLayout> {
+        if !DecoderFamily::supports_budget(self) {
+            return Err(super::registry::not_budgeted(spec));
+        }
         Decoder::ooc_layout(&self.plan(), spec, index)
     }
 
@@ -150,10 +153,7 @@ impl<F: DecoderFamily> super::Architecture for F {
         options: &OocOptions,
     ) -> Result<(Box<dyn Model>, OocRuntime)> {
         if !DecoderFamily::supports_budget(self) {
-            return Err(crate::error::Error::Budget(format!(
-                "{}: out-of-core loading is not implemented for this architecture (it loads in memory)",
-                spec.model_type
-            )));
+            return Err(super::registry::not_budgeted(spec));
         }
         let (model, runtime) = Decoder::load_budgeted(self.plan(), spec, index, options)?;
         Ok((Box::new(model), runtime))

@@ -207,8 +207,8 @@ struct Pass {
     gate: RecallGate,
     /// Rows of the step in progress (from the last look-ahead hint).
     step_rows: usize,
-    /// Whether the last finished pass selected more experts over all its layers than the cache
-    /// has slots (see [`super::policy::bypass_miss`]).
+    /// Whether the last finished pass crowded the cache ([`super::policy::oversubscribes`]:
+    /// its selections over all layers exceed half the slots; see [`super::policy::bypass_miss`]).
     oversubscribed: bool,
 }
 
