@@ -98,21 +98,49 @@ pub(crate) async fn serve(mut stream: TcpStream, app: Router, limits: HttpLimits
         FirstHead::Refused(e) => return refuse(stream, &e).await,
     };
     let draining = *watch.phase.borrow() != Phase::Serving;
+    answer(head, stream, app, limits, watch.phase, draining).await;
+}
+
+/// Hand hyper the connection, its complete first `head` replayed first. When the drain begins
+/// while the connection is kept alive, it gets hyper's graceful shutdown, but only once hyper has
+/// taken up that first request: a connection hyper has not read from yet counts as idle to
+/// hyper and would be closed with the request unanswered.
+async fn answer<S>(
+    head: Vec<u8>,
+    stream: S,
+    app: Router,
+    limits: HttpLimits,
+    mut phase: watch::Receiver<Phase>,
+    draining: bool,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = http1_builder(&limits);
     builder.keep_alive(!draining);
     let io = TokioIo::new(Rewind::new(head, stream));
     // The router's per-request rules (`routes::every_head`) read the connection's limits.
-    let app = app.layer(axum::Extension(limits));
-    let mut conn = pin!(builder.serve_connection(io, TowerToHyperService::new(app)));
+    let app = TowerToHyperService::new(app.layer(axum::Extension(limits)));
+    let (began, mut taken_up) = watch::channel(false);
+    let service = hyper::service::service_fn(move |req| {
+        began.send_replace(true);
+        hyper::service::Service::call(&app, req)
+    });
+    let mut conn = pin!(builder.serve_connection(io, service));
     let result = if draining {
         conn.await
     } else {
+        let drain_begun = async {
+            reached(&mut phase, Phase::Draining).await;
+            // An error means hyper dropped the service: the connection is ending anyway.
+            let _ = taken_up.wait_for(|&b| b).await;
+        };
         tokio::select! {
-            r = conn.as_mut() => r,
-            () = reached(&mut watch.phase, Phase::Draining) => {
+            biased;
+            () = drain_begun => {
                 conn.as_mut().graceful_shutdown();
                 conn.await
             }
+            r = conn.as_mut() => r,
         }
     };
     if let Err(e) = result {
@@ -244,7 +272,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use super::Rewind;
+    use axum::Router;
+    use tokio::sync::watch;
+
+    use super::{HttpLimits, Phase, Rewind, answer};
 
     #[tokio::test]
     async fn a_rewound_stream_replays_its_prefix_then_reads_on() {
@@ -255,5 +286,21 @@ mod tests {
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"GET / HTTP/1.1\r\n");
+    }
+
+    /// The race behind a probe that got no answer at all: the head was complete while serving,
+    /// and the drain began before hyper first read the connection.
+    #[tokio::test]
+    async fn a_first_request_whose_drain_began_before_hyper_read_it_is_answered() {
+        let app = Router::new().route("/readyz", axum::routing::get(|| async { "draining" }));
+        let (_phase_tx, phase) = watch::channel(Phase::Draining);
+        let (mut client, server) = tokio::io::duplex(4096);
+        let head = b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        let served = tokio::spawn(answer(head, server, app, HttpLimits::default(), phase, false));
+        let mut reply = String::new();
+        client.read_to_string(&mut reply).await.unwrap();
+        served.await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        assert!(reply.ends_with("draining"), "{reply:?}");
     }
 }

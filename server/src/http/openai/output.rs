@@ -219,7 +219,11 @@ impl OutputParser {
 
     /// Route one id outside tool calls through the reasoning split.
     fn route(&mut self, id: u32, d: &mut Delta) {
-        match self.split.route(id, self.tokenizer.is_special(id)) {
+        let tokenizer = &self.tokenizer;
+        match self
+            .split
+            .route(id, tokenizer.is_special(id), &|ids| tokenizer.decode(ids))
+        {
             Route::Hidden => self.flush_into(d),
             Route::Text(Channel::Reasoning) => d.reasoning.extend(self.reasoning.push(id)),
             Route::Text(Channel::Content) => self.content_text(id, d),

@@ -12,7 +12,10 @@
 //!
 //! A rendered prompt that already opened the thinking (the generation prompt of thinking
 //! templates) starts the output inside it. Markers are recognised only by token ids: text the
-//! model spells out ("<think>") stays text.
+//! model spells out ("<think>") stays text. Element and channel *names* between the markers
+//! are plain text, compared by what they spell, not by their ids: a model may spell `analysis`
+//! in other tokens than the tokenizer's own encoding (a grammar admits every spelling), and the
+//! tool-call parser reads harmony headers by their text too.
 //!
 //! K3 sometimes omits `<|close|>think<|sep|>` (agent-api.md §2, "Known K3 bugs"): opening
 //! `response` or `tools`, or closing `response`, also ends the thinking. A tool-call section
@@ -139,16 +142,18 @@ impl ReasoningSplit {
         self.channel = Channel::Content;
     }
 
-    /// Route token `id`; `special` says whether it is a special (control) token.
-    pub fn route(&mut self, id: u32, special: bool) -> Route {
+    /// Route token `id`; `special` says whether it is a special (control) token; `spell` gives
+    /// the text of ids (the tokenizer's decode), for comparing names.
+    pub fn route(&mut self, id: u32, special: bool, spell: &dyn Fn(&[u32]) -> String) -> Route {
+        let same = |a: &[u32], b: &[u32]| a == b || spell(a) == spell(b);
         match &self.markers {
             Some(Markers::Think(m)) if id == m.open => self.channel = Channel::Reasoning,
             Some(Markers::Think(m)) if id == m.close => self.channel = Channel::Content,
             Some(Markers::Xtml(x)) => {
                 if let Some((opening, name)) = &mut self.tag {
                     if id == x.sep {
-                        let leaves = name == &x.response || (*opening && name == &x.tools);
-                        self.channel = match (*opening, name == &x.think) {
+                        let leaves = same(name, &x.response) || (*opening && same(name, &x.tools));
+                        self.channel = match (*opening, same(name, &x.think)) {
                             (true, true) => Channel::Reasoning,
                             (false, true) => Channel::Content,
                             _ if leaves => Channel::Content,
@@ -175,7 +180,11 @@ impl ReasoningSplit {
                 if id == h.start || id == h.channel {
                     self.header = Some(Vec::new());
                 } else if id == h.message {
-                    let analysis = self.header.take().is_some_and(|name| name == h.analysis);
+                    // The header's first word is the channel (a recipient or content type may follow).
+                    let analysis = self.header.take().is_some_and(|name| {
+                        name == h.analysis
+                            || spell(&name).split_whitespace().next() == Some(&*spell(&h.analysis))
+                    });
                     self.channel = if analysis {
                         Channel::Reasoning
                     } else {
@@ -217,9 +226,35 @@ mod tests {
         })
     }
 
+    /// The test vocabulary's text: "think" = [1, 2], "response" = [3, 4], "tools" = [5],
+    /// "analysis" = [7, 8], and the same names in other pieces: "t"+"hink" = [11, 12],
+    /// "a"+"nalysis" = [13, 14]; anything else spells itself as `<id>`.
+    fn spell(ids: &[u32]) -> String {
+        ids.iter()
+            .map(|&id| match id {
+                1 => "th".to_string(),
+                2 => "ink".into(),
+                3 => "resp".into(),
+                4 => "onse".into(),
+                5 => "tools".into(),
+                7 => "anal".into(),
+                8 => "ysis".into(),
+                11 => "t".into(),
+                12 => "hink".into(),
+                13 => "a".into(),
+                14 => "nalysis".into(),
+                _ => format!("<{id}>"),
+            })
+            .collect()
+    }
+
+    fn route(split: &mut ReasoningSplit, id: u32, special: bool) -> Route {
+        split.route(id, special, &spell)
+    }
+
     fn routes(split: &mut ReasoningSplit, ids: &[(u32, bool)]) -> Vec<Route> {
         ids.iter()
-            .map(|&(id, special)| split.route(id, special))
+            .map(|&(id, special)| route(split, id, special))
             .collect()
     }
 
@@ -257,9 +292,9 @@ mod tests {
     fn a_prompt_ending_in_the_open_marker_starts_in_reasoning() {
         let mut s = ReasoningSplit::new(Some(Markers::Think(M)), &[5, 100]);
         assert_eq!(s.channel(), Reasoning);
-        assert_eq!(s.route(9, false), Text(Reasoning));
-        assert_eq!(s.route(101, true), Hidden);
-        assert_eq!(s.route(9, false), Text(Content));
+        assert_eq!(route(&mut s, 9, false), Text(Reasoning));
+        assert_eq!(route(&mut s, 101, true), Hidden);
+        assert_eq!(route(&mut s, 9, false), Text(Content));
         // `<think>\n` (Qwen3.5, MiniMax-M2) opens it too; other text after the open does not.
         assert!(opens_thinking(Some(&Markers::Think(M)), &[5, 100, 9]));
         assert!(!opens_thinking(Some(&Markers::Think(M)), &[5, 100, 7]));
@@ -311,11 +346,32 @@ mod tests {
         );
     }
 
+    /// A grammar admits every spelling of a channel or element name, and a model under one may
+    /// take another than the tokenizer's own: the name is what it spells.
+    #[test]
+    fn names_spelled_in_other_tokens_still_switch_channels() {
+        let h = Markers::Harmony(HarmonyMarkers {
+            start: 1,
+            channel: 2,
+            message: 3,
+            analysis: vec![7, 8],
+        });
+        let mut s = ReasoningSplit::new(Some(h), &[1, 9]);
+        let ids = [(2, true), (13, false), (14, false), (3, true), (20, false)];
+        assert_eq!(routes(&mut s, &ids)[4], Text(Reasoning), "<|channel|>a+nalysis");
+        // Prompt ends with <|open|>response<|sep|>; then <|open|>t+hink<|sep|> opens thinking.
+        let mut s = ReasoningSplit::new(Some(xtml()), &[200, 3, 4, 202]);
+        let ids = [(200, true), (11, false), (12, false), (202, true), (50, false)];
+        assert_eq!(routes(&mut s, &ids)[4], Text(Reasoning));
+        let ids = [(201, true), (11, false), (12, false), (202, true), (51, false)];
+        assert_eq!(routes(&mut s, &ids)[4], Text(Content));
+    }
+
     #[test]
     fn without_markers_everything_is_content_and_specials_hide() {
         let mut s = ReasoningSplit::new(None, &[100]);
-        assert_eq!(s.route(100, true), Hidden);
-        assert_eq!(s.route(4, false), Text(Content));
+        assert_eq!(route(&mut s, 100, true), Hidden);
+        assert_eq!(route(&mut s, 4, false), Text(Content));
     }
 
     #[test]
@@ -364,12 +420,12 @@ mod tests {
     #[test]
     fn a_runaway_tag_is_dropped_without_exposing_it() {
         let mut s = ReasoningSplit::new(Some(xtml()), &[]);
-        assert_eq!(s.route(200, true), Hidden);
+        assert_eq!(route(&mut s, 200, true), Hidden);
         for _ in 0..MAX_TAG_TOKENS {
-            assert_eq!(s.route(7, false), Hidden);
+            assert_eq!(route(&mut s, 7, false), Hidden);
         }
-        assert_eq!(s.route(7, false), Hidden, "the tag is given up");
-        assert_eq!(s.route(7, false), Text(Content));
+        assert_eq!(route(&mut s, 7, false), Hidden, "the tag is given up");
+        assert_eq!(route(&mut s, 7, false), Text(Content));
     }
 
     #[test]
