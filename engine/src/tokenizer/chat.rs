@@ -175,7 +175,6 @@ pub(crate) fn template_vars(
     sort_tools: bool,
     control: Option<&ControlTokens>,
 ) -> Result<BTreeMap<String, Value>> {
-    let mark = |s: &str| -> String { control.map_or_else(|| s.to_owned(), |c| c.mark(s).into_owned()) };
     let mark_json = |v: &serde_json::Value| control.map_or_else(|| v.clone(), |c| c.mark_json(v));
     let mut vars = BTreeMap::new();
     for (attr, token) in special_attributes {
@@ -184,20 +183,10 @@ pub(crate) fn template_vars(
     for (k, v) in &opts.extra {
         vars.insert(k.clone(), to_value(mark_json(v)));
     }
-    let marked: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage {
-            role: mark(&m.role),
-            content: mark(&m.content),
-            reasoning_content: m.reasoning_content.as_deref().map(mark),
-            tool_calls: m
-                .tool_calls
-                .as_ref()
-                .map(|calls| calls.iter().map(mark_json).collect()),
-            tool_call_id: m.tool_call_id.as_deref().map(mark),
-            name: m.name.as_deref().map(mark),
-        })
-        .collect();
+    let marked = match control {
+        Some(c) => marked_messages(messages, c),
+        None => messages.to_vec(),
+    };
     let template_messages: Vec<TemplateMessage<'_>> = marked
         .iter()
         .map(|m| TemplateMessage {
@@ -232,9 +221,52 @@ pub(crate) fn template_vars(
     Ok(vars)
 }
 
+/// `messages` with every user-supplied string marked (see [`ControlTokens::mark`]).
+pub(crate) fn marked_messages(messages: &[ChatMessage], c: &ControlTokens) -> Vec<ChatMessage> {
+    let mark = |s: &str| c.mark(s).into_owned();
+    messages
+        .iter()
+        .map(|m| ChatMessage {
+            role: mark(&m.role),
+            content: mark(&m.content),
+            reasoning_content: m.reasoning_content.as_deref().map(mark),
+            tool_calls: m
+                .tool_calls
+                .as_ref()
+                .map(|calls| calls.iter().map(|v| c.mark_json(v)).collect()),
+            tool_call_id: m.tool_call_id.as_deref().map(mark),
+            name: m.name.as_deref().map(mark),
+        })
+        .collect()
+}
+
+/// `opts` with its tools and extra values marked, for the native encoders.
+pub(crate) fn marked_options(opts: &ChatOptions, c: &ControlTokens) -> ChatOptions {
+    ChatOptions {
+        tools: opts
+            .tools
+            .as_ref()
+            .map(|t| t.iter().map(|v| c.mark_json(v)).collect()),
+        extra: opts
+            .extra
+            .iter()
+            .map(|(k, v)| (k.clone(), c.mark_json(v)))
+            .collect(),
+        ..opts.clone()
+    }
+}
+
 /// A serialisable value as a template value (map order is the serialiser's order).
 pub(crate) fn to_value<T: Serialize>(v: T) -> Value {
     Value::from(Serde(v))
+}
+
+/// Python's `json.dumps(v, ensure_ascii=False)`, compact (`separators=(",", ":")`) or default
+/// (`", "` / `": "`), for the native (non-Jinja) encoders.
+pub(crate) fn py_dumps(v: &serde_json::Value, compact: bool) -> Result<String> {
+    let separators = compact.then(|| (",".to_owned(), ":".to_owned()));
+    let opts = super::pyjson::JsonOptions::new(false, None, separators, false);
+    super::pyjson::dumps(&to_value(v), &opts).map_err(|e| Error::Template(format!("cannot write JSON: {e}")))
 }
 
 /// Kimi's `deep_sort_dict`: object keys sorted at every level (a JSON value's map is ordered

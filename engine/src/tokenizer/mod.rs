@@ -41,6 +41,7 @@ mod bpe;
 mod bytes;
 mod chat;
 mod config;
+mod dsml;
 mod hf;
 mod pretok;
 mod pyjson;
@@ -93,6 +94,9 @@ pub struct Tokenizer {
     newline_ids: Vec<u32>,
     /// Whether chats use K3's XTML encoder (all of [`xtml::MARKERS`] are special tokens).
     xtml: bool,
+    /// Whether chats use DeepSeek-V3.2's DSML encoder ([`dsml`]: a `deepseek_v32` checkpoint
+    /// that ships no chat template, as DeepSeek publishes it).
+    dsml: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -140,13 +144,15 @@ impl Tokenizer {
             });
         };
         let template = load_template(dir, config.as_ref())?;
-        Self::assemble(backend, config.as_ref(), template)
+        let dsml = template.is_none() && native_dsml(dir)?;
+        Self::assemble(backend, config.as_ref(), template, dsml)
     }
 
     fn assemble(
         backend: Backend,
         config: Option<&TokenizerConfig>,
         template: Option<ChatTemplate>,
+        dsml: bool,
     ) -> Result<Self> {
         let mut tokenizer = Tokenizer {
             backend,
@@ -157,6 +163,7 @@ impl Tokenizer {
             control: ControlTokens::new(LiteralSet::empty()),
             newline_ids: Vec::new(),
             xtml: false,
+            dsml,
         };
         if let Some(config) = config {
             tokenizer.bos_id = tokenizer.attribute_id(config, "bos_token")?;
@@ -195,7 +202,11 @@ impl Tokenizer {
                 .collect(),
             Backend::Hf(h) => {
                 let listed = config.and_then(|c| c.chat_control_tokens.as_ref());
-                let source = self.template.as_ref().map_or("", |t| t.source());
+                let source = match &self.template {
+                    Some(t) => t.source(),
+                    None if self.dsml => dsml::MARKERS,
+                    None => "",
+                };
                 h.added_tokens()
                     .iter()
                     .filter(|(content, _, special)| {
@@ -345,6 +356,11 @@ impl Tokenizer {
         self.xtml
     }
 
+    /// Whether chats are rendered by DeepSeek-V3.2's native DSML encoder ([`dsml`]).
+    pub fn is_dsml(&self) -> bool {
+        self.dsml
+    }
+
     /// Render the chat template as transformers' `apply_chat_template(tokenize=False)` does
     /// (XTML tokenizers: the text of K3's encoder segments).
     pub fn render_chat(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String> {
@@ -387,6 +403,16 @@ impl Tokenizer {
         opts: &ChatOptions,
         control: Option<&ControlTokens>,
     ) -> Result<String> {
+        if self.dsml {
+            chat::check_chat_inputs(messages, opts)?;
+            return match control {
+                Some(c) => dsml::render(
+                    &chat::marked_messages(messages, c),
+                    &chat::marked_options(opts, c),
+                ),
+                None => dsml::render(messages, opts),
+            };
+        }
         let template = self
             .template
             .as_ref()
@@ -426,6 +452,22 @@ impl Tokenizer {
         }
         Ok(ids)
     }
+}
+
+/// Whether `dir`'s `config.json` names a family that [`dsml`] renders when no template ships.
+fn native_dsml(dir: &Path) -> Result<bool> {
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Ok(false);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Tokenizer {
+        path: path.clone(),
+        reason: format!("config.json is not JSON: {e}"),
+    })?;
+    Ok(config["model_type"]
+        .as_str()
+        .is_some_and(|t| dsml::MODEL_TYPES.contains(&t)))
 }
 
 /// `chat_template.jinja` if present, else tokenizer_config.json's `chat_template`.

@@ -26,9 +26,8 @@
 
 use serde_json::{Map, Value};
 
-use super::chat::{ChatMessage, ChatOptions, deep_sorted, to_value};
+use super::chat::{ChatMessage, ChatOptions, deep_sorted, py_dumps as dumps};
 use super::pretok::py_isspace;
-use super::pyjson::{self, JsonOptions};
 use crate::error::{Error, Result};
 
 /// The structural special tokens; a tokenizer defining all four is an XTML tokenizer.
@@ -158,13 +157,6 @@ fn escape_attr(value: &str) -> String {
 /// Python's `str.strip()`.
 fn py_strip(s: &str) -> &str {
     s.trim_matches(py_isspace)
-}
-
-/// Python's `json.dumps(v, ensure_ascii=False)`, compact (`separators=(",", ":")`) or default.
-fn dumps(v: &Value, compact: bool) -> Result<String> {
-    let separators = compact.then(|| (",".to_owned(), ":".to_owned()));
-    let opts = JsonOptions::new(false, None, separators, false);
-    pyjson::dumps(&to_value(v), &opts).map_err(|e| Error::Template(format!("cannot write JSON: {e}")))
 }
 
 /// Render a conversation into XTML segments.

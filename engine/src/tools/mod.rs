@@ -84,8 +84,13 @@ impl ToolFormat {
     /// The format the model speaks: by its marker tokens for Kimi and DeepSeek (checked K3, K2,
     /// DeepSeek-V3), and for Qwen's shared `<tool_call>` markers by what the chat template
     /// renders (`<function=` is Qwen3.5's XML; else hermes JSON). `None` without markers, or
-    /// with Qwen markers but a template that renders no tool calls.
+    /// with Qwen markers but a template that renders no tool calls, or for DeepSeek-V3.2's
+    /// native encoder: its prompts teach DSML calls, which are not parsed yet, so the V3
+    /// markers its vocabulary still holds must not be taken for its format.
     pub fn detect(tokenizer: &Tokenizer) -> Option<ToolFormat> {
+        if tokenizer.is_dsml() {
+            return None;
+        }
         let by_markers = [
             ToolFormat::KimiK3,
             ToolFormat::KimiK2,

@@ -182,6 +182,12 @@ pub fn start(
     let loaded = app.loaded()?;
     super::handlers::check_model(&loaded, &req.common)?;
     let tools_on = tools_callable(req);
+    if tools_on && loaded.tool_format.is_none() && loaded.tokenizer.is_dsml() {
+        return Err(ApiError::unsupported(
+            "tools",
+            "`tools`: DeepSeek-V3.2's DSML tool calls are rendered into prompts (see /tokenize) but not parsed from its output yet",
+        ));
+    }
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
