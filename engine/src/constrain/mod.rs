@@ -33,8 +33,13 @@ impl TokenizerEnv for TokenizerView {
         &self.trie
     }
 
+    /// llguidance tokenizes the bytes a grammar forces, which may begin or end inside a UTF-8
+    /// character (after a token that held only its first bytes): valid text goes through the
+    /// tokenizer, stray bytes through the trie. A lossy conversion would turn them into U+FFFD
+    /// and force the wrong tokens, so no 3-byte character could be finished byte by byte.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
-        self.tokenizer.encode(&String::from_utf8_lossy(s))
+        self.trie
+            .tokenize_with_greedy_fallback(s, |text| self.tokenizer.encode(text))
     }
 }
 

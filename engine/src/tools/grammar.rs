@@ -46,7 +46,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::grammar_xml::{XmlSyntax, xml_calls};
+use super::grammar_xml::{XmlSyntax, dsml_calls, xml_calls};
 use super::xtml::escape_attr;
 use super::{DeepSeekMarkers, HarmonyMarkers, K2Markers, K3Markers, TaggedMarkers, ToolMarkers};
 
@@ -145,6 +145,7 @@ pub fn forced_call_grammar(
         ToolMarkers::Glm(m) => xml_calls(&mut g, XmlSyntax::Glm, m, &names, &schemas, calls),
         ToolMarkers::MiniMax(m) => xml_calls(&mut g, XmlSyntax::MiniMax, m, &names, &schemas, calls),
         ToolMarkers::Harmony(m) => harmony_call(&mut g, m, &names, &schemas),
+        ToolMarkers::Dsml(m) => dsml_calls(&mut g, m, &names, &schemas, calls),
     };
     let prefix = reasoning_prefix(&mut g, Answer::Native(markers), thinking, true)?;
     g.rule("start", &format!("{prefix} {body}"));

@@ -371,6 +371,7 @@ fn json_answers_for_each_format() {
         ToolFormat::Hermes,
         ToolFormat::Glm,
         ToolFormat::MiniMax,
+        ToolFormat::Dsml,
     ] {
         let (tok, markers) = setup(format);
         let env = env_for(&tok, &markers);
@@ -378,7 +379,7 @@ fn json_answers_for_each_format() {
         let end = match format {
             ToolFormat::KimiK2 | ToolFormat::Hermes | ToolFormat::QwenXml => "<|im_end|>",
             ToolFormat::KimiK3 => "<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>",
-            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => "<｜end▁of▁sentence｜>",
+            ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 | ToolFormat::Dsml => "<｜end▁of▁sentence｜>",
             ToolFormat::Glm => "<|observation|>",
             ToolFormat::MiniMax => "[e~[",
             ToolFormat::Harmony => unreachable!("harmony answers are tested in harmony_tests"),
@@ -466,4 +467,26 @@ fn bad_requests_are_typed_errors() {
         json_response_grammar(Answer::Native(&markers), Some(&json!("x")), false),
         Err(GrammarError::InvalidSchema)
     );
+}
+
+/// A grammar's text with characters of three UTF-8 bytes, written by a model one byte token at
+/// a time (the fixtures' tokenizers have no merges for them): llguidance tokenizes the bytes it
+/// forces from the middle of a character, which must not be made lossy.
+#[test]
+fn forced_text_with_three_byte_characters_is_admitted_byte_by_byte() {
+    let (tok, markers) = setup(ToolFormat::MiniMax);
+    for text in ["｜", "中文", "€5", "<｜DSML｜invoke"] {
+        let ids = tok.encode(text);
+        assert!(ids.len() > text.chars().count(), "{text}: split into byte tokens");
+        let lark = format!("start: {}", serde_json::to_string(text).unwrap());
+        assert!(
+            super::test_support::grammar_admits(&tok, &markers, &lark, &ids),
+            "{text}"
+        );
+        let other = format!("start: {}", serde_json::to_string("€").unwrap());
+        assert_eq!(
+            super::test_support::grammar_admits(&tok, &markers, &other, &ids),
+            text == "€"
+        );
+    }
 }

@@ -12,6 +12,12 @@
 //!   per argument `<parameter name="K">V</parameter>\n`, `</invoke>\n`; then
 //!   `</minimax:tool_call>` `[e~[`.
 //!
+//! * DeepSeek-V3.2 (DSML, as its native encoder writes history): `\n\n<｜DSML｜function_calls>\n`,
+//!   per call `<｜DSML｜invoke name="NAME">\n`, per argument
+//!   `<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\n` (raw text) or
+//!   `string="false">JSON</｜DSML｜parameter>\n`, `</｜DSML｜invoke>`; calls joined by `\n`; then
+//!   `\n</｜DSML｜function_calls>` `<｜end▁of▁sentence｜>`.
+//!
 //! Arguments follow the schema's `properties` in declared order: required ones must appear,
 //! optional ones may be skipped, no other keys. A property that may be a string (or names no
 //! type) takes raw text, its `enum`/`const` strings enforced exactly and its `minLength` /
@@ -23,7 +29,7 @@
 use serde_json::Value;
 
 use super::grammar::{Lark, argument_sequence, json_rule, lit, not_tokens, tok};
-use super::{TaggedMarkers, ToolMarkers};
+use super::{DsmlMarkers, TaggedMarkers, ToolMarkers};
 
 /// Which XML-like syntax the calls are written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,13 +94,17 @@ fn chars(len: Option<(u64, Option<u64>)>) -> String {
 /// excluded wherever it is followed by more than `close` has after it, so the value can never
 /// hold it (the parsers split at the first one).
 fn closed_text(close: &str, len: Option<(u64, Option<u64>)>) -> String {
-    const TAG: &str = "</parameter>";
-    let after = close.find(TAG).map_or(0, |at| close.len() - at - TAG.len());
+    closed_by(close, "</parameter>", len)
+}
+
+/// [`closed_text`] for any closing `tag` (DSML's `</｜DSML｜parameter>`).
+fn closed_by(close: &str, tag: &str, len: Option<(u64, Option<u64>)>) -> String {
+    let after = close.find(tag).map_or(0, |at| close.len() - at - tag.len());
     format!(
         "/{}{}/ & ~/(?s:.*){}(?s:.{{{},}})/",
         chars(len),
         regex_escape(close),
-        regex_escape(TAG),
+        regex_escape(tag),
         after + 1
     )
 }
@@ -182,7 +192,11 @@ fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, s
         &keys,
         &format!("xarg_{j}"),
         |g, key, prop, resolved| {
-            let value = xml_value(g, syntax, m, resolved, prop);
+            let value = xml_value(g, resolved, prop, |g, len| ValueRule {
+                expr: syntax.free_value(g, m, len),
+                closed: syntax != XmlSyntax::Glm,
+                raw: true,
+            });
             let (open, close) = syntax.argument_frame(m, key);
             let close = if value.closed { String::new() } else { close };
             format!("{open} {} {close}", value.expr)
@@ -196,16 +210,17 @@ fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, s
 struct ValueRule {
     expr: String,
     closed: bool,
+    /// A string written as raw text (DSML's `string="true"`), not JSON.
+    raw: bool,
 }
 
 /// The value of one property: its `enum`/`const` strings, raw text when it may be a string or
 /// names no type, else `%json` of the property.
 fn xml_value(
     g: &mut Lark,
-    syntax: XmlSyntax,
-    m: &TaggedMarkers,
     resolved: &Value,
     prop: &Value,
+    free: impl FnOnce(&mut Lark, Option<(u64, Option<u64>)>) -> ValueRule,
 ) -> ValueRule {
     let types: Vec<&str> = match resolved.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
@@ -224,19 +239,89 @@ fn xml_value(
         return ValueRule {
             expr: format!("({})", alts.join(" | ")),
             closed: false,
+            raw: true,
         };
     }
     if types.is_empty() || types.contains(&"string") {
         let lo = resolved.get("minLength").and_then(Value::as_u64);
         let hi = resolved.get("maxLength").and_then(Value::as_u64);
         let len = (lo.is_some() || hi.is_some()).then(|| (lo.unwrap_or(0), hi));
-        return ValueRule {
-            expr: syntax.free_value(g, m, len),
-            closed: syntax != XmlSyntax::Glm,
-        };
+        return free(g, len);
     }
     ValueRule {
         expr: json_rule(prop),
         closed: false,
+        raw: false,
     }
+}
+
+/// DeepSeek-V3.2's DSML block (rules into `g`; returns the expansion from the block's opening
+/// text through the end of the turn).
+pub(super) fn dsml_calls(
+    g: &mut Lark,
+    m: &DsmlMarkers,
+    names: &[&str],
+    schemas: &[Value],
+    calls: usize,
+) -> String {
+    const DSML: &str = "｜DSML｜";
+    let close = format!("</{DSML}parameter>\n");
+    let mut alts = Vec::new();
+    for (j, (name, schema)) in names.iter().zip(schemas).enumerate() {
+        let keys: Vec<&String> = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|p| p.keys().collect())
+            .unwrap_or_default();
+        let seq = argument_sequence(
+            g,
+            schema,
+            &keys,
+            &format!("darg_{j}"),
+            |g, key, prop, resolved| {
+                let open =
+                    |string: &str| lit(&format!("<{DSML}parameter name=\"{key}\" string=\"{string}\">"));
+                let value = xml_value(g, resolved, prop, |g, len| {
+                    let suffix = len.map_or(String::new(), |(lo, hi)| {
+                        format!("_{lo}_{}", hi.map_or("".into(), |h| h.to_string()))
+                    });
+                    let rule = format!("DSML_TEXT{suffix}");
+                    g.rule(&rule, &closed_by(&close, &format!("</{DSML}parameter>"), len));
+                    ValueRule {
+                        expr: rule,
+                        closed: true,
+                        raw: true,
+                    }
+                });
+                // Raw text (its terminal ends with the close) and `enum`/`const` strings are
+                // `string="true"`; every other value is JSON.
+                let string = value.raw;
+                let tail = if value.closed { String::new() } else { lit(&close) };
+                format!(
+                    "{} {} {tail}",
+                    open(if string { "true" } else { "false" }),
+                    value.expr
+                )
+            },
+        );
+        g.rule(&format!("dargs_{j}"), &seq);
+        alts.push(format!(
+            "{} dargs_{j} {}",
+            lit(&format!("<{DSML}invoke name=\"{name}\">\n")),
+            lit(&format!("</{DSML}invoke>"))
+        ));
+    }
+    let one = format!("({})", alts.join(" | "));
+    for i in 0..calls {
+        g.rule(&format!("call_{i}"), &one);
+    }
+    g.chain("calls", calls, "\"\\n\"");
+    // The `\n` before the closing tag is its own literal, like the `\n` between calls: one
+    // literal `\n</…>` would make the lexer take `\n<` for the close and refuse the next call.
+    format!(
+        "{} calls \"\\n\" {} {}",
+        lit(&format!("\n\n<{DSML}function_calls>\n")),
+        lit(&format!("</{DSML}function_calls>")),
+        tok(m.end_of_sentence)
+    )
 }

@@ -33,6 +33,7 @@
 //! a call is reported only once it is complete and well formed, so a malformed call can still
 //! come back as plain text (counted) and never half-streamed; no input panics.
 
+mod dsml;
 pub mod grammar;
 mod grammar_xml;
 mod harmony;
@@ -40,6 +41,8 @@ mod parser;
 mod tagged;
 mod xtml;
 
+#[cfg(test)]
+mod dsml_tests;
 #[cfg(test)]
 mod grammar_tests;
 #[cfg(test)]
@@ -78,18 +81,21 @@ pub enum ToolFormat {
     MiniMax,
     /// gpt-oss harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>…<|call|>`.
     Harmony,
+    /// DeepSeek-V3.2 DSML: `<｜DSML｜function_calls>` blocks of `<｜DSML｜invoke name=…>` with
+    /// `<｜DSML｜parameter name=… string="true|false">` (text markup, written by the native
+    /// encoder of a checkpoint without a chat template).
+    Dsml,
 }
 
 impl ToolFormat {
     /// The format the model speaks: by its marker tokens for Kimi and DeepSeek (checked K3, K2,
     /// DeepSeek-V3), and for Qwen's shared `<tool_call>` markers by what the chat template
     /// renders (`<function=` is Qwen3.5's XML; else hermes JSON). `None` without markers, or
-    /// with Qwen markers but a template that renders no tool calls, or for DeepSeek-V3.2's
-    /// native encoder: its prompts teach DSML calls, which are not parsed yet, so the V3
-    /// markers its vocabulary still holds must not be taken for its format.
+    /// with Qwen markers but a template that renders no tool calls. DeepSeek-V3.2's native
+    /// encoder teaches DSML, whatever V3 markers its vocabulary still holds.
     pub fn detect(tokenizer: &Tokenizer) -> Option<ToolFormat> {
         if tokenizer.is_dsml() {
-            return None;
+            return Some(ToolFormat::Dsml);
         }
         let by_markers = [
             ToolFormat::KimiK3,
@@ -135,6 +141,7 @@ impl ToolFormat {
             ToolFormat::Glm => "glm",
             ToolFormat::MiniMax => "minimax_m2",
             ToolFormat::Harmony => "harmony",
+            ToolFormat::Dsml => "dsml",
         }
     }
 
@@ -202,6 +209,7 @@ impl ToolFormat {
                 "<|call|>",
                 "<|return|>",
             ],
+            ToolFormat::Dsml => &["<｜end▁of▁sentence｜>", "<think>", "</think>"],
         }
     }
 
@@ -212,9 +220,22 @@ impl ToolFormat {
     pub fn history_arguments_as_objects(self) -> bool {
         !matches!(
             self,
-            ToolFormat::KimiK2 | ToolFormat::KimiK3 | ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31
+            ToolFormat::KimiK2
+                | ToolFormat::KimiK3
+                | ToolFormat::DeepSeekV3
+                | ToolFormat::DeepSeekV31
+                | ToolFormat::Dsml
         )
     }
+}
+
+/// DeepSeek-V3.2 DSML marker ids: the markup itself is text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DsmlMarkers {
+    /// `<｜end▁of▁sentence｜>`: the end of the turn.
+    pub end_of_sentence: u32,
+    /// `<think>` / `</think>`, when the tokenizer has them.
+    pub think: Option<(u32, u32)>,
 }
 
 /// gpt-oss harmony marker ids (all specials).
@@ -355,6 +376,8 @@ pub enum ToolMarkers {
     MiniMax(TaggedMarkers),
     /// gpt-oss harmony.
     Harmony(HarmonyMarkers),
+    /// DeepSeek-V3.2 DSML.
+    Dsml(DsmlMarkers),
 }
 
 impl ToolMarkers {
@@ -409,6 +432,17 @@ impl ToolMarkers {
                 Self::tagged(format, tokenizer)?
             }
             ToolFormat::Harmony => Self::harmony(tokenizer)?,
+            ToolFormat::Dsml if tokenizer.is_dsml() => ToolMarkers::Dsml(DsmlMarkers {
+                end_of_sentence: id("<｜end▁of▁sentence｜>")?,
+                think: pair("<think>", "</think>"),
+            }),
+            // DSML is what DeepSeek-V3.2's native encoder teaches; a templated tokenizer does not.
+            ToolFormat::Dsml => {
+                return Err(ToolError::MissingToken {
+                    format,
+                    token: "<｜DSML｜function_calls>",
+                });
+            }
         })
     }
 
@@ -485,6 +519,7 @@ impl ToolMarkers {
             ToolMarkers::Glm(_) => ToolFormat::Glm,
             ToolMarkers::MiniMax(_) => ToolFormat::MiniMax,
             ToolMarkers::Harmony(_) => ToolFormat::Harmony,
+            ToolMarkers::Dsml(_) => ToolFormat::Dsml,
         }
     }
 
@@ -493,6 +528,7 @@ impl ToolMarkers {
         match self {
             ToolMarkers::KimiK2(m) => m.think,
             ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => m.think,
+            ToolMarkers::Dsml(m) => m.think,
             ToolMarkers::KimiK3(_) | ToolMarkers::Harmony(_) => None,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
@@ -507,6 +543,7 @@ impl ToolMarkers {
             ToolMarkers::KimiK2(m) => m.end_of_turn,
             ToolMarkers::KimiK3(m) => m.end_of_msg,
             ToolMarkers::DeepSeekV3(m) | ToolMarkers::DeepSeekV31(m) => m.end_of_sentence,
+            ToolMarkers::Dsml(m) => m.end_of_sentence,
             ToolMarkers::Harmony(m) => m.ret,
             ToolMarkers::Hermes(t)
             | ToolMarkers::QwenXml(t)
@@ -527,6 +564,7 @@ impl ToolMarkers {
                 m.end_of_turn,
             ],
             ToolMarkers::KimiK3(m) => vec![m.open, m.close, m.sep, m.end_of_msg],
+            ToolMarkers::Dsml(m) => vec![m.end_of_sentence],
             ToolMarkers::Harmony(m) => {
                 let mut ids = vec![m.start, m.channel, m.message, m.constrain, m.end, m.call, m.ret];
                 ids.extend(m.endoftext);

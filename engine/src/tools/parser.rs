@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::dsml::DsmlParser;
 use super::harmony::HarmonyParser;
 use super::tagged::{Body, TaggedParser};
 use super::xtml::XtmlParser;
@@ -38,6 +39,7 @@ enum Machine {
     Xtml(XtmlParser),
     Tagged(TaggedParser),
     Harmony(HarmonyParser),
+    Dsml(DsmlParser),
 }
 
 /// A call as read from the output, before an index is assigned.
@@ -94,6 +96,7 @@ impl ToolCallParser {
                 Machine::Tagged(TaggedParser::new(m, Body::MiniMax, Default::default()))
             }
             ToolMarkers::Harmony(m) => Machine::Harmony(HarmonyParser::new(m)),
+            ToolMarkers::Dsml(m) => Machine::Dsml(DsmlParser::new(m)),
         };
         ToolCallParser {
             tokenizer,
@@ -124,6 +127,7 @@ impl ToolCallParser {
             Machine::Xtml(p) => p.push(&self.tokenizer, id, &mut raw),
             Machine::Tagged(p) => p.push(&self.tokenizer, id, &mut raw),
             Machine::Harmony(p) => p.push(&self.tokenizer, id, &mut raw),
+            Machine::Dsml(p) => p.push(&self.tokenizer, id, &mut raw),
         }
         self.emit(raw, out);
     }
@@ -146,6 +150,7 @@ impl ToolCallParser {
             Machine::Xtml(p) => p.finish(&mut raw),
             Machine::Tagged(p) => p.finish(&mut raw),
             Machine::Harmony(p) => p.finish(&self.tokenizer, &mut raw),
+            Machine::Dsml(p) => p.finish(&mut raw),
         }
         let raw = raw
             .into_iter()

@@ -39,6 +39,21 @@ fn model_fixture(name: &str) -> Arc<Tokenizer> {
     Arc::new(Tokenizer::from_dir(&dir).expect("fixture tokenizer"))
 }
 
+/// DeepSeek-V3.2 as DeepSeek ships it: the dsv32-dsa-bf16 fixture's tokenizer and config
+/// without its chat template, so the native DSML encoder renders chats.
+pub fn dsv32_native() -> Arc<Tokenizer> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsv32-dsa-bf16");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for f in ["tokenizer.json", "config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy");
+    }
+    let config = std::fs::read(src.join("tokenizer_config.json")).expect("read");
+    let mut config: serde_json::Value = serde_json::from_slice(&config).expect("json");
+    config.as_object_mut().expect("object").remove("chat_template");
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("write");
+    Arc::new(Tokenizer::from_dir(dir.path()).expect("fixture tokenizer"))
+}
+
 /// The Qwen3.5 fixture's tokenizer (`<tool_call>` markers, `<think>`, the published Qwen3.5
 /// chat template).
 pub fn qwen35() -> Arc<Tokenizer> {
@@ -71,6 +86,7 @@ pub fn setup(format: ToolFormat) -> (Arc<Tokenizer>, ToolMarkers) {
         ToolFormat::Glm => glm(),
         ToolFormat::MiniMax => minimax(),
         ToolFormat::Harmony => gpt_oss(),
+        ToolFormat::Dsml => dsv32_native(),
     };
     let markers = ToolMarkers::resolve(format, &tok).expect("markers");
     (tok, markers)

@@ -182,16 +182,10 @@ pub fn start(
     let loaded = app.loaded()?;
     super::handlers::check_model(&loaded, &req.common)?;
     let tools_on = tools_callable(req);
-    if tools_on && loaded.tool_format.is_none() && loaded.tokenizer.is_dsml() {
-        return Err(ApiError::unsupported(
-            "tools",
-            "`tools`: DeepSeek-V3.2's DSML tool calls are rendered into prompts (see /tokenize) but not parsed from its output yet",
-        ));
-    }
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2, gpt-oss harmony)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2, gpt-oss harmony, DeepSeek-V3.2 DSML)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;

@@ -1,0 +1,122 @@
+//! DSML (DeepSeek-V3.2 without a chat template) end to end on the fixture's tokenizer: the
+//! format chosen from the native encoder, blocks parsed from generated ids in any chunking with
+//! nothing of the markup passed as text, cut-off and malformed blocks, and the forced grammar
+//! admitting the encoder's own spelling of a call and refusing other spellings.
+
+use serde_json::json;
+
+use super::grammar::{Forced, FunctionSpec, forced_call_grammar};
+use super::test_support::{P, calls_of, dsv32_native, grammar_admits, ids, passed_text, setup};
+use super::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
+
+const EOS: &str = "<｜end▁of▁sentence｜>";
+
+/// Two calls as the encoder writes them in history (`chat_tools_no_system` of dsml/golden.json).
+const BLOCK: &str = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">UTC</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+
+fn run(ids: &[u32], chunk: usize) -> Vec<ToolEvent> {
+    let (tok, markers) = setup(ToolFormat::Dsml);
+    let mut p = ToolCallParser::new(tok, markers, "t".into());
+    let mut out = Vec::new();
+    for c in ids.chunks(chunk) {
+        p.push_all(c, &mut out);
+    }
+    p.finish(&mut out);
+    out
+}
+
+#[test]
+fn the_native_encoder_selects_dsml_and_a_templated_tokenizer_refuses_it() {
+    let tok = dsv32_native();
+    assert_eq!(ToolFormat::detect(&tok), Some(ToolFormat::Dsml));
+    let templated = super::test_support::deepseek();
+    assert!(ToolMarkers::resolve(ToolFormat::Dsml, &templated).is_err());
+}
+
+#[test]
+fn dsml_blocks_parse_in_any_chunking_and_no_markup_reaches_the_text() {
+    let tok = dsv32_native();
+    let out = ids(&tok, &[P::T("Checking."), P::T(BLOCK), P::S(EOS)]);
+    for chunk in [1, 2, 5, out.len()] {
+        let events = run(&out, chunk);
+        assert_eq!(
+            calls_of(&events),
+            vec![
+                (
+                    "get_weather".to_string(),
+                    json!({"city": "Oslo", "days": 2}).to_string()
+                ),
+                ("get_time".to_string(), json!({"zone": "UTC"}).to_string()),
+            ],
+            "chunk {chunk}"
+        );
+        let text = passed_text(&tok, &events);
+        assert!(text.starts_with("Checking"), "{text:?}");
+        assert!(!text.replace(EOS, "").contains("<｜"), "{text:?}");
+        assert!(events.iter().any(|e| matches!(e, ToolEvent::SectionStart)));
+    }
+}
+
+#[test]
+fn text_that_only_looks_like_a_block_start_is_given_back() {
+    let tok = dsv32_native();
+    let out = ids(&tok, &[P::T("a\n\n<b> and \n\n<｜DSM"), P::S(EOS)]);
+    let events = run(&out, 1);
+    assert!(calls_of(&events).is_empty());
+    assert_eq!(
+        passed_text(&tok, &events),
+        format!("a\n\n<b> and \n\n<｜DSM{EOS}")
+    );
+}
+
+#[test]
+fn cut_off_and_malformed_blocks_never_become_calls_or_text() {
+    let tok = dsv32_native();
+    let mid = BLOCK
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| i >= BLOCK.len() / 2)
+        .unwrap();
+    let cut = &BLOCK[..mid];
+    let events = run(&ids(&tok, &[P::T("Hm."), P::T(cut)]), 3);
+    assert!(calls_of(&events).is_empty());
+    assert!(events.iter().any(|e| matches!(e, ToolEvent::CutOff(_))));
+    assert!(!passed_text(&tok, &events).contains("DSML"));
+    let bad = BLOCK.replace("string=\"false\">2", "string=\"false\">two");
+    let events = run(&ids(&tok, &[P::T(&bad), P::S(EOS)]), 4);
+    assert!(calls_of(&events).is_empty());
+    assert!(events.iter().any(|e| matches!(e, ToolEvent::Malformed(_))));
+}
+
+#[test]
+fn the_forced_grammar_admits_the_encoders_spelling_only() {
+    let tok = dsv32_native();
+    let markers = ToolMarkers::resolve(ToolFormat::Dsml, &tok).unwrap();
+    let tools = vec![
+        FunctionSpec {
+            name: "get_weather".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"]}),
+        },
+        FunctionSpec {
+            name: "get_time".into(),
+            parameters: json!({"type": "object", "properties": {"zone": {"enum": ["UTC", "local"]}}, "required": ["zone"]}),
+        },
+    ];
+    let lark = forced_call_grammar(&markers, &tools, Forced::Required, true, false).unwrap();
+    let good = ids(&tok, &[P::T(BLOCK), P::S(EOS)]);
+    assert!(grammar_admits(&tok, &markers, &lark, &good), "{lark}");
+    let one = forced_call_grammar(&markers, &tools, Forced::Required, false, false).unwrap();
+    assert!(
+        !grammar_admits(&tok, &markers, &one, &good),
+        "parallel calls off: one call"
+    );
+    for bad in [
+        BLOCK.replace("string=\"false\">2", "string=\"true\">2"),
+        BLOCK.replace(">UTC<", ">utc<"),
+        BLOCK.replace("\n</｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
+    ] {
+        let ids = ids(&tok, &[P::T(&bad), P::S(EOS)]);
+        assert!(!grammar_admits(&tok, &markers, &lark, &ids), "{bad:?}");
+    }
+}
