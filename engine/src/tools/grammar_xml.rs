@@ -179,17 +179,21 @@ pub(super) fn xml_calls(
     }
 }
 
-/// The rule `xargs_{j}`: function `j`'s arguments, in the schema's declared order.
-fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, schema: &Value) {
-    let keys: Vec<&String> = schema
+/// The schema's `properties` keys, in declared order.
+fn property_keys(schema: &Value) -> Vec<&String> {
+    schema
         .get("properties")
         .and_then(Value::as_object)
         .map(|p| p.keys().collect())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The rule `xargs_{j}`: function `j`'s arguments, in the schema's declared order.
+fn xml_arguments(g: &mut Lark, syntax: XmlSyntax, m: &TaggedMarkers, j: usize, schema: &Value) {
     let seq = argument_sequence(
         g,
         schema,
-        &keys,
+        &property_keys(schema),
         &format!("xarg_{j}"),
         |g, key, prop, resolved| {
             let value = xml_value(g, resolved, prop, |g, len| ValueRule {
@@ -268,15 +272,10 @@ pub(super) fn dsml_calls(
     let close = format!("</{DSML}parameter>\n");
     let mut alts = Vec::new();
     for (j, (name, schema)) in names.iter().zip(schemas).enumerate() {
-        let keys: Vec<&String> = schema
-            .get("properties")
-            .and_then(Value::as_object)
-            .map(|p| p.keys().collect())
-            .unwrap_or_default();
         let seq = argument_sequence(
             g,
             schema,
-            &keys,
+            &property_keys(schema),
             &format!("darg_{j}"),
             |g, key, prop, resolved| {
                 let open =

@@ -56,6 +56,7 @@ const FORMATS: &[(ToolFormat, &str, usize)] = &[
     (ToolFormat::Glm, "GLM-4.5", 151_552),
     (ToolFormat::MiniMax, "MiniMax-M2", 200_064),
     (ToolFormat::Harmony, "gpt-oss", 201_088),
+    (ToolFormat::Dsml, "DeepSeek-V3.2", 129_280),
 ];
 
 #[derive(Debug, Serialize)]
@@ -277,6 +278,14 @@ fn format_figures(
 ) -> Result<Vec<GrammarFigure>> {
     let tmp = tempfile::tempdir()?;
     write_vocab(tmp.path(), vocab, markers)?;
+    if format == ToolFormat::Dsml {
+        // DSML is what DeepSeek-V3.2's native encoder speaks: a deepseek_v32 checkpoint
+        // without a chat template.
+        std::fs::write(
+            tmp.path().join("config.json"),
+            r#"{"model_type": "deepseek_v32"}"#,
+        )?;
+    }
     let tok = Arc::new(Tokenizer::from_dir(tmp.path())?);
     let m = ToolMarkers::resolve(format, &tok)?;
     let index = Vocabulary::new(tok.clone(), vocab, &m.structural_ids())?;

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import Server
-from test_tool_parity import post, tool_outputs
+from test_tool_parity import TOOLS, check_call, post, tool_outputs
 
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "dsml/golden.json").read_text(encoding="utf-8"))
@@ -60,16 +60,6 @@ def test_tokenize_renders_deepseeks_published_tool_conversation_as_its_encoder(v
         assert out["tokens"] == case["ids"], case["name"]
 
 
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
-        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "hourly": {"type": "boolean"}},
-        "required": ["unit", "hourly"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": {
-        "type": "object", "properties": {"zone": {"enum": ["utc", "local"]}}, "required": ["zone"],
-        "additionalProperties": False}}},
-]
-
-
 def test_forced_dsml_calls_come_back_schema_valid_and_auto_leaves_no_markup(v32):
     c, m = v32.client(), v32.model_id()
     messages = [{"role": "user", "content": "What is the weather?"}]
@@ -82,11 +72,7 @@ def test_forced_dsml_calls_come_back_schema_valid_and_auto_leaves_no_markup(v32)
         if not parallel:
             assert len(msg.tool_calls) == 1
         for call in msg.tool_calls:
-            args = json.loads(call.function.arguments)
-            if call.function.name == "get_weather":
-                assert args["unit"] in ("c", "f") and isinstance(args["hourly"], bool), args
-            else:
-                assert args in ({"zone": "utc"}, {"zone": "local"}), args
+            check_call(call)
         assert "DSML" not in (msg.content or "")
         # With parallel calls a tiny random model may go on calling until max_tokens: the complete
         # calls come back and the cut-off one is withheld (finish_reason length).
