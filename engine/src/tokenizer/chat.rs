@@ -243,6 +243,7 @@ pub(crate) fn marked_messages(messages: &[ChatMessage], c: &ControlTokens) -> Ve
 /// `opts` with its tools and extra values marked, for the native encoders.
 pub(crate) fn marked_options(opts: &ChatOptions, c: &ControlTokens) -> ChatOptions {
     ChatOptions {
+        add_generation_prompt: opts.add_generation_prompt,
         tools: opts
             .tools
             .as_ref()
@@ -252,7 +253,8 @@ pub(crate) fn marked_options(opts: &ChatOptions, c: &ControlTokens) -> ChatOptio
             .iter()
             .map(|(k, v)| (k.clone(), c.mark_json(v)))
             .collect(),
-        ..opts.clone()
+        tool_choice: opts.tool_choice.clone(),
+        response_format: opts.response_format.clone(),
     }
 }
 

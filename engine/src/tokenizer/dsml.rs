@@ -79,9 +79,10 @@ pub(crate) fn render(messages: &[ChatMessage], opts: &ChatOptions) -> Result<Str
     if thinking {
         turns = drop_thinking(turns)?;
     }
+    let last = last_user(&turns);
     let mut prompt = String::from(BOS);
     for i in 0..turns.len() {
-        prompt.push_str(&render_turn(i, &turns, thinking)?);
+        prompt.push_str(&render_turn(i, &turns, thinking, last)?);
     }
     Ok(prompt)
 }
@@ -129,10 +130,10 @@ fn think_opener(thinking: bool, at_or_after_last_user: bool) -> &'static str {
     }
 }
 
-fn render_turn(index: usize, turns: &[Turn<'_>], thinking: bool) -> Result<String> {
+/// Turn `index`; `last`: the last user turn.
+fn render_turn(index: usize, turns: &[Turn<'_>], thinking: bool, last: Option<usize>) -> Result<String> {
     let turn = &turns[index];
     let msg = turn.msg;
-    let last = last_user(turns);
     let mut out = String::new();
     match msg.role.as_str() {
         "system" => {

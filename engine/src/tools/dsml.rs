@@ -20,10 +20,11 @@
 
 use serde_json::{Map, Value};
 
-use super::DsmlMarkers;
 use super::parser::{Out, ParsedCall, is_blank, valid_name};
 use crate::tokenizer::Tokenizer;
 
+/// The prefix of every DSML tag.
+pub(super) const DSML: &str = "｜DSML｜";
 /// What opens a block: the reference's `tool_calls_start_token`.
 const START: &str = "\n\n<｜DSML｜function_calls";
 const END: &str = "</｜DSML｜function_calls>";
@@ -36,10 +37,12 @@ const PARAM_END: &str = "/｜DSML｜parameter";
 enum State {
     /// Answer text; the ids whose bytes could still start a block, held.
     Outside(Vec<u32>),
-    /// A block from the token where it starts; `skip`: bytes of that first token before it;
-    /// `emitted`: its calls reported so far (each as soon as its `</｜DSML｜invoke` arrives).
+    /// A block from the token where it starts: its ids and their bytes (appended token by
+    /// token); `skip`: bytes of that first token before the block; `emitted`: its calls
+    /// reported so far (each as soon as its `</｜DSML｜invoke` arrives).
     Block {
         raw: Vec<u32>,
+        bytes: Vec<u8>,
         skip: usize,
         emitted: usize,
     },
@@ -50,14 +53,12 @@ enum State {
 /// The DSML state machine.
 #[derive(Debug)]
 pub(super) struct DsmlParser {
-    m: DsmlMarkers,
     state: State,
 }
 
 impl DsmlParser {
-    pub(super) fn new(m: DsmlMarkers) -> Self {
+    pub(super) fn new() -> Self {
         DsmlParser {
-            m,
             state: State::Outside(Vec::new()),
         }
     }
@@ -73,7 +74,7 @@ impl DsmlParser {
                 held.push(id);
                 self.scan(tok, out);
             }
-            State::Block { raw, .. } => {
+            State::Block { raw, bytes, .. } => {
                 if tok.is_special(id) {
                     // The block never closed: the marker is read afresh.
                     out.push(Out::Malformed(std::mem::take(raw)));
@@ -81,17 +82,16 @@ impl DsmlParser {
                     return self.push(tok, id, out);
                 }
                 raw.push(id);
-                self.try_close(tok, out);
+                bytes.extend(tok.decode_bytes(&[id]));
+                self.try_close(out);
             }
             State::After => {
-                if is_blank(tok, id) {
-                    return;
+                // Blank text is formatting; the end of the turn and anything else are read as
+                // answer text again.
+                if !is_blank(tok, id) {
+                    self.state = State::Outside(Vec::new());
+                    self.push(tok, id, out);
                 }
-                self.state = State::Outside(Vec::new());
-                if id != self.m.end_of_sentence || !tok.is_special(id) {
-                    return self.push(tok, id, out);
-                }
-                out.push(Out::Token(id));
             }
         }
     }
@@ -122,29 +122,35 @@ impl DsmlParser {
         }
         out.extend(held.drain(..first).map(Out::Token));
         if block {
-            let raw = std::mem::take(held);
             self.state = State::Block {
-                raw,
+                raw: std::mem::take(held),
+                bytes: bytes[pos..].to_vec(),
                 skip: keep_from - pos,
                 emitted: 0,
             };
-            self.try_close(tok, out);
+            self.try_close(out);
         }
     }
 
     /// Report the calls the block holds so far; at its end, leave it (or give it up as
     /// malformed).
-    fn try_close(&mut self, tok: &Tokenizer, out: &mut Vec<Out>) {
-        let State::Block { raw, skip, emitted } = &mut self.state else {
+    fn try_close(&mut self, out: &mut Vec<Out>) {
+        let State::Block {
+            raw,
+            bytes,
+            skip,
+            emitted,
+        } = &mut self.state
+        else {
             return;
         };
-        let bytes = tok.decode_bytes(raw);
         let rest = &bytes[*skip + START.len()..];
         let end = find(rest, END.as_bytes());
         let body = &rest[..end.unwrap_or(rest.len())];
         // A token may end inside a character: read the whole characters so far.
-        let valid = std::str::from_utf8(body).map_or_else(|e| &body[..e.valid_up_to()], |t| t.as_bytes());
-        let text = std::str::from_utf8(valid).unwrap_or_default();
+        let text = std::str::from_utf8(body)
+            .or_else(|e| std::str::from_utf8(&body[..e.valid_up_to()]))
+            .unwrap_or_default();
         let parsed = match end {
             Some(_) => parse_calls(&format!("{text}{END}")).filter(|c| !c.is_empty()),
             None => parse_calls(text),

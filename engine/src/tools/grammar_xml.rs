@@ -28,6 +28,7 @@
 
 use serde_json::Value;
 
+use super::dsml::DSML;
 use super::grammar::{Lark, argument_sequence, json_rule, lit, not_tokens, tok};
 use super::{DsmlMarkers, TaggedMarkers, ToolMarkers};
 
@@ -268,7 +269,6 @@ pub(super) fn dsml_calls(
     schemas: &[Value],
     calls: usize,
 ) -> String {
-    const DSML: &str = "｜DSML｜";
     let close = format!("</{DSML}parameter>\n");
     let mut alts = Vec::new();
     for (j, (name, schema)) in names.iter().zip(schemas).enumerate() {

@@ -271,6 +271,13 @@ pub enum ToolError {
         /// The token text that is missing.
         token: &'static str,
     },
+    /// The format is written by a native prompt encoder this tokenizer does not use (DSML:
+    /// DeepSeek-V3.2's, for a `deepseek_v32` checkpoint that ships no chat template).
+    #[error("{format:?} is the format of a native prompt encoder this tokenizer does not use")]
+    NotNativeEncoder {
+        /// The format asked for.
+        format: ToolFormat,
+    },
 }
 
 /// Kimi K2 marker ids.
@@ -436,13 +443,7 @@ impl ToolMarkers {
                 end_of_sentence: id("<｜end▁of▁sentence｜>")?,
                 think: pair("<think>", "</think>"),
             }),
-            // DSML is what DeepSeek-V3.2's native encoder teaches; a templated tokenizer does not.
-            ToolFormat::Dsml => {
-                return Err(ToolError::MissingToken {
-                    format,
-                    token: "<｜DSML｜function_calls>",
-                });
-            }
+            ToolFormat::Dsml => return Err(ToolError::NotNativeEncoder { format }),
         })
     }
 

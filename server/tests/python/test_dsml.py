@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import Server
-from test_tool_parity import TOOLS, check_call, post, tool_outputs
+from test_tool_parity import TOOLS, check_call, outputs_without_and_with_drafts, post
 
 FIXTURES = Path(__file__).resolve().parents[3] / "engine/tests/fixtures"
 GOLDEN = json.loads((FIXTURES / "dsml/golden.json").read_text(encoding="utf-8"))
@@ -99,15 +99,7 @@ def test_a_two_round_tool_conversation_renders_and_answers(v32):
 
 
 def test_drafts_never_change_the_ids_or_the_dsml_calls(tmp_path):
-    """n-gram drafting (the fixture carries no draft model) gives the same ids and calls."""
-    outs = []
-    for spec in ("off", "on"):
-        s = Server("--max-tokens", "256", "--spec", spec, model=str(v32_dir(tmp_path / spec)))
-        try:
-            outs.append(tool_outputs(s))
-            if spec == "on":
-                assert s.metric("deltafin_spec_decode_drafts_total", draft="ngram") > 0, "n-gram drafted"
-        finally:
-            s.stop()
+    """n-gram drafting gives the same ids and calls."""
+    outs = outputs_without_and_with_drafts(lambda spec: v32_dir(tmp_path / spec))
     assert outs[0] == outs[1]
     assert any(calls for _, calls, _, _ in outs[0]), "forced calls came back"

@@ -238,17 +238,23 @@ def tool_outputs(server):
     return out
 
 
-@pytest.mark.parametrize("name", ["glm-4.5", "glm-5", "minimax-m2", "qwen3.5", "gpt-oss"])
-def test_drafts_never_change_the_ids_or_the_calls(tmp_path, name):
-    """n-gram drafting (the fixtures carry no draft model) gives the same ids and calls."""
+def outputs_without_and_with_drafts(make_dir):
+    """`tool_outputs` of a server on `make_dir(spec)` with n-gram drafting off, then on (the
+    fixtures carry no draft model); checks that it drafted."""
     outs = []
     for spec in ("off", "on"):
-        s = Server("--max-tokens", "256", "--spec", spec,
-                   model=str(model_dir(tmp_path / spec, MODELS[name], context=2048)))
+        s = Server("--max-tokens", "256", "--spec", spec, model=str(make_dir(spec)))
         try:
             outs.append(tool_outputs(s))
             if spec == "on":
                 assert s.metric("deltafin_spec_decode_drafts_total", draft="ngram") > 0, "n-gram drafted"
         finally:
             s.stop()
+    return outs
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-5", "minimax-m2", "qwen3.5", "gpt-oss"])
+def test_drafts_never_change_the_ids_or_the_calls(tmp_path, name):
+    """n-gram drafting gives the same ids and calls."""
+    outs = outputs_without_and_with_drafts(lambda spec: model_dir(tmp_path / spec, MODELS[name], context=2048))
     assert outs[0] == outs[1]

@@ -215,6 +215,16 @@ mod tests {
         newline: Some(9),
     };
 
+    /// <|start|>=1 <|channel|>=2 <|message|>=3 (special); "analysis" = [7, 8].
+    fn harmony() -> Markers {
+        Markers::Harmony(HarmonyMarkers {
+            start: 1,
+            channel: 2,
+            message: 3,
+            analysis: vec![7, 8],
+        })
+    }
+
     fn xtml() -> Markers {
         Markers::Xtml(XtmlMarkers {
             open: 200,
@@ -305,12 +315,7 @@ mod tests {
     #[test]
     fn harmony_channels_split_and_headers_hide() {
         // <|start|>=1 <|channel|>=2 <|message|>=3 <|end|>=4 (special); "analysis" = [7, 8].
-        let h = Markers::Harmony(HarmonyMarkers {
-            start: 1,
-            channel: 2,
-            message: 3,
-            analysis: vec![7, 8],
-        });
+        let h = harmony();
         let mut s = ReasoningSplit::new(Some(h), &[1, 9]);
         assert!(!opens_thinking(s.markers.as_ref(), &[1, 9]));
         let ids = [
@@ -350,12 +355,7 @@ mod tests {
     /// take another than the tokenizer's own: the name is what it spells.
     #[test]
     fn names_spelled_in_other_tokens_still_switch_channels() {
-        let h = Markers::Harmony(HarmonyMarkers {
-            start: 1,
-            channel: 2,
-            message: 3,
-            analysis: vec![7, 8],
-        });
+        let h = harmony();
         let mut s = ReasoningSplit::new(Some(h), &[1, 9]);
         let ids = [(2, true), (13, false), (14, false), (3, true), (20, false)];
         assert_eq!(routes(&mut s, &ids)[4], Text(Reasoning), "<|channel|>a+nalysis");
