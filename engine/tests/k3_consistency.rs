@@ -394,11 +394,13 @@ fn a_checkpointed_state_rewinds_to_any_checkpoint_bit_identically() {
         // 5 chunk ends (64..300); the newest is kept, the rest thinned to spread out.
         let marks = s.checkpoint_positions();
         assert_eq!(marks.len(), 3, "{marks:?}");
-        // The config's state size is what a state really holds.
+        // The config's state size is what a state really holds: whole cache blocks (300
+        // positions in five blocks of 64), the recurrent state and its pre-pass copy.
         let size = m.info().state;
-        assert_eq!(size.per_sequence as usize, s.kda_state_bytes());
-        assert_eq!(size.per_token as usize * s.len(), s.mla_cache_bytes());
+        assert_eq!(2 * size.per_sequence as usize, s.kda_state_bytes());
+        assert_eq!(size.per_token as usize * 320, s.mla_cache_bytes());
         assert_eq!(size.per_sequence as usize * marks.len(), s.checkpoint_bytes());
+        assert_eq!(size.bytes(300, marks.len()), s.cache_bytes() as u64);
         assert_eq!(*marks.last().unwrap(), 300);
         assert!(s.checkpoint_bytes() > 0);
         let mark = marks[1];
@@ -428,6 +430,80 @@ fn a_checkpointed_state_rewinds_to_any_checkpoint_bit_identically() {
         );
         s.truncate(marks[0]).unwrap();
         assert_eq!(s.len(), marks[0]);
+    }
+}
+
+/// Paged context memory: a clone (what the reuse cache and a reused prefix hold) shares every
+/// cache block and recurrent matrix instead of copying them; each copy then continues on its own
+/// (copy on write) with exactly the bits of a fresh run, and the full blocks stay shared.
+#[test]
+fn a_cloned_state_shares_its_memory_and_each_copy_continues_bit_identically() {
+    let allocations = |s: &SeqState| {
+        let mut v = std::collections::HashMap::new();
+        s.for_each_allocation(&mut |id, bytes| {
+            v.insert(id, bytes);
+        });
+        v
+    };
+    for synth in variants() {
+        let (_dir, m) = model_of(&synth);
+        let shared = prompt(150, 6);
+        let mut a = m.new_state();
+        run(m.as_ref(), &mut a, &shared, LogitRows::None);
+        a.checkpoint(2);
+        let mut b = a.clone();
+        let (held_a, held_b) = (allocations(&a), allocations(&b));
+        // All the clone copied is the small convolution history of each recurrent layer.
+        let copied: usize = held_b
+            .iter()
+            .filter(|(id, _)| !held_a.contains_key(id))
+            .map(|(_, b)| b)
+            .sum();
+        let per_sequence = m.info().state.per_sequence as usize;
+        assert!(
+            copied < per_sequence.max(1),
+            "{:?}: {copied} bytes copied",
+            synth.variant
+        );
+        assert_eq!(
+            b.kda_state_bytes(),
+            per_sequence,
+            "a clone leaves the spare behind"
+        );
+        let common: usize = held_b
+            .iter()
+            .filter(|(id, _)| held_a.contains_key(id))
+            .map(|(_, b)| b)
+            .sum();
+        // (A checkpoint taken at the state's position holds its live matrix: counted once here.)
+        assert!(
+            common >= b.mla_cache_bytes() + b.checkpoint_bytes(),
+            "{:?}",
+            synth.variant
+        );
+        let (tail_a, tail_b) = (prompt(20, 7), prompt(20, 9));
+        let got_a = run(m.as_ref(), &mut a, &tail_a, LogitRows::All);
+        let got_b = run(m.as_ref(), &mut b, &tail_b, LogitRows::All);
+        for (tail, got) in [(&tail_a, &got_a), (&tail_b, &got_b)] {
+            let mut fresh = m.new_state();
+            run(m.as_ref(), &mut fresh, &shared, LogitRows::None);
+            let want = run(m.as_ref(), &mut fresh, tail, LogitRows::All);
+            assert_eq!(bits(got), bits(&want), "{:?}", synth.variant);
+        }
+        // Positions 0..128 (two full blocks per cache) are still one copy; the third block was
+        // written by both and is now two.
+        let (held_a, held_b) = (allocations(&a), allocations(&b));
+        let still: usize = held_a
+            .iter()
+            .filter(|(id, _)| held_b.contains_key(id))
+            .map(|(_, b)| b)
+            .sum();
+        assert_eq!(
+            still,
+            m.info().state.per_token as usize * 128 + a.checkpoint_bytes(),
+            "{:?}",
+            synth.variant
+        );
     }
 }
 

@@ -64,10 +64,13 @@ pub struct StateSize {
 }
 
 impl StateSize {
-    /// Bytes of a sequence holding `tokens` positions, with `checkpoints` recurrent-state
-    /// checkpoints.
+    /// Bytes a sequence holding `tokens` positions allocates, with `checkpoints` recurrent-state
+    /// checkpoints: attention caches in whole blocks ([`crate::state::paged`]), and the recurrent
+    /// state twice (the live state and the pre-pass copy a pass keeps, see
+    /// [`crate::state::KdaCache`]) besides the checkpoints.
     pub fn bytes(self, tokens: usize, checkpoints: usize) -> u64 {
-        self.per_token * tokens as u64 + self.per_sequence * (1 + checkpoints as u64)
+        let positions = crate::state::paged::block_positions(tokens) as u64;
+        self.per_token * positions + self.per_sequence * (2 + checkpoints as u64)
     }
 }
 

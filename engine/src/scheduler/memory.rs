@@ -14,6 +14,7 @@
 use crate::arch::StateSize;
 use crate::cache::plan::human;
 use crate::error::Error;
+use crate::state::BLOCK_POSITIONS;
 
 /// Bytes a sequence holding `tokens` positions costs with `checkpoints` recurrent-state
 /// checkpoints, times `copies` (the choices of an `n > 1` request each hold a state).
@@ -22,7 +23,7 @@ pub(crate) fn state_bytes(size: StateSize, tokens: usize, checkpoints: usize, co
 }
 
 /// The longest context one sequence (with `checkpoints`) holds in `pool` bytes, capped at
-/// `cap` (the model's context limit).
+/// `cap` (the model's context limit): whole cache blocks.
 pub fn longest_context(size: StateSize, pool: u64, checkpoints: usize, cap: usize) -> usize {
     let fixed = size.bytes(0, checkpoints);
     if pool < fixed {
@@ -30,7 +31,7 @@ pub fn longest_context(size: StateSize, pool: u64, checkpoints: usize, cap: usiz
     }
     match size.per_token {
         0 => cap,
-        t => (((pool - fixed) / t) as usize).min(cap),
+        t => (((pool - fixed) / t) as usize / BLOCK_POSITIONS * BLOCK_POSITIONS).min(cap),
     }
 }
 
@@ -124,16 +125,25 @@ mod tests {
     };
 
     #[test]
-    fn k3_at_128k_tokens_needs_about_7_8_gib() {
+    fn k3_at_128k_tokens_needs_about_7_6_gib() {
         let bytes = K3.bytes(131_072, 0);
-        assert_eq!(bytes, 131_072 * 55_296 + 474_808_320);
+        assert_eq!(
+            bytes,
+            131_072 * 55_296 + 2 * 474_808_320,
+            "the recurrent state twice"
+        );
         assert!(
-            (bytes as f64 / (1u64 << 30) as f64 - 7.19).abs() < 0.01,
+            (bytes as f64 / (1u64 << 30) as f64 - 7.63).abs() < 0.01,
             "{}",
             human(bytes)
         );
         assert_eq!(longest_context(K3, bytes, 0, 1 << 20), 131_072);
-        assert_eq!(longest_context(K3, bytes - 1, 0, 1 << 20), 131_071);
+        assert_eq!(
+            longest_context(K3, bytes - 1, 0, 1 << 20),
+            131_072 - 64,
+            "whole blocks"
+        );
+        assert_eq!(K3.bytes(131_073, 0) - bytes, 64 * 55_296, "a new block");
         assert_eq!(longest_context(K3, 1, 0, 1 << 20), 0);
         let mla_only = StateSize {
             per_token: 8,
@@ -154,9 +164,9 @@ mod tests {
         };
         assert_eq!(
             auto_context_bytes(s, u64::MAX, 8, 1 << 20),
-            8 * (32_768_000 + 20_000)
+            8 * (32_768_000 + 30_000)
         );
-        assert_eq!(auto_context_bytes(s, u64::MAX, 2, 1000), 2 * (1_000_000 + 20_000));
+        assert_eq!(auto_context_bytes(s, u64::MAX, 2, 1000), 2 * (1_024_000 + 30_000));
         assert_eq!(auto_context_bytes(s, 4_000_000, 8, 1 << 20), 1_000_000);
     }
 
@@ -166,9 +176,9 @@ mod tests {
             per_token: 10,
             per_sequence: 100,
         };
-        assert_eq!(state_bytes(s, 5, 2, 1), 50 + 300);
-        assert_eq!(state_bytes(s, 5, 0, 3), 3 * 150);
-        assert_eq!(state_bytes(s, 5, 0, 0), 150);
+        assert_eq!(state_bytes(s, 5, 2, 1), 640 + 400);
+        assert_eq!(state_bytes(s, 5, 0, 3), 3 * 840);
+        assert_eq!(state_bytes(s, 5, 0, 0), 840);
     }
 
     #[test]

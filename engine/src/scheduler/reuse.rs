@@ -5,9 +5,14 @@
 //! A state's rows depend only on the tokens before them, so a reused prefix is bit-identical to
 //! recomputing it: output never changes, only prefill work.
 //!
+//! A cached state and the states made from it share their memory (attention-cache blocks,
+//! recurrent matrices: [`crate::state::paged`]), so an insert or a lookup copies no position, and
+//! the cache's bytes are what it alone keeps alive: shared allocations are counted once, and those
+//! a running sequence also holds are that sequence's.
+//!
 //! Pure bookkeeping, generic over the state type so it is tested without a model.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use crate::state::SeqState;
 
@@ -20,6 +25,9 @@ pub(crate) trait Reusable: Clone {
     fn truncate(&mut self, len: usize);
     /// Bytes held (for the byte budget).
     fn bytes(&self) -> usize;
+    /// Each allocation held, by identity (shared ones have the same identity in every holder)
+    /// and bytes.
+    fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize));
 }
 
 impl Reusable for SeqState {
@@ -33,6 +41,9 @@ impl Reusable for SeqState {
     }
     fn bytes(&self) -> usize {
         self.cache_bytes()
+    }
+    fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+        SeqState::for_each_allocation(self, f)
     }
 }
 
@@ -115,14 +126,39 @@ impl<S: Reusable> StateCache<S> {
         }
     }
 
-    /// Bytes the cached states hold.
+    /// Bytes the cached states hold, what they share counted once.
     pub(crate) fn bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.state.bytes()).sum()
+        self.bytes_beside(&[])
     }
 
-    /// Evict least recently used entries until at most `max_bytes` are held.
-    pub(crate) fn evict_to(&mut self, max_bytes: usize) {
-        while self.bytes() > max_bytes {
+    /// Bytes only the cache keeps alive: its allocations, each once, less those the `running`
+    /// states also hold.
+    fn bytes_beside(&self, running: &[&S]) -> usize {
+        let mut seen: HashSet<usize> = HashSet::new();
+        for s in running {
+            s.for_each_allocation(&mut |id, _| {
+                seen.insert(id);
+            });
+        }
+        let mut total = 0;
+        for e in &self.entries {
+            e.state.for_each_allocation(&mut |id, bytes| {
+                if seen.insert(id) {
+                    total += bytes;
+                }
+            });
+        }
+        total
+    }
+
+    /// Evict least recently used entries until the cache alone keeps at most `max_bytes` alive
+    /// beside the `running` states.
+    pub(crate) fn evict_to(&mut self, max_bytes: usize, running: &[&S]) {
+        // Each entry's own total bounds what it keeps alive: within that, nothing to count.
+        if self.entries.iter().map(|e| e.state.bytes()).sum::<usize>() <= max_bytes {
+            return;
+        }
+        while !self.entries.is_empty() && self.bytes_beside(running) > max_bytes {
             self.entries.pop_back();
         }
     }
@@ -145,6 +181,9 @@ mod tests {
         }
         fn bytes(&self) -> usize {
             self.0.len() * 4
+        }
+        fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+            f(self.0.as_ptr() as usize, self.bytes())
         }
     }
 
@@ -222,10 +261,55 @@ mod tests {
         let mut c = StateCache::new(8, 1 << 20, 1);
         commit(&mut c, &[1, 1]);
         commit(&mut c, &[2, 2, 2]);
-        c.evict_to(12);
+        c.evict_to(12, &[]);
         assert_eq!((c.len(), c.bytes()), (1, 12), "the older entry goes first");
-        c.evict_to(0);
+        c.evict_to(0, &[]);
         assert_eq!(c.len(), 0);
+    }
+
+    /// A stand-in paged state: blocks shared between clones.
+    #[derive(Debug, Clone)]
+    struct Blocks(Vec<std::sync::Arc<[u32; 4]>>);
+
+    impl Reusable for Blocks {
+        fn rewind_point(&self, len: usize) -> usize {
+            len
+        }
+        fn truncate(&mut self, len: usize) {
+            self.0.truncate(len.div_ceil(4))
+        }
+        fn bytes(&self) -> usize {
+            self.0.len() * 16
+        }
+        fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+            self.0.iter().for_each(|b| f(b.as_ptr() as usize, 16))
+        }
+    }
+
+    #[test]
+    fn shared_blocks_count_once_and_a_running_holder_keeps_its_own() {
+        let blocks = |n: u32| Blocks((0..n).map(|i| std::sync::Arc::new([i; 4])).collect());
+        let mut c = StateCache::new(8, 1 << 20, 1);
+        let a = blocks(4);
+        let ids: Vec<u32> = (0..16).collect();
+        c.insert(ids.clone(), a.clone());
+        // A second conversation sharing the first 8 positions (two blocks) and adding two.
+        let mut b = a.clone();
+        b.truncate(8);
+        b.0.extend(blocks(2).0);
+        let mut longer = ids[..8].to_vec();
+        longer.extend([90, 91, 92, 93, 94, 95, 96, 97]);
+        c.insert(longer.clone(), b.clone());
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.bytes(), 6 * 16, "two shared blocks counted once");
+        // A running sequence reused the first conversation: only what it does not hold counts.
+        let running = c.lookup(&[ids.clone(), vec![7]].concat()).unwrap().state;
+        assert_eq!(c.bytes_beside(&[&running]), 2 * 16);
+        c.evict_to(2 * 16, &[&running]);
+        assert_eq!(c.len(), 2, "the cache alone keeps 32 bytes alive: both stay");
+        c.evict_to(16, &[&running]);
+        assert_eq!(c.len(), 1, "the least recently used (the second) goes");
+        assert_eq!(c.lookup(&[ids, vec![7]].concat()).unwrap().len, 16);
     }
 
     /// A stand-in recurrent state: rewinds only to its checkpoints.
@@ -250,6 +334,9 @@ mod tests {
         }
         fn bytes(&self) -> usize {
             self.ids.len() * 4
+        }
+        fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+            f(self.ids.as_ptr() as usize, self.bytes())
         }
     }
 

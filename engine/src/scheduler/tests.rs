@@ -513,7 +513,8 @@ fn the_context_memory_pool_refuses_waits_and_stops_instead_of_growing() {
     let dir = model_dir();
     let size = arch::load(dir.path()).unwrap().info().state;
     assert!(size.per_token > 0 && size.per_sequence == 0);
-    let pool = size.bytes(70, 0);
+    // Two blocks of 64 positions.
+    let pool = size.bytes(128, 0);
     let cfg = SchedulerConfig {
         context_memory: Some(pool),
         state_cache_entries: 0,
@@ -522,16 +523,17 @@ fn the_context_memory_pool_refuses_waits_and_stops_instead_of_growing() {
     let handle = start_with(dir.path(), cfg);
     let (tx, _rx) = mpsc::channel();
     let err = handle
-        .submit(request(prompt(80, 1), 4, Sampling::Greedy), Box::new(tx))
+        .submit(request(prompt(130, 1), 4, Sampling::Greedy), Box::new(tx))
         .unwrap_err();
     assert_eq!(err.kind(), "budget", "{err}");
     assert!(
-        err.to_string().contains("longest context it holds is 70 tokens"),
+        err.to_string().contains("longest context it holds is 128 tokens"),
         "{err}"
     );
 
-    let first = request(prompt(10, 2), 50, Sampling::Greedy);
-    let second = request(prompt(10, 3), 50, Sampling::Greedy);
+    // One block each at admission, two each once grown to 90 positions.
+    let first = request(prompt(40, 2), 50, Sampling::Greedy);
+    let second = request(prompt(40, 3), 50, Sampling::Greedy);
     let (tx1, rx1) = mpsc::channel();
     let (tx2, rx2) = mpsc::channel();
     handle.submit(first.clone(), Box::new(tx1)).unwrap();
@@ -542,7 +544,7 @@ fn the_context_memory_pool_refuses_waits_and_stops_instead_of_growing() {
     let failed = loop {
         match rx2.recv_timeout(Duration::from_secs(60)).expect("event") {
             Event::Failed { kind, message } => break (kind, message),
-            Event::Done(_) => panic!("both cannot grow to 60 tokens in a 70-token pool"),
+            Event::Done(_) => panic!("both cannot grow to 90 tokens in a 128-token pool"),
             _ => {}
         }
     };

@@ -182,8 +182,15 @@ impl Worker {
     fn trim_cache(&mut self) {
         if let Some(pool) = self.pool {
             let used: u64 = self.running.iter().map(Seq::held).sum();
-            self.cache.evict_to(pool.bytes.saturating_sub(used) as usize);
+            self.evict_cache_to(pool.bytes.saturating_sub(used), None);
         }
+    }
+
+    /// Evict reuse-cache entries until what only the cache keeps alive, beside the running
+    /// sequences' states (and `joining`, a state being admitted), fits in `limit` bytes.
+    fn evict_cache_to(&mut self, limit: u64, joining: Option<&SeqState>) {
+        let running: Vec<&SeqState> = self.running.iter().map(|s| &s.state).chain(joining).collect();
+        self.cache.evict_to(limit as usize, &running);
     }
 
     /// Take pending commands; block only when there is nothing to do.
@@ -270,9 +277,9 @@ impl Worker {
             } else {
                 None
             };
-            // The reuse cache gives way to the new request (after it took its own copy).
+            // The reuse cache gives way to the new request (whose state shares the entry's blocks).
             if let Some(limit) = cache_limit {
-                self.cache.evict_to(limit as usize);
+                self.evict_cache_to(limit, reused.as_ref().map(|r| &r.state));
             }
             if job.req.reuse_state {
                 add(
@@ -458,9 +465,9 @@ impl Worker {
                 Phase::Prefill { .. } => (w.len, self.checkpoints > 0 && seq.job.req.reuse_state),
                 Phase::Decode => (seq.rows.len(), false),
             };
-            let now = seq.state.cache_bytes() as u64;
-            let after =
-                now + pool.size.per_token * rows as u64 + if checkpoint { pool.size.per_sequence } else { 0 };
+            // Whole blocks for the new positions, and the checkpoint it may take.
+            let checkpoints = seq.state.checkpoint_positions().len() + usize::from(checkpoint);
+            let after = pool.size.bytes(seq.state.len() + rows, checkpoints);
             // Growth beyond what the sequence already reserved.
             growth[w.seq] = after.saturating_sub(seq.held());
         }
@@ -471,7 +478,7 @@ impl Worker {
             .map(|(seq, &g)| (seq.held(), g))
             .collect();
         let (stop, cache_limit) = memory::fit_pass(pool.bytes, &held);
-        self.cache.evict_to(cache_limit as usize);
+        self.evict_cache_to(cache_limit, None);
         for &i in &stop {
             let seq = &mut self.running[i];
             let e = memory::exhausted(pool.bytes, seq.state.len());

@@ -47,7 +47,7 @@ impl Worker {
         for (seq, _) in self.pending_forks.drain(..) {
             fail(seq.job.sink.as_ref());
         }
-        self.cache.evict_to(0);
+        self.cache.evict_to(0, &[]);
         self.stats.running.store(0, Ordering::Relaxed);
     }
 }

@@ -5,26 +5,39 @@
 //! cached one (two agents with the same system prompt and tools) could otherwise not reuse it on
 //! K3 or Kimi-Linear.
 //!
-//! A checkpoint is taken where the state is already committed (the end of a prefill chunk), so it
-//! costs one copy of the recurrent state and no extra compute. Restoring it gives exactly the
+//! A checkpoint is taken where the state is already committed (the end of a prefill chunk): it
+//! shares the committed recurrent matrix (the next pass writes a new one), so it costs one
+//! state's memory and no copy or extra compute. Restoring it gives exactly the
 //! state of having run the first `position` tokens, so a reused prefix is bit-identical to
 //! recomputing it.
 //!
 //! The number kept per sequence is bounded; [`thin`] (pure) chooses which one to drop so the
 //! survivors stay spread over the prompt (the largest gap left after a rewind stays small).
 
+use std::sync::Arc;
+
 /// The recurrent state of every KDA layer (in layer order) after the first `position` tokens.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Checkpoint {
     pub position: usize,
-    /// `(convolution history, delta-rule state)` per KDA layer.
-    pub layers: Vec<(Vec<f32>, Vec<f32>)>,
+    /// `(convolution history, delta-rule state)` per KDA layer; the matrices are shared.
+    pub layers: Vec<(Vec<f32>, Arc<[f32]>)>,
 }
 
 impl Checkpoint {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(|(c, r)| 4 * (c.len() + r.len())).sum()
+    }
+
+    /// Each allocation's identity and bytes (the convolution histories as one, by the
+    /// checkpoint's own address: clones of a state share the checkpoint).
+    pub fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+        let conv = self.layers.iter().map(|(c, _)| 4 * c.len()).sum();
+        f(self as *const Checkpoint as usize, conv);
+        for (_, r) in &self.layers {
+            f(r.as_ptr() as usize, 4 * r.len());
+        }
     }
 }
 

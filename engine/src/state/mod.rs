@@ -33,53 +33,112 @@
 //! layers are restored from a [`SeqState::checkpoint`] taken at that position (see
 //! `checkpoint`); [`SeqState::rewind_point`] says how far back a state can go.
 
+use std::sync::Arc;
+
 mod checkpoint;
+pub mod paged;
 pub mod recurrence;
 
 use self::checkpoint::Checkpoint;
+pub use self::paged::{BLOCK_POSITIONS, Paged, Rows};
 use self::recurrence as kda;
 pub use self::recurrence::KdaShape;
+
 use crate::error::{Error, Result};
 
 /// The compressed MLA cache of one layer: the normalised latent `c_kv` and the shared key part
-/// `k_rope` (rotated, or raw for NoPE attention) of every position (never expanded per head).
+/// `k_rope` (rotated, or raw for NoPE attention) of every position (never expanded per head), in
+/// shared blocks ([`paged`]).
 #[derive(Debug, Clone, Default)]
 pub struct MlaCache {
-    /// `len × kv_lora_rank` values.
-    pub latent: Vec<f32>,
-    /// `len × qk_rope_head_dim` values.
-    pub k_rope: Vec<f32>,
-    /// `len × index_head_dim` values: the DSA indexer's keys (empty on dense MLA layers and on
-    /// layers sharing another layer's selection).
-    pub index_keys: Vec<f32>,
+    /// `kv_lora_rank` values per position.
+    pub latent: Paged,
+    /// `qk_rope_head_dim` values per position.
+    pub k_rope: Paged,
+    /// `index_head_dim` values per position: the DSA indexer's keys (empty on dense MLA layers
+    /// and on layers sharing another layer's selection).
+    pub index_keys: Paged,
+}
+
+impl MlaCache {
+    fn truncate(&mut self, len: usize) {
+        self.latent.truncate(len);
+        self.k_rope.truncate(len);
+        self.index_keys.truncate(len);
+    }
+
+    fn parts(&self) -> [&Paged; 3] {
+        [&self.latent, &self.k_rope, &self.index_keys]
+    }
 }
 
 /// A standard per-head key/value cache (grouped-query attention, Qwen3): the rotated keys and
-/// the values of every position, `kv_heads * head_dim` values per position each.
+/// the values of every position, `kv_heads * head_dim` values per position each, in shared
+/// blocks ([`paged`]).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: Paged,
+    pub v: Paged,
+}
+
+impl KvCache {
+    fn truncate(&mut self, len: usize) {
+        self.k.truncate(len);
+        self.v.truncate(len);
+    }
 }
 
 /// The recurrent state of one KDA layer, with its staged pass.
-#[derive(Debug, Clone)]
+///
+/// The delta-rule matrix is shared, never copied whole: a clone (the reuse cache, a choice of an
+/// `n > 1` request) and a checkpoint hold the same buffer, and a pass writes its new state into
+/// a buffer only this state holds (the spare left by the previous pass, or a new one), reading
+/// the shared pre-pass matrix out of place. Every write goes through [`unique`].
+#[derive(Debug)]
 pub struct KdaCache {
     shape: KdaShape,
     /// Raw projections of the last `K - 1` positions, oldest first, `[K-1, 3P]`.
     conv: Vec<f32>,
     /// Delta-rule state `[heads, dk, dv]`.
-    recurrent: Vec<f32>,
-    /// The pre-pass state while a pass is staged (buffers kept between passes). The recurrent
-    /// matrix is not copied: the live and snapshot buffers are swapped and the pass's first step
-    /// reads the snapshot out of place.
+    recurrent: Arc<[f32]>,
+    /// The pre-pass state while a pass is staged. Between passes `snapshot_recurrent` is the
+    /// spare buffer the next pass writes into (when nothing else holds it).
     snapshot_conv: Vec<f32>,
-    snapshot_recurrent: Vec<f32>,
+    snapshot_recurrent: Arc<[f32]>,
     /// The live `recurrent` buffer is stale until the pass's first step writes it.
     first_step_pending: bool,
     /// Recurrence inputs of the staged rows, `record_len` floats each.
     inputs: Vec<f32>,
     staged: bool,
+}
+
+/// `buf` for writing: replaced by a copy first when another holder shares it.
+fn unique(buf: &mut Arc<[f32]>) -> &mut [f32] {
+    if Arc::get_mut(buf).is_none() {
+        *buf = Arc::from(&buf[..]);
+    }
+    Arc::get_mut(buf).expect("a buffer just copied has one holder")
+}
+
+impl Clone for KdaCache {
+    /// Shares the recurrent matrices; a committed state leaves its spare buffer behind.
+    fn clone(&self) -> Self {
+        let (snapshot_conv, snapshot_recurrent) = if self.staged {
+            (self.snapshot_conv.clone(), Arc::clone(&self.snapshot_recurrent))
+        } else {
+            (Vec::new(), Arc::from(Vec::new()))
+        };
+        KdaCache {
+            shape: self.shape,
+            conv: self.conv.clone(),
+            recurrent: Arc::clone(&self.recurrent),
+            snapshot_conv,
+            snapshot_recurrent,
+            first_step_pending: self.first_step_pending,
+            inputs: self.inputs.clone(),
+            staged: self.staged,
+        }
+    }
 }
 
 impl KdaCache {
@@ -88,9 +147,9 @@ impl KdaCache {
         KdaCache {
             shape,
             conv: vec![0.0; shape.conv_len()],
-            recurrent: vec![0.0; shape.state_len()],
+            recurrent: Arc::from(vec![0.0; shape.state_len()]),
             snapshot_conv: Vec::new(),
-            snapshot_recurrent: Vec::new(),
+            snapshot_recurrent: Arc::from(Vec::new()),
             first_step_pending: false,
             inputs: Vec::new(),
             staged: false,
@@ -103,12 +162,16 @@ impl KdaCache {
     }
 
     /// Start (or continue) the staged pass: the first call of a pass keeps the pre-pass state
-    /// (a copy of the small convolution history; the recurrent matrix by a buffer swap).
+    /// (a copy of the small convolution history; the recurrent matrix by moving it aside, the
+    /// live buffer being the spare when only this state holds it, else a new one).
     pub(crate) fn begin_rows(&mut self) {
         if !self.staged {
             self.snapshot_conv.clone_from(&self.conv);
             std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
-            self.recurrent.resize(self.shape.state_len(), 0.0);
+            let len = self.shape.state_len();
+            if self.recurrent.len() != len || Arc::get_mut(&mut self.recurrent).is_none() {
+                self.recurrent = Arc::from(vec![0.0; len]);
+            }
             self.first_step_pending = true;
             self.inputs.clear();
             self.staged = true;
@@ -118,7 +181,7 @@ impl KdaCache {
     /// Set the committed delta-rule state (tests of the recurrence).
     #[cfg(test)]
     pub(crate) fn restore_for_test(&mut self, recurrent: &[f32]) {
-        self.recurrent.copy_from_slice(recurrent);
+        unique(&mut self.recurrent).copy_from_slice(recurrent);
     }
 
     /// The staged pass's recurrent state for a head-split recurrence: the pre-pass matrix to
@@ -127,7 +190,7 @@ impl KdaCache {
     pub(crate) fn pass_states(&mut self) -> (Option<&[f32]>, &mut [f32]) {
         debug_assert!(self.staged, "begin_rows first");
         let prev = self.first_step_pending.then_some(&self.snapshot_recurrent[..]);
-        (prev, &mut self.recurrent)
+        (prev, unique(&mut self.recurrent))
     }
 
     /// The staged rows have stepped: the live buffer holds the state.
@@ -170,13 +233,16 @@ impl KdaCache {
             std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
             let s = self.shape;
             let p = s.channels();
-            for row in self.inputs.chunks(s.record_len()).take(keep) {
-                let (raw, rest) = row.split_at(3 * p);
-                let (k, rest) = rest.split_at(p);
-                let (v, rest) = rest.split_at(p);
-                let (g, beta) = rest.split_at(p);
-                kda::conv_push(&mut self.conv, raw, s);
-                kda::delta_rule_step(&mut self.recurrent, kda::StepInputs { k, v, g, beta }, s);
+            if keep > 0 {
+                let recurrent = unique(&mut self.recurrent);
+                for row in self.inputs.chunks(s.record_len()).take(keep) {
+                    let (raw, rest) = row.split_at(3 * p);
+                    let (k, rest) = rest.split_at(p);
+                    let (v, rest) = rest.split_at(p);
+                    let (g, beta) = rest.split_at(p);
+                    kda::conv_push(&mut self.conv, raw, s);
+                    kda::delta_rule_step(recurrent, kda::StepInputs { k, v, g, beta }, s);
+                }
             }
         }
         self.inputs.clear();
@@ -184,24 +250,38 @@ impl KdaCache {
         self.first_step_pending = false;
     }
 
-    /// Copies of the committed convolution history and recurrent matrix (nothing may be staged).
-    fn snapshot(&self) -> (Vec<f32>, Vec<f32>) {
+    /// The committed convolution history (a copy: it is small) and recurrent matrix (shared)
+    /// (nothing may be staged).
+    fn snapshot(&self) -> (Vec<f32>, Arc<[f32]>) {
         debug_assert!(!self.staged, "commit before taking a checkpoint");
-        (self.conv.clone(), self.recurrent.clone())
+        (self.conv.clone(), Arc::clone(&self.recurrent))
     }
 
-    /// Replace the committed state with a checkpoint's copy (nothing may be staged).
-    fn restore(&mut self, conv: &[f32], recurrent: &[f32]) {
+    /// Replace the committed state with a checkpoint's (nothing may be staged).
+    fn restore(&mut self, conv: &[f32], recurrent: &Arc<[f32]>) {
         debug_assert!(!self.staged, "commit before restoring a checkpoint");
         self.conv.clear();
         self.conv.extend_from_slice(conv);
-        self.recurrent.clear();
-        self.recurrent.extend_from_slice(recurrent);
+        self.recurrent = Arc::clone(recurrent);
     }
 
-    /// Bytes of live state (convolution history and recurrent matrix).
+    /// Bytes of live state: the convolution history and recurrent matrix, and the pass's
+    /// pre-pass copies (kept between passes as the spare).
     pub fn state_bytes(&self) -> usize {
-        4 * (self.conv.len() + self.recurrent.len())
+        4 * (self.conv.len()
+            + self.recurrent.len()
+            + self.snapshot_conv.len()
+            + self.snapshot_recurrent.len())
+    }
+
+    /// Each allocation's identity and bytes (the shared matrices by their address).
+    fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+        for v in [&self.conv, &self.snapshot_conv] {
+            f(v.as_ptr() as usize, 4 * v.len());
+        }
+        for a in [&self.recurrent, &self.snapshot_recurrent] {
+            f(a.as_ptr() as usize, 4 * a.len());
+        }
     }
 }
 
@@ -253,7 +333,8 @@ pub struct SeqState {
     pub(crate) staged: usize,
     /// Recurrent-state checkpoints at committed positions, oldest first (empty for models
     /// without KDA layers).
-    checkpoints: Vec<Checkpoint>,
+    /// Shared with clones: a checkpoint never changes.
+    checkpoints: Vec<Arc<Checkpoint>>,
 }
 
 impl SeqState {
@@ -297,12 +378,11 @@ impl SeqState {
             });
         }
         let new_len = self.committed_len() + keep;
-        let old_len = self.len;
         for layer in &mut self.layers {
             match layer {
-                LayerState::Mla(c) => truncate_mla(c, old_len, new_len),
+                LayerState::Mla(c) => c.truncate(new_len),
                 LayerState::Kda(c) => c.commit(keep),
-                LayerState::Kv(c) => truncate_kv(c, old_len, new_len),
+                LayerState::Kv(c) => c.truncate(new_len),
             }
         }
         self.len = new_len;
@@ -354,7 +434,7 @@ impl SeqState {
                 _ => None,
             })
             .collect();
-        self.checkpoints.push(Checkpoint { position, layers });
+        self.checkpoints.push(Arc::new(Checkpoint { position, layers }));
         while let Some(i) = checkpoint::thin(&self.checkpoint_positions(), max) {
             self.checkpoints.remove(i);
         }
@@ -405,14 +485,13 @@ impl SeqState {
             });
         }
         self.commit_all();
-        let old_len = self.len;
         self.checkpoints.retain(|c| c.position <= len);
         let restore = self.checkpoints.last().filter(|c| c.position == len);
         let mut kda = restore.map(|c| c.layers.iter());
         for layer in &mut self.layers {
             match layer {
-                LayerState::Mla(c) => truncate_mla(c, old_len, len),
-                LayerState::Kv(c) => truncate_kv(c, old_len, len),
+                LayerState::Mla(c) => c.truncate(len),
+                LayerState::Kv(c) => c.truncate(len),
                 LayerState::Kda(c) => {
                     let (conv, recurrent) = kda
                         .as_mut()
@@ -426,9 +505,24 @@ impl SeqState {
         Ok(())
     }
 
+    /// Each allocation the state holds, by identity (blocks and shared matrices by their address,
+    /// so what two states share is counted once) and bytes.
+    pub fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
+        for layer in &self.layers {
+            match layer {
+                LayerState::Mla(c) => c.parts().iter().for_each(|p| p.for_each_block(f)),
+                LayerState::Kv(c) => [&c.k, &c.v].iter().for_each(|p| p.for_each_block(f)),
+                LayerState::Kda(c) => c.for_each_allocation(f),
+            }
+        }
+        for c in &self.checkpoints {
+            c.for_each_allocation(f);
+        }
+    }
+
     /// Bytes held by recurrent-state checkpoints.
     pub fn checkpoint_bytes(&self) -> usize {
-        self.checkpoints.iter().map(Checkpoint::bytes).sum()
+        self.checkpoints.iter().map(|c| c.bytes()).sum()
     }
 
     /// Bytes held by caches, recurrent states and their checkpoints.
@@ -442,8 +536,8 @@ impl SeqState {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Mla(c) => 4 * (c.latent.len() + c.k_rope.len() + c.index_keys.len()),
-                LayerState::Kv(c) => 4 * (c.k.len() + c.v.len()),
+                LayerState::Mla(c) => c.parts().iter().map(|p| p.bytes()).sum(),
+                LayerState::Kv(c) => c.k.bytes() + c.v.bytes(),
                 LayerState::Kda(_) => 0,
             })
             .sum()
@@ -467,27 +561,4 @@ impl SeqState {
             .filter(|l| matches!(l, LayerState::Mla(_)))
             .count()
     }
-}
-
-/// Cut a key/value cache holding `old_len` positions down to `new_len`.
-fn truncate_kv(c: &mut KvCache, old_len: usize, new_len: usize) {
-    if old_len == 0 || new_len >= old_len {
-        return;
-    }
-    let (wk, wv) = (c.k.len() / old_len, c.v.len() / old_len);
-    c.k.truncate(new_len * wk);
-    c.v.truncate(new_len * wv);
-}
-
-/// Cut an MLA cache holding `old_len` positions down to `new_len`.
-fn truncate_mla(c: &mut MlaCache, old_len: usize, new_len: usize) {
-    if old_len == 0 || new_len >= old_len {
-        return;
-    }
-    let kv = c.latent.len() / old_len;
-    let rope = c.k_rope.len() / old_len;
-    let index = c.index_keys.len() / old_len;
-    c.latent.truncate(new_len * kv);
-    c.k_rope.truncate(new_len * rope);
-    c.index_keys.truncate(new_len * index);
 }

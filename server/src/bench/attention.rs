@@ -178,7 +178,7 @@ fn measure_sparse(
             })
             .collect();
         let mut out: Vec<Option<Vec<u32>>> = vec![None; rows];
-        for (&r, c) in sparse.iter().zip(choose(&queries, &keys, d, topk)) {
+        for (&r, c) in sparse.iter().zip(choose(&queries, (&keys).into(), d, topk)) {
             out[r] = Some(c);
         }
         out

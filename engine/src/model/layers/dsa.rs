@@ -31,6 +31,7 @@ use super::rope::Rope;
 use crate::backend::matmul;
 use crate::kernels::Matrix;
 use crate::kernels::ops::layer_norm;
+use crate::state::{BLOCK_POSITIONS, Rows};
 
 /// `nn.LayerNorm(head_dim, eps=1e-6)`: the published indexers fix this epsilon.
 const K_NORM_EPS: f32 = 1e-6;
@@ -126,7 +127,7 @@ impl Indexer {
         q_resid: &[f32],
         n: usize,
         pos: &(dyn Fn(usize) -> usize + Sync),
-        keys: &(dyn Fn(usize) -> &'k [f32] + Sync),
+        keys: &(dyn Fn(usize) -> Rows<'k> + Sync),
     ) -> Selection {
         let IndexerDims {
             heads,
@@ -156,7 +157,7 @@ impl Indexer {
         // tile of keys is laid out once for up to ROW_GROUP rows.
         let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
         let mut selection: Selection = vec![None; n];
-        for rows in sparse.chunk_by(|&a, &b| keys(a).as_ptr() == keys(b).as_ptr()) {
+        for rows in sparse.chunk_by(|&a, &b| keys(a).same(keys(b))) {
             let queries: Vec<RowQuery<'_>> = rows
                 .iter()
                 .map(|&i| RowQuery {
@@ -176,7 +177,7 @@ impl Indexer {
 
 /// Each row's `topk` positions ([`top_positions`] of its [`index_scores_rows`]), for rows over
 /// the same keys, [`ROW_GROUP`] rows at a time.
-pub fn choose(rows: &[RowQuery<'_>], keys: &[f32], head_dim: usize, topk: usize) -> Vec<Vec<u32>> {
+pub fn choose(rows: &[RowQuery<'_>], keys: Rows<'_>, head_dim: usize, topk: usize) -> Vec<Vec<u32>> {
     let mut out = Vec::with_capacity(rows.len());
     for group in rows.chunks(ROW_GROUP) {
         let scores = index_scores_rows(group, keys, head_dim);
@@ -215,7 +216,7 @@ pub struct RowQuery<'a> {
 ///
 /// Each tile of keys is laid out once for all the rows; every row's scores are the bits it gets
 /// alone.
-pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<Vec<f32>> {
+pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: Rows<'_>, d: usize) -> Vec<Vec<f32>> {
     let longest = rows.iter().map(|r| r.len).max().unwrap_or(0);
     let parts: Vec<Vec<Vec<f32>>> = (0..longest.div_ceil(SCORE_CHUNK))
         .into_par_iter()
@@ -225,7 +226,7 @@ pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<V
             let mut out: Vec<Vec<f32>> = rows.iter().map(|_| Vec::with_capacity(hi - lo)).collect();
             for t0 in (lo..hi).step_by(KEY_LANES) {
                 let t1 = (t0 + KEY_LANES).min(hi);
-                transpose_tile(&keys[t0 * d..t1 * d], d, &mut tile);
+                transpose_tile(keys.span(t0, t1, d), d, &mut tile);
                 for (r, o) in rows.iter().zip(&mut out).filter(|(r, _)| r.len > t0) {
                     let got = score_tile(r.q, r.w, &tile, d);
                     o.extend_from_slice(&got[..r.len.min(t1) - t0]);
@@ -241,6 +242,8 @@ pub fn index_scores_rows(rows: &[RowQuery<'_>], keys: &[f32], d: usize) -> Vec<V
 
 /// Keys scored together, one per vector lane.
 const KEY_LANES: usize = 16;
+// A tile of keys starts at a multiple of 16 and never straddles two cache blocks.
+const _: () = assert!(BLOCK_POSITIONS.is_multiple_of(KEY_LANES) && SCORE_CHUNK.is_multiple_of(KEY_LANES));
 /// Heads whose chains run at once (independent accumulators hide the FMA latency).
 pub const HEAD_GROUP: usize = 8;
 
@@ -353,7 +356,7 @@ mod tests {
 
     fn one_row(q: &[f32], w: &[f32], keys: &[f32], d: usize) -> Vec<f32> {
         let len = keys.len() / d;
-        index_scores_rows(&[RowQuery { q, w, len }], keys, d).remove(0)
+        index_scores_rows(&[RowQuery { q, w, len }], keys.into(), d).remove(0)
     }
 
     #[test]
@@ -464,7 +467,7 @@ mod tests {
                 len: lens[r],
             })
             .collect();
-        let together = index_scores_rows(&rows, &k, d);
+        let together = index_scores_rows(&rows, (&k).into(), d);
         for (r, got) in together.iter().enumerate() {
             let alone = index_scores_reference(&qs[r], &ws[r], &k[..lens[r] * d], d);
             assert_eq!(

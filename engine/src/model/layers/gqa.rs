@@ -182,8 +182,8 @@ impl Gqa {
         }
         for i in 0..n {
             let cache = &mut rows.caches[rows.seq[i]];
-            cache.k.extend_from_slice(&k[i * kw..(i + 1) * kw]);
-            cache.v.extend_from_slice(&v[i * kw..(i + 1) * kw]);
+            cache.k.push(&k[i * kw..(i + 1) * kw]);
+            cache.v.push(&v[i * kw..(i + 1) * kw]);
         }
         let caches: Vec<&KvCache> = rows.caches.iter().map(|c| &**c).collect();
         let mut out = vec![0.0f32; n * qw];
@@ -317,11 +317,11 @@ fn attend_head(
     d: GqaDims,
     (scores, out): (&mut Vec<f32>, &mut [f32]),
 ) {
-    let (hd, kw) = (d.head_dim, d.kv_heads * d.head_dim);
+    let hd = d.head_dim;
     let scale = (hd as f32).powf(-0.5);
     scores.clear();
     scores.extend((seen.start..seen.end).map(|j| {
-        let k = &cache.k[j * kw + kv * hd..][..hd];
+        let k = &cache.k.row(j)[kv * hd..][..hd];
         q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
     }));
     let mut max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -341,7 +341,7 @@ fn attend_head(
     out.fill(0.0);
     for (j, s) in (seen.start..).zip(scores.iter()) {
         let p = s / sum;
-        let v = &cache.v[j * kw + kv * hd..][..hd];
+        let v = &cache.v.row(j)[kv * hd..][..hd];
         out.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
     }
 }
@@ -349,6 +349,7 @@ fn attend_head(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Paged;
 
     fn dims() -> GqaDims {
         GqaDims {
@@ -364,9 +365,11 @@ mod tests {
         let val = |i: usize| {
             ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
         };
+        let k: Vec<f32> = (0..len * kw).map(val).collect();
+        let v: Vec<f32> = (0..len * kw).map(|i| val(i + 7)).collect();
         KvCache {
-            k: (0..len * kw).map(val).collect(),
-            v: (0..len * kw).map(|i| val(i + 7)).collect(),
+            k: Paged::from_rows(&k, kw),
+            v: Paged::from_rows(&v, kw),
         }
     }
 
@@ -376,8 +379,8 @@ mod tests {
         let short = cache(5, 1);
         let mut long = short.clone();
         let extra = cache(9, 2);
-        long.k.extend_from_slice(&extra.k[5 * 16..]);
-        long.v.extend_from_slice(&extra.v[5 * 16..]);
+        long.k.extend(&extra.k.to_vec()[5 * 16..], 16);
+        long.v.extend(&extra.v.to_vec()[5 * 16..], 16);
         let q: Vec<f32> = (0..8).map(|i| i as f32 * 0.1 - 0.3).collect();
         let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
         attend_head(&q, &short, all(5), 1, d, (&mut Vec::new(), &mut a));
@@ -392,7 +395,7 @@ mod tests {
         let q = vec![0.5; 8];
         let mut o = vec![9.0; 8];
         attend_head(&q, &c, all(1), 1, d, (&mut Vec::new(), &mut o));
-        assert_eq!(o, c.v[8..16].to_vec());
+        assert_eq!(o, c.v.to_vec()[8..16].to_vec());
     }
 
     fn all(end: usize) -> Seen {
@@ -417,8 +420,8 @@ mod tests {
         attend_head(&q, &c, window, 0, d, (&mut Vec::new(), &mut a));
         // The same three positions alone (a cache holding only them) give the same result.
         let tail = KvCache {
-            k: c.k[6 * 16..].to_vec(),
-            v: c.v[6 * 16..].to_vec(),
+            k: Paged::from_rows(&c.k.to_vec()[6 * 16..], 16),
+            v: Paged::from_rows(&c.v.to_vec()[6 * 16..], 16),
         };
         attend_head(&q, &tail, all(3), 0, d, (&mut Vec::new(), &mut b));
         assert_eq!(a, b);

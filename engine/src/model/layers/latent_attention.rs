@@ -33,6 +33,7 @@ use rayon::prelude::*;
 
 use crate::kernels::math::exp;
 use crate::kernels::reference::reduce_lanes;
+use crate::state::Rows;
 
 pub use crate::kernels::layer_spec::MLA_BLOCK as BLOCK;
 /// Positions per tile (scores of one tile are held for all heads at once).
@@ -51,35 +52,45 @@ pub struct LatentShape {
 }
 
 /// The keys one row attends to: up to two runs of consecutive positions (a sequence's cache,
-/// and for block drafting the block's own rows after it), `latent` and `rope` values per position;
-/// or chosen positions of one run (DeepSeek Sparse Attention), read in the order given.
+/// and for block drafting the block's own rows after it), `latent` and `rope` values per position
+/// (in the cache's blocks or a flat slice: [`Rows`]); or chosen positions of one run (DeepSeek
+/// Sparse Attention), read in the order given.
 #[derive(Debug, Clone, Copy)]
 pub struct LatentKeys<'a> {
-    parts: [(&'a [f32], &'a [f32]); 2],
+    parts: [(Rows<'a>, Rows<'a>); 2],
     /// Positions in the first part.
     first: usize,
     /// Key `j` is position `chosen[j]` of the run (`None`: key `j` is position `j`).
     chosen: Option<&'a [u32]>,
 }
 
+/// A run of latents and rotated keys.
+pub type KeyRun<'a> = (Rows<'a>, Rows<'a>);
+
 impl<'a> LatentKeys<'a> {
     /// One run of positions.
-    pub fn one(latent: &'a [f32], rope: &'a [f32], shape: LatentShape) -> Self {
-        Self::two((latent, rope), (&[], &[]), shape)
+    pub fn one(latent: impl Into<Rows<'a>>, rope: impl Into<Rows<'a>>, shape: LatentShape) -> Self {
+        let empty: &[f32] = &[];
+        Self::two((latent.into(), rope.into()), (empty.into(), empty.into()), shape)
     }
 
     /// Two runs: the positions of `a` come first.
-    pub fn two(a: (&'a [f32], &'a [f32]), b: (&'a [f32], &'a [f32]), shape: LatentShape) -> Self {
+    pub fn two(a: KeyRun<'a>, b: KeyRun<'a>, shape: LatentShape) -> Self {
         LatentKeys {
             parts: [a, b],
-            first: a.0.len() / shape.latent.max(1),
+            first: a.0.len(shape.latent),
             chosen: None,
         }
     }
 
     /// The positions `chosen` (ascending) of one run, as keys `0..chosen.len()`: the same
     /// values in the same order as a run holding only those positions, without copying them.
-    pub fn chosen(latent: &'a [f32], rope: &'a [f32], chosen: &'a [u32], shape: LatentShape) -> Self {
+    pub fn chosen(
+        latent: impl Into<Rows<'a>>,
+        rope: impl Into<Rows<'a>>,
+        chosen: &'a [u32],
+        shape: LatentShape,
+    ) -> Self {
         LatentKeys {
             chosen: Some(chosen),
             ..Self::one(latent, rope, shape)
@@ -90,7 +101,7 @@ impl<'a> LatentKeys<'a> {
     pub fn len(&self, shape: LatentShape) -> usize {
         match self.chosen {
             Some(c) => c.len(),
-            None => self.first + self.parts[1].0.len() / shape.latent.max(1),
+            None => self.first + self.parts[1].0.len(shape.latent),
         }
     }
 
@@ -105,10 +116,7 @@ impl<'a> LatentKeys<'a> {
         } else {
             (self.parts[1], j - self.first)
         };
-        (
-            &part.0[j * s.latent..][..s.latent],
-            &part.1[j * s.rope..][..s.rope],
-        )
+        (part.0.row(j, s.latent), part.1.row(j, s.rope))
     }
 }
 
@@ -635,10 +643,16 @@ mod tests {
         let q = queries(&c, &[1800])[0];
         let short_cache = LatentKeys::one(&c.latent[..1800 * s.latent], &c.rope[..1800 * s.rope], s);
         let split = LatentKeys::two(
-            (&c.latent[..1000 * s.latent], &c.rope[..1000 * s.rope]),
-            (&c.latent[1000 * s.latent..], &c.rope[1000 * s.rope..]),
+            (c.latent[..1000 * s.latent].into(), c.rope[..1000 * s.rope].into()),
+            (c.latent[1000 * s.latent..].into(), c.rope[1000 * s.rope..].into()),
             s,
         );
+        // The cache's blocks (a run split every 64 positions) read the same keys.
+        let (latent, rope) = (
+            crate::state::Paged::from_rows(&c.latent, s.latent),
+            crate::state::Paged::from_rows(&c.rope, s.rope),
+        );
+        let paged = LatentKeys::one(&latent, &rope, s);
         let base = run(&[q], 2);
         assert_eq!(
             run(
@@ -651,6 +665,7 @@ mod tests {
             base
         );
         assert_eq!(run(&[LatentQuery { keys: split, ..q }], 2), base);
+        assert_eq!(run(&[LatentQuery { keys: paged, ..q }], 2), base, "paged keys");
     }
 
     /// Every instantiation this CPU runs gives the portable bits: widths with and without

@@ -167,8 +167,8 @@ impl Mla {
         let d = &self.dims;
         for row in ckv.chunks(d.kv_lora + d.rope) {
             let (latent, k_rope) = row.split_at(d.kv_lora);
-            cache.latent.extend_from_slice(latent);
-            cache.k_rope.extend_from_slice(k_rope);
+            cache.latent.push(latent);
+            cache.k_rope.push(k_rope);
         }
     }
 
@@ -182,7 +182,7 @@ impl Mla {
             let cache = &mut rows.caches[rows.seq[i]];
             debug_assert_eq!(
                 cache.latent.len(),
-                rows.pos[i] * d.kv_lora,
+                rows.pos[i],
                 "rows must extend their cache in order"
             );
             self.append(cache, row);
@@ -217,12 +217,12 @@ impl Mla {
         };
         let keys = indexer.keys(x, n, &|i| rows.pos[i]);
         for (i, k) in keys.chunks(indexer.dims().head_dim).enumerate() {
-            rows.caches[rows.seq[i]].index_keys.extend_from_slice(k);
+            rows.caches[rows.seq[i]].index_keys.push(k);
         }
         let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
         let (seq, pos) = (rows.seq, rows.pos);
         *rows.selection = indexer.select(x, q_resid, n, &|i| pos[i], &|i| {
-            caches[seq[i]].index_keys.as_slice()
+            (&caches[seq[i]].index_keys).into()
         });
         true
     }
@@ -237,8 +237,8 @@ impl Mla {
         self.append(&mut block, &ckv);
         let shape = self.latent_shape();
         let keys = LatentKeys::two(
-            (&cache.latent, &cache.k_rope),
-            (&block.latent, &block.k_rope),
+            ((&cache.latent).into(), (&cache.k_rope).into()),
+            ((&block.latent).into(), (&block.k_rope).into()),
             shape,
         );
         let len = keys.len(shape);
