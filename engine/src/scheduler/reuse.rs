@@ -134,21 +134,16 @@ impl<S: Reusable> StateCache<S> {
     /// Bytes only the cache keeps alive: its allocations, each once, less those the `running`
     /// states also hold.
     fn bytes_beside(&self, running: &[&S]) -> usize {
-        let mut seen: HashSet<usize> = HashSet::new();
-        for s in running {
-            s.for_each_allocation(&mut |id, _| {
-                seen.insert(id);
-            });
-        }
-        let mut total = 0;
-        for e in &self.entries {
-            e.state.for_each_allocation(&mut |id, bytes| {
-                if seen.insert(id) {
-                    total += bytes;
-                }
-            });
-        }
-        total
+        let mut seen = HashSet::new();
+        distinct(running.iter().copied(), &mut seen);
+        distinct(self.entries.iter().map(|e| &e.state), &mut seen)
+    }
+
+    /// Bytes alive in the `running` states and the cache together, what they share counted once.
+    pub(crate) fn bytes_with(&self, running: &[&S]) -> usize {
+        let mut seen = HashSet::new();
+        distinct(running.iter().copied(), &mut seen)
+            + distinct(self.entries.iter().map(|e| &e.state), &mut seen)
     }
 
     /// Evict least recently used entries until the cache alone keeps at most `max_bytes` alive
@@ -162,6 +157,19 @@ impl<S: Reusable> StateCache<S> {
             self.entries.pop_back();
         }
     }
+}
+
+/// Bytes of the allocations of `states` not in `seen`, each once (adds them to `seen`).
+fn distinct<'a, S: Reusable + 'a>(states: impl Iterator<Item = &'a S>, seen: &mut HashSet<usize>) -> usize {
+    let mut total = 0;
+    for s in states {
+        s.for_each_allocation(&mut |id, bytes| {
+            if seen.insert(id) {
+                total += bytes;
+            }
+        });
+    }
+    total
 }
 
 #[cfg(test)]

@@ -584,3 +584,64 @@ fn a_request_waits_for_context_memory_instead_of_failing() {
     assert_eq!(s.queue_wait.count, 2);
     assert!(s.queue_wait.sum_micros > 0, "the second waited for the first");
 }
+
+/// Paged context memory under a pool with reuse on: concurrent requests sharing a prefix start
+/// from the cached prompt's blocks, every request gets the tokens it gets alone, and after every
+/// step what the states and the reuse cache really hold (shared blocks once) is within the pool
+/// (`Worker::check_pool`, which fails the turn in debug builds), on MLA, MLA + KDA and
+/// DeltaNet + GQA stacks.
+#[test]
+fn shared_prefixes_under_a_pool_reuse_blocks_and_stay_within_it() {
+    use crate::synth::KimiSynth;
+    let write = |f: &dyn Fn(&std::path::Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        f(dir.path());
+        dir
+    };
+    let models = [
+        write(&|p| DeepseekSynth::tiny(ExpertFormat::Bf16).write(p).unwrap()),
+        write(&|p| KimiSynth::k3_tiny().write(p).unwrap()),
+        write(&|p| KimiSynth::linear_tiny().write(p).unwrap()),
+    ];
+    for dir in &models {
+        let size = arch::load(dir.path()).unwrap().info().state;
+        // Room for about three of these sequences (a checkpoint each), not all five.
+        let pool = 3 * size.bytes(200, 1);
+        let cfg = SchedulerConfig {
+            max_batch: 5,
+            prefill_chunk: 64,
+            prefill_chunk_solo: 64,
+            min_reuse_tokens: 4,
+            context_memory: Some(pool),
+            ..Default::default()
+        };
+        let handle = start_with(dir.path(), cfg);
+        let shared = prompt(150, 5);
+        let reqs: Vec<GenRequest> = (0..5)
+            .map(|i| {
+                let mut p = shared.clone();
+                p.extend(prompt(20, 10 + i));
+                request(p, 8, Sampling::Greedy)
+            })
+            .collect();
+        // The first request leaves the shared prompt's state in the cache.
+        let (tx, rx) = mpsc::channel();
+        handle.submit(reqs[0].clone(), Box::new(tx)).unwrap();
+        assert_eq!(drain(&rx).0, alone(dir.path(), &reqs[0]));
+        let receivers: Vec<_> = reqs[1..]
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                handle.submit(r.clone(), Box::new(tx)).unwrap();
+                rx
+            })
+            .collect();
+        for (req, rx) in reqs[1..].iter().zip(&receivers) {
+            let (tokens, done) = drain(rx);
+            let done = done.expect("every request finishes: none over the pool");
+            assert!(done.cached_tokens > 0, "the shared prefix was reused");
+            assert_eq!(tokens, alone(dir.path(), req));
+        }
+        assert_eq!(handle.stats().snapshot().panics, 0);
+    }
+}

@@ -176,6 +176,24 @@ impl Worker {
         self.faults.point("retire");
         self.retire();
         self.trim_cache();
+        #[cfg(debug_assertions)]
+        self.check_pool();
+    }
+
+    /// The context-memory invariant, checked after every step in debug builds (every test
+    /// with a pool): what the running states and the reuse cache really hold, shared blocks
+    /// counted once, is within the pool.
+    #[cfg(debug_assertions)]
+    fn check_pool(&self) {
+        if let Some(pool) = self.pool {
+            let running: Vec<&SeqState> = self.running.iter().map(|s| &s.state).collect();
+            let held = self.cache.bytes_with(&running) as u64;
+            assert!(
+                held <= pool.bytes,
+                "context memory {held} B over the pool's {} B",
+                pool.bytes
+            );
+        }
     }
 
     /// Under a context-memory pool, the reuse cache holds only what the running sequences leave.
