@@ -13,7 +13,7 @@ limit=$(numfmt --from=iec "$budget")
 port=$((20000 + RANDOM % 20000))
 log=$(mktemp)
 "$here/cgrun.sh" "$limit" ctxpool "$bin" serve --model "$model" --port "$port" --memory-budget "$budget" \
-    --context-memory "$context" --max-batch 8 --context-limit 16384 >"$log" 2>&1 &
+    --context-memory "$context" --max-batch 8 --context-limit 16384 --served-model-name m >"$log" 2>&1 &
 runner=$!
 for _ in $(seq 600); do
     curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
@@ -23,7 +23,8 @@ done
 start=$(date +%s)
 python3 "$here/context_pool.py" "http://127.0.0.1:$port" && rc=0 || rc=$?
 echo "load took $(( $(date +%s) - start )) s"
-pkill -TERM -f -- "--port $port" || true
+curl -fs "http://127.0.0.1:$port/metrics" | grep -E "^deltafin_(engine_prefill_tokens|engine_steps|state_reuse|state_reuse_tokens|engine_step_seconds_sum)" || true
+kill -TERM $(cat /sys/fs/cgroup/memory/deltafin-bench-ctxpool/cgroup.procs) 2>/dev/null || true
 wait $runner || true
 grep -E "^plan:|context memory" "$log" | head -3
 grep -E "^cgroup ctxpool" "$log"

@@ -139,7 +139,9 @@ impl<S: Reusable> StateCache<S> {
         distinct(self.entries.iter().map(|e| &e.state), &mut seen)
     }
 
-    /// Bytes alive in the `running` states and the cache together, what they share counted once.
+    /// Bytes alive in the `running` states and the cache together, what they share counted once
+    /// (the engine's pool check in debug builds).
+    #[cfg(debug_assertions)]
     pub(crate) fn bytes_with(&self, running: &[&S]) -> usize {
         let mut seen = HashSet::new();
         distinct(running.iter().copied(), &mut seen)
