@@ -4,7 +4,7 @@
 //!
 //! * **Allocation is exact.** A block is allocated whole when its first position is written and
 //!   never grows, so a component holding `n` positions owns `⌈n / B⌉ · B · width` floats: the
-//!   figure the context-memory plan counts ([`crate::arch::StateSize::bytes`]), never a `Vec`'s
+//!   figure the context-memory plan counts (`StateSize::bytes` in the architecture module), never a `Vec`'s
 //!   doubling capacity.
 //! * **Sharing is by reference.** Blocks are reference counted: cloning a cache (the reuse cache
 //!   keeping a conversation, a reused prefix, the choices of an `n > 1` request) copies pointers,
