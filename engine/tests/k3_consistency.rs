@@ -438,12 +438,20 @@ fn a_checkpointed_state_rewinds_to_any_checkpoint_bit_identically() {
 /// (copy on write) with exactly the bits of a fresh run, and the full blocks stay shared.
 #[test]
 fn a_cloned_state_shares_its_memory_and_each_copy_continues_bit_identically() {
-    let allocations = |s: &SeqState| {
-        let mut v = std::collections::HashMap::new();
-        s.for_each_allocation(&mut |id, bytes| {
-            v.insert(id, bytes);
+    // Bytes of `of`'s allocations that `other` holds too (`shared`) or does not.
+    let bytes_of = |of: &SeqState, other: &SeqState, shared: bool| {
+        let mut theirs = std::collections::HashSet::new();
+        other.for_each_allocation(&mut |id, _| {
+            theirs.insert(id);
         });
-        v
+        let mut mine = std::collections::HashMap::new();
+        of.for_each_allocation(&mut |id, bytes| {
+            mine.insert(id, bytes);
+        });
+        mine.iter()
+            .filter(|(id, _)| theirs.contains(*id) == shared)
+            .map(|(_, b)| b)
+            .sum::<usize>()
     };
     for synth in variants() {
         let (_dir, m) = model_of(&synth);
@@ -452,13 +460,8 @@ fn a_cloned_state_shares_its_memory_and_each_copy_continues_bit_identically() {
         run(m.as_ref(), &mut a, &shared, LogitRows::None);
         a.checkpoint(2);
         let mut b = a.clone();
-        let (held_a, held_b) = (allocations(&a), allocations(&b));
         // All the clone copied is the small convolution history of each recurrent layer.
-        let copied: usize = held_b
-            .iter()
-            .filter(|(id, _)| !held_a.contains_key(id))
-            .map(|(_, b)| b)
-            .sum();
+        let copied = bytes_of(&b, &a, false);
         let per_sequence = m.info().state.per_sequence as usize;
         assert!(
             copied < per_sequence.max(1),
@@ -470,11 +473,7 @@ fn a_cloned_state_shares_its_memory_and_each_copy_continues_bit_identically() {
             per_sequence,
             "a clone leaves the spare behind"
         );
-        let common: usize = held_b
-            .iter()
-            .filter(|(id, _)| held_a.contains_key(id))
-            .map(|(_, b)| b)
-            .sum();
+        let common = bytes_of(&b, &a, true);
         // (A checkpoint taken at the state's position holds its live matrix: counted once here.)
         assert!(
             common >= b.mla_cache_bytes() + b.checkpoint_bytes(),
@@ -492,12 +491,7 @@ fn a_cloned_state_shares_its_memory_and_each_copy_continues_bit_identically() {
         }
         // Positions 0..128 (two full blocks per cache) are still one copy; the third block was
         // written by both and is now two.
-        let (held_a, held_b) = (allocations(&a), allocations(&b));
-        let still: usize = held_a
-            .iter()
-            .filter(|(id, _)| held_b.contains_key(id))
-            .map(|(_, b)| b)
-            .sum();
+        let still = bytes_of(&a, &b, true);
         assert_eq!(
             still,
             m.info().state.per_token as usize * 128 + a.checkpoint_bytes(),

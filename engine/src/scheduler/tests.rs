@@ -63,6 +63,21 @@ pub(super) fn drain(rx: &mpsc::Receiver<Event>) -> (Vec<u32>, Option<Completion>
     }
 }
 
+/// Tiny DeepSeek-V3 (MLA), Kimi K3 (MLA + KDA) and Kimi-Linear checkpoints.
+fn three_stacks() -> [tempfile::TempDir; 3] {
+    use crate::synth::KimiSynth;
+    let write = |f: &dyn Fn(&std::path::Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        f(dir.path());
+        dir
+    };
+    [
+        write(&|p| DeepseekSynth::tiny(ExpertFormat::Bf16).write(p).unwrap()),
+        write(&|p| KimiSynth::k3_tiny().write(p).unwrap()),
+        write(&|p| KimiSynth::linear_tiny().write(p).unwrap()),
+    ]
+}
+
 fn start_with(dir: &std::path::Path, cfg: SchedulerConfig) -> SchedulerHandle {
     start(arch::load(dir).unwrap(), cfg).unwrap().0
 }
@@ -200,26 +215,11 @@ fn a_shared_prompt_is_reusable_once_prefilled_while_its_request_still_runs() {
 /// (prefill chunk end) inside it — and its tokens are those it gets alone.
 #[test]
 fn a_divergent_prompt_reuses_the_shared_prefix_on_every_architecture() {
-    use crate::synth::KimiSynth;
-    let write = |f: &dyn Fn(&std::path::Path)| {
-        let dir = tempfile::tempdir().unwrap();
-        f(dir.path());
-        dir
-    };
-    let models = [
-        (
-            "deepseek_v3",
-            write(&|p| DeepseekSynth::tiny(ExpertFormat::Bf16).write(p).unwrap()),
-            200,
-        ),
-        ("kimi_k3", write(&|p| KimiSynth::k3_tiny().write(p).unwrap()), 192),
-        (
-            "kimi_linear",
-            write(&|p| KimiSynth::linear_tiny().write(p).unwrap()),
-            192,
-        ),
-    ];
-    for (name, dir, expect_cached) in &models {
+    let models = ["deepseek_v3", "kimi_k3", "kimi_linear"]
+        .into_iter()
+        .zip(three_stacks())
+        .zip([200, 192, 192]);
+    for ((name, dir), expect_cached) in &models.collect::<Vec<_>>() {
         let cfg = SchedulerConfig {
             prefill_chunk: 64,
             prefill_chunk_solo: 64,
@@ -589,21 +589,16 @@ fn a_request_waits_for_context_memory_instead_of_failing() {
 /// from the cached prompt's blocks, every request gets the tokens it gets alone, and after every
 /// step what the states and the reuse cache really hold (shared blocks once) is within the pool
 /// (`Worker::check_pool`, which fails the turn in debug builds), on MLA, MLA + KDA and
-/// DeltaNet + GQA stacks.
+/// gated DeltaNet + GQA (Qwen3.5) stacks.
 #[test]
 fn shared_prefixes_under_a_pool_reuse_blocks_and_stay_within_it() {
-    use crate::synth::KimiSynth;
-    let write = |f: &dyn Fn(&std::path::Path)| {
-        let dir = tempfile::tempdir().unwrap();
-        f(dir.path());
-        dir
-    };
-    let models = [
-        write(&|p| DeepseekSynth::tiny(ExpertFormat::Bf16).write(p).unwrap()),
-        write(&|p| KimiSynth::k3_tiny().write(p).unwrap()),
-        write(&|p| KimiSynth::linear_tiny().write(p).unwrap()),
-    ];
-    for dir in &models {
+    let qwen35 = tempfile::tempdir().unwrap();
+    crate::synth::GqaMoeSynth::tiny(crate::synth::GqaFamily::Qwen35)
+        .write(qwen35.path())
+        .unwrap();
+    let mut dirs = Vec::from(three_stacks());
+    dirs.push(qwen35);
+    for dir in &dirs {
         let size = arch::load(dir.path()).unwrap().info().state;
         // Room for about three of these sequences (a checkpoint each), not all five.
         let pool = 3 * size.bytes(200, 1);
