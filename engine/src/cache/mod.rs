@@ -119,7 +119,7 @@ impl OocOptions {
     pub fn with_budget(budget: u64) -> Self {
         OocOptions {
             budget,
-            policy: PolicyKind::Lru,
+            policy: PolicyKind::Lfu,
             reader: ReaderConfig::default(),
             prefetch: true,
             heat_file: None,

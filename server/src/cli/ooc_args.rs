@@ -16,8 +16,8 @@ pub struct OocArgs {
     /// else available memory, minus headroom) or `off` (memory-map everything).
     #[arg(long, default_value = "auto", env = "DELTAFIN_MEMORY_BUDGET")]
     pub memory_budget: String,
-    /// Expert cache eviction policy: `lru` or `lfu` (decayed selection hotness).
-    #[arg(long, default_value = "lru", env = "DELTAFIN_CACHE_POLICY")]
+    /// Expert cache eviction policy: `lfu` (decayed selection hotness) or `lru`.
+    #[arg(long, default_value = "lfu", env = "DELTAFIN_CACHE_POLICY")]
     pub cache_policy: PolicyKind,
     /// `auto` (O_DIRECT where supported, else buffered reads that drop their pages at once:
     /// expert reads never grow the page cache), `direct`, or `buffered` (through the page
