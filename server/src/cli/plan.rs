@@ -89,7 +89,8 @@ struct Report {
 const FORMULA: &str = "union(s) = E*(1-(1-k/E)^s); disk(s) = streamed + L*union(s)*(1-h)*slot; \
 compute(s) = spine*c(s) + L*union(s)*slot*c(s*k/union(s)); step(s) = disk(s)/bandwidth + compute(s); \
 tokens/s = s/step(s)  [s rows per step, E experts of `slot` bytes in each of L MoE layers, top-k, \
-h = the plan's cache fraction, c(r) = measured kernel seconds per weight byte at r rows, times \
+h = the plan's cache fraction (the hit rate under uniform routing: a floor, since the default LFU \
+policy hits more where routing is skewed), c(r) = measured kernel seconds per weight byte at r rows, times \
 cores_here/cores]";
 
 /// Row counts the kernels are timed at (interpolated between).
