@@ -39,12 +39,15 @@ enum State {
     Outside(Vec<u32>),
     /// A block from the token where it starts: its ids and their bytes (appended token by
     /// token); `skip`: bytes of that first token before the block; `emitted`: its calls
-    /// reported so far (each as soon as its `</｜DSML｜invoke` arrives).
+    /// reported so far (each as soon as its `</｜DSML｜invoke` arrives); `failed`: it can no
+    /// longer parse, and the rest of it is taken in until its end, so none of its markup
+    /// reaches the text.
     Block {
         raw: Vec<u32>,
         bytes: Vec<u8>,
         skip: usize,
         emitted: usize,
+        failed: bool,
     },
     /// After a block: blank tokens are formatting until the end of the turn.
     After,
@@ -127,25 +130,34 @@ impl DsmlParser {
                 bytes: bytes[pos..].to_vec(),
                 skip: keep_from - pos,
                 emitted: 0,
+                failed: false,
             };
             self.try_close(out);
         }
     }
 
     /// Report the calls the block holds so far; at its end, leave it (or give it up as
-    /// malformed).
+    /// malformed, once the whole block has arrived).
     fn try_close(&mut self, out: &mut Vec<Out>) {
         let State::Block {
             raw,
             bytes,
             skip,
             emitted,
+            failed,
         } = &mut self.state
         else {
             return;
         };
         let rest = &bytes[*skip + START.len()..];
         let end = find(rest, END.as_bytes());
+        if *failed {
+            if end.is_some() {
+                out.push(Out::Malformed(std::mem::take(raw)));
+                self.state = State::After;
+            }
+            return;
+        }
         let body = &rest[..end.unwrap_or(rest.len())];
         // A token may end inside a character: read the whole characters so far.
         let text = std::str::from_utf8(body)
@@ -169,6 +181,8 @@ impl DsmlParser {
                     self.state = State::After;
                 }
             }
+            // Still arriving: take in the rest of the block first.
+            None if end.is_none() => *failed = true,
             None => {
                 out.push(Out::Malformed(std::mem::take(raw)));
                 self.state = State::Outside(Vec::new());
@@ -280,6 +294,30 @@ fn parameter(param: &str) -> Option<(&str, Value)> {
     Some((key, value))
 }
 
+/// `text` without its DSML tags (`<｜DSML｜…>` and `</｜DSML｜…>`, attributes included): what a
+/// malformed block shows as text, its markers removed as the marker tokens of the other formats
+/// are. A tag the text ends inside is removed to the end.
+pub(super) fn strip_tags(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(DSML) {
+        let open = match rest[..at].strip_suffix("</") {
+            Some(before) => before.len(),
+            None => rest[..at].strip_suffix('<').map_or(at, str::len),
+        };
+        if open == at {
+            // `｜DSML｜` outside a tag: text.
+            out.push_str(&rest[..at + DSML.len()]);
+            rest = &rest[at + DSML.len()..];
+            continue;
+        }
+        out.push_str(&rest[..open]);
+        rest = rest[at..].find('>').map_or("", |end| &rest[at + end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +353,17 @@ mod tests {
             let calls = parse_calls(&format!("{bad}{END}"));
             assert!(calls.is_none_or(|c| c.is_empty()), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn stripping_leaves_the_text_between_the_tags() {
+        let text = format!("Sure.\n\n<｜DSML｜function_calls{CALL}{END}");
+        assert_eq!(strip_tags(&text), "Sure.\n\n\n\nOslo, \"NO\"\n2\n\n\n\n\n");
+        assert_eq!(
+            strip_tags("a ｜DSML｜ b <｜DSML｜invoke name=\"x"),
+            "a ｜DSML｜ b "
+        );
+        assert_eq!(strip_tags("no tags"), "no tags");
     }
 
     #[test]

@@ -86,6 +86,8 @@ fn cut_off_and_malformed_blocks_never_become_calls_or_text() {
     let events = run(&ids(&tok, &[P::T(&bad), P::S(EOS)]), 4);
     assert!(calls_of(&events).is_empty());
     assert!(events.iter().any(|e| matches!(e, ToolEvent::Malformed(_))));
+    // The block failed at its first invoke's close: the rest of it is taken in, not passed on.
+    assert_eq!(passed_text(&tok, &events), EOS);
 }
 
 #[test]

@@ -168,6 +168,22 @@ impl ToolCallParser {
         self.structural.binary_search(&id).is_ok()
     }
 
+    /// The text a malformed call shows under `--malformed-calls-as-text`: its ids without
+    /// special and marker tokens, decoded, and for DSML (whose markers are text) without its
+    /// tags.
+    pub fn malformed_text(&self, ids: &[u32]) -> String {
+        let kept: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !self.tokenizer.is_special(id) && !self.is_marker(id))
+            .collect();
+        let text = self.tokenizer.decode(&kept);
+        match self.format {
+            ToolFormat::Dsml => super::dsml::strip_tags(&text),
+            _ => text,
+        }
+    }
+
     /// The format this parser reads.
     pub fn format(&self) -> ToolFormat {
         self.format

@@ -197,18 +197,11 @@ impl OutputParser {
                 }),
                 ToolEvent::CallEnd { .. } => {}
                 ToolEvent::Malformed(ids) => {
-                    if self.malformed_as_text {
-                        let tokenizer = Arc::clone(&self.tokenizer);
-                        let tools = self.tools.as_ref();
-                        let text: Vec<u32> = ids
-                            .into_iter()
-                            .filter(|&id| {
-                                !tokenizer.is_special(id) && !tools.is_some_and(|t| t.is_marker(id))
-                            })
-                            .collect();
-                        for id in text {
-                            self.content_text(id, d);
-                        }
+                    if self.malformed_as_text
+                        && let Some(text) = self.tools.as_ref().map(|t| t.malformed_text(&ids))
+                    {
+                        self.flush_into(d);
+                        d.content.push_str(&self.stop.push(&text));
                     }
                 }
                 // Markup the output ended inside: withheld, never shown as text.
@@ -529,6 +522,32 @@ mod tests {
         for (as_text, want) in [(false, "Hi. "), (true, "Hi. f\nk\n")] {
             let mut p = OutputParser::new(tok.clone(), reasoning_markers(&tok), &[], vec![])
                 .with_tools(ToolFormat::Glm, "x".into(), Default::default())
+                .malformed_as_text(as_text);
+            let d = run_streamed(&mut p, &ids);
+            assert_eq!(d.content, want);
+            assert_eq!((p.tool_calls_seen(), p.malformed_calls()), (0, 1));
+        }
+    }
+
+    #[test]
+    fn a_malformed_dsml_call_as_text_loses_its_tags() {
+        // DeepSeek-V3.2 as shipped: no chat template, so its native encoder and DSML.
+        let src =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/dsv32-dsa-bf16");
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["tokenizer.json", "config.json"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+        assert!(tok.is_dsml());
+        let block = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"n\" \
+                     string=\"false\">two</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+        let mut ids = tok.encode("Hi.");
+        ids.extend(tok.encode(block));
+        ids.extend(tok.encode_with_special("<｜end▁of▁sentence｜>"));
+        for (as_text, want) in [(false, "Hi."), (true, "Hi.\n\n\n\ntwo\n\n")] {
+            let mut p = OutputParser::new(tok.clone(), None, &[], vec![])
+                .with_tools(ToolFormat::Dsml, "x".into(), Default::default())
                 .malformed_as_text(as_text);
             let d = run_streamed(&mut p, &ids);
             assert_eq!(d.content, want);
