@@ -484,7 +484,7 @@ impl Worker {
                 Phase::Decode => (seq.rows.len(), false),
             };
             // Whole blocks for the new positions, and the checkpoint it may take.
-            let checkpoints = seq.state.checkpoint_positions().len() + usize::from(checkpoint);
+            let checkpoints = seq.state.checkpoint_count() + usize::from(checkpoint);
             let after = pool.size.bytes(seq.state.len() + rows, checkpoints);
             // Growth beyond what the sequence already reserved.
             growth[w.seq] = after.saturating_sub(seq.held());

@@ -41,6 +41,7 @@ pub mod recurrence;
 
 use self::checkpoint::Checkpoint;
 pub use self::paged::{BLOCK_POSITIONS, Paged, Rows};
+use self::paged::{writable, zeros};
 use self::recurrence as kda;
 pub use self::recurrence::KdaShape;
 
@@ -93,7 +94,7 @@ impl KvCache {
 /// The delta-rule matrix is shared, never copied whole: a clone (the reuse cache, a choice of an
 /// `n > 1` request) and a checkpoint hold the same buffer, and a pass writes its new state into
 /// a buffer only this state holds (the spare left by the previous pass, or a new one), reading
-/// the shared pre-pass matrix out of place. Every write goes through [`unique`].
+/// the shared pre-pass matrix out of place. Every write goes through [`paged::writable`].
 #[derive(Debug)]
 pub struct KdaCache {
     shape: KdaShape,
@@ -112,21 +113,13 @@ pub struct KdaCache {
     staged: bool,
 }
 
-/// `buf` for writing: replaced by a copy first when another holder shares it.
-fn unique(buf: &mut Arc<[f32]>) -> &mut [f32] {
-    if Arc::get_mut(buf).is_none() {
-        *buf = Arc::from(&buf[..]);
-    }
-    Arc::get_mut(buf).expect("a buffer just copied has one holder")
-}
-
 impl Clone for KdaCache {
     /// Shares the recurrent matrices; a committed state leaves its spare buffer behind.
     fn clone(&self) -> Self {
         let (snapshot_conv, snapshot_recurrent) = if self.staged {
             (self.snapshot_conv.clone(), Arc::clone(&self.snapshot_recurrent))
         } else {
-            (Vec::new(), Arc::from(Vec::new()))
+            (Vec::new(), zeros(0))
         };
         KdaCache {
             shape: self.shape,
@@ -147,9 +140,9 @@ impl KdaCache {
         KdaCache {
             shape,
             conv: vec![0.0; shape.conv_len()],
-            recurrent: Arc::from(vec![0.0; shape.state_len()]),
+            recurrent: zeros(shape.state_len()),
             snapshot_conv: Vec::new(),
-            snapshot_recurrent: Arc::from(Vec::new()),
+            snapshot_recurrent: zeros(0),
             first_step_pending: false,
             inputs: Vec::new(),
             staged: false,
@@ -170,7 +163,7 @@ impl KdaCache {
             std::mem::swap(&mut self.recurrent, &mut self.snapshot_recurrent);
             let len = self.shape.state_len();
             if self.recurrent.len() != len || Arc::get_mut(&mut self.recurrent).is_none() {
-                self.recurrent = Arc::from(vec![0.0; len]);
+                self.recurrent = zeros(len);
             }
             self.first_step_pending = true;
             self.inputs.clear();
@@ -181,7 +174,7 @@ impl KdaCache {
     /// Set the committed delta-rule state (tests of the recurrence).
     #[cfg(test)]
     pub(crate) fn restore_for_test(&mut self, recurrent: &[f32]) {
-        unique(&mut self.recurrent).copy_from_slice(recurrent);
+        writable(&mut self.recurrent).copy_from_slice(recurrent);
     }
 
     /// The staged pass's recurrent state for a head-split recurrence: the pre-pass matrix to
@@ -190,7 +183,7 @@ impl KdaCache {
     pub(crate) fn pass_states(&mut self) -> (Option<&[f32]>, &mut [f32]) {
         debug_assert!(self.staged, "begin_rows first");
         let prev = self.first_step_pending.then_some(&self.snapshot_recurrent[..]);
-        (prev, unique(&mut self.recurrent))
+        (prev, writable(&mut self.recurrent))
     }
 
     /// The staged rows have stepped: the live buffer holds the state.
@@ -234,7 +227,7 @@ impl KdaCache {
             let s = self.shape;
             let p = s.channels();
             if keep > 0 {
-                let recurrent = unique(&mut self.recurrent);
+                let recurrent = writable(&mut self.recurrent);
                 for row in self.inputs.chunks(s.record_len()).take(keep) {
                     let (raw, rest) = row.split_at(3 * p);
                     let (k, rest) = rest.split_at(p);
@@ -438,6 +431,11 @@ impl SeqState {
         while let Some(i) = checkpoint::thin(&self.checkpoint_positions(), max) {
             self.checkpoints.remove(i);
         }
+    }
+
+    /// Checkpoints held.
+    pub fn checkpoint_count(&self) -> usize {
+        self.checkpoints.len()
     }
 
     /// Positions of the checkpoints held, oldest first.

@@ -40,12 +40,19 @@ pub struct Paged {
     blocks: Vec<Arc<[f32]>>,
 }
 
-/// `block` for writing: copied first when another holder shares it.
-fn writable(block: &mut Arc<[f32]>) -> &mut [f32] {
-    if Arc::get_mut(block).is_none() {
-        *block = Arc::from(&block[..]);
+/// `buf` for writing: replaced by a copy first when another holder shares it (the copy on
+/// write of cache blocks and recurrent matrices).
+pub(crate) fn writable(buf: &mut Arc<[f32]>) -> &mut [f32] {
+    if Arc::get_mut(buf).is_none() {
+        *buf = Arc::from(&buf[..]);
     }
-    Arc::get_mut(block).expect("a block just copied has one holder")
+    Arc::get_mut(buf).expect("a buffer just copied has one holder")
+}
+
+/// `n` zeros in one shared allocation (collected from an exact-size iterator: no `Vec` first
+/// and no copy).
+pub(crate) fn zeros(n: usize) -> Arc<[f32]> {
+    std::iter::repeat_n(0.0, n).collect()
 }
 
 impl Paged {
@@ -79,8 +86,7 @@ impl Paged {
         debug_assert_eq!(row.len(), self.width, "every position has the same width");
         let (b, r) = (self.len / BLOCK_POSITIONS, self.len % BLOCK_POSITIONS);
         if b == self.blocks.len() {
-            self.blocks
-                .push(Arc::from(vec![0.0f32; BLOCK_POSITIONS * self.width]));
+            self.blocks.push(zeros(BLOCK_POSITIONS * self.width));
         }
         writable(&mut self.blocks[b])[r * self.width..][..self.width].copy_from_slice(row);
         self.len += 1;
