@@ -52,6 +52,7 @@ pub(super) fn plan(c: &DeepseekV3Config) -> DecoderPlan {
             interleave: c.rope_interleave,
             sparse: None,
         }),
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),

@@ -54,6 +54,7 @@ fn plan(c: &Glm4MoeConfig) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: (0..c.num_hidden_layers).map(|i| c.is_moe_layer(i)).collect(),

@@ -61,6 +61,7 @@ fn plan(c: &GptOssConfig) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: vec![true; layers],

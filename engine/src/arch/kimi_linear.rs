@@ -123,6 +123,7 @@ pub(crate) fn plan_with(
             interleave: false,
             sparse: None,
         }),
+        v4: None,
         kda: Some(KdaPlan {
             config: c.kda.clone(),
             l2: v.l2,

@@ -213,6 +213,7 @@ fn plan(c: &MiniMaxM2Config) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: vec![true; layers],

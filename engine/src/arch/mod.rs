@@ -7,6 +7,7 @@
 
 mod decoder;
 pub mod deepseek_v3;
+pub mod deepseek_v4;
 mod device_pass;
 mod glm4_moe;
 pub mod glm_moe_dsa;

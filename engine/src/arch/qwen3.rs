@@ -45,6 +45,7 @@ fn plan(c: &Qwen3Config) -> DecoderPlan {
         mixers: Vec::new(),
         linear: None,
         mla: None,
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: vec![false; c.num_hidden_layers],

@@ -302,6 +302,7 @@ fn plan(c: &Qwen3NextConfig) -> DecoderPlan {
             fused: c.release == Release::Next,
         }),
         mla: None,
+        v4: None,
         kda: None,
         residual: Residual::Plain,
         moe_layers: (0..layers).map(|i| c.is_moe_layer(i)).collect(),

@@ -107,6 +107,9 @@ pub static FAMILIES: &[ArchFamily] = &[
     row::<super::glm_moe_dsa::GlmMoeDsaConfig>(
         "GLM-5, GLM-5.1, GLM-5.2, DeepSeek-V3.2: MLA + DeepSeek Sparse Attention (lightning indexer, shared indexer layers), BF16, block FP8",
     ),
+    row::<super::deepseek_v4::DeepseekV4Config>(
+        "DeepSeek-V4-Flash, DeepSeek-V4-Pro: sliding / compressed sparse / heavily compressed attention, mHC, hash routing, FP4 experts, block FP8",
+    ),
     row::<GptOssConfig>("gpt-oss-20b, gpt-oss-120b: the published MXFP4 experts"),
     row::<super::minimax_m2::MiniMaxM2Config>("MiniMax-M2, M2.1, M2.5: block FP8"),
     row::<super::qwen3_next::Qwen3NextConfig>(

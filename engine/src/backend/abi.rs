@@ -161,6 +161,7 @@ pub fn gated_act(count: usize, act: crate::kernels::layer_spec::Activation) -> c
             linear_beta: Some(l),
         } => (2, beta, l),
         Activation::ClampedSwiglu { alpha, limit } => (3, alpha, limit),
+        Activation::ClampedSilu { limit } => (4, 0.0, limit),
     };
     Ok(launch(
         "deltafin_gated_act",
@@ -193,10 +194,10 @@ pub fn route(
     let scoring = match r.scoring {
         Scoring::Sigmoid => 0,
         Scoring::Softmax => 1,
-        Scoring::TopKSoftmax => {
+        Scoring::TopKSoftmax | Scoring::SqrtSoftplus => {
             return Err(crate::Error::InvalidArgument {
                 field: "device",
-                reason: "the device router has no top-k softmax (gpt-oss) scoring".into(),
+                reason: format!("the device router has no {:?} scoring", r.scoring),
             });
         }
     };

@@ -16,6 +16,9 @@ pub enum Activation {
     /// gpt-oss's clamped SwiGLU: `g' = min(g, limit)`, `u' = clamp(u, ±limit)`,
     /// `(u' + 1) · g' · σ(α · g')`, in exactly this f32 order (HF `GptOssExperts._apply_gate`).
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// DeepSeek-V4's clamped SiLU: `g' = min(g, limit)`, `u' = clamp(u, ±limit)`, `silu(g') · u'`
+    /// (HF `DeepseekV4Experts._apply_gate`).
+    ClampedSilu { limit: f32 },
 }
 
 impl Activation {
@@ -38,6 +41,11 @@ impl Activation {
                 let glu = g * sigmoid(g * alpha);
                 (u + 1.0) * glu
             }
+            Activation::ClampedSilu { limit } => {
+                let g = g.min(limit);
+                let u = u.clamp(-limit, limit);
+                g / (1.0 + exp(-g)) * u
+            }
         }
     }
 }
@@ -53,6 +61,9 @@ pub enum Scoring {
     /// Selection on the logits, then `softmax` over the `top_k` selected logits only, in
     /// selection order (gpt-oss `GptOssTopKRouter`).
     TopKSoftmax,
+    /// `sqrt(softplus(logit))` (softplus as torch: the logit itself above 20), selection on
+    /// score + `e_score_correction_bias` (DeepSeek-V4).
+    SqrtSoftplus,
 }
 
 /// Router hyperparameters.

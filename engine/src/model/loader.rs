@@ -37,6 +37,19 @@ pub struct Loader<'a> {
     /// module published under its own root, e.g. Qwen3.5's `mtp.layers.0.` read as a decoder
     /// layer `model.layers.{L}.`).
     rename: Option<(&'a str, &'a str)>,
+    /// How the checkpoint spells the names the layers ask for (HF's).
+    naming: Naming,
+}
+
+/// A checkpoint's tensor naming: the layers ask for HF's names, and a family published under
+/// its own names translates them here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Naming {
+    /// HF's names, as asked.
+    #[default]
+    Hf,
+    /// DeepSeek-V4's published names ([`super::names::deepseek_v4`]).
+    DeepSeekV4,
 }
 
 impl std::fmt::Debug for Loader<'_> {
@@ -67,6 +80,7 @@ impl<'a> Loader<'a> {
             source: &MappedSource,
             routed_experts: true,
             rename: None,
+            naming: Naming::Hf,
         }
     }
 
@@ -76,6 +90,11 @@ impl<'a> Loader<'a> {
             rename: Some((from, to)),
             ..self
         }
+    }
+
+    /// The same loader translating names with `naming`.
+    pub fn with_naming(self, naming: Naming) -> Self {
+        Loader { naming, ..self }
     }
 
     /// The same loader taking tensor bytes from `source`.
@@ -102,6 +121,14 @@ impl<'a> Loader<'a> {
     }
 
     fn name(&self, name: &str) -> String {
+        let translated;
+        let name = match self.naming {
+            Naming::Hf => name,
+            Naming::DeepSeekV4 => {
+                translated = super::names::deepseek_v4(name);
+                translated.as_str()
+            }
+        };
         if let Some((from, to)) = self.rename
             && let Some(rest) = name.strip_prefix(from)
         {
@@ -134,6 +161,38 @@ impl<'a> Loader<'a> {
             .index
             .expect(&self.name(name), &[Dtype::F32, Dtype::BF16, Dtype::F16], shape)?;
         Ok(WeightIndex::decode_f32(info, &self.blob(info)?))
+    }
+
+    /// An integer table `[rows, cols]` (I32 or I64) of ids below `limit`, e.g. DeepSeek-V4's
+    /// hash-routing `tid2eid` (token id → expert ids).
+    pub fn id_table(&self, name: &str, (rows, cols): (usize, usize), limit: usize) -> Result<Vec<u32>> {
+        let full = self.name(name);
+        let info = self
+            .index
+            .expect(&full, &[Dtype::I32, Dtype::I64], &[rows, cols])?;
+        let blob = self.blob(info)?;
+        if self.source.records_only() {
+            return Ok(vec![0; rows * cols]); // recorded for the read layout only
+        }
+        let ids: Vec<i64> = match info.dtype {
+            Dtype::I64 => blob
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            _ => blob
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect(),
+        };
+        match ids.iter().position(|&v| v < 0 || v as usize >= limit) {
+            None => Ok(ids.into_iter().map(|v| v as u32).collect()),
+            Some(i) => Err(Error::TensorDtype {
+                path: self.index.shard_path(info).to_path_buf(),
+                name: full,
+                expected: format!("ids below {limit}"),
+                found: format!("{} at row {}", ids[i], i / cols.max(1)),
+            }),
+        }
     }
 
     /// A float tensor of any shape, with its stored shape (for weights that broadcast).
@@ -277,6 +336,9 @@ impl<'a> Loader<'a> {
             return self.packed(module, &packed, rows, cols);
         }
         let weight = self.name(&format!("{module}.weight"));
+        if self.index.info(&weight).is_ok_and(|i| i.dtype == Dtype::I8) {
+            return self.fp4(module, &weight, rows, cols);
+        }
         let info = self
             .index
             .expect(&weight, &[Dtype::BF16, Dtype::F32, Dtype::F8E4M3], &[rows, cols])?;
@@ -292,9 +354,9 @@ impl<'a> Loader<'a> {
                         "F8_E4M3 weights need quantization_config.quant_method fp8",
                     ));
                 };
-                let scale_name = self.name(&format!("{module}.weight_scale_inv"));
+                let scale_name = self.scale_name(module);
                 let scale_shape = [rows.div_ceil(block_rows), cols.div_ceil(block_cols)];
-                let scale_dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16];
+                let scale_dtypes = [Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F8E8M0];
                 let scale = self.index.expect(&scale_name, &scale_dtypes, &scale_shape)?;
                 let format = Format::Fp8Block {
                     block_rows,
@@ -305,6 +367,33 @@ impl<'a> Loader<'a> {
             Dtype::BF16 => Matrix::new(Format::Bf16, rows, cols, self.blob(info)?, None),
             _ => Matrix::new(Format::F32, rows, cols, self.blob(info)?, None),
         }
+    }
+
+    /// A block scale's name: HF's `weight_scale_inv`, or DeepSeek's `scale` (V4's published
+    /// checkpoints, UE8M0).
+    fn scale_name(&self, module: &str) -> String {
+        let hf = self.name(&format!("{module}.weight_scale_inv"));
+        match self.index.contains(&hf) {
+            true => hf,
+            false => self.name(&format!("{module}.scale")),
+        }
+    }
+
+    /// DeepSeek-V4's FP4 Linear: `weight` `I8 [out, in/2]`, two E2M1 values per byte (low nibble
+    /// the even column), and `scale` `F8_E8M0 [out, in/32]`: byte for byte [`Format::Mxfp4`]
+    /// with groups of 32 (the E8M0 scale read as stored).
+    fn fp4(&self, module: &str, weight: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        const GROUP: usize = 32;
+        if !cols.is_multiple_of(GROUP) {
+            return Err(self.unexpected(weight, &format!("in-features {cols} not divisible by 32")));
+        }
+        let data = self.index.expect(weight, &[Dtype::I8], &[rows, cols / 2])?;
+        let scale_name = self.name(&format!("{module}.scale"));
+        let scale = self
+            .index
+            .expect(&scale_name, &[Dtype::F8E8M0, Dtype::U8], &[rows, cols / GROUP])?;
+        let format = Format::Mxfp4 { group: GROUP };
+        Matrix::new(format, rows, cols, self.blob(data)?, Some(self.blob(scale)?))
     }
 
     fn packed(&self, module: &str, packed: &str, rows: usize, cols: usize) -> Result<Matrix> {

@@ -7,5 +7,6 @@
 
 pub mod layers;
 mod loader;
+mod names;
 
-pub use loader::{Loader, NormWeight};
+pub use loader::{Loader, Naming, NormWeight};

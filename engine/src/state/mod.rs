@@ -73,6 +73,57 @@ impl MlaCache {
     }
 }
 
+/// The cache of one DeepSeek-V4 attention layer (`model::layers::compressed`), in shared blocks:
+/// the rotated K=V row of every position (the sliding window reads the last ones), the
+/// compressor's inputs of every position (kv and gate projections, so a window's entry is
+/// recomputed the same whatever the chunking and a truncation is exact), and the compressed
+/// entries, one per `ratio` positions, each written when its window closes; likewise the
+/// lightning indexer's inputs and keys.
+#[derive(Debug, Clone, Default)]
+pub struct CompressedCache {
+    /// `head_dim` values per position.
+    pub kv: Paged,
+    /// The compressor's kv then gate projections per position (empty: sliding window only).
+    pub inputs: Paged,
+    /// `head_dim` values per closed window.
+    pub entries: Paged,
+    /// The indexer's compressor inputs per position (empty: no indexer).
+    pub index_inputs: Paged,
+    /// `index_head_dim` values per closed window.
+    pub index_keys: Paged,
+    /// Positions per compressed entry (0: no compressor).
+    pub ratio: usize,
+}
+
+impl CompressedCache {
+    /// An empty cache compressing every `ratio` positions (0: none).
+    pub fn new(ratio: usize) -> Self {
+        CompressedCache {
+            ratio,
+            ..Default::default()
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        for p in [&mut self.kv, &mut self.inputs, &mut self.index_inputs] {
+            p.truncate(len);
+        }
+        let windows = len.checked_div(self.ratio).unwrap_or(0);
+        self.entries.truncate(windows);
+        self.index_keys.truncate(windows);
+    }
+
+    fn parts(&self) -> [&Paged; 5] {
+        [
+            &self.kv,
+            &self.inputs,
+            &self.entries,
+            &self.index_inputs,
+            &self.index_keys,
+        ]
+    }
+}
+
 /// A standard per-head key/value cache (grouped-query attention, Qwen3): the rotated keys and
 /// the values of every position, `kv_heads * head_dim` values per position each, in shared
 /// blocks ([`paged`]).
@@ -288,6 +339,8 @@ pub enum LayerState {
     Kda(KdaCache),
     /// Per-head keys and values (dense GQA models such as the Qwen3 drafter).
     Kv(KvCache),
+    /// DeepSeek-V4's sliding-window and compressed caches.
+    Compressed(CompressedCache),
 }
 
 impl LayerState {
@@ -303,6 +356,14 @@ impl LayerState {
     pub fn kda_mut(&mut self) -> Option<&mut KdaCache> {
         match self {
             LayerState::Kda(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The compressed cache, if this is a DeepSeek-V4 attention layer.
+    pub fn compressed_mut(&mut self) -> Option<&mut CompressedCache> {
+        match self {
+            LayerState::Compressed(c) => Some(c),
             _ => None,
         }
     }
@@ -376,6 +437,7 @@ impl SeqState {
                 LayerState::Mla(c) => c.truncate(new_len),
                 LayerState::Kda(c) => c.commit(keep),
                 LayerState::Kv(c) => c.truncate(new_len),
+                LayerState::Compressed(c) => c.truncate(new_len),
             }
         }
         self.len = new_len;
@@ -490,6 +552,7 @@ impl SeqState {
             match layer {
                 LayerState::Mla(c) => c.truncate(len),
                 LayerState::Kv(c) => c.truncate(len),
+                LayerState::Compressed(c) => c.truncate(len),
                 LayerState::Kda(c) => {
                     let (conv, recurrent) = kda
                         .as_mut()
@@ -510,6 +573,7 @@ impl SeqState {
             match layer {
                 LayerState::Mla(c) => c.parts().iter().for_each(|p| p.for_each_block(f)),
                 LayerState::Kv(c) => [&c.k, &c.v].iter().for_each(|p| p.for_each_block(f)),
+                LayerState::Compressed(c) => c.parts().iter().for_each(|p| p.for_each_block(f)),
                 LayerState::Kda(c) => c.for_each_allocation(f),
             }
         }
@@ -536,6 +600,7 @@ impl SeqState {
             .map(|l| match l {
                 LayerState::Mla(c) => c.parts().iter().map(|p| p.bytes()).sum(),
                 LayerState::Kv(c) => c.k.bytes() + c.v.bytes(),
+                LayerState::Compressed(c) => c.parts().iter().map(|p| p.bytes()).sum(),
                 LayerState::Kda(_) => 0,
             })
             .sum()
@@ -547,7 +612,7 @@ impl SeqState {
             .iter()
             .map(|l| match l {
                 LayerState::Kda(c) => c.state_bytes(),
-                LayerState::Mla(_) | LayerState::Kv(_) => 0,
+                LayerState::Mla(_) | LayerState::Kv(_) | LayerState::Compressed(_) => 0,
             })
             .sum()
     }

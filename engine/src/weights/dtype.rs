@@ -10,6 +10,8 @@ pub enum Dtype {
     I8,
     F8E4M3,
     F8E5M2,
+    /// OCP UE8M0: an 8-bit power-of-two scale, `2^(e-127)` (`e = 255`: NaN).
+    F8E8M0,
     I16,
     U16,
     F16,
@@ -31,6 +33,7 @@ impl Dtype {
             "I8" => Dtype::I8,
             "F8_E4M3" => Dtype::F8E4M3,
             "F8_E5M2" => Dtype::F8E5M2,
+            "F8_E8M0" => Dtype::F8E8M0,
             "I16" => Dtype::I16,
             "U16" => Dtype::U16,
             "F16" => Dtype::F16,
@@ -53,6 +56,7 @@ impl Dtype {
             Dtype::I8 => "I8",
             Dtype::F8E4M3 => "F8_E4M3",
             Dtype::F8E5M2 => "F8_E5M2",
+            Dtype::F8E8M0 => "F8_E8M0",
             Dtype::I16 => "I16",
             Dtype::U16 => "U16",
             Dtype::F16 => "F16",
@@ -69,7 +73,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::Bool | Dtype::U8 | Dtype::I8 | Dtype::F8E4M3 | Dtype::F8E5M2 => 1,
+            Dtype::Bool | Dtype::U8 | Dtype::I8 | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0 => 1,
             Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::BF16 => 2,
             Dtype::I32 | Dtype::U32 | Dtype::F32 => 4,
             Dtype::I64 | Dtype::U64 | Dtype::F64 => 8,

@@ -335,10 +335,21 @@ impl WeightIndex {
                 .chunks_exact(2)
                 .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
                 .collect(),
+            Dtype::F8E8M0 => blob.iter().map(|&e| ue8m0(e)).collect(),
             _ => blob
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
         }
+    }
+}
+
+/// A UE8M0 scale's value: `2^(e - 127)` exactly (`e = 0` is `2^-127`, a subnormal), NaN for
+/// `e = 255` (OCP MX).
+pub fn ue8m0(e: u8) -> f32 {
+    match e {
+        255 => f32::NAN,
+        0 => f32::from_bits(1 << 22),
+        e => f32::from_bits((e as u32) << 23),
     }
 }

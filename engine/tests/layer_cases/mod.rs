@@ -98,6 +98,7 @@ fn moe_with(experts: usize, bias: Vec<f32>, router: RouterConfig) -> Moe {
         shared_gate: None,
         latent: None,
         combine: Combine::RouteOrder,
+        hash: None,
     }
 }
 

@@ -35,14 +35,23 @@ impl Decoder {
         block: usize,
     ) -> Result<()> {
         let (h, n) = (self.plan.hidden_size, plan.len());
-        let output_res = self.output_res.as_ref().ok_or_else(missing_res)?;
+        let output_res = self
+            .output_res
+            .as_ref()
+            .and_then(super::Tail::attn_res)
+            .ok_or_else(missing_res)?;
         let mut run = x.to_vec();
         let all: Vec<usize> = (0..n).collect();
+        let tokens = super::row_tokens(batch);
         let mut anchors: Vec<Vec<f32>> = Vec::with_capacity(self.layers.len().div_ceil(block));
         let pass = ExpertPass::open(self.experts.as_deref());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let [attn_res, mlp_res] = layer.res.as_ref().ok_or_else(missing_res)?;
+            let [attn_res, mlp_res] = layer
+                .res
+                .as_ref()
+                .and_then(super::Sites::attn_res)
+                .ok_or_else(missing_res)?;
             let u = match anchors.is_empty() {
                 true => run.clone(),
                 false => mix_rows(attn_res, &anchors, &run, &all, h),
@@ -72,7 +81,13 @@ impl Decoder {
             // AttnRes output that feeds this layer's FFN. A forecast for prefetching only;
             // layer l + 1 routes its own input.
             pass.hint_next(l, &m, n);
-            let f = run_ffn(&layer.ffn, &self.norm_rows(&m, &layer.post_norm), n, &pass, l)?;
+            let f = run_ffn(
+                &layer.ffn,
+                (&self.norm_rows(&m, &layer.post_norm), &tokens),
+                n,
+                &pass,
+                l,
+            )?;
             run = p;
             run.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(tr) = trace.as_deref_mut() {

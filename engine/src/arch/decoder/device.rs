@@ -44,7 +44,7 @@ impl<B> DeviceMixer<B> {
                 DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache)
             }
             Mixer::Kda(k) => DeviceMixer::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
-            Mixer::Attention(_) | Mixer::DeltaNet(_) => {
+            Mixer::Attention(_) | Mixer::DeltaNet(_) | Mixer::Compressed(_) => {
                 return Err(Error::InvalidArgument {
                     field: "device",
                     reason: format!(
@@ -105,7 +105,7 @@ impl Decoder {
                 Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
                 _ => None,
             };
-            let res = match &layer.res {
+            let res = match layer.res.as_ref().and_then(super::Sites::attn_res) {
                 Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
                 None => None,
             };
@@ -125,6 +125,7 @@ impl Decoder {
             output_res: self
                 .output_res
                 .as_ref()
+                .and_then(super::Tail::attn_res)
                 .map(|r| dev.upload_f32(&r.query))
                 .transpose()?,
             len: 0,
@@ -197,7 +198,9 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         let pass = ExpertPass::open(m.experts.as_deref());
         for (l, k) in self.layers.iter_mut().enumerate() {
             let layer = m.layers.get(l)?;
-            let (Some([attn_q, mlp_q]), Some([attn_res, mlp_res])) = (&k.res, &layer.res) else {
+            let (Some([attn_q, mlp_q]), Some([attn_res, mlp_res])) =
+                (&k.res, layer.res.as_ref().and_then(super::Sites::attn_res))
+            else {
                 return Err(missing_res());
             };
             let u = match anchors {
@@ -223,7 +226,10 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         }
         pass.finish()?;
         self.len += n;
-        let (Some(out_q), Some(out_res)) = (&self.output_res, &m.output_res) else {
+        let (Some(out_q), Some(out_res)) = (
+            &self.output_res,
+            m.output_res.as_ref().and_then(super::Tail::attn_res),
+        ) else {
             return Err(missing_res());
         };
         let z = mix((out_q, out_res.eps), anchors, &run)?;

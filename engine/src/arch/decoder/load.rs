@@ -2,15 +2,17 @@
 //! the in-memory model, the out-of-core recording pass and the streamed layers and experts.
 
 use super::super::layers::attn_res::AttnRes;
+use super::super::layers::compressed::{CompressedAttention, CompressedSpec};
 use super::super::layers::dsa::{Indexer, Sparse};
 use super::super::layers::gated_deltanet::GatedDeltaNet;
 use super::super::layers::gqa::Gqa;
+use super::super::layers::hyper::{HyperHead, HyperSite};
 use super::super::layers::kda::Kda;
 use super::super::layers::mla::Mla;
 use super::super::layers::mlp::{Activation, GateUp, Mlp, MlpBias};
 use super::super::layers::moe::{Latent, Moe};
 use super::super::layers::rope::Rope;
-use super::{DecoderPlan, ExpertForm, Ffn, Fixed, Layer, Mixer, MixerKind, MoeNames, Residual};
+use super::{DecoderPlan, ExpertForm, Ffn, Fixed, Layer, Mixer, MixerKind, MoeNames, Residual, Sites, Tail};
 use crate::cache::store::LookaheadLayer;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
@@ -60,6 +62,7 @@ fn load_head(plan: &DecoderPlan, ld: &Loader<'_>, embed: &Matrix) -> Result<Matr
 
 /// Routed expert `e` of layer `l`.
 pub(super) fn expert(plan: &DecoderPlan, ld: &Loader<'_>, l: usize, e: usize) -> Result<Mlp> {
+    let ld = &ld.with_naming(plan.naming());
     let m = &plan.moe;
     // The experts' input: the hidden state, or the latent width they run at.
     let h = m.latent.map_or(plan.hidden_size, |(width, _)| width);
@@ -124,9 +127,16 @@ fn router(
     let p = format!("model.layers.{i}.{block}");
     Ok(Moe {
         gate: ld.dense(&format!("{p}.{router}.weight"), m.experts, plan.hidden_size)?,
-        bias: match m.correction_bias {
+        bias: match m.correction_bias && !plan.is_hash(i) {
             true => ld.vector(&format!("{p}.{correction}"), m.experts)?,
             false => Vec::new(),
+        },
+        hash: match plan.is_hash(i) {
+            true => {
+                let shape = (plan.vocab_size, m.router.top_k);
+                Some(ld.id_table(&format!("{p}.{router}.tid2eid"), shape, m.experts)?)
+            }
+            false => None,
         },
         logit_bias: match m.router_bias {
             true => ld.vector(&format!("{p}.{router}.bias"), m.experts)?,
@@ -147,6 +157,7 @@ fn router(
 }
 
 pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Result<Layer> {
+    let ld = &ld.with_naming(plan.naming());
     let h = plan.hidden_size;
     let p = format!("model.layers.{i}");
     let a = format!("{p}.self_attn");
@@ -180,6 +191,24 @@ pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Resul
             let options = plan.attn_options(i, g.options);
             Mixer::Attention(Gqa::load(ld, &a, h, g.dims, &plan.rope, options)?)
         }
+        MixerKind::Compressed(kind) => {
+            let v = plan.v4.as_ref().ok_or_else(|| unplanned(plan, plan.mixer(i)))?;
+            let rope = Rope::new(&plan.rope, v.dims.rope, true);
+            let compress_rope = Rope::new(&v.compress_rope, v.dims.rope, true);
+            let spec = CompressedSpec {
+                hidden: h,
+                dims: v.dims,
+                kind,
+                indexer: v.indexer,
+                rope: match kind {
+                    super::super::layers::compressed::AttentionKind::Sliding => &rope,
+                    _ => &compress_rope,
+                },
+                compress_rope: &compress_rope,
+                eps: plan.rms_norm_eps,
+            };
+            Mixer::Compressed(CompressedAttention::load(ld, &a, spec)?)
+        }
     };
     let ffn = if plan.is_moe(i) {
         let m = &plan.moe;
@@ -205,10 +234,18 @@ pub(super) fn load_layer(plan: &DecoderPlan, ld: &Loader<'_>, i: usize) -> Resul
     let (eps, q) = (plan.rms_norm_eps, format!("{p}."));
     let res = match plan.residual {
         Residual::Plain => None,
-        Residual::AttnRes { .. } => Some([
+        Residual::AttnRes { .. } => Some(Sites::AttnRes([
             load_res(ld, &q, "self_attention", h, eps)?,
             load_res(ld, &q, "mlp", h, eps)?,
-        ]),
+        ])),
+        Residual::Hyper {
+            streams,
+            iters,
+            eps: hc,
+        } => {
+            let site = |s: &str| HyperSite::load(ld, &format!("{p}.{s}"), (streams, h), iters, (hc, eps));
+            Some(Sites::Hyper([site("attn_hc")?, site("ffn_hc")?]))
+        }
     };
     Ok(Layer {
         input_norm: plan.norm(ld, &format!("{p}.input_layernorm.weight"))?,
@@ -237,6 +274,7 @@ fn latent(plan: &DecoderPlan, ld: &Loader<'_>, block: &str) -> Result<Option<Lat
 }
 
 pub(super) fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
+    let ld = &ld.with_naming(plan.naming());
     let h = plan.hidden_size;
     let embed = ld.dense("model.embed_tokens.weight", plan.vocab_size, h)?;
     let lm_head = load_head(plan, ld, &embed)?;
@@ -257,7 +295,19 @@ pub(super) fn load_fixed(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Fixed> {
         lookahead,
         output_res: match plan.residual {
             Residual::Plain => None,
-            Residual::AttnRes { .. } => Some(load_res(ld, "model.", "output_attn", h, plan.rms_norm_eps)?),
+            Residual::AttnRes { .. } => Some(Tail::AttnRes(load_res(
+                ld,
+                "model.",
+                "output_attn",
+                h,
+                plan.rms_norm_eps,
+            )?)),
+            Residual::Hyper { streams, eps, .. } => Some(Tail::Hyper(HyperHead::load(
+                ld,
+                "model.hc_head",
+                (streams, h),
+                (eps, plan.rms_norm_eps),
+            )?)),
         },
     })
 }

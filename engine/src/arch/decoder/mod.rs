@@ -20,6 +20,7 @@
 
 mod attn_res;
 mod device;
+mod hyper;
 mod load;
 mod mtp;
 mod plan;
@@ -31,13 +32,16 @@ use load::{expert, load_fixed, load_layer};
 pub use mtp::MtpModule;
 pub(crate) use plan::{
     DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
+    V4Plan,
 };
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;
+use super::layers::compressed::{CompressedAttention, CompressedRows};
 use super::layers::dsa::Selection;
 use super::layers::gated_deltanet::GatedDeltaNet;
 use super::layers::gqa::{Gqa, KvRows};
+use super::layers::hyper::{HyperHead, HyperSite};
 use super::layers::kda::{Kda, KdaRows};
 use super::layers::mla::{Mla, MlaRows};
 use super::layers::mlp::Mlp;
@@ -51,7 +55,7 @@ use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, lo
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::rms_norm_rows;
-use crate::state::{KdaCache, KvCache, LayerState, MlaCache, SeqState};
+use crate::state::{CompressedCache, KdaCache, KvCache, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
 // One per layer, built once at load: the variants' size difference costs nothing.
@@ -69,6 +73,40 @@ pub(crate) enum Mixer {
     DeltaNet(GatedDeltaNet),
     Mla(Mla),
     Kda(Kda),
+    Compressed(CompressedAttention),
+}
+
+/// A layer's residual sites ([`Residual`]): K3's AttnRes before the mixer and before the FFN,
+/// or DeepSeek-V4's hyper-connections around them.
+#[derive(Debug)]
+pub(crate) enum Sites {
+    AttnRes([AttnRes; 2]),
+    Hyper([HyperSite; 2]),
+}
+
+impl Sites {
+    pub(crate) fn attn_res(&self) -> Option<&[AttnRes; 2]> {
+        match self {
+            Sites::AttnRes(s) => Some(s),
+            Sites::Hyper(_) => None,
+        }
+    }
+}
+
+/// The residual form's tail before the final norm: AttnRes's output site or the hyper head.
+#[derive(Debug)]
+pub(crate) enum Tail {
+    AttnRes(AttnRes),
+    Hyper(HyperHead),
+}
+
+impl Tail {
+    pub(crate) fn attn_res(&self) -> Option<&AttnRes> {
+        match self {
+            Tail::AttnRes(s) => Some(s),
+            Tail::Hyper(_) => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -77,8 +115,8 @@ pub(crate) struct Layer {
     pub post_norm: Vec<f32>,
     pub mixer: Mixer,
     pub ffn: Ffn,
-    /// The AttnRes sites before the mixer and before the FFN ([`Residual::AttnRes`]).
-    pub res: Option<[AttnRes; 2]>,
+    /// The residual sites around the mixer and the FFN (not [`Residual::Plain`]).
+    pub res: Option<Sites>,
 }
 
 /// The always-resident tensors: embeddings, head, final norm, and each MoE layer's FFN norm
@@ -88,8 +126,8 @@ struct Fixed {
     lm_head: Matrix,
     norm: Vec<f32>,
     lookahead: Vec<Option<LookaheadLayer>>,
-    /// The AttnRes site before the final norm ([`Residual::AttnRes`]).
-    output_res: Option<AttnRes>,
+    /// The residual form's tail before the final norm (not [`Residual::Plain`]).
+    output_res: Option<Tail>,
 }
 
 /// A family that is a plan over this decoder (Qwen3, Qwen3-MoE, GLM-4.5, gpt-oss, MiniMax-M2):
@@ -173,6 +211,10 @@ pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
                 let d = plan.gqa.as_ref().map_or(0, |g| g.dims.kv_heads * g.dims.head_dim);
                 per_token += 4 * 2 * d
             }
+            (MixerKind::Compressed(kind), ..) => {
+                let v = plan.v4.as_ref().expect("a compressed layer has the V4 plan");
+                per_token += hyper::cache_bytes_per_token(v, kind)
+            }
             _ => {}
         }
     }
@@ -190,8 +232,8 @@ pub struct Decoder {
     pub(super) embed: Matrix,
     pub(super) layers: Arc<LayerStore<Layer>>,
     pub(super) norm: Vec<f32>,
-    /// The AttnRes site before the final norm ([`Residual::AttnRes`]).
-    pub(super) output_res: Option<AttnRes>,
+    /// The residual form's tail before the final norm (not [`Residual::Plain`]).
+    pub(super) output_res: Option<Tail>,
     pub(super) lm_head: Matrix,
     /// Routed experts when they are not inside the layers (out-of-core mode).
     pub(super) experts: Option<Arc<ExpertStore>>,
@@ -316,6 +358,7 @@ impl Decoder {
         mut trace: Option<&mut Trace>,
     ) -> Result<()> {
         let n = plan.len();
+        let tokens = row_tokens(batch);
         let pass = ExpertPass::open(self.experts.as_deref());
         let mut selection = Selection::new();
         for l in 0..self.layers.len() {
@@ -325,7 +368,7 @@ impl Decoder {
             x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
             let xn = self.norm_rows(x, &layer.post_norm);
             pass.hint_next(l, x, n);
-            let f = run_ffn(&layer.ffn, &xn, n, &pass, l)?;
+            let f = run_ffn(&layer.ffn, (&xn, &tokens), n, &pass, l)?;
             x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
             if let Some(t) = trace.as_deref_mut() {
                 t.record(format!("layers.{l}"), x);
@@ -374,6 +417,22 @@ pub(super) fn run_mixer(
             };
             kda.forward(xn, n, &mut rows)
         }
+        Mixer::Compressed(attn) => {
+            let mut caches: Vec<&mut CompressedCache> = batch
+                .iter_mut()
+                .map(|b| {
+                    b.state.layers[l]
+                        .compressed_mut()
+                        .expect("state checked: compressed layer")
+                })
+                .collect();
+            let mut rows = CompressedRows {
+                caches: &mut caches,
+                seq: &plan.seq,
+                pos: &plan.pos,
+            };
+            attn.forward(xn, n, &mut rows)
+        }
         Mixer::Mla(mla) => {
             let mut caches: Vec<&mut MlaCache> = mla_caches(batch, l);
             let mut rows = MlaRows {
@@ -387,14 +446,25 @@ pub(super) fn run_mixer(
     }
 }
 
-/// Layer `l`'s FFN over `n` normalised rows, its routed experts from the pass (out of core) or
-/// its own.
-pub(super) fn run_ffn(ffn: &Ffn, xn: &[f32], n: usize, pass: &ExpertPass<'_>, l: usize) -> Result<Vec<f32>> {
+/// Layer `l`'s FFN over `n` normalised rows (whose tokens are `tokens`, for hash routing), its
+/// routed experts from the pass (out of core) or its own.
+pub(super) fn run_ffn(
+    ffn: &Ffn,
+    (xn, tokens): (&[f32], &[u32]),
+    n: usize,
+    pass: &ExpertPass<'_>,
+    l: usize,
+) -> Result<Vec<f32>> {
     Ok(match (ffn, pass.layer(l)) {
         (Ffn::Dense(m), _) => m.forward(xn, n),
-        (Ffn::Moe(m), None) => m.forward(xn, n),
-        (Ffn::Moe(m), Some(experts)) => m.forward_with(xn, n, &experts)?,
+        (Ffn::Moe(m), None) => m.forward_tokens(xn, n, Some(tokens), &m.experts)?,
+        (Ffn::Moe(m), Some(experts)) => m.forward_tokens(xn, n, Some(tokens), &experts)?,
     })
+}
+
+/// The token of every row of the pass, in row order.
+pub(super) fn row_tokens(batch: &[SeqInput<'_>]) -> Vec<u32> {
+    batch.iter().flat_map(|b| b.tokens.iter().copied()).collect()
 }
 
 /// Each layer of the state is what the plan's layer keeps: a key/value cache for attention, a
@@ -407,6 +477,7 @@ fn check_state(plan: &DecoderPlan, state: &SeqState) -> Result<()> {
             .enumerate()
             .all(|(l, s)| match (s, plan.mixer(l)) {
                 (LayerState::Kv(_), MixerKind::Attention) | (LayerState::Mla(_), MixerKind::Mla) => true,
+                (LayerState::Compressed(c), MixerKind::Compressed(k)) => c.ratio == k.ratio(),
                 (LayerState::Kda(c), _) => plan.recurrent_shape(l) == Some(c.shape()),
                 _ => false,
             });
@@ -420,6 +491,7 @@ fn new_state(plan: &DecoderPlan) -> SeqState {
             .map(|l| match (plan.mixer(l), plan.recurrent_shape(l)) {
                 (_, Some(shape)) => LayerState::Kda(KdaCache::new(shape)),
                 (MixerKind::Mla, _) => LayerState::Mla(MlaCache::default()),
+                (MixerKind::Compressed(k), _) => LayerState::Compressed(CompressedCache::new(k.ratio())),
                 _ => LayerState::Kv(KvCache::default()),
             })
             .collect(),
@@ -463,6 +535,7 @@ impl Model for Decoder {
             |batch, plan, x, trace| match self.plan.residual {
                 Residual::Plain => self.run_layers(batch, plan, x, trace),
                 Residual::AttnRes { block } => self.attn_res_layers(batch, plan, x, trace, block),
+                Residual::Hyper { streams, .. } => self.hyper_layers(batch, plan, x, trace, streams),
             },
         )
     }

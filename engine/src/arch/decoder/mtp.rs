@@ -247,7 +247,7 @@ impl MtpModule {
         );
         x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
         let xn = norm(x, &self.layer.post_norm);
-        let f = match run_ffn(&self.layer.ffn, &xn, n, &ExpertPass::open(None), 0) {
+        let f = match run_ffn(&self.layer.ffn, (&xn, &[]), n, &ExpertPass::open(None), 0) {
             Ok(f) => f,
             Err(e) => {
                 batch[0].state.rollback();

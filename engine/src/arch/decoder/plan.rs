@@ -2,6 +2,7 @@
 //! the router, the experts' stored form and names, norms, the residual form), and the pure
 //! questions the loader and the passes ask of it.
 
+use super::super::layers::compressed::{AttentionKind, CompressedDims, V4IndexerDims};
 use super::super::layers::dsa::IndexerDims;
 use super::super::layers::gated_deltanet::GdnDims;
 use super::super::layers::gqa::{GqaDims, GqaOptions};
@@ -118,6 +119,9 @@ pub(crate) struct DecoderPlan {
     pub mla: Option<MlaPlan>,
     /// The KDA layers' shape (required when `mixers` names any).
     pub kda: Option<KdaPlan>,
+    /// DeepSeek-V4's attention shape and hash-routed layers (required when `mixers` names
+    /// [`MixerKind::Compressed`]).
+    pub v4: Option<V4Plan>,
     /// How a layer's sub-layers add to the residual stream.
     pub residual: Residual,
     /// Per layer: whether its FFN is the routed MoE.
@@ -136,6 +140,21 @@ pub(crate) enum MixerKind {
     Mla,
     /// Kimi Delta Attention (`self_attn`, Kimi-Linear).
     Kda,
+    /// DeepSeek-V4's sliding-window / compressed attention (`self_attn`).
+    Compressed(AttentionKind),
+}
+
+/// DeepSeek-V4's attention shape (the per-layer kinds are in the mixers) and its hash-routed
+/// MoE layers.
+#[derive(Debug, Clone)]
+pub(crate) struct V4Plan {
+    pub dims: CompressedDims,
+    pub indexer: V4IndexerDims,
+    /// The RoPE of compressed layers, their compressors and indexers (`compress_rope_theta`,
+    /// YaRN with attention factor 1); sliding layers use the plan's `rope`.
+    pub compress_rope: RopeConfig,
+    /// Per layer: its MoE routes by the token-id table `tid2eid`.
+    pub hash_layers: Vec<bool>,
 }
 
 /// The KDA layers' shape and choices.
@@ -163,13 +182,16 @@ pub(crate) struct GqaPlan {
 }
 
 /// How sub-layer outputs join the residual stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Residual {
     /// `x += mixer(norm(x)); x += ffn(norm(x))`.
     Plain,
     /// Kimi K3's Block Attention Residuals over blocks of `block` layers
     /// (`decoder_attn_res.rs`).
     AttnRes { block: usize },
+    /// DeepSeek-V4's manifold-constrained hyper-connections: `streams` residual streams mixed
+    /// around every sub-layer (`hyper.rs`), Sinkhorn-normalised with `iters` iterations.
+    Hyper { streams: usize, iters: usize, eps: f32 },
 }
 
 /// The MLA layers' shape.
@@ -251,6 +273,21 @@ impl MoePlan {
 impl DecoderPlan {
     pub(super) fn is_moe(&self, l: usize) -> bool {
         self.moe_layers[l]
+    }
+
+    /// The checkpoint's naming: DeepSeek-V4's published names for a V4 stack, HF's otherwise.
+    pub(super) fn naming(&self) -> crate::model::Naming {
+        match self.v4 {
+            Some(_) => crate::model::Naming::DeepSeekV4,
+            None => crate::model::Naming::Hf,
+        }
+    }
+
+    /// Whether layer `l`'s MoE routes by the token-id table.
+    pub(super) fn is_hash(&self, l: usize) -> bool {
+        self.v4
+            .as_ref()
+            .is_some_and(|v| v.hash_layers.get(l).copied().unwrap_or(false))
     }
 
     pub(super) fn mixer(&self, l: usize) -> MixerKind {

@@ -67,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_
 #define DF_ACT_SITU 1
 #define DF_ACT_SITU_LINEAR 2  // SiTU with a soft-capped up branch (linear_beta)
 #define DF_ACT_CLAMPED_SWIGLU 3  // gpt-oss: (clamp(u, ±limit) + 1) · g' · σ(α g'), g' = min(g, limit)
+#define DF_ACT_CLAMPED_SILU 4  // DeepSeek-V4: silu(min(g, limit)) · clamp(u, ±limit)
 
 // out = act(g, u) element-wise: buf g, u, out (may equal g); i count, kind; f beta, linear_beta.
 extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_gated_act(LayerParams p) {
@@ -79,6 +80,13 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_gated_act(Laye
     const int kind = p.i[1];
     if (kind == DF_ACT_SILU) {
         out[e] = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, df_exp(-gv))), uv);
+        return;
+    }
+    if (kind == DF_ACT_CLAMPED_SILU) {
+        const float limit = p.f[1];
+        const float gc = fminf(gv, limit);
+        const float uc = fminf(fmaxf(uv, -limit), limit);
+        out[e] = __fmul_rn(__fdiv_rn(gc, __fadd_rn(1.0f, df_exp(-gc))), uc);
         return;
     }
     if (kind == DF_ACT_CLAMPED_SWIGLU) {

@@ -2,10 +2,12 @@
 //! Residuals, RoPE, the gated MLP (SiLU / SiTU) and the routed (optionally latent) MoE.
 
 pub mod attn_res;
+pub mod compressed;
 pub mod device;
 pub mod dsa;
 pub mod gated_deltanet;
 pub mod gqa;
+pub mod hyper;
 pub mod kda;
 pub mod latent_attention;
 #[cfg(target_arch = "x86_64")]

@@ -77,6 +77,9 @@ pub struct Moe {
     pub shared_gate: Option<Matrix>,
     pub latent: Option<Latent>,
     pub combine: Combine,
+    /// Hash routing (DeepSeek-V4's first layers): the experts of a row are row `token` of this
+    /// `[vocab, top_k]` table (`tid2eid`); the router still weights them.
+    pub hash: Option<Vec<u32>>,
 }
 
 /// Pick `top_k` experts from `choice` scores, limited to the best `topk_group` of `n_group`
@@ -120,6 +123,12 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     exp.iter().map(|e| e / sum).collect()
 }
 
+/// `sqrt(softplus(x))`, softplus as torch computes it (`β = 1`, threshold 20).
+fn sqrt_softplus(x: f32) -> f32 {
+    let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+    sp.sqrt()
+}
+
 /// The `top_k` largest logits (lower id first on ties) weighted by the softmax over just those
 /// logits, summed in selection order (torch `topk` then `softmax(dim=1)`), times `scaling`.
 fn top_k_softmax(logits: &[f32], top_k: usize, scaling: f32) -> Vec<(usize, f32)> {
@@ -145,6 +154,7 @@ impl Moe {
             Scoring::Sigmoid => logits.iter().map(|&l| sigmoid(l)).collect(),
             Scoring::Softmax => softmax(logits),
             Scoring::TopKSoftmax => return top_k_softmax(logits, r.top_k, r.scaling),
+            Scoring::SqrtSoftplus => logits.iter().map(|&l| sqrt_softplus(l)).collect(),
         };
         let choice: Vec<f32> = match self.bias.is_empty() {
             true => scores.clone(),
@@ -162,8 +172,48 @@ impl Moe {
             .collect()
     }
 
+    /// Routes of `n` rows of `x` whose tokens are `tokens`: a hash-routed layer's rows take their
+    /// token's experts from the table, weighted as the router scores them (renormalised and
+    /// scaled as configured); other layers route as [`Moe::routes`].
+    pub fn routes_for(&self, x: &[f32], n: usize, tokens: &[u32]) -> Vec<Vec<(usize, f32)>> {
+        let Some(table) = &self.hash else {
+            return self.routes(x, n);
+        };
+        let (e, k) = (self.gate.rows, self.router.top_k);
+        let mut logits = vec![0.0f32; n * e];
+        matmul(&self.gate, x, n, &mut logits);
+        logits
+            .chunks(e)
+            .zip(tokens)
+            .map(|(l, &t)| {
+                let ids = &table[t as usize * k..(t as usize + 1) * k];
+                crate::kernels::math::fma_scope(|| self.weigh(l, ids))
+            })
+            .collect()
+    }
+
+    /// `ids` weighted by their scores from `logits`, renormalised and scaled as configured.
+    fn weigh(&self, logits: &[f32], ids: &[u32]) -> Vec<(usize, f32)> {
+        let r = &self.router;
+        let score = |i: usize| match r.scoring {
+            Scoring::Sigmoid => sigmoid(logits[i]),
+            Scoring::SqrtSoftplus => sqrt_softplus(logits[i]),
+            Scoring::Softmax | Scoring::TopKSoftmax => softmax(logits)[i],
+        };
+        let mut weights: Vec<f32> = ids.iter().map(|&i| score(i as usize)).collect();
+        if r.norm_topk_prob {
+            let denom = weights.iter().sum::<f32>() + 1e-20;
+            weights.iter_mut().for_each(|w| *w /= denom);
+        }
+        ids.iter()
+            .zip(weights)
+            .map(|(&i, w)| (i as usize, w * r.scaling))
+            .collect()
+    }
+
     /// Routes of `n` rows of `x` (already normalised): per row, `(expert, weight)` in router
-    /// order.
+    /// order. A hash-routed layer is routed by its scores here (a forecast: see
+    /// [`Moe::routes_for`]).
     pub fn routes(&self, x: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
         let e = self.gate.rows;
         let mut logits = vec![0.0f32; n * e];
@@ -184,8 +234,28 @@ impl Moe {
 
     /// MoE output for `n` rows of `x` (already normalised), experts served by `provider`.
     pub fn forward_with(&self, x: &[f32], n: usize, provider: &dyn ExpertProvider) -> Result<Vec<f32>> {
+        self.forward_tokens(x, n, None, provider)
+    }
+
+    /// [`Moe::forward_with`] for rows whose tokens are `tokens` (required by hash routing).
+    pub fn forward_tokens(
+        &self,
+        x: &[f32],
+        n: usize,
+        tokens: Option<&[u32]>,
+        provider: &dyn ExpertProvider,
+    ) -> Result<Vec<f32>> {
         let h = self.gate.cols;
-        let mut routes = self.routes(x, n);
+        let mut routes = match (tokens, &self.hash) {
+            (Some(t), Some(_)) => self.routes_for(x, n, t),
+            (None, Some(_)) => {
+                return Err(crate::error::Error::InvalidArgument {
+                    field: "tokens",
+                    reason: "a hash-routed MoE layer needs its rows' token ids".into(),
+                });
+            }
+            _ => self.routes(x, n),
+        };
         if self.combine == Combine::Ascending {
             routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
         }
@@ -323,6 +393,7 @@ mod tests {
             shared_gate: None,
             latent: None,
             combine: Combine::Ascending,
+            hash: None,
         };
         let route = moe.route(&[0.0, 2.0, 1.0, -1.0]);
         assert_eq!(route.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2]);
@@ -343,5 +414,57 @@ mod tests {
         // Best two groups: group 1 (1.0) then group 0 (0.9, lower index than group 2).
         assert_eq!(select_experts(&choice, 4, 2, 2), vec![0, 2]);
         assert_eq!(select_experts(&choice, 4, 1, 2), vec![2, 3]);
+    }
+
+    /// DeepSeek-V4's routing: `sqrt(softplus(logit))` scores (the logit itself above 20), and
+    /// a hash-routed layer takes its token's experts from the table, weighted by those scores.
+    #[test]
+    fn sqrt_softplus_scores_and_hash_routes() {
+        assert_eq!(sqrt_softplus(25.0), 5.0);
+        assert!((sqrt_softplus(0.0) - 2f32.ln().sqrt()).abs() < 1e-7);
+        let bytes = [1.0f32, -1.0, 3.0, 0.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let gate = Matrix::new(
+            crate::kernels::Format::F32,
+            4,
+            1,
+            crate::weights::Blob::from_vec(bytes),
+            None,
+        )
+        .unwrap();
+        let mut moe = Moe {
+            gate,
+            bias: vec![0.0, 0.0, -10.0, 0.0],
+            logit_bias: Vec::new(),
+            router: RouterConfig {
+                scoring: Scoring::SqrtSoftplus,
+                top_k: 2,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: true,
+                scaling: 1.5,
+            },
+            experts: Vec::new(),
+            shared: None,
+            shared_gate: None,
+            latent: None,
+            combine: Combine::Ascending,
+            hash: None,
+        };
+        // Selection on score + bias: expert 2 is biased out.
+        let ids: Vec<usize> = moe.routes(&[1.0], 1)[0].iter().map(|r| r.0).collect();
+        assert_eq!(ids, vec![0, 3]);
+        // Token 1's row of the table picks experts 2 and 1 whatever their scores.
+        moe.hash = Some(vec![0, 3, 2, 1]);
+        let r = &moe.routes_for(&[1.0], 1, &[1])[0];
+        let (s2, s1) = (sqrt_softplus(3.0), sqrt_softplus(-1.0));
+        assert_eq!(r.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 1]);
+        assert!((r[0].1 - 1.5 * s2 / (s2 + s1)).abs() < 1e-6);
+        assert!(
+            moe.forward_tokens(&[1.0], 1, None, &moe.experts).is_err(),
+            "hash routing needs tokens"
+        );
     }
 }

@@ -41,6 +41,11 @@ impl Rope {
         }
     }
 
+    /// The rotary width.
+    pub fn dim(&self) -> usize {
+        2 * self.inv_freq.len()
+    }
+
     /// Whether pairs are interleaved (DeepSeek) rather than split in halves (Llama).
     pub fn interleaved(&self) -> bool {
         self.interleave

@@ -1,0 +1,102 @@
+//! The decoder's hyper-connection form (DeepSeek-V4's mHC, `layers::hyper`): the residual is
+//! `streams` copies of the hidden width per row, starting as copies of the embedding. Layer
+//! `ℓ`, per row: the attention site's weights collapse the streams into the mixer's input
+//! (`RMSNorm_in` of it), the mixer's output is expanded back (`post`, `comb`); then the same
+//! around the FFN. Tail: the hyper head collapses the streams, and the shared pass normalises
+//! and projects the logit rows. Traced tensors: `layers.{ℓ}` are the streams (stream-major,
+//! `streams · hidden` per row, as HF's decoder layer returns them).
+
+use super::super::layers::compressed::AttentionKind;
+use super::super::layers::dsa::Selection;
+use super::super::layers::hyper::{HyperSite, HyperWeights, collapse, expand};
+use super::super::{RowPlan, SeqInput, Trace};
+use super::{Decoder, Sites, Tail, V4Plan, missing_res, row_tokens, run_ffn, run_mixer};
+use crate::cache::ExpertPass;
+use crate::error::Result;
+
+/// Bytes a DeepSeek-V4 layer of `kind` caches per position (f32): every position's kv and
+/// compressor inputs, and an entry (and indexer key) per `ratio` positions, rounded up (see
+/// `CompressedCache`).
+pub(super) fn cache_bytes_per_token(v: &V4Plan, kind: AttentionKind) -> usize {
+    let (hd, id) = (4 * v.dims.head_dim, 4 * v.indexer.head_dim);
+    match kind {
+        AttentionKind::Sliding => hd,
+        // kv, the compressor's kv and gate (two series) and its entries, the indexer's likewise.
+        AttentionKind::Sparse { ratio } => hd + 4 * hd + hd.div_ceil(ratio) + 4 * id + id.div_ceil(ratio),
+        AttentionKind::Heavy { ratio } => hd + 2 * hd + hd.div_ceil(ratio),
+    }
+}
+
+/// Per row: the site's weights and the collapsed input.
+fn collapse_rows(site: &HyperSite, streams: &[f32], n: usize, h: usize) -> (Vec<HyperWeights>, Vec<f32>) {
+    let width = streams.len() / n.max(1);
+    let mut out = vec![0.0f32; n * h];
+    let weights = streams
+        .chunks(width)
+        .zip(out.chunks_mut(h))
+        .map(|(x, o)| {
+            let w = site.weights(x);
+            collapse(&w.pre, x, o);
+            w
+        })
+        .collect();
+    (weights, out)
+}
+
+fn expand_rows(weights: &[HyperWeights], y: &[f32], streams: &mut [f32], h: usize) {
+    let width = streams.len() / weights.len().max(1);
+    for ((w, y), x) in weights.iter().zip(y.chunks(h)).zip(streams.chunks_mut(width)) {
+        expand(w, y, x);
+    }
+}
+
+impl Decoder {
+    /// Every layer over the embedding rows `x` as hyper-connection streams; then each row of
+    /// `x` becomes the head's collapse, which the shared pass normalises and projects. On error
+    /// the caller rolls the states back.
+    pub(super) fn hyper_layers(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        plan: &RowPlan,
+        x: &mut [f32],
+        mut trace: Option<&mut Trace>,
+        n_streams: usize,
+    ) -> Result<()> {
+        let (h, n) = (self.plan.hidden_size, plan.len());
+        let Some(Tail::Hyper(head)) = &self.output_res else {
+            return Err(missing_res());
+        };
+        let tokens = row_tokens(batch);
+        let mut streams: Vec<f32> = x.chunks(h).flat_map(|row| row.repeat(n_streams)).collect();
+        let pass = ExpertPass::open(self.experts.as_deref());
+        for l in 0..self.layers.len() {
+            let layer = self.layers.get(l)?;
+            let Some(Sites::Hyper([attn_site, ffn_site])) = &layer.res else {
+                return Err(missing_res());
+            };
+            let (weights, u) = collapse_rows(attn_site, &streams, n, h);
+            let xn = self.norm_rows(&u, &layer.input_norm);
+            let a = run_mixer(&layer.mixer, &xn, batch, (plan, l), &mut Selection::new());
+            expand_rows(&weights, &a, &mut streams, h);
+            let (weights, m) = collapse_rows(ffn_site, &streams, n, h);
+            pass.hint_next(l, &m, n);
+            let f = run_ffn(
+                &layer.ffn,
+                (&self.norm_rows(&m, &layer.post_norm), &tokens),
+                n,
+                &pass,
+                l,
+            )?;
+            expand_rows(&weights, &f, &mut streams, h);
+            if let Some(t) = trace.as_deref_mut() {
+                t.record(format!("layers.{l}"), &streams);
+            }
+        }
+        pass.finish()?;
+        let width = n_streams * h;
+        for (row, s) in x.chunks_mut(h).zip(streams.chunks(width)) {
+            head.collapse(s, row);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,506 @@
+//! DeepSeek-V4's attention (HF `DeepseekV4Attention`, `reference/models-2026.md` §DeepSeek-V4):
+//! shared-KV multi-query attention over a sliding window plus, per layer kind, compressed
+//! entries of the whole history.
+//!
+//! * Queries: `q_resid = RMSNorm(W_qa x)`, `q = W_qb q_resid` per head, an unweighted RMSNorm
+//!   per head, interleaved RoPE on each head's trailing `rope` channels.
+//! * One K=V head: `kv = RoPE(RMSNorm(W_kv x))`, keys and values alike.
+//! * A compressor (compressed layers) pools each window of `ratio` positions into one entry:
+//!   per channel, the softmax over the window's slots of `gate + ape` weights the slots' `kv`,
+//!   then RMSNorm and RoPE at the window's first position. With overlap (compressed sparse
+//!   attention) each entry also pools the previous window's second series (`2·ratio` slots).
+//! * Compressed sparse attention keeps the `top_k` entries the lightning indexer scores
+//!   highest (`Σ_h w_h · relu(q_h·k)·d^-½`, keys from its own compressor); heavily compressed
+//!   attention attends to every closed entry.
+//! * Row `t` sees the last `window` positions and the entries of windows that closed by `t`,
+//!   with a per-head sink in the softmax. The output's rope channels are rotated back by the
+//!   query's position, and heads are projected in `o_groups` groups through `W_oa` (a rank
+//!   `o_rank` each) and then `W_ob`.
+//!
+//! The cache ([`CompressedCache`]) keeps every position's kv and compressor inputs, so an entry
+//! is computed from the same values whatever the chunking, and each row's result does not
+//! depend on the other rows of the pass.
+
+use rayon::prelude::*;
+
+use super::rope::Rope;
+use crate::backend::matmul;
+use crate::error::Result;
+use crate::kernels::Matrix;
+use crate::kernels::math::exp;
+use crate::kernels::ops::{lanes_dot, rms_inv, rms_norm_rows};
+use crate::model::Loader;
+use crate::state::{CompressedCache, Paged};
+
+/// Shapes of a DeepSeek-V4 attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressedDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Rotated trailing channels of each head.
+    pub rope: usize,
+    pub q_lora: usize,
+    pub o_groups: usize,
+    pub o_rank: usize,
+    pub window: usize,
+}
+
+/// The lightning indexer's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V4IndexerDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+}
+
+/// A layer's attention kind (`layer_types`, or `compress_ratios`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// The sliding window only.
+    Sliding,
+    /// Compressed sparse attention: overlapping windows and the indexer.
+    Sparse { ratio: usize },
+    /// Heavily compressed attention: disjoint windows, every entry attended.
+    Heavy { ratio: usize },
+}
+
+impl AttentionKind {
+    /// Positions per compressed entry (0: none).
+    pub fn ratio(self) -> usize {
+        match self {
+            AttentionKind::Sliding => 0,
+            AttentionKind::Sparse { ratio } | AttentionKind::Heavy { ratio } => ratio,
+        }
+    }
+}
+
+/// Rotate the trailing `2·(factors.len()/2)` channels of `x` by interleaved pairs
+/// (`x_{2i}, x_{2i+1}`), with `(cos, sin)` factors ([`Rope::factors_into`]); `inverse` rotates
+/// by `-sin`. HF `apply_rotary_pos_emb`: `x·cos + rotate_half(x)·sin`, pairs kept in place.
+fn rotate(x: &mut [f32], factors: &[f32], inverse: bool) {
+    let off = x.len() - factors.len();
+    for (i, f) in factors.chunks_exact(2).enumerate() {
+        let (cos, sin) = (f[0], if inverse { -f[1] } else { f[1] });
+        let (a, b) = (x[off + 2 * i], x[off + 2 * i + 1]);
+        x[off + 2 * i] = a * cos + -b * sin;
+        x[off + 2 * i + 1] = b * cos + a * sin;
+    }
+}
+
+fn factors(rope: &Rope, pos: usize, dim: usize) -> Vec<f32> {
+    let mut f = vec![0.0f32; dim];
+    rope.factors_into(pos, &mut f);
+    f
+}
+
+/// A window pooler (HF `DeepseekV4{CSA,HCA}Compressor`, the indexer's own).
+#[derive(Debug)]
+pub struct Compressor {
+    /// `[c·d, H]` kv and gate projections (`c = 2` with overlap).
+    pub wkv: Matrix,
+    pub wgate: Matrix,
+    /// `[ratio, c·d]` position bias on the gate.
+    pub ape: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub ratio: usize,
+    pub overlap: bool,
+    /// Entry width `d`.
+    pub dim: usize,
+}
+
+impl Compressor {
+    fn load(ld: &Loader<'_>, p: &str, (h, dim, ratio, overlap): (usize, usize, usize, bool)) -> Result<Self> {
+        let c = if overlap { 2 } else { 1 };
+        Ok(Compressor {
+            wkv: ld.linear(&format!("{p}.kv_proj"), c * dim, h)?,
+            wgate: ld.linear(&format!("{p}.gate_proj"), c * dim, h)?,
+            ape: ld.floats(&format!("{p}.position_bias"), &[ratio, c * dim])?,
+            norm: ld.vector(&format!("{p}.kv_norm.weight"), dim)?,
+            ratio,
+            overlap,
+            dim,
+        })
+    }
+
+    /// Each row's inputs: its kv projection then its gate projection.
+    fn inputs(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let w = self.wkv.rows;
+        let (mut kv, mut gate) = (vec![0.0f32; n * w], vec![0.0f32; n * w]);
+        matmul(&self.wkv, x, n, &mut kv);
+        matmul(&self.wgate, x, n, &mut gate);
+        kv.chunks(w)
+            .zip(gate.chunks(w))
+            .flat_map(|(k, g)| k.iter().chain(g))
+            .copied()
+            .collect()
+    }
+
+    /// Entry `w` from the inputs held (the window's positions, and the previous window's with
+    /// overlap), normalised and rotated to position `w·ratio`.
+    fn entry(&self, inputs: &Paged, w: usize, rope: &Rope, eps: f32) -> Vec<f32> {
+        let (d, r) = (self.dim, self.ratio);
+        let c = if self.overlap { 2 } else { 1 };
+        // (position, slot in the window, channel offset in kv / gate) per pooled slot, in order.
+        let mut slots = Vec::with_capacity(2 * r);
+        if self.overlap && w > 0 {
+            slots.extend((0..r).map(|j| ((w - 1) * r + j, j, 0)));
+        }
+        let second = if self.overlap { d } else { 0 };
+        slots.extend((0..r).map(|j| (w * r + j, j, second)));
+        let mut out = vec![0.0f32; d];
+        let mut logits = vec![0.0f32; slots.len()];
+        for (ch, o) in out.iter_mut().enumerate() {
+            let mut max = f32::NEG_INFINITY;
+            for (l, &(pos, j, off)) in logits.iter_mut().zip(&slots) {
+                *l = inputs.row(pos)[c * d + off + ch] + self.ape[j * c * d + off + ch];
+                max = max.max(*l);
+            }
+            let mut sum = 0.0f32;
+            for l in logits.iter_mut() {
+                *l = exp(*l - max);
+                sum += *l;
+            }
+            let mut acc = 0.0f32;
+            for (l, &(pos, _, off)) in logits.iter().zip(&slots) {
+                acc += inputs.row(pos)[off + ch] * (l / sum);
+            }
+            *o = acc;
+        }
+        let mut out = rms_norm_rows(&out, &self.norm, eps, d);
+        rotate(&mut out, &factors(rope, w * r, rope_dim(rope)), false);
+        out
+    }
+}
+
+fn rope_dim(rope: &Rope) -> usize {
+    rope.dim()
+}
+
+/// The lightning indexer of compressed sparse attention.
+#[derive(Debug)]
+pub struct V4Indexer {
+    pub compressor: Compressor,
+    /// `[heads·head_dim, q_lora]`.
+    pub wq_b: Matrix,
+    /// `[heads, H]`.
+    pub weights_proj: Matrix,
+    pub dims: V4IndexerDims,
+}
+
+/// A DeepSeek-V4 attention layer.
+#[derive(Debug)]
+pub struct CompressedAttention {
+    pub dims: CompressedDims,
+    pub kind: AttentionKind,
+    pub wq_a: Matrix,
+    pub q_norm: Vec<f32>,
+    pub wq_b: Matrix,
+    pub wkv: Matrix,
+    pub kv_norm: Vec<f32>,
+    /// `[o_groups·o_rank, heads·head_dim / o_groups]`.
+    pub wo_a: Matrix,
+    pub wo_b: Matrix,
+    pub sinks: Vec<f32>,
+    /// The queries' and keys' RoPE (plain on sliding layers, the compressed one otherwise).
+    pub rope: Rope,
+    /// The compressors' and indexer's RoPE.
+    pub compress_rope: Rope,
+    pub compressor: Option<Compressor>,
+    pub indexer: Option<V4Indexer>,
+    pub eps: f32,
+}
+
+/// The rows of one pass: each row's sequence cache and position.
+#[derive(Debug)]
+pub struct CompressedRows<'a, 'b> {
+    pub caches: &'a mut [&'b mut CompressedCache],
+    pub seq: &'a [usize],
+    pub pos: &'a [usize],
+}
+
+/// Everything the loader needs beyond the layer's names.
+#[derive(Debug, Clone, Copy)]
+pub struct CompressedSpec<'r> {
+    pub hidden: usize,
+    pub dims: CompressedDims,
+    pub kind: AttentionKind,
+    pub indexer: V4IndexerDims,
+    pub rope: &'r Rope,
+    pub compress_rope: &'r Rope,
+    pub eps: f32,
+}
+
+impl CompressedAttention {
+    /// Load the layer below `a` (HF names: `q_a_proj`, `compressor.indexer.q_b_proj`, ...).
+    pub fn load(ld: &Loader<'_>, a: &str, spec: CompressedSpec<'_>) -> Result<Self> {
+        let (h, d) = (spec.hidden, spec.dims);
+        let (hd, g) = (d.heads * d.head_dim, d.o_groups);
+        let c = format!("{a}.compressor");
+        let (compressor, indexer) = match spec.kind {
+            AttentionKind::Sliding => (None, None),
+            AttentionKind::Heavy { ratio } => (
+                Some(Compressor::load(ld, &c, (h, d.head_dim, ratio, false))?),
+                None,
+            ),
+            AttentionKind::Sparse { ratio } => {
+                let i = spec.indexer;
+                let ix = format!("{c}.indexer");
+                let indexer = V4Indexer {
+                    compressor: Compressor::load(ld, &ix, (h, i.head_dim, ratio, true))?,
+                    wq_b: ld.linear(&format!("{ix}.q_b_proj"), i.heads * i.head_dim, d.q_lora)?,
+                    weights_proj: ld.linear(&format!("{ix}.scorer.weights_proj"), i.heads, h)?,
+                    dims: i,
+                };
+                let comp = Compressor::load(ld, &c, (h, d.head_dim, ratio, true))?;
+                (Some(comp), Some(indexer))
+            }
+        };
+        Ok(CompressedAttention {
+            dims: d,
+            kind: spec.kind,
+            wq_a: ld.linear(&format!("{a}.q_a_proj"), d.q_lora, h)?,
+            q_norm: ld.vector(&format!("{a}.q_a_norm.weight"), d.q_lora)?,
+            wq_b: ld.linear(&format!("{a}.q_b_proj"), hd, d.q_lora)?,
+            wkv: ld.linear(&format!("{a}.kv_proj"), d.head_dim, h)?,
+            kv_norm: ld.vector(&format!("{a}.kv_norm.weight"), d.head_dim)?,
+            wo_a: ld.linear(&format!("{a}.o_a_proj"), g * d.o_rank, hd / g)?,
+            wo_b: ld.linear(&format!("{a}.o_b_proj"), h, g * d.o_rank)?,
+            sinks: ld.vector(&format!("{a}.sinks"), d.heads)?,
+            rope: spec.rope.clone(),
+            compress_rope: spec.compress_rope.clone(),
+            compressor,
+            indexer,
+            eps: spec.eps,
+        })
+    }
+
+    fn proj(m: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
+        let mut y = vec![0.0f32; n * m.rows];
+        matmul(m, x, n, &mut y);
+        y
+    }
+
+    /// The layer over `n` rows of `x` (already normalised), appending each row to its cache.
+    pub fn forward(&self, x: &[f32], n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
+        let d = self.dims;
+        let hd = d.head_dim;
+        let q_resid = rms_norm_rows(&Self::proj(&self.wq_a, x, n), &self.q_norm, self.eps, d.q_lora);
+        let mut q = Self::proj(&self.wq_b, &q_resid, n);
+        let mut kv = rms_norm_rows(&Self::proj(&self.wkv, x, n), &self.kv_norm, self.eps, hd);
+        for r in 0..n {
+            let f = factors(&self.rope, rows.pos[r], d.rope);
+            for head in q[r * d.heads * hd..(r + 1) * d.heads * hd].chunks_mut(hd) {
+                let inv = rms_inv(head, self.eps);
+                head.iter_mut().for_each(|v| *v *= inv);
+                rotate(head, &f, false);
+            }
+            rotate(&mut kv[r * hd..(r + 1) * hd], &f, false);
+        }
+        self.append(x, n, &kv, rows);
+        let index_q = self
+            .indexer
+            .as_ref()
+            .map(|ix| self.index_queries(ix, x, &q_resid, n, rows.pos));
+        let caches: &[&mut CompressedCache] = rows.caches;
+        let index = index_q.as_ref().map(|(q, w)| (&q[..], &w[..]));
+        let per_row: Vec<Vec<f32>> = (0..n)
+            .into_par_iter()
+            .map(|r| {
+                let cache = &*caches[rows.seq[r]];
+                let selected = self.selection(cache, rows.pos[r], index, r);
+                self.attend(
+                    &q[r * d.heads * hd..(r + 1) * d.heads * hd],
+                    cache,
+                    rows.pos[r],
+                    &selected,
+                )
+            })
+            .collect();
+        self.output(&per_row.concat(), n)
+    }
+
+    /// Append the rows' kv and compressor inputs to their caches, and each entry whose window
+    /// the rows close.
+    fn append(&self, x: &[f32], n: usize, kv: &[f32], rows: &mut CompressedRows<'_, '_>) {
+        let hd = self.dims.head_dim;
+        let inputs = self.compressor.as_ref().map(|c| c.inputs(x, n));
+        let index_inputs = self.indexer.as_ref().map(|ix| ix.compressor.inputs(x, n));
+        for r in 0..n {
+            let cache = &mut *rows.caches[rows.seq[r]];
+            debug_assert_eq!(cache.kv.len(), rows.pos[r], "rows of a sequence come in order");
+            cache.kv.push(&kv[r * hd..(r + 1) * hd]);
+            let closes = |c: &Compressor| (rows.pos[r] + 1).is_multiple_of(c.ratio);
+            if let (Some(c), Some(inp)) = (&self.compressor, &inputs) {
+                let w = inp.len() / n;
+                cache.inputs.push(&inp[r * w..(r + 1) * w]);
+                if closes(c) {
+                    let e = c.entry(
+                        &cache.inputs,
+                        rows.pos[r] / c.ratio,
+                        &self.compress_rope,
+                        self.eps,
+                    );
+                    cache.entries.push(&e);
+                }
+            }
+            if let (Some(ix), Some(inp)) = (&self.indexer, &index_inputs) {
+                let w = inp.len() / n;
+                cache.index_inputs.push(&inp[r * w..(r + 1) * w]);
+                let c = &ix.compressor;
+                if closes(c) {
+                    let e = c.entry(
+                        &cache.index_inputs,
+                        rows.pos[r] / c.ratio,
+                        &self.compress_rope,
+                        self.eps,
+                    );
+                    cache.index_keys.push(&e);
+                }
+            }
+        }
+    }
+
+    /// The indexer's rotated queries `[n, heads·head_dim]` and head weights `[n, heads]`
+    /// (`weights_proj(x)·heads^-½`).
+    fn index_queries(
+        &self,
+        ix: &V4Indexer,
+        x: &[f32],
+        q_resid: &[f32],
+        n: usize,
+        pos: &[usize],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let i = ix.dims;
+        let mut q = Self::proj(&ix.wq_b, q_resid, n);
+        for (r, row) in q.chunks_mut(i.heads * i.head_dim).enumerate() {
+            let f = factors(&self.compress_rope, pos[r], self.dims.rope);
+            row.chunks_mut(i.head_dim).for_each(|h| rotate(h, &f, false));
+        }
+        let scale = (i.heads as f32).powf(-0.5);
+        let mut w = Self::proj(&ix.weights_proj, x, n);
+        w.iter_mut().for_each(|v| *v *= scale);
+        (q, w)
+    }
+
+    /// The compressed entries row `pos` attends to, ascending: none on sliding layers, every
+    /// closed one on heavily compressed layers, the indexer's top `k` otherwise.
+    fn selection(
+        &self,
+        cache: &CompressedCache,
+        pos: usize,
+        index: Option<(&[f32], &[f32])>,
+        r: usize,
+    ) -> Vec<usize> {
+        let closed = match self.kind {
+            AttentionKind::Sliding => return Vec::new(),
+            AttentionKind::Sparse { ratio } | AttentionKind::Heavy { ratio } => (pos + 1) / ratio,
+        };
+        let (Some(ix), Some((q, w))) = (&self.indexer, index) else {
+            return (0..closed).collect();
+        };
+        let i = ix.dims;
+        let q = &q[r * i.heads * i.head_dim..(r + 1) * i.heads * i.head_dim];
+        let w = &w[r * i.heads..(r + 1) * i.heads];
+        let scale = (i.head_dim as f32).powf(-0.5);
+        let scores: Vec<f32> = (0..closed)
+            .map(|s| {
+                let k = cache.index_keys.row(s);
+                q.chunks(i.head_dim)
+                    .zip(w)
+                    .map(|(qh, &wh)| lanes_dot(qh, k).max(0.0) * scale * wh)
+                    .sum()
+            })
+            .collect();
+        top_k(&scores, i.top_k)
+    }
+
+    /// One row's attention: its heads over the window and the selected entries, with sinks;
+    /// each head's output rotated back by the query's position.
+    fn attend(&self, q: &[f32], cache: &CompressedCache, pos: usize, selected: &[usize]) -> Vec<f32> {
+        let d = self.dims;
+        let hd = d.head_dim;
+        let lo = (pos + 1).saturating_sub(d.window);
+        let keys: Vec<&[f32]> = (lo..=pos)
+            .map(|j| cache.kv.row(j))
+            .chain(selected.iter().map(|&s| cache.entries.row(s)))
+            .collect();
+        let scale = (hd as f32).powf(-0.5);
+        let back = factors(&self.rope, pos, d.rope);
+        let mut out = vec![0.0f32; d.heads * hd];
+        let mut logits = vec![0.0f32; keys.len()];
+        for (h, (qh, oh)) in q.chunks(hd).zip(out.chunks_mut(hd)).enumerate() {
+            let sink = self.sinks[h];
+            let mut max = sink;
+            for (l, k) in logits.iter_mut().zip(&keys) {
+                *l = lanes_dot(qh, k) * scale;
+                max = max.max(*l);
+            }
+            let mut sum = exp(sink - max);
+            for l in logits.iter_mut() {
+                *l = exp(*l - max);
+                sum += *l;
+            }
+            for (l, k) in logits.iter().zip(&keys) {
+                let p = l / sum;
+                oh.iter_mut().zip(k.iter()).for_each(|(o, v)| *o += p * v);
+            }
+            rotate(oh, &back, true);
+        }
+        out
+    }
+
+    /// The grouped low-rank output projection of `n` rows of head outputs.
+    fn output(&self, heads: &[f32], n: usize) -> Vec<f32> {
+        let d = self.dims;
+        let (g, group) = (d.o_groups, d.heads * d.head_dim / d.o_groups);
+        // Every group's input through the whole W_oa; group i keeps its own rank rows.
+        let mut all = vec![0.0f32; n * g * self.wo_a.rows];
+        matmul(&self.wo_a, heads, n * g, &mut all);
+        let mut low = vec![0.0f32; n * g * d.o_rank];
+        for (k, dst) in low.chunks_mut(d.o_rank).enumerate() {
+            let i = k % g;
+            dst.copy_from_slice(&all[k * self.wo_a.rows + i * d.o_rank..][..d.o_rank]);
+        }
+        debug_assert_eq!(heads.len(), n * g * group);
+        Self::proj(&self.wo_b, &low, n)
+    }
+}
+
+/// The indices of the `k` largest scores, ascending (ties to the lower index; all of them when
+/// there are at most `k`).
+pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut ids: Vec<usize> = (0..scores.len()).collect();
+    if ids.len() > k {
+        ids.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        ids.truncate(k);
+        ids.sort_unstable();
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_keeps_the_largest_and_breaks_ties_to_the_lower_index() {
+        assert_eq!(top_k(&[0.5, 2.0, 1.0, 2.0, -1.0], 2), vec![1, 3]);
+        assert_eq!(top_k(&[1.0, 1.0, 1.0], 2), vec![0, 1]);
+        assert_eq!(top_k(&[3.0, 1.0], 4), vec![0, 1]);
+    }
+
+    #[test]
+    fn the_inverse_rotation_undoes_the_rotation() {
+        let rope = Rope::new(&crate::config::RopeConfig::default(), 4, true);
+        let f = factors(&rope, 37, 4);
+        let x = vec![0.3f32, -1.2, 0.7, 2.5, -0.4, 1.1];
+        let mut y = x.clone();
+        rotate(&mut y, &f, false);
+        assert_ne!(y, x);
+        assert_eq!(&y[..2], &x[..2], "only the trailing rope channels turn");
+        rotate(&mut y, &f, true);
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() < 1e-6, "{a} {b}");
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! DeepSeek-V4 (`deepseek_v4`) against HF `transformers` `DeepseekV4ForCausalLM` (fixture
+//! `dsv4-flash/`: sliding / compressed sparse / heavily compressed attention with a window of 8,
+//! ratios 4 and 8 and an indexer keeping 3 entries against a 47-token prompt and its
+//! continuation; mHC with 4 streams; two hash-routed layers and two `sqrtsoftplus` layers;
+//! FP4 experts and block FP8 with UE8M0 scales under DeepSeek's published names), in memory and
+//! out of core, with the exactness properties every family has.
+
+mod golden_support;
+
+#[test]
+fn dsv4_flash_matches_hf_in_memory() {
+    golden_support::check("dsv4-flash");
+}
+
+#[test]
+fn dsv4_flash_gives_hf_ids_under_every_memory_budget() {
+    golden_support::check_out_of_core("dsv4-flash");
+}
+
+/// The tokenizer's encodings and decodings as HF's, and BOS added by the tokenizer (V4 renders
+/// chats with DeepSeek's Python encoder, not a Jinja template: the chat format is DSML's).
+#[test]
+fn dsv4_tokenizer_matches_hf() {
+    use deltafin_engine::tokenizer::Tokenizer;
+    use golden_support::ids;
+    let dir = golden_support::fixture("dsv4-flash");
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let t = Tokenizer::from_dir(&dir).unwrap();
+    let cases = golden["tokenizer"]["cases"].as_array().unwrap();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(t.encode_with_special(text), ids(&case["ids"]), "encode {text:?}");
+        assert_eq!(t.decode(&ids(&case["ids"])), text, "decode {text:?}");
+        let with_bos = ids(&case["ids_add_special_tokens"]);
+        assert_eq!(with_bos[0], 0, "BOS first");
+        assert_eq!(t.encode_with_special(text), with_bos[1..], "{text:?} after BOS");
+    }
+}
+
+#[test]
+fn dsv4_chunking_batching_prefix_reuse_and_drafts_are_exact() {
+    golden_support::check_consistency("dsv4-flash");
+}
+
+/// Long prompts, where every compressed layer holds hundreds of entries and the indexer keeps 3
+/// of them: one pass, chunks of 256 and of 64, and batched beside another sequence give the
+/// same logits bit for bit; the context memory the sequence holds is within the plan's bytes
+/// per token (entries rounded up) and at least every position's part.
+fn long_prompt_bits_agree(len: usize) {
+    use deltafin_engine::arch::{self, LogitRows, SeqInput};
+    use golden_support::pass_bits;
+    let model = arch::load(&golden_support::fixture("dsv4-flash")).unwrap();
+    let m = model.as_ref();
+    let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % 520) as u32).collect();
+    let mut state = m.new_state();
+    let whole = pass_bits(m, &mut state, &prompt);
+    let plan = m.info().state;
+    // Per position: kv (32) on all 4 layers, compressor inputs 4·32 + indexer inputs 4·16 on the
+    // two sparse layers, 2·32 on the heavy one; entries 32/4 + 16/4 (sparse), 32/8 (heavy).
+    let per_position = 4 * (4 * 32 + 2 * (4 * 32 + 4 * 16) + 2 * 32);
+    let entries = 4 * (2 * (32 / 4 + 16 / 4) + 32 / 8);
+    assert_eq!(plan.per_token, (per_position + entries) as u64);
+    let held = state.cache_bytes() as u64;
+    let blocks = |n: usize| n.div_ceil(64) as u64 * 64;
+    assert!(held <= plan.bytes(len, 0), "{held} > plan {}", plan.bytes(len, 0));
+    assert!(held >= per_position as u64 * blocks(len), "{held}");
+    for chunk in [256, 64] {
+        let mut state = m.new_state();
+        let got: Vec<u32> = prompt
+            .chunks(chunk)
+            .flat_map(|c| pass_bits(m, &mut state, c))
+            .collect();
+        assert_eq!(got, whole, "{len} tokens in chunks of {chunk}");
+    }
+    let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % 520) as u32).collect();
+    let (mut a, mut b) = (m.new_state(), m.new_state());
+    let batched: Vec<u32> = m
+        .forward(
+            &mut [
+                SeqInput {
+                    state: &mut a,
+                    tokens: &other,
+                    logits: LogitRows::All,
+                },
+                SeqInput {
+                    state: &mut b,
+                    tokens: &prompt,
+                    logits: LogitRows::All,
+                },
+            ],
+            None,
+        )
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let vocab = m.info().vocab_size;
+    assert_eq!(
+        batched[other.len() * vocab..],
+        whole[..],
+        "{len} tokens batched with another sequence"
+    );
+}
+
+#[test]
+fn dsv4_1k_token_prompt_is_bit_identical_in_chunks_and_batches() {
+    long_prompt_bits_agree(1024);
+}
+
+#[test]
+fn dsv4_8k_token_prompt_is_bit_identical_in_chunks_and_batches() {
+    long_prompt_bits_agree(8192);
+}
+
+/// Malformed checkpoints are refused with a typed error naming the tensor, in memory and out
+/// of core: a missing indexer weight, an FP4 scale of the wrong shape, a hash table of the
+/// wrong size, and a compressor's position bias of the wrong shape.
+#[test]
+fn malformed_dsv4_checkpoints_name_the_tensor() {
+    use deltafin_engine::arch;
+    use deltafin_engine::cache::OocOptions;
+    use deltafin_engine::error::Error;
+    let budget = OocOptions::with_budget(u64::MAX / 4);
+    let missing = "layers.1.attn.indexer.weights_proj.weight";
+    let dir = golden_support::with_tensor("dsv4-flash", missing, None);
+    for err in [
+        arch::load(dir.path()).unwrap_err(),
+        arch::load_budgeted(dir.path(), &budget).unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, Error::MissingTensor { name, .. } if name == missing),
+            "{err}"
+        );
+    }
+    for (tensor, shape) in [
+        ("layers.2.ffn.experts.3.w1.scale", &[16usize, 4][..]),
+        ("layers.0.ffn.gate.tid2eid", &[264, 8][..]),
+        ("layers.1.attn.indexer.compressor.ape", &[8, 16][..]),
+    ] {
+        let dir = golden_support::with_tensor("dsv4-flash", tensor, Some(shape));
+        for err in [
+            arch::load(dir.path()).unwrap_err(),
+            arch::load_budgeted(dir.path(), &budget).unwrap_err(),
+        ] {
+            assert!(
+                matches!(&err, Error::TensorShape { name, .. } if name == tensor),
+                "{tensor}: {err}"
+            );
+        }
+    }
+}
