@@ -46,8 +46,9 @@ fn dsv4_chunking_batching_prefix_reuse_and_drafts_are_exact() {
 
 /// Long prompts, where every compressed layer holds hundreds of entries and the indexer keeps 3
 /// of them: one pass, chunks of 256 and of 64, and batched beside another sequence give the
-/// same logits bit for bit; the context memory the sequence holds is within the plan's bytes
-/// per token (entries rounded up) and at least every position's part.
+/// same logits bit for bit; the context memory a committed sequence holds is within the plan
+/// (entries per token, the sliding window and open windows per sequence), far below every
+/// position's kv and compressor inputs.
 fn long_prompt_bits_agree(len: usize) {
     use deltafin_engine::arch::{self, LogitRows, SeqInput};
     use golden_support::pass_bits;
@@ -57,15 +58,28 @@ fn long_prompt_bits_agree(len: usize) {
     let mut state = m.new_state();
     let whole = pass_bits(m, &mut state, &prompt);
     let plan = m.info().state;
-    // Per position: kv (32) on all 4 layers, compressor inputs 4·32 + indexer inputs 4·16 on the
-    // two sparse layers, 2·32 on the heavy one; entries 32/4 + 16/4 (sparse), 32/8 (heavy).
-    let per_position = 4 * (4 * 32 + 2 * (4 * 32 + 4 * 16) + 2 * 32);
-    let entries = 4 * (2 * (32 / 4 + 16 / 4) + 32 / 8);
-    assert_eq!(plan.per_token, (per_position + entries) as u64);
+    // Per position, the compressed entries only: 32/4 + 16/4 floats on each sparse layer
+    // (entry and indexer key), 32/8 on the heavy one.
+    assert_eq!(plan.per_token, 4 * (2 * (32 / 4 + 16 / 4) + 32 / 8));
+    state.commit_all();
     let held = state.cache_bytes() as u64;
     let blocks = |n: usize| n.div_ceil(64) as u64 * 64;
     assert!(held <= plan.bytes(len, 0), "{held} > plan {}", plan.bytes(len, 0));
-    assert!(held >= per_position as u64 * blocks(len), "{held}");
+    // Every position's kv and compressor inputs would be 4·(4·32 + 2·(4·32 + 4·16) + 2·32) bytes.
+    let uncompressed = 4 * (4 * 32 + 2 * (4 * 32 + 4 * 16) + 2 * 32) * blocks(len);
+    eprintln!(
+        "{len} tokens: held {held} B, plan {} B, every position's parts {uncompressed} B",
+        plan.bytes(len, 0)
+    );
+    assert!(
+        held * 4 < uncompressed,
+        "{held} of {uncompressed}: the window and open windows only"
+    );
+    assert!(held >= plan.per_token * len as u64, "{held}: every entry is held");
+    // A committed state rewinds only as far as its held window and open windows reach: a
+    // reuse of the early prefix recomputes (0), the last positions rewind exactly.
+    assert_eq!(state.rewind_point(100), 0);
+    assert_eq!(state.rewind_point(len - 3), len - 3);
     for chunk in [256, 64] {
         let mut state = m.new_state();
         let got: Vec<u32> = prompt

@@ -373,9 +373,12 @@ impl<'a> Loader<'a> {
     /// checkpoints, UE8M0).
     fn scale_name(&self, module: &str) -> String {
         let hf = self.name(&format!("{module}.weight_scale_inv"));
-        match self.index.contains(&hf) {
+        let deepseek = self.name(&format!("{module}.scale"));
+        // Neither: the error names the spelling the checkpoint's naming uses.
+        let published = self.index.contains(&deepseek) || self.naming == Naming::DeepSeekV4;
+        match self.index.contains(&hf) || !published {
             true => hf,
-            false => self.name(&format!("{module}.scale")),
+            false => deepseek,
         }
     }
 

@@ -93,15 +93,49 @@ pub struct CompressedCache {
     pub index_keys: Paged,
     /// Positions per compressed entry (0: no compressor).
     pub ratio: usize,
+    /// Positions the sliding window reads.
+    pub window: usize,
 }
 
 impl CompressedCache {
-    /// An empty cache compressing every `ratio` positions (0: none).
-    pub fn new(ratio: usize) -> Self {
+    /// An empty cache compressing every `ratio` positions (0: none) behind a sliding window of
+    /// `window` positions.
+    pub fn new(ratio: usize, window: usize) -> Self {
         CompressedCache {
             ratio,
+            window,
             ..Default::default()
         }
+    }
+
+    /// The first position whose kv (the window of a row at `len`) and whose compressor inputs
+    /// (the window an entry after `len` pools, and the one before it) a state of `len`
+    /// positions reads.
+    fn reads_from(&self, len: usize) -> (usize, usize) {
+        let kv = len.saturating_sub(self.window);
+        let inputs = match self.ratio {
+            0 => len,
+            r => (len / r).saturating_sub(1) * r,
+        };
+        (kv, inputs)
+    }
+
+    /// Release the positions a state of `len` positions no longer reads: the compressed
+    /// history is the entries, and kv and compressor inputs are held for the sliding window and
+    /// the open windows only.
+    fn trim(&mut self, len: usize) {
+        let (kv, inputs) = self.reads_from(len);
+        self.kv.forget_before(kv);
+        self.inputs.forget_before(inputs);
+        self.index_inputs.forget_before(inputs);
+    }
+
+    /// Whether the positions a state cut back to `len` reads are still held.
+    fn can_truncate(&self, len: usize) -> bool {
+        let (kv, inputs) = self.reads_from(len);
+        len == 0
+            || (kv >= self.kv.held_from()
+                && inputs >= self.inputs.held_from().max(self.index_inputs.held_from()))
     }
 
     fn truncate(&mut self, len: usize) {
@@ -437,7 +471,10 @@ impl SeqState {
                 LayerState::Mla(c) => c.truncate(new_len),
                 LayerState::Kda(c) => c.commit(keep),
                 LayerState::Kv(c) => c.truncate(new_len),
-                LayerState::Compressed(c) => c.truncate(new_len),
+                LayerState::Compressed(c) => {
+                    c.truncate(new_len);
+                    c.trim(new_len);
+                }
             }
         }
         self.len = new_len;
@@ -510,7 +547,17 @@ impl SeqState {
     /// `len` (0 when there is none: nothing reusable).
     pub fn rewind_point(&self, len: usize) -> usize {
         let len = len.min(self.len);
-        if len >= self.committed_len() || !self.has_recurrent_layers() {
+        if len >= self.committed_len() {
+            return len;
+        }
+        let compressed_hold = self.layers.iter().all(|l| match l {
+            LayerState::Compressed(c) => c.can_truncate(len),
+            _ => true,
+        });
+        if !compressed_hold {
+            return 0;
+        }
+        if !self.has_recurrent_layers() {
             return len;
         }
         checkpoint::at_or_before(&self.checkpoint_positions(), len)

@@ -36,8 +36,12 @@ pub struct Paged {
     width: usize,
     /// Positions held.
     len: usize,
-    /// `⌈len / B⌉` blocks of `B · width` floats; positions past `len` in the last are unused.
+    /// Blocks `first..⌈len / B⌉` of `B · width` floats; positions past `len` in the last are
+    /// unused.
     blocks: Vec<Arc<[f32]>>,
+    /// Leading blocks forgotten ([`Paged::forget_before`]): positions below `first · B` are no
+    /// longer held.
+    first: usize,
 }
 
 /// `buf` for writing: replaced by a copy first when another holder shares it (the copy on
@@ -84,7 +88,10 @@ impl Paged {
             self.width = row.len();
         }
         debug_assert_eq!(row.len(), self.width, "every position has the same width");
-        let (b, r) = (self.len / BLOCK_POSITIONS, self.len % BLOCK_POSITIONS);
+        let (b, r) = (
+            self.len / BLOCK_POSITIONS - self.first,
+            self.len % BLOCK_POSITIONS,
+        );
         if b == self.blocks.len() {
             self.blocks.push(zeros(BLOCK_POSITIONS * self.width));
         }
@@ -102,28 +109,45 @@ impl Paged {
         }
     }
 
-    /// Forget every position at or after `len`.
+    /// Forget every position at or after `len` (all of them when `len` is below what is still
+    /// held: [`Paged::held_from`]).
     pub fn truncate(&mut self, len: usize) {
-        if len < self.len {
+        if len < self.held_from() {
+            debug_assert_eq!(len, 0, "truncated below the positions still held");
+            *self = Paged::default();
+        } else if len < self.len {
             self.len = len;
-            self.blocks.truncate(len.div_ceil(BLOCK_POSITIONS));
+            self.blocks.truncate(len.div_ceil(BLOCK_POSITIONS) - self.first);
         }
+    }
+
+    /// Stop holding the whole blocks below position `pos` (a sliding window's old positions);
+    /// reading them afterwards is a bug.
+    pub fn forget_before(&mut self, pos: usize) {
+        let keep_from = (pos.min(self.len) / BLOCK_POSITIONS).max(self.first);
+        self.blocks.drain(..keep_from - self.first);
+        self.first = keep_from;
+    }
+
+    /// The first position still held (0 unless [`Paged::forget_before`] dropped blocks).
+    pub fn held_from(&self) -> usize {
+        self.first * BLOCK_POSITIONS
     }
 
     /// Position `j`'s floats.
     #[inline(always)]
     pub fn row(&self, j: usize) -> &[f32] {
-        debug_assert!(j < self.len);
-        &self.blocks[j / BLOCK_POSITIONS][(j % BLOCK_POSITIONS) * self.width..][..self.width]
+        debug_assert!(j < self.len && j >= self.held_from());
+        &self.blocks[j / BLOCK_POSITIONS - self.first][(j % BLOCK_POSITIONS) * self.width..][..self.width]
     }
 
     /// Positions `lo..hi` as one slice; they must lie in one block.
     pub fn span(&self, lo: usize, hi: usize) -> &[f32] {
-        debug_assert!(lo < hi && hi <= self.len);
+        debug_assert!(lo < hi && hi <= self.len && lo >= self.held_from());
         let b = lo / BLOCK_POSITIONS;
         assert_eq!((hi - 1) / BLOCK_POSITIONS, b, "a span lies inside one block");
         let r = lo % BLOCK_POSITIONS;
-        &self.blocks[b][r * self.width..(r + hi - lo) * self.width]
+        &self.blocks[b - self.first][r * self.width..(r + hi - lo) * self.width]
     }
 
     /// Bytes allocated: whole blocks.
@@ -139,9 +163,11 @@ impl Paged {
         }
     }
 
-    /// Every position's floats, in order (tests).
+    /// Every held position's floats, in order (tests).
     pub fn to_vec(&self) -> Vec<f32> {
-        (0..self.len).flat_map(|j| self.row(j).iter().copied()).collect()
+        (self.held_from()..self.len)
+            .flat_map(|j| self.row(j).iter().copied())
+            .collect()
     }
 }
 
@@ -282,5 +308,27 @@ mod tests {
         assert!(Rows::from(&v).same(Rows::from(&v)));
         assert!(Rows::from(&p).same(Rows::from(&p)));
         assert!(!Rows::from(&p).same(Rows::from(&v)));
+    }
+
+    /// A sliding window's old blocks are dropped whole; what is still held reads back as
+    /// written, grows on, and truncates; truncating below it empties the rows.
+    #[test]
+    fn forgotten_blocks_are_released_and_the_rest_reads_back() {
+        let rows: Vec<f32> = (0..300).map(|i| i as f32).collect();
+        let mut p = Paged::from_rows(&rows, 1);
+        p.forget_before(130);
+        assert_eq!(
+            (p.held_from(), p.len(), p.bytes()),
+            (128, 300, 4 * 3 * BLOCK_POSITIONS)
+        );
+        assert_eq!(p.row(128), &[128.0]);
+        assert_eq!(p.to_vec(), rows[128..]);
+        p.push(&[300.0]);
+        p.truncate(200);
+        assert_eq!((p.len(), p.row(199)), (200, &[199.0][..]));
+        p.forget_before(10);
+        assert_eq!(p.held_from(), 128, "forgetting never comes back");
+        p.truncate(0);
+        assert_eq!((p.len(), p.bytes()), (0, 0));
     }
 }

@@ -13,17 +13,24 @@ use super::super::{RowPlan, SeqInput, Trace};
 use super::{Decoder, Sites, Tail, V4Plan, missing_res, row_tokens, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
 use crate::error::Result;
+use crate::state::BLOCK_POSITIONS;
 
-/// Bytes a DeepSeek-V4 layer of `kind` caches per position (f32): every position's kv and
-/// compressor inputs, and an entry (and indexer key) per `ratio` positions, rounded up (see
-/// `CompressedCache`).
-pub(super) fn cache_bytes_per_token(v: &V4Plan, kind: AttentionKind) -> usize {
+/// Bytes a DeepSeek-V4 layer of `kind` holds (f32, see `CompressedCache`): per position, its
+/// compressed entries (and indexer keys), one per `ratio` positions, rounded up; per sequence,
+/// the kv of the sliding window and the compressor inputs of the open windows, in whole blocks
+/// (what a committed state holds; a pass also holds its own rows until it commits).
+pub(super) fn cache_bytes(v: &V4Plan, kind: AttentionKind) -> (usize, usize) {
     let (hd, id) = (4 * v.dims.head_dim, 4 * v.indexer.head_dim);
+    let held = |positions: usize| (positions.div_ceil(BLOCK_POSITIONS) + 1) * BLOCK_POSITIONS;
+    let window = hd * held(v.dims.window);
     match kind {
-        AttentionKind::Sliding => hd,
-        // kv, the compressor's kv and gate (two series) and its entries, the indexer's likewise.
-        AttentionKind::Sparse { ratio } => hd + 4 * hd + hd.div_ceil(ratio) + 4 * id + id.div_ceil(ratio),
-        AttentionKind::Heavy { ratio } => hd + 2 * hd + hd.div_ceil(ratio),
+        AttentionKind::Sliding => (0, window),
+        // Two series of kv and gate, for the compressor and for the indexer.
+        AttentionKind::Sparse { ratio } => (
+            hd.div_ceil(ratio) + id.div_ceil(ratio),
+            window + (4 * hd + 4 * id) * held(2 * ratio),
+        ),
+        AttentionKind::Heavy { ratio } => (hd.div_ceil(ratio), window + 2 * hd * held(2 * ratio)),
     }
 }
 

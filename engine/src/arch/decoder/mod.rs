@@ -213,7 +213,9 @@ pub(crate) fn state_size(plan: &DecoderPlan) -> StateSize {
             }
             (MixerKind::Compressed(kind), ..) => {
                 let v = plan.v4.as_ref().expect("a compressed layer has the V4 plan");
-                per_token += hyper::cache_bytes_per_token(v, kind)
+                let (token, sequence) = hyper::cache_bytes(v, kind);
+                per_token += token;
+                per_sequence += sequence;
             }
             _ => {}
         }
@@ -491,7 +493,10 @@ fn new_state(plan: &DecoderPlan) -> SeqState {
             .map(|l| match (plan.mixer(l), plan.recurrent_shape(l)) {
                 (_, Some(shape)) => LayerState::Kda(KdaCache::new(shape)),
                 (MixerKind::Mla, _) => LayerState::Mla(MlaCache::default()),
-                (MixerKind::Compressed(k), _) => LayerState::Compressed(CompressedCache::new(k.ratio())),
+                (MixerKind::Compressed(k), _) => {
+                    let window = plan.v4.as_ref().map_or(0, |v| v.dims.window);
+                    LayerState::Compressed(CompressedCache::new(k.ratio(), window))
+                }
                 _ => LayerState::Kv(KvCache::default()),
             })
             .collect(),
