@@ -99,6 +99,8 @@ pub(crate) enum Fill {
     F32LogUniform(f32, f32),
     /// E8M0 scale bytes `e - 1 ..= e + 1`.
     E8m0(u8),
+    /// I32 ids below this bound (a hash-routing table).
+    Ids(u32),
 }
 
 pub(crate) fn dense(name: &str, rows: usize, cols: usize, gain: f32) -> (TensorSpec, Fill) {
@@ -131,7 +133,8 @@ impl Fill {
             | Fill::SkewedBias(_)
             | Fill::Scale(_)
             | Fill::F32Uniform(..)
-            | Fill::F32LogUniform(..) => 4,
+            | Fill::F32LogUniform(..)
+            | Fill::Ids(_) => 4,
             Fill::Fp8 | Fill::Bytes | Fill::E8m0(_) => 1,
             Fill::Shape(..) => 8,
         }
@@ -205,6 +208,9 @@ impl Fill {
             Fill::F32LogUniform(lo, hi) => {
                 (0..n).for_each(|_| buf.extend_from_slice(&(lo + (hi - lo) * rng.unit()).ln().to_le_bytes()))
             }
+            Fill::Ids(bound) => (0..n).for_each(|_| {
+                buf.extend_from_slice(&((rng.next_u64() % bound.max(1) as u64) as i32).to_le_bytes())
+            }),
             Fill::Shape(..) => unreachable!("written directly"),
             Fill::Dense(_) | Fill::Bytes | Fill::Fp8 | Fill::E8m0(_) => unreachable!("bulk fills"),
         }

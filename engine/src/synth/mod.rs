@@ -5,6 +5,7 @@
 //! real checkpoints take.
 
 mod deepseek;
+mod deepseek_v4;
 mod dspark;
 mod fill;
 mod gqa;
@@ -14,6 +15,7 @@ mod tokenizer;
 
 pub use crate::rng::Rng;
 pub use deepseek::{DeepseekSynth, DsaShape, ExpertFormat};
+pub use deepseek_v4::DeepseekV4Synth;
 pub use dspark::DSparkSynth;
 pub use gqa::{GqaFamily, GqaMoeSynth};
 pub use kimi::{KimiK3Synth, KimiSynth, KimiVariant};

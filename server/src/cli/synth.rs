@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use deltafin_engine::cache::plan::human;
 use deltafin_engine::synth::{
-    DeepseekSynth, ExpertFormat, GqaMoeSynth, KimiK3Synth, RoutingModel, RoutingShape,
+    DeepseekSynth, DeepseekV4Synth, ExpertFormat, GqaMoeSynth, KimiK3Synth, RoutingModel, RoutingShape,
 };
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -53,6 +53,13 @@ pub enum Preset {
     /// width 2048, top-8, a shared expert), a dense layer and a MoE layer (~10 GB) unless
     /// `--layers`/`--experts`/`--size`.
     Glm5,
+    /// DeepSeek-V4-Flash's shapes in its published layout (`deepseek_v4`: hidden 4096, 64 heads
+    /// of 512 with one K=V head, sliding / compressed sparse (ratio 4, the 64 × 128 indexer
+    /// keeping 512) / heavily compressed (ratio 128) attention, mHC with 4 streams, 256 FP4
+    /// experts of width 2048, top-6, 3 hash-routed layers, block FP8 with UE8M0 scales), 4
+    /// layers (~13 GB) unless `--layers`/`--experts`/`--size`.
+    #[value(name = "dsv4-flash")]
+    Dsv4Flash,
 }
 
 #[derive(Debug, Args)]
@@ -172,7 +179,8 @@ fn k3_preset(p: Preset) -> Option<KimiK3Synth> {
         | Preset::GptOss120b
         | Preset::MinimaxM2
         | Preset::Qwen35_397b
-        | Preset::Glm5 => None,
+        | Preset::Glm5
+        | Preset::Dsv4Flash => None,
     }
 }
 
@@ -192,7 +200,8 @@ fn preset(p: Preset) -> DeepseekSynth {
         | Preset::K3Bench
         | Preset::GptOss120b
         | Preset::MinimaxM2
-        | Preset::Qwen35_397b => DeepseekSynth::builtin(),
+        | Preset::Qwen35_397b
+        | Preset::Dsv4Flash => DeepseekSynth::builtin(),
         Preset::Glm5 => DeepseekSynth::glm5(2, ExpertFormat::Fp8),
         Preset::Dsv3Bench => DeepseekSynth {
             hidden: 2048,
@@ -222,6 +231,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
     }
     if let Some(g) = gqa_preset(a.preset) {
         return run_gqa(g, &a);
+    }
+    if matches!(a.preset, Preset::Dsv4Flash) {
+        return run_v4(DeepseekV4Synth::flash(4), &a);
     }
     let mut s = preset(a.preset);
     s.format = match a.format {
@@ -268,6 +280,41 @@ fn wanted_size(a: &SynthArgs) -> Result<Option<u64>> {
         bail!("--size {size}: choose between 1M and 200G");
     }
     Ok(Some(want))
+}
+
+fn run_v4(mut s: DeepseekV4Synth, a: &SynthArgs) -> Result<()> {
+    if a.format.is_some() || routing_given(a) {
+        bail!(
+            "--format and the routing options do not apply to dsv4-flash (its experts are FP4, as published)"
+        );
+    }
+    s.shards = a.shards.max(1);
+    s.seed = a.seed;
+    if let Some(l) = a.layers {
+        s.layers = l.max(1);
+    }
+    if let Some(e) = a.experts {
+        s.experts = e.max(s.top_k);
+    }
+    if let Some(m) = a.max_position {
+        s.max_position = m.max(1);
+    }
+    if let Some(want) = wanted_size(a)? {
+        while s.data_bytes() < want {
+            s.layers += 1;
+        }
+    }
+    let start = Instant::now();
+    s.write(&a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    let shape = Shape {
+        layers: s.layers,
+        experts: s.experts,
+        top_k: s.top_k,
+        expert_bytes: s.expert_bytes(),
+    };
+    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
+    Ok(())
 }
 
 fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
