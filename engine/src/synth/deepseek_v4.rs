@@ -46,8 +46,7 @@ impl DeepseekV4Synth {
     /// DeepSeek-V4-Flash's shapes (hidden 4096, 64 heads of 512 with one K=V head, Q-LoRA
     /// 1024, 8 output groups of rank 1024, window 128, the 64 × 128 indexer keeping 512, ratios
     /// 4 and 128, 256 FP4 experts of width 2048, top-6, a shared expert, 3 hash layers, 4
-    /// streams), `layers` layers in HF's default schedule (two heavily compressed, then
-    /// alternating).
+    /// streams), `layers` layers in V4-Flash's published schedule (see [`Self::ratio`]).
     pub fn flash(layers: usize) -> Self {
         DeepseekV4Synth {
             hidden: 4096,
@@ -78,11 +77,14 @@ impl DeepseekV4Synth {
         512
     }
 
-    /// Layer `l`'s compression ratio (0: sliding window only).
+    /// Layer `l`'s compression ratio as V4-Flash publishes its `compress_ratios`: the first two
+    /// layers the sliding window only, then compressed sparse on even and heavily compressed on
+    /// odd layers.
     fn ratio(&self, l: usize) -> usize {
         match l {
-            l if l < 2 || l % 2 == 0 => self.ratios.1,
-            _ => self.ratios.0,
+            0 | 1 => 0,
+            l if l % 2 == 0 => self.ratios.0,
+            _ => self.ratios.1,
         }
     }
 

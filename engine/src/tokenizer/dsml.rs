@@ -41,8 +41,42 @@ const DSML: &str = "｜DSML｜";
 pub(crate) const MARKERS: &str =
     "<｜begin▁of▁sentence｜><｜end▁of▁sentence｜><｜User｜><｜Assistant｜><think></think>｜DSML｜";
 
-/// The `config.json` `model_type`s whose checkpoints are rendered here when they ship no template.
-pub(crate) const MODEL_TYPES: [&str; 1] = ["deepseek_v32"];
+/// Which of DeepSeek's native encoders renders a checkpoint that ships no chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DsmlVersion {
+    /// DeepSeek-V3.2 (`encoding_dsv32.py`): `<｜DSML｜function_calls>` blocks (this module).
+    V32,
+    /// DeepSeek-V4 (`encoding_dsv4.py`): `<｜DSML｜tool_calls>` blocks ([`super::dsml_v4`]).
+    V4,
+}
+
+impl DsmlVersion {
+    /// The encoder of a `config.json` `model_type`, when it is one of DeepSeek's DSML families.
+    pub(crate) fn of_model_type(model_type: &str) -> Option<Self> {
+        match model_type {
+            "deepseek_v32" => Some(DsmlVersion::V32),
+            "deepseek_v4" => Some(DsmlVersion::V4),
+            _ => None,
+        }
+    }
+
+    /// The text that opens a call block in the output (the reference's
+    /// `tool_calls_start_token`).
+    pub fn block_start(self) -> &'static str {
+        match self {
+            DsmlVersion::V32 => "\n\n<｜DSML｜function_calls",
+            DsmlVersion::V4 => "\n\n<｜DSML｜tool_calls",
+        }
+    }
+
+    /// The tag that closes a call block.
+    pub fn block_end(self) -> &'static str {
+        match self {
+            DsmlVersion::V32 => "</｜DSML｜function_calls>",
+            DsmlVersion::V4 => "</｜DSML｜tool_calls>",
+        }
+    }
+}
 
 /// One message as the reference sees it (`tools` only on the message that carries them).
 #[derive(Clone)]

@@ -42,6 +42,8 @@ mod bytes;
 mod chat;
 mod config;
 mod dsml;
+mod dsml_v4;
+pub use dsml::DsmlVersion;
 mod hf;
 mod pretok;
 mod pyjson;
@@ -94,9 +96,9 @@ pub struct Tokenizer {
     newline_ids: Vec<u32>,
     /// Whether chats use K3's XTML encoder (all of [`xtml::MARKERS`] are special tokens).
     xtml: bool,
-    /// Whether chats use DeepSeek-V3.2's DSML encoder ([`dsml`]: a `deepseek_v32` checkpoint
-    /// that ships no chat template, as DeepSeek publishes it).
-    dsml: bool,
+    /// Which DeepSeek DSML encoder renders chats ([`dsml`], [`dsml_v4`]: a `deepseek_v32` or
+    /// `deepseek_v4` checkpoint that ships no chat template, as DeepSeek publishes them).
+    dsml: Option<DsmlVersion>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -144,7 +146,10 @@ impl Tokenizer {
             });
         };
         let template = load_template(dir, config.as_ref())?;
-        let dsml = template.is_none() && native_dsml(dir)?;
+        let dsml = match template {
+            Some(_) => None,
+            None => native_dsml(dir)?,
+        };
         Self::assemble(backend, config.as_ref(), template, dsml)
     }
 
@@ -152,7 +157,7 @@ impl Tokenizer {
         backend: Backend,
         config: Option<&TokenizerConfig>,
         template: Option<ChatTemplate>,
-        dsml: bool,
+        dsml: Option<DsmlVersion>,
     ) -> Result<Self> {
         let mut tokenizer = Tokenizer {
             backend,
@@ -204,7 +209,8 @@ impl Tokenizer {
                 let listed = config.and_then(|c| c.chat_control_tokens.as_ref());
                 let source = match &self.template {
                     Some(t) => t.source(),
-                    None if self.dsml => dsml::MARKERS,
+                    None if self.dsml == Some(DsmlVersion::V32) => dsml::MARKERS,
+                    None if self.dsml == Some(DsmlVersion::V4) => dsml_v4::MARKERS,
                     None => "",
                 };
                 h.added_tokens()
@@ -358,6 +364,11 @@ impl Tokenizer {
 
     /// Whether chats are rendered by DeepSeek-V3.2's native DSML encoder ([`dsml`]).
     pub fn is_dsml(&self) -> bool {
+        self.dsml.is_some()
+    }
+
+    /// The DSML encoder that renders chats, if one does.
+    pub fn dsml_version(&self) -> Option<DsmlVersion> {
         self.dsml
     }
 
@@ -403,14 +414,18 @@ impl Tokenizer {
         opts: &ChatOptions,
         control: Option<&ControlTokens>,
     ) -> Result<String> {
-        if self.dsml {
+        if let Some(version) = self.dsml {
             chat::check_chat_inputs(messages, opts)?;
+            let render = match version {
+                DsmlVersion::V32 => dsml::render,
+                DsmlVersion::V4 => dsml_v4::render,
+            };
             return match control {
-                Some(c) => dsml::render(
+                Some(c) => render(
                     &chat::marked_messages(messages, c),
                     &chat::marked_options(opts, c),
                 ),
-                None => dsml::render(messages, opts),
+                None => render(messages, opts),
             };
         }
         let template = self
@@ -454,20 +469,19 @@ impl Tokenizer {
     }
 }
 
-/// Whether `dir`'s `config.json` names a family that [`dsml`] renders when no template ships.
-fn native_dsml(dir: &Path) -> Result<bool> {
+/// The DSML encoder of the family `dir`'s `config.json` names, for a checkpoint that ships no
+/// template.
+fn native_dsml(dir: &Path) -> Result<Option<DsmlVersion>> {
     let path = dir.join("config.json");
     if !path.is_file() {
-        return Ok(false);
+        return Ok(None);
     }
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Tokenizer {
         path: path.clone(),
         reason: format!("config.json is not JSON: {e}"),
     })?;
-    Ok(config["model_type"]
-        .as_str()
-        .is_some_and(|t| dsml::MODEL_TYPES.contains(&t)))
+    Ok(config["model_type"].as_str().and_then(DsmlVersion::of_model_type))
 }
 
 /// `chat_template.jinja` if present, else tokenizer_config.json's `chat_template`.

@@ -1,5 +1,6 @@
-//! DeepSeek-V3.2's DSML tool calls, read from the output as its published parser does
-//! (`encoding_dsv32.py`, `parse_message_from_completion_text` / `parse_tool_calls`):
+//! DeepSeek-V3.2's and V4's DSML tool calls, read from the output as their published parsers do
+//! (`encoding_dsv32.py` / `encoding_dsv4.py`, `parse_message_from_completion_text` /
+//! `parse_tool_calls`; V4's block is `tool_calls` where V3.2's is `function_calls`):
 //!
 //! ```text
 //! \n\n<｜DSML｜function_calls>
@@ -21,13 +22,10 @@
 use serde_json::{Map, Value};
 
 use super::parser::{Out, ParsedCall, is_blank, valid_name};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{DsmlVersion, Tokenizer};
 
 /// The prefix of every DSML tag.
 pub(super) const DSML: &str = "｜DSML｜";
-/// What opens a block: the reference's `tool_calls_start_token`.
-const START: &str = "\n\n<｜DSML｜function_calls";
-const END: &str = "</｜DSML｜function_calls>";
 const INVOKE: &str = "<｜DSML｜invoke";
 const INVOKE_END: &str = "</｜DSML｜invoke";
 const PARAM: &str = "<｜DSML｜parameter";
@@ -57,12 +55,17 @@ enum State {
 #[derive(Debug)]
 pub(super) struct DsmlParser {
     state: State,
+    /// What opens a block (the reference's `tool_calls_start_token`) and what closes it.
+    start: &'static str,
+    end: &'static str,
 }
 
 impl DsmlParser {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(version: DsmlVersion) -> Self {
         DsmlParser {
             state: State::Outside(Vec::new()),
+            start: version.block_start(),
+            end: version.block_end(),
         }
     }
 
@@ -105,10 +108,10 @@ impl DsmlParser {
             return;
         };
         let bytes = tok.decode_bytes(held);
-        let (keep_from, block) = match find(&bytes, START.as_bytes()) {
+        let (keep_from, block) = match find(&bytes, self.start.as_bytes()) {
             Some(at) => (at, true),
             None => (
-                bytes.len() - longest_prefix_suffix(&bytes, START.as_bytes()),
+                bytes.len() - longest_prefix_suffix(&bytes, self.start.as_bytes()),
                 false,
             ),
         };
@@ -139,6 +142,7 @@ impl DsmlParser {
     /// Report the calls the block holds so far; at its end, leave it (or give it up as
     /// malformed, once the whole block has arrived).
     fn try_close(&mut self, out: &mut Vec<Out>) {
+        let (start, end_tag) = (self.start, self.end);
         let State::Block {
             raw,
             bytes,
@@ -149,8 +153,8 @@ impl DsmlParser {
         else {
             return;
         };
-        let rest = &bytes[*skip + START.len()..];
-        let end = find(rest, END.as_bytes());
+        let rest = &bytes[*skip + start.len()..];
+        let end = find(rest, end_tag.as_bytes());
         if *failed {
             if end.is_some() {
                 out.push(Out::Malformed(std::mem::take(raw)));
@@ -164,10 +168,10 @@ impl DsmlParser {
             .or_else(|e| std::str::from_utf8(&body[..e.valid_up_to()]))
             .unwrap_or_default();
         let parsed = match end {
-            Some(_) => parse_calls(&format!("{text}{END}")).filter(|c| !c.is_empty()),
-            None => parse_calls(text),
+            Some(_) => parse_calls(&format!("{text}{end_tag}"), end_tag).filter(|c| !c.is_empty()),
+            None => parse_calls(text, end_tag),
         };
-        let trailing_ok = end.is_none_or(|e| rest[e + END.len()..].iter().all(u8::is_ascii_whitespace));
+        let trailing_ok = end.is_none_or(|e| rest[e + end_tag.len()..].iter().all(u8::is_ascii_whitespace));
         match parsed.filter(|_| trailing_ok) {
             Some(calls) => {
                 for call in calls.into_iter().skip(*emitted) {
@@ -222,17 +226,18 @@ fn read_until<'a>(s: &'a str, at: usize, stops: &[&'static str]) -> Option<(&'a 
         .map(|(p, stop)| (&s[at..at + p], at + p + stop.len(), stop))
 }
 
-/// The calls of a block's text after `\n\n<｜DSML｜function_calls`, read as `parse_tool_calls`
-/// reads it: each call once its `</｜DSML｜invoke` has arrived. The text may stop anywhere
-/// (the block is still arriving) or end with `</｜DSML｜function_calls>`; `None`: malformed.
-fn parse_calls(text: &str) -> Option<Vec<ParsedCall>> {
+/// The calls of a block's text after its opening (`\n\n<｜DSML｜function_calls` or
+/// `…tool_calls`), read as `parse_tool_calls` reads it: each call once its `</｜DSML｜invoke` has
+/// arrived. The text may stop anywhere (the block is still arriving) or end with the closing
+/// tag `end`; `None`: malformed.
+fn parse_calls(text: &str, end: &'static str) -> Option<Vec<ParsedCall>> {
     let mut calls = Vec::new();
     let mut at = 0;
     loop {
-        let Some((between, next, stop)) = read_until(text, at, &[INVOKE, END]) else {
+        let Some((between, next, stop)) = read_until(text, at, &[INVOKE, end]) else {
             // Still arriving: what follows must be able to become the next call or the end.
             let tail = &text[at..];
-            let ok = [INVOKE, END]
+            let ok = [INVOKE, end]
                 .iter()
                 .any(|next| format!(">\n{next}").starts_with(tail));
             return ok.then_some(calls);
@@ -240,7 +245,7 @@ fn parse_calls(text: &str) -> Option<Vec<ParsedCall>> {
         if between != ">\n" {
             return None;
         }
-        if stop == END {
+        if stop == end {
             return Some(calls);
         }
         let Some((head, mut next, mut stop)) = read_until(text, next, &[PARAM, INVOKE_END]) else {
@@ -322,11 +327,14 @@ pub(super) fn strip_tags(text: &str) -> String {
 mod tests {
     use super::*;
 
+    const START: &str = "\n\n<｜DSML｜function_calls";
+    const END: &str = "</｜DSML｜function_calls>";
+
     const CALL: &str = ">\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Oslo, \"NO\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n\n</｜DSML｜invoke>\n";
 
     #[test]
     fn a_block_reads_as_the_reference_reads_it() {
-        let calls = parse_calls(&format!("{CALL}{END}")).unwrap();
+        let calls = parse_calls(&format!("{CALL}{END}"), END).unwrap();
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].name, "get_weather");
         assert_eq!(calls[0].arguments, r#"{"city":"Oslo, \"NO\"","days":2}"#);
@@ -350,7 +358,7 @@ mod tests {
             CALL.replacen("name=\"get_weather\"", "name=\"get weather\"", 1)
                 .as_str(),
         ] {
-            let calls = parse_calls(&format!("{bad}{END}"));
+            let calls = parse_calls(&format!("{bad}{END}"), END);
             assert!(calls.is_none_or(|c| c.is_empty()), "{bad:?}");
         }
     }
@@ -369,10 +377,10 @@ mod tests {
     #[test]
     fn a_block_still_arriving_gives_its_complete_calls() {
         let cut = CALL.find("<｜DSML｜invoke name=\"get_time\"").unwrap();
-        assert_eq!(parse_calls(&CALL[..cut]).unwrap().len(), 1);
-        assert_eq!(parse_calls(">").unwrap().len(), 0);
-        assert!(parse_calls(">x").is_none());
-        assert_eq!(parse_calls(">\n<｜DSM").unwrap().len(), 0);
+        assert_eq!(parse_calls(&CALL[..cut], END).unwrap().len(), 1);
+        assert_eq!(parse_calls(">", END).unwrap().len(), 0);
+        assert!(parse_calls(">x", END).is_none());
+        assert_eq!(parse_calls(">\n<｜DSM", END).unwrap().len(), 0);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use super::grammar::{Forced, FunctionSpec, forced_call_grammar};
-use super::test_support::{P, calls_of, dsv32_native, grammar_admits, ids, passed_text, setup};
+use super::test_support::{P, calls_of, dsv4_native, dsv32_native, grammar_admits, ids, passed_text, setup};
 use super::{ToolCallParser, ToolEvent, ToolFormat, ToolMarkers};
 
 const EOS: &str = "<｜end▁of▁sentence｜>";
@@ -121,4 +121,50 @@ fn the_forced_grammar_admits_the_encoders_spelling_only() {
         let ids = ids(&tok, &[P::T(&bad), P::S(EOS)]);
         assert!(!grammar_admits(&tok, &markers, &lark, &ids), "{bad:?}");
     }
+}
+
+/// DeepSeek-V4's block (`encoding_dsv4.py`): `tool_calls` where V3.2 has `function_calls`.
+/// A V4 tokenizer reads V4 blocks as calls, forces them by grammar, and leaves V3.2's spelling
+/// as text.
+#[test]
+fn deepseek_v4_reads_and_forces_its_tool_calls_block() {
+    let tok = dsv4_native();
+    assert_eq!(ToolFormat::detect(&tok), Some(ToolFormat::Dsml));
+    let markers = ToolMarkers::resolve(ToolFormat::Dsml, &tok).unwrap();
+    let v4 = BLOCK.replace("function_calls", "tool_calls");
+    let out = ids(&tok, &[P::T("Checking."), P::T(&v4), P::S(EOS)]);
+    for chunk in [1, 3, out.len()] {
+        let mut p = ToolCallParser::new(tok.clone(), markers, "t".into());
+        let mut events = Vec::new();
+        for c in out.chunks(chunk) {
+            p.push_all(c, &mut events);
+        }
+        p.finish(&mut events);
+        let names: Vec<String> = calls_of(&events).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["get_weather", "get_time"], "chunk {chunk}");
+        assert!(!passed_text(&tok, &events).contains("DSML"));
+    }
+    let old = ids(&tok, &[P::T(BLOCK), P::S(EOS)]);
+    let mut p = ToolCallParser::new(tok.clone(), markers, "t".into());
+    let mut events = Vec::new();
+    p.push_all(&old, &mut events);
+    p.finish(&mut events);
+    assert!(calls_of(&events).is_empty(), "V3.2's block is not V4's");
+    let tools = vec![FunctionSpec {
+        name: "get_time".into(),
+        parameters: json!({"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}),
+    }];
+    let lark = forced_call_grammar(&markers, &tools, Forced::Required, false, false).unwrap();
+    let call = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">UTC</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+    assert!(
+        grammar_admits(&tok, &markers, &lark, &ids(&tok, &[P::T(call), P::S(EOS)])),
+        "{lark}"
+    );
+    let v32 = call.replace("tool_calls", "function_calls");
+    assert!(!grammar_admits(
+        &tok,
+        &markers,
+        &lark,
+        &ids(&tok, &[P::T(&v32), P::S(EOS)])
+    ));
 }

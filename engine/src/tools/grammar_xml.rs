@@ -319,8 +319,8 @@ pub(super) fn dsml_calls(
     // literal `\n</…>` would make the lexer take `\n<` for the close and refuse the next call.
     format!(
         "{} calls \"\\n\" {} {}",
-        lit(&format!("\n\n<{DSML}function_calls>\n")),
-        lit(&format!("</{DSML}function_calls>")),
+        lit(&format!("{}>\n", m.version.block_start())),
+        lit(m.version.block_end()),
         tok(m.end_of_sentence)
     )
 }

@@ -232,6 +232,8 @@ impl ToolFormat {
 /// DeepSeek-V3.2 DSML marker ids: the markup itself is text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DsmlMarkers {
+    /// Which encoder's block (`function_calls` on V3.2, `tool_calls` on V4).
+    pub version: crate::tokenizer::DsmlVersion,
     /// `<｜end▁of▁sentence｜>`: the end of the turn.
     pub end_of_sentence: u32,
     /// `<think>` / `</think>`, when the tokenizer has them.
@@ -439,10 +441,13 @@ impl ToolMarkers {
                 Self::tagged(format, tokenizer)?
             }
             ToolFormat::Harmony => Self::harmony(tokenizer)?,
-            ToolFormat::Dsml if tokenizer.is_dsml() => ToolMarkers::Dsml(DsmlMarkers {
-                end_of_sentence: id("<｜end▁of▁sentence｜>")?,
-                think: pair("<think>", "</think>"),
-            }),
+            ToolFormat::Dsml if let Some(version) = tokenizer.dsml_version() => {
+                ToolMarkers::Dsml(DsmlMarkers {
+                    version,
+                    end_of_sentence: id("<｜end▁of▁sentence｜>")?,
+                    think: pair("<think>", "</think>"),
+                })
+            }
             ToolFormat::Dsml => return Err(ToolError::NotNativeEncoder { format }),
         })
     }

@@ -96,7 +96,7 @@ impl ToolCallParser {
                 Machine::Tagged(TaggedParser::new(m, Body::MiniMax, Default::default()))
             }
             ToolMarkers::Harmony(m) => Machine::Harmony(HarmonyParser::new(m)),
-            ToolMarkers::Dsml(_) => Machine::Dsml(DsmlParser::new()),
+            ToolMarkers::Dsml(m) => Machine::Dsml(DsmlParser::new(m.version)),
         };
         ToolCallParser {
             tokenizer,

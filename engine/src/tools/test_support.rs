@@ -54,6 +54,11 @@ pub fn dsv32_native() -> Arc<Tokenizer> {
     Arc::new(Tokenizer::from_dir(dir.path()).expect("fixture tokenizer"))
 }
 
+/// The DeepSeek-V4 fixture's tokenizer, which ships no chat template (V4's DSML encoder).
+pub fn dsv4_native() -> Arc<Tokenizer> {
+    model_fixture("dsv4-flash")
+}
+
 /// The Qwen3.5 fixture's tokenizer (`<tool_call>` markers, `<think>`, the published Qwen3.5
 /// chat template).
 pub fn qwen35() -> Arc<Tokenizer> {
