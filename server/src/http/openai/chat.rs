@@ -11,7 +11,9 @@ use std::time::Instant;
 use deltafin_engine::constrain::{ReasoningBudget, Vocabulary};
 use deltafin_engine::generate::{DecodeOptions, TokenLogprobs};
 use deltafin_engine::spec::RequestKind;
-use deltafin_engine::tokenizer::{ChatMessage, ChatOptions, arguments_as_objects, normalize_k2_tool_ids};
+use deltafin_engine::tokenizer::{
+    ChatMessage, ChatOptions, DsmlVersion, arguments_as_objects, normalize_k2_tool_ids,
+};
 use deltafin_engine::tools::grammar::{self, Answer, Forced, FunctionSpec};
 use deltafin_engine::tools::{ToolFormat, ToolMarkers};
 use serde_json::Value;
@@ -258,8 +260,10 @@ pub fn render_with(
     }
     let mut extra = req.template_kwargs.clone();
     if let Some(effort) = &req.reasoning_effort {
-        let (key, value) = effort_kwarg(loaded.tool_format, effort.as_deref())?;
-        extra.insert(key.into(), value);
+        let model = (loaded.tool_format, loaded.tokenizer.dsml_version());
+        for (key, value) in effort_kwargs(model, effort.as_deref())? {
+            extra.insert(key.into(), value);
+        }
     }
     let opts = ChatOptions {
         add_generation_prompt,
@@ -278,10 +282,32 @@ pub fn render_with(
     Ok((prompt, thinking))
 }
 
-/// The template variable a request's `reasoning_effort` sets (`None`: thinking off): Kimi K3's
+/// The template variables a request's `reasoning_effort` sets (`None`: thinking off): Kimi K3's
 /// `thinking_effort` (low, high, max) or `thinking: false`; gpt-oss's `reasoning_effort` (low,
-/// medium, high: harmony's system message; gpt-oss cannot stop reasoning). Other models have no
-/// effort control.
+/// medium, high: harmony's system message; gpt-oss cannot stop reasoning); DeepSeek-V4's
+/// thinking mode with `reasoning_effort` high or max (its encoder's), or `thinking: false`.
+/// Other models have no effort control.
+fn effort_kwargs(
+    (format, dsml): (Option<ToolFormat>, Option<DsmlVersion>),
+    effort: Option<&str>,
+) -> Result<Vec<(&'static str, Value)>, ApiError> {
+    if format == Some(ToolFormat::Dsml) && dsml == Some(DsmlVersion::V4) {
+        return match effort {
+            None => Ok(vec![("thinking", Value::Bool(false))]),
+            Some(e @ ("high" | "max")) => Ok(vec![
+                ("thinking", Value::Bool(true)),
+                ("reasoning_effort", Value::from(e)),
+            ]),
+            Some(_) => Err(ApiError::unsupported(
+                "reasoning_effort",
+                "`reasoning_effort`: DeepSeek-V4 thinks at high or max effort, or not at all (none)",
+            )),
+        };
+    }
+    effort_kwarg(format, effort).map(|kv| vec![kv])
+}
+
+/// [`effort_kwargs`] for the models with one variable.
 fn effort_kwarg(format: Option<ToolFormat>, effort: Option<&str>) -> Result<(&'static str, Value), ApiError> {
     let refuse = |msg: &str| {
         Err(ApiError::unsupported(
@@ -439,5 +465,30 @@ pub fn kind_of(endpoint: Endpoint) -> RequestKind {
         RequestKind::Completion
     } else {
         RequestKind::Chat
+    }
+}
+
+#[cfg(test)]
+mod effort_tests {
+    use super::*;
+
+    /// DeepSeek-V4 (DSML, V4's encoder): none is chat mode, high and max think with that effort,
+    /// others are refused; V3.2 has no effort control.
+    #[test]
+    fn deepseek_v4_efforts_map_to_its_encoder() {
+        let v4 = (Some(ToolFormat::Dsml), Some(DsmlVersion::V4));
+        assert_eq!(
+            effort_kwargs(v4, None).unwrap(),
+            vec![("thinking", Value::Bool(false))]
+        );
+        assert_eq!(
+            effort_kwargs(v4, Some("max")).unwrap(),
+            vec![
+                ("thinking", Value::Bool(true)),
+                ("reasoning_effort", Value::from("max"))
+            ]
+        );
+        assert!(effort_kwargs(v4, Some("low")).is_err());
+        assert!(effort_kwargs((Some(ToolFormat::Dsml), Some(DsmlVersion::V32)), Some("high")).is_err());
     }
 }
