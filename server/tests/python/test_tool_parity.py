@@ -223,29 +223,29 @@ def test_the_agents_sdk_and_an_anthropic_loop_run_two_tool_rounds_on_each_family
         s.stop()
 
 
-def tool_outputs(server):
+def tool_outputs(server, max_tokens=160):
     """Token ids and parsed calls of auto and forced tool requests, greedy and sampled."""
     c, m = server.client(), server.model_id()
     messages = [{"role": "user", "content": "What is the weather? abc abc abc abc"}]
     out = []
     for choice, sampling in [("auto", {"temperature": 0}), ("required", {"temperature": 0}),
                              ("required", {"temperature": 0.9, "top_p": 0.9, "seed": 7})]:
-        r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=160,
-                                      extra_body={"return_token_ids": True}, **sampling)
+        r = c.chat.completions.create(model=m, messages=messages, tools=TOOLS, tool_choice=choice,
+                                      max_tokens=max_tokens, extra_body={"return_token_ids": True}, **sampling)
         msg = r.choices[0].message
         calls = [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]
         out.append((r.choices[0].model_extra["token_ids"], calls, msg.content, r.choices[0].finish_reason))
     return out
 
 
-def outputs_without_and_with_drafts(make_dir):
+def outputs_without_and_with_drafts(make_dir, max_tokens=160):
     """`tool_outputs` of a server on `make_dir(spec)` with n-gram drafting off, then on (the
     fixtures carry no draft model); checks that it drafted."""
     outs = []
     for spec in ("off", "on"):
         s = Server("--max-tokens", "256", "--spec", spec, model=str(make_dir(spec)))
         try:
-            outs.append(tool_outputs(s))
+            outs.append(tool_outputs(s, max_tokens))
             if spec == "on":
                 assert s.metric("deltafin_spec_decode_drafts_total", draft="ngram") > 0, "n-gram drafted"
         finally:

@@ -187,7 +187,7 @@ pub fn start(
     if tools_on && loaded.tool_format.is_none() {
         return Err(ApiError::unsupported(
             "tools",
-            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2, gpt-oss harmony, DeepSeek-V3.2 DSML)",
+            "`tools`: this model's tokenizer has no native tool-call format (supported: Kimi K2, Kimi K3, DeepSeek-V3, Qwen hermes, Qwen3.5 XML, GLM, MiniMax-M2, gpt-oss harmony, DeepSeek-V3.2 and V4 DSML)",
         ));
     }
     let (prompt, thinking) = render(&loaded, req)?;
