@@ -215,3 +215,34 @@ fn a_synthetic_v4_in_deepseeks_spelling_runs_the_same_in_memory_and_out_of_core(
         arch::load_budgeted(dir.path(), &OocOptions::with_budget((35 << 20) + (200 << 10))).unwrap();
     assert_eq!(run(budgeted.as_ref()), want, "out of core");
 }
+
+/// A committed V4 state keeps only its window, so it rewinds into its history through a
+/// checkpoint: taken after each prefill chunk (as the scheduler does for reused prompts), it
+/// restores the window parts, and the continuation is bit-identical to a fresh run of the
+/// prefix; before the first checkpoint nothing is reusable.
+#[test]
+fn a_v4_state_rewinds_into_its_history_through_a_checkpoint() {
+    use deltafin_engine::arch;
+    use golden_support::pass_bits;
+    let model = arch::load(&golden_support::fixture("dsv4-flash")).unwrap();
+    let m = model.as_ref();
+    let prompt: Vec<u32> = (0..600).map(|i| ((i * 7919 + 13) % 520) as u32).collect();
+    let tail: Vec<u32> = (0..50).map(|i| ((i * 31 + 5) % 520) as u32).collect();
+    let mut fresh = m.new_state();
+    pass_bits(m, &mut fresh, &prompt[..400]);
+    let want = pass_bits(m, &mut fresh, &tail);
+    let mut reused = m.new_state();
+    for chunk in prompt.chunks(200) {
+        pass_bits(m, &mut reused, chunk);
+        reused.checkpoint(4);
+    }
+    assert_eq!(reused.checkpoint_positions(), vec![200, 400, 600]);
+    assert_eq!(reused.rewind_point(450), 400);
+    assert_eq!(reused.rewind_point(150), 0);
+    reused.truncate(400).unwrap();
+    assert_eq!(
+        pass_bits(m, &mut reused, &tail),
+        want,
+        "resumed from the checkpoint at 400"
+    );
+}

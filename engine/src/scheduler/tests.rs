@@ -588,16 +588,24 @@ fn a_request_waits_for_context_memory_instead_of_failing() {
 /// Paged context memory under a pool with reuse on: concurrent requests sharing a prefix start
 /// from the cached prompt's blocks, every request gets the tokens it gets alone, and after every
 /// step what the states and the reuse cache really hold (shared blocks once) is within the pool
-/// (`Worker::check_pool`, which fails the turn in debug builds), on MLA, MLA + KDA and
-/// gated DeltaNet + GQA (Qwen3.5) stacks.
+/// (`Worker::check_pool`, which fails the turn in debug builds), on MLA, MLA + KDA, gated
+/// DeltaNet + GQA (Qwen3.5) and DeepSeek-V4 (sliding / compressed attention, mHC) stacks.
 #[test]
 fn shared_prefixes_under_a_pool_reuse_blocks_and_stay_within_it() {
     let qwen35 = tempfile::tempdir().unwrap();
     crate::synth::GqaMoeSynth::tiny(crate::synth::GqaFamily::Qwen35)
         .write(qwen35.path())
         .unwrap();
+    // DeepSeek-V4: compressed entries per token and a window per sequence.
+    let dsv4 = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsv4-flash");
+    for f in std::fs::read_dir(&fixture).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dsv4.path().join(f.file_name().unwrap())).unwrap();
+    }
     let mut dirs = Vec::from(three_stacks());
     dirs.push(qwen35);
+    dirs.push(dsv4);
     for dir in &dirs {
         let size = arch::load(dir.path()).unwrap().info().state;
         // Room for about three of these sequences (a checkpoint each), not all five.

@@ -11,33 +11,50 @@
 //! state of having run the first `position` tokens, so a reused prefix is bit-identical to
 //! recomputing it.
 //!
+//! DeepSeek-V4's compressed attention caches only their sliding window and open windows
+//! ([`super::CompressedCache`]), so a state rewinds into its history only to a checkpoint too:
+//! the checkpoint shares those blocks as they were (the compressed entries are kept whole and
+//! simply truncated).
+//!
 //! The number kept per sequence is bounded; [`thin`] (pure) chooses which one to drop so the
 //! survivors stay spread over the prompt (the largest gap left after a rewind stays small).
 
 use std::sync::Arc;
 
-/// The recurrent state of every KDA layer (in layer order) after the first `position` tokens.
+use super::paged::Paged;
+
+/// The recurrent state of every KDA layer and the window parts of every compressed layer (in
+/// layer order) after the first `position` tokens.
 #[derive(Debug)]
 pub(crate) struct Checkpoint {
     pub position: usize,
     /// `(convolution history, delta-rule state)` per KDA layer; the matrices are shared.
     pub layers: Vec<(Vec<f32>, Arc<[f32]>)>,
+    /// `[kv, compressor inputs, indexer inputs]` per compressed layer; the blocks are shared.
+    pub windows: Vec<[Paged; 3]>,
 }
 
 impl Checkpoint {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|(c, r)| 4 * (c.len() + r.len())).sum()
+        let windows: usize = self.windows.iter().flatten().map(Paged::bytes).sum();
+        windows
+            + self
+                .layers
+                .iter()
+                .map(|(c, r)| 4 * (c.len() + r.len()))
+                .sum::<usize>()
     }
 
     /// Each allocation's identity and bytes (the convolution histories as one, by the
-    /// checkpoint's own address: clones of a state share the checkpoint).
+    /// checkpoint's own address: clones of a state share the checkpoint; blocks by theirs).
     pub fn for_each_allocation(&self, f: &mut dyn FnMut(usize, usize)) {
         let conv = self.layers.iter().map(|(c, _)| 4 * c.len()).sum();
         f(self as *const Checkpoint as usize, conv);
         for (_, r) in &self.layers {
             f(r.as_ptr() as usize, 4 * r.len());
         }
+        self.windows.iter().flatten().for_each(|p| p.for_each_block(f));
     }
 }
 

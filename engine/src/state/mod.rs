@@ -147,6 +147,17 @@ impl CompressedCache {
         self.index_keys.truncate(windows);
     }
 
+    /// The window parts a checkpoint keeps (their blocks shared).
+    fn snapshot(&self) -> [Paged; 3] {
+        [self.kv.clone(), self.inputs.clone(), self.index_inputs.clone()]
+    }
+
+    /// Back to a checkpoint of `len` positions: its window parts, the entries truncated.
+    fn restore(&mut self, window: &[Paged; 3], len: usize) {
+        [self.kv, self.inputs, self.index_inputs] = window.clone();
+        self.truncate(len);
+    }
+
     fn parts(&self) -> [&Paged; 5] {
         [
             &self.kv,
@@ -506,13 +517,22 @@ impl SeqState {
         self.layers.iter().any(|l| matches!(l, LayerState::Kda(_)))
     }
 
-    /// Checkpoint the committed recurrent state at the current position (commits a staged pass
-    /// first), keeping at most `max` checkpoints ([`checkpoint::thin`] picks which to drop). A
-    /// no-op for models without KDA layers, at position 0, or when one exists here already.
+    /// Whether rewinding into committed positions needs a checkpoint for some layer: a recurrent
+    /// (KDA) state, or a compressed cache that keeps only its window.
+    fn needs_checkpoints(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Kda(_) | LayerState::Compressed(_)))
+    }
+
+    /// Checkpoint the committed recurrent state (and compressed layers' windows) at the current
+    /// position (commits a staged pass first), keeping at most `max` checkpoints
+    /// ([`checkpoint::thin`] picks which to drop). A no-op for models without KDA or compressed
+    /// layers, at position 0, or when one exists here already.
     pub fn checkpoint(&mut self, max: usize) {
         self.commit_all();
         let position = self.len;
-        if max == 0 || position == 0 || !self.has_recurrent_layers() {
+        if max == 0 || position == 0 || !self.needs_checkpoints() {
             return;
         }
         if self.checkpoints.last().is_some_and(|c| c.position >= position) {
@@ -526,7 +546,19 @@ impl SeqState {
                 _ => None,
             })
             .collect();
-        self.checkpoints.push(Arc::new(Checkpoint { position, layers }));
+        let windows = self
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerState::Compressed(c) => Some(c.snapshot()),
+                _ => None,
+            })
+            .collect();
+        self.checkpoints.push(Arc::new(Checkpoint {
+            position,
+            layers,
+            windows,
+        }));
         while let Some(i) = checkpoint::thin(&self.checkpoint_positions(), max) {
             self.checkpoints.remove(i);
         }
@@ -554,10 +586,7 @@ impl SeqState {
             LayerState::Compressed(c) => c.can_truncate(len),
             _ => true,
         });
-        if !compressed_hold {
-            return 0;
-        }
-        if !self.has_recurrent_layers() {
+        if compressed_hold && !self.has_recurrent_layers() {
             return len;
         }
         checkpoint::at_or_before(&self.checkpoint_positions(), len)
@@ -595,11 +624,15 @@ impl SeqState {
         self.checkpoints.retain(|c| c.position <= len);
         let restore = self.checkpoints.last().filter(|c| c.position == len);
         let mut kda = restore.map(|c| c.layers.iter());
+        let mut windows = restore.map(|c| c.windows.iter());
         for layer in &mut self.layers {
             match layer {
                 LayerState::Mla(c) => c.truncate(len),
                 LayerState::Kv(c) => c.truncate(len),
-                LayerState::Compressed(c) => c.truncate(len),
+                LayerState::Compressed(c) => match windows.as_mut().and_then(Iterator::next) {
+                    Some(window) if !c.can_truncate(len) => c.restore(window, len),
+                    _ => c.truncate(len),
+                },
                 LayerState::Kda(c) => {
                     let (conv, recurrent) = kda
                         .as_mut()
