@@ -15,19 +15,27 @@ use crate::error::Result;
 #[must_use = "a pass that is not finished is aborted when dropped"]
 pub struct ExpertPass<'a> {
     store: Option<&'a ExpertStore>,
+    /// The rows' tokens, when known: a hash-routed layer's forecast is then its routes.
+    tokens: &'a [u32],
 }
 
 impl<'a> ExpertPass<'a> {
     /// Open a pass over `store` (`None`: the experts are in memory; every call is a no-op).
     pub fn open(store: Option<&'a ExpertStore>) -> Self {
-        ExpertPass { store }
+        ExpertPass { store, tokens: &[] }
+    }
+
+    /// The same pass told the rows' tokens (hash-routed layers are forecast exactly).
+    pub fn with_tokens(mut self, tokens: &'a [u32]) -> Self {
+        self.tokens = tokens;
+        self
     }
 
     /// Look-ahead hint with the residual stream `x` (`n` rows) right before layer `layer`'s
     /// FFN (see [`ExpertStore::hint_next`]).
     pub fn hint_next(&self, layer: usize, x: &[f32], n: usize) {
         if let Some(s) = self.store {
-            s.hint_next(layer, x, n);
+            s.hint_next(layer, x, n, self.tokens);
         }
     }
 

@@ -75,7 +75,7 @@ impl Decoder {
         };
         let tokens = row_tokens(batch);
         let mut streams: Vec<f32> = x.chunks(h).flat_map(|row| row.repeat(n_streams)).collect();
-        let pass = ExpertPass::open(self.experts.as_deref());
+        let pass = ExpertPass::open(self.experts.as_deref()).with_tokens(&tokens);
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
             let Some(Sites::Hyper([attn_site, ffn_site])) = &layer.res else {

@@ -378,9 +378,10 @@ impl ExpertStore {
         self.cache.slots()
     }
 
-    /// Look-ahead hint, called with the residual stream `x` (`n` rows) right before layer
-    /// `layer`'s FFN: plans the prefetch of layer `layer + 1`'s experts.
-    pub fn hint_next(&self, layer: usize, x: &[f32], n: usize) {
+    /// Look-ahead hint, called with the residual stream `x` (`n` rows, whose tokens are
+    /// `tokens` when known) right before layer `layer`'s FFN: plans the prefetch of layer
+    /// `layer + 1`'s experts (a hash-routed layer's are its tokens' table rows).
+    pub fn hint_next(&self, layer: usize, x: &[f32], n: usize, tokens: &[u32]) {
         let next = layer + 1;
         lock(&self.pass).step_rows = n;
         if !self.config.prefetch || next >= self.layouts.len() || self.layouts[next].is_empty() {
@@ -393,7 +394,11 @@ impl ExpertStore {
                 for (src, dst) in x.chunks(h).zip(xn.chunks_mut(h)) {
                     rms_norm(src, &la.norm, la.eps, dst);
                 }
-                rank_lookahead(&la.router.routes(&xn, n))
+                let routes = match tokens.len() == n && la.router.hash.is_some() {
+                    true => la.router.routes_for(&xn, n, tokens),
+                    false => la.router.routes(&xn, n),
+                };
+                rank_lookahead(&routes)
             }
             None => Vec::new(),
         };
