@@ -198,10 +198,14 @@ fn check(dir: &Path, label: &str) -> std::collections::BTreeMap<&'static str, Sp
         wrong.proposals > 0 && wrong.accepted_tokens == 0,
         "{label}: wrong drafts accepted: {wrong:?}"
     );
-    assert!(
-        stats("dspark", ProposerKind::Dspark).proposals > 0,
-        "{label}: the draft head never drafted"
-    );
+    // A DSpark head reads hidden rows; DeepSeek-V4's layers give hyper-connection streams, so
+    // the head drops itself there (its errors change no output).
+    let dspark = stats("dspark", ProposerKind::Dspark);
+    if label.starts_with("dsv4") {
+        assert!(dspark.proposals == 0 && dspark.errors > 0, "{label}: {dspark:?}");
+    } else {
+        assert!(dspark.proposals > 0, "{label}: the draft head never drafted");
+    }
     if mtp.is_some() {
         let m = stats("mtp", ProposerKind::Mtp);
         assert!(
@@ -251,6 +255,12 @@ fn glm5_fixture_drafts_never_change_output() {
 #[test]
 fn deepseek_v32_fixture_drafts_never_change_output() {
     check(&fixture("dsv32-dsa-bf16"), "dsv32-dsa-bf16");
+}
+
+#[test]
+fn deepseek_v4_fixture_drafts_never_change_output() {
+    let s = check(&fixture("dsv4-flash"), "dsv4-flash");
+    assert!(s.contains_key("mtp"), "the fixture's MTP block drafted");
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //! `compress_rope_theta` and the YaRN scaling, its attention factor forced to 1 as HF and
 //! DeepSeek's reference do. Weights load under DeepSeek's published names (`model::Naming`):
 //! FP4 experts (E2M1 with a UE8M0 scale per 32), block FP8 with UE8M0 `scale`, BF16, F32. The
-//! multi-token-prediction layer (`mtp.*`) is not read.
+//! multi-token-prediction block (`mtp.0.*`) is read only as a drafter (`arch/decoder/mtp.rs`).
 
 use serde_json::{Map, Value};
 
@@ -46,6 +46,8 @@ pub struct DeepseekV4Config {
     pub kinds: Vec<AttentionKind>,
     /// Per layer: its MoE is hash-routed.
     pub hash_layers: Vec<bool>,
+    /// The MTP block's attention kind (`compress_ratios[num_hidden_layers]`, else sliding).
+    pub mtp_kind: AttentionKind,
     pub rope: RopeConfig,
     pub compress_rope: RopeConfig,
     pub hc_mult: usize,
@@ -105,6 +107,7 @@ impl TextConfig for DeepseekV4Config {
             attention,
             indexer,
             kinds: kinds(f, layers)?,
+            mtp_kind: mtp_kind(f, layers)?,
             hash_layers: hash_layers(f, layers)?,
             rope: RopeConfig {
                 theta: main_theta(f)?,
@@ -231,6 +234,23 @@ fn kinds(f: Fields<'_>, layers: usize) -> Result<Vec<AttentionKind>> {
         .collect())
 }
 
+/// The MTP block's kind: DeepSeek's `compress_ratios` holds it after the last layer (0 on
+/// V4-Flash: the sliding window).
+fn mtp_kind(f: Fields<'_>, layers: usize) -> Result<AttentionKind> {
+    let csa = f.opt_usize("compress_rate_csa")?.unwrap_or(4);
+    let ratio = f
+        .get("compress_ratios")
+        .and_then(Value::as_array)
+        .and_then(|r| r.get(layers))
+        .and_then(Value::as_u64)
+        .map_or(0, |r| r as usize);
+    Ok(match ratio {
+        0 => AttentionKind::Sliding,
+        r if r == csa => AttentionKind::Sparse { ratio: r },
+        r => AttentionKind::Heavy { ratio: r },
+    })
+}
+
 /// Per layer: hash-routed, from `mlp_layer_types` (`hash_moe` / `moe`) or the first
 /// `num_hash_layers` (3 unless given).
 fn hash_layers(f: Fields<'_>, layers: usize) -> Result<Vec<bool>> {
@@ -324,6 +344,7 @@ impl DecoderFamily for DeepseekV4Config {
                 indexer: self.indexer,
                 compress_rope: self.compress_rope.clone(),
                 hash_layers: self.hash_layers.clone(),
+                mtp_kind: self.mtp_kind,
             }),
             kda: None,
             residual: Residual::Hyper {
@@ -395,6 +416,7 @@ mod tests {
             ]
         );
         assert_eq!(c.hash_layers, vec![true, true, false, false, false]);
+        assert_eq!(c.mtp_kind, Sliding, "the entry after the last layer");
         assert_eq!(c.attention.rope, 8);
         assert_eq!(c.rope.theta, 10000.0);
         assert_eq!(c.compress_rope.theta, 160000.0);

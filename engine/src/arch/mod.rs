@@ -103,6 +103,9 @@ pub struct SeqInput<'a> {
 pub struct Trace {
     pub tensors: BTreeMap<String, Vec<f32>>,
     only: Option<Vec<String>>,
+    /// Values per row of the tensors whose rows are wider than the hidden size (DeepSeek-V4's
+    /// hyper-connection streams).
+    widths: BTreeMap<String, usize>,
 }
 
 impl Trace {
@@ -111,6 +114,7 @@ impl Trace {
         Trace {
             tensors: BTreeMap::new(),
             only: Some(names.to_vec()),
+            widths: BTreeMap::new(),
         }
     }
 
@@ -123,12 +127,23 @@ impl Trace {
         self.tensors.entry(name).or_default().extend_from_slice(data);
     }
 
-    /// Rows `start..start + rows` (`width` values each) of every captured tensor, in `names`
-    /// order; a tensor that was not recorded yields an empty row set.
+    /// [`Trace::record`] for rows of `width` values that differ from the hidden size.
+    pub fn record_rows(&mut self, name: impl Into<String>, data: &[f32], width: usize) {
+        let name = name.into();
+        self.record(name.clone(), data);
+        if self.tensors.contains_key(&name) {
+            self.widths.insert(name, width);
+        }
+    }
+
+    /// Rows `start..start + rows` (`width` values each, unless recorded with their own width)
+    /// of every captured tensor, in `names` order; a tensor that was not recorded yields an
+    /// empty row set.
     pub fn rows(&self, names: &[String], start: usize, rows: usize, width: usize) -> Vec<(String, Vec<f32>)> {
         names
             .iter()
             .map(|n| {
+                let width = self.widths.get(n).copied().unwrap_or(width);
                 let data = self.tensors.get(n).map(Vec::as_slice).unwrap_or(&[]);
                 let lo = (start * width).min(data.len());
                 let hi = ((start + rows) * width).min(data.len());
@@ -331,7 +346,7 @@ pub fn mtp_bytes(index: &WeightIndex) -> u64 {
 
 /// The multi-token-prediction module of the checkpoint in `dir`, if it publishes one this build
 /// runs (DeepSeek-V3, GLM-4.5, GLM-5: `model.layers.{num_hidden_layers}.eh_proj` and the rest;
-/// Qwen3-Next and Qwen3.5: `mtp.*`).
+/// Qwen3-Next and Qwen3.5: `mtp.*`; DeepSeek-V4: `mtp.0.*`).
 pub fn load_mtp(dir: &Path) -> Result<Option<MtpModule>> {
     let spec = ModelSpec::load(dir)?;
     spec.arch.load_mtp(&Loader::new(&WeightIndex::open(dir)?, &spec))

@@ -47,6 +47,8 @@ pub(crate) fn deepseek_v4(hf: &str) -> String {
         (".position_bias", ".ape"),
         (".gate.e_score_correction_bias", ".gate.bias"),
         (".compressor.kv_norm.", ".compressor.norm."),
+        // An MTP block's own hyper head (`mtp.{i}.hc_head_fn`, read as a layer's).
+        (".hc_head.hc_", ".hc_head_"),
     ] {
         n = n.replace(from, to);
     }

@@ -99,7 +99,7 @@ impl Proposer for MtpSession {
         let prev = module.target_rows(&self.pending);
         let (rows, mut logits) = module.forward(&mut self.state, &history[start + 1..], &prev)?;
         self.pending.clear();
-        let h = module.dims().0;
+        let h = module.row_width();
         let mut last = rows[rows.len() - h..].to_vec();
         let mut drafts = vec![argmax(&logits) as u32];
         while drafts.len() < max {
@@ -129,7 +129,7 @@ impl Proposer for MtpSession {
                 ),
             });
         }
-        let h = self.mtp.module.dims().0;
+        let h = self.mtp.module.row_width();
         let rows = obs
             .hidden
             .iter()

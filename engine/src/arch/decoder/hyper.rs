@@ -13,6 +13,7 @@ use super::super::{RowPlan, SeqInput, Trace};
 use super::{Decoder, Sites, Tail, V4Plan, missing_res, row_tokens, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
 use crate::error::Result;
+use crate::kernels::ops::rms_norm_rows;
 use crate::state::BLOCK_POSITIONS;
 
 /// Bytes a DeepSeek-V4 layer of `kind` holds (f32, see `CompressedCache`): per position, its
@@ -57,6 +58,47 @@ fn expand_rows(weights: &[HyperWeights], y: &[f32], streams: &mut [f32], h: usiz
     }
 }
 
+/// One decoder layer over hyper-connection streams (the decoder's and DeepSeek-V4's MTP
+/// block's).
+pub(super) struct StreamLayer<'a> {
+    pub layer: &'a super::Layer,
+    pub eps: f32,
+    pub hidden: usize,
+}
+
+impl StreamLayer<'_> {
+    /// The layer over the `n` rows of `streams` (in place), layer `l` of the rows' states, its
+    /// routed experts from `pass`.
+    pub(super) fn run(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        (plan, l): (&RowPlan, usize),
+        tokens: &[u32],
+        pass: &ExpertPass<'_>,
+        streams: &mut [f32],
+    ) -> Result<()> {
+        let (h, n, layer) = (self.hidden, plan.len(), self.layer);
+        let Some(Sites::Hyper([attn_site, ffn_site])) = &layer.res else {
+            return Err(missing_res());
+        };
+        let norm = |x: &[f32], w: &[f32]| rms_norm_rows(x, w, self.eps, h);
+        let (weights, u) = collapse_rows(attn_site, streams, n, h);
+        let a = run_mixer(
+            &layer.mixer,
+            &norm(&u, &layer.input_norm),
+            batch,
+            (plan, l),
+            &mut Selection::new(),
+        );
+        expand_rows(&weights, &a, streams, h);
+        let (weights, m) = collapse_rows(ffn_site, streams, n, h);
+        pass.hint_next(l, &m, n);
+        let f = run_ffn(&layer.ffn, (&norm(&m, &layer.post_norm), tokens), n, pass, l)?;
+        expand_rows(&weights, &f, streams, h);
+        Ok(())
+    }
+}
+
 impl Decoder {
     /// Every layer over the embedding rows `x` as hyper-connection streams; then each row of
     /// `x` becomes the head's collapse, which the shared pass normalises and projects. On error
@@ -96,7 +138,7 @@ impl Decoder {
             )?;
             expand_rows(&weights, &f, &mut streams, h);
             if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("layers.{l}"), &streams);
+                t.record_rows(format!("layers.{l}"), &streams, n_streams * h);
             }
         }
         pass.finish()?;

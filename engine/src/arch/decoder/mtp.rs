@@ -17,11 +17,18 @@
 //! - logits `head(norm(x))` predict token `t + 2`; a draft of `k` tokens feeds the output row
 //!   back as the next `h`.
 //!
+//! DeepSeek-V4's module (`mtp.0.*`, DeepSeek's reference `MTPBlock`) works on the target's
+//! hyper-connection streams instead ([`Fuse::Streams`]): `x_k = e_proj(enorm(e)) +
+//! h_proj(hnorm(h_k))` for each stream `k` of the target's last-layer streams, one V4 block over
+//! the streams (its own kind, `compress_ratios` after the last layer), then its own hyper head
+//! and `norm` before the target's head; the output streams are the next step's `h`.
+//!
 //! Drafts are verified by the target, so this module can change how often a draft is accepted,
 //! never the output. It is memory-mapped whole (under a budget the server reserves its bytes:
 //! `arch::mtp_bytes`); its experts do not go through the out-of-core expert cache.
 
 use super::super::layers::dsa::Selection;
+use super::super::layers::hyper::HyperHead;
 use super::super::{Loader, LogitRows, RowPlan, SeqInput};
 use super::{DecoderPlan, Layer, MixerKind, load_layer, new_state, run_ffn, run_mixer};
 use crate::cache::ExpertPass;
@@ -72,6 +79,21 @@ impl Layout {
     };
 }
 
+/// How the module joins the next token's embedding with the target's hidden rows.
+#[derive(Debug)]
+enum Fuse {
+    /// `fc([norm_e(e), norm_h(h)])` into one row (DeepSeek-V3, GLM, Qwen).
+    Joined(Matrix),
+    /// DeepSeek-V4: `e_proj(norm_e(e)) + h_proj(norm_h(h_k))` per stream, the block over the
+    /// streams, then the module's hyper head.
+    Streams {
+        e_proj: Matrix,
+        h_proj: Matrix,
+        head: HyperHead,
+        streams: usize,
+    },
+}
+
 /// A loaded MTP module.
 #[derive(Debug)]
 pub struct MtpModule {
@@ -81,7 +103,7 @@ pub struct MtpModule {
     embed: Matrix,
     enorm: Vec<f32>,
     hnorm: Vec<f32>,
-    eh_proj: Matrix,
+    fuse: Fuse,
     /// The target's final norm (`model.norm`), applied to the captured target rows.
     final_norm: Vec<f32>,
     head_norm: Vec<f32>,
@@ -93,6 +115,9 @@ impl MtpModule {
     /// The module of `plan`'s checkpoint, or `None` when it publishes none (no
     /// `model.layers.{L}.eh_proj` or `mtp.fc`).
     pub(crate) fn load(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Option<MtpModule>> {
+        if plan.v4.is_some() {
+            return Self::load_v4(plan, ld);
+        }
         let l = plan.num_layers;
         let root = format!("model.layers.{l}.");
         let (layout, names) = if ld.has(&format!("{root}eh_proj.weight")) {
@@ -135,7 +160,7 @@ impl MtpModule {
             },
             enorm: plan.norm(ld, &name(layout.norm_e))?,
             hnorm: plan.norm(ld, &name(layout.norm_h))?,
-            eh_proj: ld.linear(&name(layout.fc), h, 2 * h)?,
+            fuse: Fuse::Joined(ld.linear(&name(layout.fc), h, 2 * h)?),
             final_norm: plan.norm(ld, "model.norm.weight")?,
             head_norm: plan.norm(ld, &name(layout.head_norm))?,
             head: match layout.head {
@@ -149,6 +174,55 @@ impl MtpModule {
             layer,
             plan,
         }))
+    }
+
+    /// DeepSeek-V4's `mtp.0.*` block, or `None` when the checkpoint has none.
+    fn load_v4(plan: &DecoderPlan, ld: &Loader<'_>) -> Result<Option<MtpModule>> {
+        let (l, h, v) = (plan.num_layers, plan.hidden_size, plan.vocab_size);
+        if !ld.has("mtp.0.e_proj.weight") {
+            return Ok(None);
+        }
+        let (Some(v4), super::Residual::Hyper { streams, eps, .. }) = (&plan.v4, plan.residual) else {
+            return Err(Error::InvalidArgument {
+                field: "mtp",
+                reason: "a DeepSeek-V4 MTP block needs the V4 plan".into(),
+            });
+        };
+        let mut plan = plan.clone();
+        plan.num_layers += 1;
+        plan.moe_layers.push(true);
+        plan.mixers.push(MixerKind::Compressed(v4.mtp_kind));
+        let root = format!("layers.{l}.");
+        let named = ld.with_naming(plan.naming());
+        let module = named.with_rename(&root, "mtp.0.");
+        let layer = load_layer(&plan, &module, l)?;
+        let p = format!("model.layers.{l}");
+        let name = |n: &str| format!("{p}.{n}");
+        Ok(Some(MtpModule {
+            embed: named.dense("model.embed_tokens.weight", v, h)?,
+            enorm: plan.norm(&module, &name("enorm.weight"))?,
+            hnorm: plan.norm(&module, &name("hnorm.weight"))?,
+            fuse: Fuse::Streams {
+                e_proj: module.linear(&name("e_proj"), h, h)?,
+                h_proj: module.linear(&name("h_proj"), h, h)?,
+                head: HyperHead::load(&module, &name("hc_head"), (streams, h), (eps, plan.rms_norm_eps))?,
+                streams,
+            },
+            final_norm: Vec::new(),
+            head_norm: plan.norm(&module, &name("norm.weight"))?,
+            head: named.dense("lm_head.weight", v, h)?,
+            zero_first: false,
+            layer,
+            plan,
+        }))
+    }
+
+    /// Values per captured target row: the hidden size, or all hyper-connection streams (V4).
+    pub fn row_width(&self) -> usize {
+        match self.fuse {
+            Fuse::Streams { streams, .. } => streams * self.plan.hidden_size,
+            Fuse::Joined(_) => self.plan.hidden_size,
+        }
     }
 
     /// The target trace tensor the module reads: the hidden rows after the target's last layer.
@@ -168,8 +242,12 @@ impl MtpModule {
         SeqState::new(vec![last])
     }
 
-    /// The target's final norm over raw captured rows (`hidden` values each).
+    /// The target's final norm over raw captured rows (`hidden` values each; V4's streams are
+    /// normalised per stream inside [`MtpModule::forward`]).
     pub fn target_rows(&self, raw: &[f32]) -> Vec<f32> {
+        if matches!(self.fuse, Fuse::Streams { .. }) {
+            return raw.to_vec();
+        }
         rms_norm_rows(
             raw,
             &self.final_norm,
@@ -186,6 +264,9 @@ impl MtpModule {
         tokens: &[u32],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        if let Fuse::Streams { .. } = self.fuse {
+            return self.forward_streams(state, tokens, prev);
+        }
         let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
         if n == 0 || prev.len() != n * h {
             return Err(Error::InvalidArgument {
@@ -212,11 +293,90 @@ impl MtpModule {
             rms_norm(&e, &self.enorm, eps, a);
             rms_norm(&prev[i * h..][..h], &self.hnorm, eps, b);
         }
+        let Fuse::Joined(eh_proj) = &self.fuse else {
+            unreachable!("streams are fused in forward_streams")
+        };
         let mut x = vec![0.0f32; n * h];
-        crate::backend::matmul(&self.eh_proj, &joined, n, &mut x);
+        crate::backend::matmul(eh_proj, &joined, n, &mut x);
         self.run_layer(state, tokens, &mut x)?;
         let mut last = vec![0.0f32; h];
         rms_norm(&x[(n - 1) * h..], &self.head_norm, eps, &mut last);
+        let mut logits = vec![0.0f32; self.plan.vocab_size];
+        crate::backend::matmul(&self.head, &last, 1, &mut logits);
+        Ok((x, logits))
+    }
+
+    /// [`MtpModule::forward`] for V4: `prev` holds each row's target streams.
+    fn forward_streams(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let Fuse::Streams {
+            e_proj,
+            h_proj,
+            head,
+            streams,
+        } = &self.fuse
+        else {
+            unreachable!("called for streams only")
+        };
+        let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
+        let width = streams * h;
+        if n == 0 || prev.len() != n * width {
+            return Err(Error::InvalidArgument {
+                field: "mtp",
+                reason: format!("{n} tokens with {} stream values", prev.len()),
+            });
+        }
+        let mut e = vec![0.0f32; n * h];
+        for (row, &t) in e.chunks_mut(h).zip(tokens) {
+            if t as usize >= self.embed.rows {
+                return Err(Error::InvalidArgument {
+                    field: "tokens",
+                    reason: format!("token id {t} is outside the vocabulary"),
+                });
+            }
+            let mut raw = vec![0.0f32; h];
+            decode_row(&self.embed, t as usize, &mut raw);
+            rms_norm(&raw, &self.enorm, eps, row);
+        }
+        let mut pe = vec![0.0f32; n * h];
+        crate::backend::matmul(e_proj, &e, n, &mut pe);
+        let hn = rms_norm_rows(prev, &self.hnorm, eps, h);
+        let mut x = vec![0.0f32; n * width];
+        crate::backend::matmul(h_proj, &hn, n * streams, &mut x);
+        for (row, pe) in x.chunks_mut(width).zip(pe.chunks(h)) {
+            for s in row.chunks_mut(h) {
+                s.iter_mut().zip(pe).for_each(|(v, p)| *v += p);
+            }
+        }
+        let start = state.len();
+        let rows = RowPlan {
+            seq: vec![0; n],
+            pos: (start..start + n).collect(),
+        };
+        state.begin_pass(n);
+        let mut batch = [SeqInput {
+            state,
+            tokens,
+            logits: LogitRows::Last,
+        }];
+        let layer = super::hyper::StreamLayer {
+            layer: &self.layer,
+            eps,
+            hidden: h,
+        };
+        if let Err(e) = layer.run(&mut batch, (&rows, 0), tokens, &ExpertPass::open(None), &mut x) {
+            batch[0].state.rollback();
+            return Err(e);
+        }
+        batch[0].state.commit_all();
+        let mut collapsed = vec![0.0f32; h];
+        head.collapse(&x[(n - 1) * width..], &mut collapsed);
+        let mut last = vec![0.0f32; h];
+        rms_norm(&collapsed, &self.head_norm, eps, &mut last);
         let mut logits = vec![0.0f32; self.plan.vocab_size];
         crate::backend::matmul(&self.head, &last, 1, &mut logits);
         Ok((x, logits))

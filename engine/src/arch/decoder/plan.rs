@@ -155,6 +155,9 @@ pub(crate) struct V4Plan {
     pub compress_rope: RopeConfig,
     /// Per layer: its MoE routes by the token-id table `tid2eid`.
     pub hash_layers: Vec<bool>,
+    /// The attention kind of the multi-token-prediction block (`compress_ratios` after the last
+    /// layer; the sliding window unless given).
+    pub mtp_kind: AttentionKind,
 }
 
 /// The KDA layers' shape and choices.
