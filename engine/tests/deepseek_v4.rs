@@ -50,14 +50,8 @@ fn dsv4_chunking_batching_prefix_reuse_and_drafts_are_exact() {
 /// (entries per token, the sliding window and open windows per sequence), far below every
 /// position's kv and compressor inputs.
 fn long_prompt_bits_agree(len: usize) {
-    use deltafin_engine::arch::{self, LogitRows, SeqInput};
-    use golden_support::pass_bits;
-    let model = arch::load(&golden_support::fixture("dsv4-flash")).unwrap();
-    let m = model.as_ref();
-    let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % 520) as u32).collect();
-    let mut state = m.new_state();
-    let whole = pass_bits(m, &mut state, &prompt);
-    let plan = m.info().state;
+    let (model, mut state) = golden_support::long_prompt_bits_agree("dsv4-flash", len, 520);
+    let plan = model.info().state;
     // Per position, the compressed entries only: 32/4 + 16/4 floats on each sparse layer
     // (entry and indexer key), 32/8 on the heavy one.
     assert_eq!(plan.per_token, 4 * (2 * (32 / 4 + 16 / 4) + 32 / 8));
@@ -80,42 +74,6 @@ fn long_prompt_bits_agree(len: usize) {
     // reuse of the early prefix recomputes (0), the last positions rewind exactly.
     assert_eq!(state.rewind_point(100), 0);
     assert_eq!(state.rewind_point(len - 3), len - 3);
-    for chunk in [256, 64] {
-        let mut state = m.new_state();
-        let got: Vec<u32> = prompt
-            .chunks(chunk)
-            .flat_map(|c| pass_bits(m, &mut state, c))
-            .collect();
-        assert_eq!(got, whole, "{len} tokens in chunks of {chunk}");
-    }
-    let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % 520) as u32).collect();
-    let (mut a, mut b) = (m.new_state(), m.new_state());
-    let batched: Vec<u32> = m
-        .forward(
-            &mut [
-                SeqInput {
-                    state: &mut a,
-                    tokens: &other,
-                    logits: LogitRows::All,
-                },
-                SeqInput {
-                    state: &mut b,
-                    tokens: &prompt,
-                    logits: LogitRows::All,
-                },
-            ],
-            None,
-        )
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect();
-    let vocab = m.info().vocab_size;
-    assert_eq!(
-        batched[other.len() * vocab..],
-        whole[..],
-        "{len} tokens batched with another sequence"
-    );
 }
 
 #[test]

@@ -32,14 +32,8 @@ fn glm5_chunking_batching_prefix_reuse_and_drafts_are_exact() {
 /// for bit; the context memory the sequence holds is the plan's bytes per token (latent, shared
 /// key and indexer key of every layer that has one) times its length.
 fn long_prompt_bits_agree(len: usize) {
-    use deltafin_engine::arch::{self, LogitRows, SeqInput};
-    use golden_support::pass_bits;
-    let model = arch::load(&golden_support::fixture("glm5-dsa-fp8")).unwrap();
-    let m = model.as_ref();
-    let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % 420) as u32).collect();
-    let mut state = m.new_state();
-    let whole = pass_bits(m, &mut state, &prompt);
-    let plan = m.info().state;
+    let (model, state) = golden_support::long_prompt_bits_agree("glm5-dsa-fp8", len, 420);
+    let plan = model.info().state;
     assert_eq!(
         plan.per_token,
         4 * (4 * (32 + 8) + 2 * 32),
@@ -48,42 +42,6 @@ fn long_prompt_bits_agree(len: usize) {
     assert_eq!(
         state.cache_bytes() as u64,
         plan.per_token * len as u64 + plan.per_sequence
-    );
-    for chunk in [256, 64] {
-        let mut state = m.new_state();
-        let got: Vec<u32> = prompt
-            .chunks(chunk)
-            .flat_map(|c| pass_bits(m, &mut state, c))
-            .collect();
-        assert_eq!(got, whole, "{len} tokens in chunks of {chunk}");
-    }
-    let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % 420) as u32).collect();
-    let (mut a, mut b) = (m.new_state(), m.new_state());
-    let batched: Vec<u32> = m
-        .forward(
-            &mut [
-                SeqInput {
-                    state: &mut a,
-                    tokens: &other,
-                    logits: LogitRows::All,
-                },
-                SeqInput {
-                    state: &mut b,
-                    tokens: &prompt,
-                    logits: LogitRows::All,
-                },
-            ],
-            None,
-        )
-        .unwrap()
-        .iter()
-        .map(|x| x.to_bits())
-        .collect();
-    let vocab = m.info().vocab_size;
-    assert_eq!(
-        batched[other.len() * vocab..],
-        whole[..],
-        "{len} tokens batched with another sequence"
     );
 }
 

@@ -28,13 +28,13 @@ use serde_json::{Map, Value};
 use super::chat::{ChatMessage, ChatOptions, py_dumps};
 use crate::error::{Error, Result};
 
-const USER: &str = "<｜User｜>";
-const ASSISTANT: &str = "<｜Assistant｜>";
-const BOS: &str = "<｜begin▁of▁sentence｜>";
-const EOS: &str = "<｜end▁of▁sentence｜>";
-const THINK: &str = "<think>";
-const THINK_END: &str = "</think>";
-const DSML: &str = "｜DSML｜";
+pub(super) const USER: &str = "<｜User｜>";
+pub(super) const ASSISTANT: &str = "<｜Assistant｜>";
+pub(super) const BOS: &str = "<｜begin▁of▁sentence｜>";
+pub(super) const EOS: &str = "<｜end▁of▁sentence｜>";
+pub(super) const THINK: &str = "<think>";
+pub(super) const THINK_END: &str = "</think>";
+pub(super) const DSML: &str = "｜DSML｜";
 
 /// Every marker the encoder writes: added tokens among them are the control tokens that user
 /// text cannot forge (the role a Jinja template's source plays for templated tokenizers).
@@ -148,7 +148,7 @@ fn drop_thinking(mut turns: Vec<Turn<'_>>) -> Result<Vec<Turn<'_>>> {
     Ok(turns)
 }
 
-fn invalid(reason: String) -> Error {
+pub(super) fn invalid(reason: String) -> Error {
     Error::InvalidArgument {
         field: "messages",
         reason,
@@ -260,14 +260,27 @@ fn assistant(index: usize, turn: &Turn<'_>, thinking: bool, last: Option<usize>)
 
 /// One OpenAI-shaped call as `<｜DSML｜invoke name="…">` with a parameter per argument.
 fn invoke(call: &Value) -> Result<String> {
+    invoke_with(call, false)
+}
+
+/// [`invoke`]; `lenient`: arguments that are not JSON become one `arguments` parameter holding
+/// the text (V4's `encode_arguments_to_dsml`) instead of an error (V3.2's).
+pub(super) fn invoke_with(call: &Value, lenient: bool) -> Result<String> {
     let function = call.get("function").unwrap_or(call);
     let name = function
         .get("name")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid("a tool call without a function name".into()))?;
     let arguments = match function.get("arguments") {
-        Some(Value::String(s)) => serde_json::from_str::<Value>(s)
-            .map_err(|e| invalid(format!("tool call `{name}`: arguments are not JSON: {e}")))?,
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v) => v,
+            Err(_) if lenient => serde_json::json!({ "arguments": s }),
+            Err(e) => {
+                return Err(invalid(format!(
+                    "tool call `{name}`: arguments are not JSON: {e}"
+                )));
+            }
+        },
         Some(v) => v.clone(),
         None => Value::Object(Map::new()),
     };

@@ -29,16 +29,10 @@
 use serde_json::Value;
 
 use super::chat::{ChatMessage, ChatOptions, py_dumps};
-use crate::error::{Error, Result};
+use super::dsml::{ASSISTANT, BOS, DSML, EOS, THINK, THINK_END, USER, invalid, invoke_with};
+use crate::error::Result;
 
-const USER: &str = "<｜User｜>";
-const ASSISTANT: &str = "<｜Assistant｜>";
-const BOS: &str = "<｜begin▁of▁sentence｜>";
-const EOS: &str = "<｜end▁of▁sentence｜>";
-const THINK: &str = "<think>";
-const THINK_END: &str = "</think>";
 const REMINDER: &str = "<｜latest_reminder｜>";
-const DSML: &str = "｜DSML｜";
 
 /// Every marker the encoder writes (the control tokens user text cannot forge).
 pub(crate) const MARKERS: &str = "<｜begin▁of▁sentence｜><｜end▁of▁sentence｜><｜User｜><｜Assistant｜><｜latest_reminder｜><think></think>｜DSML｜";
@@ -63,13 +57,6 @@ struct Turn<'a> {
 enum Part<'a> {
     Text(&'a str),
     Result { id: &'a str, content: &'a str },
-}
-
-fn invalid(reason: String) -> Error {
-    Error::InvalidArgument {
-        field: "messages",
-        reason,
-    }
 }
 
 /// Render `messages` with `opts` as `encode_messages(messages, thinking_mode, reasoning_effort)`.
@@ -288,7 +275,10 @@ fn assistant(
     }
     out.push_str(&msg.content);
     if let Some(calls) = msg.tool_calls.as_deref().filter(|c| !c.is_empty()) {
-        let invokes = calls.iter().map(invoke).collect::<Result<Vec<_>>>()?;
+        let invokes = calls
+            .iter()
+            .map(|c| invoke_with(c, true))
+            .collect::<Result<Vec<_>>>()?;
         out.push_str(&format!(
             "\n\n<{DSML}tool_calls>\n{}\n</{DSML}tool_calls>",
             invokes.join("\n")
@@ -296,42 +286,6 @@ fn assistant(
     }
     out.push_str(EOS);
     Ok(out)
-}
-
-/// One OpenAI-shaped call as `<｜DSML｜invoke name="…">` with a parameter per argument.
-fn invoke(call: &Value) -> Result<String> {
-    let function = call.get("function").unwrap_or(call);
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid("a tool call without a function name".into()))?;
-    let arguments = match function.get("arguments") {
-        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-            Ok(v) => v,
-            Err(_) => serde_json::json!({ "arguments": s }),
-        },
-        Some(v) => v.clone(),
-        None => Value::Object(Default::default()),
-    };
-    let Value::Object(arguments) = arguments else {
-        return Err(invalid(format!(
-            "tool call `{name}`: arguments must be a JSON object"
-        )));
-    };
-    let mut params = Vec::with_capacity(arguments.len());
-    for (key, value) in &arguments {
-        let (string, text) = match value {
-            Value::String(s) => ("true", s.clone()),
-            other => ("false", py_dumps(other, false)?),
-        };
-        params.push(format!(
-            "<{DSML}parameter name=\"{key}\" string=\"{string}\">{text}</{DSML}parameter>"
-        ));
-    }
-    Ok(format!(
-        "<{DSML}invoke name=\"{name}\">\n{}\n</{DSML}invoke>",
-        params.join("\n")
-    ))
 }
 
 /// The reference's `TOOLS_TEMPLATE` with each tool's `function` as one JSON line.

@@ -352,3 +352,53 @@ pub fn messages(v: &Value) -> Vec<deltafin_engine::tokenizer::ChatMessage> {
         })
         .collect()
 }
+
+/// A `len`-token prompt of ids below `vocab` on fixture `name`: one pass, chunks of 256 and of
+/// 64, and the same prompt batched beside another sequence give the same logits bit for bit.
+/// Returns the model and the one-pass state (for each family's context-memory checks).
+pub fn long_prompt_bits_agree(
+    name: &str,
+    len: usize,
+    vocab: usize,
+) -> (Box<dyn arch::Model>, deltafin_engine::state::SeqState) {
+    let model = arch::load(&fixture(name)).unwrap();
+    let m = model.as_ref();
+    let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let mut state = m.new_state();
+    let whole = pass_bits(m, &mut state, &prompt);
+    for chunk in [256, 64] {
+        let mut chunked = m.new_state();
+        let got: Vec<u32> = prompt
+            .chunks(chunk)
+            .flat_map(|c| pass_bits(m, &mut chunked, c))
+            .collect();
+        assert_eq!(got, whole, "{name}: {len} tokens in chunks of {chunk}");
+    }
+    let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % vocab) as u32).collect();
+    let (mut a, mut b) = (m.new_state(), m.new_state());
+    let batch = &mut [
+        SeqInput {
+            state: &mut a,
+            tokens: &other,
+            logits: LogitRows::All,
+        },
+        SeqInput {
+            state: &mut b,
+            tokens: &prompt,
+            logits: LogitRows::All,
+        },
+    ];
+    let batched: Vec<u32> = m
+        .forward(batch, None)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    let v = m.info().vocab_size;
+    assert_eq!(
+        batched[other.len() * v..],
+        whole[..],
+        "{name}: {len} tokens batched with another sequence"
+    );
+    (model, state)
+}

@@ -352,12 +352,7 @@ impl MtpModule {
                 s.iter_mut().zip(pe).for_each(|(v, p)| *v += p);
             }
         }
-        let start = state.len();
-        let rows = RowPlan {
-            seq: vec![0; n],
-            pos: (start..start + n).collect(),
-        };
-        state.begin_pass(n);
+        let rows = module_rows(state, n);
         let mut batch = [SeqInput {
             state,
             tokens,
@@ -386,12 +381,7 @@ impl MtpModule {
     fn run_layer(&self, state: &mut SeqState, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
         let norm = |x: &[f32], w: &[f32]| rms_norm_rows(x, w, eps, h);
-        let start = state.len();
-        let rows = RowPlan {
-            seq: vec![0; n],
-            pos: (start..start + n).collect(),
-        };
-        state.begin_pass(n);
+        let rows = module_rows(state, n);
         let mut batch = [SeqInput {
             state,
             tokens,
@@ -417,5 +407,15 @@ impl MtpModule {
         x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
         batch[0].state.commit_all();
         Ok(())
+    }
+}
+
+/// The module's `n` rows after what `state` holds, as one sequence; begins their pass.
+fn module_rows(state: &mut SeqState, n: usize) -> RowPlan {
+    let start = state.len();
+    state.begin_pass(n);
+    RowPlan {
+        seq: vec![0; n],
+        pos: (start..start + n).collect(),
     }
 }
