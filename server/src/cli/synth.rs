@@ -259,17 +259,13 @@ pub fn run(a: SynthArgs) -> Result<()> {
             s.layers += 1;
         }
     }
-    let start = Instant::now();
-    s.write(&a.out)
-        .with_context(|| format!("writing {}", a.out.display()))?;
     let shape = Shape {
         layers: s.layers,
         experts: s.experts,
         top_k: s.top_k,
         expert_bytes: s.expert_bytes(),
     };
-    report(&a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
-    Ok(())
+    write_and_report(&a, |dir| s.write(dir), s.data_bytes(), shape)
 }
 
 /// `--size` in bytes, checked.
@@ -304,16 +300,25 @@ fn run_v4(mut s: DeepseekV4Synth, a: &SynthArgs) -> Result<()> {
             s.layers += 1;
         }
     }
-    let start = Instant::now();
-    s.write(&a.out)
-        .with_context(|| format!("writing {}", a.out.display()))?;
     let shape = Shape {
         layers: s.layers,
         experts: s.experts,
         top_k: s.top_k,
         expert_bytes: s.expert_bytes(),
     };
-    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
+    write_and_report(a, |dir| s.write(dir), s.data_bytes(), shape)
+}
+
+/// Write the checkpoint with `write` into `--out` and report it.
+fn write_and_report(
+    a: &SynthArgs,
+    write: impl FnOnce(&std::path::Path) -> deltafin_engine::Result<()>,
+    bytes: u64,
+    shape: Shape,
+) -> Result<()> {
+    let start = Instant::now();
+    write(&a.out).with_context(|| format!("writing {}", a.out.display()))?;
+    report(a, bytes, start.elapsed().as_secs_f64(), shape);
     Ok(())
 }
 
@@ -344,17 +349,13 @@ fn run_k3(mut s: KimiK3Synth, a: &SynthArgs) -> Result<()> {
             relayer(&mut s, next);
         }
     }
-    let start = Instant::now();
-    s.write(&a.out)
-        .with_context(|| format!("writing {}", a.out.display()))?;
     let shape = Shape {
         layers: s.layers,
         experts: s.experts,
         top_k: s.top_k,
         expert_bytes: s.expert_bytes(),
     };
-    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
-    Ok(())
+    write_and_report(a, |dir| s.write(dir), s.data_bytes(), shape)
 }
 
 fn run_gqa(mut s: GqaMoeSynth, a: &SynthArgs) -> Result<()> {
@@ -377,17 +378,13 @@ fn run_gqa(mut s: GqaMoeSynth, a: &SynthArgs) -> Result<()> {
             s.layers += 1;
         }
     }
-    let start = Instant::now();
-    s.write(&a.out)
-        .with_context(|| format!("writing {}", a.out.display()))?;
     let shape = Shape {
         layers: s.layers,
         experts: s.experts,
         top_k: s.top_k,
         expert_bytes: s.expert_bytes(),
     };
-    report(a, s.data_bytes(), start.elapsed().as_secs_f64(), shape);
-    Ok(())
+    write_and_report(a, |dir| s.write(dir), s.data_bytes(), shape)
 }
 
 struct Shape {
