@@ -49,7 +49,8 @@ fn parse_expert(name: &str) -> Option<(usize, usize)> {
     let (layer, rest) = rest.split_once('.')?;
     let rest = rest
         .strip_prefix("mlp.experts.")
-        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
+        .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))
+        .or_else(|| rest.strip_prefix("ffn.experts."))?;
     let (expert, _) = rest.split_once('.')?;
     Some((layer.parse().ok()?, expert.parse().ok()?))
 }
@@ -237,6 +238,10 @@ mod tests {
             parse_expert("model.layers.5.block_sparse_moe.shared_experts.up_proj.weight"),
             None
         );
+        // DeepSeek-V4's published names; its MTP block's experts are not the decoder's.
+        assert_eq!(parse_expert("layers.7.ffn.experts.255.w1.scale"), Some((7, 255)));
+        assert_eq!(parse_expert("layers.7.ffn.shared_experts.w1.weight"), None);
+        assert_eq!(parse_expert("mtp.0.ffn.experts.3.w1.weight"), None);
         let p = pick(10, 0, 4, 1);
         let q = pick(10, 4, 4, 1);
         assert!(p.iter().all(|x| !q.contains(x)), "consecutive picks are disjoint");
