@@ -93,6 +93,30 @@ impl Matrix {
         })
     }
 
+    /// Rows `range` as a matrix viewing the same bytes (no copy), when the format stores them as
+    /// one run: any rows of a per-row format; block FP8 rows that start on a block row and end on
+    /// one or at the last row. `None` otherwise.
+    pub fn row_block(&self, range: std::ops::Range<usize>) -> Option<Matrix> {
+        let unit = match self.format {
+            Format::Fp8Block { block_rows, .. } => block_rows,
+            _ => 1,
+        };
+        let aligned =
+            range.start.is_multiple_of(unit) && (range.end.is_multiple_of(unit) || range.end == self.rows);
+        if range.is_empty() || range.end > self.rows || !aligned {
+            return None;
+        }
+        // One row's data bytes, and one row's (block row's) scale bytes.
+        let (row_bytes, unit_scales) = self.format.byte_sizes(1, self.cols).ok()?;
+        let data = self.data.slice(range.start * row_bytes..range.end * row_bytes);
+        let scales = match (&self.scales, unit_scales) {
+            (Some(s), Some(u)) => Some(s.slice(range.start / unit * u..range.end.div_ceil(unit) * u)),
+            (None, None) => None,
+            _ => return None,
+        };
+        Matrix::new(self.format, range.len(), self.cols, data, scales).ok()
+    }
+
     /// Bytes read by one pass over the matrix (data plus scales).
     pub fn nbytes(&self) -> usize {
         self.data.len() + self.scales.as_ref().map_or(0, |s| s.len())

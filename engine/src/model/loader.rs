@@ -174,16 +174,7 @@ impl<'a> Loader<'a> {
         if self.source.records_only() {
             return Ok(vec![0; rows * cols]); // recorded for the read layout only
         }
-        let ids: Vec<i64> = match info.dtype {
-            Dtype::I64 => blob
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            _ => blob
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
-                .collect(),
-        };
+        let ids = decode_ints(info.dtype, &blob);
         match ids.iter().position(|&v| v < 0 || v as usize >= limit) {
             None => Ok(ids.into_iter().map(|v| v as u32).collect()),
             Some(i) => Err(Error::TensorDtype {
@@ -459,16 +450,7 @@ impl<'a> Loader<'a> {
         if self.source.records_only() {
             return Ok(()); // recorded for the read layout; the value is checked when built from it
         }
-        let dims: Vec<i64> = match info.dtype {
-            Dtype::I64 => blob
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect(),
-            _ => blob
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
-                .collect(),
-        };
+        let dims = decode_ints(info.dtype, &blob);
         if dims != [rows as i64, cols as i64] {
             return Err(Error::TensorShape {
                 path: self.index.shard_path(info).to_path_buf(),
@@ -505,5 +487,19 @@ impl<'a> Loader<'a> {
             expected: reason.to_string(),
             found: "incompatible".into(),
         }
+    }
+}
+
+/// Little-endian I64 (or, for any other dtype, I32) elements widened to i64.
+fn decode_ints(dtype: Dtype, bytes: &[u8]) -> Vec<i64> {
+    match dtype {
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
     }
 }

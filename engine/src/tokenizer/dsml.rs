@@ -62,7 +62,7 @@ impl DsmlVersion {
 
     /// The text that opens a call block in the output (the reference's
     /// `tool_calls_start_token`).
-    pub fn block_start(self) -> &'static str {
+    pub const fn block_start(self) -> &'static str {
         match self {
             DsmlVersion::V32 => "\n\n<｜DSML｜function_calls",
             DsmlVersion::V4 => "\n\n<｜DSML｜tool_calls",
@@ -70,7 +70,7 @@ impl DsmlVersion {
     }
 
     /// The tag that closes a call block.
-    pub fn block_end(self) -> &'static str {
+    pub const fn block_end(self) -> &'static str {
         match self {
             DsmlVersion::V32 => "</｜DSML｜function_calls>",
             DsmlVersion::V4 => "</｜DSML｜tool_calls>",

@@ -327,8 +327,8 @@ pub(super) fn strip_tags(text: &str) -> String {
 mod tests {
     use super::*;
 
-    const START: &str = "\n\n<｜DSML｜function_calls";
-    const END: &str = "</｜DSML｜function_calls>";
+    const START: &str = DsmlVersion::V32.block_start();
+    const END: &str = DsmlVersion::V32.block_end();
 
     const CALL: &str = ">\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Oslo, \"NO\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n\n</｜DSML｜invoke>\n";
 

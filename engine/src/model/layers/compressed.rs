@@ -147,12 +147,13 @@ impl Compressor {
         }
         let second = if self.overlap { d } else { 0 };
         slots.extend((0..r).map(|j| (w * r + j, j, second)));
+        let rows: Vec<&[f32]> = slots.iter().map(|&(pos, _, _)| inputs.row(pos)).collect();
         let mut out = vec![0.0f32; d];
         let mut logits = vec![0.0f32; slots.len()];
         for (ch, o) in out.iter_mut().enumerate() {
             let mut max = f32::NEG_INFINITY;
-            for (l, &(pos, j, off)) in logits.iter_mut().zip(&slots) {
-                *l = inputs.row(pos)[c * d + off + ch] + self.ape[j * c * d + off + ch];
+            for ((l, &(_, j, off)), row) in logits.iter_mut().zip(&slots).zip(&rows) {
+                *l = row[c * d + off + ch] + self.ape[j * c * d + off + ch];
                 max = max.max(*l);
             }
             let mut sum = 0.0f32;
@@ -161,19 +162,15 @@ impl Compressor {
                 sum += *l;
             }
             let mut acc = 0.0f32;
-            for (l, &(pos, _, off)) in logits.iter().zip(&slots) {
-                acc += inputs.row(pos)[off + ch] * (l / sum);
+            for ((l, &(_, _, off)), row) in logits.iter().zip(&slots).zip(&rows) {
+                acc += row[off + ch] * (l / sum);
             }
             *o = acc;
         }
         let mut out = rms_norm_rows(&out, &self.norm, eps, d);
-        rotate(&mut out, &factors(rope, w * r, rope_dim(rope)), false);
+        rotate(&mut out, &factors(rope, w * r, rope.dim()), false);
         out
     }
-}
-
-fn rope_dim(rope: &Rope) -> usize {
-    rope.dim()
 }
 
 /// The lightning indexer of compressed sparse attention.
@@ -199,6 +196,9 @@ pub struct CompressedAttention {
     pub kv_norm: Vec<f32>,
     /// `[o_groups·o_rank, heads·head_dim / o_groups]`.
     pub wo_a: Matrix,
+    /// `wo_a`'s rows of each group, viewing its bytes, when its format can split there (block
+    /// FP8 needs `o_rank` a multiple of the block rows; V4-Flash's 1024 is).
+    pub wo_a_groups: Option<Vec<Matrix>>,
     pub wo_b: Matrix,
     pub sinks: Vec<f32>,
     /// The queries' and keys' RoPE (plain on sliding layers, the compressed one otherwise).
@@ -255,6 +255,10 @@ impl CompressedAttention {
                 (Some(comp), Some(indexer))
             }
         };
+        let wo_a = ld.linear(&format!("{a}.o_a_proj"), g * d.o_rank, hd / g)?;
+        let wo_a_groups = (0..g)
+            .map(|i| wo_a.row_block(i * d.o_rank..(i + 1) * d.o_rank))
+            .collect();
         Ok(CompressedAttention {
             dims: d,
             kind: spec.kind,
@@ -263,7 +267,8 @@ impl CompressedAttention {
             wq_b: ld.linear(&format!("{a}.q_b_proj"), hd, d.q_lora)?,
             wkv: ld.linear(&format!("{a}.kv_proj"), d.head_dim, h)?,
             kv_norm: ld.vector(&format!("{a}.kv_norm.weight"), d.head_dim)?,
-            wo_a: ld.linear(&format!("{a}.o_a_proj"), g * d.o_rank, hd / g)?,
+            wo_a,
+            wo_a_groups,
             wo_b: ld.linear(&format!("{a}.o_b_proj"), h, g * d.o_rank)?,
             sinks: ld.vector(&format!("{a}.sinks"), d.heads)?,
             rope: spec.rope.clone(),
@@ -452,18 +457,49 @@ impl CompressedAttention {
     /// The grouped low-rank output projection of `n` rows of head outputs.
     fn output(&self, heads: &[f32], n: usize) -> Vec<f32> {
         let d = self.dims;
-        let (g, group) = (d.o_groups, d.heads * d.head_dim / d.o_groups);
-        // Every group's input through the whole W_oa; group i keeps its own rank rows.
-        let mut all = vec![0.0f32; n * g * self.wo_a.rows];
-        matmul(&self.wo_a, heads, n * g, &mut all);
-        let mut low = vec![0.0f32; n * g * d.o_rank];
-        for (k, dst) in low.chunks_mut(d.o_rank).enumerate() {
-            let i = k % g;
-            dst.copy_from_slice(&all[k * self.wo_a.rows + i * d.o_rank..][..d.o_rank]);
-        }
-        debug_assert_eq!(heads.len(), n * g * group);
+        let low = grouped(
+            &self.wo_a,
+            self.wo_a_groups.as_deref(),
+            heads,
+            (n, d.o_groups, d.o_rank),
+        );
         Self::proj(&self.wo_b, &low, n)
     }
+}
+
+/// HF `DeepseekV4GroupedLinear`: group `i` of each of `n` rows of `heads` (`g` equal groups)
+/// through `wo_a`'s rows `i·rank..(i+1)·rank`, the `g·rank` results of a row side by side.
+/// With `groups` (those rows as their own matrices) each group's rows go through its own only;
+/// else every group's input goes through the whole `wo_a` and keeps its rows (`g` times the
+/// work, the same values: each output is its row's dot product either way).
+fn grouped(
+    wo_a: &Matrix,
+    groups: Option<&[Matrix]>,
+    heads: &[f32],
+    (n, g, rank): (usize, usize, usize),
+) -> Vec<f32> {
+    let width = heads.len() / (n * g).max(1);
+    let mut low = vec![0.0f32; n * g * rank];
+    let Some(groups) = groups else {
+        let mut all = vec![0.0f32; n * g * wo_a.rows];
+        matmul(wo_a, heads, n * g, &mut all);
+        for (k, dst) in low.chunks_mut(rank).enumerate() {
+            dst.copy_from_slice(&all[k * wo_a.rows + (k % g) * rank..][..rank]);
+        }
+        return low;
+    };
+    let mut x = vec![0.0f32; n * width];
+    let mut y = vec![0.0f32; n * rank];
+    for (i, m) in groups.iter().enumerate() {
+        for (r, dst) in x.chunks_mut(width).enumerate() {
+            dst.copy_from_slice(&heads[(r * g + i) * width..][..width]);
+        }
+        matmul(m, &x, n, &mut y);
+        for (r, src) in y.chunks(rank).enumerate() {
+            low[(r * g + i) * rank..][..rank].copy_from_slice(src);
+        }
+    }
+    low
 }
 
 /// The indices of the `k` largest scores, ascending (ties to the lower index; all of them when
@@ -487,6 +523,54 @@ mod tests {
         assert_eq!(top_k(&[0.5, 2.0, 1.0, 2.0, -1.0], 2), vec![1, 3]);
         assert_eq!(top_k(&[1.0, 1.0, 1.0], 2), vec![0, 1]);
         assert_eq!(top_k(&[3.0, 1.0], 4), vec![0, 1]);
+    }
+
+    /// Each group through its own rows of `W_oa` gives the bits of every group through the
+    /// whole matrix (BF16, and block FP8 split on block rows); FP8 rows that split a block
+    /// cannot be viewed on their own.
+    #[test]
+    fn grouped_projection_through_row_blocks_gives_the_same_bits() {
+        use crate::kernels::Format;
+        use crate::weights::Blob;
+        let (n, g, rank, width) = (3, 2, 128, 40);
+        let bf16: Vec<u8> = (0..g * rank * width)
+            .flat_map(|i| half::bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0).to_le_bytes())
+            .collect();
+        let codes: Vec<u8> = (0..g * rank * width).map(|i| ((i * 53) % 120) as u8).collect();
+        let scales: Vec<u8> = [0.5f32, 0.25].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let fp8 = Format::Fp8Block {
+            block_rows: 128,
+            block_cols: 128,
+        };
+        let heads: Vec<f32> = (0..n * g * width)
+            .map(|i| ((i * 17 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        for m in [
+            Matrix::new(Format::Bf16, g * rank, width, Blob::from_vec(bf16), None).unwrap(),
+            Matrix::new(
+                fp8,
+                g * rank,
+                width,
+                Blob::from_vec(codes),
+                Some(Blob::from_vec(scales)),
+            )
+            .unwrap(),
+        ] {
+            let groups: Option<Vec<Matrix>> = (0..g).map(|i| m.row_block(i * rank..(i + 1) * rank)).collect();
+            let groups = groups.expect("both formats split at 128 rows");
+            let whole = grouped(&m, None, &heads, (n, g, rank));
+            let split = grouped(&m, Some(&groups), &heads, (n, g, rank));
+            assert_eq!(
+                whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                split.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{:?}",
+                m.format
+            );
+            assert!(
+                m.row_block(64..192).is_none() || m.format == Format::Bf16,
+                "an FP8 block split"
+            );
+        }
     }
 
     #[test]

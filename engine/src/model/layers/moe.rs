@@ -195,10 +195,11 @@ impl Moe {
     /// `ids` weighted by their scores from `logits`, renormalised and scaled as configured.
     fn weigh(&self, logits: &[f32], ids: &[u32]) -> Vec<(usize, f32)> {
         let r = &self.router;
-        let score = |i: usize| match r.scoring {
-            Scoring::Sigmoid => sigmoid(logits[i]),
-            Scoring::SqrtSoftplus => sqrt_softplus(logits[i]),
-            Scoring::Softmax | Scoring::TopKSoftmax => softmax(logits)[i],
+        let probs = matches!(r.scoring, Scoring::Softmax | Scoring::TopKSoftmax).then(|| softmax(logits));
+        let score = |i: usize| match (&probs, r.scoring) {
+            (Some(p), _) => p[i],
+            (None, Scoring::SqrtSoftplus) => sqrt_softplus(logits[i]),
+            (None, _) => sigmoid(logits[i]),
         };
         let mut weights: Vec<f32> = ids.iter().map(|&i| score(i as usize)).collect();
         if r.norm_topk_prob {
@@ -247,11 +248,11 @@ impl Moe {
     ) -> Result<Vec<f32>> {
         let h = self.gate.cols;
         let mut routes = match (tokens, &self.hash) {
-            (Some(t), Some(_)) => self.routes_for(x, n, t),
-            (None, Some(_)) => {
+            (Some(t), Some(_)) if t.len() == n => self.routes_for(x, n, t),
+            (_, Some(_)) => {
                 return Err(crate::error::Error::InvalidArgument {
                     field: "tokens",
-                    reason: "a hash-routed MoE layer needs its rows' token ids".into(),
+                    reason: format!("a hash-routed MoE layer needs its {n} rows' token ids"),
                 });
             }
             _ => self.routes(x, n),
