@@ -258,3 +258,40 @@ def test_drafts_never_change_the_ids_or_the_calls(tmp_path, name):
     """n-gram drafting gives the same ids and calls."""
     outs = outputs_without_and_with_drafts(lambda spec: model_dir(tmp_path / spec, MODELS[name], context=2048))
     assert outs[0] == outs[1]
+
+
+HARMONY = json.loads((FIXTURES / "harmony/golden.json").read_text(encoding="utf-8"))
+
+
+def test_gpt_oss_prompts_equal_openai_harmony_where_the_published_template_does(tmp_path):
+    """`/tokenize` on gpt-oss against OpenAI's `openai-harmony` renderer and gpt-oss's published
+    template (`harmony/golden.json`, made by `gen_harmony.py`): richer tools (enums, defaults,
+    arrays, a function without parameters), history calls and results, two rounds, each
+    reasoning effort. Where the two renderers agree the server gives exactly that prompt; where
+    they differ (recorded in the golden: the template's blank line after bare instructions, its
+    comma after a default, `()` for a function without parameters, tool results as JSON strings,
+    and analysis of finished turns dropped) the server follows the published template, as HF
+    `transformers` renders it."""
+    from tokenizers import Tokenizer
+
+    model = MODELS["gpt-oss"]
+    s = Server("--max-tokens", "8", model=str(model_dir(tmp_path, model, context=4096)))
+    hf = Tokenizer.from_file(str(FIXTURES / model["fixture"] / "tokenizer.json"))
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    agreed = 0
+    try:
+        for case in HARMONY["renders"]:
+            body = {"messages": wire(HARMONY["conversations"][case["conversation"]]),
+                    "add_generation_prompt": True, "chat_template_kwargs": case["chat_template_kwargs"]}
+            if case["tools"]:
+                body["tools"] = HARMONY["tools"]
+            status, out = post(s, "/tokenize", body)
+            where = f"{case['conversation']} {case['chat_template_kwargs']}"
+            assert status == 200, (where, out)
+            text = case["harmony_text"] if case["agree"] else case["hf_text"]
+            text = text.replace(f"Current date: {HARMONY['date']}", f"Current date: {today}")
+            assert out["tokens"] == hf.encode(text, add_special_tokens=False).ids, where
+            agreed += case["agree"]
+    finally:
+        s.stop()
+    assert agreed >= 6, "plain and finished-answer conversations render as openai-harmony does"

@@ -4,6 +4,8 @@
 pub mod chat;
 pub mod generation;
 pub mod handlers;
+#[cfg(test)]
+mod harmony_oracle_tests;
 pub mod logprobs;
 pub mod output;
 pub mod reasoning;
