@@ -125,13 +125,17 @@ fn malformed_dsv4_checkpoints_name_the_tensor() {
 }
 
 /// A synthetic checkpoint in DeepSeek's own config spelling (`compress_ratios` with a ratio of
-/// 16, `num_hash_layers`, `rope_scaling`, `compress_rope_theta`) and the published formats loads
-/// and decodes the same ids in memory and under a budget that streams its experts.
+/// 16 and the MTP block's entry, `num_hash_layers`, `rope_scaling`, `compress_rope_theta`) and
+/// the published formats loads and decodes the same ids in memory and under a budget that
+/// streams its experts; its MTP block (`mtp.0.*`, as `synth --preset dsv4-flash` writes it)
+/// drafts on both without changing an id.
 #[test]
 fn a_synthetic_v4_in_deepseeks_spelling_runs_the_same_in_memory_and_out_of_core() {
     use deltafin_engine::arch;
     use deltafin_engine::cache::OocOptions;
-    use deltafin_engine::generate::{GenerateOptions, Sampling, generate};
+    use deltafin_engine::generate::{GenerateOptions, Sampling, generate, generate_with};
+    use deltafin_engine::spec::mtp::Mtp;
+    use deltafin_engine::spec::{EconomicsConfig, Speculator};
     use deltafin_engine::synth::DeepseekV4Synth;
     let s = DeepseekV4Synth {
         hidden: 256,
@@ -173,6 +177,27 @@ fn a_synthetic_v4_in_deepseeks_spelling_runs_the_same_in_memory_and_out_of_core(
     let (budgeted, _runtime) =
         arch::load_budgeted(dir.path(), &OocOptions::with_budget((35 << 20) + (400 << 10))).unwrap();
     assert_eq!(run(budgeted.as_ref()), want, "out of core");
+    let mtp = std::sync::Arc::new(Mtp::new(
+        arch::load_mtp(dir.path())
+            .unwrap()
+            .expect("the synth writes mtp.0.*"),
+    ));
+    for m in [model.as_ref(), budgeted.as_ref()] {
+        mtp.check_target(m).unwrap();
+        let forced = EconomicsConfig {
+            forced: true,
+            max_width: 3,
+            ..Default::default()
+        };
+        let mut spec = Speculator::new(vec![Box::new(mtp.session())], &forced, None);
+        let drafted = generate_with(m, &mut m.new_state(), &prompt, &opts, Some(&mut spec), |_| {
+            deltafin_engine::generate::Flow::Continue
+        })
+        .unwrap();
+        assert_eq!(drafted.output_ids, want, "MTP drafts");
+        let drafts = spec.summary().proposers.get("mtp").map_or(0, |p| p.proposals);
+        assert!(drafts > 0, "the MTP block drafted");
+    }
 }
 
 /// A committed V4 state keeps only its window, so it rewinds into its history through a

@@ -1,7 +1,9 @@
 //! Synthetic DeepSeek-V4 checkpoints in the published layout (`deepseek_v4`, DeepSeek's names and
 //! config spelling): FP4 routed experts (I8 codes with an F8_E8M0 scale per 32), block FP8 with
 //! F8_E8M0 `scale` on the attention, indexer query and shared-expert Linears, BF16 compressors,
-//! router, embedding and head, F32 hyper-connection parameters, sinks and position biases.
+//! router, embedding and head, F32 hyper-connection parameters, sinks and position biases; and,
+//! as V4-Flash ships it, one multi-token-prediction block (`mtp.0.*`, DeepSeek's `MTPBlock`) of
+//! the kind the `compress_ratios` entry after the last layer names.
 
 use std::path::Path;
 
@@ -38,6 +40,8 @@ pub struct DeepseekV4Synth {
     pub hash_layers: usize,
     pub hc: usize,
     pub max_position: usize,
+    /// Write the MTP block (`mtp.0.*`) after the decoder layers.
+    pub mtp: bool,
     pub shards: usize,
     pub seed: u64,
 }
@@ -68,8 +72,27 @@ impl DeepseekV4Synth {
             hash_layers: 3,
             hc: 4,
             max_position: 65_536,
+            mtp: true,
             shards: 4,
             seed: 0xD5F4,
+        }
+    }
+
+    /// V4-Flash's per-position state shapes with little compute, for context-memory
+    /// measurements at long lengths: the published head, indexer-key and rope widths, window,
+    /// ratios, top-k and layer schedule (so the attention state per position and per sequence
+    /// is V4-Flash's), with hidden 256, 2 heads, 2 index heads and 8 narrow experts.
+    pub fn narrow(self) -> Self {
+        DeepseekV4Synth {
+            hidden: 256,
+            heads: 2,
+            q_lora: 64,
+            o_groups: 2,
+            o_rank: 128,
+            index_heads: 2,
+            experts: 8,
+            moe_intermediate: 64,
+            ..self
         }
     }
 
@@ -82,6 +105,8 @@ impl DeepseekV4Synth {
     /// odd layers.
     fn ratio(&self, l: usize) -> usize {
         match l {
+            // The MTP block (V4-Flash's entry after its last layer: 0).
+            l if l >= self.layers => 0,
             0 | 1 => 0,
             l if l % 2 == 0 => self.ratios.0,
             _ => self.ratios.1,
@@ -90,7 +115,8 @@ impl DeepseekV4Synth {
 
     /// The `config.json` contents, in DeepSeek's spelling.
     pub fn config(&self) -> Value {
-        let ratios: Vec<usize> = (0..self.layers).map(|l| self.ratio(l)).collect();
+        let entries = self.layers + usize::from(self.mtp);
+        let ratios: Vec<usize> = (0..entries).map(|l| self.ratio(l)).collect();
         let mut c = json!({
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
@@ -112,6 +138,7 @@ impl DeepseekV4Synth {
             "compress_rate_csa": self.ratios.0,
             "compress_rate_hca": self.ratios.1,
             "num_hash_layers": self.hash_layers,
+            "num_nextn_predict_layers": usize::from(self.mtp),
             "n_routed_experts": self.experts,
             "num_experts_per_tok": self.top_k,
             "n_shared_experts": 1,
@@ -187,8 +214,9 @@ impl DeepseekV4Synth {
         t.push(norm(&format!("{p}.norm.weight"), d));
     }
 
-    fn attention(&self, t: &mut Vec<(TensorSpec, Fill)>, l: usize) {
-        let (h, hd, a) = (self.hidden, self.head_dim, format!("layers.{l}.attn"));
+    /// Layer `l`'s attention below `p` (`layers.{l}`, or `mtp.0` for the MTP block).
+    fn attention(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, l: usize) {
+        let (h, hd, a) = (self.hidden, self.head_dim, format!("{p}.attn"));
         Self::fp8(t, &format!("{a}.wq_a"), self.q_lora, h);
         t.push(norm(&format!("{a}.q_norm.weight"), self.q_lora));
         Self::fp8(t, &format!("{a}.wq_b"), self.heads * hd, self.q_lora);
@@ -220,10 +248,10 @@ impl DeepseekV4Synth {
         }
     }
 
-    fn ffn(&self, t: &mut Vec<(TensorSpec, Fill)>, l: usize) {
-        let (h, f) = (self.hidden, format!("layers.{l}.ffn"));
+    fn ffn(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, l: usize) {
+        let (h, f) = (self.hidden, format!("{p}.ffn"));
         t.push(dense(&format!("{f}.gate.weight"), self.experts, h, 1.0));
-        if l < self.hash_layers {
+        if l < self.hash_layers.min(self.layers) {
             let spec = TensorSpec::new(
                 format!("{f}.gate.tid2eid"),
                 Dtype::I32,
@@ -251,19 +279,46 @@ impl DeepseekV4Synth {
         let (h, v, n) = (self.hidden, self.vocab(), self.hc);
         let mut t = vec![dense("embed.weight", v, h, (h as f32).sqrt())];
         for l in 0..self.layers {
-            t.push(norm(&format!("layers.{l}.attn_norm.weight"), h));
-            t.push(norm(&format!("layers.{l}.ffn_norm.weight"), h));
-            self.hyper(&mut t, &format!("layers.{l}.hc_attn"));
-            self.hyper(&mut t, &format!("layers.{l}.hc_ffn"));
-            self.attention(&mut t, l);
-            self.ffn(&mut t, l);
+            self.block(&mut t, &format!("layers.{l}"), l);
         }
         t.push(norm("norm.weight", h));
         t.push(dense("head.weight", v, h, 4.0));
-        Self::f32s(&mut t, "hc_head_fn", &[n, n * h], (-0.01, 0.01));
-        Self::f32s(&mut t, "hc_head_base", &[n], (-0.5, 0.5));
-        Self::f32s(&mut t, "hc_head_scale", &[1], (0.5, 1.5));
+        Self::hyper_head(&mut t, "", (n, h));
+        if self.mtp {
+            self.mtp_block(&mut t);
+        }
         t
+    }
+
+    /// One decoder block below `p`: its norms, hyper-connections, attention and MoE.
+    fn block(&self, t: &mut Vec<(TensorSpec, Fill)>, p: &str, l: usize) {
+        let h = self.hidden;
+        t.push(norm(&format!("{p}.attn_norm.weight"), h));
+        t.push(norm(&format!("{p}.ffn_norm.weight"), h));
+        self.hyper(t, &format!("{p}.hc_attn"));
+        self.hyper(t, &format!("{p}.hc_ffn"));
+        self.attention(t, p, l);
+        self.ffn(t, p, l);
+    }
+
+    /// A hyper head (`{p}hc_head_*`) folding `n` streams of width `h`.
+    fn hyper_head(t: &mut Vec<(TensorSpec, Fill)>, p: &str, (n, h): (usize, usize)) {
+        Self::f32s(t, &format!("{p}hc_head_fn"), &[n, n * h], (-0.01, 0.01));
+        Self::f32s(t, &format!("{p}hc_head_base"), &[n], (-0.5, 0.5));
+        Self::f32s(t, &format!("{p}hc_head_scale"), &[1], (0.5, 1.5));
+    }
+
+    /// DeepSeek's `MTPBlock` as published (`mtp.0.*`): one decoder block (a routed, not hashed,
+    /// MoE), `e_proj` / `h_proj` in block FP8, `enorm`, `hnorm`, `norm` and its own hyper head.
+    fn mtp_block(&self, t: &mut Vec<(TensorSpec, Fill)>) {
+        let h = self.hidden;
+        self.block(t, "mtp.0", self.layers);
+        Self::fp8(t, "mtp.0.e_proj", h, h);
+        Self::fp8(t, "mtp.0.h_proj", h, h);
+        for n in ["enorm", "hnorm", "norm"] {
+            t.push(norm(&format!("mtp.0.{n}.weight"), h));
+        }
+        Self::hyper_head(t, "mtp.0.", (self.hc, h));
     }
 
     /// Total bytes of tensor data.

@@ -5,6 +5,11 @@
 //! disk's bandwidth (`--disk-gib-s`, from `deltafin bench disk`), the prefill I/O bound: the
 //! seconds those reads take at that bandwidth, and the ratio of the measured time to it.
 //! Prompts are seeded random ids, so routing depends on the model, not on text.
+//!
+//! Each length also reports the context memory the committed sequence holds beside the plan's
+//! figure for that length (`StateSize::bytes`, what `--context-memory auto` admits by): the
+//! check that the plan counts each family's state as its architecture keeps it (compressed
+//! entries, sliding windows, recurrent state), not as a dense cache would.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,6 +18,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_engine::arch::{self, LogitRows, Model, SeqInput};
 use deltafin_engine::cache::OocRuntime;
+use deltafin_engine::cache::plan::human;
 use deltafin_engine::synth::Rng;
 use serde::Serialize;
 
@@ -54,6 +60,10 @@ struct Point {
     io_bound_seconds: Option<f64>,
     /// Measured seconds over the I/O bound (1.0 = at the disk's limit).
     ratio_to_io_bound: Option<f64>,
+    /// Context memory the sequence holds once its prompt is committed.
+    context_bytes_held: u64,
+    /// The plan's context memory for this many tokens (one sequence, no checkpoints).
+    context_bytes_planned: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -130,6 +140,8 @@ fn measure(model: &dyn Model, rt: Option<&OocRuntime>, a: &BenchPrefillArgs, len
         )?;
     }
     let seconds = t.elapsed().as_secs_f64();
+    state.commit_all();
+    let context_bytes_held = state.cache_bytes() as u64;
     let read = rt.zip(read0).map(|(r, r0)| expert_reads(r) - r0);
     let io_bound_seconds = read
         .zip(a.disk_gib_s)
@@ -141,6 +153,8 @@ fn measure(model: &dyn Model, rt: Option<&OocRuntime>, a: &BenchPrefillArgs, len
         expert_read_bytes: read,
         io_bound_seconds,
         ratio_to_io_bound: io_bound_seconds.filter(|&b| b > 0.0).map(|b| seconds / b),
+        context_bytes_held,
+        context_bytes_planned: model.info().state.bytes(prompt.len(), 0),
     })
 }
 
@@ -163,8 +177,15 @@ fn print_table(r: &Report) {
         }
     );
     println!(
-        "{:>8} {:>10} {:>12} {:>14} {:>12}",
-        "tokens", "seconds", "tok/s", "expert MiB read", "x I/O bound"
+        "{:>8} {:>10} {:>12} {:>14} {:>12} {:>14} {:>14} {:>11}",
+        "tokens",
+        "seconds",
+        "tok/s",
+        "expert MiB read",
+        "x I/O bound",
+        "context held",
+        "context plan",
+        "B/token"
     );
     for p in &r.points {
         let mib = p
@@ -172,8 +193,15 @@ fn print_table(r: &Report) {
             .map_or("-".into(), |b| format!("{:.1}", b as f64 / (1u64 << 20) as f64));
         let ratio = p.ratio_to_io_bound.map_or("-".into(), |x| format!("{x:.2}"));
         println!(
-            "{:>8} {:>10.2} {:>12.1} {:>14} {:>12}",
-            p.tokens, p.seconds, p.tokens_per_second, mib, ratio
+            "{:>8} {:>10.2} {:>12.1} {:>14} {:>12} {:>14} {:>14} {:>11.0}",
+            p.tokens,
+            p.seconds,
+            p.tokens_per_second,
+            mib,
+            ratio,
+            human(p.context_bytes_held),
+            human(p.context_bytes_planned),
+            p.context_bytes_held as f64 / p.tokens.max(1) as f64
         );
     }
 }

@@ -82,6 +82,11 @@ pub struct SynthArgs {
     /// Override the context length (`max_position_embeddings`; e.g. 32768 for 16k prompts).
     #[arg(long)]
     pub max_position: Option<usize>,
+    /// dsv4-flash: V4-Flash's attention state per position and per sequence (head, indexer-key
+    /// and rope widths, window, ratios, top-k, layer schedule) with little compute (hidden 256,
+    /// 2 heads, 8 narrow experts), to measure context memory at long lengths.
+    #[arg(long)]
+    pub narrow: bool,
     /// Grow the layer count until the checkpoint reaches about this size (e.g. `30G`).
     #[arg(long)]
     pub size: Option<String>,
@@ -226,6 +231,9 @@ fn preset(p: Preset) -> DeepseekSynth {
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {
+    if a.narrow && !matches!(a.preset, Preset::Dsv4Flash) {
+        bail!("--narrow applies to the dsv4-flash preset only");
+    }
     if let Some(k3) = k3_preset(a.preset) {
         return run_k3(k3, &a);
     }
@@ -283,6 +291,9 @@ fn run_v4(mut s: DeepseekV4Synth, a: &SynthArgs) -> Result<()> {
         bail!(
             "--format and the routing options do not apply to dsv4-flash (its experts are FP4, as published)"
         );
+    }
+    if a.narrow {
+        s = s.narrow();
     }
     s.shards = a.shards.max(1);
     s.seed = a.seed;
