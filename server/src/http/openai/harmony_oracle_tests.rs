@@ -65,7 +65,11 @@ fn gpt_oss_output_reads_as_openai_harmony_parses_it() {
         let ids = tok.encode_with_special(case["completion"].as_str().unwrap());
         let (reasoning, content, calls) = expected(case["messages"].as_array().unwrap());
         let d = parse(&tok, &ids);
-        assert_eq!((d.reasoning.as_str(), d.content.as_str()), (&*reasoning, &*content), "{name}");
+        assert_eq!(
+            (d.reasoning.as_str(), d.content.as_str()),
+            (&*reasoning, &*content),
+            "{name}"
+        );
         let got: Vec<(String, Value)> = d
             .tool_calls
             .iter()
