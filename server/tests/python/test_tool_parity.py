@@ -295,3 +295,58 @@ def test_gpt_oss_prompts_equal_openai_harmony_where_the_published_template_does(
     finally:
         s.stop()
     assert agreed >= 6, "plain and finished-answer conversations render as openai-harmony does"
+
+
+def test_a_gpt_oss_responses_replay_renders_as_the_chat_conversation(tmp_path):
+    """Responses input items replayed to gpt-oss (reasoning items with `reasoning_text`, function
+    calls, their outputs, an assistant answer between two tool rounds, `reasoning.effort`) render
+    the prompt the chat conversation renders: `usage.input_tokens` equals the length of
+    gpt-oss's published template on the same conversation (`harmony/golden.json`), which keeps
+    the reasoning of the open tool loop and drops that of the finished turn."""
+    from tokenizers import Tokenizer
+
+    model = MODELS["gpt-oss"]
+    s = Server("--max-tokens", "8", model=str(model_dir(tmp_path, model, context=4096)))
+    hf = Tokenizer.from_file(str(FIXTURES / model["fixture"] / "tokenizer.json"))
+    tools = [dict(type="function", **t["function"]) for t in HARMONY["tools"]]
+
+    def reasoning(text):
+        return {"type": "reasoning", "id": f"rs_{len(text)}", "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}]}
+
+    def call(c):
+        return {"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                "arguments": json.dumps(c["function"]["arguments"])}
+
+    def output(call_id, text):
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    def items(name):
+        out = []
+        for m in HARMONY["conversations"][name]:
+            if m["role"] == "user":
+                out.append({"role": "user", "content": m["content"]})
+            elif m["role"] == "tool":
+                out.append(output(m["tool_call_id"], m["content"]))
+            else:
+                if m.get("reasoning_content"):
+                    out.append(reasoning(m["reasoning_content"]))
+                if m.get("content"):
+                    out.append({"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": m["content"]}]})
+                out.extend(call(c) for c in m.get("tool_calls") or [])
+        return out
+
+    try:
+        for name in ["call_and_result", "two_rounds"]:
+            for effort in [None, "high"]:
+                kwargs = {"reasoning_effort": effort} if effort else {}
+                case = next(c for c in HARMONY["renders"]
+                            if c["conversation"] == name and c["chat_template_kwargs"] == kwargs)
+                want = len(hf.encode(case["hf_text"], add_special_tokens=False).ids)
+                extra = {"reasoning": {"effort": effort}} if effort else {}
+                r = s.client().responses.create(model=s.model_id(), input=items(name), tools=tools,
+                                                max_output_tokens=1, **extra)
+                assert r.usage.input_tokens == want, (name, effort, r.usage.input_tokens, want)
+    finally:
+        s.stop()
