@@ -164,6 +164,23 @@ impl DeepseekSynth {
         }
     }
 
+    /// The same attention state per position (MLA latent and rope key, the DSA indexer's key
+    /// and top-k) with little compute, for context-memory measurements at long lengths: hidden
+    /// 256, 2 heads, 2 indexer heads and 8 narrow experts.
+    pub fn narrow(self) -> Self {
+        DeepseekSynth {
+            hidden: 256,
+            intermediate: 512,
+            moe_intermediate: 64,
+            heads: 2,
+            q_lora: self.q_lora.map(|_| 64),
+            experts: 8,
+            top_k: self.top_k.min(4),
+            dsa: self.dsa.map(|d| DsaShape { heads: 2, ..d }),
+            ..self
+        }
+    }
+
     fn vocab(&self) -> usize {
         512
     }

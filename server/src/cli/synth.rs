@@ -82,9 +82,10 @@ pub struct SynthArgs {
     /// Override the context length (`max_position_embeddings`; e.g. 32768 for 16k prompts).
     #[arg(long)]
     pub max_position: Option<usize>,
-    /// dsv4-flash: V4-Flash's attention state per position and per sequence (head, indexer-key
-    /// and rope widths, window, ratios, top-k, layer schedule) with little compute (hidden 256,
-    /// 2 heads, 8 narrow experts), to measure context memory at long lengths.
+    /// dsv4-flash and glm5: the published attention state per position and per sequence
+    /// (V4-Flash: head, indexer-key and rope widths, window, ratios, top-k, layer schedule;
+    /// GLM-5: MLA latent, rope key, indexer key, top-k) with little compute (hidden 256, 2
+    /// heads, 8 narrow experts), to measure context memory at long lengths.
     #[arg(long)]
     pub narrow: bool,
     /// Grow the layer count until the checkpoint reaches about this size (e.g. `30G`).
@@ -231,8 +232,8 @@ fn preset(p: Preset) -> DeepseekSynth {
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {
-    if a.narrow && !matches!(a.preset, Preset::Dsv4Flash) {
-        bail!("--narrow applies to the dsv4-flash preset only");
+    if a.narrow && !matches!(a.preset, Preset::Dsv4Flash | Preset::Glm5) {
+        bail!("--narrow applies to the dsv4-flash and glm5 presets only");
     }
     if let Some(k3) = k3_preset(a.preset) {
         return run_k3(k3, &a);
@@ -244,6 +245,9 @@ pub fn run(a: SynthArgs) -> Result<()> {
         return run_v4(DeepseekV4Synth::flash(4), &a);
     }
     let mut s = preset(a.preset);
+    if a.narrow {
+        s = s.narrow();
+    }
     s.format = match a.format {
         None => s.format,
         Some(Format::Bf16) => ExpertFormat::Bf16,

@@ -9,9 +9,10 @@
 //!
 //! The head collapses the final streams with its own `pre` weights before the final norm.
 
+use super::latent_attention::dot16;
 use crate::error::Result;
 use crate::kernels::math::exp;
-use crate::kernels::ops::{lanes_dot, rms_inv, sigmoid};
+use crate::kernels::ops::{rms_inv, sigmoid};
 use crate::model::Loader;
 
 /// One site's parameters.
@@ -44,9 +45,7 @@ pub struct HyperWeights {
 fn mixes(proj: &[f32], x: &[f32], eps: f32) -> Vec<f32> {
     let inv = rms_inv(x, eps);
     let normed: Vec<f32> = x.iter().map(|v| v * inv).collect();
-    proj.chunks(x.len())
-        .map(|row| crate::kernels::math::fma_scope(|| lanes_dot(&normed, row)))
-        .collect()
+    proj.chunks(x.len()).map(|row| dot16(&normed, row)).collect()
 }
 
 impl HyperSite {
