@@ -43,20 +43,22 @@ pub struct GrammarBenchArgs {
     json: bool,
 }
 
-/// Each format and its family's published vocabulary size (`vocab_size` of the config); the
-/// tokenizer carries the format's [`ToolFormat::marker_tokens`] after the ranks (K2's at K2's
-/// offsets).
-const FORMATS: &[(ToolFormat, &str, usize)] = &[
-    (ToolFormat::KimiK2, "Kimi K2", 163_840),
-    (ToolFormat::KimiK3, "Kimi K3", 163_840),
-    (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280),
-    (ToolFormat::DeepSeekV31, "DeepSeek-V3.1", 129_280),
-    (ToolFormat::Hermes, "Qwen3", 151_936),
-    (ToolFormat::QwenXml, "Qwen3.5", 248_320),
-    (ToolFormat::Glm, "GLM-4.5", 151_552),
-    (ToolFormat::MiniMax, "MiniMax-M2", 200_064),
-    (ToolFormat::Harmony, "gpt-oss", 201_088),
-    (ToolFormat::Dsml, "DeepSeek-V3.2", 129_280),
+/// Each format, its family, the family's published vocabulary size (`vocab_size` of the
+/// config) and, for a format a checkpoint kind selects without a template, that `model_type`
+/// (DSML: V3.2's `function_calls` block or V4's `tool_calls`); the tokenizer carries the
+/// format's [`ToolFormat::marker_tokens`] after the ranks (K2's at K2's offsets).
+const FORMATS: &[(ToolFormat, &str, usize, Option<&str>)] = &[
+    (ToolFormat::KimiK2, "Kimi K2", 163_840, None),
+    (ToolFormat::KimiK3, "Kimi K3", 163_840, None),
+    (ToolFormat::DeepSeekV3, "DeepSeek-V3", 129_280, None),
+    (ToolFormat::DeepSeekV31, "DeepSeek-V3.1", 129_280, None),
+    (ToolFormat::Hermes, "Qwen3", 151_936, None),
+    (ToolFormat::QwenXml, "Qwen3.5", 248_320, None),
+    (ToolFormat::Glm, "GLM-4.5", 151_552, None),
+    (ToolFormat::MiniMax, "MiniMax-M2", 200_064, None),
+    (ToolFormat::Harmony, "gpt-oss", 201_088, None),
+    (ToolFormat::Dsml, "DeepSeek-V3.2", 129_280, Some("deepseek_v32")),
+    (ToolFormat::Dsml, "DeepSeek-V4", 129_280, Some("deepseek_v4")),
 ];
 
 #[derive(Debug, Serialize)]
@@ -270,21 +272,17 @@ fn person_schema() -> serde_json::Value {
 
 /// The figures of one format: its forced call (and, for K2, the JSON schema answer).
 fn format_figures(
-    format: ToolFormat,
-    family: &str,
-    vocab: usize,
+    (format, family, vocab, model_type): (ToolFormat, &str, usize, Option<&str>),
     markers: &[&str],
     tokens: usize,
 ) -> Result<Vec<GrammarFigure>> {
     let tmp = tempfile::tempdir()?;
     write_vocab(tmp.path(), vocab, markers)?;
-    if format == ToolFormat::Dsml {
-        // DSML is what DeepSeek-V3.2's native encoder speaks: a deepseek_v32 checkpoint
-        // without a chat template.
-        std::fs::write(
-            tmp.path().join("config.json"),
-            r#"{"model_type": "deepseek_v32"}"#,
-        )?;
+    if let Some(kind) = model_type {
+        // DSML is what DeepSeek's native encoders speak: a checkpoint of that kind without a
+        // chat template.
+        let config = serde_json::json!({ "model_type": kind });
+        std::fs::write(tmp.path().join("config.json"), config.to_string())?;
     }
     let tok = Arc::new(Tokenizer::from_dir(tmp.path())?);
     let m = ToolMarkers::resolve(format, &tok)?;
@@ -325,12 +323,10 @@ fn format_figures(
 
 pub fn run(args: GrammarBenchArgs, cache_dir: &Path) -> Result<()> {
     let mut grammars = Vec::new();
-    for &(format, family, vocab) in FORMATS {
+    for &(format, family, vocab, model_type) in FORMATS {
         let vocab = args.vocab.unwrap_or(vocab);
         grammars.extend(format_figures(
-            format,
-            family,
-            vocab,
+            (format, family, vocab, model_type),
             format.marker_tokens(),
             args.tokens,
         )?);
