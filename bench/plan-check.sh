@@ -2,6 +2,7 @@
 # `deltafin plan` against measurements (docs/performance.md, "What will my box do"):
 #
 #   DELTAFIN=target/release/deltafin bench/plan-check.sh
+#   PLAN_ARGS="--route-trace TRACE" …   # hits from a measured routing (deltafin plan --help)
 #
 # At each memory limit in $LIMITS, on the `bench serve` model (or $MODEL): the prediction of
 # `deltafin plan` (this machine's disk and cores, measured by plan itself; no context memory
@@ -22,8 +23,9 @@ model=()
 mkdir -p "$OUT"
 uptime > "$OUT/uptime.txt"
 for limit in $LIMITS; do
+    # shellcheck disable=SC2086 # PLAN_ARGS: extra plan flags, e.g. `--route-trace FILE`
     "$DELTAFIN" plan "${model[@]}" --ram "$limit" --context-memory 0 --streams "$STREAMS" \
-        --prefill-tokens "$PREFILL" --json > "$OUT/plan-$limit.json"
+        --prefill-tokens "$PREFILL" ${PLAN_ARGS:-} --json > "$OUT/plan-$limit.json"
     # The model plan used (the `bench serve` model when none is given; `bench prefill` would
     # default to another one).
     model=(--model "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"])' "$OUT/plan-$limit.json")")

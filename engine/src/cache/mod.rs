@@ -25,6 +25,7 @@ pub mod layers;
 pub mod pass;
 pub mod plan;
 pub mod policy;
+pub mod popularity;
 pub mod predict;
 pub mod prefetch;
 pub mod probe;

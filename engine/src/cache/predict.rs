@@ -10,7 +10,10 @@
 //! - `union(s) = E · (1 − (1 − k/E)^s)`: distinct experts per MoE layer when `s` rows each pick
 //!   `k` of `E` independently and uniformly (the worst case; routing locality only lowers it);
 //! - `disk(s) = streamed + L · union(s) · (1 − h) · slot`, with `h` the share of experts the
-//!   plan's cache holds (hits under uniform routing);
+//!   plan's cache holds (hits under uniform routing); or, from a measured routing
+//!   ([`Hits::Measured`]), `Σ_e (1 − (1 − p_e)^s) · (1 − held_e) · slot` and
+//!   `union(s) = Σ_e (1 − (1 − p_e)^s) / L`, with `held_e` what the policy keeps
+//!   (`cache::popularity`);
 //! - `compute(s) = spine · c(s) + L · union(s) · slot · c(s·k / union(s))`, with `c(r)` the
 //!   kernels' measured seconds per weight byte at `r` rows, scaled by the cores: the spine
 //!   runs every row, an expert only the rows routed to it;
@@ -23,6 +26,7 @@
 use serde::Serialize;
 
 use super::plan::ResidencyPlan;
+use super::popularity::Popularity;
 
 /// Seconds of kernel time per weight byte at a number of rows, measured on some cores.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -97,14 +101,38 @@ pub struct StepPrediction {
     pub tokens_per_second: f64,
 }
 
+/// Which experts a step finds in the cache.
+#[derive(Debug, Clone, Copy)]
+pub enum Hits<'a> {
+    /// Uniform routing: the plan's cache fraction of every selection hits (what any policy
+    /// gets when every expert is equally likely).
+    Share,
+    /// Measured routing: each expert's chance of selection, and of being held by the cache
+    /// under the engine's policy ([`Popularity::held`]).
+    Measured(&'a Popularity, &'a [Vec<f64>]),
+}
+
 /// Predict one step of `rows` rows under `plan`.
-pub fn step(plan: &ResidencyPlan, routing: &Routing, machine: &Machine, rows: usize) -> StepPrediction {
+pub fn step(
+    plan: &ResidencyPlan,
+    routing: &Routing,
+    machine: &Machine,
+    rows: usize,
+    hits: Hits<'_>,
+) -> StepPrediction {
     let rows = rows.max(1);
-    let union = routing.union(rows);
     let layers = routing.moe_layers as f64;
+    // Distinct experts over all MoE layers, and those not held.
+    let (selected, missed) = match hits {
+        Hits::Share => {
+            let all = layers * routing.union(rows);
+            (all, all * (1.0 - plan.cache_fraction.clamp(0.0, 1.0)))
+        }
+        Hits::Measured(pop, held) => pop.step(held, rows),
+    };
+    let union = if layers > 0.0 { selected / layers } else { 0.0 };
     let slot = plan.slot_bytes as f64;
-    let held = plan.cache_fraction.clamp(0.0, 1.0);
-    let disk_bytes = plan.streamed_bytes_per_pass as f64 + layers * union * (1.0 - held) * slot;
+    let disk_bytes = plan.streamed_bytes_per_pass as f64 + missed * slot;
     let spine = plan.layer_bytes.iter().sum::<u64>() as f64;
     let compute_bytes = spine + layers * union * slot;
     let expert_rows = if union > 0.0 {
@@ -193,13 +221,13 @@ mod tests {
     #[test]
     fn a_slow_disk_bounds_decode_and_more_memory_lowers_the_bytes_read() {
         let m = machine(1e9);
-        let small = step(&plan_with(40 << 20), &ROUTING, &m, 1);
-        let large = step(&plan_with(200 << 20), &ROUTING, &m, 1);
+        let small = step(&plan_with(40 << 20), &ROUTING, &m, 1, Hits::Share);
+        let large = step(&plan_with(200 << 20), &ROUTING, &m, 1, Hits::Share);
         assert_eq!(small.bound, "disk");
         assert!(small.disk_bytes > large.disk_bytes);
         assert!(large.tokens_per_second > small.tokens_per_second);
         // Eight streams share experts: fewer disk bytes per token than one.
-        let eight = step(&plan_with(40 << 20), &ROUTING, &m, 8);
+        let eight = step(&plan_with(40 << 20), &ROUTING, &m, 8, Hits::Share);
         assert!(eight.disk_bytes / 8.0 < small.disk_bytes);
         assert!(eight.tokens_per_second > small.tokens_per_second);
     }
@@ -207,7 +235,7 @@ mod tests {
     #[test]
     fn a_prompt_runs_every_row_through_the_spine_and_its_routed_rows_through_each_expert() {
         let p = plan_with(1 << 30);
-        let s = step(&p, &ROUTING, &machine(1e9), 512);
+        let s = step(&p, &ROUTING, &machine(1e9), 512, Hits::Share);
         // 512 rows x top-6 over 64 experts: 48 rows per expert, where the spine takes 512.
         let k = machine(1e9).kernel;
         let want = (16 << 20) as f64 * k.at(512.0, 2) + 4.0 * 64.0 * (1 << 20) as f64 * k.at(48.0, 2);
@@ -218,11 +246,38 @@ mod tests {
         );
     }
 
+    /// A measured routing that is uniform predicts what the share model does (LFU's hottest
+    /// set is then any set of the cache's size); a skewed one under LFU reads less.
+    #[test]
+    fn a_measured_uniform_routing_predicts_the_share_and_skew_reads_less() {
+        use crate::cache::policy::PolicyKind;
+        let p = plan_with(40 << 20);
+        let slots = p.expert_slots as usize;
+        let m = machine(1e9);
+        let uniform = Popularity::uniform(4, 64, 6);
+        let held = uniform.held(slots, PolicyKind::Lfu);
+        for rows in [1, 8] {
+            let share = step(&p, &ROUTING, &m, rows, Hits::Share);
+            let measured = step(&p, &ROUTING, &m, rows, Hits::Measured(&uniform, &held));
+            assert!((share.disk_bytes - measured.disk_bytes).abs() < 1e-6 * share.disk_bytes);
+            assert!((share.union_experts_per_layer - measured.union_experts_per_layer).abs() < 1e-9);
+        }
+        let mut skewed = uniform.clone();
+        for layer in &mut skewed.layers {
+            layer[..6].iter_mut().for_each(|q| *q = 0.5);
+            let rest = 3.0 / 58.0;
+            layer[6..].iter_mut().for_each(|q| *q = rest);
+        }
+        let held = skewed.held(slots, PolicyKind::Lfu);
+        let s = step(&p, &ROUTING, &m, 1, Hits::Measured(&skewed, &held));
+        assert!(s.disk_bytes < step(&p, &ROUTING, &m, 1, Hits::Share).disk_bytes);
+    }
+
     #[test]
     fn everything_in_memory_is_compute_bound() {
         let p = plan_with(1 << 30);
         assert_eq!(p.cache_fraction, 1.0);
-        let s = step(&p, &ROUTING, &machine(1e9), 1);
+        let s = step(&p, &ROUTING, &machine(1e9), 1, Hits::Share);
         assert_eq!(s.disk_bytes, 0.0);
         assert_eq!(s.bound, "compute");
         let want = 1.0 / ((16 << 20) as f64 + 4.0 * 6.0 * (1 << 20) as f64) / 1e-10;

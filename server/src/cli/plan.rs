@@ -12,8 +12,11 @@ use clap::Args;
 use deltafin_engine::arch::{self, ModelSpec, OocLayout};
 use deltafin_engine::backend::residency::TierPlan;
 use deltafin_engine::cache::plan::{PlanInput, default_budget, human, parse_size, plan, probe_memory};
-use deltafin_engine::cache::predict::{KernelCost, Machine, Routing, StepPrediction, step};
+use deltafin_engine::cache::policy::PolicyKind;
+use deltafin_engine::cache::popularity::Popularity;
+use deltafin_engine::cache::predict::{Hits, KernelCost, Machine, Routing, StepPrediction, step};
 use deltafin_engine::cache::probe::{evict_page_cache, expert_layouts, pick, read_probe};
+use deltafin_engine::cache::routes::RouteCounts;
 use deltafin_engine::cache::{OocOptions, ReadMode, ResidencyPlan};
 use deltafin_engine::scheduler;
 use deltafin_engine::weights::WeightIndex;
@@ -51,6 +54,14 @@ pub struct PlanArgs {
     /// prompt prefilling alone); `s` streams prefill `s` times as many per pass.
     #[arg(long, default_value_t = scheduler::DEFAULT_PREFILL_CHUNK_SOLO)]
     prefill_tokens: usize,
+    /// A route trace of this model (`bench serve`/`serve --route-trace FILE`): predict the
+    /// hits of `--cache-policy` under the routing it measured, not the cache's share of the
+    /// experts (the hit rate under uniform routing).
+    #[arg(long)]
+    route_trace: Option<PathBuf>,
+    /// The expert cache's policy the engine will run, for `--route-trace`.
+    #[arg(long, default_value = "lfu")]
+    cache_policy: PolicyKind,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -83,6 +94,8 @@ struct Report {
     plan: ResidencyPlan,
     device: Option<String>,
     formula: &'static str,
+    /// `share` (uniform routing), or the route trace and policy the hits come from.
+    hits: String,
     predictions: Vec<Prediction>,
 }
 
@@ -91,7 +104,9 @@ compute(s) = spine*c(s) + L*union(s)*slot*c(s*k/union(s)); step(s) = disk(s)/ban
 tokens/s = s/step(s)  [s rows per step, E experts of `slot` bytes in each of L MoE layers, top-k, \
 h = the plan's cache fraction (the hit rate under uniform routing: a floor, since the default LFU \
 policy hits more where routing is skewed), c(r) = measured kernel seconds per weight byte at r rows, times \
-cores_here/cores]";
+cores_here/cores]; with --route-trace: union(s) = sum_e (1-(1-p_e)^s)/L and disk(s) = streamed + \
+sum_e (1-(1-p_e)^s)*(1-held_e)*slot, p_e each expert's measured chance per row, held_e its chance of \
+being cached under the policy (LFU: the hottest experts; LRU: Che's approximation)";
 
 /// Row counts the kernels are timed at (interpolated between).
 const KERNEL_ROWS: [usize; 4] = [1, 8, 64, 512];
@@ -151,10 +166,23 @@ pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
         experts_per_layer: layout.experts_per_layer,
         top_k: layout.top_k,
     };
+    let measured = a
+        .route_trace
+        .as_deref()
+        .map(|path| measured_hits(path, &routing, &plan, a.cache_policy))
+        .transpose()?;
+    let hits = match &measured {
+        None => Hits::Share,
+        Some((pop, held)) => Hits::Measured(pop, held),
+    };
+    let hits_source = match &a.route_trace {
+        None => "share".to_string(),
+        Some(p) => format!("measured: {} under {:?}", p.display(), a.cache_policy),
+    };
     let mut predictions = Vec::new();
     for &s in &a.streams {
         let s = s.max(1);
-        let decode = step(&plan, &routing, &machine, s);
+        let decode = step(&plan, &routing, &machine, s, hits);
         predictions.push(Prediction {
             kind: "decode",
             streams: s,
@@ -163,7 +191,7 @@ pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
     }
     for &s in &a.streams {
         let s = s.max(1);
-        let prefill = step(&plan, &routing, &machine, s * a.prefill_tokens.max(1));
+        let prefill = step(&plan, &routing, &machine, s * a.prefill_tokens.max(1), hits);
         predictions.push(Prediction {
             kind: "prefill",
             streams: s,
@@ -180,6 +208,7 @@ pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
         plan,
         device,
         formula: FORMULA,
+        hits: hits_source,
         predictions,
     };
     if a.json {
@@ -188,6 +217,26 @@ pub fn run(a: PlanArgs, cache_dir: &Path) -> Result<()> {
         print_report(&report);
     }
     Ok(())
+}
+
+/// The routing measured by the trace at `path`, and what the cache `plan` sizes holds of it
+/// under `policy`.
+fn measured_hits(
+    path: &Path,
+    routing: &Routing,
+    plan: &ResidencyPlan,
+    policy: PolicyKind,
+) -> Result<(Popularity, Vec<Vec<f64>>)> {
+    let counts = RouteCounts::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let pop = Popularity::from_counts(
+        &counts,
+        routing.moe_layers,
+        routing.experts_per_layer,
+        routing.top_k,
+    )
+    .with_context(|| format!("{}", path.display()))?;
+    let held = pop.held(plan.expert_slots as usize, policy);
+    Ok((pop, held))
 }
 
 /// The residency plan `load_budgeted` would make for `budget`, with the context memory `serve`
@@ -297,6 +346,7 @@ fn print_report(r: &Report) {
         kernel.join(", ")
     );
     println!("formula: {}", r.formula);
+    println!("hits: {}", r.hits);
     println!(
         "{:>8} {:>8} {:>7} {:>12} {:>14} {:>10} {:>14} {:>11} {:>8} {:>10}",
         "",
