@@ -242,6 +242,15 @@ pub fn pass_bits(
     .collect()
 }
 
+/// The logits' bits of `prompt` prefilled in chunks of `chunk` into a fresh state.
+fn chunked_bits(m: &dyn arch::Model, prompt: &[u32], chunk: usize) -> Vec<u32> {
+    let mut state = m.new_state();
+    prompt
+        .chunks(chunk)
+        .flat_map(|c| pass_bits(m, &mut state, c))
+        .collect()
+}
+
 /// The exactness properties every family must have, on fixture `name`'s prompt:
 /// * a prefill in one pass, in chunks of 3 and 7, and token by token give bit-identical logits;
 /// * three sequences of different lengths batched into one pass give each one's bits alone;
@@ -258,11 +267,7 @@ pub fn check_consistency(name: &str) {
     let prompt = ids(&golden["prompt_ids"]);
     let whole = pass_bits(m, &mut m.new_state(), &prompt);
     for chunk in [1, 3, 7] {
-        let mut state = m.new_state();
-        let got: Vec<u32> = prompt
-            .chunks(chunk)
-            .flat_map(|c| pass_bits(m, &mut state, c))
-            .collect();
+        let got = chunked_bits(m, &prompt, chunk);
         assert_eq!(got, whole, "{name}: prefill in chunks of {chunk}");
     }
     let vocab = m.info().vocab_size;
@@ -367,11 +372,7 @@ pub fn long_prompt_bits_agree(
     let mut state = m.new_state();
     let whole = pass_bits(m, &mut state, &prompt);
     for chunk in [256, 64] {
-        let mut chunked = m.new_state();
-        let got: Vec<u32> = prompt
-            .chunks(chunk)
-            .flat_map(|c| pass_bits(m, &mut chunked, c))
-            .collect();
+        let got = chunked_bits(m, &prompt, chunk);
         assert_eq!(got, whole, "{name}: {len} tokens in chunks of {chunk}");
     }
     let other: Vec<u32> = (0..100).map(|i| ((i * 31 + 5) % vocab) as u32).collect();

@@ -264,22 +264,25 @@ impl MtpModule {
         tokens: &[u32],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        if let Fuse::Streams { .. } = self.fuse {
-            return self.forward_streams(state, tokens, prev);
+        match &self.fuse {
+            Fuse::Joined(eh_proj) => self.forward_joined(eh_proj, state, tokens, prev),
+            Fuse::Streams {
+                e_proj,
+                h_proj,
+                head,
+                streams,
+            } => self.forward_streams((e_proj, h_proj, head, *streams), state, tokens, prev),
         }
-        let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
-        if n == 0 || prev.len() != n * h {
-            return Err(Error::InvalidArgument {
-                field: "mtp",
-                reason: format!("{n} tokens with {} hidden values", prev.len()),
-            });
-        }
-        let start = state.len();
-        let mut joined = vec![0.0f32; n * 2 * h];
+    }
+
+    /// `enorm` of each token's embedding, `n · hidden` values (the zero embedding at position 0
+    /// where the module says so); token ids outside the vocabulary are refused.
+    fn normed_embeddings(&self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+        let (h, eps) = (self.plan.hidden_size, self.plan.rms_norm_eps);
+        let mut out = vec![0.0f32; tokens.len() * h];
         let mut e = vec![0.0f32; h];
-        for (i, row) in joined.chunks_mut(2 * h).enumerate() {
-            let t = tokens[i] as usize;
-            if t >= self.embed.rows {
+        for (i, (row, &t)) in out.chunks_mut(h).zip(tokens).enumerate() {
+            if t as usize >= self.embed.rows {
                 return Err(Error::InvalidArgument {
                     field: "tokens",
                     reason: format!("token id {t} is outside the vocabulary"),
@@ -287,41 +290,59 @@ impl MtpModule {
             }
             match start + i {
                 0 if self.zero_first => e.fill(0.0),
-                _ => decode_row(&self.embed, t, &mut e),
+                _ => decode_row(&self.embed, t as usize, &mut e),
             }
+            rms_norm(&e, &self.enorm, eps, row);
+        }
+        Ok(out)
+    }
+
+    /// The logits of one output row: `head(head_norm(row))`.
+    fn logits(&self, row: &[f32]) -> Vec<f32> {
+        let mut last = vec![0.0f32; self.plan.hidden_size];
+        rms_norm(row, &self.head_norm, self.plan.rms_norm_eps, &mut last);
+        let mut logits = vec![0.0f32; self.plan.vocab_size];
+        crate::backend::matmul(&self.head, &last, 1, &mut logits);
+        logits
+    }
+
+    /// [`MtpModule::forward`] for one hidden row per token: `eh_proj([enorm(e), hnorm(h)])`.
+    fn forward_joined(
+        &self,
+        eh_proj: &Matrix,
+        state: &mut SeqState,
+        tokens: &[u32],
+        prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
+        if n == 0 || prev.len() != n * h {
+            return Err(Error::InvalidArgument {
+                field: "mtp",
+                reason: format!("{n} tokens with {} hidden values", prev.len()),
+            });
+        }
+        let e = self.normed_embeddings(tokens, state.len())?;
+        let mut joined = vec![0.0f32; n * 2 * h];
+        for (i, row) in joined.chunks_mut(2 * h).enumerate() {
             let (a, b) = row.split_at_mut(h);
-            rms_norm(&e, &self.enorm, eps, a);
+            a.copy_from_slice(&e[i * h..][..h]);
             rms_norm(&prev[i * h..][..h], &self.hnorm, eps, b);
         }
-        let Fuse::Joined(eh_proj) = &self.fuse else {
-            unreachable!("streams are fused in forward_streams")
-        };
         let mut x = vec![0.0f32; n * h];
         crate::backend::matmul(eh_proj, &joined, n, &mut x);
         self.run_layer(state, tokens, &mut x)?;
-        let mut last = vec![0.0f32; h];
-        rms_norm(&x[(n - 1) * h..], &self.head_norm, eps, &mut last);
-        let mut logits = vec![0.0f32; self.plan.vocab_size];
-        crate::backend::matmul(&self.head, &last, 1, &mut logits);
+        let logits = self.logits(&x[(n - 1) * h..]);
         Ok((x, logits))
     }
 
     /// [`MtpModule::forward`] for V4: `prev` holds each row's target streams.
     fn forward_streams(
         &self,
+        (e_proj, h_proj, head, streams): (&Matrix, &Matrix, &HyperHead, usize),
         state: &mut SeqState,
         tokens: &[u32],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let Fuse::Streams {
-            e_proj,
-            h_proj,
-            head,
-            streams,
-        } = &self.fuse
-        else {
-            unreachable!("called for streams only")
-        };
         let (h, n, eps) = (self.plan.hidden_size, tokens.len(), self.plan.rms_norm_eps);
         let width = streams * h;
         if n == 0 || prev.len() != n * width {
@@ -330,18 +351,7 @@ impl MtpModule {
                 reason: format!("{n} tokens with {} stream values", prev.len()),
             });
         }
-        let mut e = vec![0.0f32; n * h];
-        for (row, &t) in e.chunks_mut(h).zip(tokens) {
-            if t as usize >= self.embed.rows {
-                return Err(Error::InvalidArgument {
-                    field: "tokens",
-                    reason: format!("token id {t} is outside the vocabulary"),
-                });
-            }
-            let mut raw = vec![0.0f32; h];
-            decode_row(&self.embed, t as usize, &mut raw);
-            rms_norm(&raw, &self.enorm, eps, row);
-        }
+        let e = self.normed_embeddings(tokens, state.len())?;
         let mut pe = vec![0.0f32; n * h];
         crate::backend::matmul(e_proj, &e, n, &mut pe);
         let hn = rms_norm_rows(prev, &self.hnorm, eps, h);
@@ -370,10 +380,7 @@ impl MtpModule {
         batch[0].state.commit_all();
         let mut collapsed = vec![0.0f32; h];
         head.collapse(&x[(n - 1) * width..], &mut collapsed);
-        let mut last = vec![0.0f32; h];
-        rms_norm(&collapsed, &self.head_norm, eps, &mut last);
-        let mut logits = vec![0.0f32; self.plan.vocab_size];
-        crate::backend::matmul(&self.head, &last, 1, &mut logits);
+        let logits = self.logits(&collapsed);
         Ok((x, logits))
     }
 
