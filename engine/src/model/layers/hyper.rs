@@ -9,10 +9,9 @@
 //!
 //! The head collapses the final streams with its own `pre` weights before the final norm.
 
-use super::latent_attention::dot16;
 use crate::error::Result;
 use crate::kernels::math::exp;
-use crate::kernels::ops::{rms_inv, sigmoid};
+use crate::kernels::ops::{dot16, rms_inv, sigmoid};
 use crate::model::Loader;
 
 /// One site's parameters.

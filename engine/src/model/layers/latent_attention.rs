@@ -32,13 +32,13 @@
 use rayon::prelude::*;
 
 use crate::kernels::math::exp;
-use crate::kernels::reference::reduce_lanes;
+pub use crate::kernels::ops::dot16;
+use crate::kernels::ops::lanes_dot;
 use crate::state::Rows;
 
 pub use crate::kernels::layer_spec::MLA_BLOCK as BLOCK;
 /// Positions per tile (scores of one tile are held for all heads at once).
 pub const TILE: usize = 64;
-const LANES: usize = 16;
 
 /// Per-head widths and the softmax scale.
 #[derive(Debug, Clone, Copy)]
@@ -175,55 +175,6 @@ impl Partial {
     }
 }
 
-/// A 16-lane dot product: lane `l` accumulates `fma(a[k], b[k], acc)` for `k ≡ l (mod 16)` in
-/// order (one rounding each), then the fixed lane tree; with FMA instructions where the CPU has
-/// them (the same bits either way).
-#[inline(always)]
-pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: the CPU reports AVX2 and FMA (`has_fma`).
-        #[allow(unsafe_code)]
-        return unsafe { dot16_fma(a, b) };
-    }
-    dot16_lanes(a, b)
-}
-
-/// Whether this CPU has AVX2 and FMA (checked once).
-#[cfg(target_arch = "x86_64")]
-pub(super) fn has_fma() -> bool {
-    static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FMA.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    })
-}
-
-/// [`dot16_lanes`] compiled with FMA instructions (without them, `mul_add` is a libm call).
-/// Not `math::fma_scope(|| dot16_lanes(a, b))`: that closure was left out of line, its
-/// `mul_add`s became `fmaf` calls, and a 1k prefill ran at 43.4–43.8 tok/s against 58.2–59.4.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn dot16_fma(a: &[f32], b: &[f32]) -> f32 {
-    dot16_lanes(a, b)
-}
-
-/// The definition of [`dot16`]: lane `k % 16` accumulates `fma(a[k], b[k], acc)` in order, then
-/// the fixed tree.
-#[inline(always)]
-fn dot16_lanes(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let whole = a.len() / LANES * LANES;
-    for (x, y) in a[..whole].chunks_exact(LANES).zip(b[..whole].chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
-        }
-    }
-    for (l, (x, y)) in a[whole..].iter().zip(&b[whole..]).enumerate() {
-        acc[l] = x.mul_add(*y, acc[l]);
-    }
-    reduce_lanes(&mut acc)
-}
-
 /// A tile's two inner loops; every implementation performs, for every value, the operations of
 /// [`Portable`] in the same order.
 pub(super) trait TileOps {
@@ -253,7 +204,7 @@ impl TileOps for Portable {
             for h in 0..s.heads {
                 let qa = &q.q_abs[h * s.latent..][..s.latent];
                 let qr = &q.q_rope[h * s.rope..][..s.rope];
-                scores[h * TILE + (j - t0)] = (dot16_lanes(qa, latent) + dot16_lanes(qr, rope)) * s.scale;
+                scores[h * TILE + (j - t0)] = (lanes_dot(qa, latent) + lanes_dot(qr, rope)) * s.scale;
             }
         }
     }
