@@ -169,6 +169,7 @@ mod tests {
                 super::super::math::fma_scope(|| lanes_dot(&a, &b)).to_bits(),
                 want.to_bits()
             );
+            assert_eq!(dot16(&a, &b).to_bits(), want.to_bits(), "dot16, len {len}");
         }
     }
 
