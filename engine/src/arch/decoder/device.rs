@@ -6,12 +6,11 @@
 //! (their matrix products still run on the device through `backend::matmul`).
 
 use super::super::Model;
-use super::super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache};
-use super::super::layers::moe::ExpertProvider;
-use super::{Decoder, Ffn, Mixer, Residual, missing_res};
-use crate::backend::WeightClass;
+use super::super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache, OnDevice};
+use super::super::layers::ops::Ops;
+use super::stack::{self, Stack};
+use super::{Decoder, Layer, Mixer, Residual, missing_res};
 use crate::backend::device::DeviceOps;
-use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 
 /// One layer's mixer on the device: its constants and the sequence's state.
@@ -69,24 +68,55 @@ impl<B> DeviceMixer<B> {
     }
 }
 
-/// One decoder layer's device-resident constants.
+/// One decoder layer's device-resident constants and state.
 struct DeviceLayer<B> {
-    input_norm: B,
-    post_norm: B,
+    norms: [B; 2],
     mixer: DeviceMixer<B>,
-    bias: Option<B>,
     /// The AttnRes queries before the mixer and the FFN (Block Attention Residuals).
     res: Option<[B; 2]>,
+}
+
+/// The device's [`Stack`]: the layers' uploaded constants and device states.
+struct DeviceLayers<B> {
+    layers: Vec<DeviceLayer<B>>,
+    /// The AttnRes query before the final norm (Block Attention Residuals).
+    output_res: Option<B>,
+}
+
+impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
+    fn norms<'a>(&'a self, l: usize, _: &'a Layer) -> [&'a D::Buf; 2] {
+        let [a, b] = &self.layers[l].norms;
+        [a, b]
+    }
+
+    fn res_queries<'a>(&'a self, l: usize, _: &'a Layer) -> Result<[&'a D::Buf; 2]> {
+        let [a, b] = self.layers[l].res.as_ref().ok_or_else(missing_res)?;
+        Ok([a, b])
+    }
+
+    fn output_query<'a>(&'a self, _: &'a Decoder) -> Result<&'a D::Buf> {
+        self.output_res.as_ref().ok_or_else(missing_res)
+    }
+
+    fn mixer(
+        &mut self,
+        o: &OnDevice<'_, D>,
+        (l, layer): (usize, &Layer),
+        xn: &D::Buf,
+        n: usize,
+    ) -> Result<D::Buf> {
+        self.layers[l].mixer.run(o.0, &layer.mixer, xn, n)
+    }
+
+    fn record(&mut self, _: usize, _: &D::Buf) {}
 }
 
 /// A decoder running whole passes of one sequence on a device.
 pub struct DeviceSession<'m, D: DeviceOps> {
     model: &'m Decoder,
     dev: &'m D,
-    layers: Vec<DeviceLayer<D::Buf>>,
+    stack: DeviceLayers<D::Buf>,
     norm: D::Buf,
-    /// The AttnRes query before the final norm (Block Attention Residuals).
-    output_res: Option<D::Buf>,
     len: usize,
 }
 
@@ -101,33 +131,28 @@ impl Decoder {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let bias = match &layer.ffn {
-                Ffn::Moe(m) if !m.bias.is_empty() => Some(dev.upload_f32(&m.bias)?),
-                _ => None,
-            };
             let res = match layer.res.as_ref().and_then(super::Sites::attn_res) {
                 Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
                 None => None,
             };
             layers.push(DeviceLayer {
-                input_norm: dev.upload_f32(&layer.input_norm)?,
-                post_norm: dev.upload_f32(&layer.post_norm)?,
+                norms: [
+                    dev.upload_f32(&layer.input_norm)?,
+                    dev.upload_f32(&layer.post_norm)?,
+                ],
                 mixer: DeviceMixer::new(self, dev, &layer.mixer, capacity)?,
-                bias,
                 res,
             });
         }
+        let output_res = self.output_res.as_ref().and_then(super::Tail::attn_res);
         Ok(DeviceSession {
             model: self,
             dev,
-            layers,
+            stack: DeviceLayers {
+                layers,
+                output_res: output_res.map(|r| dev.upload_f32(&r.query)).transpose()?,
+            },
             norm: dev.upload_f32(&self.norm)?,
-            output_res: self
-                .output_res
-                .as_ref()
-                .and_then(super::Tail::attn_res)
-                .map(|r| dev.upload_f32(&r.query))
-                .transpose()?,
             len: 0,
         })
     }
@@ -138,7 +163,7 @@ impl<D: DeviceOps> std::fmt::Debug for DeviceSession<'_, D> {
         write!(
             f,
             "DeviceSession({} layers, {} positions)",
-            self.layers.len(),
+            self.stack.layers.len(),
             self.len()
         )
     }
@@ -155,101 +180,19 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         self.len() == 0
     }
 
-    /// Run `tokens` (the sequence's next positions) through every layer on the device; the last
-    /// row's logits.
+    /// Run `tokens` (the sequence's next positions) through every layer on the device (the
+    /// decoder's written-once loops, `stack.rs`); the last row's logits.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if let Residual::AttnRes { block } = self.model.plan.residual {
-            return self.forward_attn_res(tokens, block);
-        }
-        let (m, dev, n) = (self.model, self.dev, tokens.len());
+        let (m, o, n) = (self.model, OnDevice(self.dev), tokens.len());
         let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
-        let mut x = dev.upload_f32(&super::super::embed_tokens(&m.embed, tokens)?)?;
-        let pass = ExpertPass::open(m.experts.as_deref());
-        for (l, k) in self.layers.iter_mut().enumerate() {
-            let layer = m.layers.get(l)?;
-            let xn = device::rms_norm(dev, &x, &k.input_norm, n, h, eps)?;
-            let a = k.mixer.run(dev, &layer.mixer, &xn, n)?;
-            x = device::add(dev, &x, &a, n * h)?;
-            let xn = device::rms_norm(dev, &x, &k.post_norm, n, h, eps)?;
-            if pass.is_out_of_core() {
-                pass.hint_next(l, &dev.download_f32(&x)?, n);
+        let x = o.input(super::super::embed_tokens(&m.embed, tokens)?)?;
+        let last = match m.plan.residual {
+            Residual::AttnRes { block } => {
+                stack::attn_res(m, (&o, &mut self.stack), x, (n, tokens), block)?.1
             }
-            let f = run_ffn(dev, &layer.ffn, (&pass, l), k.bias.as_ref(), &xn, n)?;
-            x = device::add(dev, &x, &f, n * h)?;
-        }
-        pass.finish()?;
-        self.len += n;
-        device::last_row_logits(dev, &x, (n, h), (&self.norm, eps), &m.lm_head)
-    }
-
-    /// [`DeviceSession::forward`] in the Block Attention Residuals form, as
-    /// `Decoder::forward_attn_res` (anchors every `block` layers, each sub-layer's input mixed
-    /// over them).
-    fn forward_attn_res(&mut self, tokens: &[u32], block: usize) -> Result<Vec<f32>> {
-        let (m, dev, n) = (self.model, self.dev, tokens.len());
-        let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
-        let stack = dev.zeros_f32((self.layers.len().div_ceil(block) + 1) * n * h)?;
-        let mut anchors = 0;
-        let mut run = dev.upload_f32(&super::super::embed_tokens(&m.embed, tokens)?)?;
-        let mix = |site: (&D::Buf, f32), anchors: usize, last: &D::Buf| -> Result<D::Buf> {
-            device::stack_rows(dev, last, &stack, anchors, (n, h))?;
-            device::attn_res(dev, site, &stack, anchors + 1, (n, h))
+            _ => stack::plain(m, (&o, &mut self.stack), x, (n, tokens))?,
         };
-        let pass = ExpertPass::open(m.experts.as_deref());
-        for (l, k) in self.layers.iter_mut().enumerate() {
-            let layer = m.layers.get(l)?;
-            let (Some([attn_q, mlp_q]), Some([attn_res, mlp_res])) =
-                (&k.res, layer.res.as_ref().and_then(super::Sites::attn_res))
-            else {
-                return Err(missing_res());
-            };
-            let u = match anchors {
-                0 => None,
-                _ => Some(mix((attn_q, attn_res.eps), anchors, &run)?),
-            };
-            let xn = device::rms_norm(dev, u.as_ref().unwrap_or(&run), &k.input_norm, n, h, eps)?;
-            let a = k.mixer.run(dev, &layer.mixer, &xn, n)?;
-            let p = if l % block == 0 {
-                device::stack_rows(dev, &run, &stack, anchors, (n, h))?;
-                anchors += 1;
-                a
-            } else {
-                device::add(dev, &run, &a, n * h)?
-            };
-            let mixed = mix((mlp_q, mlp_res.eps), anchors, &p)?;
-            if pass.is_out_of_core() {
-                pass.hint_next(l, &dev.download_f32(&mixed)?, n);
-            }
-            let xn = device::rms_norm(dev, &mixed, &k.post_norm, n, h, eps)?;
-            let f = run_ffn(dev, &layer.ffn, (&pass, l), k.bias.as_ref(), &xn, n)?;
-            run = device::add(dev, &p, &f, n * h)?;
-        }
-        pass.finish()?;
         self.len += n;
-        let (Some(out_q), Some(out_res)) = (
-            &self.output_res,
-            m.output_res.as_ref().and_then(super::Tail::attn_res),
-        ) else {
-            return Err(missing_res());
-        };
-        let z = mix((out_q, out_res.eps), anchors, &run)?;
-        device::last_row_logits(dev, &z, (n, h), (&self.norm, eps), &m.lm_head)
-    }
-}
-
-/// Layer `l`'s FFN over `n` normalised rows on the device.
-fn run_ffn<D: DeviceOps>(
-    dev: &D,
-    ffn: &Ffn,
-    (pass, l): (&ExpertPass<'_>, usize),
-    bias: Option<&D::Buf>,
-    x: &D::Buf,
-    n: usize,
-) -> Result<D::Buf> {
-    let experts = pass.layer(l);
-    let provider = experts.as_ref().map(|e| e as &dyn ExpertProvider);
-    match ffn {
-        Ffn::Dense(mlp) => device::mlp(dev, mlp, WeightClass::Spine, x, n),
-        Ffn::Moe(moe) => device::moe(dev, (moe, provider), bias, x, n),
+        device::last_row_logits(self.dev, &last, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

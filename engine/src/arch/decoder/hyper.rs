@@ -9,8 +9,9 @@
 use super::super::layers::compressed::AttentionKind;
 use super::super::layers::dsa::Selection;
 use super::super::layers::hyper::{HyperSite, HyperWeights, collapse, expand};
+use super::super::layers::ops::Host;
 use super::super::{RowPlan, SeqInput, Trace};
-use super::{Decoder, Sites, Tail, V4Plan, missing_res, row_tokens, run_ffn, run_mixer};
+use super::{Decoder, Sites, Tail, V4Plan, missing_res, row_tokens, run_mixer, stack};
 use crate::cache::ExpertPass;
 use crate::error::Result;
 use crate::kernels::ops::rms_norm_rows;
@@ -93,7 +94,13 @@ impl StreamLayer<'_> {
         expand_rows(&weights, &a, streams, h);
         let (weights, m) = collapse_rows(ffn_site, streams, n, h);
         pass.hint_next(l, &m, n);
-        let f = run_ffn(&layer.ffn, (&norm(&m, &layer.post_norm), tokens), n, pass, l)?;
+        let f = stack::ffn(
+            &Host,
+            &layer.ffn,
+            (pass, l),
+            &norm(&m, &layer.post_norm),
+            (n, tokens),
+        )?;
         expand_rows(&weights, &f, streams, h);
         Ok(())
     }
@@ -129,13 +136,8 @@ impl Decoder {
             expand_rows(&weights, &a, &mut streams, h);
             let (weights, m) = collapse_rows(ffn_site, &streams, n, h);
             pass.hint_next(l, &m, n);
-            let f = run_ffn(
-                &layer.ffn,
-                (&self.norm_rows(&m, &layer.post_norm), &tokens),
-                n,
-                &pass,
-                l,
-            )?;
+            let xn = self.norm_rows(&m, &layer.post_norm);
+            let f = stack::ffn(&Host, &layer.ffn, (&pass, l), &xn, (n, &tokens))?;
             expand_rows(&weights, &f, &mut streams, h);
             if let Some(t) = trace.as_deref_mut() {
                 t.record_rows(format!("layers.{l}"), &streams, n_streams * h);

@@ -24,6 +24,7 @@ mod hyper;
 mod load;
 mod mtp;
 mod plan;
+mod stack;
 
 use std::sync::Arc;
 
@@ -46,10 +47,10 @@ use super::layers::kda::{Kda, KdaRows};
 use super::layers::mla::{Mla, MlaRows};
 use super::layers::mlp::Mlp;
 use super::layers::moe::Moe;
+use super::layers::ops::Host;
 use super::{
     Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches, mla_caches,
 };
-use crate::cache::ExpertPass;
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::error::Result;
@@ -351,32 +352,80 @@ impl Decoder {
         rms_norm_rows(x, weight, self.plan.rms_norm_eps, self.plan.hidden_size)
     }
 
-    /// Every decoder layer over the rows of `x`; on error the caller rolls the caches back.
+    /// Every decoder layer over the rows of `x` (the written-once loop on the CPU); on error
+    /// the caller rolls the caches back.
     fn run_layers(
         &self,
         batch: &mut [SeqInput<'_>],
         plan: &RowPlan,
         x: &mut [f32],
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Result<()> {
-        let n = plan.len();
         let tokens = row_tokens(batch);
-        let pass = ExpertPass::open(self.experts.as_deref());
-        let mut selection = Selection::new();
-        for l in 0..self.layers.len() {
-            let layer = self.layers.get(l)?;
-            let xn = self.norm_rows(x, &layer.input_norm);
-            let a = run_mixer(&layer.mixer, &xn, batch, (plan, l), &mut selection);
-            x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-            let xn = self.norm_rows(x, &layer.post_norm);
-            pass.hint_next(l, x, n);
-            let f = run_ffn(&layer.ffn, (&xn, &tokens), n, &pass, l)?;
-            x.iter_mut().zip(&f).for_each(|(x, f)| *x += f);
-            if let Some(t) = trace.as_deref_mut() {
-                t.record(format!("layers.{l}"), x);
-            }
+        let mut stack = HostStack::new(batch, plan, trace);
+        let out = stack::plain(self, (&Host, &mut stack), x.to_vec(), (plan.len(), &tokens))?;
+        x.copy_from_slice(&out);
+        Ok(())
+    }
+}
+
+/// The CPU's [`stack::Stack`]: the layers' own norm weights and queries, the mixers over the
+/// batch's sequence states.
+pub(super) struct HostStack<'b, 's, 't> {
+    batch: &'b mut [SeqInput<'s>],
+    plan: &'b RowPlan,
+    selection: Selection,
+    trace: Option<&'t mut Trace>,
+}
+
+impl<'b, 's, 't> HostStack<'b, 's, 't> {
+    pub(super) fn new(
+        batch: &'b mut [SeqInput<'s>],
+        plan: &'b RowPlan,
+        trace: Option<&'t mut Trace>,
+    ) -> Self {
+        HostStack {
+            batch,
+            plan,
+            selection: Selection::new(),
+            trace,
         }
-        pass.finish()
+    }
+}
+
+impl stack::Stack<Host> for HostStack<'_, '_, '_> {
+    fn norms<'a>(&'a self, _: usize, layer: &'a Layer) -> [&'a Vec<f32>; 2] {
+        [&layer.input_norm, &layer.post_norm]
+    }
+
+    fn res_queries<'a>(&'a self, _: usize, layer: &'a Layer) -> Result<[&'a Vec<f32>; 2]> {
+        let [a, m] = layer
+            .res
+            .as_ref()
+            .and_then(Sites::attn_res)
+            .ok_or_else(missing_res)?;
+        Ok([&a.query, &m.query])
+    }
+
+    fn output_query<'a>(&'a self, model: &'a Decoder) -> Result<&'a Vec<f32>> {
+        let out = model.output_res.as_ref().and_then(Tail::attn_res);
+        Ok(&out.ok_or_else(missing_res)?.query)
+    }
+
+    fn mixer(&mut self, _: &Host, (l, layer): (usize, &Layer), xn: &Vec<f32>, _: usize) -> Result<Vec<f32>> {
+        Ok(run_mixer(
+            &layer.mixer,
+            xn,
+            self.batch,
+            (self.plan, l),
+            &mut self.selection,
+        ))
+    }
+
+    fn record(&mut self, l: usize, x: &Vec<f32>) {
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.record(format!("layers.{l}"), x);
+        }
     }
 }
 
@@ -446,22 +495,6 @@ pub(super) fn run_mixer(
             mla.forward(xn, n, &mut rows)
         }
     }
-}
-
-/// Layer `l`'s FFN over `n` normalised rows (whose tokens are `tokens`, for hash routing), its
-/// routed experts from the pass (out of core) or its own.
-pub(super) fn run_ffn(
-    ffn: &Ffn,
-    (xn, tokens): (&[f32], &[u32]),
-    n: usize,
-    pass: &ExpertPass<'_>,
-    l: usize,
-) -> Result<Vec<f32>> {
-    Ok(match (ffn, pass.layer(l)) {
-        (Ffn::Dense(m), _) => m.forward(xn, n),
-        (Ffn::Moe(m), None) => m.forward_tokens(xn, n, Some(tokens), &m.experts)?,
-        (Ffn::Moe(m), Some(experts)) => m.forward_tokens(xn, n, Some(tokens), &experts)?,
-    })
 }
 
 /// The token of every row of the pass, in row order.

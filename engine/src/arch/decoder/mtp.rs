@@ -29,8 +29,9 @@
 
 use super::super::layers::dsa::Selection;
 use super::super::layers::hyper::HyperHead;
+use super::super::layers::ops::Host;
 use super::super::{Loader, LogitRows, RowPlan, SeqInput};
-use super::{DecoderPlan, Layer, MixerKind, load_layer, new_state, run_ffn, run_mixer};
+use super::{DecoderPlan, Layer, MixerKind, load_layer, new_state, run_mixer, stack};
 use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
@@ -404,7 +405,13 @@ impl MtpModule {
         );
         x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
         let xn = norm(x, &self.layer.post_norm);
-        let f = match run_ffn(&self.layer.ffn, (&xn, &[]), n, &ExpertPass::open(None), 0) {
+        let f = match stack::ffn(
+            &Host,
+            &self.layer.ffn,
+            (&ExpertPass::open(None), 0),
+            &xn,
+            (n, &[]),
+        ) {
             Ok(f) => f,
             Err(e) => {
                 batch[0].state.rollback();

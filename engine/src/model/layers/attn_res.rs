@@ -34,39 +34,44 @@ impl AttnRes {
     /// Mix one row: `anchors[a]` is anchor `a`'s row (each `H` values), `last` the partial sum.
     /// Writes `Σ α_i v_i` (anchors first, `last` at the end) into `out`.
     pub fn mix(&self, anchors: &[&[f32]], last: &[f32], out: &mut [f32]) {
-        let mut scores = Vec::with_capacity(anchors.len() + 1);
-        for v in anchors.iter().copied().chain(std::iter::once(last)) {
-            scores.push(self.score(v));
-        }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f32;
-        crate::kernels::math::fma_scope(|| {
-            for s in scores.iter_mut() {
-                *s = exp(*s - max);
-                sum += *s;
-            }
-        });
-        out.iter_mut().for_each(|o| *o = 0.0);
-        for (v, s) in anchors.iter().copied().chain(std::iter::once(last)).zip(&scores) {
-            let alpha = s / sum;
-            for (o, &x) in out.iter_mut().zip(v) {
-                *o += alpha * x;
-            }
-        }
+        mix(&self.query, self.eps, anchors, last, out)
     }
+}
 
-    /// `Σ_j RMS(v)[j] · q[j]`: lane `j mod 16` accumulates `fma(v[j]·inv, q[j], acc)` in
-    /// order, then the fixed lane tree.
-    fn score(&self, v: &[f32]) -> f32 {
-        let inv = rms_inv(v, self.eps);
-        crate::kernels::math::fma_scope(|| {
-            let mut acc = [0.0f32; LANES];
-            for (j, (&x, &q)) in v.iter().zip(&self.query).enumerate() {
-                acc[j % LANES] = (x * inv).mul_add(q, acc[j % LANES]);
-            }
-            reduce_lanes(&mut acc)
-        })
+/// [`AttnRes::mix`] by the pseudo-query `query` (`H` values) and `eps`.
+pub fn mix(query: &[f32], eps: f32, anchors: &[&[f32]], last: &[f32], out: &mut [f32]) {
+    let mut scores = Vec::with_capacity(anchors.len() + 1);
+    for v in anchors.iter().copied().chain(std::iter::once(last)) {
+        scores.push(score(query, eps, v));
     }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    crate::kernels::math::fma_scope(|| {
+        for s in scores.iter_mut() {
+            *s = exp(*s - max);
+            sum += *s;
+        }
+    });
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (v, s) in anchors.iter().copied().chain(std::iter::once(last)).zip(&scores) {
+        let alpha = s / sum;
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += alpha * x;
+        }
+    }
+}
+
+/// `Σ_j RMS(v)[j] · q[j]`: lane `j mod 16` accumulates `fma(v[j]·inv, q[j], acc)` in order,
+/// then the fixed lane tree.
+fn score(query: &[f32], eps: f32, v: &[f32]) -> f32 {
+    let inv = rms_inv(v, eps);
+    crate::kernels::math::fma_scope(|| {
+        let mut acc = [0.0f32; LANES];
+        for (j, (&x, &q)) in v.iter().zip(query).enumerate() {
+            acc[j % LANES] = (x * inv).mul_add(q, acc[j % LANES]);
+        }
+        reduce_lanes(&mut acc)
+    })
 }
 
 #[cfg(test)]

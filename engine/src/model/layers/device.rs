@@ -1,11 +1,15 @@
-//! The layers on a [`DeviceOps`]: RMSNorm, residual adds, the gated MLP, the routed MoE,
-//! absorbed MLA with its latent cache and KDA with its recurrent state, every activation in
-//! device buffers. Each launches the
-//! kernels whose bits equal the CPU layer's (`backend/cuda/layers.cu`), in the CPU layer's
-//! order, so a pass on the device gives the CPU pass's hidden states and logits bit for bit.
+//! A [`DeviceOps`] as the layers' [`Ops`] ([`OnDevice`]: the gated MLP and the routed MoE run
+//! on it through their one implementation, `Mlp::run` and `Moe::run`; the routed experts'
+//! dispatch is the device's own), and the attention cores still written per device: absorbed
+//! MLA with its latent cache and KDA with its recurrent state. Every activation stays in device
+//! buffers; each operation launches the kernel whose bits equal the CPU's
+//! (`backend/cuda/layers.cu`), in the CPU's order, so a pass on the device gives the CPU pass's
+//! hidden states and logits bit for bit.
 //!
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
+
+use std::borrow::Cow;
 
 use crate::backend::WeightClass;
 use crate::backend::abi::{self, RopeLayout, RowSlice};
@@ -17,8 +21,9 @@ use crate::weights::Blob;
 
 use super::kda::{Kda, OutputGate};
 use super::mla::{Mla, QProj};
-use super::mlp::{GateUp, Mlp};
-use super::moe::{Combine, ExpertProvider, Moe};
+use super::mlp::{Activation, Mlp};
+use super::moe::{ExpertProvider, Moe};
+use super::ops::{Ops, Routes};
 
 /// `y = W x` into a new buffer.
 pub fn project<D: DeviceOps>(
@@ -69,100 +74,186 @@ pub fn copy_rows<D: DeviceOps>(
     dev.layer(&l, &[Some(src), Some(dst), src_rows, dst_rows])
 }
 
-/// The gated MLP on `n` rows.
-pub fn mlp<D: DeviceOps>(dev: &D, m: &Mlp, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
-    let (GateUp::Split { gate, up }, None) = (&m.gate_up, &m.bias) else {
-        return Err(Error::InvalidArgument {
-            field: "device",
-            reason: "the device pass runs split gate/up MLPs without biases only".into(),
-        });
-    };
-    let g = project(dev, gate, class, x, n)?;
-    let u = project(dev, up, class, x, n)?;
-    dev.layer(
-        &abi::gated_act(n * m.width(), m.act)?,
-        &[Some(&g), Some(&u), Some(&g)],
-    )?;
-    project(dev, &m.down, class, &g, n)
+/// A [`DeviceOps`] as the [`Ops`] layers are written against: every operation a kernel of
+/// `backend/cuda/layers.cu` with the CPU kernel's bits.
+#[derive(Debug)]
+pub struct OnDevice<'d, D>(pub &'d D);
+
+impl<D: DeviceOps> Ops for OnDevice<'_, D> {
+    type Buf = D::Buf;
+
+    fn input(&self, v: Vec<f32>) -> Result<D::Buf> {
+        self.0.upload_f32(&v)
+    }
+
+    fn zeros(&self, count: usize) -> Result<D::Buf> {
+        self.0.zeros_f32(count)
+    }
+
+    fn constant(&self, v: &[f32]) -> Result<D::Buf> {
+        self.0.upload_f32(v)
+    }
+
+    fn host<'a>(&self, b: &'a D::Buf) -> Result<Cow<'a, [f32]>> {
+        Ok(Cow::Owned(self.0.download_f32(b)?))
+    }
+
+    fn project(&self, m: &Matrix, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
+        project(self.0, m, class, x, n)
+    }
+
+    fn rms_norm(&self, x: &D::Buf, w: &D::Buf, rows: usize, width: usize, eps: f32) -> Result<D::Buf> {
+        rms_norm(self.0, x, w, rows, width, eps)
+    }
+
+    fn add(&self, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
+        add(self.0, a, b, count)
+    }
+
+    fn add_rows(&self, x: D::Buf, bias: &[f32], rows: usize, width: usize) -> Result<D::Buf> {
+        // The bias copied into every row (a row map of zeros), then the elementwise add.
+        let dev = self.0;
+        let (b, zeros) = (dev.upload_f32(bias)?, dev.zeros(4 * rows)?);
+        let spread = dev.zeros_f32(rows * width)?;
+        let dense = RowSlice {
+            stride: width,
+            col: 0,
+        };
+        copy_rows(
+            dev,
+            (&b, dense, Some(&zeros)),
+            (&spread, dense, None),
+            rows,
+            width,
+        )?;
+        add(dev, &x, &spread, rows * width)
+    }
+
+    fn activate(&self, g: D::Buf, u: &D::Buf, act: Activation, count: usize) -> Result<D::Buf> {
+        self.0
+            .layer(&abi::gated_act(count, act)?, &[Some(&g), Some(u), Some(&g)])?;
+        Ok(g)
+    }
+
+    fn deinterleave(&self, pairs: &D::Buf, count: usize) -> Result<(D::Buf, D::Buf)> {
+        let dev = self.0;
+        let halves = [0, 1].map(|col| RowSlice { stride: 2, col });
+        let dense = RowSlice { stride: 1, col: 0 };
+        let (a, b) = (dev.zeros_f32(count)?, dev.zeros_f32(count)?);
+        copy_rows(dev, (pairs, halves[0], None), (&a, dense, None), count, 1)?;
+        copy_rows(dev, (pairs, halves[1], None), (&b, dense, None), count, 1)?;
+        Ok((a, b))
+    }
+
+    fn gate_rows(&self, x: D::Buf, logits: &D::Buf, rows: usize, width: usize) -> Result<D::Buf> {
+        // Each row's logit spread over its values (a row map), then `x · σ(logit)`.
+        let dev = self.0;
+        let map: Vec<i32> = (0..rows * width).map(|i| (i / width.max(1)) as i32).collect();
+        let (map, spread) = (dev.upload_i32(&map)?, dev.zeros_f32(rows * width)?);
+        let one = RowSlice { stride: 1, col: 0 };
+        copy_rows(
+            dev,
+            (logits, one, Some(&map)),
+            (&spread, one, None),
+            rows * width,
+            1,
+        )?;
+        let count = rows * width;
+        dev.layer(&abi::mul_sigmoid(count), &[Some(&x), Some(&spread), Some(&x)])?;
+        Ok(x)
+    }
+
+    fn put_slot(&self, stack: &mut D::Buf, slot: usize, v: &D::Buf, n: usize, h: usize) -> Result<()> {
+        let src = RowSlice { stride: h, col: 0 };
+        let dst = RowSlice {
+            stride: h,
+            col: slot * n * h,
+        };
+        copy_rows(self.0, (v, src, None), (stack, dst, None), n, h)
+    }
+
+    fn attn_res(
+        &self,
+        (query, eps): (&D::Buf, f32),
+        stack: &D::Buf,
+        count: usize,
+        (n, h): (usize, usize),
+    ) -> Result<D::Buf> {
+        let out = self.0.zeros_f32(n * h)?;
+        self.0.layer(
+            &abi::attn_res(n, h, count, eps)?,
+            &[Some(stack), Some(query), Some(&out)],
+        )?;
+        Ok(out)
+    }
+
+    fn route(&self, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
+        route(self.0, m, logits, n, tokens)
+    }
+
+    fn routed(
+        &self,
+        m: &Moe,
+        experts: Option<&dyn ExpertProvider>,
+        input: &D::Buf,
+        width: usize,
+        routes: &[Vec<(usize, f32)>],
+    ) -> Result<D::Buf> {
+        routed(self, (m, experts), input, width, routes)
+    }
 }
 
-/// The routed MoE (and its shared experts) on `n` normalised rows (see `Moe::forward_with`).
-pub fn moe<D: DeviceOps>(
-    dev: &D,
-    (m, experts): (&Moe, Option<&dyn ExpertProvider>),
-    bias: Option<&D::Buf>,
-    x: &D::Buf,
-    n: usize,
-) -> Result<D::Buf> {
+/// The router kernel's routes (router order) of `n` rows' `logits`.
+fn route<D: DeviceOps>(dev: &D, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
     let (e, r) = (m.gate.rows, &m.router);
-    let logits = project(dev, &m.gate, WeightClass::Spine, x, n)?;
-    let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
-    let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
-    if !m.logit_bias.is_empty() {
+    if !m.logit_bias.is_empty() || m.hash.is_some() {
+        let _ = tokens;
         return Err(Error::InvalidArgument {
             field: "device",
-            reason: "the device router has no logit bias".into(),
+            reason: "the device router has no logit bias or hash routing (the model runs on the CPU path)"
+                .into(),
         });
     }
-    let launch = abi::route(n, e, r)?;
-    dev.layer(
-        &launch,
-        &[Some(&logits), bias, Some(&ids), Some(&weights), Some(&scratch)],
-    )?;
+    let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
+    let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
+    let bias = match m.bias.is_empty() {
+        true => None,
+        false => Some(dev.upload_f32(&m.bias)?),
+    };
+    let bufs = [
+        Some(&logits),
+        bias.as_ref(),
+        Some(&ids),
+        Some(&weights),
+        Some(&scratch),
+    ];
+    dev.layer(&abi::route(n, e, r)?, &bufs)?;
     let ids: Vec<i32> = dev
         .download(&ids)?
         .chunks_exact(4)
         .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     let weights = dev.download_f32(&weights)?;
-    // The routes as the CPU holds them (router order, or ascending expert id).
-    let mut routes: Vec<Vec<(usize, f32)>> = (0..n)
+    Ok((0..n)
         .map(|row| {
             (0..r.top_k)
                 .filter(|&t| ids[row * r.top_k + t] >= 0)
                 .map(|t| (ids[row * r.top_k + t] as usize, weights[row * r.top_k + t]))
                 .collect()
         })
-        .collect();
-    if m.combine == Combine::Ascending {
-        routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
-    }
-    let latent_in = match &m.latent {
-        Some(l) => Some(project(dev, &l.down, WeightClass::Spine, x, n)?),
-        None => None,
-    };
-    let width = m.latent.as_ref().map_or(m.gate.cols, |l| l.down.rows);
-    let mut out = routed(dev, (m, experts), latent_in.as_ref().unwrap_or(x), width, &routes)?;
-    if let Some(l) = &m.latent {
-        if let Some(norm) = &l.norm {
-            let w = dev.upload_f32(norm)?;
-            out = rms_norm(dev, &out, &w, n, width, l.eps)?;
-        }
-        out = project(dev, &l.up, WeightClass::Spine, &out, n)?;
-    }
-    if m.shared_gate.is_some() {
-        return Err(Error::InvalidArgument {
-            field: "device",
-            reason: "a gated shared expert has no device kernel (the model runs on the CPU path)".into(),
-        });
-    }
-    if let Some(shared) = &m.shared {
-        let s = mlp(dev, shared, WeightClass::Spine, x, n)?;
-        out = add(dev, &out, &s, n * m.gate.cols)?;
-    }
-    Ok(out)
+        .collect())
 }
 
 /// `Σ w·expert(input)` per row in each route's order: every chosen expert once over the rows
 /// that chose it (gathered), its outputs scattered to their route slots, then the combine.
 fn routed<D: DeviceOps>(
-    dev: &D,
+    o: &OnDevice<'_, D>,
     (m, experts): (&Moe, Option<&dyn ExpertProvider>),
     input: &D::Buf,
     width: usize,
     routes: &[Vec<(usize, f32)>],
 ) -> Result<D::Buf> {
-    let n = routes.len();
+    let (dev, n) = (o.0, routes.len());
     let mut users: Vec<Vec<(i32, i32)>> = vec![Vec::new(); m.gate.rows];
     let mut offsets = vec![0i32];
     for (row, route) in routes.iter().enumerate() {
@@ -200,7 +291,7 @@ fn routed<D: DeviceOps>(
             let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
             let gathered = dev.zeros_f32(k * width)?;
             copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
-            let y = mlp(dev, weights, WeightClass::Expert, &gathered, k)?;
+            let y = weights.run(o, WeightClass::Expert, &gathered, k)?;
             copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
         }
     }
@@ -517,38 +608,4 @@ pub fn last_row_logits<D: DeviceOps>(
     let normed = rms_norm(dev, &last, norm, 1, h, eps)?;
     let logits = project(dev, lm_head, WeightClass::Spine, &normed, 1)?;
     dev.download_f32(&logits)
-}
-
-/// Copy `n` rows of `h` values into slot `slot` of a stack of `[slots, n, h]` values.
-pub fn stack_rows<D: DeviceOps>(
-    dev: &D,
-    v: &D::Buf,
-    stack: &D::Buf,
-    slot: usize,
-    (n, h): (usize, usize),
-) -> Result<()> {
-    let src = RowSlice { stride: h, col: 0 };
-    let dst = RowSlice {
-        stride: h,
-        col: slot * n * h,
-    };
-    copy_rows(dev, (v, src, None), (stack, dst, None), n, h)
-}
-
-/// K3's Block Attention Residual mix of `n` rows over the first `count` values of `stack`
-/// (`[slots, n, h]`: the anchors, then the partial sum), with the site's pseudo-query on the
-/// device (see `AttnRes::mix`).
-pub fn attn_res<D: DeviceOps>(
-    dev: &D,
-    (query, eps): (&D::Buf, f32),
-    stack: &D::Buf,
-    count: usize,
-    (n, h): (usize, usize),
-) -> Result<D::Buf> {
-    let out = dev.zeros_f32(n * h)?;
-    dev.layer(
-        &abi::attn_res(n, h, count, eps)?,
-        &[Some(stack), Some(query), Some(&out)],
-    )?;
-    Ok(out)
 }

@@ -4,7 +4,9 @@
 //! `gate_up_proj`, used as stored: one product, outputs de-interleaved); optional biases are
 //! added to the products before the activation and after `down`, as `x @ W + b` does.
 
-use crate::backend::{WeightClass, matmul, matmul_expert};
+use super::ops::{Host, Ops};
+use crate::backend::WeightClass;
+use crate::error::Result;
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::Activation;
 
@@ -71,61 +73,55 @@ impl Mlp {
         }
     }
 
-    /// `n` rows of `x` (input width) to `n` rows of output width.
+    /// `n` rows of `x` (input width) to `n` rows of output width, on the CPU.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
         self.forward_as(x, n, WeightClass::Spine)
     }
 
     /// [`Mlp::forward`] with the weights' device tier (`Expert` for a routed expert).
     pub fn forward_as(&self, x: &[f32], n: usize, class: WeightClass) -> Vec<f32> {
-        let mm = match class {
-            WeightClass::Spine => matmul,
-            WeightClass::Expert => matmul_expert,
-        };
+        self.run(&Host, class, &x.to_vec(), n)
+            .expect("the CPU runs every MLP form")
+    }
+
+    /// The MLP over `n` rows of `x` on `o`'s device, the weights kept as `class`: the gate and
+    /// up products (one interleaved product de-interleaved), their biases, the activation, the
+    /// down product and its bias.
+    pub fn run<O: Ops>(&self, o: &O, class: WeightClass, x: &O::Buf, n: usize) -> Result<O::Buf> {
         let width = self.width();
-        let mut g = vec![0.0f32; n * width];
-        let mut u = vec![0.0f32; n * width];
         let bias = self.bias.as_ref();
-        match &self.gate_up {
+        let (g, u) = match &self.gate_up {
             GateUp::Split { gate, up } => {
-                mm(gate, x, n, &mut g);
-                mm(up, x, n, &mut u);
+                let (mut g, mut u) = (o.project(gate, class, x, n)?, o.project(up, class, x, n)?);
                 if let Some(b) = bias {
                     let (bg, bu) = b.gate_up.split_at(width);
-                    g.chunks_mut(width).for_each(|r| add_bias(r, bg));
-                    u.chunks_mut(width).for_each(|r| add_bias(r, bu));
+                    g = o.add_rows(g, bg, n, width)?;
+                    u = o.add_rows(u, bu, n, width)?;
                 }
+                (g, u)
             }
             GateUp::Interleaved(w) => {
-                let mut gu = vec![0.0f32; n * 2 * width];
-                mm(w, x, n, &mut gu);
+                let mut gu = o.project(w, class, x, n)?;
                 if let Some(b) = bias {
-                    gu.chunks_mut(2 * width).for_each(|r| add_bias(r, &b.gate_up));
+                    gu = o.add_rows(gu, &b.gate_up, n, 2 * width)?;
                 }
-                for ((pair, g), u) in gu.chunks_exact(2).zip(g.iter_mut()).zip(u.iter_mut()) {
-                    (*g, *u) = (pair[0], pair[1]);
-                }
+                o.deinterleave(&gu, n * width)?
             }
+        };
+        let g = o.activate(g, &u, self.act, n * width)?;
+        let out = o.project(&self.down, class, &g, n)?;
+        match bias {
+            Some(b) => o.add_rows(out, &b.down, n, self.down.rows),
+            None => Ok(out),
         }
-        activate(self.act, &mut g, &u);
-        let mut out = vec![0.0f32; n * self.down.rows];
-        mm(&self.down, &g, n, &mut out);
-        if let Some(b) = bias {
-            out.chunks_mut(self.down.rows).for_each(|r| add_bias(r, &b.down));
-        }
-        out
     }
-}
-
-fn add_bias(row: &mut [f32], bias: &[f32]) {
-    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
 }
 
 /// `g ← act(g, u)` elementwise, compiled for the widest vectors the CPU has. The same bits on
 /// every path: the activations use IEEE operations and fused multiply-adds only. (A closure
 /// under `math::fma_scope` would not do: a body this large is not inlined into the scope, so it
 /// ran scalar with `fma` as a libm call, about 6 % of a 4k prefill's samples.)
-fn activate(act: Activation, g: &mut [f32], u: &[f32]) {
+pub(super) fn activate(act: Activation, g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;

@@ -15,4 +15,5 @@ mod latent_avx512;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
+pub mod ops;
 pub mod rope;

@@ -16,12 +16,13 @@
 //! combined in the configured order, so the result does not depend on that order.
 
 use super::mlp::Mlp;
-use crate::backend::matmul;
+use super::ops::{Host, Ops, Routes};
+use crate::backend::{WeightClass, matmul};
 use crate::error::Result;
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::{RouterConfig, Scoring};
 use crate::kernels::math::exp;
-use crate::kernels::ops::{rms_norm_inplace, sigmoid};
+use crate::kernels::ops::sigmoid;
 
 /// Serves a layer's routed experts to [`Moe::forward_with`].
 pub trait ExpertProvider {
@@ -176,20 +177,44 @@ impl Moe {
     /// token's experts from the table, weighted as the router scores them (renormalised and
     /// scaled as configured); other layers route as [`Moe::routes`].
     pub fn routes_for(&self, x: &[f32], n: usize, tokens: &[u32]) -> Vec<Vec<(usize, f32)>> {
-        let Some(table) = &self.hash else {
-            return self.routes(x, n);
-        };
-        let (e, k) = (self.gate.rows, self.router.top_k);
-        let mut logits = vec![0.0f32; n * e];
+        match &self.hash {
+            Some(table) => self.hashed(&self.logits(x, n), table, tokens),
+            None => self.routes(x, n),
+        }
+    }
+
+    /// Router logits of `n` rows of `x`.
+    fn logits(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut logits = vec![0.0f32; n * self.gate.rows];
         matmul(&self.gate, x, n, &mut logits);
         logits
-            .chunks(e)
+    }
+
+    /// Hash routes: row `i` takes token `tokens[i]`'s experts from `table`, weighted by its
+    /// logits.
+    fn hashed(&self, logits: &[f32], table: &[u32], tokens: &[u32]) -> Routes {
+        let k = self.router.top_k;
+        logits
+            .chunks(self.gate.rows)
             .zip(tokens)
             .map(|(l, &t)| {
                 let ids = &table[t as usize * k..(t as usize + 1) * k];
                 crate::kernels::math::fma_scope(|| self.weigh(l, ids))
             })
             .collect()
+    }
+
+    /// The routes of `n` rows from their router logits, in router order; a hash-routed layer
+    /// needs the rows' `tokens` (a typed error without them).
+    pub fn routes_of(&self, logits: Vec<f32>, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
+        match (&self.hash, tokens) {
+            (Some(table), Some(t)) if t.len() == n => Ok(self.hashed(&logits, table, t)),
+            (Some(_), _) => Err(crate::error::Error::InvalidArgument {
+                field: "tokens",
+                reason: format!("a hash-routed MoE layer needs its {n} rows' token ids"),
+            }),
+            (None, _) => Ok(self.scored(logits)),
+        }
     }
 
     /// `ids` weighted by their scores from `logits`, renormalised and scaled as configured.
@@ -216,9 +241,12 @@ impl Moe {
     /// order. A hash-routed layer is routed by its scores here (a forecast: see
     /// [`Moe::routes_for`]).
     pub fn routes(&self, x: &[f32], n: usize) -> Vec<Vec<(usize, f32)>> {
+        self.scored(self.logits(x, n))
+    }
+
+    /// Routes by the router's scores of `logits` (its logit bias added first).
+    fn scored(&self, mut logits: Vec<f32>) -> Routes {
         let e = self.gate.rows;
-        let mut logits = vec![0.0f32; n * e];
-        matmul(&self.gate, x, n, &mut logits);
         if !self.logit_bias.is_empty() {
             for row in logits.chunks_mut(e) {
                 row.iter_mut().zip(&self.logit_bias).for_each(|(l, b)| *l += b);
@@ -238,7 +266,8 @@ impl Moe {
         self.forward_tokens(x, n, None, provider)
     }
 
-    /// [`Moe::forward_with`] for rows whose tokens are `tokens` (required by hash routing).
+    /// [`Moe::forward_with`] for rows whose tokens are `tokens` (required by hash routing), on
+    /// the CPU.
     pub fn forward_tokens(
         &self,
         x: &[f32],
@@ -246,57 +275,54 @@ impl Moe {
         tokens: Option<&[u32]>,
         provider: &dyn ExpertProvider,
     ) -> Result<Vec<f32>> {
+        self.run(&Host, &x.to_vec(), n, tokens, Some(provider))
+    }
+
+    /// The MoE over `n` normalised rows of `x` on `o`'s device (rows' `tokens` for hash
+    /// routing; `experts`: out of core, else the MoE's own): route, sort each route into the
+    /// combine order, project into the latent width (K3), the routed sum, the latent norm and
+    /// up-projection, then the shared experts (optionally gated) added.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        tokens: Option<&[u32]>,
+        experts: Option<&dyn ExpertProvider>,
+    ) -> Result<O::Buf> {
         let h = self.gate.cols;
-        let mut routes = match (tokens, &self.hash) {
-            (Some(t), Some(_)) if t.len() == n => self.routes_for(x, n, t),
-            (_, Some(_)) => {
-                return Err(crate::error::Error::InvalidArgument {
-                    field: "tokens",
-                    reason: format!("a hash-routed MoE layer needs its {n} rows' token ids"),
-                });
-            }
-            _ => self.routes(x, n),
-        };
+        let logits = o.project(&self.gate, WeightClass::Spine, x, n)?;
+        let mut routes = o.route(self, logits, n, tokens)?;
         if self.combine == Combine::Ascending {
             routes.iter_mut().for_each(|r| r.sort_by_key(|&(i, _)| i));
         }
-        let input = match &self.latent {
-            Some(l) => {
-                let mut r = vec![0.0f32; n * l.down.rows];
-                matmul(&l.down, x, n, &mut r);
-                r
-            }
-            None => x.to_vec(),
+        let latent_in = match &self.latent {
+            Some(l) => Some(o.project(&l.down, WeightClass::Spine, x, n)?),
+            None => None,
         };
-        let width = input.len() / n.max(1);
-        let mut out = self.routed(&input, width, &routes, provider)?;
+        let width = self.latent.as_ref().map_or(h, |l| l.down.rows);
+        let mut out = o.routed(self, experts, latent_in.as_ref().unwrap_or(x), width, &routes)?;
         if let Some(l) = &self.latent {
             if let Some(norm) = &l.norm {
-                out.chunks_mut(width)
-                    .for_each(|row| rms_norm_inplace(row, norm, l.eps));
+                out = o.rms_norm(&out, &o.constant(norm)?, n, width, l.eps)?;
             }
-            let mut up = vec![0.0f32; n * h];
-            matmul(&l.up, &out, n, &mut up);
-            out = up;
+            out = o.project(&l.up, WeightClass::Spine, &out, n)?;
         }
         if let Some(shared) = &self.shared {
-            let mut s = shared.forward(x, n);
+            let mut s = shared.run(o, WeightClass::Spine, x, n)?;
             if let Some(gate) = &self.shared_gate {
-                let mut logits = vec![0.0f32; n];
-                matmul(gate, x, n, &mut logits);
-                for (row, &l) in s.chunks_mut(h).zip(&logits) {
-                    let w = sigmoid(l);
-                    row.iter_mut().for_each(|v| *v *= w);
-                }
+                let logits = o.project(gate, WeightClass::Spine, x, n)?;
+                s = o.gate_rows(s, &logits, n, h)?;
             }
-            out.iter_mut().zip(&s).for_each(|(o, s)| *o += s);
+            out = o.add(&out, &s, n * h)?;
         }
         Ok(out)
     }
 
-    /// `Σ_i w_i · expert_i(input)` per row, summed from zero in each route's order. Each expert
-    /// runs once over all rows that selected it.
-    fn routed(
+    /// The CPU's dispatch of [`Ops::routed`]: every chosen expert once over its rows, in
+    /// parallel as `provider` hands them out; each output kept until all are done, then
+    /// combined in route order, so the result does not depend on the order they came in.
+    pub(super) fn routed_host(
         &self,
         input: &[f32],
         width: usize,
@@ -326,8 +352,10 @@ impl Moe {
             for &(row, _) in rows {
                 gathered.extend_from_slice(&input[row * width..(row + 1) * width]);
             }
-            *outputs[expert].lock().unwrap() =
-                Some(mlp.forward_as(&gathered, rows.len(), crate::backend::WeightClass::Expert));
+            let y = mlp
+                .run(&Host, WeightClass::Expert, &gathered, rows.len())
+                .expect("the CPU runs every MLP form");
+            *outputs[expert].lock().unwrap() = Some(y);
         })?;
         let mut results = vec![0.0f32; total * width];
         for &expert in &ids {
