@@ -237,6 +237,19 @@ fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
     forward_cases::k3_pass_matches_the_cpu(cuda.as_ref());
 }
 
+mod ffn_cases;
+
+/// The written-once MLP and MoE in every stored form on the GPU give the CPU's bits: the check
+/// `cuda_emulated_forward.rs` runs through the emulator in CI.
+#[test]
+fn every_ffn_form_on_the_gpu_gives_the_cpu_bits() {
+    let Some(b) = gpu(None) else { return };
+    let Backend::Cuda(cuda) = &b else {
+        unreachable!("gpu() opens CUDA")
+    };
+    ffn_cases::ffn_forms_match_the_cpu(cuda.as_ref());
+}
+
 /// Generation with every pass on the GPU gives the CPU's tokens (greedy, sampled, stop ids).
 #[test]
 fn generation_on_the_gpu_gives_the_cpu_tokens() {

@@ -11,7 +11,9 @@
 //! Needs g++ (skipped without it, unless `DELTAFIN_REQUIRE_SERVICES=1`).
 
 mod emulator_support;
+mod ffn_cases;
 mod forward_cases;
+mod kernel_support;
 
 use emulator_support::EmuDevice;
 
@@ -23,6 +25,14 @@ fn a_whole_pass_on_the_device_gives_the_cpu_logits() {
     let dev = EmuDevice::new(&bin);
     forward_cases::device_pass_matches_the_cpu(&dev);
     assert!(dev.launches.get() > 50, "{} launches", dev.launches.get());
+}
+
+#[test]
+fn every_ffn_form_on_the_device_gives_the_cpu_bits() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-ffn") else {
+        return;
+    };
+    ffn_cases::ffn_forms_match_the_cpu(&EmuDevice::new(&bin));
 }
 
 #[test]
