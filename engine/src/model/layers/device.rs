@@ -20,10 +20,11 @@ use crate::kernels::reference::decode_row;
 use crate::weights::Blob;
 
 use super::kda::{Kda, OutputGate};
-use super::mla::{Mla, QProj};
+use super::mla::{Mla, MlaProjected};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertProvider, Moe};
 use super::ops::{Ops, Routes};
+use super::rope::Rope;
 
 /// `y = W x` into a new buffer.
 pub fn project<D: DeviceOps>(
@@ -104,6 +105,37 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
 
     fn rms_norm(&self, x: &D::Buf, w: &D::Buf, rows: usize, width: usize, eps: f32) -> Result<D::Buf> {
         rms_norm(self.0, x, w, rows, width, eps)
+    }
+
+    fn columns(&self, x: &D::Buf, n: usize, (stride, col, width): (usize, usize, usize)) -> Result<D::Buf> {
+        let out = self.0.zeros_f32(n * width)?;
+        let (src, dst) = (
+            RowSlice { stride, col },
+            RowSlice {
+                stride: width,
+                col: 0,
+            },
+        );
+        copy_rows(self.0, (x, src, None), (&out, dst, None), n, width)?;
+        Ok(out)
+    }
+
+    fn rope(&self, x: D::Buf, n: usize, l: RopeLayout, rope: &Rope, pos: &[usize]) -> Result<D::Buf> {
+        let dim = rope.dim();
+        let mut f = vec![0.0f32; n * dim];
+        for (row, &p) in f.chunks_mut(dim.max(1)).zip(pos) {
+            rope.factors_into(p, row);
+        }
+        let f = self.0.upload_f32(&f)?;
+        self.0
+            .layer(&abi::rope(n, l, dim, rope.interleaved())?, &[Some(&x), Some(&f)])?;
+        Ok(x)
+    }
+
+    fn mul_sigmoid(&self, a: D::Buf, g: &D::Buf, count: usize) -> Result<D::Buf> {
+        self.0
+            .layer(&abi::mul_sigmoid(count), &[Some(&a), Some(g), Some(&a)])?;
+        Ok(a)
     }
 
     fn add(&self, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
@@ -339,12 +371,10 @@ pub struct DeviceMlaCache<B> {
     pub capacity: usize,
 }
 
-/// An MLA layer's device-resident constants: the decoded `kv_b_proj` and the norm weights.
+/// An MLA layer's device-resident constant: the decoded `kv_b_proj`.
 #[derive(Debug)]
 pub struct DeviceMla<B> {
     wkv: B,
-    kv_a_norm: B,
-    q_a_norm: Option<B>,
 }
 
 impl<B> DeviceMla<B> {
@@ -355,20 +385,15 @@ impl<B> DeviceMla<B> {
         for (r, row) in wkv.chunks_mut(kv.cols).enumerate() {
             decode_row(kv, r, row);
         }
-        let q_a_norm = match &m.q {
-            QProj::LowRank { norm, .. } => Some(dev.upload_f32(norm)?),
-            QProj::Full(_) => None,
-        };
         Ok(DeviceMla {
             wkv: dev.upload_f32(&wkv)?,
-            kv_a_norm: dev.upload_f32(&m.kv_a_norm)?,
-            q_a_norm,
         })
     }
 }
 
-/// Absorbed MLA over `n` normalised rows of one sequence at positions `cache.len..`: appends
-/// their latents and keys to `cache`, attends and projects (see `Mla::forward`).
+/// Absorbed MLA over `n` normalised rows of one sequence at positions `cache.len..`: the
+/// layer's written-once projections (`Mla::run`) around the device's attention core, which
+/// appends the rows' latents and keys to `cache`, attends and projects the values.
 pub fn mla<D: DeviceOps>(
     dev: &D,
     (m, k): (&Mla, &DeviceMla<D::Buf>),
@@ -376,125 +401,69 @@ pub fn mla<D: DeviceOps>(
     n: usize,
     cache: &mut DeviceMlaCache<D::Buf>,
 ) -> Result<D::Buf> {
-    let d = &m.dims;
-    let (qk, c, start) = (d.nope + d.rope, d.kv_lora, cache.len);
+    let start = cache.len;
     if start + n > cache.capacity {
         return Err(crate::Error::ContextOverflow {
             needed: start + n,
             limit: cache.capacity,
         });
     }
-    let q = match (&m.q, &k.q_a_norm) {
-        (QProj::LowRank { a, b, .. }, Some(norm)) => {
-            let qa = project(dev, a, WeightClass::Spine, x, n)?;
-            let qa = rms_norm(dev, &qa, norm, n, a.rows, d.eps)?;
-            project(dev, b, WeightClass::Spine, &qa, n)?
-        }
-        (QProj::Full(w), _) | (QProj::LowRank { b: w, .. }, None) => {
-            project(dev, w, WeightClass::Spine, x, n)?
-        }
-    };
-    let ckv = project(dev, &m.kv_a, WeightClass::Spine, x, n)?;
-    let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
-    let at = dev.upload_i32(&positions)?;
-    // Latents: normalised, into the cache at rows start.. .
-    let latent = dev.zeros_f32(n * c)?;
-    let ckv_rows = |col| RowSlice {
-        stride: c + d.rope,
-        col,
-    };
+    let pos: Vec<usize> = (start..start + n).collect();
+    m.run(&OnDevice(dev), x, n, &pos, |p| mla_core(dev, m, &k.wkv, p, cache))
+}
+
+/// The device's MLA attention core: the rows' latents and keys into the cache, the absorbed
+/// queries, attention over each row's prefix (one block, or every block then the ascending
+/// merge: the same operations either way), the value projection.
+fn mla_core<D: DeviceOps>(
+    dev: &D,
+    m: &Mla,
+    wkv: &D::Buf,
+    p: MlaProjected<D::Buf>,
+    cache: &mut DeviceMlaCache<D::Buf>,
+) -> Result<D::Buf> {
+    let (d, n, start) = (&m.dims, p.rows, cache.len);
+    let c = d.kv_lora;
     let dense = |w| RowSlice { stride: w, col: 0 };
-    copy_rows(dev, (&ckv, ckv_rows(0), None), (&latent, dense(c), None), n, c)?;
-    let latent = rms_norm(dev, &latent, &k.kv_a_norm, n, c, d.eps)?;
+    let at = dev.upload_i32(&(start..start + n).map(|p| p as i32).collect::<Vec<_>>())?;
     copy_rows(
         dev,
-        (&latent, dense(c), None),
+        (&p.latent, dense(c), None),
         (&cache.latent, dense(c), Some(&at)),
         n,
         c,
     )?;
-    // Shared keys and queries: rotated by the host's factors of each position.
-    let k_rope = dev.zeros_f32(n * d.rope)?;
+    let (rope, r) = (&p.k_rope, d.rope);
     copy_rows(
         dev,
-        (&ckv, ckv_rows(c), None),
-        (&k_rope, dense(d.rope), None),
+        (rope, dense(r), None),
+        (&cache.rope, dense(r), Some(&at)),
         n,
-        d.rope,
-    )?;
-    if let Some(rope) = &m.rotary {
-        let mut f = vec![0.0f32; n * d.rope];
-        for (i, row) in f.chunks_mut(d.rope.max(1)).enumerate() {
-            rope.factors_into(start + i, row);
-        }
-        let f = dev.upload_f32(&f)?;
-        let one = RopeLayout {
-            vecs: 1,
-            row_stride: d.rope,
-            offset: 0,
-            vec_stride: d.rope,
-        };
-        dev.layer(
-            &abi::rope(n, one, d.rope, rope.interleaved())?,
-            &[Some(&k_rope), Some(&f)],
-        )?;
-        let heads = RopeLayout {
-            vecs: d.heads,
-            row_stride: d.heads * qk,
-            offset: d.nope,
-            vec_stride: qk,
-        };
-        dev.layer(
-            &abi::rope(n, heads, d.rope, rope.interleaved())?,
-            &[Some(&q), Some(&f)],
-        )?;
-    }
-    copy_rows(
-        dev,
-        (&k_rope, dense(d.rope), None),
-        (&cache.rope, dense(d.rope), Some(&at)),
-        n,
-        d.rope,
+        r,
     )?;
     cache.len += n;
-    // Absorb, attend over each row's prefix, project the values.
-    let (q_abs, q_rope) = (
-        dev.zeros_f32(n * d.heads * c)?,
-        dev.zeros_f32(n * d.heads * d.rope)?,
-    );
+    let (q_abs, q_rope) = (dev.zeros_f32(n * d.heads * c)?, dev.zeros_f32(n * d.heads * r)?);
     dev.layer(
         &abi::mla_absorb(n, d),
-        &[Some(&q), Some(&k.wkv), Some(&q_abs), Some(&q_rope)],
+        &[Some(&p.q), Some(wkv), Some(&q_abs), Some(&q_rope)],
     )?;
     let info: Vec<i32> = (0..n).flat_map(|i| [0, (start + i + 1) as i32]).collect();
     let info = dev.upload_i32(&info)?;
     let ctx = dev.zeros_f32(n * d.heads * c)?;
-    // A cache of one block: one group per (row, head); longer: every block at once, then the
-    // ascending merge (the same operations either way).
     let blocks = cache.len.div_ceil(abi::MLA_BLOCK);
     if blocks <= 1 {
         let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &ctx].map(Some);
-        dev.layer(&abi::mla_attend(n, d.heads, c, d.rope, d.scale)?, &bufs)?;
+        dev.layer(&abi::mla_attend(n, d.heads, c, r, d.scale)?, &bufs)?;
     } else {
         let parts = dev.zeros_f32(n * d.heads * blocks * (c + 2))?;
         let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &parts].map(Some);
-        let split = abi::mla_partials(n, d.heads, (c, d.rope), d.scale, blocks)?;
-        dev.layer(&split, &bufs)?;
-        dev.layer(
-            &abi::mla_merge(n, d.heads, c, blocks),
-            &[Some(&parts), Some(&info), Some(&ctx)],
-        )?;
+        dev.layer(&abi::mla_partials(n, d.heads, (c, r), d.scale, blocks)?, &bufs)?;
+        let bufs = [Some(&parts), Some(&info), Some(&ctx)];
+        dev.layer(&abi::mla_merge(n, d.heads, c, blocks), &bufs)?;
     }
     let attn = dev.zeros_f32(n * d.heads * d.v)?;
-    dev.layer(&abi::mla_values(n, d), &[Some(&k.wkv), Some(&ctx), Some(&attn)])?;
-    if let Some(gate) = &m.out_gate {
-        let g = project(dev, gate, WeightClass::Spine, x, n)?;
-        dev.layer(
-            &abi::mul_sigmoid(n * gate.rows),
-            &[Some(&attn), Some(&g), Some(&attn)],
-        )?;
-    }
-    project(dev, &m.o, WeightClass::Spine, &attn, n)
+    dev.layer(&abi::mla_values(n, d), &[Some(wkv), Some(&ctx), Some(&attn)])?;
+    Ok(attn)
 }
 
 /// One sequence's KDA state on the device: the convolution history and the per-head state.

@@ -14,11 +14,13 @@ use rayon::prelude::*;
 
 use super::dsa::{Selection, Sparse};
 use super::latent_attention::{self, LatentKeys, LatentQuery, LatentShape, dot16};
+use super::ops::{Host, Ops};
 use super::rope::Rope;
-use crate::backend::matmul;
+use crate::backend::WeightClass;
+use crate::backend::abi::RopeLayout;
+use crate::error::Result;
 use crate::kernels::Matrix;
 pub use crate::kernels::layer_spec::MlaDims;
-use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::kernels::reference::decode_row;
 use crate::state::MlaCache;
 
@@ -46,6 +48,19 @@ pub struct Mla {
     pub out_gate: Option<Matrix>,
     /// DeepSeek Sparse Attention: the positions each row attends to (`None`: all).
     pub sparse: Option<Sparse>,
+}
+
+/// What [`Mla::run`] hands its attention core for `rows` rows: the cache entries (normalised
+/// latents `[rows, kv_lora]`, rotated shared keys `[rows, rope]`), the rotated queries
+/// `[rows, heads * (nope + rope)]` and, with a low-rank query projection, the normalised query
+/// latents (DSA's indexer reads them).
+#[derive(Debug)]
+pub struct MlaProjected<B> {
+    pub rows: usize,
+    pub latent: B,
+    pub k_rope: B,
+    pub q: B,
+    pub q_resid: Option<B>,
 }
 
 /// Where each row of a pass goes: its cache and position.
@@ -103,61 +118,104 @@ impl Mla {
         })
     }
 
-    /// Queries `[n, heads * (nope + rope)]` for normalised input rows, and with a low-rank
-    /// projection the normalised query latents `[n, q_lora_rank]` (empty otherwise).
-    fn queries(&self, x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
-        match &self.q {
-            QProj::Full(m) => {
-                let mut q = vec![0.0; n * m.rows];
-                matmul(m, x, n, &mut q);
-                (q, Vec::new())
+    /// The cache entries of `n` normalised rows `x` at positions `pos` on `o`'s device: the
+    /// RMS-normalised latents `[n, kv_lora]` and the rotated shared keys `[n, rope]`.
+    pub fn context<O: Ops>(&self, o: &O, x: &O::Buf, n: usize, pos: &[usize]) -> Result<(O::Buf, O::Buf)> {
+        let d = &self.dims;
+        let (c, r) = (d.kv_lora, d.rope);
+        let ckv = o.project(&self.kv_a, WeightClass::Spine, x, n)?;
+        let latent = o.columns(&ckv, n, (c + r, 0, c))?;
+        let latent = o.rms_norm(&latent, &o.constant(&self.kv_a_norm)?, n, c, d.eps)?;
+        let k_rope = o.columns(&ckv, n, (c + r, c, r))?;
+        let k_rope = match &self.rotary {
+            Some(rope) => {
+                let one = RopeLayout {
+                    vecs: 1,
+                    row_stride: r,
+                    offset: 0,
+                    vec_stride: r,
+                };
+                o.rope(k_rope, n, one, rope, pos)?
             }
+            None => k_rope,
+        };
+        Ok((latent, k_rope))
+    }
+
+    /// The rotated queries `[n, heads * (nope + rope)]` of `n` normalised rows at positions
+    /// `pos`, and with a low-rank projection the normalised query latents `[n, q_lora_rank]`.
+    fn queries<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        pos: &[usize],
+    ) -> Result<(O::Buf, Option<O::Buf>)> {
+        let d = &self.dims;
+        let (q, resid) = match &self.q {
+            QProj::Full(m) => (o.project(m, WeightClass::Spine, x, n)?, None),
             QProj::LowRank { a, norm, b } => {
-                let mut qa = vec![0.0; n * a.rows];
-                matmul(a, x, n, &mut qa);
-                qa.chunks_mut(a.rows)
-                    .for_each(|r| rms_norm_inplace(r, norm, self.dims.eps));
-                let mut q = vec![0.0; n * b.rows];
-                matmul(b, &qa, n, &mut q);
-                (q, qa)
+                let qa = o.project(a, WeightClass::Spine, x, n)?;
+                let qa = o.rms_norm(&qa, &o.constant(norm)?, n, a.rows, d.eps)?;
+                (o.project(b, WeightClass::Spine, &qa, n)?, Some(qa))
             }
+        };
+        let qk = d.nope + d.rope;
+        let heads = RopeLayout {
+            vecs: d.heads,
+            row_stride: d.heads * qk,
+            offset: d.nope,
+            vec_stride: qk,
+        };
+        match &self.rotary {
+            Some(rope) => Ok((o.rope(q, n, heads, rope, pos)?, resid)),
+            None => Ok((q, resid)),
         }
     }
 
-    /// Latents and shared keys `[n, kv_lora + rope]` of normalised rows `x` at positions `pos`
-    /// (latent RMS-normalised, key rotated), the rotated queries `[n, heads * (nope + rope)]`
-    /// and the normalised query latents (see [`Mla::queries`]).
-    fn project(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let d = &self.dims;
-        let qk = d.nope + d.rope;
-        let (mut q, q_resid) = self.queries(x, n);
-        let ckv = self.context_rows(x, n, pos);
-        if let Some(rope) = &self.rotary {
-            // One set of factors per row (its position), applied to every head.
-            let mut f = vec![0.0f32; d.rope];
-            for i in 0..n {
-                rope.factors_into(pos(i), &mut f);
-                for h in 0..d.heads {
-                    let start = i * d.heads * qk + h * qk + d.nope;
-                    rope.apply_factors(&mut q[start..start + d.rope], &f);
-                }
+    /// The layer over `n` normalised rows `x` at positions `pos` on `o`'s device, written once:
+    /// the cache entries and rotated queries ([`MlaProjected`]) go to the device's attention
+    /// `core` (which appends the entries to the rows' caches and returns the attention values
+    /// `[n, heads * v]`), then K3's sigmoid output gate and `o_proj`.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        pos: &[usize],
+        core: impl FnOnce(MlaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        let (q, q_resid) = self.queries(o, x, n, pos)?;
+        let (latent, k_rope) = self.context(o, x, n, pos)?;
+        let attn = core(MlaProjected {
+            rows: n,
+            latent,
+            k_rope,
+            q,
+            q_resid,
+        })?;
+        let attn = match &self.out_gate {
+            Some(gate) => {
+                let g = o.project(gate, WeightClass::Spine, x, n)?;
+                o.mul_sigmoid(attn, &g, n * gate.rows)?
             }
-        }
-        (ckv, q, q_resid)
+            None => attn,
+        };
+        o.project(&self.o, WeightClass::Spine, &attn, n)
     }
 
     /// Latents and shared keys `[n, kv_lora + rope]` of rows `x` at positions `pos`: the cache
-    /// entries those rows would add.
+    /// entries those rows would add (see [`Mla::context`]).
     pub fn context_rows(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> Vec<f32> {
-        let d = &self.dims;
-        let mut ckv = vec![0.0; n * (d.kv_lora + d.rope)];
-        matmul(&self.kv_a, x, n, &mut ckv);
-        for (i, row) in ckv.chunks_mut(d.kv_lora + d.rope).enumerate() {
-            let (latent, k_rope) = row.split_at_mut(d.kv_lora);
-            rms_norm_inplace(latent, &self.kv_a_norm, d.eps);
-            if let Some(rope) = &self.rotary {
-                rope.apply(k_rope, pos(i));
-            }
+        let pos: Vec<usize> = (0..n).map(pos).collect();
+        let (latent, k_rope) = self
+            .context(&Host, &x.to_vec(), n, &pos)
+            .expect("the CPU runs every MLA form");
+        let (c, r) = (self.dims.kv_lora, self.dims.rope);
+        let mut ckv = Vec::with_capacity(n * (c + r));
+        for (l, k) in latent.chunks(c.max(1)).zip(k_rope.chunks(r.max(1))).take(n) {
+            ckv.extend_from_slice(l);
+            ckv.extend_from_slice(k);
         }
         ckv
     }
@@ -172,35 +230,40 @@ impl Mla {
         }
     }
 
-    /// Attention output `[n, hidden]` for normalised rows `x`; appends every row's latent and
-    /// rotated key (and indexer key) to its cache first (rows of one sequence are consecutive
-    /// positions).
+    /// Attention output `[n, hidden]` for normalised rows `x` on the CPU; appends every row's
+    /// latent and rotated key (and indexer key) to its cache first (rows of one sequence are
+    /// consecutive positions).
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> Vec<f32> {
-        let d = &self.dims;
-        let (ckv, q, q_resid) = self.project(x, n, &|i| rows.pos[i]);
-        for (i, row) in ckv.chunks(d.kv_lora + d.rope).enumerate() {
-            let cache = &mut rows.caches[rows.seq[i]];
-            debug_assert_eq!(
-                cache.latent.len(),
-                rows.pos[i],
-                "rows must extend their cache in order"
-            );
-            self.append(cache, row);
-        }
-        let sparse = self.select(x, &q_resid, n, rows).then_some(&*rows.selection);
-        let shape = self.latent_shape();
-        let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
-        let keys: Vec<(LatentKeys<'_>, usize)> = (0..n)
-            .map(|i| {
-                let c = caches[rows.seq[i]];
-                match sparse.and_then(|s: &Selection| s[i].as_deref()) {
-                    Some(p) => (LatentKeys::chosen(&c.latent, &c.k_rope, p, shape), p.len()),
-                    None => (LatentKeys::one(&c.latent, &c.k_rope, shape), rows.pos[i] + 1),
-                }
-            })
-            .collect();
-        let attn = self.attend_rows(&q, n, &|i| keys[i]);
-        self.output(x, n, attn)
+        let x = x.to_vec();
+        let pos = rows.pos.to_vec();
+        self.run(&Host, &x, n, &pos, |p| {
+            let d = &self.dims;
+            for i in 0..n {
+                let cache = &mut rows.caches[rows.seq[i]];
+                debug_assert_eq!(
+                    cache.latent.len(),
+                    pos[i],
+                    "rows must extend their cache in order"
+                );
+                cache.latent.push(&p.latent[i * d.kv_lora..(i + 1) * d.kv_lora]);
+                cache.k_rope.push(&p.k_rope[i * d.rope..(i + 1) * d.rope]);
+            }
+            let q_resid = p.q_resid.unwrap_or_default();
+            let sparse = self.select(&x, &q_resid, n, rows).then_some(&*rows.selection);
+            let shape = self.latent_shape();
+            let caches: Vec<&MlaCache> = rows.caches.iter().map(|c| &**c).collect();
+            let keys: Vec<(LatentKeys<'_>, usize)> = (0..n)
+                .map(|i| {
+                    let c = caches[rows.seq[i]];
+                    match sparse.and_then(|s: &Selection| s[i].as_deref()) {
+                        Some(p) => (LatentKeys::chosen(&c.latent, &c.k_rope, p, shape), p.len()),
+                        None => (LatentKeys::one(&c.latent, &c.k_rope, shape), pos[i] + 1),
+                    }
+                })
+                .collect();
+            Ok(self.attend_rows(&p.q, n, &|i| keys[i]))
+        })
+        .expect("the CPU runs every MLA form")
     }
 
     /// Whether this layer is sparse; if so `rows.selection` holds its rows' choice. A layer with
@@ -232,18 +295,27 @@ impl Mla {
     /// mask inside the block, as a block draft head needs); nothing is cached.
     pub fn forward_block(&self, x: &[f32], n: usize, cache: &MlaCache, base: usize) -> Vec<f32> {
         debug_assert!(self.sparse.is_none(), "block drafting heads are dense MLA");
-        let (ckv, q, _) = self.project(x, n, &|i| base + i);
-        let mut block = MlaCache::default();
-        self.append(&mut block, &ckv);
-        let shape = self.latent_shape();
-        let keys = LatentKeys::two(
-            ((&cache.latent).into(), (&cache.k_rope).into()),
-            ((&block.latent).into(), (&block.k_rope).into()),
-            shape,
-        );
-        let len = keys.len(shape);
-        let attn = self.attend_rows(&q, n, &|_| (keys, len));
-        self.output(x, n, attn)
+        let pos: Vec<usize> = (base..base + n).collect();
+        self.run(&Host, &x.to_vec(), n, &pos, |p| {
+            let mut block = MlaCache::default();
+            for i in 0..n {
+                block
+                    .latent
+                    .push(&p.latent[i * self.dims.kv_lora..(i + 1) * self.dims.kv_lora]);
+                block
+                    .k_rope
+                    .push(&p.k_rope[i * self.dims.rope..(i + 1) * self.dims.rope]);
+            }
+            let shape = self.latent_shape();
+            let keys = LatentKeys::two(
+                ((&cache.latent).into(), (&cache.k_rope).into()),
+                ((&block.latent).into(), (&block.k_rope).into()),
+                shape,
+            );
+            let len = keys.len(shape);
+            Ok(self.attend_rows(&p.q, n, &|_| (keys, len)))
+        })
+        .expect("the CPU runs every MLA form")
     }
 
     fn latent_shape(&self) -> LatentShape {
@@ -320,17 +392,6 @@ impl Mla {
     }
 
     /// Output gate (K3) and `o_proj`.
-    fn output(&self, x: &[f32], n: usize, mut attn: Vec<f32>) -> Vec<f32> {
-        if let Some(gate) = &self.out_gate {
-            let mut g = vec![0.0f32; n * gate.rows];
-            matmul(gate, x, n, &mut g);
-            crate::kernels::math::fma_scope(|| attn.iter_mut().zip(&g).for_each(|(a, g)| *a *= sigmoid(*g)));
-        }
-        let mut y = vec![0.0; n * self.o.rows];
-        matmul(&self.o, &attn, n, &mut y);
-        y
-    }
-
     /// `kv_b_proj` decoded row by row (the exact element values), `[heads*(nope+v), kv_lora]`,
     /// in the process's scratch buffer (taken; `attend_rows` puts it back), so a decode step
     /// does not map, fault in and unmap a fresh buffer per layer.

@@ -4,8 +4,8 @@
 //! on the CPU ([`Host`]: buffers are `Vec<f32>`, each operation today's CPU kernel) and on a
 //! device (`device::OnDevice`: buffers stay in device memory, each operation a kernel of
 //! `backend/cuda/layers.cu` whose bits equal the CPU kernel's), so the two cannot drift: the
-//! gated MLP and the routed MoE exist once (`Mlp::run`, `Moe::run`), as does the decoder's
-//! layer loop over them.
+//! gated MLP, the routed MoE and MLA's projections exist once (`Mlp::run`, `Moe::run`,
+//! `Mla::run`), as does the decoder's layer loop over them.
 //!
 //! What stays per device is only what the hardware schedules differently: how the chosen
 //! experts are dispatched ([`Ops::routed`]: the CPU runs them in parallel as the expert store
@@ -17,6 +17,8 @@ use std::borrow::Cow;
 use super::attn_res;
 use super::mlp::Activation;
 use super::moe::{ExpertProvider, Moe};
+use super::rope::Rope;
+use crate::backend::abi::RopeLayout;
 use crate::backend::{WeightClass, matmul, matmul_expert};
 use crate::error::Result;
 use crate::kernels::Matrix;
@@ -54,6 +56,23 @@ pub trait Ops {
         width: usize,
         eps: f32,
     ) -> Result<Self::Buf>;
+
+    /// Columns `col..col + width` of `n` rows of `stride` values (`slice`: stride, col, width).
+    fn columns(&self, x: &Self::Buf, n: usize, slice: (usize, usize, usize)) -> Result<Self::Buf>;
+
+    /// `x` (`n` rows) with the vectors `layout` places in each row rotated by `rope` for the
+    /// row's position `pos[i]` (the factors computed on the host: `Rope::factors_into`).
+    fn rope(
+        &self,
+        x: Self::Buf,
+        n: usize,
+        layout: RopeLayout,
+        rope: &Rope,
+        pos: &[usize],
+    ) -> Result<Self::Buf>;
+
+    /// `a · σ(g)` elementwise over `count` values.
+    fn mul_sigmoid(&self, a: Self::Buf, g: &Self::Buf, count: usize) -> Result<Self::Buf>;
 
     /// `a + b` elementwise over `count` values.
     fn add(&self, a: &Self::Buf, b: &Self::Buf, count: usize) -> Result<Self::Buf>;
@@ -135,6 +154,37 @@ impl Ops for Host {
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, _: usize, width: usize, eps: f32) -> Result<Vec<f32>> {
         Ok(rms_norm_rows(x, w, eps, width))
+    }
+
+    fn columns(
+        &self,
+        x: &Vec<f32>,
+        n: usize,
+        (stride, col, width): (usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(n * width);
+        for row in x.chunks(stride.max(1)).take(n) {
+            out.extend_from_slice(&row[col..col + width]);
+        }
+        Ok(out)
+    }
+
+    fn rope(&self, mut x: Vec<f32>, n: usize, l: RopeLayout, rope: &Rope, pos: &[usize]) -> Result<Vec<f32>> {
+        let dim = rope.dim();
+        let mut f = vec![0.0f32; dim];
+        for (i, &p) in pos.iter().enumerate().take(n) {
+            rope.factors_into(p, &mut f);
+            for v in 0..l.vecs {
+                let at = i * l.row_stride + l.offset + v * l.vec_stride;
+                rope.apply_factors(&mut x[at..at + dim], &f);
+            }
+        }
+        Ok(x)
+    }
+
+    fn mul_sigmoid(&self, mut a: Vec<f32>, g: &Vec<f32>, _: usize) -> Result<Vec<f32>> {
+        crate::kernels::math::fma_scope(|| a.iter_mut().zip(g).for_each(|(a, g)| *a *= sigmoid(*g)));
+        Ok(a)
     }
 
     fn add(&self, a: &Vec<f32>, b: &Vec<f32>, _: usize) -> Result<Vec<f32>> {
