@@ -238,13 +238,9 @@ impl Mla {
         let pos = rows.pos.to_vec();
         self.run(&Host, &x, n, &pos, |p| {
             let d = &self.dims;
-            for i in 0..n {
+            for (i, &at) in pos.iter().enumerate().take(n) {
                 let cache = &mut rows.caches[rows.seq[i]];
-                debug_assert_eq!(
-                    cache.latent.len(),
-                    pos[i],
-                    "rows must extend their cache in order"
-                );
+                debug_assert_eq!(cache.latent.len(), at, "rows must extend their cache in order");
                 cache.latent.push(&p.latent[i * d.kv_lora..(i + 1) * d.kv_lora]);
                 cache.k_rope.push(&p.k_rope[i * d.rope..(i + 1) * d.rope]);
             }
