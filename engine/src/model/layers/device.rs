@@ -19,7 +19,7 @@ use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
 use crate::weights::Blob;
 
-use super::kda::{Kda, OutputGate};
+use super::kda::Kda;
 use super::mla::{Mla, MlaProjected};
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertProvider, Moe};
@@ -136,6 +136,25 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         self.0
             .layer(&abi::mul_sigmoid(count), &[Some(&a), Some(g), Some(&a)])?;
         Ok(a)
+    }
+
+    fn concat_columns(&self, parts: &[&D::Buf], n: usize, width: usize) -> Result<D::Buf> {
+        let stride = parts.len() * width;
+        let out = self.0.zeros_f32(n * stride)?;
+        for (i, part) in parts.iter().enumerate() {
+            let (src, dst) = (
+                RowSlice {
+                    stride: width,
+                    col: 0,
+                },
+                RowSlice {
+                    stride,
+                    col: i * width,
+                },
+            );
+            copy_rows(self.0, (part, src, None), (&out, dst, None), n, width)?;
+        }
+        Ok(out)
     }
 
     fn add(&self, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
@@ -505,7 +524,9 @@ impl<B> DeviceKda<B> {
     }
 }
 
-/// KDA over `n` normalised rows of one sequence, advancing its state (see `Kda::forward`).
+/// KDA over `n` normalised rows of one sequence, advancing its state: the layer's
+/// written-once projections (`Kda::run`) around the device's core (convolution with the device
+/// history, L2 norms, gates, the delta rule on the device state, gated norm).
 pub fn kda<D: DeviceOps>(
     dev: &D,
     (k, c): (&Kda, &DeviceKda<D::Buf>),
@@ -513,52 +534,27 @@ pub fn kda<D: DeviceOps>(
     n: usize,
     st: &mut DeviceKdaState<D::Buf>,
 ) -> Result<D::Buf> {
-    let s = k.shape;
-    let (p, heads, hd) = (s.channels(), s.heads, s.head_dim);
-    let width = 3 * p;
-    // Raw projections per row as [q | k | v].
-    let raw = dev.zeros_f32(n * width)?;
-    for (part, m) in [&k.q, &k.k, &k.v].into_iter().enumerate() {
-        let y = project(dev, m, WeightClass::Spine, x, n)?;
-        let dst = RowSlice {
-            stride: width,
-            col: part * p,
-        };
-        copy_rows(
-            dev,
-            (&y, RowSlice { stride: p, col: 0 }, None),
-            (&raw, dst, None),
-            n,
-            p,
-        )?;
-    }
-    let seq_rows = dev.upload_i32(&[0, n as i32])?;
-    let row_ids = dev.upload_i32(&(0..n as i32).collect::<Vec<_>>())?;
-    let qkv = dev.zeros_f32(n * width)?;
-    let conv = abi::kda_conv(1, width, s.kernel);
-    let bufs = [&raw, &c.conv, &st.conv, &seq_rows, &row_ids, &qkv].map(Some);
-    dev.layer(&conv, &bufs)?;
-    dev.layer(&abi::kda_l2(n, heads, hd, k.l2, k.q_scale), &[Some(&qkv)])?;
-    let f = project(dev, &k.f_a, WeightClass::Spine, x, n)?;
-    let f = project(dev, &k.f_b, WeightClass::Spine, &f, n)?;
-    let beta_logits = project(dev, &k.b, WeightClass::Spine, x, n)?;
-    let (g, beta) = (dev.zeros_f32(n * p)?, dev.zeros_f32(n * heads)?);
-    let bufs = [&f, &c.dt_bias, &c.rate, &beta_logits, &g, &beta].map(Some);
-    dev.layer(&abi::kda_gates(n, p, heads, k.decay), &bufs)?;
-    let o = dev.zeros_f32(n * p)?;
-    let bufs = [&st.state, &qkv, &g, &beta, &seq_rows, &row_ids, &o].map(Some);
-    dev.layer(&abi::kda_recurrence(1, heads, hd)?, &bufs)?;
-    let gate = match &k.gate {
-        OutputGate::LowRank { a, b } => {
-            let ga = project(dev, a, WeightClass::Spine, x, n)?;
-            project(dev, b, WeightClass::Spine, &ga, n)?
-        }
-        OutputGate::Full(m) => project(dev, m, WeightClass::Spine, x, n)?,
-    };
-    let normed = dev.zeros_f32(n * p)?;
-    let bufs = [&o, &c.o_norm, &normed, &gate].map(Some);
-    dev.layer(&abi::rms_norm(n * heads, hd, k.eps), &bufs)?;
-    project(dev, &k.o, WeightClass::Spine, &normed, n)
+    k.run(&OnDevice(dev), x, n, |p| {
+        let s = k.shape;
+        let (p_ch, heads, hd) = (s.channels(), s.heads, s.head_dim);
+        let seq_rows = dev.upload_i32(&[0, n as i32])?;
+        let row_ids = dev.upload_i32(&(0..n as i32).collect::<Vec<_>>())?;
+        let qkv = dev.zeros_f32(n * 3 * p_ch)?;
+        let conv = abi::kda_conv(1, 3 * p_ch, s.kernel);
+        let bufs = [&p.qkv, &c.conv, &st.conv, &seq_rows, &row_ids, &qkv].map(Some);
+        dev.layer(&conv, &bufs)?;
+        dev.layer(&abi::kda_l2(n, heads, hd, k.l2, k.q_scale), &[Some(&qkv)])?;
+        let (g, beta) = (dev.zeros_f32(n * p_ch)?, dev.zeros_f32(n * heads)?);
+        let bufs = [&p.f, &c.dt_bias, &c.rate, &p.beta, &g, &beta].map(Some);
+        dev.layer(&abi::kda_gates(n, p_ch, heads, k.decay), &bufs)?;
+        let o = dev.zeros_f32(n * p_ch)?;
+        let bufs = [&st.state, &qkv, &g, &beta, &seq_rows, &row_ids, &o].map(Some);
+        dev.layer(&abi::kda_recurrence(1, heads, hd)?, &bufs)?;
+        let normed = dev.zeros_f32(n * p_ch)?;
+        let bufs = [&o, &c.o_norm, &normed, &p.gate].map(Some);
+        dev.layer(&abi::rms_norm(n * heads, hd, k.eps), &bufs)?;
+        Ok(normed)
+    })
 }
 
 /// The last of `n` hidden rows (`h` wide) through the final norm and the head: its logits,

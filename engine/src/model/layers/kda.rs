@@ -23,7 +23,8 @@
 //! The first row of a pass reads the pre-pass state out of place ([`delta_rule_step_from`]), so
 //! keeping that state for a rollback costs no copy.
 
-use crate::backend::matmul;
+use super::ops::{Host, Ops};
+use crate::backend::WeightClass;
 use crate::config::{KdaConfig, KdaDecay};
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
@@ -173,6 +174,17 @@ pub struct KdaRows<'a, 'c> {
     pub seq: &'a [usize],
 }
 
+/// What [`Kda::run`] hands its core: raw `[q | k | v]` per row (`3P`, before the convolution),
+/// the decay input `f_b(f_a x)` per channel (`P`, before `dt_bias`), the `β` logits per head
+/// and the output gate's input per channel (`P`).
+#[derive(Debug)]
+pub struct KdaProjected<B> {
+    pub qkv: B,
+    pub f: B,
+    pub beta: B,
+    pub gate: B,
+}
+
 /// Multi-row projections of one pass, as the shared recurrence reads them.
 pub(crate) struct Projections {
     /// Raw `[q | k | v]` per row (`3P`), before the convolution.
@@ -213,34 +225,31 @@ pub(crate) struct DeltaCore<'a> {
 }
 
 impl Kda {
-    fn project(&self, x: &[f32], n: usize) -> Projections {
-        let p = self.shape.channels();
-        let mm = |m: &Matrix, input: &[f32]| {
-            let mut y = vec![0.0f32; n * m.rows];
-            matmul(m, input, n, &mut y);
-            y
-        };
-        let (q, k, v) = (mm(&self.q, x), mm(&self.k, x), mm(&self.v, x));
-        let mut qkv = Vec::with_capacity(3 * n * p);
-        for i in 0..n {
-            for part in [&q, &k, &v] {
-                qkv.extend_from_slice(&part[i * p..(i + 1) * p]);
-            }
-        }
-        let mut f = mm(&self.f_b, &mm(&self.f_a, x));
-        for row in f.chunks_mut(p) {
-            row.iter_mut().zip(&self.dt_bias).for_each(|(v, b)| *v += b);
-        }
+    /// The layer over `n` normalised rows `x` on `o`'s device, written once: the projections
+    /// ([`KdaProjected`]) go to the device's `core` (convolution, norms, gates, the delta rule on
+    /// the rows' states and the gated norm: the read-out `[n, P]`), then `o_proj`.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        let (p, spine) = (self.shape.channels(), WeightClass::Spine);
+        let [q, k, v] = [&self.q, &self.k, &self.v].map(|m| o.project(m, spine, x, n));
+        let qkv = o.concat_columns(&[&q?, &k?, &v?], n, p)?;
+        let f = o.project(&self.f_b, spine, &o.project(&self.f_a, spine, x, n)?, n)?;
         let gate = match &self.gate {
-            OutputGate::LowRank { a, b } => mm(b, &mm(a, x)),
-            OutputGate::Full(g) => mm(g, x),
+            OutputGate::LowRank { a, b } => o.project(b, spine, &o.project(a, spine, x, n)?, n)?,
+            OutputGate::Full(g) => o.project(g, spine, x, n)?,
         };
-        Projections {
+        let read = core(KdaProjected {
             qkv,
             f,
-            beta: mm(&self.b, x),
+            beta: o.project(&self.b, spine, x, n)?,
             gate,
-        }
+        })?;
+        o.project(&self.o, spine, &read, n)
     }
 
     /// Attention output `[n, hidden]` for normalised rows `x`, advancing each row's sequence
@@ -252,11 +261,17 @@ impl Kda {
     /// enough, each over its rows in order ([`head_step_with`], [`head_readout`]: the operations of
     /// the sequential twin, so the bits do not depend on the split); last the gated norm.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
-        let proj = self.project(x, n);
-        let o = self.core().run(&proj, n, rows);
-        let mut y = vec![0.0f32; n * self.o.rows];
-        matmul(&self.o, &o, n, &mut y);
-        y
+        let p = self.shape.channels();
+        self.run(&Host, &x.to_vec(), n, |proj| {
+            let proj = Projections {
+                f: Host.add_rows(proj.f, &self.dt_bias, n, p)?,
+                qkv: proj.qkv,
+                beta: proj.beta,
+                gate: proj.gate,
+            };
+            Ok(self.core().run(&proj, n, rows))
+        })
+        .expect("the CPU runs every KDA form")
     }
 
     /// The constants the shared recurrence reads.

@@ -4,8 +4,8 @@
 //! on the CPU ([`Host`]: buffers are `Vec<f32>`, each operation today's CPU kernel) and on a
 //! device (`device::OnDevice`: buffers stay in device memory, each operation a kernel of
 //! `backend/cuda/layers.cu` whose bits equal the CPU kernel's), so the two cannot drift: the
-//! gated MLP, the routed MoE and MLA's projections exist once (`Mlp::run`, `Moe::run`,
-//! `Mla::run`), as does the decoder's layer loop over them.
+//! gated MLP, the routed MoE and MLA's and KDA's projections exist once (`Mlp::run`,
+//! `Moe::run`, `Mla::run`, `Kda::run`), as does the decoder's layer loop over them.
 //!
 //! What stays per device is only what the hardware schedules differently: how the chosen
 //! experts are dispatched ([`Ops::routed`]: the CPU runs them in parallel as the expert store
@@ -59,6 +59,9 @@ pub trait Ops {
 
     /// Columns `col..col + width` of `n` rows of `stride` values (`slice`: stride, col, width).
     fn columns(&self, x: &Self::Buf, n: usize, slice: (usize, usize, usize)) -> Result<Self::Buf>;
+
+    /// `n` rows of `[parts[0] | parts[1] | …]`, each part `n` rows of `width` values.
+    fn concat_columns(&self, parts: &[&Self::Buf], n: usize, width: usize) -> Result<Self::Buf>;
 
     /// `x` (`n` rows) with the vectors `layout` places in each row rotated by `rope` for the
     /// row's position `pos[i]` (the factors computed on the host: `Rope::factors_into`).
@@ -165,6 +168,16 @@ impl Ops for Host {
         let mut out = Vec::with_capacity(n * width);
         for row in x.chunks(stride.max(1)).take(n) {
             out.extend_from_slice(&row[col..col + width]);
+        }
+        Ok(out)
+    }
+
+    fn concat_columns(&self, parts: &[&Vec<f32>], n: usize, width: usize) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(n * parts.len() * width);
+        for i in 0..n {
+            for part in parts {
+                out.extend_from_slice(&part[i * width..(i + 1) * width]);
+            }
         }
         Ok(out)
     }
