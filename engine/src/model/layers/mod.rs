@@ -15,5 +15,6 @@ mod latent_avx512;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
+mod on_device;
 pub mod ops;
 pub mod rope;

@@ -1,0 +1,368 @@
+//! The op trait on a device ([`OnDevice`]: any [`DeviceOps`] as the layers' [`Ops`]): every
+//! operation a kernel of `backend/cuda/layers.cu` whose bits equal the CPU's, buffers in device
+//! memory. The layers written once over [`Ops`] (`Mlp::run`, `Moe::run`, `Mla::run`,
+//! `Kda::run`, the decoder's loops) run on a GPU, or on the CPU emulator of the kernel sources in
+//! CI, through it. The routed experts' dispatch ([`Ops::routed`]) is the device's own schedule:
+//! chosen experts gathered, run and scattered a group at a time, out of core staged from the
+//! expert store.
+
+use std::borrow::Cow;
+
+use super::mlp::{Activation, Mlp};
+use super::moe::{ExpertProvider, Moe};
+use super::ops::{Ops, Routes};
+use super::rope::Rope;
+use crate::backend::WeightClass;
+use crate::backend::abi::{self, RopeLayout, RowSlice};
+use crate::backend::device::DeviceOps;
+use crate::error::{Error, Result};
+use crate::kernels::Matrix;
+use crate::weights::Blob;
+
+/// `y = W x` into a new buffer.
+fn project<D: DeviceOps>(dev: &D, m: &Matrix, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
+    let y = dev.zeros_f32(n * m.rows)?;
+    dev.matmul(m, class, x, n, &y)?;
+    Ok(y)
+}
+
+/// RMSNorm of `rows` rows of `weight.len()` into a new buffer (`weight` on the device).
+pub(super) fn rms_norm<D: DeviceOps>(
+    dev: &D,
+    x: &D::Buf,
+    weight: &D::Buf,
+    rows: usize,
+    width: usize,
+    eps: f32,
+) -> Result<D::Buf> {
+    let out = dev.zeros_f32(rows * width)?;
+    dev.layer(
+        &abi::rms_norm(rows, width, eps),
+        &[Some(x), Some(weight), Some(&out)],
+    )?;
+    Ok(out)
+}
+
+/// `a + b` over `count` values, into `a`'s place (a new buffer returned).
+fn add<D: DeviceOps>(dev: &D, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
+    let out = dev.zeros_f32(count)?;
+    dev.layer(&abi::add(count), &[Some(a), Some(b), Some(&out)])?;
+    Ok(out)
+}
+
+/// Copy rows (see [`abi::copy_rows`]); `src_rows`/`dst_rows`: row maps, `None` for 0...
+pub fn copy_rows<D: DeviceOps>(
+    dev: &D,
+    (src, src_at, src_rows): (&D::Buf, RowSlice, Option<&D::Buf>),
+    (dst, dst_at, dst_rows): (&D::Buf, RowSlice, Option<&D::Buf>),
+    count: usize,
+    width: usize,
+) -> Result<()> {
+    let l = abi::copy_rows(count, width, src_at, dst_at);
+    dev.layer(&l, &[Some(src), Some(dst), src_rows, dst_rows])
+}
+
+/// A [`DeviceOps`] as the [`Ops`] layers are written against: every operation a kernel of
+/// `backend/cuda/layers.cu` with the CPU kernel's bits.
+#[derive(Debug)]
+pub struct OnDevice<'d, D>(pub &'d D);
+
+impl<D: DeviceOps> Ops for OnDevice<'_, D> {
+    type Buf = D::Buf;
+
+    fn input(&self, v: Vec<f32>) -> Result<D::Buf> {
+        self.0.upload_f32(&v)
+    }
+
+    fn zeros(&self, count: usize) -> Result<D::Buf> {
+        self.0.zeros_f32(count)
+    }
+
+    fn constant(&self, v: &[f32]) -> Result<D::Buf> {
+        self.0.upload_f32(v)
+    }
+
+    fn host<'a>(&self, b: &'a D::Buf) -> Result<Cow<'a, [f32]>> {
+        Ok(Cow::Owned(self.0.download_f32(b)?))
+    }
+
+    fn project(&self, m: &Matrix, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
+        project(self.0, m, class, x, n)
+    }
+
+    fn rms_norm(&self, x: &D::Buf, w: &D::Buf, rows: usize, width: usize, eps: f32) -> Result<D::Buf> {
+        rms_norm(self.0, x, w, rows, width, eps)
+    }
+
+    fn columns(&self, x: &D::Buf, n: usize, (stride, col, width): (usize, usize, usize)) -> Result<D::Buf> {
+        let out = self.0.zeros_f32(n * width)?;
+        let (src, dst) = (
+            RowSlice { stride, col },
+            RowSlice {
+                stride: width,
+                col: 0,
+            },
+        );
+        copy_rows(self.0, (x, src, None), (&out, dst, None), n, width)?;
+        Ok(out)
+    }
+
+    fn rope(&self, x: D::Buf, n: usize, l: RopeLayout, rope: &Rope, pos: &[usize]) -> Result<D::Buf> {
+        let dim = rope.dim();
+        let mut f = vec![0.0f32; n * dim];
+        for (row, &p) in f.chunks_mut(dim.max(1)).zip(pos) {
+            rope.factors_into(p, row);
+        }
+        let f = self.0.upload_f32(&f)?;
+        self.0
+            .layer(&abi::rope(n, l, dim, rope.interleaved())?, &[Some(&x), Some(&f)])?;
+        Ok(x)
+    }
+
+    fn mul_sigmoid(&self, a: D::Buf, g: &D::Buf, count: usize) -> Result<D::Buf> {
+        self.0
+            .layer(&abi::mul_sigmoid(count), &[Some(&a), Some(g), Some(&a)])?;
+        Ok(a)
+    }
+
+    fn concat_columns(&self, parts: &[&D::Buf], n: usize, width: usize) -> Result<D::Buf> {
+        let stride = parts.len() * width;
+        let out = self.0.zeros_f32(n * stride)?;
+        for (i, part) in parts.iter().enumerate() {
+            let (src, dst) = (
+                RowSlice {
+                    stride: width,
+                    col: 0,
+                },
+                RowSlice {
+                    stride,
+                    col: i * width,
+                },
+            );
+            copy_rows(self.0, (part, src, None), (&out, dst, None), n, width)?;
+        }
+        Ok(out)
+    }
+
+    fn add(&self, a: &D::Buf, b: &D::Buf, count: usize) -> Result<D::Buf> {
+        add(self.0, a, b, count)
+    }
+
+    fn add_rows(&self, x: D::Buf, bias: &[f32], rows: usize, width: usize) -> Result<D::Buf> {
+        // The bias copied into every row (a row map of zeros), then the elementwise add.
+        let dev = self.0;
+        let (b, zeros) = (dev.upload_f32(bias)?, dev.zeros(4 * rows)?);
+        let spread = dev.zeros_f32(rows * width)?;
+        let dense = RowSlice {
+            stride: width,
+            col: 0,
+        };
+        copy_rows(
+            dev,
+            (&b, dense, Some(&zeros)),
+            (&spread, dense, None),
+            rows,
+            width,
+        )?;
+        add(dev, &x, &spread, rows * width)
+    }
+
+    fn activate(&self, g: D::Buf, u: &D::Buf, act: Activation, count: usize) -> Result<D::Buf> {
+        self.0
+            .layer(&abi::gated_act(count, act)?, &[Some(&g), Some(u), Some(&g)])?;
+        Ok(g)
+    }
+
+    fn deinterleave(&self, pairs: &D::Buf, count: usize) -> Result<(D::Buf, D::Buf)> {
+        let dev = self.0;
+        let halves = [0, 1].map(|col| RowSlice { stride: 2, col });
+        let dense = RowSlice { stride: 1, col: 0 };
+        let (a, b) = (dev.zeros_f32(count)?, dev.zeros_f32(count)?);
+        copy_rows(dev, (pairs, halves[0], None), (&a, dense, None), count, 1)?;
+        copy_rows(dev, (pairs, halves[1], None), (&b, dense, None), count, 1)?;
+        Ok((a, b))
+    }
+
+    fn gate_rows(&self, x: D::Buf, logits: &D::Buf, rows: usize, width: usize) -> Result<D::Buf> {
+        // Each row's logit spread over its values (a row map), then `x · σ(logit)`.
+        let dev = self.0;
+        let map: Vec<i32> = (0..rows * width).map(|i| (i / width.max(1)) as i32).collect();
+        let (map, spread) = (dev.upload_i32(&map)?, dev.zeros_f32(rows * width)?);
+        let one = RowSlice { stride: 1, col: 0 };
+        copy_rows(
+            dev,
+            (logits, one, Some(&map)),
+            (&spread, one, None),
+            rows * width,
+            1,
+        )?;
+        let count = rows * width;
+        dev.layer(&abi::mul_sigmoid(count), &[Some(&x), Some(&spread), Some(&x)])?;
+        Ok(x)
+    }
+
+    fn put_slot(&self, stack: &mut D::Buf, slot: usize, v: &D::Buf, n: usize, h: usize) -> Result<()> {
+        let src = RowSlice { stride: h, col: 0 };
+        let dst = RowSlice {
+            stride: h,
+            col: slot * n * h,
+        };
+        copy_rows(self.0, (v, src, None), (stack, dst, None), n, h)
+    }
+
+    fn attn_res(
+        &self,
+        (query, eps): (&D::Buf, f32),
+        stack: &D::Buf,
+        count: usize,
+        (n, h): (usize, usize),
+    ) -> Result<D::Buf> {
+        let out = self.0.zeros_f32(n * h)?;
+        self.0.layer(
+            &abi::attn_res(n, h, count, eps)?,
+            &[Some(stack), Some(query), Some(&out)],
+        )?;
+        Ok(out)
+    }
+
+    fn route(&self, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
+        route(self.0, m, logits, n, tokens)
+    }
+
+    fn routed(
+        &self,
+        m: &Moe,
+        experts: Option<&dyn ExpertProvider>,
+        input: &D::Buf,
+        width: usize,
+        routes: &[Vec<(usize, f32)>],
+    ) -> Result<D::Buf> {
+        routed(self, (m, experts), input, width, routes)
+    }
+}
+
+/// The router kernel's routes (router order) of `n` rows' `logits`.
+fn route<D: DeviceOps>(dev: &D, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
+    let (e, r) = (m.gate.rows, &m.router);
+    if !m.logit_bias.is_empty() || m.hash.is_some() {
+        let _ = tokens;
+        return Err(Error::InvalidArgument {
+            field: "device",
+            reason: "the device router has no logit bias or hash routing (the model runs on the CPU path)"
+                .into(),
+        });
+    }
+    let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
+    let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
+    let bias = match m.bias.is_empty() {
+        true => None,
+        false => Some(dev.upload_f32(&m.bias)?),
+    };
+    let bufs = [
+        Some(&logits),
+        bias.as_ref(),
+        Some(&ids),
+        Some(&weights),
+        Some(&scratch),
+    ];
+    dev.layer(&abi::route(n, e, r)?, &bufs)?;
+    let ids: Vec<i32> = dev
+        .download(&ids)?
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let weights = dev.download_f32(&weights)?;
+    Ok((0..n)
+        .map(|row| {
+            (0..r.top_k)
+                .filter(|&t| ids[row * r.top_k + t] >= 0)
+                .map(|t| (ids[row * r.top_k + t] as usize, weights[row * r.top_k + t]))
+                .collect()
+        })
+        .collect())
+}
+
+/// `Σ w·expert(input)` per row in each route's order: every chosen expert once over the rows
+/// that chose it (gathered), its outputs scattered to their route slots, then the combine.
+fn routed<D: DeviceOps>(
+    o: &OnDevice<'_, D>,
+    (m, experts): (&Moe, Option<&dyn ExpertProvider>),
+    input: &D::Buf,
+    width: usize,
+    routes: &[Vec<(usize, f32)>],
+) -> Result<D::Buf> {
+    let (dev, n) = (o.0, routes.len());
+    let mut users: Vec<Vec<(i32, i32)>> = vec![Vec::new(); m.gate.rows];
+    let mut offsets = vec![0i32];
+    for (row, route) in routes.iter().enumerate() {
+        let base = *offsets.last().expect("starts at 0");
+        for (slot, &(expert, _)) in route.iter().enumerate() {
+            users[expert].push((row as i32, base + slot as i32));
+        }
+        offsets.push(base + route.len() as i32);
+    }
+    let slots = *offsets.last().expect("one offset per row") as usize;
+    let results = dev.zeros_f32(slots * width)?;
+    let rows = RowSlice {
+        stride: width,
+        col: 0,
+    };
+    let chosen: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
+    // Out of core, a few experts at a time: their staged host copies are dropped once used, so a
+    // chunk touching every expert never holds more than a group in host memory.
+    for group in chosen.chunks(if experts.is_some() {
+        SERVED_GROUP
+    } else {
+        chosen.len().max(1)
+    }) {
+        let served = match experts {
+            Some(p) => Some(served_experts(p, group)?),
+            None => None,
+        };
+        for (i, &expert) in group.iter().enumerate() {
+            let (who, k) = (&users[expert], users[expert].len());
+            let weights = match &served {
+                Some(s) => &s[i],
+                None => &m.experts[expert],
+            };
+            let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
+            let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
+            let gathered = dev.zeros_f32(k * width)?;
+            copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
+            let y = weights.run(o, WeightClass::Expert, &gathered, k)?;
+            copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
+        }
+    }
+    let weights: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
+    let (w, off) = (dev.upload_f32(&weights)?, dev.upload_i32(&offsets)?);
+    let out = dev.zeros_f32(n * width)?;
+    dev.layer(
+        &abi::combine(n, width),
+        &[Some(&results), Some(&w), Some(&off), Some(&out)],
+    )?;
+    Ok(out)
+}
+
+/// Routed experts staged at a time out of core (see [`routed`]).
+const SERVED_GROUP: usize = 4;
+
+/// The weights of `ids` (ascending) from an out-of-core provider, in `ids` order, copied into
+/// host staging buffers: the provider serves them from its cache slots or disk (in any order, on
+/// its threads) and gets each slot back as soon as it is copied, so a cache of one slot still
+/// serves a group. The products upload the staged bytes as routed experts (the device tier
+/// first: [`crate::backend::residency`]); the staging is dropped with the group.
+fn served_experts(p: &dyn ExpertProvider, ids: &[usize]) -> Result<Vec<Mlp>> {
+    let stage = |m: &Matrix| Matrix {
+        data: Blob::from_vec(m.data.to_vec()),
+        scales: m.scales.as_ref().map(|s| Blob::from_vec(s.to_vec())),
+        ..m.clone()
+    };
+    let got = std::sync::Mutex::new(Vec::with_capacity(ids.len()));
+    p.for_each_expert(ids, &|id, e| {
+        let staged = e.map_matrices(stage);
+        got.lock().expect("not poisoned").push((id, staged));
+    })?;
+    let mut got = got.into_inner().expect("not poisoned");
+    got.sort_by_key(|&(id, _)| id);
+    Ok(got.into_iter().map(|(_, e)| e).collect())
+}
