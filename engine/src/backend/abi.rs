@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 18] = [
+pub const LAYER_KERNELS: [&str; 19] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -107,6 +107,7 @@ pub const LAYER_KERNELS: [&str; 18] = [
     "deltafin_mul_sigmoid",
     "deltafin_copy_rows",
     "deltafin_attn_res",
+    "deltafin_gqa_attend",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -222,6 +223,37 @@ pub fn route(
 /// f32 scratch values [`route`] needs.
 pub fn route_scratch(rows: usize, experts: usize, n_group: usize) -> usize {
     rows * (3 * experts + n_group)
+}
+
+/// Widest head the grouped-query attention kernel holds (`16 · DF_GQA_PER_LANE`).
+pub const GQA_MAX_HEAD_DIM: usize = 256;
+
+/// Grouped-query attention of `rows` query rows over `heads` heads reading `kv_heads` key/value
+/// heads of `head_dim` (buffers: queries `[rows, heads · head_dim]`, cached keys and values
+/// `[positions, kv_heads · head_dim]`, per-head sink logits or empty, per row (first position,
+/// end) as i32, out `[rows, heads · head_dim]`). A head wider than [`GQA_MAX_HEAD_DIM`] is
+/// refused.
+pub fn gqa_attend(
+    rows: usize,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    scale: f32,
+) -> crate::Result<LayerLaunch> {
+    if head_dim > GQA_MAX_HEAD_DIM {
+        return Err(crate::Error::InvalidArgument {
+            field: "head_dim",
+            reason: format!("{head_dim} is wider than the CUDA attention kernel's {GQA_MAX_HEAD_DIM}"),
+        });
+    }
+    let ints = [rows as i32, heads as i32, kv_heads as i32, head_dim as i32];
+    let mut l = launch(
+        "deltafin_gqa_attend",
+        rows,
+        [crate::kernels::LANES as u32, 1, 1],
+        &ints,
+        &[scale],
+    );
+    l.grid[1] = heads.max(1) as u32;
+    Ok(l)
 }
 
 /// Largest latent width the MLA attention kernel holds (`16 · DF_MLA_PER_LANE`).

@@ -49,6 +49,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_mul_sigmoid") return deltafin_mul_sigmoid;
     if (name == "deltafin_copy_rows") return deltafin_copy_rows;
     if (name == "deltafin_attn_res") return deltafin_attn_res;
+    if (name == "deltafin_gqa_attend") return deltafin_gqa_attend;
     return nullptr;
 }
 

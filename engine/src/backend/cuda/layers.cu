@@ -630,3 +630,72 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_attn
         out[k] = o;
     }
 }
+
+// ---- Grouped-query attention (model/layers/gqa.rs::attend_head) ----
+//
+// One 16-lane group per (row, head): grid (rows, heads), block (LANES). The row's query head h
+// reads key/value head h / (heads / kv_heads) over positions start..end of the cache, as the
+// CPU does: each score a plain dot product in element order (a multiply, then an add, from
+// -0.0) times the scale; the maximum over the scores and the sink; exp(s - max) summed in
+// position order, the sink's term last; then out = sum_j (e_j / sum) * v_j in position order
+// from zero. Lane l computes the scores of positions base + l of each group of 16; the sum and
+// the values take them in order by shuffles, so the operations are the CPU's whatever the
+// lane split. Lane l owns the head's values d = l (mod 16). Buffers: q [rows, heads * hd], keys
+// [positions, kv_heads * hd], values (same), sinks [heads] (optional), rows [rows, 2] (i32:
+// first position, end), out [rows, heads * hd]; i rows, heads, kv_heads, hd; f scale.
+#define DF_GQA_PER_LANE 16  // head_dim <= 16 * 16
+
+__device__ __forceinline__ float df_gqa_score(const float* q, const float* k, int hd, float scale) {
+    float s = -0.0f;
+    for (int d = 0; d < hd; ++d) s = __fadd_rn(s, __fmul_rn(q[d], k[d]));
+    return __fmul_rn(s, scale);
+}
+
+__device__ __forceinline__ float df_lane_max(float v) {
+    for (int s = LANES / 2; s > 0; s /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, s, LANES));
+    return __shfl_sync(0xffffffffu, v, 0, LANES);
+}
+
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_gqa_attend(LayerParams p) {
+    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int heads = p.i[1], kv_heads = p.i[2], hd = p.i[3];
+    const float scale = p.f[0];
+    const int* info = (const int*)p.buf[4];
+    const int start = info[2 * row], end = info[2 * row + 1];
+    const int kv = h / (heads / kv_heads);
+    const u64 kw = (u64)kv_heads * hd;
+    const float* q = (const float*)p.buf[0] + (u64)row * heads * hd + (u64)h * hd;
+    const float* keys = (const float*)p.buf[1] + (u64)kv * hd;
+    const float* vals = (const float*)p.buf[2] + (u64)kv * hd;
+    const bool has_sink = p.buf[3] != 0;
+    const float sink = has_sink ? ((const float*)p.buf[3])[h] : 0.0f;
+    float m = __uint_as_float(0xff800000u);
+    for (int j = start + lane; j < end; j += LANES) m = fmaxf(m, df_gqa_score(q, keys + (u64)j * kw, hd, scale));
+    m = df_lane_max(m);
+    if (has_sink) m = fmaxf(m, sink);
+    float sum = 0.0f;
+    for (int base = start; base < end; base += LANES) {
+        const int j = base + lane;
+        const float e = j < end ? df_exp(__fsub_rn(df_gqa_score(q, keys + (u64)j * kw, hd, scale), m)) : 0.0f;
+        for (int t = 0; t < LANES; ++t) {
+            const float et = __shfl_sync(0xffffffffu, e, t, LANES);
+            if (base + t < end) sum = __fadd_rn(sum, et);
+        }
+    }
+    if (has_sink) sum = __fadd_rn(sum, df_exp(__fsub_rn(sink, m)));
+    float acc[DF_GQA_PER_LANE];
+    for (int i = 0; i < DF_GQA_PER_LANE; ++i) acc[i] = 0.0f;
+    for (int base = start; base < end; base += LANES) {
+        const int j = base + lane;
+        const float e = j < end ? df_exp(__fsub_rn(df_gqa_score(q, keys + (u64)j * kw, hd, scale), m)) : 0.0f;
+        const float pj = __fdiv_rn(e, sum);
+        for (int t = 0; t < LANES; ++t) {
+            const float pt = __shfl_sync(0xffffffffu, pj, t, LANES);
+            if (base + t >= end) continue;
+            const float* v = vals + (u64)(base + t) * kw;
+            for (int i = 0, d = lane; d < hd; ++i, d += LANES) acc[i] = __fadd_rn(acc[i], __fmul_rn(pt, v[d]));
+        }
+    }
+    float* out = (float*)p.buf[5] + (u64)row * heads * hd + (u64)h * hd;
+    for (int i = 0, d = lane; d < hd; ++i, d += LANES) out[d] = acc[i];
+}

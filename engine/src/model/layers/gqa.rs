@@ -16,13 +16,14 @@
 
 use rayon::prelude::*;
 
+use super::ops::{Host, Ops};
 use super::rope::Rope;
-use crate::backend::matmul;
+use crate::backend::WeightClass;
+use crate::backend::abi::RopeLayout;
 use crate::config::RopeConfig;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::math::exp;
-use crate::kernels::ops::{rms_norm_inplace, sigmoid};
 use crate::model::{Loader, NormWeight};
 use crate::state::KvCache;
 
@@ -161,39 +162,61 @@ impl Gqa {
         })
     }
 
+    /// The layer over `n` normalised rows `x` at positions `pos` on `o`'s device, written once:
+    /// the projected, normalised and rotated queries, keys and values ([`GqaProjected`]) go to
+    /// the device's attention `core` (which appends the keys and values to the rows' caches and
+    /// returns each row's attention output `[n, heads * head_dim]`), then the output gate,
+    /// `o_proj` and its bias.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        pos: &[usize],
+        core: impl FnOnce(GqaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        let spine = WeightClass::Spine;
+        let (q, gate) = self.queries(o, x, n, pos)?;
+        let k = o.project(&self.k, spine, x, n)?;
+        let k_norm = (self.k_norm.as_deref(), self.dims.kv_heads);
+        let k = self.finish(o, bias(o, k, &self.k_bias, n)?, k_norm, n, pos)?;
+        let v = o.project(&self.v, spine, x, n)?;
+        let v = bias(o, v, &self.v_bias, n)?;
+        let mut out = core(GqaProjected { q, k, v })?;
+        if let Some(g) = gate {
+            out = o.mul_sigmoid(out, &g, n * self.dims.heads * self.dims.head_dim)?;
+        }
+        let y = o.project(&self.o, spine, &out, n)?;
+        bias(o, y, &self.o_bias, n)
+    }
+
     /// Project, normalise and rotate `n` rows, append their keys and values to the caches, and
-    /// return each row's attention output through `o_proj` (`hidden` values per row).
+    /// return each row's attention output through `o_proj` (`hidden` values per row), on the
+    /// CPU.
     pub fn forward(&self, xn: &[f32], n: usize, rows: &mut KvRows<'_, '_>) -> Vec<f32> {
+        self.run(&Host, &xn.to_vec(), n, rows.pos, |p| Ok(self.attend(&p, n, rows)))
+            .expect("the CPU runs every attention form")
+    }
+
+    /// The CPU's attention core: the rows' keys and values into their caches, then every
+    /// `(row, head)` over the positions it sees.
+    fn attend(&self, p: &GqaProjected<Vec<f32>>, n: usize, rows: &mut KvRows<'_, '_>) -> Vec<f32> {
         let d = self.dims;
         let (qw, kw) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        let (q, gate) = self.queries(xn, n, rows.pos);
-        let k = self.project(
-            &self.k,
-            self.k_bias.as_deref(),
-            self.k_norm.as_deref(),
-            xn,
-            n,
-            rows.pos,
-        );
-        let mut v = vec![0.0f32; n * kw];
-        matmul(&self.v, xn, n, &mut v);
-        if let Some(b) = &self.v_bias {
-            v.chunks_mut(kw).for_each(|r| add_bias(r, b));
-        }
         for i in 0..n {
             let cache = &mut rows.caches[rows.seq[i]];
-            cache.k.push(&k[i * kw..(i + 1) * kw]);
-            cache.v.push(&v[i * kw..(i + 1) * kw]);
+            cache.k.push(&p.k[i * kw..(i + 1) * kw]);
+            cache.v.push(&p.v[i * kw..(i + 1) * kw]);
         }
         let caches: Vec<&KvCache> = rows.caches.iter().map(|c| &**c).collect();
         let mut out = vec![0.0f32; n * qw];
         // `scores` is the per-thread scratch of one head's softmax (reused across heads).
         let task = |scores: &mut Vec<f32>, (t, o): (usize, &mut [f32])| {
             let (i, h) = (t / d.heads, t % d.heads);
-            let qh = &q[i * qw + h * d.head_dim..][..d.head_dim];
-            let end = rows.pos[i] + 1;
+            let qh = &p.q[i * qw + h * d.head_dim..][..d.head_dim];
+            let (start, end) = self.seen(rows.pos[i]);
             let seen = Seen {
-                start: self.window.map_or(0, |w| end.saturating_sub(w)),
+                start,
                 end,
                 sink: self.sinks.as_ref().map(|s| s[h]),
             };
@@ -206,8 +229,13 @@ impl Gqa {
                 (scores, o),
             );
         };
-        let seen = |p: usize| self.window.map_or(p + 1, |w| (p + 1).min(w));
-        let work: usize = rows.pos.iter().map(|&p| seen(p)).sum::<usize>() * qw;
+        let work: usize = rows
+            .pos
+            .iter()
+            .map(|&p| self.seen(p))
+            .map(|(s, e)| e - s)
+            .sum::<usize>()
+            * qw;
         if work >= PARALLEL_WORK {
             out.par_chunks_mut(d.head_dim)
                 .enumerate()
@@ -218,84 +246,93 @@ impl Gqa {
                 .enumerate()
                 .for_each(|x| task(&mut scores, x));
         }
-        if let Some(gate) = gate {
-            out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
-        }
-        let mut y = vec![0.0f32; n * self.o.rows];
-        matmul(&self.o, &out, n, &mut y);
-        if let Some(b) = &self.o_bias {
-            y.chunks_mut(b.len()).for_each(|r| add_bias(r, b));
-        }
-        y
+        out
+    }
+
+    /// The positions `start..end` a row at position `p` attends to (its window, or all).
+    pub fn seen(&self, p: usize) -> (usize, usize) {
+        let end = p + 1;
+        (self.window.map_or(0, |w| end.saturating_sub(w)), end)
+    }
+
+    /// The layer's shape.
+    pub fn dims(&self) -> GqaDims {
+        self.dims
+    }
+
+    /// gpt-oss's per-head sink logits.
+    pub fn sinks(&self) -> Option<&[f32]> {
+        self.sinks.as_deref()
+    }
+
+    /// The softmax scale `head_dim^-0.5`.
+    pub fn scale(&self) -> f32 {
+        (self.dims.head_dim as f32).powf(-0.5)
     }
 
     /// The queries of `n` rows (projected, normalised, rotated) and, with an output gate, the
     /// gate values (`heads * head_dim` per row, head order).
-    fn queries(&self, xn: &[f32], n: usize, pos: &[usize]) -> (Vec<f32>, Option<Vec<f32>>) {
-        let norm = self.q_norm.as_deref();
-        if !self.output_gate {
-            return (
-                self.project(&self.q, self.q_bias.as_deref(), norm, xn, n, pos),
-                None,
-            );
-        }
-        let hd = self.dims.head_dim;
-        let mut y = vec![0.0f32; n * self.q.rows];
-        matmul(&self.q, xn, n, &mut y);
-        if let Some(b) = &self.q_bias {
-            y.chunks_mut(b.len()).for_each(|r| add_bias(r, b));
-        }
-        // Per head: `d` query values, then `d` gate values.
-        let (mut q, mut gate) = (Vec::with_capacity(y.len() / 2), Vec::with_capacity(y.len() / 2));
-        for pair in y.chunks(2 * hd) {
-            q.extend_from_slice(&pair[..hd]);
-            gate.extend_from_slice(&pair[hd..]);
-        }
-        let width = q.len() / n.max(1);
-        for (row, &p) in q.chunks_mut(width).zip(pos) {
-            self.finish_row(row, None, norm, p);
-        }
-        (q, Some(gate))
-    }
-
-    /// `W x (+ b)`, then per head: RMSNorm (when configured) and RoPE on the rotary part.
-    fn project(
+    fn queries<O: Ops>(
         &self,
-        w: &Matrix,
-        bias: Option<&[f32]>,
-        norm: Option<&[f32]>,
-        xn: &[f32],
+        o: &O,
+        x: &O::Buf,
         n: usize,
         pos: &[usize],
-    ) -> Vec<f32> {
-        let width = w.rows;
-        let mut y = vec![0.0f32; n * width];
-        matmul(w, xn, n, &mut y);
-        for (row, &p) in y.chunks_mut(width).zip(pos) {
-            self.finish_row(row, bias, norm, p);
+    ) -> Result<(O::Buf, Option<O::Buf>)> {
+        let y = o.project(&self.q, WeightClass::Spine, x, n)?;
+        let y = bias(o, y, &self.q_bias, n)?;
+        let norm = (self.q_norm.as_deref(), self.dims.heads);
+        if !self.output_gate {
+            return Ok((self.finish(o, y, norm, n, pos)?, None));
         }
-        y
+        // Per head: `d` query values, then `d` gate values.
+        let (hd, heads) = (self.dims.head_dim, self.dims.heads);
+        let q = o.columns(&y, n * heads, (2 * hd, 0, hd))?;
+        let gate = o.columns(&y, n * heads, (2 * hd, hd, hd))?;
+        Ok((self.finish(o, q, norm, n, pos)?, Some(gate)))
     }
 
-    /// One projected row at position `p`: bias, RMSNorm (when configured), RoPE per head.
-    fn finish_row(&self, row: &mut [f32], bias: Option<&[f32]>, norm: Option<&[f32]>, p: usize) {
-        if let Some(b) = bias {
-            add_bias(row, b);
-        }
-        if let (Some(w), QkNorm::Whole) = (norm, self.qk_norm) {
-            rms_norm_inplace(row, w, self.eps);
-        }
-        for head in row.chunks_mut(self.dims.head_dim) {
-            if let (Some(w), QkNorm::PerHead) = (norm, self.qk_norm) {
-                rms_norm_inplace(head, w, self.eps);
-            }
-            self.rope.apply(&mut head[..self.dims.rotary_dim], p);
-        }
+    /// Projected rows (`n` of whole heads) at positions `pos`: the q/k RMSNorm (whole, or per
+    /// head) when configured, then RoPE on each head's rotary part.
+    fn finish<O: Ops>(
+        &self,
+        o: &O,
+        y: O::Buf,
+        (norm, heads): (Option<&[f32]>, usize),
+        n: usize,
+        pos: &[usize],
+    ) -> Result<O::Buf> {
+        let hd = self.dims.head_dim;
+        let y = match (norm, self.qk_norm) {
+            (Some(w), QkNorm::Whole) => o.rms_norm(&y, &o.constant(w)?, n, heads * hd, self.eps)?,
+            (Some(w), QkNorm::PerHead) => o.rms_norm(&y, &o.constant(w)?, n * heads, hd, self.eps)?,
+            _ => y,
+        };
+        let layout = RopeLayout {
+            vecs: heads,
+            row_stride: heads * hd,
+            offset: 0,
+            vec_stride: hd,
+        };
+        o.rope(y, n, layout, &self.rope, pos)
     }
 }
 
-fn add_bias(row: &mut [f32], bias: &[f32]) {
-    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+/// What [`Gqa::run`] hands its attention core: the rotated queries `[n, heads * head_dim]`
+/// and the rows' rotated keys and values `[n, kv_heads * head_dim]`.
+#[derive(Debug)]
+pub struct GqaProjected<B> {
+    pub q: B,
+    pub k: B,
+    pub v: B,
+}
+
+/// `x` with `b` added to each of its `n` rows (unchanged without a bias).
+fn bias<O: Ops>(o: &O, x: O::Buf, b: &Option<Vec<f32>>, n: usize) -> Result<O::Buf> {
+    match b {
+        Some(b) => o.add_rows(x, b, n, b.len()),
+        None => Ok(x),
+    }
 }
 
 /// The positions one query row attends to, and its head's sink logit.
