@@ -195,7 +195,8 @@ pub fn route(
     let scoring = match r.scoring {
         Scoring::Sigmoid => 0,
         Scoring::Softmax => 1,
-        Scoring::TopKSoftmax | Scoring::SqrtSoftplus => {
+        Scoring::TopKSoftmax => 2,
+        Scoring::SqrtSoftplus => {
             return Err(crate::Error::InvalidArgument {
                 field: "device",
                 reason: format!("the device router has no {:?} scoring", r.scoring),

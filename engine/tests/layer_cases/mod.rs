@@ -115,7 +115,7 @@ fn logits(rows: usize, experts: usize, seed: u64) -> Vec<f32> {
 }
 
 /// The router (`deltafin_route`) against `Moe::route`: sigmoid with bias and groups, softmax,
-/// renormalised or not, ties in the logits.
+/// renormalised or not, gpt-oss's softmax over the chosen logits (scaled), ties in the logits.
 pub fn routing(run: Runner) {
     let cases = [
         (16, true, Scoring::Sigmoid, 4, 2, 4, true, 2.5),
@@ -123,6 +123,8 @@ pub fn routing(run: Runner) {
         (12, false, Scoring::Softmax, 1, 1, 3, true, 1.0),
         (10, false, Scoring::Softmax, 1, 1, 4, false, 1.0),
         (9, true, Scoring::Sigmoid, 1, 1, 9, false, 1.5),
+        (32, false, Scoring::TopKSoftmax, 1, 1, 4, false, 1.0),
+        (8, false, Scoring::TopKSoftmax, 1, 1, 3, true, 2.0),
     ];
     for (c, &(e, biased, scoring, n_group, topk_group, top_k, norm, scaling)) in cases.iter().enumerate() {
         let rows = 37;

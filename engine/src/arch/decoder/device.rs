@@ -1,4 +1,4 @@
-//! Whole passes of the shared decoder on a device, for stacks of MLA and KDA layers
+//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA and KDA layers
 //! (DeepSeek-V3, Kimi-K2, Kimi-Linear): activations, latent caches and recurrent states stay on
 //! the device; tokens go in, the last row's logits come out (`model::layers::device`). Out of
 //! core, routed experts come from the expert store (host cache, then disk) and are uploaded
@@ -6,7 +6,9 @@
 //! (their matrix products still run on the device through `backend::matmul`).
 
 use super::super::Model;
-use super::super::layers::device::{self, DeviceKda, DeviceKdaState, DeviceMla, DeviceMlaCache, OnDevice};
+use super::super::layers::device::{
+    self, DeviceKda, DeviceKdaState, DeviceKvCache, DeviceMla, DeviceMlaCache, OnDevice,
+};
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
 use super::{Decoder, Layer, Mixer, Residual, missing_res};
@@ -15,6 +17,7 @@ use crate::error::{Error, Result};
 
 /// One layer's mixer on the device: its constants and the sequence's state.
 enum DeviceMixer<B> {
+    Attention(DeviceKvCache<B>),
     Mla(DeviceMla<B>, DeviceMlaCache<B>),
     Kda(DeviceKda<B>, DeviceKdaState<B>),
 }
@@ -43,11 +46,12 @@ impl<B> DeviceMixer<B> {
                 DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache)
             }
             Mixer::Kda(k) => DeviceMixer::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
-            Mixer::Attention(_) | Mixer::DeltaNet(_) | Mixer::Compressed(_) => {
+            Mixer::Attention(g) => DeviceMixer::Attention(DeviceKvCache::new(dev, g, capacity)?),
+            Mixer::DeltaNet(_) | Mixer::Compressed(_) => {
                 return Err(Error::InvalidArgument {
                     field: "device",
                     reason: format!(
-                        "{} has no whole-pass device path (stacks of MLA and KDA layers do)",
+                        "{} has no whole-pass device path (stacks of grouped-query attention, MLA and KDA layers do)",
                         model.info().arch
                     ),
                 });
@@ -58,6 +62,7 @@ impl<B> DeviceMixer<B> {
     /// `mixer` over `n` normalised rows, advancing the state.
     fn run<D: DeviceOps<Buf = B>>(&mut self, dev: &D, mixer: &Mixer, x: &B, n: usize) -> Result<B> {
         match (mixer, self) {
+            (Mixer::Attention(g), DeviceMixer::Attention(cache)) => device::gqa(dev, g, x, n, cache),
             (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => device::mla(dev, (m, c), x, n, cache),
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::kda(dev, (k, c), x, n, st),
             _ => Err(Error::InvalidArgument {

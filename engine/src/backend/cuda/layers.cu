@@ -124,9 +124,15 @@ __device__ __forceinline__ bool df_ranks_before(float a, int ia, float b, int ib
 
 #define DF_SCORE_SIGMOID 0
 #define DF_SCORE_SOFTMAX 1
+#define DF_SCORE_TOPK_SOFTMAX 2  // gpt-oss: top-k of the logits, softmax over the chosen
 
-// Router scores (sigmoid or f32 softmax over the row) into s; the selection scores into c.
+// Router scores (sigmoid, f32 softmax over the row, or the logits themselves) into s; the
+// selection scores into c.
 __device__ void df_router_scores(const float* l, const float* bias, float* s, float* c, int e, int scoring) {
+    if (scoring == DF_SCORE_TOPK_SOFTMAX) {
+        for (int j = 0; j < e; ++j) s[j] = c[j] = l[j];
+        return;
+    }
     if (scoring == DF_SCORE_SIGMOID) {
         for (int j = 0; j < e; ++j) s[j] = df_sigmoid(l[j]);
     } else {
@@ -187,8 +193,9 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_route(LayerPar
     float* s = (float*)p.buf[4] + (u64)r * (u64)(3 * e + n_group);
     float* c = s + e;
     float* allowed = c + e;
+    const bool topk_softmax = scoring == DF_SCORE_TOPK_SOFTMAX;
     df_router_scores(l, (const float*)p.buf[1], s, c, e, scoring);
-    df_router_groups(c, allowed, allowed + e, e, n_group, topk_group);
+    df_router_groups(c, allowed, allowed + e, e, topk_softmax ? 1 : n_group, topk_group);
     int picked = 0;
     for (; picked < top_k; ++picked) {
         int best = -1;
@@ -205,7 +212,16 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_route(LayerPar
         ids[t] = -1;
         wts[t] = 0.0f;
     }
-    if (norm) {
+    if (topk_softmax) {
+        // The softmax over the chosen logits in selection order (moe.rs::top_k_softmax).
+        float max = __uint_as_float(0xff800000u), sum = -0.0f;
+        for (int t = 0; t < picked; ++t) max = fmaxf(max, wts[t]);
+        for (int t = 0; t < picked; ++t) {
+            wts[t] = df_exp(__fsub_rn(wts[t], max));
+            sum = __fadd_rn(sum, wts[t]);
+        }
+        for (int t = 0; t < picked; ++t) wts[t] = __fdiv_rn(wts[t], sum);
+    } else if (norm) {
         float denom = -0.0f;  // Rust's f32 sum starts from -0.0
         for (int t = 0; t < picked; ++t) denom = __fadd_rn(denom, wts[t]);
         denom = __fadd_rn(denom, 1e-20f);

@@ -1,5 +1,6 @@
-//! The attention cores on a device, around the layers' written-once projections (`Mla::run`,
-//! `Kda::run` over [`OnDevice`]): absorbed MLA with its latent cache (rows appended, absorbed
+//! The attention cores on a device, around the layers' written-once projections (`Gqa::run`,
+//! `Mla::run`, `Kda::run` over [`OnDevice`]): grouped-query attention with its key/value cache,
+//! absorbed MLA with its latent cache (rows appended, absorbed
 //! queries, one block or every block then the ascending merge, the value projection) and KDA
 //! with its recurrent state (convolution, L2 norms, gates, the delta rule, the gated norm), and
 //! the last row's logits. Every activation stays in device buffers; each operation launches the
@@ -9,6 +10,7 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
+use super::gqa::Gqa;
 use super::kda::Kda;
 use super::mla::{Mla, MlaProjected};
 pub use super::on_device::OnDevice;
@@ -124,6 +126,80 @@ fn mla_core<D: DeviceOps>(
     let attn = dev.zeros_f32(n * d.heads * d.v)?;
     dev.layer(&abi::mla_values(n, d), &[Some(wkv), Some(&ctx), Some(&attn)])?;
     Ok(attn)
+}
+
+/// One sequence's key/value cache of a grouped-query attention layer on the device: rotated
+/// keys and values of `capacity` positions, the first `len` filled.
+#[derive(Debug)]
+pub struct DeviceKvCache<B> {
+    pub k: B,
+    pub v: B,
+    pub len: usize,
+    pub capacity: usize,
+}
+
+impl<B> DeviceKvCache<B> {
+    /// An empty cache of `capacity` positions for `g`'s key/value heads.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, g: &Gqa, capacity: usize) -> Result<Self> {
+        let kw = g.dims().kv_heads * g.dims().head_dim;
+        Ok(DeviceKvCache {
+            k: dev.zeros_f32(capacity * kw)?,
+            v: dev.zeros_f32(capacity * kw)?,
+            len: 0,
+            capacity,
+        })
+    }
+}
+
+/// Grouped-query attention over `n` normalised rows of one sequence at positions
+/// `cache.len..`: the layer's written-once projections (`Gqa::run`) around the device's core,
+/// which appends the rows' keys and values to `cache` and attends (`deltafin_gqa_attend`: the
+/// CPU's order, sinks and window).
+pub fn gqa<D: DeviceOps>(
+    dev: &D,
+    g: &Gqa,
+    x: &D::Buf,
+    n: usize,
+    cache: &mut DeviceKvCache<D::Buf>,
+) -> Result<D::Buf> {
+    let start = cache.len;
+    if start + n > cache.capacity {
+        return Err(crate::Error::ContextOverflow {
+            needed: start + n,
+            limit: cache.capacity,
+        });
+    }
+    let pos: Vec<usize> = (start..start + n).collect();
+    let d = g.dims();
+    let launch = abi::gqa_attend(n, (d.heads, d.kv_heads, d.head_dim), g.scale())?;
+    g.run(&OnDevice(dev), x, n, &pos, |p| {
+        let kw = d.kv_heads * d.head_dim;
+        let rows = RowSlice { stride: kw, col: 0 };
+        let at = dev.upload_i32(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>())?;
+        copy_rows(dev, (&p.k, rows, None), (&cache.k, rows, Some(&at)), n, kw)?;
+        copy_rows(dev, (&p.v, rows, None), (&cache.v, rows, Some(&at)), n, kw)?;
+        cache.len += n;
+        let info: Vec<i32> = pos
+            .iter()
+            .flat_map(|&p| {
+                let (s, e) = g.seen(p);
+                [s as i32, e as i32]
+            })
+            .collect();
+        let info = dev.upload_i32(&info)?;
+        let sinks = g.sinks().map(|s| dev.upload_f32(s)).transpose()?;
+        let out = dev.zeros_f32(n * d.heads * d.head_dim)?;
+        let bufs = [
+            Some(&p.q),
+            Some(&cache.k),
+            Some(&cache.v),
+            sinks.as_ref(),
+            Some(&info),
+            Some(&out),
+        ];
+        dev.layer(&launch, &bufs)?;
+        Ok(out)
+    })
 }
 
 /// One sequence's KDA state on the device: the convolution history and the per-head state.

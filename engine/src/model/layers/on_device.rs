@@ -226,7 +226,8 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
     }
 
     fn route(&self, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
-        route(self.0, m, logits, n, tokens)
+        let _ = tokens; // only hash routing reads the rows' ids
+        route(self, m, logits, n)
     }
 
     fn routed(
@@ -241,17 +242,20 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
     }
 }
 
-/// The router kernel's routes (router order) of `n` rows' `logits`.
-fn route<D: DeviceOps>(dev: &D, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
-    let (e, r) = (m.gate.rows, &m.router);
-    if !m.logit_bias.is_empty() || m.hash.is_some() {
-        let _ = tokens;
+/// The router kernel's routes (router order) of `n` rows' `logits` (the router's own logit
+/// bias added first, as the CPU does). Hash routing (DeepSeek-V4) has no device form.
+fn route<D: DeviceOps>(o: &OnDevice<'_, D>, m: &Moe, logits: D::Buf, n: usize) -> Result<Routes> {
+    let (dev, e, r) = (o.0, m.gate.rows, &m.router);
+    if m.hash.is_some() {
         return Err(Error::InvalidArgument {
             field: "device",
-            reason: "the device router has no logit bias or hash routing (the model runs on the CPU path)"
-                .into(),
+            reason: "the device router has no hash routing (the model runs on the CPU path)".into(),
         });
     }
+    let logits = match m.logit_bias.is_empty() {
+        true => logits,
+        false => o.add_rows(logits, &m.logit_bias, n, e)?,
+    };
     let (ids, weights) = (dev.zeros(4 * n * r.top_k)?, dev.zeros_f32(n * r.top_k)?);
     let scratch = dev.zeros_f32(abi::route_scratch(n, e, r.n_group))?;
     let bias = match m.bias.is_empty() {
