@@ -137,13 +137,19 @@ fn per_thread(items: usize) -> usize {
 /// RMSNorm of `rows` rows of `width` (buffers: x, weight, out, and optionally a gate: then
 /// `out = (w·(x·inv))·σ(gate)`, KDA's gated norm with rows = tokens × heads).
 pub fn rms_norm(rows: usize, width: usize, eps: f32) -> LayerLaunch {
+    gated_rms_norm(rows, width, eps, false)
+}
+
+/// [`rms_norm`] with a gate buffer (fourth) of sigmoid (KDA) or, with `silu`, SiLU (gated
+/// DeltaNet) activations multiplied in.
+pub fn gated_rms_norm(rows: usize, width: usize, eps: f32, silu: bool) -> LayerLaunch {
     let block = [crate::kernels::LANES as u32, NORM_ROWS, 1];
     let blocks = rows.div_ceil(NORM_ROWS as usize);
     launch(
         "deltafin_rms_norm",
         blocks,
         block,
-        &[rows as i32, width as i32],
+        &[rows as i32, width as i32, silu as i32],
         &[eps],
     )
 }
@@ -375,14 +381,19 @@ pub fn kda_l2(
 }
 
 /// KDA log-decay and β of `n` rows of `channels` (buffers: f, dt_bias, rate, β logits, g out,
-/// β out).
-pub fn kda_gates(n: usize, channels: usize, heads: usize, decay: crate::config::KdaDecay) -> LayerLaunch {
+/// β out); `f` holds one value per `group` channels (1: KDA; the head width: gated DeltaNet).
+pub fn kda_gates(
+    n: usize,
+    (channels, group): (usize, usize),
+    heads: usize,
+    decay: crate::config::KdaDecay,
+) -> LayerLaunch {
     use crate::config::KdaDecay;
     let (kind, bound) = match decay {
         KdaDecay::Softplus => (0, 0.0),
         KdaDecay::LowerBound(b) => (1, b),
     };
-    let ints = [n as i32, channels as i32, heads as i32, kind];
+    let ints = [n as i32, channels as i32, heads as i32, kind, group as i32];
     launch(
         "deltafin_kda_gates",
         per_thread(n * channels),

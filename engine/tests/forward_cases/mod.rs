@@ -206,14 +206,25 @@ pub fn out_of_core_generation_matches_the_cpu<D: DeviceOps>(dev: &D) {
     );
 }
 
-/// The HF-generated fixtures of the grouped-query attention families, loaded as `deltafin`
-/// loads them: Qwen3 (dense, per-head q/k norms), Qwen3-MoE (softmax routing), GLM-4.5
-/// (partial rotary, biases, sigmoid routing with a shared expert, block FP8) and MiniMax-M2
-/// (whole-projection q/k norms, block FP8) and gpt-oss (sinks, sliding-window layers, top-k
-/// softmax routing, interleaved MXFP4 experts with biases, clamped SwiGLU): a 6-token prefill and
-/// two decode steps each.
+/// The HF-generated fixtures of the grouped-query attention and gated DeltaNet families, loaded
+/// as `deltafin` loads them: Qwen3 (dense, per-head q/k norms), Qwen3-MoE (softmax routing),
+/// GLM-4.5 (partial rotary, biases, sigmoid routing with a shared expert, block FP8),
+/// MiniMax-M2 (whole-projection q/k norms, block FP8), gpt-oss (sinks, sliding-window layers,
+/// top-k softmax routing, interleaved MXFP4 experts with biases, clamped SwiGLU), Qwen3-Next
+/// (fused gated-DeltaNet projections, gated attention, a gated shared expert) and Qwen3.5-MoE
+/// (split DeltaNet projections; BF16 and block FP8): a 6-token prefill and two decode steps each.
 pub fn gqa_families_match_the_cpu<D: DeviceOps>(dev: &D) {
-    for name in ["qwen3", "qwen3-moe", "glm4-moe-fp8", "minimax-m2-fp8", "gpt-oss"] {
+    let families = [
+        "qwen3",
+        "qwen3-moe",
+        "glm4-moe-fp8",
+        "minimax-m2-fp8",
+        "gpt-oss",
+        "qwen3-next",
+        "qwen3.5-moe",
+        "qwen3.5-moe-fp8",
+    ];
+    for name in families {
         let model = deltafin_engine::arch::load(&fixture(name)).unwrap();
         let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % 200).collect();
         let mut seq = device_sequence(model.as_ref(), dev, 16).unwrap();

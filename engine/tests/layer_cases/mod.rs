@@ -384,7 +384,7 @@ pub fn kda(run: Runner) {
             vec![0; 4 * n * p],
             vec![0; 4 * n * heads],
         ];
-        let out = run_on(run, &abi::kda_gates(n, p, heads, decay), &bufs);
+        let out = run_on(run, &abi::kda_gates(n, (p, 1), heads, decay), &bufs);
         assert_same(&want, &floats(&out[4]), &format!("kda log-decay {decay:?}"));
         assert_same(&beta, &floats(&out[5]), "kda beta");
         g = want;

@@ -1,4 +1,4 @@
-//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA and KDA layers
+//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA, KDA and gated DeltaNet layers
 //! (DeepSeek-V3, Kimi-K2, Kimi-Linear): activations, latent caches and recurrent states stay on
 //! the device; tokens go in, the last row's logits come out (`model::layers::device`). Out of
 //! core, routed experts come from the expert store (host cache, then disk) and are uploaded
@@ -7,7 +7,7 @@
 
 use super::super::Model;
 use super::super::layers::device::{
-    self, DeviceKda, DeviceKdaState, DeviceKvCache, DeviceMla, DeviceMlaCache, OnDevice,
+    self, DeviceDelta, DeviceKdaState, DeviceKvCache, DeviceMla, DeviceMlaCache, OnDevice,
 };
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 enum DeviceMixer<B> {
     Attention(DeviceKvCache<B>),
     Mla(DeviceMla<B>, DeviceMlaCache<B>),
-    Kda(DeviceKda<B>, DeviceKdaState<B>),
+    Kda(DeviceDelta<B>, DeviceKdaState<B>),
+    DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
 }
 
 impl<B> DeviceMixer<B> {
@@ -45,13 +46,17 @@ impl<B> DeviceMixer<B> {
                 };
                 DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache)
             }
-            Mixer::Kda(k) => DeviceMixer::Kda(DeviceKda::new(dev, k)?, DeviceKdaState::new(dev, k)?),
+            Mixer::Kda(k) => DeviceMixer::Kda(DeviceDelta::kda(dev, k)?, DeviceKdaState::new(dev, k.shape)?),
+            Mixer::DeltaNet(g) => {
+                let state = DeviceKdaState::new(dev, g.shape)?;
+                DeviceMixer::DeltaNet(DeviceDelta::gated_deltanet(dev, g)?, state)
+            }
             Mixer::Attention(g) => DeviceMixer::Attention(DeviceKvCache::new(dev, g, capacity)?),
-            Mixer::DeltaNet(_) | Mixer::Compressed(_) => {
+            Mixer::Compressed(_) => {
                 return Err(Error::InvalidArgument {
                     field: "device",
                     reason: format!(
-                        "{} has no whole-pass device path (stacks of grouped-query attention, MLA and KDA layers do)",
+                        "{} has no whole-pass device path (stacks of grouped-query attention, MLA, KDA and gated DeltaNet layers do)",
                         model.info().arch
                     ),
                 });
@@ -65,6 +70,9 @@ impl<B> DeviceMixer<B> {
             (Mixer::Attention(g), DeviceMixer::Attention(cache)) => device::gqa(dev, g, x, n, cache),
             (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => device::mla(dev, (m, c), x, n, cache),
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::kda(dev, (k, c), x, n, st),
+            (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => {
+                device::gated_deltanet(dev, (g, c), x, n, st)
+            }
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device session was opened on".into(),

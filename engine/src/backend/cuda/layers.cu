@@ -36,7 +36,8 @@ __device__ __forceinline__ float df_lane_sum(float v) {
 }
 
 // RMSNorm of `rows` rows of `width`: buf x, weight, out (may equal x), gate (optional: then
-// out = (w * (x * inv)) * sigmoid(gate), KDA's gated norm); i rows, width; f eps.
+// out = (w * (x * inv)) * act(gate), KDA's sigmoid or gated DeltaNet's SiLU gated norm); i rows,
+// width, gate activation (0 sigmoid, 1 SiLU); f eps.
 extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_norm(LayerParams p) {
     const float* x = (const float*)p.buf[0];
     const float* w = (const float*)p.buf[1];
@@ -59,7 +60,8 @@ extern "C" __global__ void __launch_bounds__(LANES * DF_NORM_ROWS) deltafin_rms_
     const float* gate = p.buf[3] ? (const float*)p.buf[3] + (u64)r * (u64)width : 0;
     for (int k = lane; k < width; k += LANES) {
         const float y = __fmul_rn(w[k], __fmul_rn(xr[k], inv));
-        o[k] = gate ? __fmul_rn(y, df_sigmoid(gate[k])) : y;
+        // i[2]: the gate's activation, 0 sigmoid (KDA), 1 SiLU (gated DeltaNet: g * sigmoid(g)).
+        o[k] = !gate ? y : __fmul_rn(y, p.i[2] ? __fmul_rn(gate[k], df_sigmoid(gate[k])) : df_sigmoid(gate[k]));
     }
 }
 
@@ -468,8 +470,8 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_l2(LayerPa
 #define DF_DECAY_SOFTPLUS 0     // g = -rate * softplus(f)
 #define DF_DECAY_LOWER_BOUND 1  // g = bound * sigmoid(rate * f)
 
-// Log-decay and beta: buf f [n, P], dt_bias [P], rate [P], beta logits [n, heads], g out [n, P],
-// beta out [n, heads]; i n, P, heads, decay kind; f bound. One thread per element of f.
+// Log-decay and beta: buf f [n, P / group], dt_bias [P], rate [P], beta logits [n, heads], g out
+// [n, P], beta out [n, heads]; i n, P, heads, decay kind, group; f bound. One thread per channel.
 extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_gates(LayerParams p) {
     const int n = p.i[0], ch = p.i[1], heads = p.i[2];
     const u64 e = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
@@ -478,7 +480,10 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_kda_gates(Laye
     }
     if (e >= (u64)n * (u64)ch) return;
     const u64 c = e % (u64)ch;
-    const float f = __fadd_rn(((const float*)p.buf[0])[e], ((const float*)p.buf[1])[c]);
+    // f holds one value per channel (KDA) or per group of i[4] channels (gated DeltaNet: per head).
+    const u64 group = p.i[4] > 1 ? (u64)p.i[4] : 1;
+    const u64 fi = e / (u64)ch * ((u64)ch / group) + c / group;
+    const float f = __fadd_rn(((const float*)p.buf[0])[fi], ((const float*)p.buf[1])[c]);
     const float rate = ((const float*)p.buf[2])[c];
     ((float*)p.buf[4])[e] = p.i[3] == DF_DECAY_SOFTPLUS ? __fmul_rn(-rate, df_softplus(f))
                                                        : __fmul_rn(p.f[0], df_sigmoid(__fmul_rn(rate, f)));

@@ -10,8 +10,9 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
+use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
-use super::kda::Kda;
+use super::kda::{Kda, KdaProjected, L2Norm};
 use super::mla::{Mla, MlaProjected};
 pub use super::on_device::OnDevice;
 use super::on_device::{copy_rows, rms_norm};
@@ -19,9 +20,11 @@ use super::ops::Ops;
 use crate::backend::WeightClass;
 use crate::backend::abi::{self, RowSlice};
 use crate::backend::device::DeviceOps;
+use crate::config::KdaDecay;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
+use crate::state::KdaShape;
 
 /// One sequence's MLA cache on the device: normalised latents and rotated shared keys of
 /// `capacity` positions, the first `len` filled.
@@ -210,9 +213,8 @@ pub struct DeviceKdaState<B> {
 }
 
 impl<B> DeviceKdaState<B> {
-    /// A fresh (zero) state, as a new CPU sequence has.
-    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, k: &Kda) -> Result<Self> {
-        let s = k.shape;
+    /// A fresh (zero) state of a delta-rule layer of shape `s`, as a new CPU sequence has.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, s: KdaShape) -> Result<Self> {
         Ok(DeviceKdaState {
             conv: dev.zeros_f32(s.conv_len())?,
             state: dev.zeros_f32(s.heads * s.head_dim * s.head_dim)?,
@@ -220,58 +222,112 @@ impl<B> DeviceKdaState<B> {
     }
 }
 
-/// A KDA layer's device-resident constants.
+/// A delta-rule layer's (KDA or gated DeltaNet) device-resident constants and how its core
+/// reads them.
 #[derive(Debug)]
-pub struct DeviceKda<B> {
+pub struct DeviceDelta<B> {
     conv: B,
     dt_bias: B,
     rate: B,
     o_norm: B,
+    shape: KdaShape,
+    l2: L2Norm,
+    q_scale: f32,
+    decay: KdaDecay,
+    eps: f32,
+    /// Gated DeltaNet: the decay input `a` is per head and the norm gate is SiLU (KDA: per
+    /// channel, sigmoid).
+    per_head: bool,
 }
 
-impl<B> DeviceKda<B> {
-    /// Upload `k`'s constants.
-    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, k: &Kda) -> Result<Self> {
-        Ok(DeviceKda {
+impl<B> DeviceDelta<B> {
+    /// Upload KDA layer `k`'s constants.
+    pub fn kda<D: DeviceOps<Buf = B>>(dev: &D, k: &Kda) -> Result<Self> {
+        Ok(DeviceDelta {
             conv: dev.upload_f32(&k.conv)?,
             dt_bias: dev.upload_f32(&k.dt_bias)?,
             rate: dev.upload_f32(&k.decay_rate)?,
             o_norm: dev.upload_f32(&k.o_norm)?,
+            shape: k.shape,
+            l2: k.l2,
+            q_scale: k.q_scale,
+            decay: k.decay,
+            eps: k.eps,
+            per_head: false,
+        })
+    }
+
+    /// Upload gated-DeltaNet layer `g`'s constants.
+    pub fn gated_deltanet<D: DeviceOps<Buf = B>>(dev: &D, g: &GatedDeltaNet) -> Result<Self> {
+        Ok(DeviceDelta {
+            conv: dev.upload_f32(&g.conv)?,
+            dt_bias: dev.upload_f32(&g.dt_bias)?,
+            rate: dev.upload_f32(&g.decay_rate)?,
+            o_norm: dev.upload_f32(&g.norm)?,
+            shape: g.shape,
+            l2: g.l2(),
+            q_scale: g.q_scale(),
+            decay: KdaDecay::Softplus,
+            eps: g.eps,
+            per_head: true,
         })
     }
 }
 
-/// KDA over `n` normalised rows of one sequence, advancing its state: the layer's
-/// written-once projections (`Kda::run`) around the device's core (convolution with the device
-/// history, L2 norms, gates, the delta rule on the device state, gated norm).
+/// KDA over `n` normalised rows of one sequence, advancing its state: the layer's written-once
+/// projections (`Kda::run`) around the device's delta-rule core.
 pub fn kda<D: DeviceOps>(
     dev: &D,
-    (k, c): (&Kda, &DeviceKda<D::Buf>),
+    (k, c): (&Kda, &DeviceDelta<D::Buf>),
     x: &D::Buf,
     n: usize,
     st: &mut DeviceKdaState<D::Buf>,
 ) -> Result<D::Buf> {
-    k.run(&OnDevice(dev), x, n, |p| {
-        let s = k.shape;
-        let (p_ch, heads, hd) = (s.channels(), s.heads, s.head_dim);
-        let seq_rows = dev.upload_i32(&[0, n as i32])?;
-        let row_ids = dev.upload_i32(&(0..n as i32).collect::<Vec<_>>())?;
-        let qkv = dev.zeros_f32(n * 3 * p_ch)?;
-        let conv = abi::kda_conv(1, 3 * p_ch, s.kernel);
-        let bufs = [&p.qkv, &c.conv, &st.conv, &seq_rows, &row_ids, &qkv].map(Some);
-        dev.layer(&conv, &bufs)?;
-        dev.layer(&abi::kda_l2(n, heads, hd, k.l2, k.q_scale), &[Some(&qkv)])?;
-        let (g, beta) = (dev.zeros_f32(n * p_ch)?, dev.zeros_f32(n * heads)?);
-        let bufs = [&p.f, &c.dt_bias, &c.rate, &p.beta, &g, &beta].map(Some);
-        dev.layer(&abi::kda_gates(n, p_ch, heads, k.decay), &bufs)?;
-        let o = dev.zeros_f32(n * p_ch)?;
-        let bufs = [&st.state, &qkv, &g, &beta, &seq_rows, &row_ids, &o].map(Some);
-        dev.layer(&abi::kda_recurrence(1, heads, hd)?, &bufs)?;
-        let normed = dev.zeros_f32(n * p_ch)?;
-        let bufs = [&o, &c.o_norm, &normed, &p.gate].map(Some);
-        dev.layer(&abi::rms_norm(n * heads, hd, k.eps), &bufs)?;
-        Ok(normed)
-    })
+    k.run(&OnDevice(dev), x, n, |p| delta_core(dev, c, p, n, st))
+}
+
+/// Gated DeltaNet over `n` normalised rows of one sequence, advancing its state: the layer's
+/// written-once projections (`GatedDeltaNet::run`) around the device's delta-rule core.
+pub fn gated_deltanet<D: DeviceOps>(
+    dev: &D,
+    (g, c): (&GatedDeltaNet, &DeviceDelta<D::Buf>),
+    x: &D::Buf,
+    n: usize,
+    st: &mut DeviceKdaState<D::Buf>,
+) -> Result<D::Buf> {
+    g.run(&OnDevice(dev), x, n, |p| delta_core(dev, c, p, n, st))
+}
+
+/// The device's delta-rule core over one sequence's `n` rows: the convolution with the device
+/// history, L2 norms and q scale, the log-decay and β, the delta rule on the device state and
+/// the gated norm (the read-out `[n, P]`).
+fn delta_core<D: DeviceOps>(
+    dev: &D,
+    c: &DeviceDelta<D::Buf>,
+    p: KdaProjected<D::Buf>,
+    n: usize,
+    st: &mut DeviceKdaState<D::Buf>,
+) -> Result<D::Buf> {
+    let s = c.shape;
+    let (ch, heads, hd) = (s.channels(), s.heads, s.head_dim);
+    let seq_rows = dev.upload_i32(&[0, n as i32])?;
+    let row_ids = dev.upload_i32(&(0..n as i32).collect::<Vec<_>>())?;
+    let qkv = dev.zeros_f32(n * 3 * ch)?;
+    let conv = abi::kda_conv(1, 3 * ch, s.kernel);
+    let bufs = [&p.qkv, &c.conv, &st.conv, &seq_rows, &row_ids, &qkv].map(Some);
+    dev.layer(&conv, &bufs)?;
+    dev.layer(&abi::kda_l2(n, heads, hd, c.l2, c.q_scale), &[Some(&qkv)])?;
+    let (g, beta) = (dev.zeros_f32(n * ch)?, dev.zeros_f32(n * heads)?);
+    let bufs = [&p.f, &c.dt_bias, &c.rate, &p.beta, &g, &beta].map(Some);
+    let group = if c.per_head { hd } else { 1 };
+    dev.layer(&abi::kda_gates(n, (ch, group), heads, c.decay), &bufs)?;
+    let o = dev.zeros_f32(n * ch)?;
+    let bufs = [&st.state, &qkv, &g, &beta, &seq_rows, &row_ids, &o].map(Some);
+    dev.layer(&abi::kda_recurrence(1, heads, hd)?, &bufs)?;
+    let normed = dev.zeros_f32(n * ch)?;
+    let bufs = [&o, &c.o_norm, &normed, &p.gate].map(Some);
+    dev.layer(&abi::gated_rms_norm(n * heads, hd, c.eps, c.per_head), &bufs)?;
+    Ok(normed)
 }
 
 /// The last of `n` hidden rows (`h` wide) through the final norm and the head: its logits,

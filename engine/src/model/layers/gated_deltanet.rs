@@ -21,8 +21,9 @@
 //! matrices), its replay for partial commits and its prefix checkpoints are KDA's, so a prefill is
 //! bit-identical to token-by-token decoding whatever the split, and prefixes are reused.
 
-use super::kda::{DeltaCore, GateActivation, KdaRows, L2Norm, Projections};
-use crate::backend::matmul;
+use super::kda::{DeltaCore, GateActivation, KdaProjected, KdaRows, L2Norm, Projections};
+use super::ops::{Host, Ops};
+use crate::backend::WeightClass;
 use crate::config::KdaDecay;
 use crate::error::Result;
 use crate::kernels::Matrix;
@@ -161,109 +162,106 @@ impl GatedDeltaNet {
         out
     }
 
-    /// Attention output `[n, hidden]` for normalised rows `x`, advancing each row's sequence
-    /// state (rows of one sequence are consecutive positions, in order).
-    pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
-        let proj = self.project(x, n);
-        let core = DeltaCore {
+    /// The layer over `n` normalised rows `x` on `o`'s device, written once: the projections
+    /// rearranged into the shared recurrence's layout ([`KdaProjected`]: raw `[q | k | v]`
+    /// widened to value heads, `a` per head (before `dt_bias`), the `b` logits per head and `z`)
+    /// go to the device's delta-rule `core` (the read-out `[n, P]`), then `out_proj`.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        let s = self.shape;
+        let (d, hv, hk, r) = (s.head_dim, s.heads, self.key_heads, self.group());
+        let (p, key_dim, spine) = (s.channels(), self.key_heads * d, WeightClass::Spine);
+        let projected = match &self.proj {
+            GdnProjection::Fused { qkvz, ba } => {
+                // Rows grouped per key head: [q_h, k_h, v_{h·r..}, z_{h·r..}] and [b_{h·r..}, a_{h·r..}].
+                let (qkvz, ba) = (o.project(qkvz, spine, x, n)?, o.project(ba, spine, x, n)?);
+                let (group, width) = (2 * d + 2 * r * d, 2 * key_dim + 2 * p);
+                let at = |h: usize, col: usize, w: usize| (&qkvz, (width, h * group + col, w));
+                let mut qkv: Vec<_> = (0..hv).map(|vh| at(vh / r, 0, d)).collect();
+                qkv.extend((0..hv).map(|vh| at(vh / r, d, d)));
+                qkv.extend((0..hk).map(|h| at(h, 2 * d, r * d)));
+                let z: Vec<_> = (0..hk).map(|h| at(h, 2 * d + r * d, r * d)).collect();
+                let b: Vec<_> = (0..hk).map(|h| (&ba, (2 * hv, h * 2 * r, r))).collect();
+                let a: Vec<_> = (0..hk).map(|h| (&ba, (2 * hv, h * 2 * r + r, r))).collect();
+                KdaProjected {
+                    qkv: o.assemble(n, &qkv)?,
+                    f: o.assemble(n, &a)?,
+                    beta: o.assemble(n, &b)?,
+                    gate: o.assemble(n, &z)?,
+                }
+            }
+            GdnProjection::Split { qkv, z, b, a } => {
+                let qkv = o.project(qkv, spine, x, n)?;
+                let width = 2 * key_dim + p;
+                let mut parts: Vec<_> = (0..hv).map(|vh| (&qkv, (width, (vh / r) * d, d))).collect();
+                parts.extend((0..hv).map(|vh| (&qkv, (width, key_dim + (vh / r) * d, d))));
+                parts.push((&qkv, (width, 2 * key_dim, p)));
+                KdaProjected {
+                    qkv: o.assemble(n, &parts)?,
+                    f: o.project(a, spine, x, n)?,
+                    beta: o.project(b, spine, x, n)?,
+                    gate: o.project(z, spine, x, n)?,
+                }
+            }
+        };
+        let read = core(projected)?;
+        o.project(&self.out, spine, &read, n)
+    }
+
+    /// The recurrence's constants (KDA's core with DeltaNet's norms, decay and gate).
+    fn core(&self) -> DeltaCore<'_> {
+        DeltaCore {
             shape: self.shape,
             conv: &self.conv,
-            l2: L2Norm::EpsInside(L2_EPS),
-            q_scale: 1.0 / (self.shape.head_dim as f32).sqrt(),
+            l2: self.l2(),
+            q_scale: self.q_scale(),
             decay_rate: &self.decay_rate,
             decay: KdaDecay::Softplus,
             o_norm: &self.norm,
             eps: self.eps,
             gate: GateActivation::Silu,
-        };
-        let o = core.run(&proj, n, rows);
-        let mut y = vec![0.0f32; n * self.out.rows];
-        matmul(&self.out, &o, n, &mut y);
-        y
+        }
     }
 
-    /// The recurrence's inputs per row: raw `[q | k | v]` widened to value heads, the decay input
-    /// `a + dt_bias` and `β` logits per head widened to channels, and `z`.
-    fn project(&self, x: &[f32], n: usize) -> Projections {
-        let s = self.shape;
-        let (d, hv, r) = (s.head_dim, s.heads, self.group());
-        let p = s.channels();
-        let key_dim = self.key_heads * d;
-        let mm = |m: &Matrix| {
-            let mut y = vec![0.0f32; n * m.rows];
-            matmul(m, x, n, &mut y);
-            y
-        };
-        let mut out = Projections {
-            qkv: Vec::with_capacity(n * 3 * p),
-            f: Vec::with_capacity(n * p),
-            beta: Vec::with_capacity(n * hv),
-            gate: Vec::with_capacity(n * p),
-        };
-        // Per row: q and k per key head, v, z, b, a per value head, in standard head order.
-        let mut a = vec![0.0f32; hv];
-        let mut q = vec![0.0f32; key_dim];
-        let mut k = vec![0.0f32; key_dim];
-        let mut v = vec![0.0f32; p];
-        let mut z = vec![0.0f32; p];
-        let mut b = vec![0.0f32; hv];
-        match &self.proj {
-            GdnProjection::Fused { qkvz, ba } => {
-                let (qkvz, ba) = (mm(qkvz), mm(ba));
-                let (group, width) = (2 * d + 2 * r * d, 2 * key_dim + 2 * p);
-                for i in 0..n {
-                    let row = &qkvz[i * width..(i + 1) * width];
-                    let rba = &ba[i * 2 * hv..(i + 1) * 2 * hv];
-                    for h in 0..self.key_heads {
-                        let g = &row[h * group..(h + 1) * group];
-                        q[h * d..(h + 1) * d].copy_from_slice(&g[..d]);
-                        k[h * d..(h + 1) * d].copy_from_slice(&g[d..2 * d]);
-                        v[h * r * d..(h + 1) * r * d].copy_from_slice(&g[2 * d..2 * d + r * d]);
-                        z[h * r * d..(h + 1) * r * d].copy_from_slice(&g[2 * d + r * d..]);
-                        b[h * r..(h + 1) * r].copy_from_slice(&rba[h * 2 * r..h * 2 * r + r]);
-                        a[h * r..(h + 1) * r].copy_from_slice(&rba[h * 2 * r + r..(h + 1) * 2 * r]);
-                    }
-                    self.push_row(&mut out, [&q, &k, &v, &z], &b, &a);
-                }
-            }
-            GdnProjection::Split {
-                qkv,
-                z: zm,
-                b: bm,
-                a: am,
-            } => {
-                let (qkv, zs, bs, as_) = (mm(qkv), mm(zm), mm(bm), mm(am));
-                let width = 2 * key_dim + p;
-                for i in 0..n {
-                    let row = &qkv[i * width..(i + 1) * width];
-                    q.copy_from_slice(&row[..key_dim]);
-                    k.copy_from_slice(&row[key_dim..2 * key_dim]);
-                    v.copy_from_slice(&row[2 * key_dim..]);
-                    z.copy_from_slice(&zs[i * p..(i + 1) * p]);
-                    b.copy_from_slice(&bs[i * hv..(i + 1) * hv]);
-                    a.copy_from_slice(&as_[i * hv..(i + 1) * hv]);
-                    self.push_row(&mut out, [&q, &k, &v, &z], &b, &a);
-                }
-            }
-        }
-        out
+    /// The q/k L2 norm.
+    pub fn l2(&self) -> L2Norm {
+        L2Norm::EpsInside(L2_EPS)
     }
 
-    /// Append one row in the shared recurrence's layout.
-    fn push_row(&self, out: &mut Projections, [q, k, v, z]: [&[f32]; 4], b: &[f32], a: &[f32]) {
-        let (d, hv, r) = (self.shape.head_dim, self.shape.heads, self.group());
-        for part in [q, k] {
-            for vh in 0..hv {
-                let kh = vh / r;
-                out.qkv.extend_from_slice(&part[kh * d..(kh + 1) * d]);
+    /// The query scale `d^-½`.
+    pub fn q_scale(&self) -> f32 {
+        1.0 / (self.shape.head_dim as f32).sqrt()
+    }
+
+    /// Attention output `[n, hidden]` for normalised rows `x` on the CPU, advancing each row's
+    /// sequence state (rows of one sequence are consecutive positions, in order).
+    pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+        let (d, p) = (self.shape.head_dim, self.shape.channels());
+        self.run(&Host, &x.to_vec(), n, |proj| {
+            // The decay input per channel: its head's `a` plus the channel's `dt_bias`.
+            let mut f = Vec::with_capacity(n * p);
+            for row in proj.f.chunks(self.shape.heads.max(1)).take(n) {
+                f.extend(
+                    self.dt_bias
+                        .iter()
+                        .enumerate()
+                        .map(|(c, &bias)| row[c / d] + bias),
+                );
             }
-        }
-        out.qkv.extend_from_slice(v);
-        for (c, &bias) in self.dt_bias.iter().enumerate() {
-            out.f.push(a[c / d] + bias);
-        }
-        out.beta.extend_from_slice(&b[..hv]);
-        out.gate.extend_from_slice(z);
+            let proj = Projections {
+                qkv: proj.qkv,
+                f,
+                beta: proj.beta,
+                gate: proj.gate,
+            };
+            Ok(self.core().run(&proj, n, rows))
+        })
+        .expect("the CPU runs every gated DeltaNet form")
     }
 }
 

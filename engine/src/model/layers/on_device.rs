@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertProvider, Moe};
-use super::ops::{Ops, Routes};
+use super::ops::{Cols, Ops, Routes};
 use super::rope::Rope;
 use crate::backend::WeightClass;
 use crate::backend::abi::{self, RopeLayout, RowSlice};
@@ -123,6 +123,18 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         self.0
             .layer(&abi::mul_sigmoid(count), &[Some(&a), Some(g), Some(&a)])?;
         Ok(a)
+    }
+
+    fn assemble(&self, n: usize, parts: &[(&D::Buf, Cols)]) -> Result<D::Buf> {
+        let row: usize = parts.iter().map(|(_, (_, _, w))| w).sum();
+        let out = self.0.zeros_f32(n * row)?;
+        let mut at = 0;
+        for &(b, (stride, col, width)) in parts {
+            let (src, dst) = (RowSlice { stride, col }, RowSlice { stride: row, col: at });
+            copy_rows(self.0, (b, src, None), (&out, dst, None), n, width)?;
+            at += width;
+        }
+        Ok(out)
     }
 
     fn concat_columns(&self, parts: &[&D::Buf], n: usize, width: usize) -> Result<D::Buf> {

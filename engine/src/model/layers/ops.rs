@@ -24,6 +24,10 @@ use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::ops::{rms_norm_rows, sigmoid};
 
+/// Columns of a buffer's rows: `(stride, col, width)`, the columns `col..col + width` of rows
+/// of `stride` values.
+pub type Cols = (usize, usize, usize);
+
 /// A routed MoE's choices: per row, `(expert, weight)` in the order they are summed.
 pub type Routes = Vec<Vec<(usize, f32)>>;
 
@@ -58,7 +62,12 @@ pub trait Ops {
     ) -> Result<Self::Buf>;
 
     /// Columns `col..col + width` of `n` rows of `stride` values (`slice`: stride, col, width).
-    fn columns(&self, x: &Self::Buf, n: usize, slice: (usize, usize, usize)) -> Result<Self::Buf>;
+    fn columns(&self, x: &Self::Buf, n: usize, slice: Cols) -> Result<Self::Buf>;
+
+    /// `n` rows, each the concatenation of one column slice per part: part `(b, (stride, col,
+    /// width))` contributes columns `col..col + width` of `b`'s row (`b` holds `n` rows of
+    /// `stride` values).
+    fn assemble(&self, n: usize, parts: &[(&Self::Buf, Cols)]) -> Result<Self::Buf>;
 
     /// `n` rows of `[parts[0] | parts[1] | …]`, each part `n` rows of `width` values.
     fn concat_columns(&self, parts: &[&Self::Buf], n: usize, width: usize) -> Result<Self::Buf>;
@@ -168,6 +177,17 @@ impl Ops for Host {
         let mut out = Vec::with_capacity(n * width);
         for row in x.chunks(stride.max(1)).take(n) {
             out.extend_from_slice(&row[col..col + width]);
+        }
+        Ok(out)
+    }
+
+    fn assemble(&self, n: usize, parts: &[(&Vec<f32>, Cols)]) -> Result<Vec<f32>> {
+        let row: usize = parts.iter().map(|(_, (_, _, w))| w).sum();
+        let mut out = Vec::with_capacity(n * row);
+        for i in 0..n {
+            for (b, (stride, col, width)) in parts {
+                out.extend_from_slice(&b[i * stride + col..i * stride + col + width]);
+            }
         }
         Ok(out)
     }
