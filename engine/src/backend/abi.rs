@@ -252,15 +252,14 @@ pub fn gqa_attend(
         });
     }
     let ints = [rows as i32, heads as i32, kv_heads as i32, head_dim as i32];
-    let mut l = launch(
-        "deltafin_gqa_attend",
-        rows,
-        [crate::kernels::LANES as u32, 1, 1],
-        &ints,
-        &[scale],
-    );
+    Ok(per_row_head("deltafin_gqa_attend", (rows, heads), &ints, scale))
+}
+
+/// A launch of one 16-lane group per (row, head): grid (rows, heads), block (16).
+fn per_row_head(name: &'static str, (rows, heads): (usize, usize), ints: &[i32], scale: f32) -> LayerLaunch {
+    let mut l = launch(name, rows, [crate::kernels::LANES as u32, 1, 1], ints, &[scale]);
     l.grid[1] = heads.max(1) as u32;
-    Ok(l)
+    l
 }
 
 /// Largest latent width the MLA attention kernel holds (`16 · DF_MLA_PER_LANE`).
@@ -283,15 +282,7 @@ pub fn mla_attend(
         });
     }
     let ints = [rows as i32, heads as i32, latent as i32, rope as i32];
-    let mut l = launch(
-        "deltafin_mla_attend",
-        rows,
-        [crate::kernels::LANES as u32, 1, 1],
-        &ints,
-        &[scale],
-    );
-    l.grid[1] = heads.max(1) as u32;
-    Ok(l)
+    Ok(per_row_head("deltafin_mla_attend", (rows, heads), &ints, scale))
 }
 
 /// Positions per attention block (`DF_MLA_BLOCK`, `latent_attention::BLOCK`).

@@ -26,6 +26,18 @@ use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
 use crate::state::KdaShape;
 
+/// The positions `len..len + n` a cache of `capacity` positions holding `len` takes next, or
+/// the typed overflow.
+fn next_positions(len: usize, capacity: usize, n: usize) -> Result<Vec<usize>> {
+    if len + n > capacity {
+        return Err(crate::Error::ContextOverflow {
+            needed: len + n,
+            limit: capacity,
+        });
+    }
+    Ok((len..len + n).collect())
+}
+
 /// One sequence's MLA cache on the device: normalised latents and rotated shared keys of
 /// `capacity` positions, the first `len` filled.
 #[derive(Debug)]
@@ -66,14 +78,7 @@ pub fn mla<D: DeviceOps>(
     n: usize,
     cache: &mut DeviceMlaCache<D::Buf>,
 ) -> Result<D::Buf> {
-    let start = cache.len;
-    if start + n > cache.capacity {
-        return Err(crate::Error::ContextOverflow {
-            needed: start + n,
-            limit: cache.capacity,
-        });
-    }
-    let pos: Vec<usize> = (start..start + n).collect();
+    let pos = next_positions(cache.len, cache.capacity, n)?;
     m.run(&OnDevice(dev), x, n, &pos, |p| mla_core(dev, m, &k.wkv, p, cache))
 }
 
@@ -165,14 +170,7 @@ pub fn gqa<D: DeviceOps>(
     n: usize,
     cache: &mut DeviceKvCache<D::Buf>,
 ) -> Result<D::Buf> {
-    let start = cache.len;
-    if start + n > cache.capacity {
-        return Err(crate::Error::ContextOverflow {
-            needed: start + n,
-            limit: cache.capacity,
-        });
-    }
-    let pos: Vec<usize> = (start..start + n).collect();
+    let pos = next_positions(cache.len, cache.capacity, n)?;
     let d = g.dims();
     let launch = abi::gqa_attend(n, (d.heads, d.kv_heads, d.head_dim), g.scale())?;
     g.run(&OnDevice(dev), x, n, &pos, |p| {
