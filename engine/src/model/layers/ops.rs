@@ -2,10 +2,11 @@
 //! over the stored formats, RMSNorm, residual and bias adds, the gated activations, sigmoid row
 //! gates, routing and the routed experts' dispatch. A layer written as a sequence of these runs
 //! on the CPU ([`Host`]: buffers are `Vec<f32>`, each operation today's CPU kernel) and on a
-//! device (`device::OnDevice`: buffers stay in device memory, each operation a kernel of
+//! device (`on_device::OnDevice`: buffers stay in device memory, each operation a kernel of
 //! `backend/cuda/layers.cu` whose bits equal the CPU kernel's), so the two cannot drift: the
-//! gated MLP, the routed MoE and MLA's and KDA's projections exist once (`Mlp::run`,
-//! `Moe::run`, `Mla::run`, `Kda::run`), as does the decoder's layer loop over them.
+//! gated MLP, the routed MoE and the projections, norms, RoPE and gates of GQA, MLA, KDA and
+//! gated DeltaNet exist once (`Mlp::run`, `Moe::run`, `Gqa::run`, `Mla::run`, `Kda::run`,
+//! `GatedDeltaNet::run`), as do the decoder's layer loops over them (`arch/decoder/stack.rs`).
 //!
 //! What stays per device is only what the hardware schedules differently: how the chosen
 //! experts are dispatched ([`Ops::routed`]: the CPU runs them in parallel as the expert store
