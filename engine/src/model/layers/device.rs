@@ -172,7 +172,7 @@ pub fn gqa<D: DeviceOps>(
 ) -> Result<D::Buf> {
     let pos = next_positions(cache.len, cache.capacity, n)?;
     let d = g.dims();
-    let launch = abi::gqa_attend(n, (d.heads, d.kv_heads, d.head_dim), g.scale())?;
+    let launch = abi::gqa_attend(n, (d.heads, d.kv_heads, d.head_dim), d.scale())?;
     g.run(&OnDevice(dev), x, n, &pos, |p| {
         let kw = d.kv_heads * d.head_dim;
         let rows = RowSlice { stride: kw, col: 0 };

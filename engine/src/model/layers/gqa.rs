@@ -40,6 +40,13 @@ pub struct GqaDims {
     pub rotary_dim: usize,
 }
 
+impl GqaDims {
+    /// The softmax scale `head_dim^-0.5`.
+    pub fn scale(&self) -> f32 {
+        (self.head_dim as f32).powf(-0.5)
+    }
+}
+
 /// Which optional tensors a checkpoint's attention has.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GqaOptions {
@@ -265,11 +272,6 @@ impl Gqa {
         self.sinks.as_deref()
     }
 
-    /// The softmax scale `head_dim^-0.5`.
-    pub fn scale(&self) -> f32 {
-        (self.dims.head_dim as f32).powf(-0.5)
-    }
-
     /// The queries of `n` rows (projected, normalised, rotated) and, with an output gate, the
     /// gate values (`heads * head_dim` per row, head order).
     fn queries<O: Ops>(
@@ -287,8 +289,8 @@ impl Gqa {
         }
         // Per head: `d` query values, then `d` gate values.
         let (hd, heads) = (self.dims.head_dim, self.dims.heads);
-        let q = o.columns(&y, n * heads, (2 * hd, 0, hd))?;
-        let gate = o.columns(&y, n * heads, (2 * hd, hd, hd))?;
+        let q = o.assemble(n * heads, &[(&y, (2 * hd, 0, hd))])?;
+        let gate = o.assemble(n * heads, &[(&y, (2 * hd, hd, hd))])?;
         Ok((self.finish(o, q, norm, n, pos)?, Some(gate)))
     }
 
@@ -355,7 +357,7 @@ fn attend_head(
     (scores, out): (&mut Vec<f32>, &mut [f32]),
 ) {
     let hd = d.head_dim;
-    let scale = (hd as f32).powf(-0.5);
+    let scale = d.scale();
     scores.clear();
     scores.extend((seen.start..seen.end).map(|j| {
         let k = &cache.k.row(j)[kv * hd..][..hd];

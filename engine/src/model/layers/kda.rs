@@ -237,7 +237,8 @@ impl Kda {
     ) -> Result<O::Buf> {
         let (p, spine) = (self.shape.channels(), WeightClass::Spine);
         let [q, k, v] = [&self.q, &self.k, &self.v].map(|m| o.project(m, spine, x, n));
-        let qkv = o.concat_columns(&[&q?, &k?, &v?], n, p)?;
+        let (q, k, v) = (q?, k?, v?);
+        let qkv = o.assemble(n, &[(&q, (p, 0, p)), (&k, (p, 0, p)), (&v, (p, 0, p))])?;
         let f = o.project(&self.f_b, spine, &o.project(&self.f_a, spine, x, n)?, n)?;
         let gate = match &self.gate {
             OutputGate::LowRank { a, b } => o.project(b, spine, &o.project(a, spine, x, n)?, n)?,

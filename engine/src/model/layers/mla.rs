@@ -124,9 +124,9 @@ impl Mla {
         let d = &self.dims;
         let (c, r) = (d.kv_lora, d.rope);
         let ckv = o.project(&self.kv_a, WeightClass::Spine, x, n)?;
-        let latent = o.columns(&ckv, n, (c + r, 0, c))?;
+        let latent = o.assemble(n, &[(&ckv, (c + r, 0, c))])?;
         let latent = o.rms_norm(&latent, &o.constant(&self.kv_a_norm)?, n, c, d.eps)?;
-        let k_rope = o.columns(&ckv, n, (c + r, c, r))?;
+        let k_rope = o.assemble(n, &[(&ckv, (c + r, c, r))])?;
         let k_rope = match &self.rotary {
             Some(rope) => {
                 let one = RopeLayout {

@@ -105,7 +105,9 @@ impl Mlp {
                 if let Some(b) = bias {
                     gu = o.add_rows(gu, &b.gate_up, n, 2 * width)?;
                 }
-                o.deinterleave(&gu, n * width)?
+                // Pairs (gate, up) per hidden unit: two one-column slices of `n · width` rows.
+                let half = |col| o.assemble(n * width, &[(&gu, (2, col, 1))]);
+                (half(0)?, half(1)?)
             }
         };
         let g = o.activate(g, &u, self.act, n * width)?;

@@ -94,19 +94,6 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         rms_norm(self.0, x, w, rows, width, eps)
     }
 
-    fn columns(&self, x: &D::Buf, n: usize, (stride, col, width): (usize, usize, usize)) -> Result<D::Buf> {
-        let out = self.0.zeros_f32(n * width)?;
-        let (src, dst) = (
-            RowSlice { stride, col },
-            RowSlice {
-                stride: width,
-                col: 0,
-            },
-        );
-        copy_rows(self.0, (x, src, None), (&out, dst, None), n, width)?;
-        Ok(out)
-    }
-
     fn rope(&self, x: D::Buf, n: usize, l: RopeLayout, rope: &Rope, pos: &[usize]) -> Result<D::Buf> {
         let dim = rope.dim();
         let mut f = vec![0.0f32; n * dim];
@@ -133,25 +120,6 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
             let (src, dst) = (RowSlice { stride, col }, RowSlice { stride: row, col: at });
             copy_rows(self.0, (b, src, None), (&out, dst, None), n, width)?;
             at += width;
-        }
-        Ok(out)
-    }
-
-    fn concat_columns(&self, parts: &[&D::Buf], n: usize, width: usize) -> Result<D::Buf> {
-        let stride = parts.len() * width;
-        let out = self.0.zeros_f32(n * stride)?;
-        for (i, part) in parts.iter().enumerate() {
-            let (src, dst) = (
-                RowSlice {
-                    stride: width,
-                    col: 0,
-                },
-                RowSlice {
-                    stride,
-                    col: i * width,
-                },
-            );
-            copy_rows(self.0, (part, src, None), (&out, dst, None), n, width)?;
         }
         Ok(out)
     }
@@ -183,16 +151,6 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         self.0
             .layer(&abi::gated_act(count, act)?, &[Some(&g), Some(u), Some(&g)])?;
         Ok(g)
-    }
-
-    fn deinterleave(&self, pairs: &D::Buf, count: usize) -> Result<(D::Buf, D::Buf)> {
-        let dev = self.0;
-        let halves = [0, 1].map(|col| RowSlice { stride: 2, col });
-        let dense = RowSlice { stride: 1, col: 0 };
-        let (a, b) = (dev.zeros_f32(count)?, dev.zeros_f32(count)?);
-        copy_rows(dev, (pairs, halves[0], None), (&a, dense, None), count, 1)?;
-        copy_rows(dev, (pairs, halves[1], None), (&b, dense, None), count, 1)?;
-        Ok((a, b))
     }
 
     fn gate_rows(&self, x: D::Buf, logits: &D::Buf, rows: usize, width: usize) -> Result<D::Buf> {

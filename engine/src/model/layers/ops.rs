@@ -62,16 +62,10 @@ pub trait Ops {
         eps: f32,
     ) -> Result<Self::Buf>;
 
-    /// Columns `col..col + width` of `n` rows of `stride` values (`slice`: stride, col, width).
-    fn columns(&self, x: &Self::Buf, n: usize, slice: Cols) -> Result<Self::Buf>;
-
     /// `n` rows, each the concatenation of one column slice per part: part `(b, (stride, col,
     /// width))` contributes columns `col..col + width` of `b`'s row (`b` holds `n` rows of
     /// `stride` values).
     fn assemble(&self, n: usize, parts: &[(&Self::Buf, Cols)]) -> Result<Self::Buf>;
-
-    /// `n` rows of `[parts[0] | parts[1] | …]`, each part `n` rows of `width` values.
-    fn concat_columns(&self, parts: &[&Self::Buf], n: usize, width: usize) -> Result<Self::Buf>;
 
     /// `x` (`n` rows) with the vectors `layout` places in each row rotated by `rope` for the
     /// row's position `pos[i]` (the factors computed on the host: `Rope::factors_into`).
@@ -95,9 +89,6 @@ pub trait Ops {
 
     /// `g ← act(g, u)` over `count` values.
     fn activate(&self, g: Self::Buf, u: &Self::Buf, act: Activation, count: usize) -> Result<Self::Buf>;
-
-    /// `count` interleaved pairs split into their first and second values.
-    fn deinterleave(&self, pairs: &Self::Buf, count: usize) -> Result<(Self::Buf, Self::Buf)>;
 
     /// Each of `rows` rows of `x` (`width` values) times `sigmoid` of its row's logit.
     fn gate_rows(&self, x: Self::Buf, logits: &Self::Buf, rows: usize, width: usize) -> Result<Self::Buf>;
@@ -169,35 +160,12 @@ impl Ops for Host {
         Ok(rms_norm_rows(x, w, eps, width))
     }
 
-    fn columns(
-        &self,
-        x: &Vec<f32>,
-        n: usize,
-        (stride, col, width): (usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let mut out = Vec::with_capacity(n * width);
-        for row in x.chunks(stride.max(1)).take(n) {
-            out.extend_from_slice(&row[col..col + width]);
-        }
-        Ok(out)
-    }
-
     fn assemble(&self, n: usize, parts: &[(&Vec<f32>, Cols)]) -> Result<Vec<f32>> {
         let row: usize = parts.iter().map(|(_, (_, _, w))| w).sum();
         let mut out = Vec::with_capacity(n * row);
         for i in 0..n {
             for (b, (stride, col, width)) in parts {
                 out.extend_from_slice(&b[i * stride + col..i * stride + col + width]);
-            }
-        }
-        Ok(out)
-    }
-
-    fn concat_columns(&self, parts: &[&Vec<f32>], n: usize, width: usize) -> Result<Vec<f32>> {
-        let mut out = Vec::with_capacity(n * parts.len() * width);
-        for i in 0..n {
-            for part in parts {
-                out.extend_from_slice(&part[i * width..(i + 1) * width]);
             }
         }
         Ok(out)
@@ -235,15 +203,6 @@ impl Ops for Host {
     fn activate(&self, mut g: Vec<f32>, u: &Vec<f32>, act: Activation, _: usize) -> Result<Vec<f32>> {
         super::mlp::activate(act, &mut g, u);
         Ok(g)
-    }
-
-    fn deinterleave(&self, pairs: &Vec<f32>, count: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (mut a, mut b) = (Vec::with_capacity(count), Vec::with_capacity(count));
-        for pair in pairs.chunks_exact(2) {
-            a.push(pair[0]);
-            b.push(pair[1]);
-        }
-        Ok((a, b))
     }
 
     fn gate_rows(&self, mut x: Vec<f32>, logits: &Vec<f32>, _: usize, width: usize) -> Result<Vec<f32>> {
