@@ -204,30 +204,21 @@ impl Mla {
         o.project(&self.o, WeightClass::Spine, &attn, n)
     }
 
-    /// Latents and shared keys `[n, kv_lora + rope]` of rows `x` at positions `pos`: the cache
-    /// entries those rows would add (see [`Mla::context`]).
-    pub fn context_rows(&self, x: &[f32], n: usize, pos: &dyn Fn(usize) -> usize) -> Vec<f32> {
-        let pos: Vec<usize> = (0..n).map(pos).collect();
+    /// The cache entries of `n` normalised rows `x` at positions `start..` (see
+    /// [`Mla::context`]) appended to `cache`, on the CPU.
+    pub fn append_context(&self, cache: &mut MlaCache, x: &[f32], n: usize, start: usize) {
+        let pos: Vec<usize> = (start..start + n).collect();
         let (latent, k_rope) = self
             .context(&Host, &x.to_vec(), n, &pos)
             .expect("the CPU runs every MLA form");
-        let (c, r) = (self.dims.kv_lora, self.dims.rope);
-        let mut ckv = Vec::with_capacity(n * (c + r));
-        for (l, k) in latent.chunks(c.max(1)).zip(k_rope.chunks(r.max(1))).take(n) {
-            ckv.extend_from_slice(l);
-            ckv.extend_from_slice(k);
-        }
-        ckv
+        (0..n).for_each(|i| self.push_row(cache, (&latent, &k_rope), i));
     }
 
-    /// Append rows made by [`Mla::context_rows`] to `cache`.
-    pub fn append(&self, cache: &mut MlaCache, ckv: &[f32]) {
-        let d = &self.dims;
-        for row in ckv.chunks(d.kv_lora + d.rope) {
-            let (latent, k_rope) = row.split_at(d.kv_lora);
-            cache.latent.push(latent);
-            cache.k_rope.push(k_rope);
-        }
+    /// Row `i` of the latents and rotated keys appended to `cache`.
+    fn push_row(&self, cache: &mut MlaCache, (latent, k_rope): (&[f32], &[f32]), i: usize) {
+        let (c, r) = (self.dims.kv_lora, self.dims.rope);
+        cache.latent.push(&latent[i * c..(i + 1) * c]);
+        cache.k_rope.push(&k_rope[i * r..(i + 1) * r]);
     }
 
     /// Attention output `[n, hidden]` for normalised rows `x` on the CPU; appends every row's
@@ -237,12 +228,10 @@ impl Mla {
         let x = x.to_vec();
         let pos = rows.pos.to_vec();
         self.run(&Host, &x, n, &pos, |p| {
-            let d = &self.dims;
             for (i, &at) in pos.iter().enumerate().take(n) {
                 let cache = &mut rows.caches[rows.seq[i]];
                 debug_assert_eq!(cache.latent.len(), at, "rows must extend their cache in order");
-                cache.latent.push(&p.latent[i * d.kv_lora..(i + 1) * d.kv_lora]);
-                cache.k_rope.push(&p.k_rope[i * d.rope..(i + 1) * d.rope]);
+                self.push_row(cache, (&p.latent, &p.k_rope), i);
             }
             let q_resid = p.q_resid.unwrap_or_default();
             let sparse = self.select(&x, &q_resid, n, rows).then_some(&*rows.selection);
@@ -294,14 +283,7 @@ impl Mla {
         let pos: Vec<usize> = (base..base + n).collect();
         self.run(&Host, &x.to_vec(), n, &pos, |p| {
             let mut block = MlaCache::default();
-            for i in 0..n {
-                block
-                    .latent
-                    .push(&p.latent[i * self.dims.kv_lora..(i + 1) * self.dims.kv_lora]);
-                block
-                    .k_rope
-                    .push(&p.k_rope[i * self.dims.rope..(i + 1) * self.dims.rope]);
-            }
+            (0..n).for_each(|i| self.push_row(&mut block, (&p.latent, &p.k_rope), i));
             let shape = self.latent_shape();
             let keys = LatentKeys::two(
                 ((&cache.latent).into(), (&cache.k_rope).into()),

@@ -24,7 +24,7 @@ pub use crate::kernels::layer_spec::{RouterConfig, Scoring};
 use crate::kernels::math::exp;
 use crate::kernels::ops::sigmoid;
 
-/// Serves a layer's routed experts to [`Moe::forward_with`].
+/// Serves a layer's routed experts to [`Moe::run`].
 pub trait ExpertProvider {
     /// Call `run(id, expert)` exactly once for every id of `ids` (ascending, distinct), in any
     /// order and possibly on several threads at once (e.g. cached experts first, the others as
@@ -255,29 +255,6 @@ impl Moe {
         logits.chunks(e).map(|l| self.route(l)).collect()
     }
 
-    /// MoE output for `n` rows of `x` (already normalised), with the in-memory experts.
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        self.forward_with(x, n, &self.experts)
-            .expect("in-memory experts cannot fail")
-    }
-
-    /// MoE output for `n` rows of `x` (already normalised), experts served by `provider`.
-    pub fn forward_with(&self, x: &[f32], n: usize, provider: &dyn ExpertProvider) -> Result<Vec<f32>> {
-        self.forward_tokens(x, n, None, provider)
-    }
-
-    /// [`Moe::forward_with`] for rows whose tokens are `tokens` (required by hash routing), on
-    /// the CPU.
-    pub fn forward_tokens(
-        &self,
-        x: &[f32],
-        n: usize,
-        tokens: Option<&[u32]>,
-        provider: &dyn ExpertProvider,
-    ) -> Result<Vec<f32>> {
-        self.run(&Host, &x.to_vec(), n, tokens, Some(provider))
-    }
-
     /// The MoE over `n` normalised rows of `x` on `o`'s device (rows' `tokens` for hash
     /// routing; `experts`: out of core, else the MoE's own): route, sort each route into the
     /// combine order, project into the latent width (K3), the routed sum, the latent norm and
@@ -492,7 +469,7 @@ mod tests {
         assert_eq!(r.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 1]);
         assert!((r[0].1 - 1.5 * s2 / (s2 + s1)).abs() < 1e-6);
         assert!(
-            moe.forward_tokens(&[1.0], 1, None, &moe.experts).is_err(),
+            moe.run(&Host, &vec![1.0], 1, None, None).is_err(),
             "hash routing needs tokens"
         );
     }

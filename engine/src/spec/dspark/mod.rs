@@ -206,8 +206,7 @@ impl DSpark {
         ctx.chunks_mut(h)
             .for_each(|out| rms_norm_inplace(out, &self.context_norm, self.cfg.eps));
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let ckv = layer.attn.context_rows(&ctx, rows, &|i| start + i);
-            layer.attn.append(cache, &ckv);
+            layer.attn.append_context(cache, &ctx, rows, start);
         }
         Ok(())
     }
