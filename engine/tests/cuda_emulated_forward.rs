@@ -24,7 +24,8 @@ fn a_whole_pass_on_the_device_gives_the_cpu_logits() {
     };
     let dev = EmuDevice::new(&bin);
     forward_cases::device_pass_matches_the_cpu(&dev);
-    assert!(dev.launches.get() > 50, "{} launches", dev.launches.get());
+    let launches = dev.launches.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(launches > 50, "{launches} launches");
 }
 
 #[test]
@@ -69,4 +70,13 @@ fn generation_on_the_device_gives_the_cpu_tokens() {
     let dev = EmuDevice::new(&bin);
     forward_cases::generation_on_the_device_matches_the_cpu(&dev);
     forward_cases::out_of_core_generation_matches_the_cpu(&dev);
+}
+
+#[test]
+fn served_requests_on_the_device_give_the_cpu_tokens() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-serve") else {
+        return;
+    };
+    let dev: &'static EmuDevice = Box::leak(Box::new(EmuDevice::new(&bin)));
+    forward_cases::served::served_requests_match_the_cpu(dev);
 }

@@ -77,3 +77,34 @@ pub fn current_device_sequence(
         crate::backend::Backend::Cuda(c) => Some(device_sequence(model, c.as_ref(), capacity)),
     }
 }
+
+/// `model` as the server runs it on the installed backend ([`crate::backend::current`]): on a
+/// GPU, a [`super::DeviceModel`] with `slots` cache slots of `capacity` positions when the
+/// architecture has a served device path, else `model` itself (its matrix products still run
+/// on the backend). The line says which, for the log.
+pub fn serve_on_current_device(
+    model: Box<dyn Model>,
+    slots: usize,
+    capacity: usize,
+) -> Result<(Box<dyn Model>, String)> {
+    match crate::backend::current() {
+        crate::backend::Backend::Cpu => {
+            let _ = (slots, capacity);
+            Ok((model, "cpu".into()))
+        }
+        #[cfg(feature = "cuda")]
+        crate::backend::Backend::Cuda(c) => {
+            let dev: &'static crate::backend::cuda::CudaBackend = c.as_ref();
+            if let Err(why) = super::DeviceModel::<&crate::backend::cuda::CudaBackend>::supports(model.as_ref()) {
+                return Ok((model, format!("matrix products on {} ({why})", c.describe())));
+            }
+            let served = super::DeviceModel::new(model, dev, (slots, capacity))?;
+            let line = format!(
+                "whole passes on {} ({slots} cache slots of {} positions)",
+                c.describe(),
+                served.info().max_context
+            );
+            Ok((Box::new(served), line))
+        }
+    }
+}

@@ -59,3 +59,28 @@ pub trait DeviceOps {
             .collect())
     }
 }
+
+/// A shared device is a device: a model session holds `&D` or owns `D` alike.
+impl<T: DeviceOps + ?Sized> DeviceOps for &T {
+    type Buf = T::Buf;
+
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buf> {
+        (**self).upload(bytes)
+    }
+
+    fn zeros(&self, len: usize) -> Result<Self::Buf> {
+        (**self).zeros(len)
+    }
+
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<u8>> {
+        (**self).download(buf)
+    }
+
+    fn layer(&self, launch: &LayerLaunch, bufs: &[Option<&Self::Buf>]) -> Result<()> {
+        (**self).layer(launch, bufs)
+    }
+
+    fn matmul(&self, m: &Matrix, class: WeightClass, x: &Self::Buf, n: usize, y: &Self::Buf) -> Result<()> {
+        (**self).matmul(m, class, x, n, y)
+    }
+}

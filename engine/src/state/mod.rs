@@ -434,6 +434,28 @@ pub struct SeqState {
     /// without KDA layers).
     /// Shared with clones: a checkpoint never changes.
     checkpoints: Vec<Arc<Checkpoint>>,
+    /// Which state this is (a clone is another state) and how many passes it has begun: a copy
+    /// of the state kept elsewhere (a device's mirror of its attention caches) is current while
+    /// both match.
+    id: StateId,
+    passes: u64,
+}
+
+/// A state's identity: unique in the process, and a clone gets a new one.
+#[derive(Debug)]
+struct StateId(u64);
+
+impl StateId {
+    fn fresh() -> StateId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        StateId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Clone for StateId {
+    fn clone(&self) -> StateId {
+        StateId::fresh()
+    }
 }
 
 impl SeqState {
@@ -444,7 +466,21 @@ impl SeqState {
             len: 0,
             staged: 0,
             checkpoints: Vec::new(),
+            id: StateId::fresh(),
+            passes: 0,
         }
+    }
+
+    /// This state's identity: unique in the process; a clone has its own.
+    pub fn id(&self) -> u64 {
+        self.id.0
+    }
+
+    /// Passes begun on this state. Positions below [`SeqState::committed_len`] change only by
+    /// a pass or by being cut off, so a copy of them taken after pass `k` is still the state's
+    /// own (up to its current length) while `passes()` is `k`.
+    pub fn passes(&self) -> u64 {
+        self.passes
     }
 
     /// Number of positions processed, including a staged (not yet committed) pass: the next
@@ -509,6 +545,7 @@ impl SeqState {
         self.commit_all();
         self.len += rows;
         self.staged = rows;
+        self.passes += 1;
     }
 
     /// Whether any layer holds a recurrent (KDA) state, which cannot be rewound without a

@@ -56,10 +56,11 @@ pub fn run(bin: &Path, input: &[u8]) -> Vec<u8> {
 /// (`emulate_layers.cpp`): the CUDA sources' arithmetic behind [`DeviceOps`], so a
 /// device-resident pass is checked on machines without a GPU. One emulator process serves every
 /// launch in turn; each launch ships its buffers to it and back, in slot order (so an output
-/// slot that aliases an input slot ends with the output).
+/// slot that aliases an input slot ends with the output). Shareable between threads, as a GPU
+/// backend is (the server's engine thread).
 pub struct EmuDevice {
-    pub launches: std::cell::Cell<usize>,
-    process: std::cell::RefCell<Emulator>,
+    pub launches: std::sync::atomic::AtomicUsize,
+    process: std::sync::Mutex<Emulator>,
 }
 
 /// A running emulator and its pipes.
@@ -76,7 +77,12 @@ impl Drop for Emulator {
     }
 }
 
-pub type EmuBuf = std::rc::Rc<std::cell::RefCell<Vec<u8>>>;
+pub type EmuBuf = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// A new buffer holding `bytes`.
+fn buf(bytes: Vec<u8>) -> EmuBuf {
+    std::sync::Arc::new(std::sync::Mutex::new(bytes))
+}
 
 impl EmuDevice {
     /// A device served by the emulator binary `bin` (from [`compile`]).
@@ -89,7 +95,7 @@ impl EmuDevice {
         let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
         EmuDevice {
             launches: Default::default(),
-            process: std::cell::RefCell::new(Emulator { child, stdin, stdout }),
+            process: std::sync::Mutex::new(Emulator { child, stdin, stdout }),
         }
     }
 
@@ -97,7 +103,7 @@ impl EmuDevice {
     fn launch(&self, name: &str, grid: [u32; 6], bufs: &[Option<&EmuBuf>], ints: &[i32], floats: &[f32]) {
         use deltafin_engine::backend::abi::{LAYER_FLOATS, LAYER_INTS};
         use std::io::Read;
-        self.launches.set(self.launches.get() + 1);
+        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut input = Vec::new();
         input.extend(0u32.to_le_bytes());
         input.extend((name.len() as u32).to_le_bytes());
@@ -105,8 +111,8 @@ impl EmuDevice {
         grid.iter().for_each(|d| input.extend(d.to_le_bytes()));
         input.extend((bufs.len() as u32).to_le_bytes());
         for b in bufs {
-            let b = b.map(|b| b.borrow());
-            let bytes = b.as_ref().map_or(&[][..], |b| &b[..]);
+            let b = b.map(|b| b.lock().unwrap().clone());
+            let bytes = b.as_deref().unwrap_or(&[]);
             input.extend((bytes.len() as u64).to_le_bytes());
             input.extend_from_slice(bytes);
         }
@@ -116,12 +122,12 @@ impl EmuDevice {
         f[..floats.len()].copy_from_slice(floats);
         input.extend(i.iter().flat_map(|v| v.to_le_bytes()));
         input.extend(f.iter().flat_map(|v| v.to_le_bytes()));
-        let mut p = self.process.borrow_mut();
+        let mut p = self.process.lock().unwrap();
         p.stdin.write_all(&input).unwrap();
         p.stdin.flush().unwrap();
         for b in bufs {
             let mut scratch = Vec::new();
-            let mut held = b.map(|b| b.borrow_mut());
+            let mut held = b.map(|b| b.lock().unwrap());
             let out = held.as_mut().map_or(&mut scratch, |b| &mut **b);
             if let Err(e) = p.stdout.read_exact(out) {
                 let status = p.child.wait();
@@ -135,15 +141,15 @@ impl deltafin_engine::backend::device::DeviceOps for EmuDevice {
     type Buf = EmuBuf;
 
     fn upload(&self, bytes: &[u8]) -> deltafin_engine::Result<EmuBuf> {
-        Ok(std::rc::Rc::new(std::cell::RefCell::new(bytes.to_vec())))
+        Ok(buf(bytes.to_vec()))
     }
 
     fn zeros(&self, len: usize) -> deltafin_engine::Result<EmuBuf> {
-        Ok(std::rc::Rc::new(std::cell::RefCell::new(vec![0; len])))
+        Ok(buf(vec![0; len]))
     }
 
     fn download(&self, buf: &EmuBuf) -> deltafin_engine::Result<Vec<u8>> {
-        Ok(buf.borrow().clone())
+        Ok(buf.lock().unwrap().clone())
     }
 
     fn layer(
@@ -167,11 +173,8 @@ impl deltafin_engine::backend::device::DeviceOps for EmuDevice {
         y: &EmuBuf,
     ) -> deltafin_engine::Result<()> {
         let a = deltafin_engine::backend::abi::kernel_args(m.format);
-        let data = std::rc::Rc::new(std::cell::RefCell::new(m.data[..].to_vec()));
-        let scales = m
-            .scales
-            .as_ref()
-            .map(|s| std::rc::Rc::new(std::cell::RefCell::new(s[..].to_vec())));
+        let data = buf(m.data[..].to_vec());
+        let scales = m.scales.as_ref().map(|s| buf(s[..].to_vec()));
         let ints = [
             m.rows as i32,
             m.cols as i32,

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod served;
+
 use std::path::Path;
 
 use deltafin_engine::arch::{LogitRows, Model, SeqInput, device_sequence};

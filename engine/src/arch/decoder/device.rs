@@ -6,9 +6,7 @@
 //! (their matrix products still run on the device through `backend::matmul`).
 
 use super::super::Model;
-use super::super::layers::device::{
-    self, DeviceDelta, DeviceKdaState, DeviceKvCache, DeviceMla, DeviceMlaCache, OnDevice,
-};
+use super::super::layers::device::{self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, OnDevice};
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
 use super::{Decoder, Layer, Mixer, Residual, missing_res};
@@ -17,8 +15,8 @@ use crate::error::{Error, Result};
 
 /// One layer's mixer on the device: its constants and the sequence's state.
 enum DeviceMixer<B> {
-    Attention(DeviceKvCache<B>),
-    Mla(DeviceMla<B>, DeviceMlaCache<B>),
+    Attention(DeviceCache<B>),
+    Mla(DeviceMla<B>, DeviceCache<B>),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
 }
@@ -38,12 +36,7 @@ impl<B> DeviceMixer<B> {
                 });
             }
             Mixer::Mla(m) => {
-                let cache = DeviceMlaCache {
-                    latent: dev.zeros_f32(capacity * m.dims.kv_lora)?,
-                    rope: dev.zeros_f32(capacity * m.dims.rope)?,
-                    len: 0,
-                    capacity,
-                };
+                let cache = DeviceCache::new(dev, [m.dims.kv_lora, m.dims.rope], capacity)?;
                 DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache)
             }
             Mixer::Kda(k) => DeviceMixer::Kda(DeviceDelta::kda(dev, k)?, DeviceKdaState::new(dev, k.shape)?),
@@ -51,7 +44,10 @@ impl<B> DeviceMixer<B> {
                 let state = DeviceKdaState::new(dev, g.shape)?;
                 DeviceMixer::DeltaNet(DeviceDelta::gated_deltanet(dev, g)?, state)
             }
-            Mixer::Attention(g) => DeviceMixer::Attention(DeviceKvCache::new(dev, g, capacity)?),
+            Mixer::Attention(g) => {
+                let kw = g.dims().kv_heads * g.dims().head_dim;
+                DeviceMixer::Attention(DeviceCache::new(dev, [kw, kw], capacity)?)
+            }
             Mixer::Compressed(_) => {
                 return Err(Error::InvalidArgument {
                     field: "device",
@@ -67,8 +63,16 @@ impl<B> DeviceMixer<B> {
     /// `mixer` over `n` normalised rows, advancing the state.
     fn run<D: DeviceOps<Buf = B>>(&mut self, dev: &D, mixer: &Mixer, x: &B, n: usize) -> Result<B> {
         match (mixer, self) {
-            (Mixer::Attention(g), DeviceMixer::Attention(cache)) => device::gqa(dev, g, x, n, cache),
-            (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => device::mla(dev, (m, c), x, n, cache),
+            (Mixer::Attention(g), DeviceMixer::Attention(cache)) => {
+                let rows = cache.take(n, |p| g.seen(p))?;
+                let [k, v] = &cache.parts;
+                device::gqa(dev, g, (x, n), (&rows, [k, v]), &mut |_| Ok(()))
+            }
+            (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => {
+                let rows = cache.take(n, |p| (0, p + 1))?;
+                let [latent, rope] = &cache.parts;
+                device::mla(dev, (m, c), (x, n), (&rows, [latent, rope]), &mut |_| Ok(()))
+            }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::kda(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => {
                 device::gated_deltanet(dev, (g, c), x, n, st)
@@ -121,7 +125,9 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
         self.layers[l].mixer.run(o.0, &layer.mixer, xn, n)
     }
 
-    fn record(&mut self, _: usize, _: &D::Buf) {}
+    fn record(&mut self, _: &OnDevice<'_, D>, _: usize, _: &D::Buf) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A decoder running whole passes of one sequence on a device.

@@ -24,11 +24,13 @@ mod hyper;
 mod load;
 mod mtp;
 mod plan;
+mod served;
 mod stack;
 
 use std::sync::Arc;
 
 pub use device::DeviceSession;
+pub use served::DeviceModel;
 use load::{expert, load_fixed, load_layer};
 pub use mtp::MtpModule;
 pub(crate) use plan::{
@@ -422,10 +424,11 @@ impl stack::Stack<Host> for HostStack<'_, '_, '_> {
         ))
     }
 
-    fn record(&mut self, l: usize, x: &Vec<f32>) {
+    fn record(&mut self, _: &Host, l: usize, x: &Vec<f32>) -> Result<()> {
         if let Some(t) = self.trace.as_deref_mut() {
             t.record(format!("layers.{l}"), x);
         }
+        Ok(())
     }
 }
 
@@ -558,6 +561,24 @@ impl Model for Decoder {
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        self.pass(batch, trace, |batch, plan, x, trace| match self.plan.residual {
+            Residual::Plain => self.run_layers(batch, plan, x, trace),
+            Residual::AttnRes { block } => self.attn_res_layers(batch, plan, x, trace, block),
+            Residual::Hyper { streams, .. } => self.hyper_layers(batch, plan, x, trace, streams),
+        })
+    }
+}
+
+impl Decoder {
+    /// One batched pass around `layers`: the batch checked and staged, the embeddings, then the
+    /// final norm and the head on the rows that want logits (the CPU's pass and the server's
+    /// device pass, `served.rs`).
+    fn pass(
+        &self,
+        batch: &mut [SeqInput<'_>],
+        trace: Option<&mut Trace>,
+        layers: impl FnOnce(&mut [SeqInput<'_>], &RowPlan, &mut [f32], Option<&mut Trace>) -> Result<()>,
+    ) -> Result<Vec<f32>> {
         let ends = super::DecoderEnds {
             embed: &self.embed,
             norm: &self.norm,
@@ -565,17 +586,7 @@ impl Model for Decoder {
             eps: self.plan.rms_norm_eps,
             info: &self.info,
         };
-        super::decoder_pass(
-            ends,
-            batch,
-            trace,
-            |s| check_state(&self.plan, s),
-            |batch, plan, x, trace| match self.plan.residual {
-                Residual::Plain => self.run_layers(batch, plan, x, trace),
-                Residual::AttnRes { block } => self.attn_res_layers(batch, plan, x, trace, block),
-                Residual::Hyper { streams, .. } => self.hyper_layers(batch, plan, x, trace, streams),
-            },
-        )
+        super::decoder_pass(ends, batch, trace, |s| check_state(&self.plan, s), layers)
     }
 }
 

@@ -27,7 +27,7 @@ pub(super) trait Stack<O: Ops> {
     fn mixer(&mut self, o: &O, at: (usize, &Layer), xn: &O::Buf, n: usize) -> Result<O::Buf>;
 
     /// Layer `l`'s output rows (the trace's `layers.{l}`).
-    fn record(&mut self, l: usize, x: &O::Buf);
+    fn record(&mut self, o: &O, l: usize, x: &O::Buf) -> Result<()>;
 }
 
 /// Every layer in the plain form: `x += mixer(RMSNorm_in(x))`, `x += FFN(RMSNorm_post(x))`,
@@ -51,7 +51,7 @@ pub(super) fn plain<O: Ops, S: Stack<O>>(
         }
         let f = ffn(o, &layer.ffn, (&pass, l), &xn, (n, tokens))?;
         x = o.add(&x, &f, n * h)?;
-        stack.record(l, &x);
+        stack.record(o, l, &x)?;
     }
     pass.finish()?;
     Ok(x)
@@ -114,7 +114,7 @@ pub(super) fn attn_res<O: Ops, S: Stack<O>>(
         let xn = o.rms_norm(&mixed, stack.norms(l, &layer)[1], n, h, eps)?;
         let f = ffn(o, &layer.ffn, (&pass, l), &xn, (n, tokens))?;
         run = o.add(&p, &f, n * h)?;
-        stack.record(l, &run);
+        stack.record(o, l, &run)?;
     }
     pass.finish()?;
     let out = m

@@ -26,27 +26,87 @@ use crate::kernels::Matrix;
 use crate::kernels::reference::decode_row;
 use crate::state::KdaShape;
 
-/// The positions `len..len + n` a cache of `capacity` positions holding `len` takes next, or
-/// the typed overflow.
-fn next_positions(len: usize, capacity: usize, n: usize) -> Result<Vec<usize>> {
-    if len + n > capacity {
-        return Err(crate::Error::ContextOverflow {
-            needed: len + n,
-            limit: capacity,
-        });
-    }
-    Ok((len..len + n).collect())
+/// Where the rows of a pass sit in a device attention cache: each row's position (for RoPE),
+/// the cache row its key goes to, and the cache rows `start..end` it attends. A sequence's own
+/// cache holds its positions as rows; the server's pooled cache offsets each sequence by the
+/// base of its slot.
+#[derive(Debug, Clone, Default)]
+pub struct CacheRows {
+    pub pos: Vec<usize>,
+    pub at: Vec<usize>,
+    pub seen: Vec<(usize, usize)>,
 }
 
-/// One sequence's MLA cache on the device: normalised latents and rotated shared keys of
-/// `capacity` positions, the first `len` filled.
+impl CacheRows {
+    /// Rows at positions `pos`, row `i` in the cache region starting at `base[i]`, seeing the
+    /// positions `seen(pos[i])` of its own region.
+    pub fn new(pos: &[usize], base: &[usize], seen: impl Fn(usize) -> (usize, usize)) -> CacheRows {
+        let (at, seen) = pos
+            .iter()
+            .zip(base)
+            .map(|(&p, &b)| {
+                let (s, e) = seen(p);
+                (b + p, (b + s, b + e))
+            })
+            .unzip();
+        CacheRows {
+            pos: pos.to_vec(),
+            at,
+            seen,
+        }
+    }
+
+    /// `values` as device row indices.
+    fn upload<D: DeviceOps>(dev: &D, values: impl Iterator<Item = usize>) -> Result<D::Buf> {
+        dev.upload_i32(&values.map(|v| v as i32).collect::<Vec<_>>())
+    }
+}
+
+/// One sequence's own attention cache on the device (two buffers of `capacity` rows: keys and
+/// values, or MLA latents and rotated shared keys), the first `len` filled.
 #[derive(Debug)]
-pub struct DeviceMlaCache<B> {
-    pub latent: B,
-    pub rope: B,
+pub struct DeviceCache<B> {
+    pub parts: [B; 2],
     pub len: usize,
     pub capacity: usize,
 }
+
+impl<B> DeviceCache<B> {
+    /// An empty cache of `capacity` rows `widths` wide.
+    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, widths: [usize; 2], capacity: usize) -> Result<Self> {
+        Ok(DeviceCache {
+            parts: [dev.zeros_f32(capacity * widths[0])?, dev.zeros_f32(capacity * widths[1])?],
+            len: 0,
+            capacity,
+        })
+    }
+
+    /// The next `n` positions' rows, each seeing `seen(p)`; taken now (the typed overflow past
+    /// the capacity).
+    pub fn take(&mut self, n: usize, seen: impl Fn(usize) -> (usize, usize)) -> Result<CacheRows> {
+        if self.len + n > self.capacity {
+            return Err(crate::Error::ContextOverflow {
+                needed: self.len + n,
+                limit: self.capacity,
+            });
+        }
+        let pos: Vec<usize> = (self.len..self.len + n).collect();
+        self.len += n;
+        Ok(CacheRows::new(&pos, &vec![0; n], seen))
+    }
+}
+
+/// Host rows (`width` values each) into the cache rows `at` of `cache`.
+pub fn write_rows<D: DeviceOps>(dev: &D, rows: &[f32], width: usize, (cache, at): (&D::Buf, &[usize])) -> Result<()> {
+    let src = dev.upload_f32(rows)?;
+    let at = CacheRows::upload(dev, at.iter().copied())?;
+    let dense = RowSlice { stride: width, col: 0 };
+    copy_rows(dev, (&src, dense, None), (cache, dense, Some(&at)), rows.len() / width.max(1), width)
+}
+
+/// What an attention core hands back besides its output: the rows' new cache entries (keys and
+/// values, or latents and rotated keys), for a host copy of the cache.
+pub type Keep<'k, B> = &'k mut dyn FnMut([&B; 2]) -> Result<()>;
 
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.
 #[derive(Debug)]
@@ -68,65 +128,53 @@ impl<B> DeviceMla<B> {
     }
 }
 
-/// Absorbed MLA over `n` normalised rows of one sequence at positions `cache.len..`: the
-/// layer's written-once projections (`Mla::run`) around the device's attention core, which
-/// appends the rows' latents and keys to `cache`, attends and projects the values.
+/// Absorbed MLA over `n` normalised rows placed by `rows` in `cache` (latents, rotated keys):
+/// the layer's written-once projections (`Mla::run`) around the device's attention core, which
+/// writes the rows' latents and keys (handing them to `keep`), attends and projects the values.
 pub fn mla<D: DeviceOps>(
     dev: &D,
     (m, k): (&Mla, &DeviceMla<D::Buf>),
-    x: &D::Buf,
-    n: usize,
-    cache: &mut DeviceMlaCache<D::Buf>,
+    (x, n): (&D::Buf, usize),
+    (rows, cache): (&CacheRows, [&D::Buf; 2]),
+    keep: Keep<'_, D::Buf>,
 ) -> Result<D::Buf> {
-    let pos = next_positions(cache.len, cache.capacity, n)?;
-    m.run(&OnDevice(dev), x, n, &pos, |p| mla_core(dev, m, &k.wkv, p, cache))
+    m.run(&OnDevice(dev), x, n, &rows.pos, |p| {
+        mla_core(dev, (m, &k.wkv), p, (rows, cache), keep)
+    })
 }
 
 /// The device's MLA attention core: the rows' latents and keys into the cache, the absorbed
-/// queries, attention over each row's prefix (one block, or every block then the ascending
+/// queries, attention over each row's cache rows (one block, or every block then the ascending
 /// merge: the same operations either way), the value projection.
 fn mla_core<D: DeviceOps>(
     dev: &D,
-    m: &Mla,
-    wkv: &D::Buf,
+    (m, wkv): (&Mla, &D::Buf),
     p: MlaProjected<D::Buf>,
-    cache: &mut DeviceMlaCache<D::Buf>,
+    (rows, [latent, rope]): (&CacheRows, [&D::Buf; 2]),
+    keep: Keep<'_, D::Buf>,
 ) -> Result<D::Buf> {
-    let (d, n, start) = (&m.dims, p.rows, cache.len);
-    let c = d.kv_lora;
+    let (d, n) = (&m.dims, p.rows);
+    let (c, r) = (d.kv_lora, d.rope);
     let dense = |w| RowSlice { stride: w, col: 0 };
-    let at = dev.upload_i32(&(start..start + n).map(|p| p as i32).collect::<Vec<_>>())?;
-    copy_rows(
-        dev,
-        (&p.latent, dense(c), None),
-        (&cache.latent, dense(c), Some(&at)),
-        n,
-        c,
-    )?;
-    let (rope, r) = (&p.k_rope, d.rope);
-    copy_rows(
-        dev,
-        (rope, dense(r), None),
-        (&cache.rope, dense(r), Some(&at)),
-        n,
-        r,
-    )?;
-    cache.len += n;
+    let at = CacheRows::upload(dev, rows.at.iter().copied())?;
+    copy_rows(dev, (&p.latent, dense(c), None), (latent, dense(c), Some(&at)), n, c)?;
+    copy_rows(dev, (&p.k_rope, dense(r), None), (rope, dense(r), Some(&at)), n, r)?;
+    keep([&p.latent, &p.k_rope])?;
     let (q_abs, q_rope) = (dev.zeros_f32(n * d.heads * c)?, dev.zeros_f32(n * d.heads * r)?);
     dev.layer(
         &abi::mla_absorb(n, d),
         &[Some(&p.q), Some(wkv), Some(&q_abs), Some(&q_rope)],
     )?;
-    let info: Vec<i32> = (0..n).flat_map(|i| [0, (start + i + 1) as i32]).collect();
-    let info = dev.upload_i32(&info)?;
+    let info = CacheRows::upload(dev, rows.seen.iter().flat_map(|&(s, e)| [s, e - s]))?;
     let ctx = dev.zeros_f32(n * d.heads * c)?;
-    let blocks = cache.len.div_ceil(abi::MLA_BLOCK);
+    let longest = rows.seen.iter().map(|&(s, e)| e - s).max().unwrap_or(0);
+    let blocks = longest.div_ceil(abi::MLA_BLOCK);
     if blocks <= 1 {
-        let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &ctx].map(Some);
+        let bufs = [Some(&q_abs), Some(&q_rope), Some(latent), Some(rope), Some(&info), Some(&ctx)];
         dev.layer(&abi::mla_attend(n, d.heads, c, r, d.scale)?, &bufs)?;
     } else {
         let parts = dev.zeros_f32(n * d.heads * blocks * (c + 2))?;
-        let bufs = [&q_abs, &q_rope, &cache.latent, &cache.rope, &info, &parts].map(Some);
+        let bufs = [Some(&q_abs), Some(&q_rope), Some(latent), Some(rope), Some(&info), Some(&parts)];
         dev.layer(&abi::mla_partials(n, d.heads, (c, r), d.scale, blocks)?, &bufs)?;
         let bufs = [Some(&parts), Some(&info), Some(&ctx)];
         dev.layer(&abi::mla_merge(n, d.heads, c, blocks), &bufs)?;
@@ -136,68 +184,30 @@ fn mla_core<D: DeviceOps>(
     Ok(attn)
 }
 
-/// One sequence's key/value cache of a grouped-query attention layer on the device: rotated
-/// keys and values of `capacity` positions, the first `len` filled.
-#[derive(Debug)]
-pub struct DeviceKvCache<B> {
-    pub k: B,
-    pub v: B,
-    pub len: usize,
-    pub capacity: usize,
-}
-
-impl<B> DeviceKvCache<B> {
-    /// An empty cache of `capacity` positions for `g`'s key/value heads.
-    pub fn new<D: DeviceOps<Buf = B>>(dev: &D, g: &Gqa, capacity: usize) -> Result<Self> {
-        let kw = g.dims().kv_heads * g.dims().head_dim;
-        Ok(DeviceKvCache {
-            k: dev.zeros_f32(capacity * kw)?,
-            v: dev.zeros_f32(capacity * kw)?,
-            len: 0,
-            capacity,
-        })
-    }
-}
-
-/// Grouped-query attention over `n` normalised rows of one sequence at positions
-/// `cache.len..`: the layer's written-once projections (`Gqa::run`) around the device's core,
-/// which appends the rows' keys and values to `cache` and attends (`deltafin_gqa_attend`: the
-/// CPU's order, sinks and window).
+/// Grouped-query attention over `n` normalised rows placed by `rows` in `cache` (keys,
+/// values): the layer's written-once projections (`Gqa::run`) around the device's core, which
+/// writes the rows' keys and values (handing them to `keep`) and attends
+/// (`deltafin_gqa_attend`: the CPU's order, sinks and window).
 pub fn gqa<D: DeviceOps>(
     dev: &D,
     g: &Gqa,
-    x: &D::Buf,
-    n: usize,
-    cache: &mut DeviceKvCache<D::Buf>,
+    (x, n): (&D::Buf, usize),
+    (rows, [k, v]): (&CacheRows, [&D::Buf; 2]),
+    keep: Keep<'_, D::Buf>,
 ) -> Result<D::Buf> {
-    let pos = next_positions(cache.len, cache.capacity, n)?;
     let d = g.dims();
     let launch = abi::gqa_attend(n, (d.heads, d.kv_heads, d.head_dim), d.scale())?;
-    g.run(&OnDevice(dev), x, n, &pos, |p| {
+    g.run(&OnDevice(dev), x, n, &rows.pos, |p| {
         let kw = d.kv_heads * d.head_dim;
-        let rows = RowSlice { stride: kw, col: 0 };
-        let at = dev.upload_i32(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>())?;
-        copy_rows(dev, (&p.k, rows, None), (&cache.k, rows, Some(&at)), n, kw)?;
-        copy_rows(dev, (&p.v, rows, None), (&cache.v, rows, Some(&at)), n, kw)?;
-        cache.len += n;
-        let info: Vec<i32> = pos
-            .iter()
-            .flat_map(|&p| {
-                let (s, e) = g.seen(p);
-                [s as i32, e as i32]
-            })
-            .collect();
-        let info = dev.upload_i32(&info)?;
+        let dense = RowSlice { stride: kw, col: 0 };
+        let at = CacheRows::upload(dev, rows.at.iter().copied())?;
+        copy_rows(dev, (&p.k, dense, None), (k, dense, Some(&at)), n, kw)?;
+        copy_rows(dev, (&p.v, dense, None), (v, dense, Some(&at)), n, kw)?;
+        keep([&p.k, &p.v])?;
+        let info = CacheRows::upload(dev, rows.seen.iter().flat_map(|&(s, e)| [s, e]))?;
         let sinks = g.sinks().map(|s| dev.upload_f32(s)).transpose()?;
         let out = dev.zeros_f32(n * d.heads * d.head_dim)?;
-        let bufs = [
-            Some(&p.q),
-            Some(&cache.k),
-            Some(&cache.v),
-            sinks.as_ref(),
-            Some(&info),
-            Some(&out),
-        ];
+        let bufs = [Some(&p.q), Some(k), Some(v), sinks.as_ref(), Some(&info), Some(&out)];
         dev.layer(&launch, &bufs)?;
         Ok(out)
     })

@@ -241,27 +241,36 @@ impl GatedDeltaNet {
     /// Attention output `[n, hidden]` for normalised rows `x` on the CPU, advancing each row's
     /// sequence state (rows of one sequence are consecutive positions, in order).
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+        self.run(&Host, &x.to_vec(), n, |proj| self.host_core(proj, n, rows))
+            .expect("the CPU runs every gated DeltaNet form")
+    }
+
+    /// The CPU's delta-rule core over `n` projected rows, advancing each row's host state (the
+    /// read-out `[n, P]`, before `o_proj`).
+    pub(crate) fn host_core(
+        &self,
+        proj: KdaProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+    ) -> Result<Vec<f32>> {
         let (d, p) = (self.shape.head_dim, self.shape.channels());
-        self.run(&Host, &x.to_vec(), n, |proj| {
-            // The decay input per channel: its head's `a` plus the channel's `dt_bias`.
-            let mut f = Vec::with_capacity(n * p);
-            for row in proj.f.chunks(self.shape.heads.max(1)).take(n) {
-                f.extend(
-                    self.dt_bias
-                        .iter()
-                        .enumerate()
-                        .map(|(c, &bias)| row[c / d] + bias),
-                );
-            }
-            let proj = Projections {
-                qkv: proj.qkv,
-                f,
-                beta: proj.beta,
-                gate: proj.gate,
-            };
-            Ok(self.core().run(&proj, n, rows))
-        })
-        .expect("the CPU runs every gated DeltaNet form")
+        // The decay input per channel: its head's `a` plus the channel's `dt_bias`.
+        let mut f = Vec::with_capacity(n * p);
+        for row in proj.f.chunks(self.shape.heads.max(1)).take(n) {
+            f.extend(
+                self.dt_bias
+                    .iter()
+                    .enumerate()
+                    .map(|(c, &bias)| row[c / d] + bias),
+            );
+        }
+        let proj = Projections {
+            qkv: proj.qkv,
+            f,
+            beta: proj.beta,
+            gate: proj.gate,
+        };
+        Ok(self.core().run(&proj, n, rows))
     }
 }
 

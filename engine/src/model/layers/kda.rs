@@ -262,17 +262,25 @@ impl Kda {
     /// enough, each over its rows in order ([`head_step_with`], [`head_readout`]: the operations of
     /// the sequential twin, so the bits do not depend on the split); last the gated norm.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
-        let p = self.shape.channels();
-        self.run(&Host, &x.to_vec(), n, |proj| {
-            let proj = Projections {
-                f: Host.add_rows(proj.f, &self.dt_bias, n, p)?,
-                qkv: proj.qkv,
-                beta: proj.beta,
-                gate: proj.gate,
-            };
-            Ok(self.core().run(&proj, n, rows))
-        })
-        .expect("the CPU runs every KDA form")
+        self.run(&Host, &x.to_vec(), n, |proj| self.host_core(proj, n, rows))
+            .expect("the CPU runs every KDA form")
+    }
+
+    /// The CPU's delta-rule core over `n` projected rows, advancing each row's host state (the
+    /// read-out `[n, P]`, before `o_proj`).
+    pub(crate) fn host_core(
+        &self,
+        proj: KdaProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+    ) -> Result<Vec<f32>> {
+        let proj = Projections {
+            f: Host.add_rows(proj.f, &self.dt_bias, n, self.shape.channels())?,
+            qkv: proj.qkv,
+            beta: proj.beta,
+            gate: proj.gate,
+        };
+        Ok(self.core().run(&proj, n, rows))
     }
 
     /// The constants the shared recurrence reads.

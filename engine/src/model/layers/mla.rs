@@ -215,7 +215,7 @@ impl Mla {
     }
 
     /// Row `i` of the latents and rotated keys appended to `cache`.
-    fn push_row(&self, cache: &mut MlaCache, (latent, k_rope): (&[f32], &[f32]), i: usize) {
+    pub(crate) fn push_row(&self, cache: &mut MlaCache, (latent, k_rope): (&[f32], &[f32]), i: usize) {
         let (c, r) = (self.dims.kv_lora, self.dims.rope);
         cache.latent.push(&latent[i * c..(i + 1) * c]);
         cache.k_rope.push(&k_rope[i * r..(i + 1) * r]);

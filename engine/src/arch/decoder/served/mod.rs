@@ -1,0 +1,422 @@
+//! The server's passes on a device: [`DeviceModel`] is a [`Model`] whose batched passes run the
+//! decoder's written-once layer loops (`stack.rs`) through [`OnDevice`], so `deltafin serve
+//! --device cuda` keeps the activations of every row of a batch, the attention caches and the
+//! attention itself on the device.
+//!
+//! The host [`SeqState`] stays the state of record. Each pass copies the rows it adds to a
+//! device attention cache (keys and values, or MLA latents and rotated keys: a few KB per row
+//! and layer) back into the host state, so commits, rollbacks, checkpoints, the reuse cache and
+//! the memory accounting of the scheduler work unchanged and bit for bit as on the CPU. The
+//! device's caches are mirrors in a pool of slots, one sequence per slot ([`Slots`]): a mirror
+//! is current while its state's identity and pass count match ([`SeqState::passes`]); a stale
+//! or evicted one is uploaded again from the host.
+//!
+//! Recurrent layers (KDA, gated DeltaNet) project on the device and run their delta-rule core
+//! on the host state: its cost is fixed per row (not growing with the context, as attention's
+//! does), and their staged passes, replays and checkpoints live there.
+
+use std::sync::Mutex;
+
+use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
+use super::super::layers::kda::{KdaProjected, KdaRows};
+use super::super::layers::ops::Ops;
+use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches};
+use super::stack::{self, Stack};
+use super::{Decoder, Layer, Mixer, Residual, Sites, Tail, missing_res, row_tokens};
+use crate::backend::device::DeviceOps;
+use crate::error::{Error, Result};
+use crate::state::{LayerState, SeqState};
+use std::any::Any;
+
+mod slots;
+
+use slots::{Placed, Seq, Slots};
+
+/// A decoder served on a device (see the module doc).
+pub struct DeviceModel<D: DeviceOps> {
+    model: Box<dyn Model>,
+    info: ModelInfo,
+    dev: D,
+    /// Positions of each slot of the device caches.
+    capacity: usize,
+    resident: Mutex<Resident<D::Buf>>,
+}
+
+/// What stays on the device between passes.
+struct Resident<B> {
+    layers: Vec<ServedLayer<B>>,
+    /// The AttnRes query before the final norm (Block Attention Residuals).
+    output_res: Option<B>,
+    slots: Slots,
+}
+
+/// One layer's device constants and pooled cache.
+struct ServedLayer<B> {
+    norms: [B; 2],
+    res: Option<[B; 2]>,
+    mixer: ServedMixer<B>,
+}
+
+/// A layer's mixer on the served device.
+enum ServedMixer<B> {
+    /// Grouped-query attention: keys and values, `slots × capacity` rows each.
+    Attention([B; 2]),
+    /// Dense MLA: its decoded `kv_b_proj`, and latents and rotated keys of every slot.
+    Mla(DeviceMla<B>, [B; 2]),
+    /// KDA or gated DeltaNet: projections on the device, the core on the host state.
+    Recurrent,
+}
+
+/// The typed refusal of a model this path does not serve.
+fn refused(arch: &str, what: &str) -> Error {
+    Error::InvalidArgument {
+        field: "device",
+        reason: format!("{arch}: {what} has no served device path yet"),
+    }
+}
+
+impl<B> ServedMixer<B> {
+    /// `mixer`'s constants and an empty pool of `rows` cache rows.
+    fn new<D: DeviceOps<Buf = B>>(arch: &str, dev: &D, mixer: &Mixer, rows: usize) -> Result<Self> {
+        Ok(match mixer {
+            Mixer::Attention(g) => {
+                let kw = g.dims().kv_heads * g.dims().head_dim;
+                ServedMixer::Attention([dev.zeros_f32(rows * kw)?, dev.zeros_f32(rows * kw)?])
+            }
+            Mixer::Mla(m) if m.sparse.is_some() => return Err(refused(arch, "DeepSeek Sparse Attention")),
+            Mixer::Mla(m) => {
+                let (c, r) = (m.dims.kv_lora, m.dims.rope);
+                let pool = [dev.zeros_f32(rows * c)?, dev.zeros_f32(rows * r)?];
+                ServedMixer::Mla(DeviceMla::new(dev, m)?, pool)
+            }
+            Mixer::Kda(_) | Mixer::DeltaNet(_) => ServedMixer::Recurrent,
+            Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
+        })
+    }
+}
+
+impl<D: DeviceOps> DeviceModel<D> {
+    /// Whether `model` has a served device path (a typed refusal saying why not).
+    pub fn supports(model: &dyn Model) -> Result<()> {
+        let arch = model.info().arch;
+        let m = model
+            .as_any()
+            .downcast_ref::<Decoder>()
+            .ok_or_else(|| refused(arch, "this architecture"))?;
+        if matches!(m.plan.residual, Residual::Hyper { .. }) {
+            return Err(refused(arch, "the hyper-connection residual"));
+        }
+        for l in 0..m.layers.len() {
+            match &m.layers.get(l)?.mixer {
+                Mixer::Mla(x) if x.sparse.is_some() => return Err(refused(arch, "DeepSeek Sparse Attention")),
+                Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `model` served on `dev` with `slots` cache slots of `capacity` positions each (the
+    /// caches are allocated now); the context limit it reports is `capacity`.
+    pub fn new(model: Box<dyn Model>, dev: D, (slots, capacity): (usize, usize)) -> Result<Self> {
+        Self::supports(model.as_ref())?;
+        let m = model.as_any().downcast_ref::<Decoder>().expect("supports checked");
+        let capacity = capacity.clamp(1, m.info.max_context.max(1));
+        let slots = slots.max(1);
+        let mut layers = Vec::with_capacity(m.layers.len());
+        for l in 0..m.layers.len() {
+            let layer = m.layers.get(l)?;
+            let res = match layer.res.as_ref().and_then(Sites::attn_res) {
+                Some([a, b]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&b.query)?]),
+                None => None,
+            };
+            layers.push(ServedLayer {
+                norms: [
+                    dev.upload_f32(&layer.input_norm)?,
+                    dev.upload_f32(&layer.post_norm)?,
+                ],
+                res,
+                mixer: ServedMixer::new(m.info.arch, &dev, &layer.mixer, slots * capacity)?,
+            });
+        }
+        let output_res = m.output_res.as_ref().and_then(Tail::attn_res);
+        let output_res = output_res.map(|r| dev.upload_f32(&r.query)).transpose()?;
+        let mut info = m.info.clone();
+        info.max_context = capacity;
+        Ok(DeviceModel {
+            model,
+            info,
+            dev,
+            capacity,
+            resident: Mutex::new(Resident {
+                layers,
+                output_res,
+                slots: Slots::new(slots),
+            }),
+        })
+    }
+
+    fn decoder(&self) -> &Decoder {
+        self.model.as_any().downcast_ref().expect("checked at construction")
+    }
+
+    /// Every layer over the pass's rows `x` (in place): the batch placed in slots, stale
+    /// mirrors brought up to date, the device pass, and the slots' bookkeeping after it.
+    fn layers(
+        &self,
+        res: &mut Resident<D::Buf>,
+        (batch, plan): (&mut [SeqInput<'_>], &RowPlan),
+        x: &mut [f32],
+        trace: Option<&mut Trace>,
+    ) -> Result<()> {
+        if let Some(b) = batch.iter().find(|b| b.state.len() > self.capacity) {
+            return Err(Error::ContextOverflow {
+                needed: b.state.len(),
+                limit: self.capacity,
+            });
+        }
+        let seqs: Vec<Seq> = batch
+            .iter()
+            .map(|b| Seq {
+                state: b.state.id(),
+                passes: b.state.passes() - 1,
+                committed: b.state.committed_len(),
+            })
+            .collect();
+        let placed = res.slots.place(&seqs)?;
+        let Resident {
+            layers, output_res, ..
+        } = &*res;
+        let run = self
+            .sync(layers, batch, &placed)
+            .and_then(|()| self.run((layers, output_res.as_ref()), (batch, plan), &placed, x, trace));
+        match run {
+            Ok(()) => {
+                let now: Vec<Seq> = batch
+                    .iter()
+                    .map(|b| Seq {
+                        state: b.state.id(),
+                        passes: b.state.passes(),
+                        committed: b.state.len(),
+                    })
+                    .collect();
+                res.slots.record(&placed, &now);
+            }
+            Err(_) => res.slots.forget(&placed),
+        }
+        run
+    }
+
+    /// Upload each sequence's host cache rows its slot does not hold yet.
+    fn sync(&self, layers: &[ServedLayer<D::Buf>], batch: &[SeqInput<'_>], placed: &[Placed]) -> Result<()> {
+        for (b, p) in batch.iter().zip(placed) {
+            let (from, to) = (p.current, b.state.committed_len());
+            if from == to {
+                continue;
+            }
+            let at: Vec<usize> = (from..to).map(|j| p.slot * self.capacity + j).collect();
+            for (layer, host) in layers.iter().zip(&b.state.layers) {
+                let (pool, parts) = match (&layer.mixer, host) {
+                    (ServedMixer::Attention(pool), LayerState::Kv(c)) => (pool, [&c.k, &c.v]),
+                    (ServedMixer::Mla(_, pool), LayerState::Mla(c)) => (pool, [&c.latent, &c.k_rope]),
+                    _ => continue,
+                };
+                for (buf, part) in pool.iter().zip(parts) {
+                    let rows: Vec<f32> = (from..to).flat_map(|j| part.row(j).iter().copied()).collect();
+                    device::write_rows(&self.dev, &rows, part.width(), (buf, &at))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The device pass proper: the rows up, the decoder's loop, the final rows down (for
+    /// Block Attention Residuals, the logit rows take the output mix).
+    fn run(
+        &self,
+        (layers, output_res): (&[ServedLayer<D::Buf>], Option<&D::Buf>),
+        (batch, plan): (&mut [SeqInput<'_>], &RowPlan),
+        placed: &[Placed],
+        x: &mut [f32],
+        trace: Option<&mut Trace>,
+    ) -> Result<()> {
+        let (m, o) = (self.decoder(), OnDevice(&self.dev));
+        let (h, n, tokens) = (m.plan.hidden_size, plan.len(), row_tokens(batch));
+        let input = o.input(x.to_vec())?;
+        let mut stack = ServedStack {
+            layers,
+            output_res,
+            base: plan.seq.iter().map(|&s| placed[s].slot * self.capacity).collect(),
+            batch,
+            plan,
+            trace,
+        };
+        match m.plan.residual {
+            Residual::AttnRes { block } => {
+                let (run, z) = stack::attn_res(m, (&o, &mut stack), input, (n, &tokens), block)?;
+                x.copy_from_slice(&o.host(&run)?);
+                let z = o.host(&z)?;
+                for r in plan.logit_rows(stack.batch) {
+                    x[r * h..(r + 1) * h].copy_from_slice(&z[r * h..(r + 1) * h]);
+                }
+            }
+            _ => x.copy_from_slice(&o.host(&stack::plain(m, (&o, &mut stack), input, (n, &tokens))?)?),
+        }
+        Ok(())
+    }
+}
+
+impl<D: DeviceOps> std::fmt::Debug for DeviceModel<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceModel({}, {} positions per slot)", self.info.arch, self.capacity)
+    }
+}
+
+impl<D> Model for DeviceModel<D>
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self.model.as_any()
+    }
+
+    fn new_state(&self) -> SeqState {
+        self.model.new_state()
+    }
+
+    fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
+        let mut res = self.resident.lock().unwrap_or_else(|poisoned| {
+            // A pass panicked half way: no slot's rows can be trusted.
+            let mut res = poisoned.into_inner();
+            res.slots.clear();
+            res
+        });
+        self.decoder()
+            .pass(batch, trace, |batch, plan, x, trace| self.layers(&mut res, (batch, plan), x, trace))
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.model.embed(tokens)
+    }
+
+    fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
+        self.model.head(normed, rows)
+    }
+}
+
+/// The served device's [`Stack`]: its uploaded constants, the pooled caches at each row's slot,
+/// and the batch's host states.
+struct ServedStack<'a, 'b, 's, 't, B> {
+    layers: &'a [ServedLayer<B>],
+    output_res: Option<&'a B>,
+    /// Each row's slot base (the first cache row of its sequence's slot).
+    base: Vec<usize>,
+    batch: &'b mut [SeqInput<'s>],
+    plan: &'b RowPlan,
+    trace: Option<&'t mut Trace>,
+}
+
+impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf> {
+    fn norms<'a>(&'a self, l: usize, _: &'a Layer) -> [&'a D::Buf; 2] {
+        let [a, b] = &self.layers[l].norms;
+        [a, b]
+    }
+
+    fn res_queries<'a>(&'a self, l: usize, _: &'a Layer) -> Result<[&'a D::Buf; 2]> {
+        let [a, b] = self.layers[l].res.as_ref().ok_or_else(missing_res)?;
+        Ok([a, b])
+    }
+
+    fn output_query<'a>(&'a self, _: &'a Decoder) -> Result<&'a D::Buf> {
+        self.output_res.ok_or_else(missing_res)
+    }
+
+    fn mixer(&mut self, o: &OnDevice<'_, D>, (l, layer): (usize, &Layer), xn: &D::Buf, n: usize) -> Result<D::Buf> {
+        let (dev, plan, batch) = (o.0, self.plan, &mut *self.batch);
+        match (&layer.mixer, &self.layers[l].mixer) {
+            (Mixer::Attention(g), ServedMixer::Attention([k, v])) => {
+                let rows = CacheRows::new(&plan.pos, &self.base, |p| g.seen(p));
+                let mut keep = |new: [&D::Buf; 2]| {
+                    keep_rows(dev, new, plan, |s, [k, v]| {
+                        let c = batch[s].state.layers[l].kv_mut().expect("state checked: KV layer");
+                        c.k.push(k);
+                        c.v.push(v);
+                    })
+                };
+                device::gqa(dev, g, (xn, n), (&rows, [k, v]), &mut keep)
+            }
+            (Mixer::Mla(m), ServedMixer::Mla(c, [latent, rope])) => {
+                let rows = CacheRows::new(&plan.pos, &self.base, |p| (0, p + 1));
+                let mut keep = |new: [&D::Buf; 2]| {
+                    keep_rows(dev, new, plan, |s, [a, b]| {
+                        let cache = batch[s].state.layers[l].mla_mut().expect("state checked: MLA layer");
+                        m.push_row(cache, (a, b), 0);
+                    })
+                };
+                device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), &mut keep)
+            }
+            (Mixer::Kda(k), ServedMixer::Recurrent) => k.run(o, xn, n, |p| {
+                host_core(dev, p, |p| {
+                    let mut caches = kda_caches(batch, l);
+                    k.host_core(p, n, &mut KdaRows { caches: &mut caches, seq: &plan.seq })
+                })
+            }),
+            (Mixer::DeltaNet(g), ServedMixer::Recurrent) => g.run(o, xn, n, |p| {
+                host_core(dev, p, |p| {
+                    let mut caches = kda_caches(batch, l);
+                    g.host_core(p, n, &mut KdaRows { caches: &mut caches, seq: &plan.seq })
+                })
+            }),
+            _ => Err(Error::InvalidArgument {
+                field: "device",
+                reason: "a layer's mixer differs from the one its device model was built on".into(),
+            }),
+        }
+    }
+
+    fn record(&mut self, o: &OnDevice<'_, D>, l: usize, x: &D::Buf) -> Result<()> {
+        let name = format!("layers.{l}");
+        if let Some(t) = self.trace.as_deref_mut().filter(|t| t.wants(&name)) {
+            t.record(name, &o.host(x)?);
+        }
+        Ok(())
+    }
+}
+
+/// The rows a core wrote to a device cache (`new`: two parts of the pass's rows), each row's
+/// pair handed to `push` with the row's sequence, in row order (the host cache's order).
+fn keep_rows<D: DeviceOps>(
+    dev: &D,
+    new: [&D::Buf; 2],
+    plan: &RowPlan,
+    mut push: impl FnMut(usize, [&[f32]; 2]),
+) -> Result<()> {
+    let [a, b] = new.map(|buf| dev.download_f32(buf));
+    let (a, b, n) = (a?, b?, plan.len().max(1));
+    let (wa, wb) = (a.len() / n, b.len() / n);
+    for (i, &s) in plan.seq.iter().enumerate() {
+        push(s, [&a[i * wa..(i + 1) * wa], &b[i * wb..(i + 1) * wb]]);
+    }
+    Ok(())
+}
+
+/// A recurrent layer's core on the host: the projections down, `core` over the host states,
+/// its read-out up.
+fn host_core<D: DeviceOps>(
+    dev: &D,
+    p: KdaProjected<D::Buf>,
+    core: impl FnOnce(KdaProjected<Vec<f32>>) -> Result<Vec<f32>>,
+) -> Result<D::Buf> {
+    let host = KdaProjected {
+        qkv: dev.download_f32(&p.qkv)?,
+        f: dev.download_f32(&p.f)?,
+        beta: dev.download_f32(&p.beta)?,
+        gate: dev.download_f32(&p.gate)?,
+    };
+    dev.upload_f32(&core(host)?)
+}

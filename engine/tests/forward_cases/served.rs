@@ -1,0 +1,127 @@
+//! Whole served requests on a device: the engine loop the server runs (`scheduler::start`) over
+//! `arch::DeviceModel` against the same loop over the CPU model. Several requests at once
+//! (batched passes over several sequences, each in its own cache slot), greedy and sampled,
+//! with drafts forced on (verify passes whose rejected rows are cut back, so mirrors go stale),
+//! the DSpark head reading the target's hidden rows, and state reuse (cloned states: new
+//! slots): every request's token ids must be the CPU's.
+
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use deltafin_engine::arch::{self, DeviceModel, Model};
+use deltafin_engine::backend::device::DeviceOps;
+use deltafin_engine::generate::Sampling;
+use deltafin_engine::scheduler::{self, Event, GenRequest, SchedulerConfig, SchedulerHandle};
+use deltafin_engine::spec::{Drafts, EconomicsConfig, RequestKind, SpecMode};
+use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, ExpertFormat};
+
+/// The engine loop over `model`: batches of up to 3, prefill chunks of 5 tokens, drafts forced
+/// (a synthetic DSpark head: it drafts every step, and most drafts are rejected), state reuse
+/// on.
+fn engine(model: Box<dyn Model>) -> SchedulerHandle {
+    let dir = tempfile::tempdir().unwrap();
+    DSparkSynth::for_target(model.info(), 5).write(dir.path()).unwrap();
+    let head = deltafin_engine::spec::dspark::DSpark::load(dir.path()).unwrap();
+    let drafts = Drafts {
+        dspark: Some(Arc::new(head)),
+        economics: EconomicsConfig {
+            forced: true,
+            max_width: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cfg = SchedulerConfig {
+        max_batch: 3,
+        prefill_chunk: 5,
+        prefill_chunk_solo: 5,
+        state_cache_entries: 8,
+        min_reuse_tokens: 2,
+        drafts,
+        ..Default::default()
+    };
+    scheduler::start(model, cfg).unwrap().0
+}
+
+/// Request `i`: a chat request (so the draft head drafts), greedy or sampled; the fourth repeats
+/// the first's prompt (state reuse).
+fn request(i: usize, vocab: usize) -> GenRequest {
+    let motif: Vec<u32> = (0..3).map(|k| ((i % 3) * 31 + k * 17 + 7) as u32 % vocab as u32).collect();
+    let prompt: Vec<u32> = motif.iter().cycle().take(8 + i % 3).copied().collect();
+    GenRequest {
+        prompt,
+        max_new_tokens: 8,
+        sampling: if i % 2 == 0 {
+            Sampling::Greedy
+        } else {
+            Sampling::new(0.9, 0.95, 0, 11 + i as u64).unwrap()
+        },
+        stop_ids: vec![],
+        reuse_state: true,
+        kind: RequestKind::Chat,
+        spec: SpecMode::On,
+        decode: Default::default(),
+    }
+}
+
+/// Every request submitted at once; each one's token ids.
+fn run_all(h: &SchedulerHandle, reqs: &[GenRequest]) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (tx, rx) = mpsc::channel();
+            h.submit(r.clone(), Box::new(tx)).unwrap();
+            rx
+        })
+        .collect();
+    rxs.iter()
+        .map(|rx| {
+            let mut ids = Vec::new();
+            loop {
+                match rx.recv_timeout(Duration::from_secs(600)).expect("event") {
+                    Event::Token(t) => ids.push(t),
+                    Event::Done(_) => return ids,
+                    Event::Failed { kind, message } => panic!("failed ({kind}): {message}"),
+                    _ => {}
+                }
+            }
+        })
+        .collect()
+}
+
+/// `load()` served on the CPU and on `dev`: the same ids for every request; drafts verified.
+fn served_agrees<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    let vocab = load().info().vocab_size.min(200);
+    let reqs: Vec<GenRequest> = (0..4).map(|i| request(i, vocab)).collect();
+    let cpu = engine(load());
+    let want = run_all(&cpu, &reqs[..3]);
+    let want_reused = run_all(&cpu, &reqs[3..]);
+    let served = DeviceModel::new(load(), dev, (4, 48)).unwrap();
+    let device = engine(Box::new(served));
+    assert_eq!(run_all(&device, &reqs[..3]), want, "{what}: batched requests");
+    assert_eq!(run_all(&device, &reqs[3..]), want_reused, "{what}: a reused state");
+    let spec = device.stats().speculation();
+    let drafted: u64 = spec.proposers.values().map(|p| p.draft_tokens).sum();
+    let accepted: u64 = spec.proposers.values().map(|p| p.accepted_tokens).sum();
+    assert!(drafted > accepted, "{what}: drafts must be verified and some cut back ({drafted} drafted, {accepted} kept)");
+}
+
+/// DeepSeek-V3 (MLA, FP8 experts), gpt-oss (sliding-window GQA with sinks),
+/// Kimi-Linear (KDA and MLA) and K3 (Block Attention Residuals) served on `dev`.
+pub fn served_requests_match_the_cpu<D>(dev: &'static D)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth::tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
+    served_agrees(dev, || arch::load(dir.path()).unwrap(), "deepseek-v3");
+    for name in ["gpt-oss", "kimi-linear", "k3"] {
+        let path = super::fixture(name);
+        served_agrees(dev, || arch::load(&path).unwrap(), name);
+    }
+}
