@@ -261,3 +261,16 @@ fn generation_on_the_gpu_gives_the_cpu_tokens() {
     forward_cases::generation_on_the_device_matches_the_cpu(cuda.as_ref());
     forward_cases::out_of_core_generation_matches_the_cpu(cuda.as_ref());
 }
+
+/// Served requests (the engine loop over `arch::DeviceModel`: batches, drafts, reuse) on the
+/// GPU give the CPU's tokens: the check `cuda_emulated_forward.rs` runs through the emulator.
+#[test]
+fn served_requests_on_the_gpu_give_the_cpu_tokens() {
+    let Some(b) = gpu(None) else { return };
+    let leaked: &'static Backend = Box::leak(Box::new(b));
+    let Backend::Cuda(cuda) = leaked else {
+        unreachable!("gpu() opens CUDA")
+    };
+    let cuda: &'static deltafin_engine::backend::cuda::CudaBackend = cuda;
+    forward_cases::served::served_requests_match_the_cpu(cuda);
+}

@@ -78,6 +78,7 @@ pub fn load(
     let markers = reasoning_markers(&tokenizer);
     let vocab_size = model.info().vocab_size;
     let tool_format = ToolFormat::detect(&tokenizer);
+    let model = on_device(model, &cfg)?;
     cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
     tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
@@ -100,6 +101,20 @@ pub fn load(
         vocabulary: std::sync::OnceLock::new(),
     };
     Ok((loaded, thread))
+}
+
+/// On a GPU, the model as whole passes on the device when its architecture has a served device
+/// path (`arch::DeviceModel`): one cache slot per batch row and a spare, each of the context
+/// limit, within `arch::DEVICE_CACHE_BYTES` of attention cache.
+fn on_device(model: Box<dyn arch::Model>, cfg: &SchedulerConfig) -> Result<Box<dyn arch::Model>, LoadError> {
+    let info = model.info();
+    let slots = cfg.max_batch.max(1) + 1;
+    let limits = (cfg.context_limit, info.max_context);
+    let capacity =
+        arch::device_cache_positions(info.state.per_token, slots, limits, arch::DEVICE_CACHE_BYTES);
+    let (model, pass) = arch::serve_on_current_device(model, slots, capacity).map_err(LoadError::Model)?;
+    tracing::info!(%pass, "device");
+    Ok(model)
 }
 
 /// In memory, every tensor is verified once, at load, against the install's checksums (out of

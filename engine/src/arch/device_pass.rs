@@ -78,6 +78,23 @@ pub fn current_device_sequence(
     }
 }
 
+/// Bytes the served device's attention caches may take by default ([`device_cache_positions`]).
+pub const DEVICE_CACHE_BYTES: u64 = 4 << 30;
+
+/// Positions per cache slot of a served device (pure): the context limit (the model's when
+/// none is set), fewer when `slots` slots of them would take more than `budget` bytes of
+/// attention cache (`per_token` bytes a position, every attention layer together).
+pub fn device_cache_positions(
+    per_token: u64,
+    slots: usize,
+    (limit, max_context): (Option<usize>, usize),
+    budget: u64,
+) -> usize {
+    let wanted = limit.unwrap_or(max_context).min(max_context).max(1);
+    let fit = budget / (per_token.max(1) * slots.max(1) as u64);
+    wanted.min(usize::try_from(fit).unwrap_or(usize::MAX)).max(1)
+}
+
 /// `model` as the server runs it on the installed backend ([`crate::backend::current`]): on a
 /// GPU, a [`super::DeviceModel`] with `slots` cache slots of `capacity` positions when the
 /// architecture has a served device path, else `model` itself (its matrix products still run
@@ -95,7 +112,9 @@ pub fn serve_on_current_device(
         #[cfg(feature = "cuda")]
         crate::backend::Backend::Cuda(c) => {
             let dev: &'static crate::backend::cuda::CudaBackend = c.as_ref();
-            if let Err(why) = super::DeviceModel::<&crate::backend::cuda::CudaBackend>::supports(model.as_ref()) {
+            if let Err(why) =
+                super::DeviceModel::<&crate::backend::cuda::CudaBackend>::supports(model.as_ref())
+            {
                 return Ok((model, format!("matrix products on {} ({why})", c.describe())));
             }
             let served = super::DeviceModel::new(model, dev, (slots, capacity))?;
@@ -106,5 +125,20 @@ pub fn serve_on_current_device(
             );
             Ok((Box::new(served), line))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_cache_positions;
+
+    #[test]
+    fn device_caches_hold_the_context_limit_within_their_budget() {
+        // 1 KiB a position, 4 slots, 1 MiB: 256 positions fit.
+        assert_eq!(device_cache_positions(1024, 4, (None, 4096), 1 << 20), 256);
+        assert_eq!(device_cache_positions(1024, 4, (Some(100), 4096), 1 << 20), 100);
+        assert_eq!(device_cache_positions(1024, 4, (Some(9999), 200), 1 << 30), 200);
+        // Recurrent-only models have no attention cache: the context limit.
+        assert_eq!(device_cache_positions(0, 4, (None, 4096), 1 << 20), 4096);
     }
 }

@@ -25,9 +25,12 @@ use std::fmt::Debug;
 use std::path::Path;
 
 pub use crate::model::{Loader, layers};
-pub use decoder::{DeviceModel, DeviceSession};
 pub use decoder::{Decoder, MtpModule};
-pub use device_pass::{DeviceSequence, current_device_sequence, device_sequence, serve_on_current_device};
+pub use decoder::{DeviceModel, DeviceSession};
+pub use device_pass::{
+    DEVICE_CACHE_BYTES, DeviceSequence, current_device_sequence, device_cache_positions, device_sequence,
+    serve_on_current_device,
+};
 pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 
 use crate::error::{Error, Result};
@@ -120,7 +123,9 @@ impl Trace {
 
     /// Whether the trace keeps the tensor `name` (so a device pass copies it to the host).
     pub fn wants(&self, name: &str) -> bool {
-        self.only.as_ref().is_none_or(|only| only.iter().any(|n| n == name))
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|n| n == name))
     }
 
     /// Append `data` under `name` (ignored when the trace keeps other tensors only).

@@ -30,13 +30,13 @@ mod stack;
 use std::sync::Arc;
 
 pub use device::DeviceSession;
-pub use served::DeviceModel;
 use load::{expert, load_fixed, load_layer};
 pub use mtp::MtpModule;
 pub(crate) use plan::{
     DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
     V4Plan,
 };
+pub use served::DeviceModel;
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;

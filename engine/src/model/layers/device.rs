@@ -75,7 +75,10 @@ impl<B> DeviceCache<B> {
     /// An empty cache of `capacity` rows `widths` wide.
     pub fn new<D: DeviceOps<Buf = B>>(dev: &D, widths: [usize; 2], capacity: usize) -> Result<Self> {
         Ok(DeviceCache {
-            parts: [dev.zeros_f32(capacity * widths[0])?, dev.zeros_f32(capacity * widths[1])?],
+            parts: [
+                dev.zeros_f32(capacity * widths[0])?,
+                dev.zeros_f32(capacity * widths[1])?,
+            ],
             len: 0,
             capacity,
         })
@@ -97,11 +100,25 @@ impl<B> DeviceCache<B> {
 }
 
 /// Host rows (`width` values each) into the cache rows `at` of `cache`.
-pub fn write_rows<D: DeviceOps>(dev: &D, rows: &[f32], width: usize, (cache, at): (&D::Buf, &[usize])) -> Result<()> {
+pub fn write_rows<D: DeviceOps>(
+    dev: &D,
+    rows: &[f32],
+    width: usize,
+    (cache, at): (&D::Buf, &[usize]),
+) -> Result<()> {
     let src = dev.upload_f32(rows)?;
     let at = CacheRows::upload(dev, at.iter().copied())?;
-    let dense = RowSlice { stride: width, col: 0 };
-    copy_rows(dev, (&src, dense, None), (cache, dense, Some(&at)), rows.len() / width.max(1), width)
+    let dense = RowSlice {
+        stride: width,
+        col: 0,
+    };
+    copy_rows(
+        dev,
+        (&src, dense, None),
+        (cache, dense, Some(&at)),
+        rows.len() / width.max(1),
+        width,
+    )
 }
 
 /// What an attention core hands back besides its output: the rows' new cache entries (keys and
@@ -157,8 +174,20 @@ fn mla_core<D: DeviceOps>(
     let (c, r) = (d.kv_lora, d.rope);
     let dense = |w| RowSlice { stride: w, col: 0 };
     let at = CacheRows::upload(dev, rows.at.iter().copied())?;
-    copy_rows(dev, (&p.latent, dense(c), None), (latent, dense(c), Some(&at)), n, c)?;
-    copy_rows(dev, (&p.k_rope, dense(r), None), (rope, dense(r), Some(&at)), n, r)?;
+    copy_rows(
+        dev,
+        (&p.latent, dense(c), None),
+        (latent, dense(c), Some(&at)),
+        n,
+        c,
+    )?;
+    copy_rows(
+        dev,
+        (&p.k_rope, dense(r), None),
+        (rope, dense(r), Some(&at)),
+        n,
+        r,
+    )?;
     keep([&p.latent, &p.k_rope])?;
     let (q_abs, q_rope) = (dev.zeros_f32(n * d.heads * c)?, dev.zeros_f32(n * d.heads * r)?);
     dev.layer(
@@ -170,11 +199,25 @@ fn mla_core<D: DeviceOps>(
     let longest = rows.seen.iter().map(|&(s, e)| e - s).max().unwrap_or(0);
     let blocks = longest.div_ceil(abi::MLA_BLOCK);
     if blocks <= 1 {
-        let bufs = [Some(&q_abs), Some(&q_rope), Some(latent), Some(rope), Some(&info), Some(&ctx)];
+        let bufs = [
+            Some(&q_abs),
+            Some(&q_rope),
+            Some(latent),
+            Some(rope),
+            Some(&info),
+            Some(&ctx),
+        ];
         dev.layer(&abi::mla_attend(n, d.heads, c, r, d.scale)?, &bufs)?;
     } else {
         let parts = dev.zeros_f32(n * d.heads * blocks * (c + 2))?;
-        let bufs = [Some(&q_abs), Some(&q_rope), Some(latent), Some(rope), Some(&info), Some(&parts)];
+        let bufs = [
+            Some(&q_abs),
+            Some(&q_rope),
+            Some(latent),
+            Some(rope),
+            Some(&info),
+            Some(&parts),
+        ];
         dev.layer(&abi::mla_partials(n, d.heads, (c, r), d.scale, blocks)?, &bufs)?;
         let bufs = [Some(&parts), Some(&info), Some(&ctx)];
         dev.layer(&abi::mla_merge(n, d.heads, c, blocks), &bufs)?;
@@ -207,7 +250,14 @@ pub fn gqa<D: DeviceOps>(
         let info = CacheRows::upload(dev, rows.seen.iter().flat_map(|&(s, e)| [s, e]))?;
         let sinks = g.sinks().map(|s| dev.upload_f32(s)).transpose()?;
         let out = dev.zeros_f32(n * d.heads * d.head_dim)?;
-        let bufs = [Some(&p.q), Some(k), Some(v), sinks.as_ref(), Some(&info), Some(&out)];
+        let bufs = [
+            Some(&p.q),
+            Some(k),
+            Some(v),
+            sinks.as_ref(),
+            Some(&info),
+            Some(&out),
+        ];
         dev.layer(&launch, &bufs)?;
         Ok(out)
     })

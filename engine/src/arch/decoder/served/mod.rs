@@ -108,7 +108,9 @@ impl<D: DeviceOps> DeviceModel<D> {
         }
         for l in 0..m.layers.len() {
             match &m.layers.get(l)?.mixer {
-                Mixer::Mla(x) if x.sparse.is_some() => return Err(refused(arch, "DeepSeek Sparse Attention")),
+                Mixer::Mla(x) if x.sparse.is_some() => {
+                    return Err(refused(arch, "DeepSeek Sparse Attention"));
+                }
                 Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
                 _ => {}
             }
@@ -120,7 +122,10 @@ impl<D: DeviceOps> DeviceModel<D> {
     /// caches are allocated now); the context limit it reports is `capacity`.
     pub fn new(model: Box<dyn Model>, dev: D, (slots, capacity): (usize, usize)) -> Result<Self> {
         Self::supports(model.as_ref())?;
-        let m = model.as_any().downcast_ref::<Decoder>().expect("supports checked");
+        let m = model
+            .as_any()
+            .downcast_ref::<Decoder>()
+            .expect("supports checked");
         let capacity = capacity.clamp(1, m.info.max_context.max(1));
         let slots = slots.max(1);
         let mut layers = Vec::with_capacity(m.layers.len());
@@ -157,7 +162,10 @@ impl<D: DeviceOps> DeviceModel<D> {
     }
 
     fn decoder(&self) -> &Decoder {
-        self.model.as_any().downcast_ref().expect("checked at construction")
+        self.model
+            .as_any()
+            .downcast_ref()
+            .expect("checked at construction")
     }
 
     /// Every layer over the pass's rows `x` (in place): the batch placed in slots, stale
@@ -268,7 +276,11 @@ impl<D: DeviceOps> DeviceModel<D> {
 
 impl<D: DeviceOps> std::fmt::Debug for DeviceModel<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceModel({}, {} positions per slot)", self.info.arch, self.capacity)
+        write!(
+            f,
+            "DeviceModel({}, {} positions per slot)",
+            self.info.arch, self.capacity
+        )
     }
 }
 
@@ -296,8 +308,9 @@ where
             res.slots.clear();
             res
         });
-        self.decoder()
-            .pass(batch, trace, |batch, plan, x, trace| self.layers(&mut res, (batch, plan), x, trace))
+        self.decoder().pass(batch, trace, |batch, plan, x, trace| {
+            self.layers(&mut res, (batch, plan), x, trace)
+        })
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -336,14 +349,22 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
         self.output_res.ok_or_else(missing_res)
     }
 
-    fn mixer(&mut self, o: &OnDevice<'_, D>, (l, layer): (usize, &Layer), xn: &D::Buf, n: usize) -> Result<D::Buf> {
+    fn mixer(
+        &mut self,
+        o: &OnDevice<'_, D>,
+        (l, layer): (usize, &Layer),
+        xn: &D::Buf,
+        n: usize,
+    ) -> Result<D::Buf> {
         let (dev, plan, batch) = (o.0, self.plan, &mut *self.batch);
         match (&layer.mixer, &self.layers[l].mixer) {
             (Mixer::Attention(g), ServedMixer::Attention([k, v])) => {
                 let rows = CacheRows::new(&plan.pos, &self.base, |p| g.seen(p));
                 let mut keep = |new: [&D::Buf; 2]| {
                     keep_rows(dev, new, plan, |s, [k, v]| {
-                        let c = batch[s].state.layers[l].kv_mut().expect("state checked: KV layer");
+                        let c = batch[s].state.layers[l]
+                            .kv_mut()
+                            .expect("state checked: KV layer");
                         c.k.push(k);
                         c.v.push(v);
                     })
@@ -354,7 +375,9 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                 let rows = CacheRows::new(&plan.pos, &self.base, |p| (0, p + 1));
                 let mut keep = |new: [&D::Buf; 2]| {
                     keep_rows(dev, new, plan, |s, [a, b]| {
-                        let cache = batch[s].state.layers[l].mla_mut().expect("state checked: MLA layer");
+                        let cache = batch[s].state.layers[l]
+                            .mla_mut()
+                            .expect("state checked: MLA layer");
                         m.push_row(cache, (a, b), 0);
                     })
                 };
@@ -363,13 +386,27 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             (Mixer::Kda(k), ServedMixer::Recurrent) => k.run(o, xn, n, |p| {
                 host_core(dev, p, |p| {
                     let mut caches = kda_caches(batch, l);
-                    k.host_core(p, n, &mut KdaRows { caches: &mut caches, seq: &plan.seq })
+                    k.host_core(
+                        p,
+                        n,
+                        &mut KdaRows {
+                            caches: &mut caches,
+                            seq: &plan.seq,
+                        },
+                    )
                 })
             }),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => g.run(o, xn, n, |p| {
                 host_core(dev, p, |p| {
                     let mut caches = kda_caches(batch, l);
-                    g.host_core(p, n, &mut KdaRows { caches: &mut caches, seq: &plan.seq })
+                    g.host_core(
+                        p,
+                        n,
+                        &mut KdaRows {
+                            caches: &mut caches,
+                            seq: &plan.seq,
+                        },
+                    )
                 })
             }),
             _ => Err(Error::InvalidArgument {

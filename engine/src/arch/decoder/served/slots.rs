@@ -62,10 +62,17 @@ impl Slots {
         let mut placed: Vec<Option<Placed>> = seqs
             .iter()
             .map(|s| {
-                let slot = self.held.iter().position(|m| m.is_some_and(|m| m.state == s.state))?;
+                let slot = self
+                    .held
+                    .iter()
+                    .position(|m| m.is_some_and(|m| m.state == s.state))?;
                 let m = self.held[slot].expect("found");
                 taken[slot] = true;
-                let current = if m.passes == s.passes { m.len.min(s.committed) } else { 0 };
+                let current = if m.passes == s.passes {
+                    m.len.min(s.committed)
+                } else {
+                    0
+                };
                 Some(Placed { slot, current })
             })
             .collect();
@@ -153,7 +160,10 @@ mod tests {
         let p = s.place(&[seq(2, 1, 4)]).unwrap();
         s.record(&p, &[seq(2, 2, 5)]);
         // State 3 evicts state 1 (older), never state 2 which this pass holds.
-        assert_eq!(s.place(&[seq(2, 2, 5), seq(3, 0, 0)]).unwrap(), [placed(1, 5), placed(0, 0)]);
+        assert_eq!(
+            s.place(&[seq(2, 2, 5), seq(3, 0, 0)]).unwrap(),
+            [placed(1, 5), placed(0, 0)]
+        );
         // More sequences than slots: refused.
         assert!(s.place(&[seq(4, 0, 0), seq(5, 0, 0), seq(6, 0, 0)]).is_err());
     }
