@@ -38,16 +38,33 @@ pub enum LoadError {
     Drafts(#[from] DraftError),
 }
 
+/// Where a loaded model runs: given the model and the engine's settings, the model the engine
+/// loop drives ([`on_device`]: whole passes on the process's GPU when there is one).
+pub type Place<'a> =
+    &'a dyn Fn(Box<dyn arch::Model>, &SchedulerConfig) -> Result<Box<dyn arch::Model>, LoadError>;
+
 /// Load `dir` (under a memory budget when `ooc` is given; in memory its tensors are first
 /// verified against the install's checksums as `checksums` says) and its drafts, and start its
-/// engine loop.
+/// engine loop, on the process's compute device.
 pub fn load(
     dir: &Path,
     model_id: String,
-    mut cfg: SchedulerConfig,
+    cfg: SchedulerConfig,
     ooc: Option<&OocOptions>,
     checksums: ChecksumMode,
     drafts: &DraftSources,
+) -> Result<(Loaded, JoinHandle<()>), LoadError> {
+    load_placed(dir, model_id, cfg, (ooc, checksums), drafts, &on_device)
+}
+
+/// [`load`], the model placed by `place` (tests run it on an emulated device).
+pub fn load_placed(
+    dir: &Path,
+    model_id: String,
+    mut cfg: SchedulerConfig,
+    (ooc, checksums): (Option<&OocOptions>, ChecksumMode),
+    drafts: &DraftSources,
+    place: Place<'_>,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
     let spec = deltafin_engine::arch::ModelSpec::load(dir).map_err(LoadError::Model)?;
     let mut watch = None;
@@ -78,7 +95,7 @@ pub fn load(
     let markers = reasoning_markers(&tokenizer);
     let vocab_size = model.info().vocab_size;
     let tool_format = ToolFormat::detect(&tokenizer);
-    let model = on_device(model, &cfg)?;
+    let model = place(model, &cfg)?;
     cfg.drafts = drafts.load(dir, model.as_ref(), &tokenizer)?;
     tracing::info!(drafts = %cfg.drafts.describe(), "speculative decoding");
     let (engine, thread) = scheduler::start(model, cfg).map_err(LoadError::Thread)?;
@@ -104,17 +121,26 @@ pub fn load(
 }
 
 /// On a GPU, the model as whole passes on the device when its architecture has a served device
-/// path (`arch::DeviceModel`): one cache slot per batch row and a spare, each of the context
-/// limit, within `arch::DEVICE_CACHE_BYTES` of attention cache.
-fn on_device(model: Box<dyn arch::Model>, cfg: &SchedulerConfig) -> Result<Box<dyn arch::Model>, LoadError> {
+/// path (`arch::DeviceModel`): one cache slot per batch row and a spare ([`device_slots`]), each
+/// of the context limit, within `arch::DEVICE_CACHE_BYTES` of attention cache.
+pub fn on_device(
+    model: Box<dyn arch::Model>,
+    cfg: &SchedulerConfig,
+) -> Result<Box<dyn arch::Model>, LoadError> {
     let info = model.info();
-    let slots = cfg.max_batch.max(1) + 1;
+    let slots = device_slots(cfg);
     let limits = (cfg.context_limit, info.max_context);
     let capacity =
         arch::device_cache_positions(info.state.per_token, slots, limits, arch::DEVICE_CACHE_BYTES);
     let (model, pass) = arch::serve_on_current_device(model, slots, capacity).map_err(LoadError::Model)?;
     tracing::info!(%pass, "device");
     Ok(model)
+}
+
+/// Cache slots of a served device: one per sequence of a batch, and a spare that keeps a
+/// finished request's mirror for the next turn of its conversation.
+pub fn device_slots(cfg: &SchedulerConfig) -> usize {
+    cfg.max_batch.max(1) + 1
 }
 
 /// In memory, every tensor is verified once, at load, against the install's checksums (out of

@@ -11,9 +11,12 @@ use std::process::{Command, Stdio};
 /// Compile `tests/cuda_emulator/{source}` to `{name}` in the test's temporary directory.
 /// `None` when there is no g++ (the tests then skip, unless `DELTAFIN_REQUIRE_SERVICES=1`).
 pub fn compile(source: &str, name: &str) -> Option<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/cuda_emulator")
-        .join(source);
+    // From the engine's tests and from the server's (which include this file) alike.
+    let src = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../engine/tests/cuda_emulator"
+    ))
+    .join(source);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let status = Command::new("g++")
         .args([
