@@ -67,7 +67,7 @@ async fn chat(state: &AppState, body: Value) -> Value {
 async fn conversation(state: &AppState) -> Vec<Value> {
     let request = |i: usize, messages: Value| {
         let mut r = json!({"messages": messages, "max_tokens": 8, "logprobs": true, "top_logprobs": 2});
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             r["temperature"] = json!(0);
         } else {
             r["temperature"] = json!(0.8);
