@@ -174,6 +174,69 @@ pub struct KdaRows<'a, 'c> {
     pub seq: &'a [usize],
 }
 
+/// A delta-rule layer (KDA or gated DeltaNet) as a pass drives it: its written-once
+/// projections around a core, and the CPU's core over host states.
+pub(crate) trait DeltaLayer {
+    /// The layer over `n` normalised rows on `o`'s device, the projections handed to `core`.
+    fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf>;
+
+    /// The CPU's core over `n` projected rows, advancing each row's host state.
+    fn host_core(
+        &self,
+        proj: KdaProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+    ) -> Result<Vec<f32>>;
+}
+
+impl DeltaLayer for Kda {
+    fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        Kda::run(self, o, x, n, core)
+    }
+
+    fn host_core(
+        &self,
+        proj: KdaProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+    ) -> Result<Vec<f32>> {
+        Kda::host_core(self, proj, n, rows)
+    }
+}
+
+impl DeltaLayer for super::gated_deltanet::GatedDeltaNet {
+    fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+    ) -> Result<O::Buf> {
+        Self::run(self, o, x, n, core)
+    }
+
+    fn host_core(
+        &self,
+        proj: KdaProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut KdaRows<'_, '_>,
+    ) -> Result<Vec<f32>> {
+        Self::host_core(self, proj, n, rows)
+    }
+}
+
 /// What [`Kda::run`] hands its core: raw `[q | k | v]` per row (`3P`, before the convolution),
 /// the decay input `f_b(f_a x)` per channel (`P`, before `dt_bias`), the `β` logits per head
 /// and the output gate's input per channel (`P`).

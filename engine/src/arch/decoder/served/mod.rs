@@ -18,7 +18,7 @@
 use std::sync::Mutex;
 
 use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
-use super::super::layers::kda::{KdaProjected, KdaRows};
+use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::ops::Ops;
 use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches};
 use super::stack::{self, Stack};
@@ -383,32 +383,8 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                 };
                 device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), &mut keep)
             }
-            (Mixer::Kda(k), ServedMixer::Recurrent) => k.run(o, xn, n, |p| {
-                host_core(dev, p, |p| {
-                    let mut caches = kda_caches(batch, l);
-                    k.host_core(
-                        p,
-                        n,
-                        &mut KdaRows {
-                            caches: &mut caches,
-                            seq: &plan.seq,
-                        },
-                    )
-                })
-            }),
-            (Mixer::DeltaNet(g), ServedMixer::Recurrent) => g.run(o, xn, n, |p| {
-                host_core(dev, p, |p| {
-                    let mut caches = kda_caches(batch, l);
-                    g.host_core(
-                        p,
-                        n,
-                        &mut KdaRows {
-                            caches: &mut caches,
-                            seq: &plan.seq,
-                        },
-                    )
-                })
-            }),
+            (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
+            (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device model was built on".into(),
@@ -442,18 +418,27 @@ fn keep_rows<D: DeviceOps>(
     Ok(())
 }
 
-/// A recurrent layer's core on the host: the projections down, `core` over the host states,
-/// its read-out up.
-fn host_core<D: DeviceOps>(
-    dev: &D,
-    p: KdaProjected<D::Buf>,
-    core: impl FnOnce(KdaProjected<Vec<f32>>) -> Result<Vec<f32>>,
+/// A recurrent layer of the pass: projections on the device, then its core on the host states
+/// of layer `l` (the projections down, the read-out up).
+fn recurrent<D: DeviceOps>(
+    o: &OnDevice<'_, D>,
+    layer: &impl DeltaLayer,
+    (xn, n): (&D::Buf, usize),
+    (batch, plan, l): (&mut [SeqInput<'_>], &RowPlan, usize),
 ) -> Result<D::Buf> {
-    let host = KdaProjected {
-        qkv: dev.download_f32(&p.qkv)?,
-        f: dev.download_f32(&p.f)?,
-        beta: dev.download_f32(&p.beta)?,
-        gate: dev.download_f32(&p.gate)?,
-    };
-    dev.upload_f32(&core(host)?)
+    let dev = o.0;
+    layer.run(o, xn, n, |p| {
+        let host = KdaProjected {
+            qkv: dev.download_f32(&p.qkv)?,
+            f: dev.download_f32(&p.f)?,
+            beta: dev.download_f32(&p.beta)?,
+            gate: dev.download_f32(&p.gate)?,
+        };
+        let mut caches = kda_caches(batch, l);
+        let rows = &mut KdaRows {
+            caches: &mut caches,
+            seq: &plan.seq,
+        };
+        dev.upload_f32(&layer.host_core(host, n, rows)?)
+    })
 }
