@@ -5,8 +5,10 @@
 #   bench/cuda.sh build   # here: builds the CUDA test binary and a release deltafin with
 #                         # `--features cuda` into .device/ (git-ignored, ~40 MB)
 #   bench/cuda.sh run     # there (with .device/ carried along): device parity tests with
-#                         # DELTAFIN_REQUIRE_CUDA=1, the CPU-vs-GPU token check on the built-in
-#                         # model, and `deltafin bench kernels` on both devices; results in $OUT
+#                         # DELTAFIN_REQUIRE_CUDA=1 (served requests included), the CPU-vs-GPU
+#                         # token check on the built-in model, `deltafin bench serve` on both
+#                         # devices (and on the GPU under --device-memory 4G), and
+#                         # `deltafin bench kernels` on both devices; results in $OUT
 #
 # The binaries load libcuda and libnvrtc at run time (the driver and the CUDA runtime's NVRTC
 # must be installed, or libnvrtc.so.12 on LD_LIBRARY_PATH).
@@ -40,6 +42,14 @@ run)
             | python3 -c 'import json,sys; print(json.load(sys.stdin)["output_ids"])' > "$OUT/ids-$d.txt"
     done
     cmp "$OUT/ids-cpu.txt" "$OUT/ids-cuda.txt" && echo "identical: $(cat "$OUT/ids-cpu.txt")" | tee -a "$OUT/run.txt"
+    echo "== served on the device: the engine loop over whole device passes (arch::DeviceModel)" | tee "$OUT/serve.txt"
+    for d in cpu cuda; do
+        "$DEV/deltafin" --device "$d" bench serve --streams 1,4,8 --tokens 32 2>&1 | tee -a "$OUT/serve.txt"
+    done
+    for mem in "" "--device-memory 4G"; do
+        echo "== decode on cuda ${mem:-resident}" | tee -a "$OUT/serve.txt"
+        "$DEV/deltafin" --device cuda $mem bench serve --streams 1 --tokens 32 2>&1 | tee -a "$OUT/serve.txt"
+    done
     echo "== kernels" | tee "$OUT/kernels.txt"
     "$DEV/deltafin" bench kernels | tee -a "$OUT/kernels.txt"
     "$DEV/deltafin" --device cuda bench kernels | tee -a "$OUT/kernels.txt"

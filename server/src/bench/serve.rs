@@ -352,6 +352,8 @@ fn measure(args: &ServeBenchArgs, dir: &Path, routing: Option<&'static str>) -> 
         state_cache_entries: 0,
         ..Default::default()
     };
+    // As `serve` places it: whole passes on the process's GPU when it has one.
+    let model = deltafin_server::model::on_device(model, &cfg)?;
     let (handle, _thread) = scheduler::start(model, cfg)?;
     run_level(&handle, 1, args, vocab)?; // warm-up
     let mut levels = Vec::new();
