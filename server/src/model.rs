@@ -54,7 +54,9 @@ pub fn load(
     checksums: ChecksumMode,
     drafts: &DraftSources,
 ) -> Result<(Loaded, JoinHandle<()>), LoadError> {
-    load_placed(dir, model_id, cfg, (ooc, checksums), drafts, &on_device)
+    load_placed(dir, model_id, cfg, (ooc, checksums), drafts, &|m, cfg| {
+        on_device(m, cfg, dir)
+    })
 }
 
 /// [`load`], the model placed by `place` (tests run it on an emulated device).
@@ -122,17 +124,26 @@ pub fn load_placed(
 
 /// On a GPU, the model as whole passes on the device when its architecture has a served device
 /// path (`arch::DeviceModel`): one cache slot per batch row and a spare ([`device_slots`]), each
-/// of the context limit, within `arch::DEVICE_CACHE_BYTES` of attention cache.
+/// of the context limit, within `arch::DEVICE_CACHE_BYTES` of attention cache; the layers whose
+/// spine the device's weight budget holds (`arch::device_layers` over the checkpoint in `dir`),
+/// the rest on the CPU.
 pub fn on_device(
     model: Box<dyn arch::Model>,
     cfg: &SchedulerConfig,
+    dir: &Path,
 ) -> Result<Box<dyn arch::Model>, LoadError> {
     let info = model.info();
     let slots = device_slots(cfg);
     let limits = (cfg.context_limit, info.max_context);
     let capacity =
         arch::device_cache_positions(info.state.per_token, slots, limits, arch::DEVICE_CACHE_BYTES);
-    let (model, pass) = arch::serve_on_current_device(model, slots, capacity).map_err(LoadError::Model)?;
+    let budget = deltafin_engine::backend::current().weight_budget();
+    let layers = match budget.map(|b| (arch::ooc_layout(dir), b)) {
+        Some((Ok(layout), budget)) => arch::device_layers(&layout.layer_bytes, layout.fixed_bytes, budget),
+        _ => usize::MAX,
+    };
+    let (model, pass) =
+        arch::serve_on_current_device(model, (slots, capacity), layers).map_err(LoadError::Model)?;
     tracing::info!(%pass, "device");
     Ok(model)
 }

@@ -96,17 +96,18 @@ pub fn device_cache_positions(
 }
 
 /// `model` as the server runs it on the installed backend ([`crate::backend::current`]): on a
-/// GPU, a [`super::DeviceModel`] with `slots` cache slots of `capacity` positions when the
-/// architecture has a served device path, else `model` itself (its matrix products still run
-/// on the backend). The line says which, for the log.
+/// GPU, a [`super::DeviceModel`] with `slots` cache slots of `capacity` positions and its first
+/// `on_device` layers on the device (see [`super::device_layers`]) when the architecture has a
+/// served device path, else `model` itself (its matrix products still run on the backend). The
+/// line says which, for the log.
 pub fn serve_on_current_device(
     model: Box<dyn Model>,
-    slots: usize,
-    capacity: usize,
+    (slots, capacity): (usize, usize),
+    on_device: usize,
 ) -> Result<(Box<dyn Model>, String)> {
     match crate::backend::current() {
         crate::backend::Backend::Cpu => {
-            let _ = (slots, capacity);
+            let _ = (slots, capacity, on_device);
             Ok((model, "cpu".into()))
         }
         #[cfg(feature = "cuda")]
@@ -117,9 +118,14 @@ pub fn serve_on_current_device(
             {
                 return Ok((model, format!("matrix products on {} ({why})", c.describe())));
             }
-            let served = super::DeviceModel::new(model, dev, (slots, capacity))?;
+            let layers = model.info().num_layers;
+            let served = super::DeviceModel::split(model, dev, (slots, capacity), on_device)?;
+            let split = match on_device.min(layers) {
+                n if n == layers => format!("all {layers} layers"),
+                n => format!("layers 0..{n} of {layers} (the rest on the CPU: their spine does not fit)"),
+            };
             let line = format!(
-                "whole passes on {} ({slots} cache slots of {} positions)",
+                "whole passes on {}: {split}; {slots} cache slots of {} positions",
                 c.describe(),
                 served.info().max_context
             );

@@ -26,7 +26,7 @@ use std::path::Path;
 
 pub use crate::model::{Loader, layers};
 pub use decoder::{Decoder, MtpModule};
-pub use decoder::{DeviceModel, DeviceSession};
+pub use decoder::{DeviceModel, DeviceSession, device_layers};
 pub use device_pass::{
     DEVICE_CACHE_BYTES, DeviceSequence, current_device_sequence, device_cache_positions, device_sequence,
     serve_on_current_device,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use deltafin_engine::arch::{self, DeviceModel, Model};
 use deltafin_engine::backend::device::DeviceOps;
+use deltafin_engine::cache::OocOptions;
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::{self, Event, GenRequest, SchedulerConfig, SchedulerHandle};
 use deltafin_engine::spec::{Drafts, EconomicsConfig, RequestKind, SpecMode};
@@ -112,9 +113,21 @@ fn served_agrees<D>(
     let want_reused = run_all(&cpu, &reqs[batch..]);
     let served = DeviceModel::new(load(), dev, (batch + 1, 48)).unwrap();
     let device = engine(Box::new(served));
-    assert_eq!(run_all(&device, &reqs[..batch]), want, "{what}: batched requests");
+    compare(&device, &reqs, (want, want_reused), what);
+}
+
+/// The ids of `reqs` (the first `reqs.len() - 1` at once, then the last) on `device` are
+/// `want`; drafts were verified and some cut back.
+fn compare(
+    device: &SchedulerHandle,
+    reqs: &[GenRequest],
+    (want, want_reused): (Vec<Vec<u32>>, Vec<Vec<u32>>),
+    what: &str,
+) {
+    let batch = reqs.len() - 1;
+    assert_eq!(run_all(device, &reqs[..batch]), want, "{what}: batched requests");
     assert_eq!(
-        run_all(&device, &reqs[batch..]),
+        run_all(device, &reqs[batch..]),
         want_reused,
         "{what}: a reused state"
     );
@@ -127,7 +140,7 @@ fn served_agrees<D>(
     );
 }
 
-/// DeepSeek-V3 (MLA, FP8 experts), gpt-oss (sliding-window GQA with sinks),
+/// DeepSeek-V3 (MLA, FP8 experts; in memory and out of core), gpt-oss (sliding-window GQA with sinks),
 /// Kimi-Linear (KDA and MLA) and K3 (Block Attention Residuals) served on `dev`.
 pub fn served_requests_match_the_cpu<D>(dev: &'static D)
 where
@@ -137,9 +150,65 @@ where
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
     served_agrees(dev, || arch::load(dir.path()).unwrap(), "deepseek-v3", (3, 8));
+    served_out_of_core(dev);
+    // Split: the first layer on the device, the rest on the CPU against the host states.
+    let split = |m| Box::new(DeviceModel::split(m, dev, (3, 48), 1).unwrap()) as Box<dyn Model>;
+    served_split(|| arch::load(dir.path()).unwrap(), split, "deepseek-v3 split");
+    let k3 = super::fixture("k3");
+    served_split(|| arch::load(&k3).unwrap(), split, "k3 split");
     // Fewer and shorter requests where the emulator is slow (larger fixtures).
     for (name, shape) in [("gpt-oss", (3, 8)), ("kimi-linear", (2, 5)), ("k3", (2, 4))] {
         let path = super::fixture(name);
         served_agrees(dev, || arch::load(&path).unwrap(), name, shape);
     }
+}
+
+/// DeepSeek-V3 (6 layers, FP8 experts) out of core under a budget of two streamed layers and
+/// three expert slots, served: routed experts come through the host expert cache and disk reads
+/// below the device tier, and the store must have missed.
+fn served_out_of_core<D>(dev: &'static D)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth {
+        layers: 6,
+        ..DeepseekSynth::tiny(ExpertFormat::Fp8)
+    }
+    .write(dir.path())
+    .unwrap();
+    let mut o = OocOptions::with_budget(u64::MAX / 4);
+    o.reserve_bytes = 0;
+    o.reader.chunk_bytes = 8192;
+    let (_, rt) = arch::load_budgeted(dir.path(), &o).unwrap();
+    let p = &rt.plan;
+    o.budget = p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + 3 * p.slot_bytes;
+    let runtimes = std::sync::Mutex::new(Vec::new());
+    let load = || {
+        let (model, rt) = arch::load_budgeted(dir.path(), &o).unwrap();
+        runtimes.lock().unwrap().push(rt);
+        model
+    };
+    served_agrees(dev, load, "deepseek-v3 out of core", (2, 5));
+    let runtimes = runtimes.into_inner().unwrap();
+    let experts = runtimes.last().unwrap().stats().experts;
+    assert!(
+        experts.misses > 0,
+        "served experts were read from disk: {experts:?}"
+    );
+}
+
+/// `load()` served by `place` (a split model) against the CPU: two requests at once, then one
+/// from a reused state, 4 tokens each.
+fn served_split(
+    load: impl Fn() -> Box<dyn Model>,
+    place: impl Fn(Box<dyn Model>) -> Box<dyn Model>,
+    what: &str,
+) {
+    let vocab = load().info().vocab_size.min(200);
+    let reqs: Vec<GenRequest> = [0, 1, 3].into_iter().map(|i| request(i, vocab, 4)).collect();
+    let cpu = engine(load());
+    let want = (run_all(&cpu, &reqs[..2]), run_all(&cpu, &reqs[2..]));
+    compare(&engine(place(load())), &reqs, want, what);
 }

@@ -353,7 +353,7 @@ fn measure(args: &ServeBenchArgs, dir: &Path, routing: Option<&'static str>) -> 
         ..Default::default()
     };
     // As `serve` places it: whole passes on the process's GPU when it has one.
-    let model = deltafin_server::model::on_device(model, &cfg)?;
+    let model = deltafin_server::model::on_device(model, &cfg, dir)?;
     let (handle, _thread) = scheduler::start(model, cfg)?;
     run_level(&handle, 1, args, vocab)?; // warm-up
     let mut levels = Vec::new();

@@ -9,7 +9,7 @@ use super::super::Model;
 use super::super::layers::device::{self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, OnDevice};
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
-use super::{Decoder, Layer, Mixer, Residual, missing_res};
+use super::{Decoder, Layer, Mixer, missing_res};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
 
@@ -205,13 +205,9 @@ impl<D: DeviceOps> DeviceSession<'_, D> {
         let (m, o, n) = (self.model, OnDevice(self.dev), tokens.len());
         let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
         let x = o.input(super::super::embed_tokens(&m.embed, tokens)?)?;
-        let last = match m.plan.residual {
-            Residual::AttnRes { block } => {
-                stack::attn_res(m, (&o, &mut self.stack), x, (n, tokens), block)?.1
-            }
-            _ => stack::plain(m, (&o, &mut self.stack), x, (n, tokens))?,
-        };
+        let (run, z) = stack::whole(m, (&o, &mut self.stack), x, (n, tokens))?;
         self.len += n;
-        device::last_row_logits(self.dev, &last, (n, h), (&self.norm, eps), &m.lm_head)
+        let last = z.as_ref().unwrap_or(&run);
+        device::last_row_logits(self.dev, last, (n, h), (&self.norm, eps), &m.lm_head)
     }
 }

@@ -18,7 +18,6 @@
 //! build layers with the same code. Stacks of MLA and KDA layers also run whole passes on a
 //! device (`device.rs`).
 
-mod attn_res;
 mod device;
 mod hyper;
 mod load;
@@ -36,7 +35,7 @@ pub(crate) use plan::{
     DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
     V4Plan,
 };
-pub use served::DeviceModel;
+pub use served::{DeviceModel, device_layers};
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;
@@ -354,8 +353,9 @@ impl Decoder {
         rms_norm_rows(x, weight, self.plan.rms_norm_eps, self.plan.hidden_size)
     }
 
-    /// Every decoder layer over the rows of `x` (the written-once loop on the CPU); on error
-    /// the caller rolls the caches back.
+    /// Every decoder layer over the rows of `x` (the written-once loops on the CPU), in place:
+    /// with Block Attention Residuals the logit rows take the tail mix `z`, which the shared
+    /// pass normalises and projects. On error the caller rolls the states back.
     fn run_layers(
         &self,
         batch: &mut [SeqInput<'_>],
@@ -365,9 +365,25 @@ impl Decoder {
     ) -> Result<()> {
         let tokens = row_tokens(batch);
         let mut stack = HostStack::new(batch, plan, trace);
-        let out = stack::plain(self, (&Host, &mut stack), x.to_vec(), (plan.len(), &tokens))?;
-        x.copy_from_slice(&out);
+        let (run, z) = stack::whole(self, (&Host, &mut stack), x.to_vec(), (plan.len(), &tokens))?;
+        settle(
+            x,
+            (&run, z.as_deref()),
+            &plan.logit_rows(stack.batch),
+            self.plan.hidden_size,
+        );
         Ok(())
+    }
+}
+
+/// The pass's final rows into `x`: every row's hidden state `run`, and the tail mix `z` (Block
+/// Attention Residuals) in the rows given logits.
+pub(super) fn settle(x: &mut [f32], (run, z): (&[f32], Option<&[f32]>), logit_rows: &[usize], h: usize) {
+    x.copy_from_slice(run);
+    if let Some(z) = z {
+        for &r in logit_rows {
+            x[r * h..(r + 1) * h].copy_from_slice(&z[r * h..(r + 1) * h]);
+        }
     }
 }
 
@@ -562,8 +578,7 @@ impl Model for Decoder {
 
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
         self.pass(batch, trace, |batch, plan, x, trace| match self.plan.residual {
-            Residual::Plain => self.run_layers(batch, plan, x, trace),
-            Residual::AttnRes { block } => self.attn_res_layers(batch, plan, x, trace, block),
+            Residual::Plain | Residual::AttnRes { .. } => self.run_layers(batch, plan, x, trace),
             Residual::Hyper { streams, .. } => self.hyper_layers(batch, plan, x, trace, streams),
         })
     }

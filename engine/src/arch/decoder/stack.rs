@@ -4,10 +4,30 @@
 //! device memory) run these same functions; what differs per device is only the [`Stack`]: where
 //! a layer's norm weights and AttnRes queries live, and how its mixer reaches the sequences'
 //! states.
+//!
+//! ## Block Attention Residuals
+//! The Block Attention Residuals form (Kimi K3, `reference/kimi-k3.md` §1): instead of
+//! adding each sub-layer's output to one residual stream, the state between layers is
+//! `(h, A)` — `h` the within-block running sum of sub-layer outputs, `A` the completed block
+//! representations ("anchors"). Layer `ℓ`:
+//! * `u = AttnRes_att([A…, h])` (just `h` while `A` is empty);
+//! * if `ℓ % block == 0`, `h` becomes an anchor and the partial sum `p` restarts (`p = a`
+//!   below), otherwise `p = h`;
+//! * `a = mixer(RMSNorm_in(u))`; `p ← p + a`; `m = AttnRes_mlp([A…, p])`;
+//! * `h ← p + FFN(RMSNorm_post(m))`.
+//!
+//! Tail: `z = AttnRes_out([A…, h])`, `logits = lm_head(RMSNorm(z))`: the layers run inside the
+//! shared pass (`arch::decoder_pass`: embedding, state checks, rollback, norm, head) and leave
+//! `z` in the logit rows. Traced tensors: `embed`, `layers.{ℓ}` (= `h` after layer ℓ) and
+//! `norm` (= `RMSNorm(z)` of the logit rows). The
+//! look-ahead prefetch applies layer `ℓ+1`'s `post_attention_layernorm` and router to `m` of
+//! layer `ℓ` (deltafin's PILOT predictor).
 
 use super::super::layers::moe::ExpertProvider;
 use super::super::layers::ops::Ops;
-use super::{Decoder, Ffn, Layer, Sites, Tail, missing_res};
+use std::ops::Range;
+
+use super::{Decoder, Ffn, Layer, Residual, Sites, Tail, missing_res};
 use crate::backend::WeightClass;
 use crate::cache::ExpertPass;
 use crate::error::Result;
@@ -30,17 +50,25 @@ pub(super) trait Stack<O: Ops> {
     fn record(&mut self, o: &O, l: usize, x: &O::Buf) -> Result<()>;
 }
 
-/// Every layer in the plain form: `x += mixer(RMSNorm_in(x))`, `x += FFN(RMSNorm_post(x))`,
-/// over `n` rows (whose tokens are `tokens`) starting from the embeddings `x`.
-pub(super) fn plain<O: Ops, S: Stack<O>>(
+/// The layers a loop runs, and the pass over their routed experts. The caller opens and
+/// finishes the pass, as one pass may run its layers on two devices (a served model's split).
+pub(super) struct Span<'p, 'a> {
+    pub layers: Range<usize>,
+    pub pass: &'p ExpertPass<'a>,
+}
+
+/// The layers of `span` in the plain form: `x += mixer(RMSNorm_in(x))`, `x += FFN(RMSNorm_post(x))`,
+/// over `n` rows (whose tokens are `tokens`) starting from `x` (the embeddings, or the stream
+/// after the layers before the span).
+fn plain<O: Ops, S: Stack<O>>(
     m: &Decoder,
     (o, stack): (&O, &mut S),
     mut x: O::Buf,
     (n, tokens): (usize, &[u32]),
+    span: Span<'_, '_>,
 ) -> Result<O::Buf> {
-    let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
-    let pass = ExpertPass::open(m.experts.as_deref());
-    for l in 0..m.layers.len() {
+    let (h, eps, pass) = (m.plan.hidden_size, m.plan.rms_norm_eps, span.pass);
+    for l in span.layers {
         let layer = m.layers.get(l)?;
         let xn = o.rms_norm(&x, stack.norms(l, &layer)[0], n, h, eps)?;
         let a = stack.mixer(o, (l, &layer), &xn, n)?;
@@ -49,33 +77,74 @@ pub(super) fn plain<O: Ops, S: Stack<O>>(
         if pass.is_out_of_core() {
             pass.hint_next(l, &o.host(&x)?, n);
         }
-        let f = ffn(o, &layer.ffn, (&pass, l), &xn, (n, tokens))?;
+        let f = ffn(o, &layer.ffn, (pass, l), &xn, (n, tokens))?;
         x = o.add(&x, &f, n * h)?;
         stack.record(o, l, &x)?;
     }
-    pass.finish()?;
     Ok(x)
 }
 
-/// Every layer in the Block Attention Residuals form (`attn_res.rs` has the equations), anchors
-/// every `block` layers: the last layer's running sum `h` and the tail mix `z` of every row.
-pub(super) fn attn_res<O: Ops, S: Stack<O>>(
+/// Block Attention Residuals between layers: the running sum `run`, the slots (the anchors,
+/// then room for a partial sum) and how many anchors they hold.
+pub(super) struct Carry<B> {
+    pub run: B,
+    pub slots: B,
+    pub anchors: usize,
+}
+
+impl<B> Carry<B> {
+    /// The carry before layer 0 of `n` rows: the embeddings `run`, no anchor yet.
+    pub fn start<O: Ops<Buf = B>>(o: &O, m: &Decoder, run: B, n: usize) -> Result<Self> {
+        let Residual::AttnRes { block } = m.plan.residual else {
+            return Err(missing_res());
+        };
+        let slots = o.zeros((m.layers.len().div_ceil(block) + 1) * n * m.plan.hidden_size)?;
+        Ok(Carry {
+            run,
+            slots,
+            anchors: 0,
+        })
+    }
+
+    /// The same carry in `to`'s buffers (from `from`'s).
+    pub fn moved<F: Ops<Buf = B>, T: Ops>(self, from: &F, to: &T) -> Result<Carry<T::Buf>> {
+        Ok(Carry {
+            run: to.input(from.host(&self.run)?.into_owned())?,
+            slots: to.input(from.host(&self.slots)?.into_owned())?,
+            anchors: self.anchors,
+        })
+    }
+}
+
+/// `last` into the slot after the `anchors`, then the site's mix over both.
+fn mix<O: Ops>(
+    o: &O,
+    slots: &mut O::Buf,
+    site: (&O::Buf, f32),
+    anchors: usize,
+    (last, n, h): (&O::Buf, usize, usize),
+) -> Result<O::Buf> {
+    o.put_slot(slots, anchors, last, n, h)?;
+    o.attn_res(site, slots, anchors + 1, (n, h))
+}
+
+/// The layers of `span` in the Block Attention Residuals form (the equations are in the
+/// module doc), anchors every `block` layers, from `carry` (see
+/// [`Carry::start`]).
+fn attn_res<O: Ops, S: Stack<O>>(
     m: &Decoder,
     (o, stack): (&O, &mut S),
-    mut run: O::Buf,
+    carry: Carry<O::Buf>,
     (n, tokens): (usize, &[u32]),
-    block: usize,
-) -> Result<(O::Buf, O::Buf)> {
-    let (h, eps) = (m.plan.hidden_size, m.plan.rms_norm_eps);
-    let mut slots = o.zeros((m.layers.len().div_ceil(block) + 1) * n * h)?;
-    // `last` into the slot after the anchors, then the site's mix over both.
-    let mix = |slots: &mut O::Buf, site: (&O::Buf, f32), anchors: usize, last: &O::Buf| {
-        o.put_slot(slots, anchors, last, n, h)?;
-        o.attn_res(site, slots, anchors + 1, (n, h))
-    };
-    let mut anchors = 0;
-    let pass = ExpertPass::open(m.experts.as_deref());
-    for l in 0..m.layers.len() {
+    (block, span): (usize, Span<'_, '_>),
+) -> Result<Carry<O::Buf>> {
+    let (h, eps, pass) = (m.plan.hidden_size, m.plan.rms_norm_eps, span.pass);
+    let Carry {
+        mut run,
+        mut slots,
+        mut anchors,
+    } = carry;
+    for l in span.layers {
         let layer = m.layers.get(l)?;
         let [attn, mlp] = layer
             .res
@@ -84,12 +153,10 @@ pub(super) fn attn_res<O: Ops, S: Stack<O>>(
             .ok_or_else(missing_res)?;
         let u = match anchors {
             0 => None,
-            _ => Some(mix(
-                &mut slots,
-                (stack.res_queries(l, &layer)?[0], attn.eps),
-                anchors,
-                &run,
-            )?),
+            _ => {
+                let site = (stack.res_queries(l, &layer)?[0], attn.eps);
+                Some(mix(o, &mut slots, site, anchors, (&run, n, h))?)
+            }
         };
         let xn = o.rms_norm(u.as_ref().unwrap_or(&run), stack.norms(l, &layer)[0], n, h, eps)?;
         let a = stack.mixer(o, (l, &layer), &xn, n)?;
@@ -100,30 +167,116 @@ pub(super) fn attn_res<O: Ops, S: Stack<O>>(
         } else {
             o.add(&run, &a, n * h)?
         };
-        let mixed = mix(
-            &mut slots,
-            (stack.res_queries(l, &layer)?[1], mlp.eps),
-            anchors,
-            &p,
-        )?;
+        let site = (stack.res_queries(l, &layer)?[1], mlp.eps);
+        let mixed = mix(o, &mut slots, site, anchors, (&p, n, h))?;
         // PILOT look-ahead (kimi-k3.md §4.5): layer l + 1's norm and router applied to the
         // AttnRes output that feeds this layer's FFN; a forecast for prefetching only.
         if pass.is_out_of_core() {
             pass.hint_next(l, &o.host(&mixed)?, n);
         }
         let xn = o.rms_norm(&mixed, stack.norms(l, &layer)[1], n, h, eps)?;
-        let f = ffn(o, &layer.ffn, (&pass, l), &xn, (n, tokens))?;
+        let f = ffn(o, &layer.ffn, (pass, l), &xn, (n, tokens))?;
         run = o.add(&p, &f, n * h)?;
         stack.record(o, l, &run)?;
     }
-    pass.finish()?;
+    Ok(Carry { run, slots, anchors })
+}
+
+/// After the last layer: the running sum `h` and the tail mix `z` of every row.
+fn attn_res_tail<O: Ops, S: Stack<O>>(
+    m: &Decoder,
+    (o, stack): (&O, &S),
+    carry: Carry<O::Buf>,
+    n: usize,
+) -> Result<(O::Buf, O::Buf)> {
     let out = m
         .output_res
         .as_ref()
         .and_then(Tail::attn_res)
         .ok_or_else(missing_res)?;
-    let z = mix(&mut slots, (stack.output_query(m)?, out.eps), anchors, &run)?;
+    let Carry {
+        run,
+        mut slots,
+        anchors,
+    } = carry;
+    let site = (stack.output_query(m)?, out.eps);
+    let z = mix(o, &mut slots, site, anchors, (&run, n, m.plan.hidden_size))?;
     Ok((run, z))
+}
+
+/// A pass's residual stream between spans of layers: the plain stream, or Block Attention
+/// Residuals' carry.
+pub(super) enum Stream<B> {
+    Plain(B),
+    AttnRes(Carry<B>),
+}
+
+impl<B> Stream<B> {
+    /// The stream before layer 0: the embeddings `x` of `n` rows, in `m`'s residual form.
+    pub fn start<O: Ops<Buf = B>>(o: &O, m: &Decoder, x: B, n: usize) -> Result<Self> {
+        Ok(match m.plan.residual {
+            Residual::AttnRes { .. } => Stream::AttnRes(Carry::start(o, m, x, n)?),
+            _ => Stream::Plain(x),
+        })
+    }
+
+    /// The same stream in `to`'s buffers (from `from`'s).
+    pub fn moved<F: Ops<Buf = B>, T: Ops>(self, from: &F, to: &T) -> Result<Stream<T::Buf>> {
+        Ok(match self {
+            Stream::Plain(x) => Stream::Plain(to.input(from.host(&x)?.into_owned())?),
+            Stream::AttnRes(c) => Stream::AttnRes(c.moved(from, to)?),
+        })
+    }
+}
+
+/// The layers of `span` on one device, carrying the stream through them.
+pub(super) fn layers<O: Ops, S: Stack<O>>(
+    m: &Decoder,
+    (o, stack): (&O, &mut S),
+    stream: Stream<O::Buf>,
+    rows: (usize, &[u32]),
+    span: Span<'_, '_>,
+) -> Result<Stream<O::Buf>> {
+    match (stream, m.plan.residual) {
+        (Stream::AttnRes(c), Residual::AttnRes { block }) => {
+            attn_res(m, (o, stack), c, rows, (block, span)).map(Stream::AttnRes)
+        }
+        (Stream::Plain(x), _) => plain(m, (o, stack), x, rows, span).map(Stream::Plain),
+        _ => Err(missing_res()),
+    }
+}
+
+/// The stream after the last layer: every row's hidden state, and with Block Attention
+/// Residuals the tail mix `z` that the rows given logits take instead.
+pub(super) fn finish<O: Ops, S: Stack<O>>(
+    m: &Decoder,
+    (o, stack): (&O, &S),
+    stream: Stream<O::Buf>,
+    n: usize,
+) -> Result<(O::Buf, Option<O::Buf>)> {
+    match stream {
+        Stream::Plain(x) => Ok((x, None)),
+        Stream::AttnRes(c) => attn_res_tail(m, (o, stack), c, n).map(|(run, z)| (run, Some(z))),
+    }
+}
+
+/// Every layer of `m` on one device in one pass over its routed experts: the final stream (see
+/// [`finish`]).
+pub(super) fn whole<O: Ops, S: Stack<O>>(
+    m: &Decoder,
+    (o, stack): (&O, &mut S),
+    x: O::Buf,
+    (n, tokens): (usize, &[u32]),
+) -> Result<(O::Buf, Option<O::Buf>)> {
+    let pass = ExpertPass::open(m.experts.as_deref());
+    let stream = Stream::start(o, m, x, n)?;
+    let span = Span {
+        layers: 0..m.layers.len(),
+        pass: &pass,
+    };
+    let stream = layers(m, (o, stack), stream, (n, tokens), span)?;
+    pass.finish()?;
+    finish(m, (o, &*stack), stream, n)
 }
 
 /// Layer `l`'s FFN over `n` normalised rows (whose tokens are `tokens`, for hash routing), its

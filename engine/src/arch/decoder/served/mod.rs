@@ -19,11 +19,13 @@ use std::sync::Mutex;
 
 use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
+use super::super::layers::ops::Host;
 use super::super::layers::ops::Ops;
 use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches};
-use super::stack::{self, Stack};
-use super::{Decoder, Layer, Mixer, Residual, Sites, Tail, missing_res, row_tokens};
+use super::stack::{self, Span, Stack, Stream};
+use super::{Decoder, HostStack, Layer, Mixer, Residual, Sites, Tail, missing_res, row_tokens, settle};
 use crate::backend::device::DeviceOps;
+use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 use crate::state::{LayerState, SeqState};
 use std::any::Any;
@@ -120,7 +122,19 @@ impl<D: DeviceOps> DeviceModel<D> {
 
     /// `model` served on `dev` with `slots` cache slots of `capacity` positions each (the
     /// caches are allocated now); the context limit it reports is `capacity`.
-    pub fn new(model: Box<dyn Model>, dev: D, (slots, capacity): (usize, usize)) -> Result<Self> {
+    pub fn new(model: Box<dyn Model>, dev: D, slots: (usize, usize)) -> Result<Self> {
+        Self::split(model, dev, slots, usize::MAX)
+    }
+
+    /// [`DeviceModel::new`] with only the first `on_device` layers on the device (their spine,
+    /// caches and activations); the pass carries its stream to the host for the rest, which
+    /// run on the CPU against the host states (see [`device_layers`] for the plan).
+    pub fn split(
+        model: Box<dyn Model>,
+        dev: D,
+        (slots, capacity): (usize, usize),
+        on_device: usize,
+    ) -> Result<Self> {
         Self::supports(model.as_ref())?;
         let m = model
             .as_any()
@@ -128,8 +142,9 @@ impl<D: DeviceOps> DeviceModel<D> {
             .expect("supports checked");
         let capacity = capacity.clamp(1, m.info.max_context.max(1));
         let slots = slots.max(1);
-        let mut layers = Vec::with_capacity(m.layers.len());
-        for l in 0..m.layers.len() {
+        let on_device = on_device.min(m.layers.len());
+        let mut layers = Vec::with_capacity(on_device);
+        for l in 0..on_device {
             let layer = m.layers.get(l)?;
             let res = match layer.res.as_ref().and_then(Sites::attn_res) {
                 Some([a, b]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&b.query)?]),
@@ -238,8 +253,9 @@ impl<D: DeviceOps> DeviceModel<D> {
         Ok(())
     }
 
-    /// The device pass proper: the rows up, the decoder's loop, the final rows down (for
-    /// Block Attention Residuals, the logit rows take the output mix).
+    /// The device pass proper: the rows up, the decoder's loop over the device's layers, then
+    /// (split) the stream carried to the host for the rest, and the final rows into `x` (see
+    /// `settle`) for the head.
     fn run(
         &self,
         (layers, output_res): (&[ServedLayer<D::Buf>], Option<&D::Buf>),
@@ -250,7 +266,6 @@ impl<D: DeviceOps> DeviceModel<D> {
     ) -> Result<()> {
         let (m, o) = (self.decoder(), OnDevice(&self.dev));
         let (h, n, tokens) = (m.plan.hidden_size, plan.len(), row_tokens(batch));
-        let input = o.input(x.to_vec())?;
         let mut stack = ServedStack {
             layers,
             output_res,
@@ -259,17 +274,28 @@ impl<D: DeviceOps> DeviceModel<D> {
             plan,
             trace,
         };
-        match m.plan.residual {
-            Residual::AttnRes { block } => {
-                let (run, z) = stack::attn_res(m, (&o, &mut stack), input, (n, &tokens), block)?;
-                x.copy_from_slice(&o.host(&run)?);
-                let z = o.host(&z)?;
-                for r in plan.logit_rows(stack.batch) {
-                    x[r * h..(r + 1) * h].copy_from_slice(&z[r * h..(r + 1) * h]);
-                }
-            }
-            _ => x.copy_from_slice(&o.host(&stack::plain(m, (&o, &mut stack), input, (n, &tokens))?)?),
+        let pass = ExpertPass::open(m.experts.as_deref());
+        let span = |layers| Span { layers, pass: &pass };
+        let stream = Stream::start(&o, m, o.input(x.to_vec())?, n)?;
+        let stream = stack::layers(m, (&o, &mut stack), stream, (n, &tokens), span(0..layers.len()))?;
+        if layers.len() == m.layers.len() {
+            pass.finish()?;
+            let (run, z) = stack::finish(m, (&o, &stack), stream, n)?;
+            let (run, z) = (
+                o.host(&run)?,
+                z.map(|z| o.host(&z).map(|z| z.into_owned())).transpose()?,
+            );
+            settle(x, (&run, z.as_deref()), &plan.logit_rows(stack.batch), h);
+            return Ok(());
         }
+        let ServedStack { batch, trace, .. } = stack;
+        let mut host = HostStack::new(batch, plan, trace);
+        let stream = stream.moved(&o, &Host)?;
+        let rest = span(layers.len()..m.layers.len());
+        let stream = stack::layers(m, (&Host, &mut host), stream, (n, &tokens), rest)?;
+        pass.finish()?;
+        let (run, z) = stack::finish(m, (&Host, &host), stream, n)?;
+        settle(x, (&run, z.as_deref()), &plan.logit_rows(host.batch), h);
         Ok(())
     }
 }
@@ -320,6 +346,22 @@ where
     fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
         self.model.head(normed, rows)
     }
+}
+
+/// How many decoder layers a served device runs (pure): all of them when their spine fits in
+/// `budget` bytes of device weights beside the `fixed` tensors, else the longest prefix that
+/// does (the rest run on the CPU: a pass's spine is used in the same order every time, so a
+/// device that cannot keep all of it would re-upload every matrix of every pass).
+pub fn device_layers(layer_bytes: &[u64], fixed: u64, budget: u64) -> usize {
+    let mut room = budget.saturating_sub(fixed);
+    layer_bytes
+        .iter()
+        .take_while(|&&b| {
+            let fits = b <= room;
+            room = room.saturating_sub(b);
+            fits
+        })
+        .count()
 }
 
 /// The served device's [`Stack`]: its uploaded constants, the pooled caches at each row's slot,
