@@ -24,9 +24,10 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::path::Path;
 
+pub use crate::backend::residency::device_layers;
 pub use crate::model::{Loader, layers};
 pub use decoder::{Decoder, MtpModule};
-pub use decoder::{DeviceModel, DeviceSession, device_layers};
+pub use decoder::{DeviceModel, DeviceSession};
 pub use device_pass::{
     DEVICE_CACHE_BYTES, DeviceSequence, current_device_sequence, device_cache_positions, device_sequence,
     serve_on_current_device,

@@ -179,6 +179,22 @@ impl<K: Hash + Eq + Clone> Residency<K> {
     }
 }
 
+/// How many decoder layers a served device runs (pure): all of them when their spine fits in
+/// `budget` bytes of device weights beside the `fixed` tensors, else the longest prefix that
+/// does (the rest run on the CPU: a pass's spine is used in the same order every time, so a
+/// device that cannot keep all of it would re-upload every matrix of every pass).
+pub fn device_layers(layer_bytes: &[u64], fixed: u64, budget: u64) -> usize {
+    let mut room = budget.saturating_sub(fixed);
+    layer_bytes
+        .iter()
+        .take_while(|&&b| {
+            let fits = b <= room;
+            room = room.saturating_sub(b);
+            fits
+        })
+        .count()
+}
+
 /// How a device's weight budget divides between the tiers, for the plan printed at start: the
 /// spine first, then as many routed experts as the rest holds; host RAM and disk below.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +203,9 @@ pub struct TierPlan {
     pub budget: u64,
     /// Every spine byte of the model (fixed tensors and each layer's spine).
     pub spine_bytes: u64,
+    /// The fixed tensors' bytes, and each decoder layer's spine bytes in layer order.
+    pub fixed_bytes: u64,
+    pub layer_spine: Vec<u64>,
     /// Bytes of one routed expert, and how many the model has.
     pub expert_bytes: u64,
     pub experts: u64,
@@ -219,11 +238,12 @@ impl std::fmt::Display for TierPlan {
         if self.spine_resident() == self.spine_bytes {
             write!(f, "{:.2} GiB resident", gib(self.spine_bytes))?;
         } else {
+            let on = device_layers(&self.layer_spine, self.fixed_bytes, self.budget);
             write!(
                 f,
-                "{:.2} of {:.2} GiB resident (the rest uploaded as used)",
-                gib(self.spine_resident()),
-                gib(self.spine_bytes)
+                "{:.2} GiB does not fit: a served pass runs layers 0..{on} of {} on the device and the rest on the CPU (products alone upload the rest as used)",
+                gib(self.spine_bytes),
+                self.layer_spine.len()
             )?;
         }
         let on = self.device_experts();
@@ -348,6 +368,8 @@ mod tests {
             device: "cuda:0".into(),
             budget: 20 * gib,
             spine_bytes: 4 * gib,
+            fixed_bytes: gib / 2,
+            layer_spine: vec![gib / 2; 7],
             expert_bytes: gib / 4,
             experts: 256,
             host_slots: 40,
@@ -361,8 +383,22 @@ mod tests {
         let small = TierPlan { budget: 3 * gib, ..t };
         assert_eq!(small.device_experts(), 0);
         assert!(
-            small.to_string().contains("spine 3.00 of 4.00 GiB resident"),
+            small
+                .to_string()
+                .contains("spine 4.00 GiB does not fit: a served pass runs layers 0..5 of 7 on the device"),
             "{small}"
         );
+    }
+
+    #[test]
+    fn a_device_runs_every_layer_or_the_prefix_that_fits() {
+        assert_eq!(device_layers(&[10, 10, 10], 5, 100), 3);
+        assert_eq!(device_layers(&[10, 10, 10], 5, 30), 2);
+        assert_eq!(
+            device_layers(&[10, 30, 10], 0, 35),
+            1,
+            "a prefix, not the layers that fit"
+        );
+        assert_eq!(device_layers(&[10, 10], 50, 40), 0);
     }
 }

@@ -122,6 +122,8 @@ fn device_tiers(p: &ResidencyPlan) -> Option<deltafin_engine::backend::residency
         device: backend.device().to_string(),
         budget,
         spine_bytes: p.fixed_bytes + p.layer_bytes.iter().sum::<u64>(),
+        fixed_bytes: p.fixed_bytes,
+        layer_spine: p.layer_bytes.clone(),
         expert_bytes: p.slot_bytes,
         experts: p.experts,
         host_slots: p.expert_slots,

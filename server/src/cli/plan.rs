@@ -303,6 +303,8 @@ fn device_tiers(size: &str, plan: &ResidencyPlan) -> Result<String> {
         device: "GPU (given)".into(),
         budget: parse_size(size).context("--gpu-memory")?,
         spine_bytes: plan.fixed_bytes + plan.layer_bytes.iter().sum::<u64>(),
+        fixed_bytes: plan.fixed_bytes,
+        layer_spine: plan.layer_bytes.clone(),
         expert_bytes: plan.slot_bytes,
         experts: plan.experts,
         host_slots: plan.expert_slots,

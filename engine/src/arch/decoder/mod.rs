@@ -35,7 +35,7 @@ pub(crate) use plan::{
     DecoderPlan, DsaPlan, ExpertForm, GqaPlan, KdaPlan, MixerKind, MlaPlan, MoeNames, MoePlan, Residual,
     V4Plan,
 };
-pub use served::{DeviceModel, device_layers};
+pub use served::DeviceModel;
 
 use super::ModelSpec;
 use super::layers::attn_res::AttnRes;

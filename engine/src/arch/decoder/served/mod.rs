@@ -128,7 +128,7 @@ impl<D: DeviceOps> DeviceModel<D> {
 
     /// [`DeviceModel::new`] with only the first `on_device` layers on the device (their spine,
     /// caches and activations); the pass carries its stream to the host for the rest, which
-    /// run on the CPU against the host states (see [`device_layers`] for the plan).
+    /// run on the CPU against the host states (see [`crate::backend::residency::device_layers`] for the plan).
     pub fn split(
         model: Box<dyn Model>,
         dev: D,
@@ -346,22 +346,6 @@ where
     fn head(&self, normed: &[f32], rows: usize) -> Result<Vec<f32>> {
         self.model.head(normed, rows)
     }
-}
-
-/// How many decoder layers a served device runs (pure): all of them when their spine fits in
-/// `budget` bytes of device weights beside the `fixed` tensors, else the longest prefix that
-/// does (the rest run on the CPU: a pass's spine is used in the same order every time, so a
-/// device that cannot keep all of it would re-upload every matrix of every pass).
-pub fn device_layers(layer_bytes: &[u64], fixed: u64, budget: u64) -> usize {
-    let mut room = budget.saturating_sub(fixed);
-    layer_bytes
-        .iter()
-        .take_while(|&&b| {
-            let fits = b <= room;
-            room = room.saturating_sub(b);
-            fits
-        })
-        .count()
 }
 
 /// The served device's [`Stack`]: its uploaded constants, the pooled caches at each row's slot,

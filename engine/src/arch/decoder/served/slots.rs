@@ -177,17 +177,4 @@ mod tests {
         s.forget(&p);
         assert_eq!(s.place(&[seq(1, 1, 4)]).unwrap(), [placed(0, 0)]);
     }
-
-    #[test]
-    fn a_device_runs_every_layer_or_the_prefix_that_fits() {
-        use super::super::device_layers;
-        assert_eq!(device_layers(&[10, 10, 10], 5, 100), 3);
-        assert_eq!(device_layers(&[10, 10, 10], 5, 30), 2);
-        assert_eq!(
-            device_layers(&[10, 30, 10], 0, 35),
-            1,
-            "a prefix, not the layers that fit"
-        );
-        assert_eq!(device_layers(&[10, 10], 50, 40), 0);
-    }
 }
