@@ -3,7 +3,7 @@
 //! over the emulator's `DeviceOps`), against the same app over the CPU model. Three chat
 //! completions at once (batched passes; greedy and seeded sampling, with log-probabilities),
 //! then the next turn of the first conversation (its state reused): the same choices, token for
-//! token.
+//! token, and token counts.
 //!
 //! Needs g++ (skipped without it, unless `DELTAFIN_REQUIRE_SERVICES=1`).
 
@@ -62,8 +62,9 @@ async fn chat(state: &AppState, body: Value) -> Value {
     body
 }
 
-/// The choices and usage of three chat completions sent at once, then of the first
-/// conversation's next turn.
+/// The choices and token counts of three chat completions sent at once, then of the first
+/// conversation's next turn. (Not `cached_tokens`: how much of a prompt a request finds in the
+/// reuse cache depends on when the others of its batch got there, on any device.)
 async fn conversation(state: &AppState) -> Vec<Value> {
     let request = |i: usize, messages: Value| {
         let mut r = json!({"messages": messages, "max_tokens": 8, "logprobs": true, "top_logprobs": 2});
@@ -78,10 +79,11 @@ async fn conversation(state: &AppState) -> Vec<Value> {
     let first =
         |i: usize| json!([{"role": "user", "content": format!("Question {i}: what comes after {i}?")}]);
     let answers = futures_util::future::join_all((0..3).map(|i| chat(state, request(i, first(i))))).await;
-    let mut out: Vec<Value> = answers
-        .iter()
-        .map(|a| json!([a["choices"], a["usage"]]))
-        .collect();
+    let counted = |a: &Value| {
+        let u = &a["usage"];
+        json!([a["choices"], u["prompt_tokens"], u["completion_tokens"]])
+    };
+    let mut out: Vec<Value> = answers.iter().map(counted).collect();
     let mut next = first(0);
     let reply = answers[0]["choices"][0]["message"]["content"].clone();
     next.as_array_mut().unwrap().extend([
@@ -89,7 +91,7 @@ async fn conversation(state: &AppState) -> Vec<Value> {
         json!({"role": "user", "content": "And after that?"}),
     ]);
     let again = chat(state, request(0, next)).await;
-    out.push(json!([again["choices"], again["usage"]]));
+    out.push(counted(&again));
     out
 }
 
@@ -108,7 +110,31 @@ async fn chat_completions_served_on_the_device_give_the_cpu_tokens() {
     };
     let want = conversation(&serving(dir.path(), &on_cpu)).await;
     let got = conversation(&serving(dir.path(), &on_device)).await;
-    assert_eq!(got, want);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "request {i}: {}", first_difference(g, w, String::new()));
+    }
+    assert_eq!(got.len(), want.len());
     let launches = dev.launches.load(std::sync::atomic::Ordering::Relaxed);
     assert!(launches > 100, "the device ran the passes ({launches} launches)");
+}
+
+/// Where `a` and `b` first differ (a JSON path and both values), for the failure message.
+fn first_difference(a: &Value, b: &Value, at: String) -> String {
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find(|(_, (p, q))| p != q)
+            .map_or(String::new(), |(i, (p, q))| {
+                first_difference(p, q, format!("{at}[{i}]"))
+            }),
+        (Value::Object(x), Value::Object(y)) if x.keys().eq(y.keys()) => x
+            .iter()
+            .find(|(k, v)| y.get(*k) != Some(v))
+            .map_or(String::new(), |(k, v)| {
+                first_difference(v, &y[k], format!("{at}.{k}"))
+            }),
+        _ => format!("{at}: {a} vs {b}"),
+    }
 }

@@ -179,19 +179,7 @@ pub fn generation_on_the_device_matches_the_cpu<D: DeviceOps>(dev: &D) {
 /// the expert cache and disk reads (host RAM and disk below the device tier). The CPU tokens
 /// of the same budgeted model; the store must have missed.
 pub fn out_of_core_generation_matches_the_cpu<D: DeviceOps>(dev: &D) {
-    let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth {
-        layers: 6,
-        ..DeepseekSynth::tiny(ExpertFormat::Fp8)
-    }
-    .write(dir.path())
-    .unwrap();
-    let mut o = OocOptions::with_budget(u64::MAX / 4);
-    o.reserve_bytes = 0;
-    o.reader.chunk_bytes = 8192;
-    let (_, rt) = deltafin_engine::arch::load_budgeted(dir.path(), &o).unwrap();
-    let p = &rt.plan;
-    o.budget = p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + 3 * p.slot_bytes;
+    let (dir, o) = tight_deepseek();
     let (model, rt) = deltafin_engine::arch::load_budgeted(dir.path(), &o).unwrap();
     let prompt: Vec<u32> = (0..9).map(|i| (i * 29 + 3) % 200).collect();
     let opts = GenerateOptions {
@@ -206,6 +194,25 @@ pub fn out_of_core_generation_matches_the_cpu<D: DeviceOps>(dev: &D) {
         "experts were read from disk: {:?}",
         s.experts
     );
+}
+
+/// A 6-layer DeepSeek-V3 (FP8 experts) and a budget of two streamed layers and three expert
+/// slots for it: routed experts come through the expert cache and disk reads.
+pub fn tight_deepseek() -> (tempfile::TempDir, OocOptions) {
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekSynth {
+        layers: 6,
+        ..DeepseekSynth::tiny(ExpertFormat::Fp8)
+    }
+    .write(dir.path())
+    .unwrap();
+    let mut o = OocOptions::with_budget(u64::MAX / 4);
+    o.reserve_bytes = 0;
+    o.reader.chunk_bytes = 8192;
+    let (_, rt) = deltafin_engine::arch::load_budgeted(dir.path(), &o).unwrap();
+    let p = &rt.plan;
+    o.budget = p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + 3 * p.slot_bytes;
+    (dir, o)
 }
 
 /// The HF-generated fixtures of the grouped-query attention and gated DeltaNet families, loaded

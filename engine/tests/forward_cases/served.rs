@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use deltafin_engine::arch::{self, DeviceModel, Model};
 use deltafin_engine::backend::device::DeviceOps;
-use deltafin_engine::cache::OocOptions;
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::{self, Event, GenRequest, SchedulerConfig, SchedulerHandle};
 use deltafin_engine::spec::{Drafts, EconomicsConfig, RequestKind, SpecMode};
@@ -171,19 +170,7 @@ where
     D: DeviceOps + Send + Sync,
     D::Buf: Send,
 {
-    let dir = tempfile::tempdir().unwrap();
-    DeepseekSynth {
-        layers: 6,
-        ..DeepseekSynth::tiny(ExpertFormat::Fp8)
-    }
-    .write(dir.path())
-    .unwrap();
-    let mut o = OocOptions::with_budget(u64::MAX / 4);
-    o.reserve_bytes = 0;
-    o.reader.chunk_bytes = 8192;
-    let (_, rt) = arch::load_budgeted(dir.path(), &o).unwrap();
-    let p = &rt.plan;
-    o.budget = p.fixed_bytes + 2 * p.layer_bytes.iter().max().unwrap() + 3 * p.slot_bytes;
+    let (dir, o) = super::tight_deepseek();
     let runtimes = std::sync::Mutex::new(Vec::new());
     let load = || {
         let (model, rt) = arch::load_budgeted(dir.path(), &o).unwrap();

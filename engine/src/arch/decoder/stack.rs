@@ -1,9 +1,10 @@
 //! The decoder's layer loops, written once over the layers' [`Ops`]: the plain residual stream
 //! and K3's Block Attention Residuals, each with its FFN (dense MLP or routed MoE). The CPU pass
-//! (`Decoder::forward`, buffers on the host) and the device session (`device.rs`, buffers in
-//! device memory) run these same functions; what differs per device is only the [`Stack`]: where
-//! a layer's norm weights and AttnRes queries live, and how its mixer reaches the sequences'
-//! states.
+//! (`Decoder::forward`, buffers on the host), the device session (`device.rs`) and the served
+//! device model (`served/`, which may run a pass's first layers on the device and the rest on the
+//! host, carrying the [`Stream`] across) run these same functions; what differs per device is
+//! only the [`Stack`]: where a layer's norm weights and AttnRes queries live, and how its mixer
+//! reaches the sequences' states.
 //!
 //! ## Block Attention Residuals
 //! The Block Attention Residuals form (Kimi K3, `reference/kimi-k3.md` §1): instead of
@@ -23,10 +24,10 @@
 //! look-ahead prefetch applies layer `ℓ+1`'s `post_attention_layernorm` and router to `m` of
 //! layer `ℓ` (deltafin's PILOT predictor).
 
-use super::super::layers::moe::ExpertProvider;
-use super::super::layers::ops::Ops;
 use std::ops::Range;
 
+use super::super::layers::moe::ExpertProvider;
+use super::super::layers::ops::Ops;
 use super::{Decoder, Ffn, Layer, Residual, Sites, Tail, missing_res};
 use crate::backend::WeightClass;
 use crate::cache::ExpertPass;

@@ -195,47 +195,34 @@ pub(crate) trait DeltaLayer {
     ) -> Result<Vec<f32>>;
 }
 
-impl DeltaLayer for Kda {
-    fn run<O: Ops>(
-        &self,
-        o: &O,
-        x: &O::Buf,
-        n: usize,
-        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
-    ) -> Result<O::Buf> {
-        Kda::run(self, o, x, n, core)
-    }
+/// Each delta-rule layer's own `run` and `host_core` as its [`DeltaLayer`].
+macro_rules! delta_layer {
+    ($layer:ty) => {
+        impl DeltaLayer for $layer {
+            fn run<O: Ops>(
+                &self,
+                o: &O,
+                x: &O::Buf,
+                n: usize,
+                core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
+            ) -> Result<O::Buf> {
+                <$layer>::run(self, o, x, n, core)
+            }
 
-    fn host_core(
-        &self,
-        proj: KdaProjected<Vec<f32>>,
-        n: usize,
-        rows: &mut KdaRows<'_, '_>,
-    ) -> Result<Vec<f32>> {
-        Kda::host_core(self, proj, n, rows)
-    }
+            fn host_core(
+                &self,
+                proj: KdaProjected<Vec<f32>>,
+                n: usize,
+                rows: &mut KdaRows<'_, '_>,
+            ) -> Result<Vec<f32>> {
+                <$layer>::host_core(self, proj, n, rows)
+            }
+        }
+    };
 }
 
-impl DeltaLayer for super::gated_deltanet::GatedDeltaNet {
-    fn run<O: Ops>(
-        &self,
-        o: &O,
-        x: &O::Buf,
-        n: usize,
-        core: impl FnOnce(KdaProjected<O::Buf>) -> Result<O::Buf>,
-    ) -> Result<O::Buf> {
-        Self::run(self, o, x, n, core)
-    }
-
-    fn host_core(
-        &self,
-        proj: KdaProjected<Vec<f32>>,
-        n: usize,
-        rows: &mut KdaRows<'_, '_>,
-    ) -> Result<Vec<f32>> {
-        Self::host_core(self, proj, n, rows)
-    }
-}
+delta_layer!(Kda);
+delta_layer!(super::gated_deltanet::GatedDeltaNet);
 
 /// What [`Kda::run`] hands its core: raw `[q | k | v]` per row (`3P`, before the convolution),
 /// the decay input `f_b(f_a x)` per channel (`P`, before `dt_bias`), the `β` logits per head

@@ -14,6 +14,11 @@
 //! Recurrent layers (KDA, gated DeltaNet) project on the device and run their delta-rule core
 //! on the host state: its cost is fixed per row (not growing with the context, as attention's
 //! does), and their staged passes, replays and checkpoints live there.
+//!
+//! A device that cannot hold the whole spine runs the first layers only
+//! ([`DeviceModel::split`], planned by [`crate::backend::residency::device_layers`]): the pass
+//! carries its residual stream to the host, and the CPU runs the rest against the host states,
+//! which are complete since the device only mirrors them.
 
 use std::sync::Mutex;
 
