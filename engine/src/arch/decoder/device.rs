@@ -73,10 +73,8 @@ impl<B> DeviceMixer<B> {
                 let [latent, rope] = &cache.parts;
                 device::mla(dev, (m, c), (x, n), (&rows, [latent, rope]), &mut |_| Ok(()))
             }
-            (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::kda(dev, (k, c), x, n, st),
-            (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => {
-                device::gated_deltanet(dev, (g, c), x, n, st)
-            }
+            (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
+            (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device session was opened on".into(),
@@ -85,12 +83,52 @@ impl<B> DeviceMixer<B> {
     }
 }
 
+/// A decoder layer's small constants on a device: its input and post-attention norm weights,
+/// and its AttnRes queries before the mixer and the FFN (Block Attention Residuals). The
+/// session and the served model (`served/`) upload them alike.
+pub(super) struct LayerConsts<B> {
+    norms: [B; 2],
+    res: Option<[B; 2]>,
+}
+
+impl<B> LayerConsts<B> {
+    /// `layer`'s constants uploaded to `dev`.
+    pub(super) fn upload<D: DeviceOps<Buf = B>>(dev: &D, layer: &Layer) -> Result<Self> {
+        let res = match layer.res.as_ref().and_then(super::Sites::attn_res) {
+            Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
+            None => None,
+        };
+        let norms = [
+            dev.upload_f32(&layer.input_norm)?,
+            dev.upload_f32(&layer.post_norm)?,
+        ];
+        Ok(LayerConsts { norms, res })
+    }
+
+    /// The norm weights ([`Stack::norms`]).
+    pub(super) fn norms(&self) -> [&B; 2] {
+        let [a, b] = &self.norms;
+        [a, b]
+    }
+
+    /// The AttnRes queries ([`Stack::res_queries`]).
+    pub(super) fn res_queries(&self) -> Result<[&B; 2]> {
+        let [a, b] = self.res.as_ref().ok_or_else(missing_res)?;
+        Ok([a, b])
+    }
+}
+
+/// The AttnRes query before `m`'s final norm on `dev` (`None` without Block Attention
+/// Residuals).
+pub(super) fn upload_output_query<D: DeviceOps>(dev: &D, m: &Decoder) -> Result<Option<D::Buf>> {
+    let out = m.output_res.as_ref().and_then(super::Tail::attn_res);
+    out.map(|r| dev.upload_f32(&r.query)).transpose()
+}
+
 /// One decoder layer's device-resident constants and state.
 struct DeviceLayer<B> {
-    norms: [B; 2],
+    consts: LayerConsts<B>,
     mixer: DeviceMixer<B>,
-    /// The AttnRes queries before the mixer and the FFN (Block Attention Residuals).
-    res: Option<[B; 2]>,
 }
 
 /// The device's [`Stack`]: the layers' uploaded constants and device states.
@@ -102,13 +140,11 @@ struct DeviceLayers<B> {
 
 impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
     fn norms<'a>(&'a self, l: usize, _: &'a Layer) -> [&'a D::Buf; 2] {
-        let [a, b] = &self.layers[l].norms;
-        [a, b]
+        self.layers[l].consts.norms()
     }
 
     fn res_queries<'a>(&'a self, l: usize, _: &'a Layer) -> Result<[&'a D::Buf; 2]> {
-        let [a, b] = self.layers[l].res.as_ref().ok_or_else(missing_res)?;
-        Ok([a, b])
+        self.layers[l].consts.res_queries()
     }
 
     fn output_query<'a>(&'a self, _: &'a Decoder) -> Result<&'a D::Buf> {
@@ -150,26 +186,17 @@ impl Decoder {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let res = match layer.res.as_ref().and_then(super::Sites::attn_res) {
-                Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
-                None => None,
-            };
             layers.push(DeviceLayer {
-                norms: [
-                    dev.upload_f32(&layer.input_norm)?,
-                    dev.upload_f32(&layer.post_norm)?,
-                ],
+                consts: LayerConsts::upload(dev, &layer)?,
                 mixer: DeviceMixer::new(self, dev, &layer.mixer, capacity)?,
-                res,
             });
         }
-        let output_res = self.output_res.as_ref().and_then(super::Tail::attn_res);
         Ok(DeviceSession {
             model: self,
             dev,
             stack: DeviceLayers {
                 layers,
-                output_res: output_res.map(|r| dev.upload_f32(&r.query)).transpose()?,
+                output_res: upload_output_query(dev, self)?,
             },
             norm: dev.upload_f32(&self.norm)?,
             len: 0,

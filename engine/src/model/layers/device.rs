@@ -12,7 +12,7 @@
 
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
-use super::kda::{Kda, KdaProjected, L2Norm};
+use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm};
 use super::mla::{Mla, MlaProjected};
 pub use super::on_device::OnDevice;
 use super::on_device::{copy_rows, rms_norm};
@@ -332,28 +332,17 @@ impl<B> DeviceDelta<B> {
     }
 }
 
-/// KDA over `n` normalised rows of one sequence, advancing its state: the layer's written-once
-/// projections (`Kda::run`) around the device's delta-rule core.
-pub fn kda<D: DeviceOps>(
+/// A delta-rule layer (KDA or gated DeltaNet) over `n` normalised rows of one sequence,
+/// advancing its state: the layer's written-once projections (`Kda::run`,
+/// `GatedDeltaNet::run`) around the device's delta-rule core.
+pub(crate) fn delta<D: DeviceOps>(
     dev: &D,
-    (k, c): (&Kda, &DeviceDelta<D::Buf>),
+    (layer, c): (&impl DeltaLayer, &DeviceDelta<D::Buf>),
     x: &D::Buf,
     n: usize,
     st: &mut DeviceKdaState<D::Buf>,
 ) -> Result<D::Buf> {
-    k.run(&OnDevice(dev), x, n, |p| delta_core(dev, c, p, n, st))
-}
-
-/// Gated DeltaNet over `n` normalised rows of one sequence, advancing its state: the layer's
-/// written-once projections (`GatedDeltaNet::run`) around the device's delta-rule core.
-pub fn gated_deltanet<D: DeviceOps>(
-    dev: &D,
-    (g, c): (&GatedDeltaNet, &DeviceDelta<D::Buf>),
-    x: &D::Buf,
-    n: usize,
-    st: &mut DeviceKdaState<D::Buf>,
-) -> Result<D::Buf> {
-    g.run(&OnDevice(dev), x, n, |p| delta_core(dev, c, p, n, st))
+    layer.run(&OnDevice(dev), x, n, |p| delta_core(dev, c, p, n, st))
 }
 
 /// The device's delta-rule core over one sequence's `n` rows: the convolution with the device

@@ -27,8 +27,9 @@ use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::ops::Host;
 use super::super::layers::ops::Ops;
 use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches};
+use super::device::{LayerConsts, upload_output_query};
 use super::stack::{self, Span, Stack, Stream};
-use super::{Decoder, HostStack, Layer, Mixer, Residual, Sites, Tail, missing_res, row_tokens, settle};
+use super::{Decoder, HostStack, Layer, Mixer, Residual, missing_res, row_tokens, settle};
 use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
@@ -59,8 +60,7 @@ struct Resident<B> {
 
 /// One layer's device constants and pooled cache.
 struct ServedLayer<B> {
-    norms: [B; 2],
-    res: Option<[B; 2]>,
+    consts: LayerConsts<B>,
     mixer: ServedMixer<B>,
 }
 
@@ -151,21 +151,12 @@ impl<D: DeviceOps> DeviceModel<D> {
         let mut layers = Vec::with_capacity(on_device);
         for l in 0..on_device {
             let layer = m.layers.get(l)?;
-            let res = match layer.res.as_ref().and_then(Sites::attn_res) {
-                Some([a, b]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&b.query)?]),
-                None => None,
-            };
             layers.push(ServedLayer {
-                norms: [
-                    dev.upload_f32(&layer.input_norm)?,
-                    dev.upload_f32(&layer.post_norm)?,
-                ],
-                res,
+                consts: LayerConsts::upload(&dev, &layer)?,
                 mixer: ServedMixer::new(m.info.arch, &dev, &layer.mixer, slots * capacity)?,
             });
         }
-        let output_res = m.output_res.as_ref().and_then(Tail::attn_res);
-        let output_res = output_res.map(|r| dev.upload_f32(&r.query)).transpose()?;
+        let output_res = upload_output_query(&dev, m)?;
         let mut info = m.info.clone();
         info.max_context = capacity;
         Ok(DeviceModel {
@@ -367,13 +358,11 @@ struct ServedStack<'a, 'b, 's, 't, B> {
 
 impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf> {
     fn norms<'a>(&'a self, l: usize, _: &'a Layer) -> [&'a D::Buf; 2] {
-        let [a, b] = &self.layers[l].norms;
-        [a, b]
+        self.layers[l].consts.norms()
     }
 
     fn res_queries<'a>(&'a self, l: usize, _: &'a Layer) -> Result<[&'a D::Buf; 2]> {
-        let [a, b] = self.layers[l].res.as_ref().ok_or_else(missing_res)?;
-        Ok([a, b])
+        self.layers[l].consts.res_queries()
     }
 
     fn output_query<'a>(&'a self, _: &'a Decoder) -> Result<&'a D::Buf> {
