@@ -69,7 +69,17 @@ fn generation_on_the_device_gives_the_cpu_tokens() {
     };
     let dev = EmuDevice::new(&bin);
     forward_cases::generation_on_the_device_matches_the_cpu(&dev);
+    dev.expert_products.lock().unwrap().clear();
     forward_cases::out_of_core_generation_matches_the_cpu(&dev);
+    // Out of core the routed experts come from the host cache's slots, read again as they are
+    // evicted; their bytes keep their keys, so a device tier uploads each expert once.
+    let products = dev.expert_products.lock().unwrap();
+    let uses: usize = products.values().sum();
+    assert!(
+        uses > 2 * products.len(),
+        "expert matrices reused under their keys: {uses} products over {} keys",
+        products.len()
+    );
 }
 
 #[test]

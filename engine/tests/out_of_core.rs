@@ -98,6 +98,59 @@ fn the_smallest_budget_streams_the_spine_and_uses_one_or_two_slots() {
     assert_eq!(too_small.err().map(|e| e.kind()), Some("budget"));
 }
 
+/// The matrix keys of expert `e` of `layer` as the store serves it now (`None`: a dense layer).
+fn expert_keys(
+    rt: &deltafin_engine::cache::OocRuntime,
+    layer: usize,
+    e: usize,
+) -> Option<Vec<deltafin_engine::weights::BlobKey>> {
+    use deltafin_engine::model::layers::moe::ExpertProvider;
+    let keys = std::sync::Mutex::new(Vec::new());
+    let served = rt.experts.layer(layer).for_each_expert(&[e], &|_, mlp| {
+        mlp.map_matrices(|m| {
+            keys.lock().unwrap().push(m.data.key());
+            m.clone()
+        });
+    });
+    served.ok().map(|()| keys.into_inner().unwrap())
+}
+
+#[test]
+fn an_expert_read_again_into_another_slot_keeps_its_bytes_identity() {
+    // A device tier keeps routed experts under their blobs' keys (backend::residency): a key
+    // that changed with every read of the host cache would never hit, and would fill VRAM with
+    // dead copies.
+    let dir = tempfile::tempdir().unwrap();
+    tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
+    let floor = budgets(dir.path())[0];
+    let (_m, rt) = load(
+        dir.path(),
+        &options(floor, PolicyKind::Lru, ReadMode::Auto, false),
+    );
+    assert!(rt.plan.expert_slots <= 2, "{:?}", rt.plan);
+    let layer = (0..6)
+        .find(|&l| expert_keys(&rt, l, 0).is_some())
+        .expect("a MoE layer");
+    let first = expert_keys(&rt, layer, 0).unwrap();
+    let misses = rt.stats().experts.misses;
+    let other = expert_keys(&rt, layer, 1).unwrap();
+    for e in 2..5 {
+        expert_keys(&rt, layer, e).unwrap();
+    }
+    let again = expert_keys(&rt, layer, 0).unwrap();
+    assert!(
+        rt.stats().experts.misses >= misses + 5,
+        "expert 0 was evicted and read again: {:?}",
+        rt.stats().experts
+    );
+    assert!(!first.is_empty());
+    assert_eq!(first, again, "the same bytes, the same keys");
+    assert!(
+        first.iter().all(|k| !other.contains(k)),
+        "another expert's bytes have other keys"
+    );
+}
+
 #[test]
 fn heat_is_recorded_prewarms_and_corruption_means_nothing_learned() {
     let dir = tempfile::tempdir().unwrap();

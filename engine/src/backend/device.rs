@@ -13,10 +13,14 @@ use crate::error::Result;
 use crate::kernels::Matrix;
 
 /// The operations a device-resident forward pass needs.
-pub trait DeviceOps {
+///
+/// Shared between threads: the out-of-core expert store hands routed experts to the device from
+/// its threads, each launching its own expert's work (a GPU stream takes launches from any
+/// thread, in the order they come).
+pub trait DeviceOps: Sync {
     /// A buffer in device memory. Kernels write through shared references, as device memory is
     /// written by launches, not by the host.
-    type Buf;
+    type Buf: Send + Sync;
 
     /// A copy of `bytes` on the device.
     fn upload(&self, bytes: &[u8]) -> Result<Self::Buf>;

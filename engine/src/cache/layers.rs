@@ -57,6 +57,9 @@ struct Streamer<T> {
     reader: Arc<ReaderPool>,
     streamed: Vec<usize>,
     arena: Mutex<Arena>,
+    /// Layer `i`'s bytes are blob id `ids + i` in whichever arena buffer holds them
+    /// ([`crate::weights::Blob::identified`]): a device keeps one copy of a streamed layer.
+    ids: u64,
 }
 
 /// Per-layer weights, resident or streamed.
@@ -107,7 +110,7 @@ impl<T> LayerStore<T> {
             if i < resident {
                 let buf = Arc::new(AlignedBuf::new(layout.total)?);
                 reader.read_layout_now(buf.clone(), &layout)?;
-                let t = build_over(&index, &spec, &build, buf, &layout, i)?;
+                let t = build_over((&index, &spec, &build), buf, &layout, (i, None))?;
                 entries.push(Entry::Resident(Arc::new(t), layout.payload));
             } else {
                 arena_len = arena_len.max(layout.total);
@@ -132,6 +135,7 @@ impl<T> LayerStore<T> {
                     bufs,
                     loaded: [None, None],
                 }),
+                ids: crate::weights::Blob::reserve_ids(entries.len() as u64),
             })
         };
         Ok(LayerStore {
@@ -227,7 +231,12 @@ impl<T> LayerStore<T> {
         }
         drop(arena);
         let layout = self.layout(i);
-        let t = build_over(&st.index, &st.spec, &st.build, buf, layout, i)?;
+        let t = build_over(
+            (&st.index, &st.spec, &st.build),
+            buf,
+            layout,
+            (i, Some(st.ids + i as u64)),
+        )?;
         let mut s = lock(&self.stats);
         s.streamed_uses += 1;
         s.streamed_bytes += layout.read_bytes();
@@ -236,15 +245,18 @@ impl<T> LayerStore<T> {
     }
 }
 
+/// Layer `i` built over `buf` (read per `layout`), its blobs named `identity` if given.
 fn build_over<T>(
-    index: &WeightIndex,
-    spec: &Checkpoint,
-    build: &LayerBuilder<T>,
+    (index, spec, build): (&WeightIndex, &Checkpoint, &LayerBuilder<T>),
     buf: Arc<AlignedBuf>,
     layout: &SpanLayout,
-    i: usize,
+    (i, identity): (usize, Option<u64>),
 ) -> Result<T> {
-    let source = BufferSource { owner: buf, layout };
+    let source = BufferSource {
+        owner: buf,
+        layout,
+        identity,
+    };
     let ld = Loader::new(index, spec)
         .with_source(&source)
         .with_routed_experts(false);

@@ -242,6 +242,7 @@ pub fn load_resident<R>(
     let src = source::BufferSource {
         owner: buf,
         layout: &layout,
+        identity: None,
     };
     let r = build(
         &Loader::new(index, spec)

@@ -40,6 +40,10 @@ impl BlobSource for RecordingSource {
 pub struct BufferSource<'a> {
     pub owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
     pub layout: &'a SpanLayout,
+    /// The blob id naming the bytes of this read set whichever buffer holds them (from
+    /// [`Blob::reserve_ids`], one per expert or layer read again and again), or `None` for a
+    /// fresh identity.
+    pub identity: Option<u64>,
 }
 
 impl std::fmt::Debug for BufferSource<'_> {
@@ -54,7 +58,10 @@ impl BlobSource for BufferSource<'_> {
             path: index.shard_path(info).to_path_buf(),
             reason: format!("tensor `{}` is outside the read set built for it", info.name),
         })?;
-        Ok(Blob::new(self.owner.clone(), range))
+        Ok(match self.identity {
+            Some(id) => Blob::identified(self.owner.clone(), range, id),
+            None => Blob::new(self.owner.clone(), range),
+        })
     }
 }
 

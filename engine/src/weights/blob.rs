@@ -7,6 +7,13 @@
 //! while no blob views it, see `cache::buffer`). A device backend may therefore keep a copy of
 //! the bytes under the key; bytes written into a reused buffer later are viewed by a new blob
 //! with a new id, so a stale copy is never matched.
+//!
+//! Bytes read from a checkpoint again and again (a routed expert or a streamed layer out of
+//! core, into whichever buffer is free) keep one identity across reads: their reader reserves
+//! ids once ([`Blob::reserve_ids`]) and names each read's blob with its item's id
+//! ([`Blob::identified`]). The checkpoint's bytes do not change (a read that does not match its
+//! checksum is an error, not a blob), so a device copy kept under such a key stays valid however
+//! often the host buffer is refilled.
 
 use std::fmt;
 use std::ops::{Deref, Range};
@@ -29,9 +36,11 @@ pub struct BlobKey {
     len: usize,
 }
 
+/// The next unused blob id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 fn fresh_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Blob {
@@ -47,6 +56,22 @@ impl Blob {
             range,
             id: fresh_id(),
         }
+    }
+
+    /// A blob over `range` of `owner` holding the bytes named `id` (from [`Blob::reserve_ids`]):
+    /// every blob so named views the same bytes, whichever buffer holds them (see the module
+    /// docs). Panics if the range is out of bounds, as [`Blob::new`].
+    pub fn identified(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>, id: u64) -> Self {
+        Blob {
+            id,
+            ..Blob::new(owner, range)
+        }
+    }
+
+    /// `count` consecutive ids, never handed out by [`Blob::new`] or [`Blob::from_vec`] nor
+    /// reserved again: the first.
+    pub fn reserve_ids(count: u64) -> u64 {
+        NEXT_ID.fetch_add(count, Ordering::Relaxed)
     }
 
     /// A blob owning a vector.
@@ -123,5 +148,20 @@ mod tests {
             "a new blob may view rewritten bytes: a new identity"
         );
         assert_ne!(Blob::from_vec(vec![0; 4]).key(), Blob::from_vec(vec![0; 4]).key());
+    }
+
+    #[test]
+    fn named_bytes_keep_their_key_in_any_buffer() {
+        let first = Blob::reserve_ids(2);
+        let buffer = |v: u8| -> Arc<dyn AsRef<[u8]> + Send + Sync> { Arc::new(vec![v; 8]) };
+        let a = Blob::identified(buffer(1), 2..6, first);
+        let refilled = Blob::identified(buffer(1), 2..6, first);
+        assert_eq!(a.key(), refilled.key(), "the same bytes read again");
+        assert_eq!(a.slice(1..2).key(), refilled.slice(1..2).key());
+        assert_ne!(a.key(), Blob::identified(buffer(1), 2..6, first + 1).key());
+        assert_ne!(a.key(), Blob::identified(buffer(1), 0..4, first).key());
+        let next = Blob::reserve_ids(1);
+        assert!(next >= first + 2, "reserved ids are not handed out again");
+        assert!(Blob::from_vec(vec![0]).key() != a.key());
     }
 }

@@ -60,11 +60,21 @@ pub fn run(bin: &Path, input: &[u8]) -> Vec<u8> {
 /// device-resident pass is checked on machines without a GPU. One emulator process serves every
 /// launch in turn; each launch ships its buffers to it and back, in slot order (so an output
 /// slot that aliases an input slot ends with the output). Shareable between threads, as a GPU
-/// backend is (the server's engine thread).
+/// backend is (the server's engine thread, the expert store's threads): a launch holds the
+/// emulator from reading its buffers to writing them back, so launches from several threads
+/// are each whole, as on a stream.
 pub struct EmuDevice {
     pub launches: std::sync::atomic::AtomicUsize,
+    /// Routed experts' matrix products, by the weights' key: what a device tier would keep.
+    pub expert_products: std::sync::Mutex<std::collections::HashMap<ExpertMatrix, usize>>,
     process: std::sync::Mutex<Emulator>,
 }
+
+/// The keys of a matrix's bytes and scales.
+pub type ExpertMatrix = (
+    deltafin_engine::weights::BlobKey,
+    Option<deltafin_engine::weights::BlobKey>,
+);
 
 /// A running emulator and its pipes.
 struct Emulator {
@@ -98,6 +108,7 @@ impl EmuDevice {
         let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
         EmuDevice {
             launches: Default::default(),
+            expert_products: Default::default(),
             process: std::sync::Mutex::new(Emulator { child, stdin, stdout }),
         }
     }
@@ -107,6 +118,7 @@ impl EmuDevice {
         use deltafin_engine::backend::abi::{LAYER_FLOATS, LAYER_INTS};
         use std::io::Read;
         self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut p = self.process.lock().unwrap();
         let mut input = Vec::new();
         input.extend(0u32.to_le_bytes());
         input.extend((name.len() as u32).to_le_bytes());
@@ -125,7 +137,6 @@ impl EmuDevice {
         f[..floats.len()].copy_from_slice(floats);
         input.extend(i.iter().flat_map(|v| v.to_le_bytes()));
         input.extend(f.iter().flat_map(|v| v.to_le_bytes()));
-        let mut p = self.process.lock().unwrap();
         p.stdin.write_all(&input).unwrap();
         p.stdin.flush().unwrap();
         for b in bufs {
@@ -170,11 +181,15 @@ impl deltafin_engine::backend::device::DeviceOps for EmuDevice {
     fn matmul(
         &self,
         m: &deltafin_engine::kernels::Matrix,
-        _class: deltafin_engine::backend::WeightClass,
+        class: deltafin_engine::backend::WeightClass,
         x: &EmuBuf,
         n: usize,
         y: &EmuBuf,
     ) -> deltafin_engine::Result<()> {
+        if class == deltafin_engine::backend::WeightClass::Expert {
+            let key = (m.data.key(), m.scales.as_ref().map(|s| s.key()));
+            *self.expert_products.lock().unwrap().entry(key).or_default() += 1;
+        }
         let a = deltafin_engine::backend::abi::kernel_args(m.format);
         let data = buf(m.data[..].to_vec());
         let scales = m.scales.as_ref().map(|s| buf(s[..].to_vec()));

@@ -219,6 +219,10 @@ pub struct ExpertStore {
     build: ExpertBuilder,
     /// `layouts[layer][expert]`; empty for dense layers.
     layouts: Vec<Vec<SpanLayout>>,
+    /// Expert `e` of layer `l` is blob id `ids[l] + e` in whichever cache slot holds it
+    /// ([`crate::weights::Blob::identified`]): a device tier keeps one copy of an expert however
+    /// often the host cache reads it again.
+    ids: Vec<u64>,
     lookahead: Vec<Option<LookaheadLayer>>,
     cache: ExpertCache,
     reader: Arc<ReaderPool>,
@@ -273,6 +277,16 @@ impl ExpertStore {
         config: ExpertStoreConfig,
     ) -> Self {
         let layers = layouts.len();
+        let total: usize = layouts.iter().map(Vec::len).sum();
+        let first = crate::weights::Blob::reserve_ids(total as u64);
+        let ids = layouts
+            .iter()
+            .scan(first, |next, l| {
+                let base = *next;
+                *next += l.len() as u64;
+                Some(base)
+            })
+            .collect();
         let pass = Pass {
             current: vec![Vec::new(); layers],
             previous: vec![Vec::new(); layers],
@@ -290,6 +304,7 @@ impl ExpertStore {
             spec,
             build,
             layouts,
+            ids,
             lookahead,
             cache,
             reader,
@@ -741,6 +756,7 @@ impl ExpertStore {
         let source = BufferSource {
             owner: Arc::new(handle),
             layout,
+            identity: Some(self.ids[layer] + expert as u64),
         };
         let ld = Loader::new(&self.index, &self.spec).with_source(&source);
         (self.build)(&ld, layer, expert)

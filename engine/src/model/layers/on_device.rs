@@ -3,8 +3,8 @@
 //! memory. The layers written once over [`Ops`] (`Mlp::run`, `Moe::run`, `Mla::run`,
 //! `Kda::run`, the decoder's loops) run on a GPU, or on the CPU emulator of the kernel sources in
 //! CI, through it. The routed experts' dispatch ([`Ops::routed`]) is the device's own schedule:
-//! chosen experts gathered, run and scattered a group at a time, out of core staged from the
-//! expert store.
+//! each chosen expert gathered, run and scattered; out of core, straight from the expert store's
+//! host cache slots into the device tier.
 
 use std::borrow::Cow;
 
@@ -17,7 +17,6 @@ use crate::backend::abi::{self, RopeLayout, RowSlice};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
 use crate::kernels::Matrix;
-use crate::weights::Blob;
 
 /// `y = W x` into a new buffer.
 fn project<D: DeviceOps>(dev: &D, m: &Matrix, class: WeightClass, x: &D::Buf, n: usize) -> Result<D::Buf> {
@@ -282,30 +281,20 @@ fn routed<D: DeviceOps>(
         col: 0,
     };
     let chosen: Vec<usize> = (0..users.len()).filter(|&e| !users[e].is_empty()).collect();
-    // Out of core, a few experts at a time: their staged host copies are dropped once used, so a
-    // chunk touching every expert never holds more than a group in host memory.
-    for group in chosen.chunks(if experts.is_some() {
-        SERVED_GROUP
-    } else {
-        chosen.len().max(1)
-    }) {
-        let served = match experts {
-            Some(p) => Some(served_experts(p, group)?),
-            None => None,
-        };
-        for (i, &expert) in group.iter().enumerate() {
-            let (who, k) = (&users[expert], users[expert].len());
-            let weights = match &served {
-                Some(s) => &s[i],
-                None => &m.experts[expert],
-            };
-            let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
-            let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
-            let gathered = dev.zeros_f32(k * width)?;
-            copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
-            let y = weights.run(o, WeightClass::Expert, &gathered, k)?;
-            copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)?;
-        }
+    // One expert over the rows that chose it: gathered, run, scattered to their route slots
+    // (disjoint per expert, so experts may run in any order, on any thread).
+    let run = |expert: usize, weights: &Mlp| -> Result<()> {
+        let (who, k) = (&users[expert], users[expert].len());
+        let src = dev.upload_i32(&who.iter().map(|w| w.0).collect::<Vec<_>>())?;
+        let dst = dev.upload_i32(&who.iter().map(|w| w.1).collect::<Vec<_>>())?;
+        let gathered = dev.zeros_f32(k * width)?;
+        copy_rows(dev, (input, rows, Some(&src)), (&gathered, rows, None), k, width)?;
+        let y = weights.run(o, WeightClass::Expert, &gathered, k)?;
+        copy_rows(dev, (&y, rows, None), (&results, rows, Some(&dst)), k, width)
+    };
+    match experts {
+        None => chosen.iter().try_for_each(|&e| run(e, &m.experts[e]))?,
+        Some(p) => served(p, &chosen, &run)?,
     }
     let weights: Vec<f32> = routes.iter().flatten().map(|&(_, w)| w).collect();
     let (w, off) = (dev.upload_f32(&weights)?, dev.upload_i32(&offsets)?);
@@ -317,26 +306,31 @@ fn routed<D: DeviceOps>(
     Ok(out)
 }
 
-/// Routed experts staged at a time out of core (see [`routed`]).
-const SERVED_GROUP: usize = 4;
-
-/// The weights of `ids` (ascending) from an out-of-core provider, in `ids` order, copied into
-/// host staging buffers: the provider serves them from its cache slots or disk (in any order, on
-/// its threads) and gets each slot back as soon as it is copied, so a cache of one slot still
-/// serves a group. The products upload the staged bytes as routed experts (the device tier
-/// first: [`crate::backend::residency`]); the staging is dropped with the group.
-fn served_experts(p: &dyn ExpertProvider, ids: &[usize]) -> Result<Vec<Mlp>> {
-    let stage = |m: &Matrix| Matrix {
-        data: Blob::from_vec(m.data.to_vec()),
-        scales: m.scales.as_ref().map(|s| Blob::from_vec(s.to_vec())),
-        ..m.clone()
-    };
-    let got = std::sync::Mutex::new(Vec::with_capacity(ids.len()));
+/// Out of core: `run` over each expert of `ids` as the provider hands it over, from a host cache
+/// slot it holds for the call (hits first, misses as their reads land, on its threads). The
+/// products upload its bytes to the device tier unless the device holds them already: an
+/// expert's blobs keep one key however often the host cache reads it again
+/// ([`crate::weights::Blob::identified`]), so a routed expert resident in VRAM is no PCIe copy.
+/// The first failure is the result.
+fn served(
+    p: &dyn ExpertProvider,
+    ids: &[usize],
+    run: &(dyn Fn(usize, &Mlp) -> Result<()> + Sync),
+) -> Result<()> {
+    let failed = std::sync::Mutex::new(None);
     p.for_each_expert(ids, &|id, e| {
-        let staged = e.map_matrices(stage);
-        got.lock().expect("not poisoned").push((id, staged));
+        if let Err(err) = run(id, e) {
+            failed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get_or_insert(err);
+        }
     })?;
-    let mut got = got.into_inner().expect("not poisoned");
-    got.sort_by_key(|&(id, _)| id);
-    Ok(got.into_iter().map(|(_, e)| e).collect())
+    match failed
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
