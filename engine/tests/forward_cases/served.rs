@@ -155,6 +155,15 @@ where
     served_split(|| arch::load(dir.path()).unwrap(), split, "deepseek-v3 split");
     let k3 = super::fixture("k3");
     served_split(|| arch::load(&k3).unwrap(), split, "k3 split");
+    // DeepSeek Sparse Attention: V3.2 and GLM-5 (whose shared layers reuse the last full
+    // layer's choice, past a split too), contexts past the indexer's top-k.
+    for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
+        let path = super::fixture(name);
+        sparse_passes_agree(dev, || arch::load(&path).unwrap(), name);
+        served_agrees(dev, || arch::load(&path).unwrap(), name, (2, 8));
+    }
+    let glm5 = super::fixture("glm5-dsa-fp8");
+    served_split(|| arch::load(&glm5).unwrap(), split, "glm-5 split");
     // Fewer and shorter requests where the emulator is slow (larger fixtures).
     for (name, shape) in [("gpt-oss", (3, 8)), ("kimi-linear", (2, 5)), ("k3", (2, 4))] {
         let path = super::fixture(name);
@@ -198,4 +207,48 @@ fn served_split(
     let cpu = engine(load());
     let want = (run_all(&cpu, &reqs[..2]), run_all(&cpu, &reqs[2..]));
     compare(&engine(place(load())), &reqs, want, what);
+}
+
+/// A DSA model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 30 and
+/// 14 prompt tokens in one pass (every row's logits), then a decode step of both. The indexer
+/// keeps 10-12 positions, so most rows attend a chosen subset (a device that attended every
+/// position would differ).
+fn sparse_passes_agree<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    use deltafin_engine::arch::{LogitRows, SeqInput};
+    let logits = |m: &dyn Model| -> Vec<Vec<u32>> {
+        let vocab = m.info().vocab_size as u32;
+        let prompt =
+            |len: u32, salt: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + salt) % vocab).collect() };
+        let (a, b) = (prompt(30, 5), prompt(14, 11));
+        let (mut sa, mut sb) = (m.new_state(), m.new_state());
+        let mut out = Vec::new();
+        for (ta, tb) in [(&a[..], &b[..]), (&[7][..], &[9][..])] {
+            let rows = m
+                .forward(
+                    &mut [
+                        SeqInput {
+                            state: &mut sa,
+                            tokens: ta,
+                            logits: LogitRows::All,
+                        },
+                        SeqInput {
+                            state: &mut sb,
+                            tokens: tb,
+                            logits: LogitRows::All,
+                        },
+                    ],
+                    None,
+                )
+                .unwrap();
+            out.push(rows.iter().map(|v| v.to_bits()).collect());
+        }
+        out
+    };
+    let want = logits(load().as_ref());
+    let served = DeviceModel::new(load(), dev, (3, 48)).unwrap();
+    assert_eq!(logits(&served), want, "{what}: served logits differ from the CPU");
 }

@@ -71,7 +71,13 @@ impl<B> DeviceMixer<B> {
             (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => {
                 let rows = cache.take(n, |p| (0, p + 1))?;
                 let [latent, rope] = &cache.parts;
-                device::mla(dev, (m, c), (x, n), (&rows, [latent, rope]), &mut |_| Ok(()))
+                device::mla(
+                    dev,
+                    (m, c),
+                    (x, n),
+                    (&rows, [latent, rope]),
+                    (&mut |_| Ok(()), &mut |_| Ok(None)),
+                )
             }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),

@@ -273,13 +273,12 @@ __device__ __forceinline__ float df_dot16(const float* a, const float* b, int n,
     return df_lane_sum(acc);
 }
 
-// Latent context of every (row, head): buf q_abs [rows, heads, latent], q_rope [rows, heads,
-// rope], key latents [positions, latent], rope keys [positions, rope], rows [rows, 2] (i32:
-// first key position, positions attended), out [rows, heads, latent]; i rows, heads, latent,
-// rope; f scale.
-// One (row, head)'s query and keys, and the positions it attends.
+// One (row, head)'s query and keys, and the positions it attends: keys 0..len from its first
+// cache row, or with DeepSeek Sparse Attention key j at position chosen[j] (ascending) from it
+// (latent_attention.rs::LatentKeys::chosen: the same blocks and tiles, over the chosen keys).
 struct DfMlaRow {
     const float *qa, *qr, *kl, *kr;
+    const int* chosen;
     int len, latent, rope, mine, lane;
     float scale;
 };
@@ -294,12 +293,22 @@ __device__ __forceinline__ DfMlaRow df_mla_row(const LayerParams& p, int row, in
     r.kl = (const float*)p.buf[2] + first * (u64)latent;
     r.kr = (const float*)p.buf[3] + first * (u64)rope;
     r.len = info[2 * row + 1];
+    // Optional buffers 6 and 7: every sparse row's chosen positions, and each row's offset in
+    // them (-1: the row attends every position).
+    const int* chosen = (const int*)p.buf[6];
+    const int at = chosen ? ((const int*)p.buf[7])[row] : -1;
+    r.chosen = at >= 0 ? chosen + at : nullptr;
     r.latent = latent;
     r.rope = rope;
     r.mine = (latent - lane + LANES - 1) / LANES;  // latent elements this lane owns
     r.lane = lane;
     r.scale = p.f[0];
     return r;
+}
+
+// The cache row (from the row's first) of key j.
+__device__ __forceinline__ u64 df_mla_key(const DfMlaRow& r, int j) {
+    return r.chosen ? (u64)r.chosen[j] : (u64)j;
 }
 
 // Block `block`'s partial (max, sum, this lane's accumulators): the online softmax tile by tile.
@@ -315,8 +324,9 @@ __device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float
         const int t1 = t0 + DF_MLA_TILE < end ? t0 + DF_MLA_TILE : end;
         float tile_max = __uint_as_float(0xff800000u);
         for (int j = t0; j < t1; ++j) {
-            const float d1 = df_dot16(r.qa, r.kl + (u64)j * r.latent, r.latent, lane);
-            const float d2 = df_dot16(r.qr, r.kr + (u64)j * r.rope, r.rope, lane);
+            const u64 t = df_mla_key(r, j);
+            const float d1 = df_dot16(r.qa, r.kl + t * r.latent, r.latent, lane);
+            const float d2 = df_dot16(r.qr, r.kr + t * r.rope, r.rope, lane);
             scores[j - t0] = __fmul_rn(__fadd_rn(d1, d2), r.scale);
         }
         for (int j = t0; j < t1; ++j) tile_max = fmaxf(tile_max, scores[j - t0]);
@@ -328,7 +338,7 @@ __device__ __forceinline__ void df_mla_block(const DfMlaRow& r, int block, float
         for (int j = t0; j < t1; ++j) {
             const float pj = df_exp(__fsub_rn(scores[j - t0], pmax));
             psum = __fadd_rn(psum, pj);
-            const float* c = r.kl + (u64)j * r.latent;
+            const float* c = r.kl + df_mla_key(r, j) * r.latent;
             for (int i = 0; i < r.mine; ++i) pacc[i] = __fmaf_rn(pj, c[lane + LANES * i], pacc[i]);
         }
     }
@@ -358,8 +368,9 @@ __device__ __forceinline__ void df_mla_write(float* out, int mine, int lane, flo
 
 // Latent context of every (row, head), all its blocks in one group: buf q_abs [rows, heads,
 // latent], q_rope [rows, heads, rope], key latents [positions, latent], rope keys [positions,
-// rope], rows [rows, 2] (i32: first key position, positions attended), out [rows, heads,
-// latent]; i rows, heads, latent, rope; f scale. For caches of at most one block.
+// rope], rows [rows, 2] (i32: first key position, keys attended), out [rows, heads, latent],
+// and optionally (DSA) chosen positions (i32) and each row's offset in them (i32, -1: dense);
+// i rows, heads, latent, rope; f scale. For rows of at most one block of keys.
 extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerParams p) {
     const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const DfMlaRow r = df_mla_row(p, row, h, lane);
@@ -372,7 +383,7 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_attend(LayerPar
 }
 
 // Long caches, step 1: every (row, head, block) at once, grid (rows, heads, blocks). Buffers 0-4
-// as deltafin_mla_attend, then partials [rows, heads, blocks, latent + 2] (max, sum, the
+// and 6-7 as deltafin_mla_attend, then (5) partials [rows, heads, blocks, latent + 2] (max, sum, the
 // accumulators); i rows, heads, latent, rope, blocks; f scale. Blocks past a row's length are
 // left unwritten (the merge stops before them).
 extern "C" __global__ void __launch_bounds__(LANES) deltafin_mla_partials(LayerParams p) {

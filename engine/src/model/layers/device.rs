@@ -10,6 +10,7 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
+use super::dsa::Selection;
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
 use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm};
@@ -125,6 +126,11 @@ pub fn write_rows<D: DeviceOps>(
 /// values, or latents and rotated keys), for a host copy of the cache.
 pub type Keep<'k, B> = &'k mut dyn FnMut([&B; 2]) -> Result<()>;
 
+/// A sparse (DSA) MLA layer's choice of the pass's rows' positions ([`Selection`]), made from its
+/// projections once the rows' cache entries are kept; `None` for a dense layer, where every row
+/// attends every position it sees.
+pub type Choose<'c, B> = &'c mut dyn FnMut(&MlaProjected<B>) -> Result<Option<Selection>>;
+
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.
 #[derive(Debug)]
 pub struct DeviceMla<B> {
@@ -153,22 +159,22 @@ pub fn mla<D: DeviceOps>(
     (m, k): (&Mla, &DeviceMla<D::Buf>),
     (x, n): (&D::Buf, usize),
     (rows, cache): (&CacheRows, [&D::Buf; 2]),
-    keep: Keep<'_, D::Buf>,
+    (keep, choose): (Keep<'_, D::Buf>, Choose<'_, D::Buf>),
 ) -> Result<D::Buf> {
     m.run(&OnDevice(dev), x, n, &rows.pos, |p| {
-        mla_core(dev, (m, &k.wkv), p, (rows, cache), keep)
+        mla_core(dev, (m, &k.wkv), p, (rows, cache), (keep, choose))
     })
 }
 
 /// The device's MLA attention core: the rows' latents and keys into the cache, the absorbed
-/// queries, attention over each row's cache rows (one block, or every block then the ascending
-/// merge: the same operations either way), the value projection.
+/// queries, attention over each row's cache rows or (DSA) its chosen ones (one block, or every
+/// block then the ascending merge: the same operations either way), the value projection.
 fn mla_core<D: DeviceOps>(
     dev: &D,
     (m, wkv): (&Mla, &D::Buf),
     p: MlaProjected<D::Buf>,
     (rows, [latent, rope]): (&CacheRows, [&D::Buf; 2]),
-    keep: Keep<'_, D::Buf>,
+    (keep, choose): (Keep<'_, D::Buf>, Choose<'_, D::Buf>),
 ) -> Result<D::Buf> {
     let (d, n) = (&m.dims, p.rows);
     let (c, r) = (d.kv_lora, d.rope);
@@ -189,15 +195,20 @@ fn mla_core<D: DeviceOps>(
         r,
     )?;
     keep([&p.latent, &p.k_rope])?;
+    let chosen = Chosen::new(dev, rows, choose(&p)?.as_ref())?;
     let (q_abs, q_rope) = (dev.zeros_f32(n * d.heads * c)?, dev.zeros_f32(n * d.heads * r)?);
     dev.layer(
         &abi::mla_absorb(n, d),
         &[Some(&p.q), Some(wkv), Some(&q_abs), Some(&q_rope)],
     )?;
-    let info = CacheRows::upload(dev, rows.seen.iter().flat_map(|&(s, e)| [s, e - s]))?;
+    let info = CacheRows::upload(dev, chosen.spans.iter().flat_map(|&(s, len)| [s, len]))?;
     let ctx = dev.zeros_f32(n * d.heads * c)?;
-    let longest = rows.seen.iter().map(|&(s, e)| e - s).max().unwrap_or(0);
+    let longest = chosen.spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
     let blocks = longest.div_ceil(abi::MLA_BLOCK);
+    let [list, at] = chosen
+        .bufs
+        .as_ref()
+        .map_or([None, None], |[l, a]| [Some(l), Some(a)]);
     if blocks <= 1 {
         let bufs = [
             Some(&q_abs),
@@ -206,6 +217,8 @@ fn mla_core<D: DeviceOps>(
             Some(rope),
             Some(&info),
             Some(&ctx),
+            list,
+            at,
         ];
         dev.layer(&abi::mla_attend(n, d.heads, c, r, d.scale)?, &bufs)?;
     } else {
@@ -217,6 +230,8 @@ fn mla_core<D: DeviceOps>(
             Some(rope),
             Some(&info),
             Some(&parts),
+            list,
+            at,
         ];
         dev.layer(&abi::mla_partials(n, d.heads, (c, r), d.scale, blocks)?, &bufs)?;
         let bufs = [Some(&parts), Some(&info), Some(&ctx)];
@@ -225,6 +240,38 @@ fn mla_core<D: DeviceOps>(
     let attn = dev.zeros_f32(n * d.heads * d.v)?;
     dev.layer(&abi::mla_values(n, d), &[Some(wkv), Some(&ctx), Some(&attn)])?;
     Ok(attn)
+}
+
+/// The keys each row of an MLA pass attends: `spans[i]` is row `i`'s first cache row and key
+/// count; with a DSA selection, `bufs` holds every sparse row's chosen positions (ascending,
+/// from its first row) and each row's offset in them (-1: the row attends all it sees).
+struct Chosen<B> {
+    spans: Vec<(usize, usize)>,
+    bufs: Option<[B; 2]>,
+}
+
+impl<B> Chosen<B> {
+    fn new<D: DeviceOps<Buf = B>>(dev: &D, rows: &CacheRows, selection: Option<&Selection>) -> Result<Self> {
+        let mut spans: Vec<(usize, usize)> = rows.seen.iter().map(|&(s, e)| (s, e - s)).collect();
+        let Some(selection) = selection.filter(|s| s.iter().any(Option::is_some)) else {
+            return Ok(Chosen { spans, bufs: None });
+        };
+        let (mut list, mut at) = (Vec::new(), Vec::with_capacity(spans.len()));
+        for (span, chosen) in spans.iter_mut().zip(selection) {
+            match chosen {
+                Some(c) => {
+                    at.push(list.len() as i32);
+                    list.extend(c.iter().map(|&p| p as i32));
+                    span.1 = c.len();
+                }
+                None => at.push(-1),
+            }
+        }
+        Ok(Chosen {
+            spans,
+            bufs: Some([dev.upload_i32(&list)?, dev.upload_i32(&at)?]),
+        })
+    }
 }
 
 /// Grouped-query attention over `n` normalised rows placed by `rows` in `cache` (keys,

@@ -23,10 +23,12 @@
 use std::sync::Mutex;
 
 use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
+use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
+use super::super::layers::mla::{Mla, MlaProjected, MlaRows};
 use super::super::layers::ops::Host;
 use super::super::layers::ops::Ops;
-use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches};
+use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches, mla_caches};
 use super::device::{LayerConsts, upload_output_query};
 use super::stack::{self, Span, Stack, Stream};
 use super::{Decoder, HostStack, Layer, Mixer, Residual, missing_res, row_tokens, settle};
@@ -35,6 +37,7 @@ use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
 use crate::state::{LayerState, SeqState};
 use std::any::Any;
+use std::cell::RefCell;
 
 mod slots;
 
@@ -90,7 +93,6 @@ impl<B> ServedMixer<B> {
                 let kw = g.dims().kv_heads * g.dims().head_dim;
                 ServedMixer::Attention([dev.zeros_f32(rows * kw)?, dev.zeros_f32(rows * kw)?])
             }
-            Mixer::Mla(m) if m.sparse.is_some() => return Err(refused(arch, "DeepSeek Sparse Attention")),
             Mixer::Mla(m) => {
                 let (c, r) = (m.dims.kv_lora, m.dims.rope);
                 let pool = [dev.zeros_f32(rows * c)?, dev.zeros_f32(rows * r)?];
@@ -114,12 +116,8 @@ impl<D: DeviceOps> DeviceModel<D> {
             return Err(refused(arch, "the hyper-connection residual"));
         }
         for l in 0..m.layers.len() {
-            match &m.layers.get(l)?.mixer {
-                Mixer::Mla(x) if x.sparse.is_some() => {
-                    return Err(refused(arch, "DeepSeek Sparse Attention"));
-                }
-                Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
-                _ => {}
+            if let Mixer::Compressed(_) = &m.layers.get(l)?.mixer {
+                return Err(refused(arch, "compressed sparse attention"));
             }
         }
         Ok(())
@@ -268,6 +266,7 @@ impl<D: DeviceOps> DeviceModel<D> {
             base: plan.seq.iter().map(|&s| placed[s].slot * self.capacity).collect(),
             batch,
             plan,
+            selection: Selection::new(),
             trace,
         };
         let pass = ExpertPass::open(m.experts.as_deref());
@@ -284,8 +283,14 @@ impl<D: DeviceOps> DeviceModel<D> {
             settle(x, (&run, z.as_deref()), &plan.logit_rows(stack.batch), h);
             return Ok(());
         }
-        let ServedStack { batch, trace, .. } = stack;
+        let ServedStack {
+            batch,
+            trace,
+            selection,
+            ..
+        } = stack;
         let mut host = HostStack::new(batch, plan, trace);
+        host.selection = selection; // a shared DSA layer past the split reads it
         let stream = stream.moved(&o, &Host)?;
         let rest = span(layers.len()..m.layers.len());
         let stream = stack::layers(m, (&Host, &mut host), stream, (n, &tokens), rest)?;
@@ -353,6 +358,8 @@ struct ServedStack<'a, 'b, 's, 't, B> {
     base: Vec<usize>,
     batch: &'b mut [SeqInput<'s>],
     plan: &'b RowPlan,
+    /// The last full DSA layer's choice, for the layers that share it.
+    selection: Selection,
     trace: Option<&'t mut Trace>,
 }
 
@@ -393,15 +400,21 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             }
             (Mixer::Mla(m), ServedMixer::Mla(c, [latent, rope])) => {
                 let rows = CacheRows::new(&plan.pos, &self.base, |p| (0, p + 1));
+                let (batch, selection) = (RefCell::new(batch), &mut self.selection);
                 let mut keep = |new: [&D::Buf; 2]| {
                     keep_rows(dev, new, plan, |s, [a, b]| {
+                        let mut batch = batch.borrow_mut();
                         let cache = batch[s].state.layers[l]
                             .mla_mut()
                             .expect("state checked: MLA layer");
                         m.push_row(cache, (a, b), 0);
                     })
                 };
-                device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), &mut keep)
+                let mut choose = |p: &MlaProjected<D::Buf>| {
+                    choose_on_host(dev, m, (xn, n, p), (&mut batch.borrow_mut(), plan, l), selection)
+                };
+                let cores = (&mut keep as _, &mut choose as _);
+                device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), cores)
             }
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
@@ -436,6 +449,39 @@ fn keep_rows<D: DeviceOps>(
         push(s, [&a[i * wa..(i + 1) * wa], &b[i * wb..(i + 1) * wb]]);
     }
     Ok(())
+}
+
+/// A DSA layer's choice of positions ([`Mla::select`]): its indexer on the CPU over the host
+/// states' indexer keys (this pass's appended), from the rows' normalised input and query latents
+/// brought down; a layer sharing the last full layer's choice takes it as is. `None` for a dense
+/// MLA layer.
+fn choose_on_host<D: DeviceOps>(
+    dev: &D,
+    m: &Mla,
+    (xn, n, p): (&D::Buf, usize, &MlaProjected<D::Buf>),
+    (batch, plan, l): (&mut [SeqInput<'_>], &RowPlan, usize),
+    selection: &mut Selection,
+) -> Result<Option<Selection>> {
+    let (x, q_resid) = match (&m.sparse, &p.q_resid) {
+        (None, _) => return Ok(None),
+        (Some(Sparse::Index(_)), Some(q)) => (dev.download_f32(xn)?, dev.download_f32(q)?),
+        (Some(Sparse::Index(_)), None) => {
+            return Err(Error::InvalidArgument {
+                field: "q_lora_rank",
+                reason: "a DSA indexer reads the query latent of a low-rank query".into(),
+            });
+        }
+        (Some(Sparse::Shared), _) => (Vec::new(), Vec::new()),
+    };
+    let mut caches = mla_caches(batch, l);
+    let mut rows = MlaRows {
+        caches: &mut caches,
+        seq: &plan.seq,
+        pos: &plan.pos,
+        selection,
+    };
+    m.select(&x, &q_resid, n, &mut rows);
+    Ok(Some(rows.selection.clone()))
 }
 
 /// A recurrent layer of the pass: projections on the device, then its core on the host states
