@@ -125,8 +125,8 @@ pub fn load_placed(
 /// On a GPU, the model as whole passes on the device when its architecture has a served device
 /// path (`arch::DeviceModel`): one cache slot per batch row and a spare ([`device_slots`]), each
 /// of the context limit, within `arch::DEVICE_CACHE_BYTES` of attention cache; the layers whose
-/// spine the device's weight budget holds (`arch::device_layers` over the checkpoint in `dir`),
-/// the rest on the CPU.
+/// spine the device's weight budget holds beside those caches (`arch::device_layers` over the
+/// checkpoint in `dir`), the rest on the CPU.
 pub fn on_device(
     model: Box<dyn arch::Model>,
     cfg: &SchedulerConfig,
@@ -137,7 +137,10 @@ pub fn on_device(
     let limits = (cfg.context_limit, info.max_context);
     let capacity =
         arch::device_cache_positions(info.state.per_token, slots, limits, arch::DEVICE_CACHE_BYTES);
-    let budget = deltafin_engine::backend::current().weight_budget();
+    let caches = arch::device_cache_bytes(info.state.per_token, slots, capacity);
+    let budget = deltafin_engine::backend::current()
+        .weight_budget()
+        .map(|b| b.saturating_sub(caches));
     let layers = match budget.map(|b| (arch::ooc_layout(dir), b)) {
         Some((Ok(layout), budget)) => arch::device_layers(&layout.layer_bytes, layout.fixed_bytes, budget),
         _ => usize::MAX,

@@ -95,11 +95,21 @@ pub fn device_cache_positions(
     wanted.min(usize::try_from(fit).unwrap_or(usize::MAX)).max(1)
 }
 
+/// Device bytes of `slots` attention cache slots of `capacity` positions (`per_token` bytes a
+/// position): what a served model takes off the device's weight budget
+/// ([`serve_on_current_device`]), and what the split plan leaves aside.
+pub fn device_cache_bytes(per_token: u64, slots: usize, capacity: usize) -> u64 {
+    per_token
+        .saturating_mul(slots as u64)
+        .saturating_mul(capacity as u64)
+}
+
 /// `model` as the server runs it on the installed backend ([`crate::backend::current`]): on a
 /// GPU, a [`super::DeviceModel`] with `slots` cache slots of `capacity` positions and its first
 /// `on_device` layers on the device (see [`super::device_layers`]) when the architecture has a
 /// served device path, else `model` itself (its matrix products still run on the backend). The
-/// line says which, for the log.
+/// caches' bytes ([`device_cache_bytes`]) come off the backend's weight budget first, so weights
+/// and caches together stay within it. The line says which, for the log.
 pub fn serve_on_current_device(
     model: Box<dyn Model>,
     (slots, capacity): (usize, usize),
@@ -118,16 +128,20 @@ pub fn serve_on_current_device(
             {
                 return Ok((model, format!("matrix products on {} ({why})", c.describe())));
             }
-            let layers = model.info().num_layers;
+            let (layers, per_token) = (model.info().num_layers, model.info().state.per_token);
+            let caches = device_cache_bytes(per_token, slots, capacity);
+            dev.reserve(caches);
             let served = super::DeviceModel::split(model, dev, (slots, capacity), on_device)?;
             let split = match on_device.min(layers) {
                 n if n == layers => format!("all {layers} layers"),
                 n => format!("layers 0..{n} of {layers} (the rest on the CPU: their spine does not fit)"),
             };
             let line = format!(
-                "whole passes on {}: {split}; {slots} cache slots of {} positions",
+                "whole passes on {}: {split}; {slots} cache slots of {} positions ({:.2} GiB, off \
+                 the weight budget)",
                 c.describe(),
-                served.info().max_context
+                served.info().max_context,
+                caches as f64 / (1u64 << 30) as f64
             );
             Ok((Box::new(served), line))
         }
@@ -136,7 +150,7 @@ pub fn serve_on_current_device(
 
 #[cfg(test)]
 mod tests {
-    use super::device_cache_positions;
+    use super::{device_cache_bytes, device_cache_positions};
 
     #[test]
     fn device_caches_hold_the_context_limit_within_their_budget() {
@@ -146,5 +160,7 @@ mod tests {
         assert_eq!(device_cache_positions(1024, 4, (Some(9999), 200), 1 << 30), 200);
         // Recurrent-only models have no attention cache: the context limit.
         assert_eq!(device_cache_positions(0, 4, (None, 4096), 1 << 20), 4096);
+        assert_eq!(device_cache_bytes(1024, 4, 256), 1 << 20, "what those slots take");
+        assert_eq!(device_cache_bytes(u64::MAX, 4, 256), u64::MAX);
     }
 }

@@ -29,8 +29,8 @@ pub use crate::model::{Loader, layers};
 pub use decoder::{Decoder, MtpModule};
 pub use decoder::{DeviceModel, DeviceSession};
 pub use device_pass::{
-    DEVICE_CACHE_BYTES, DeviceSequence, current_device_sequence, device_cache_positions, device_sequence,
-    serve_on_current_device,
+    DEVICE_CACHE_BYTES, DeviceSequence, current_device_sequence, device_cache_bytes, device_cache_positions,
+    device_sequence, serve_on_current_device,
 };
 pub use registry::{ArchFamily, Architecture, FAMILIES, ModelSpec, families_markdown, supported_model_types};
 

@@ -48,6 +48,9 @@ enum Segment {
 
 const SEGMENTS: usize = 3;
 
+/// Every segment in eviction order: least valuable first.
+const EVERY_SEGMENT: [Segment; SEGMENTS] = [Segment::Probation, Segment::Protected, Segment::Spine];
+
 impl Segment {
     fn index(self) -> usize {
         self as usize
@@ -118,11 +121,32 @@ impl<K: Hash + Eq + Clone> Residency<K> {
         if bytes > room {
             return Admit::Bypass;
         }
-        let mut evict = Vec::new();
         let order: &[Segment] = match class {
-            WeightClass::Spine => &[Segment::Probation, Segment::Protected, Segment::Spine],
-            WeightClass::Expert => &[Segment::Probation, Segment::Protected],
+            WeightClass::Spine => &EVERY_SEGMENT,
+            WeightClass::Expert => &EVERY_SEGMENT[..2],
         };
+        let evict = self.evict(order, bytes);
+        let seg = match class {
+            WeightClass::Spine => Segment::Spine,
+            WeightClass::Expert => Segment::Probation,
+        };
+        self.link(key, bytes, seg);
+        Admit::Insert { evict }
+    }
+
+    /// Take `bytes` off the budget for other device memory (a served model's attention caches):
+    /// entries leave, least valuable first (probation, protected, then the spine, oldest first
+    /// in each), until the rest fits. The evicted keys.
+    pub fn reserve(&mut self, bytes: u64) -> Vec<K> {
+        self.budget = self.budget.saturating_sub(bytes);
+        let evict = self.evict(&EVERY_SEGMENT, 0);
+        self.cap_protected();
+        evict
+    }
+
+    /// Evict from `order`'s segments, oldest first, until `bytes` more fit in the budget.
+    fn evict(&mut self, order: &[Segment], bytes: u64) -> Vec<K> {
+        let mut evict = Vec::new();
         for &seg in order {
             while self.used() + bytes > self.budget {
                 let Some((_, oldest)) = self.by_use[seg.index()].pop_first() else {
@@ -133,12 +157,7 @@ impl<K: Hash + Eq + Clone> Residency<K> {
                 evict.push(oldest);
             }
         }
-        let seg = match class {
-            WeightClass::Spine => Segment::Spine,
-            WeightClass::Expert => Segment::Probation,
-        };
-        self.link(key, bytes, seg);
-        Admit::Insert { evict }
+        evict
     }
 
     /// Forget `key` (its upload failed).
@@ -388,6 +407,29 @@ mod tests {
                 .contains("spine 4.00 GiB does not fit: a served pass runs layers 0..5 of 7 on the device"),
             "{small}"
         );
+    }
+
+    #[test]
+    fn a_reservation_shrinks_the_budget_evicting_experts_before_the_spine() {
+        let mut r = Residency::new(100);
+        r.admit(&"s1", 30, WeightClass::Spine);
+        r.admit(&"s2", 30, WeightClass::Spine);
+        r.admit(&"e1", 20, WeightClass::Expert);
+        r.admit(&"e1", 20, WeightClass::Expert); // protected
+        r.admit(&"e2", 20, WeightClass::Expert);
+        assert_eq!(r.used(), 100);
+        assert_eq!(r.reserve(30), vec!["e2", "e1"], "probation first, then protected");
+        assert_eq!((r.budget(), r.used()), (70, 60));
+        assert_eq!(r.reserve(20), vec!["s1"], "the spine last, oldest first");
+        assert_eq!((r.budget(), r.used()), (50, 30));
+        assert_eq!(r.admit(&"s2", 30, WeightClass::Spine), Admit::Hit);
+        assert_eq!(
+            r.admit(&"e3", 30, WeightClass::Expert),
+            Admit::Bypass,
+            "no room beside the spine"
+        );
+        assert_eq!(r.reserve(u64::MAX), vec!["s2"]);
+        assert_eq!((r.budget(), r.used()), (0, 0));
     }
 
     #[test]

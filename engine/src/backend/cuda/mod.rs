@@ -189,6 +189,17 @@ impl CudaBackend {
         s.residency.budget()
     }
 
+    /// Take `bytes` off the weight budget for other device memory (a served model's attention
+    /// caches), evicting weights as [`Residency::reserve`] decides.
+    pub fn reserve(&self, bytes: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let evict = state.residency.reserve(bytes);
+        state.stats.evictions += evict.len() as u64;
+        for k in &evict {
+            state.weights.remove(k);
+        }
+    }
+
     /// [`crate::backend::matmul`] on the GPU (bit-identical), or on the CPU once the device
     /// has failed.
     pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32], class: WeightClass) {
