@@ -8,7 +8,9 @@
 #                         # DELTAFIN_REQUIRE_CUDA=1 (served requests included), the CPU-vs-GPU
 #                         # token check on the built-in model, `deltafin bench serve` on both
 #                         # devices (and on the GPU under --device-memory 4G), and
-#                         # `deltafin bench kernels` on both devices; results in $OUT
+#                         # `deltafin bench kernels` on both devices (on the GPU with the upload
+#                         # figures: pageable vs pinned-staging GB/s and the overlap of expert
+#                         # uploads with products); results in $OUT
 #
 # The binaries load libcuda and libnvrtc at run time (the driver and the CUDA runtime's NVRTC
 # must be installed, or libnvrtc.so.12 on LD_LIBRARY_PATH).

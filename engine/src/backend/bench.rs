@@ -207,8 +207,82 @@ pub struct BenchReport {
     pub threads: usize,
     pub probe: ProbeResult,
     pub kernels: Vec<KernelResult>,
+    /// On a GPU: how weights go up ([`upload_figures`]).
+    pub uploads: Option<UploadFigures>,
     /// Anything that deviated from the requested options.
     pub notes: Vec<String>,
+}
+
+/// How a GPU uploads weights (`CudaBackend::measure_uploads`): `count` copies of one matrix
+/// (`format`, `shape`: rows × cols, `bytes` stored) from pageable memory synchronously and
+/// through the pinned staging ring on the copy stream; then `rows`-row products over resident
+/// copies (`compute_seconds`), the staged uploads alone (`upload_seconds`), and both with each
+/// upload queued while the previous matrix's product runs (`both_seconds`).
+#[derive(Debug, Clone, Serialize)]
+pub struct UploadFigures {
+    pub format: String,
+    pub shape: (usize, usize),
+    pub bytes: usize,
+    pub count: usize,
+    pub rows: usize,
+    pub pageable_gb_per_s: f64,
+    pub staged_gb_per_s: f64,
+    pub compute_seconds: f64,
+    pub upload_seconds: f64,
+    pub both_seconds: f64,
+}
+
+impl UploadFigures {
+    /// The share of the shorter of compute and uploads hidden under the other: 0 when they
+    /// ran one after the other, 1 when the longer one alone set the time.
+    pub fn overlap(&self) -> f64 {
+        let hidden = self.compute_seconds + self.upload_seconds - self.both_seconds;
+        (hidden
+            / self
+                .compute_seconds
+                .min(self.upload_seconds)
+                .max(f64::MIN_POSITIVE))
+        .clamp(0.0, 1.0)
+    }
+}
+
+impl fmt::Display for UploadFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |s: f64| s * 1e3;
+        writeln!(
+            f,
+            "uploads ({} {}x{}, {:.1} MiB): pageable {:.1} GB/s, pinned staging {:.1} GB/s",
+            self.format,
+            self.shape.0,
+            self.shape.1,
+            self.bytes as f64 / (1 << 20) as f64,
+            self.pageable_gb_per_s,
+            self.staged_gb_per_s
+        )?;
+        writeln!(
+            f,
+            "{} products of {} rows: compute {:.2} ms, uploads {:.2} ms, both {:.2} ms (overlap {:.2})",
+            self.count,
+            self.rows,
+            ms(self.compute_seconds),
+            ms(self.upload_seconds),
+            ms(self.both_seconds),
+            self.overlap()
+        )
+    }
+}
+
+/// The upload figures of the installed backend for an FP8 matrix of DeepSeek-V3's routed-expert
+/// shape (`None` on the CPU, which uploads nothing).
+pub fn upload_figures() -> Option<crate::Result<UploadFigures>> {
+    match crate::backend::current() {
+        crate::backend::Backend::Cpu => None,
+        #[cfg(feature = "cuda")]
+        crate::backend::Backend::Cuda(c) => {
+            let m = random_matrix(BenchFormat::Fp8, 2048, 7168, 99);
+            Some(c.measure_uploads(&m, 16, 64))
+        }
+    }
 }
 
 /// Run the benchmark described by `opts`.
@@ -249,10 +323,18 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
     let threads = pool
         .as_ref()
         .map_or(rayon::current_num_threads(), |p| p.current_num_threads());
-    let device = if opts.backend {
-        crate::backend::current().describe()
+    let (device, uploads) = if opts.backend {
+        let uploads = match upload_figures() {
+            Some(Ok(u)) => Some(u),
+            Some(Err(e)) => {
+                notes.push(format!("upload figures: {e}"));
+                None
+            }
+            None => None,
+        };
+        (crate::backend::current().describe(), uploads)
     } else {
-        format!("cpu ({isa})")
+        (format!("cpu ({isa})"), None)
     };
     BenchReport {
         device,
@@ -260,6 +342,7 @@ pub fn run(opts: &BenchOptions) -> BenchReport {
         threads,
         probe,
         kernels,
+        uploads,
         notes,
     }
 }
@@ -486,6 +569,9 @@ impl fmt::Display for BenchReport {
                 )?;
             }
         }
+        if let Some(u) = &self.uploads {
+            write!(f, "{u}")?;
+        }
         for n in &self.notes {
             writeln!(f, "note: {n}")?;
         }
@@ -496,6 +582,27 @@ impl fmt::Display for BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlap_is_the_share_of_the_shorter_side_hidden() {
+        let u = |compute, upload, both| UploadFigures {
+            format: "Fp8".into(),
+            shape: (2, 2),
+            bytes: 4,
+            count: 2,
+            rows: 1,
+            pageable_gb_per_s: 1.0,
+            staged_gb_per_s: 2.0,
+            compute_seconds: compute,
+            upload_seconds: upload,
+            both_seconds: both,
+        };
+        assert_eq!(u(10.0, 4.0, 14.0).overlap(), 0.0, "one after the other");
+        assert_eq!(u(10.0, 4.0, 10.0).overlap(), 1.0, "the uploads hidden");
+        assert_eq!(u(10.0, 4.0, 12.0).overlap(), 0.5);
+        assert_eq!(u(10.0, 4.0, 20.0).overlap(), 0.0, "slower than serial: none");
+        assert!(u(10.0, 4.0, 12.0).to_string().contains("overlap 0.50"));
+    }
 
     #[test]
     fn hot_shapes_fill_three_quarters_of_the_l2_caches() {

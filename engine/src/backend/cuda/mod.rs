@@ -12,11 +12,16 @@
 //!   Uploads are kept under a byte budget by [`Residency`] (the spine first, routed experts in
 //!   a segmented LRU below it), keyed
 //!   by the [`crate::weights::BlobKey`]s of the matrix bytes, which name immutable bytes.
+//! * **Uploads overlap compute.** A matrix goes up through pinned staging buffers on a copy
+//!   stream of its own (`staging.rs`), so the next routed expert's transfer runs under the
+//!   products queued before it.
 //! * **Failure keeps the answer.** If the device fails mid-run (a driver error, out of memory)
 //!   the backend logs it once, stops using the device and computes the same product on the CPU,
 //!   which is bit-identical; [`BackendStats::cpu_fallbacks`] counts those calls.
 
 mod device_ops;
+mod measure;
+mod staging;
 
 pub use device_ops::GpuBuf;
 
@@ -59,10 +64,13 @@ struct DeviceMatrix {
     scales: Option<CudaSlice<u8>>,
 }
 
-/// Mutable state, one call at a time (one stream).
+/// Mutable state, one call at a time (the compute stream, and the copy stream of the uploads).
 struct State {
     residency: Residency<MatrixKey>,
     weights: HashMap<MatrixKey, DeviceMatrix>,
+    /// Weight uploads through pinned staging on a copy stream; `None`: synchronous on the
+    /// compute stream (no pinned memory could be had).
+    uploads: Option<staging::Uploads>,
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
     stats: BackendStats,
@@ -141,6 +149,15 @@ impl CudaBackend {
             .map_err(|e| device_error(ordinal, "memory query", e))?;
         let budget = memory.unwrap_or((free as f64 * (1.0 - DEFAULT_HEADROOM)) as u64);
         let (kernels, layer_kernels) = compile(&ctx, ordinal, major, minor)?;
+        let uploads = staging::Uploads::new(&ctx)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    device = ordinal,
+                    error = %e,
+                    "no pinned staging buffers or copy stream: weight uploads are synchronous"
+                );
+            })
+            .ok();
         let label = format!(
             "cuda:{ordinal} {name} (sm_{major}{minor}, {:.1} GiB, weight budget {:.1} GiB)",
             total as f64 / (1u64 << 30) as f64,
@@ -155,6 +172,7 @@ impl CudaBackend {
             state: Mutex::new(State {
                 residency: Residency::new(budget),
                 weights: HashMap::new(),
+                uploads,
                 x: None,
                 y: None,
                 stats: BackendStats::default(),
@@ -350,14 +368,14 @@ impl CudaBackend {
                 state.stats.expert_uploads += expert as u64;
                 state.stats.weight_uploads += 1;
                 state.stats.weight_upload_bytes += m.nbytes() as u64;
-                self.upload(m).map(Some)
+                self.upload(&mut state.uploads, m).map(Some)
             }
             Admit::Insert { evict } => {
                 for k in &evict {
                     state.weights.remove(k);
                 }
                 state.stats.evictions += evict.len() as u64;
-                match self.upload(m) {
+                match self.upload(&mut state.uploads, m) {
                     Ok(dm) => {
                         state.stats.expert_uploads += expert as u64;
                         state.stats.weight_uploads += 1;
@@ -374,14 +392,20 @@ impl CudaBackend {
         }
     }
 
-    fn upload(&self, m: &Matrix) -> std::result::Result<DeviceMatrix, DriverError> {
+    /// `m`'s stored bytes on the device: through the staging ring on the copy stream (the
+    /// compute stream waits for them where a product reads them), else synchronously.
+    fn upload(
+        &self,
+        uploads: &mut Option<staging::Uploads>,
+        m: &Matrix,
+    ) -> std::result::Result<DeviceMatrix, DriverError> {
+        let mut copy = |bytes: &[u8]| match uploads {
+            Some(u) => u.upload(bytes),
+            None => self.stream.clone_htod(bytes),
+        };
         Ok(DeviceMatrix {
-            data: self.stream.clone_htod(&m.data[..])?,
-            scales: m
-                .scales
-                .as_ref()
-                .map(|s| self.stream.clone_htod(&s[..]))
-                .transpose()?,
+            data: copy(&m.data[..])?,
+            scales: m.scales.as_ref().map(|s| copy(&s[..])).transpose()?,
         })
     }
 }
