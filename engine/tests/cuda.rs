@@ -236,6 +236,7 @@ fn a_whole_pass_on_the_gpu_gives_the_cpu_logits() {
     forward_cases::kimi_linear_pass_matches_the_cpu(cuda.as_ref());
     forward_cases::k3_pass_matches_the_cpu(cuda.as_ref());
     forward_cases::gqa_families_match_the_cpu(cuda.as_ref());
+    forward_cases::dsa_sessions_match_the_cpu(cuda.as_ref());
 }
 
 mod ffn_cases;

@@ -37,11 +37,13 @@ fn every_ffn_form_on_the_device_gives_the_cpu_bits() {
 }
 
 #[test]
-fn whole_passes_of_the_gqa_families_on_the_device_give_the_cpu_logits() {
+fn whole_passes_of_the_gqa_and_dsa_families_on_the_device_give_the_cpu_logits() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-gqa") else {
         return;
     };
-    forward_cases::gqa_families_match_the_cpu(&EmuDevice::new(&bin));
+    let dev = EmuDevice::new(&bin);
+    forward_cases::gqa_families_match_the_cpu(&dev);
+    forward_cases::dsa_sessions_match_the_cpu(&dev);
 }
 
 #[test]

@@ -241,3 +241,17 @@ pub fn gqa_families_match_the_cpu<D: DeviceOps>(dev: &D) {
         assert_eq!(seq.len(), prompt.len() + 2, "{name}");
     }
 }
+
+/// The DSA fixtures (DeepSeek-V3.2, and GLM-5 whose shared layers reuse the last full layer's
+/// choice) in a one-sequence session: a 20-token prefill, past the indexer's top-k (10, 12), and
+/// two decode steps; the indexer runs on the host over the session's host cache of its keys.
+pub fn dsa_sessions_match_the_cpu<D: DeviceOps>(dev: &D) {
+    for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
+        let model = deltafin_engine::arch::load(&fixture(name)).unwrap();
+        let vocab = model.info().vocab_size as u32;
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();
+        let mut seq = device_sequence(model.as_ref(), dev, 32).unwrap();
+        compare(model.as_ref(), &prompt, 3, name, |t| seq.forward(t).unwrap());
+        assert_eq!(seq.len(), prompt.len() + 2, "{name}");
+    }
+}

@@ -1,22 +1,28 @@
-//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA, KDA and gated DeltaNet layers
-//! (DeepSeek-V3, Kimi-K2, Kimi-Linear): activations, latent caches and recurrent states stay on
-//! the device; tokens go in, the last row's logits come out (`model::layers::device`). Out of
+//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA
+//! (DSA included), KDA and gated DeltaNet layers (DeepSeek-V3/V3.2, Kimi-K2, Kimi-Linear, GLM-5):
+//! activations, latent caches and recurrent states stay on the device; tokens go in, the last
+//! row's logits come out (`model::layers::device`). A DSA layer's indexer runs on the host over
+//! a host cache of its keys (`layers::device::choose_on_host`), its attention on the device. Out of
 //! core, routed experts come from the expert store (host cache, then disk) and are uploaded
 //! through the device's expert tier. Stacks with other mixers are refused with a typed error
 //! (their matrix products still run on the device through `backend::matmul`).
 
 use super::super::Model;
 use super::super::layers::device::{self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, OnDevice};
+use super::super::layers::dsa::Selection;
+use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
 use super::{Decoder, Layer, Mixer, missing_res};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
+use crate::state::MlaCache;
 
 /// One layer's mixer on the device: its constants and the sequence's state.
 enum DeviceMixer<B> {
     Attention(DeviceCache<B>),
-    Mla(DeviceMla<B>, DeviceCache<B>),
+    /// MLA: its constants, latent cache, and (DSA) the host cache of its indexer's keys.
+    Mla(DeviceMla<B>, DeviceCache<B>, MlaCache),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
 }
@@ -26,18 +32,9 @@ impl<B> DeviceMixer<B> {
     /// typed refusal of a mixer this path does not run.
     fn new<D: DeviceOps<Buf = B>>(model: &Decoder, dev: &D, mixer: &Mixer, capacity: usize) -> Result<Self> {
         Ok(match mixer {
-            Mixer::Mla(m) if m.sparse.is_some() => {
-                return Err(Error::InvalidArgument {
-                    field: "device",
-                    reason: format!(
-                        "{}: DeepSeek Sparse Attention has no whole-pass device path yet",
-                        model.info().arch
-                    ),
-                });
-            }
             Mixer::Mla(m) => {
                 let cache = DeviceCache::new(dev, [m.dims.kv_lora, m.dims.rope], capacity)?;
-                DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache)
+                DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache, MlaCache::default())
             }
             Mixer::Kda(k) => DeviceMixer::Kda(DeviceDelta::kda(dev, k)?, DeviceKdaState::new(dev, k.shape)?),
             Mixer::DeltaNet(g) => {
@@ -60,24 +57,37 @@ impl<B> DeviceMixer<B> {
         })
     }
 
-    /// `mixer` over `n` normalised rows, advancing the state.
-    fn run<D: DeviceOps<Buf = B>>(&mut self, dev: &D, mixer: &Mixer, x: &B, n: usize) -> Result<B> {
+    /// `mixer` over `n` normalised rows, advancing the state; `selection`: the last full DSA
+    /// layer's choice, for the layers that share it.
+    fn run<D: DeviceOps<Buf = B>>(
+        &mut self,
+        dev: &D,
+        mixer: &Mixer,
+        (x, n): (&B, usize),
+        selection: &mut Selection,
+    ) -> Result<B> {
         match (mixer, self) {
             (Mixer::Attention(g), DeviceMixer::Attention(cache)) => {
                 let rows = cache.take(n, |p| g.seen(p))?;
                 let [k, v] = &cache.parts;
                 device::gqa(dev, g, (x, n), (&rows, [k, v]), &mut |_| Ok(()))
             }
-            (Mixer::Mla(m), DeviceMixer::Mla(c, cache)) => {
+            (Mixer::Mla(m), DeviceMixer::Mla(c, cache, index)) => {
                 let rows = cache.take(n, |p| (0, p + 1))?;
                 let [latent, rope] = &cache.parts;
-                device::mla(
-                    dev,
-                    (m, c),
-                    (x, n),
-                    (&rows, [latent, rope]),
-                    (&mut |_| Ok(()), &mut |_| Ok(None)),
-                )
+                let seq = vec![0; n];
+                let mut choose = |p: &MlaProjected<B>| {
+                    let host = &mut MlaRows {
+                        caches: &mut [&mut *index],
+                        seq: &seq,
+                        pos: &rows.pos,
+                        selection: &mut *selection,
+                    };
+                    device::choose_on_host(dev, m, (x, n, p), host)
+                };
+                let mut keep = |_: [&B; 2]| Ok(());
+                let cores = (&mut keep as _, &mut choose as _);
+                device::mla(dev, (m, c), (x, n), (&rows, [latent, rope]), cores)
             }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
@@ -142,6 +152,8 @@ struct DeviceLayers<B> {
     layers: Vec<DeviceLayer<B>>,
     /// The AttnRes query before the final norm (Block Attention Residuals).
     output_res: Option<B>,
+    /// The last full DSA layer's choice of this pass, for the layers that share it.
+    selection: Selection,
 }
 
 impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
@@ -164,7 +176,9 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
         xn: &D::Buf,
         n: usize,
     ) -> Result<D::Buf> {
-        self.layers[l].mixer.run(o.0, &layer.mixer, xn, n)
+        self.layers[l]
+            .mixer
+            .run(o.0, &layer.mixer, (xn, n), &mut self.selection)
     }
 
     fn record(&mut self, _: &OnDevice<'_, D>, _: usize, _: &D::Buf) -> Result<()> {
@@ -203,6 +217,7 @@ impl Decoder {
             stack: DeviceLayers {
                 layers,
                 output_res: upload_output_query(dev, self)?,
+                selection: Selection::new(),
             },
             norm: dev.upload_f32(&self.norm)?,
             len: 0,

@@ -10,11 +10,11 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
-use super::dsa::Selection;
+use super::dsa::{Selection, Sparse};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
 use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm};
-use super::mla::{Mla, MlaProjected};
+use super::mla::{Mla, MlaProjected, MlaRows};
 pub use super::on_device::OnDevice;
 use super::on_device::{copy_rows, rms_norm};
 use super::ops::Ops;
@@ -130,6 +130,32 @@ pub type Keep<'k, B> = &'k mut dyn FnMut([&B; 2]) -> Result<()>;
 /// projections once the rows' cache entries are kept; `None` for a dense layer, where every row
 /// attends every position it sees.
 pub type Choose<'c, B> = &'c mut dyn FnMut(&MlaProjected<B>) -> Result<Option<Selection>>;
+
+/// A DSA layer's choice of positions for the rows of `rows` ([`Mla::select`]), for its device
+/// core ([`Choose`]): the indexer on the CPU, as the CPU model runs it, over the host caches'
+/// indexer keys (the rows' own appended), from the rows' normalised input `xn` and query latents
+/// brought down; a layer sharing the last full layer's choice takes it as is. `None` for a
+/// dense MLA layer.
+pub fn choose_on_host<D: DeviceOps>(
+    dev: &D,
+    m: &Mla,
+    (xn, n, p): (&D::Buf, usize, &MlaProjected<D::Buf>),
+    rows: &mut MlaRows<'_, '_>,
+) -> Result<Option<Selection>> {
+    let (x, q_resid) = match (&m.sparse, &p.q_resid) {
+        (None, _) => return Ok(None),
+        (Some(Sparse::Index(_)), Some(q)) => (dev.download_f32(xn)?, dev.download_f32(q)?),
+        (Some(Sparse::Index(_)), None) => {
+            return Err(crate::Error::InvalidArgument {
+                field: "q_lora_rank",
+                reason: "a DSA indexer reads the query latent of a low-rank query".into(),
+            });
+        }
+        (Some(Sparse::Shared), _) => (Vec::new(), Vec::new()),
+    };
+    m.select(&x, &q_resid, n, rows);
+    Ok(Some(rows.selection.clone()))
+}
 
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.
 #[derive(Debug)]

@@ -23,9 +23,9 @@
 use std::sync::Mutex;
 
 use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
-use super::super::layers::dsa::{Selection, Sparse};
+use super::super::layers::dsa::Selection;
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
-use super::super::layers::mla::{Mla, MlaProjected, MlaRows};
+use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Host;
 use super::super::layers::ops::Ops;
 use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches, mla_caches};
@@ -411,7 +411,15 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                     })
                 };
                 let mut choose = |p: &MlaProjected<D::Buf>| {
-                    choose_on_host(dev, m, (xn, n, p), (&mut batch.borrow_mut(), plan, l), selection)
+                    let mut batch = batch.borrow_mut();
+                    let mut caches = mla_caches(&mut batch, l);
+                    let rows = &mut MlaRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                        pos: &plan.pos,
+                        selection: &mut *selection,
+                    };
+                    device::choose_on_host(dev, m, (xn, n, p), rows)
                 };
                 let cores = (&mut keep as _, &mut choose as _);
                 device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), cores)
@@ -449,39 +457,6 @@ fn keep_rows<D: DeviceOps>(
         push(s, [&a[i * wa..(i + 1) * wa], &b[i * wb..(i + 1) * wb]]);
     }
     Ok(())
-}
-
-/// A DSA layer's choice of positions ([`Mla::select`]): its indexer on the CPU over the host
-/// states' indexer keys (this pass's appended), from the rows' normalised input and query latents
-/// brought down; a layer sharing the last full layer's choice takes it as is. `None` for a dense
-/// MLA layer.
-fn choose_on_host<D: DeviceOps>(
-    dev: &D,
-    m: &Mla,
-    (xn, n, p): (&D::Buf, usize, &MlaProjected<D::Buf>),
-    (batch, plan, l): (&mut [SeqInput<'_>], &RowPlan, usize),
-    selection: &mut Selection,
-) -> Result<Option<Selection>> {
-    let (x, q_resid) = match (&m.sparse, &p.q_resid) {
-        (None, _) => return Ok(None),
-        (Some(Sparse::Index(_)), Some(q)) => (dev.download_f32(xn)?, dev.download_f32(q)?),
-        (Some(Sparse::Index(_)), None) => {
-            return Err(Error::InvalidArgument {
-                field: "q_lora_rank",
-                reason: "a DSA indexer reads the query latent of a low-rank query".into(),
-            });
-        }
-        (Some(Sparse::Shared), _) => (Vec::new(), Vec::new()),
-    };
-    let mut caches = mla_caches(batch, l);
-    let mut rows = MlaRows {
-        caches: &mut caches,
-        seq: &plan.seq,
-        pos: &plan.pos,
-        selection,
-    };
-    m.select(&x, &q_resid, n, &mut rows);
-    Ok(Some(rows.selection.clone()))
 }
 
 /// A recurrent layer of the pass: projections on the device, then its core on the host states
