@@ -118,7 +118,7 @@ impl Decoder {
         mut trace: Option<&mut Trace>,
         n_streams: usize,
     ) -> Result<()> {
-        let (h, n) = (self.plan.hidden_size, plan.len());
+        let h = self.plan.hidden_size;
         let Some(Tail::Hyper(head)) = &self.output_res else {
             return Err(missing_res());
         };
@@ -127,18 +127,12 @@ impl Decoder {
         let pass = ExpertPass::open(self.experts.as_deref()).with_tokens(&tokens);
         for l in 0..self.layers.len() {
             let layer = self.layers.get(l)?;
-            let Some(Sites::Hyper([attn_site, ffn_site])) = &layer.res else {
-                return Err(missing_res());
+            let step = StreamLayer {
+                layer: &layer,
+                eps: self.plan.rms_norm_eps,
+                hidden: h,
             };
-            let (weights, u) = collapse_rows(attn_site, &streams, n, h);
-            let xn = self.norm_rows(&u, &layer.input_norm);
-            let a = run_mixer(&layer.mixer, &xn, batch, (plan, l), &mut Selection::new());
-            expand_rows(&weights, &a, &mut streams, h);
-            let (weights, m) = collapse_rows(ffn_site, &streams, n, h);
-            pass.hint_next(l, &m, n);
-            let xn = self.norm_rows(&m, &layer.post_norm);
-            let f = stack::ffn(&Host, &layer.ffn, (&pass, l), &xn, (n, &tokens))?;
-            expand_rows(&weights, &f, &mut streams, h);
+            step.run(batch, (plan, l), &tokens, &pass, &mut streams)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.record_rows(format!("layers.{l}"), &streams, n_streams * h);
             }

@@ -56,7 +56,6 @@ use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
 use crate::error::Result;
 use crate::kernels::Matrix;
-use crate::kernels::ops::rms_norm_rows;
 use crate::state::{CompressedCache, KdaCache, KvCache, LayerState, MlaCache, SeqState};
 use crate::weights::WeightIndex;
 
@@ -347,10 +346,6 @@ impl Decoder {
             experts,
             plan,
         }
-    }
-
-    pub(super) fn norm_rows(&self, x: &[f32], weight: &[f32]) -> Vec<f32> {
-        rms_norm_rows(x, weight, self.plan.rms_norm_eps, self.plan.hidden_size)
     }
 
     /// Every decoder layer over the rows of `x` (the written-once loops on the CPU), in place:
