@@ -286,6 +286,103 @@ pub fn mla_attention(run: Runner) {
         &merge,
     );
     assert_same(&want, &floats(&out[2]), "mla attention split over blocks");
+    mla_chosen_attention(run, s, (&lat, &rope), first);
+}
+
+/// DeepSeek Sparse Attention's form of the MLA kernels (optional buffers 6 and 7): rows that
+/// attend chosen positions of their run (1060 of 1100, past a block; 12; 5) and a dense row
+/// beside them (offset -1), against `attend` over `LatentKeys::chosen`; in one group per (row,
+/// head), and split over blocks then merged.
+fn mla_chosen_attention(
+    run: Runner,
+    s: deltafin_engine::model::layers::latent_attention::LatentShape,
+    (lat, rope): (&[f32], &[f32]),
+    first: usize,
+) {
+    use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, attend};
+    let long: Vec<u32> = (0..first as u32).filter(|p| p % 27 != 5).collect();
+    let short: Vec<u32> = (0..70).filter(|p| p % 6 == 1).collect();
+    let few: Vec<u32> = vec![0, 3, 400, 1050, 1099];
+    let (a_lat, a_rope) = (&lat[..first * s.latent], &rope[..first * s.rope]);
+    let (b_lat, b_rope) = (&lat[first * s.latent..], &rope[first * s.rope..]);
+    // (keys, first position in the packed buffer, keys attended, chosen positions)
+    let rows: [(LatentKeys<'_>, usize, usize, Option<&[u32]>); 4] = [
+        (
+            LatentKeys::chosen(a_lat, a_rope, &long, s),
+            0,
+            long.len(),
+            Some(&long),
+        ),
+        (
+            LatentKeys::chosen(b_lat, b_rope, &short, s),
+            first,
+            short.len(),
+            Some(&short),
+        ),
+        (LatentKeys::one(a_lat, a_rope, s), 0, 1077, None),
+        (
+            LatentKeys::chosen(a_lat, a_rope, &few, s),
+            0,
+            few.len(),
+            Some(&few),
+        ),
+    ];
+    assert!(long.len() > 1024, "the long selection crosses a block");
+    let mild = |len, seed| uniform(len, seed, 1.5);
+    let q_abs = mild(rows.len() * s.heads * s.latent, 71);
+    let q_rope = mild(rows.len() * s.heads * s.rope, 72);
+    let queries: Vec<LatentQuery<'_>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(keys, _, len, _))| LatentQuery {
+            q_abs: &q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
+            q_rope: &q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
+            keys,
+            len,
+        })
+        .collect();
+    let mut want = vec![0.0; rows.len() * s.heads * s.latent];
+    attend(&queries, s, &mut want);
+    let ints = |v: &mut dyn Iterator<Item = i32>| -> Vec<u8> { v.flat_map(i32::to_le_bytes).collect() };
+    let info = ints(&mut rows.iter().flat_map(|&(_, at, len, _)| [at as i32, len as i32]));
+    let mut list = Vec::new();
+    let offsets = ints(&mut rows.iter().map(|&(.., chosen)| match chosen {
+        Some(c) => {
+            list.extend(c.iter().map(|&p| p as i32));
+            (list.len() - c.len()) as i32
+        }
+        None => -1,
+    }));
+    let list = ints(&mut list.into_iter());
+    let bufs = [
+        bytes_of(&q_abs),
+        bytes_of(&q_rope),
+        bytes_of(lat),
+        bytes_of(rope),
+        info,
+        vec![0; 4 * want.len()],
+        list,
+        offsets,
+    ];
+    let l = abi::mla_attend(rows.len(), s.heads, s.latent, s.rope, s.scale).unwrap();
+    let out = run_on(run, &l, &bufs);
+    assert_same(&want, &floats(&out[5]), "mla attention over chosen positions");
+    let blocks = 2;
+    let mut split = bufs.clone();
+    split[5] = vec![0; 4 * rows.len() * s.heads * blocks * (s.latent + 2)];
+    let l = abi::mla_partials(rows.len(), s.heads, (s.latent, s.rope), s.scale, blocks).unwrap();
+    let parts = run_on(run, &l, &split).swap_remove(5);
+    let merge = [parts, split[4].clone(), vec![0; 4 * want.len()]];
+    let out = run_on(
+        run,
+        &abi::mla_merge(rows.len(), s.heads, s.latent, blocks),
+        &merge,
+    );
+    assert_same(
+        &want,
+        &floats(&out[2]),
+        "mla attention over chosen positions split over blocks",
+    );
 }
 
 /// The KDA kernels against `kda`'s row functions, chained as a pass runs them: convolution +
