@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 19] = [
+pub const LAYER_KERNELS: [&str; 20] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -108,6 +108,7 @@ pub const LAYER_KERNELS: [&str; 19] = [
     "deltafin_copy_rows",
     "deltafin_attn_res",
     "deltafin_gqa_attend",
+    "deltafin_dsa_scores",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -303,6 +304,23 @@ pub fn mla_partials(
     l.int[4] = blocks as i32;
     l.grid[2] = blocks.max(1) as u32;
     Ok(l)
+}
+
+/// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) of `rows` rows with
+/// `heads` heads of `d` values over at most `stride` keys each (buffers: rotated queries, scaled
+/// head weights, keys, per row (first key, keys) as i32, out `[rows, stride]`); `scale` is
+/// `d^-½`.
+pub fn dsa_scores(rows: usize, (heads, d): (usize, usize), stride: usize, scale: f32) -> LayerLaunch {
+    let ints = [rows as i32, heads as i32, d as i32, stride as i32];
+    let mut l = launch(
+        "deltafin_dsa_scores",
+        per_thread(stride),
+        [THREADS, 1, 1],
+        &ints,
+        &[scale],
+    );
+    l.grid[1] = rows.max(1) as u32;
+    l
 }
 
 /// Long caches, step 2 (`deltafin_mla_merge`; buffers: partials, rows, out): the partials of

@@ -50,6 +50,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_copy_rows") return deltafin_copy_rows;
     if (name == "deltafin_attn_res") return deltafin_attn_res;
     if (name == "deltafin_gqa_attend") return deltafin_gqa_attend;
+    if (name == "deltafin_dsa_scores") return deltafin_dsa_scores;
     return nullptr;
 }
 

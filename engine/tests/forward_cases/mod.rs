@@ -244,7 +244,7 @@ pub fn gqa_families_match_the_cpu<D: DeviceOps>(dev: &D) {
 
 /// The DSA fixtures (DeepSeek-V3.2, and GLM-5 whose shared layers reuse the last full layer's
 /// choice) in a one-sequence session: a 20-token prefill, past the indexer's top-k (10, 12), and
-/// two decode steps; the indexer runs on the host over the session's host cache of its keys.
+/// two decode steps; the index scores and the attention over the chosen positions on the device.
 pub fn dsa_sessions_match_the_cpu<D: DeviceOps>(dev: &D) {
     for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
         let model = deltafin_engine::arch::load(&fixture(name)).unwrap();

@@ -385,6 +385,42 @@ fn mla_chosen_attention(
     );
 }
 
+/// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) against
+/// `dsa::index_scores_reference`: rows over two sequences' keys packed in one buffer, key counts
+/// below, at and past a block of 256 threads, heads and dimensions off the lane count, values of
+/// both signs (the ReLU cuts some heads).
+pub fn dsa_scores(run: Runner) {
+    use deltafin_engine::model::layers::dsa::index_scores_reference;
+    let (heads, d, first) = (5, 19, 300);
+    let keys = uniform((first + 40) * d, 81, 1.0);
+    // (first key in the packed buffer, keys scored)
+    let rows = [(0, 300), (0, 17), (first, 40), (0, 256), (0, 257)];
+    let q = uniform(rows.len() * heads * d, 82, 1.0);
+    let w = uniform(rows.len() * heads, 83, 1.0);
+    let stride = 300;
+    let mut want = vec![0.0; rows.len() * stride];
+    for (r, &(at, len)) in rows.iter().enumerate() {
+        let (qr, wr) = (&q[r * heads * d..][..heads * d], &w[r * heads..][..heads]);
+        let scores = index_scores_reference(qr, wr, &keys[at * d..(at + len) * d], d);
+        want[r * stride..][..len].copy_from_slice(&scores);
+    }
+    let info: Vec<u8> = rows
+        .iter()
+        .flat_map(|&(at, len)| [at as i32, len as i32])
+        .flat_map(i32::to_le_bytes)
+        .collect();
+    let bufs = [
+        bytes_of(&q),
+        bytes_of(&w),
+        bytes_of(&keys),
+        info,
+        vec![0; 4 * want.len()],
+    ];
+    let l = abi::dsa_scores(rows.len(), (heads, d), stride, (d as f32).powf(-0.5));
+    let out = run_on(run, &l, &bufs);
+    assert_same(&want, &floats(&out[4]), "dsa index scores");
+}
+
 /// The KDA kernels against `kda`'s row functions, chained as a pass runs them: convolution +
 /// SiLU over two interleaved sequences (histories advanced), the q/k L2 norms (both formulas),
 /// log-decay (both kinds) and β, the delta rule with read-out (states advanced), and the gated

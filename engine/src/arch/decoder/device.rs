@@ -1,15 +1,17 @@
 //! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA
 //! (DSA included), KDA and gated DeltaNet layers (DeepSeek-V3/V3.2, Kimi-K2, Kimi-Linear, GLM-5):
 //! activations, latent caches and recurrent states stay on the device; tokens go in, the last
-//! row's logits come out (`model::layers::device`). A DSA layer's indexer runs on the host over
-//! a host cache of its keys (`layers::device::choose_on_host`), its attention on the device. Out of
+//! row's logits come out (`model::layers::device`). A DSA layer's index scores and attention run
+//! on the device, its keys, queries and top-k on the host (`layers::device::choose_dsa`). Out of
 //! core, routed experts come from the expert store (host cache, then disk) and are uploaded
 //! through the device's expert tier. Stacks with other mixers are refused with a typed error
 //! (their matrix products still run on the device through `backend::matmul`).
 
 use super::super::Model;
-use super::super::layers::device::{self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, OnDevice};
-use super::super::layers::dsa::Selection;
+use super::super::layers::device::{
+    self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, IndexPool, OnDevice,
+};
+use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Ops;
 use super::stack::{self, Stack};
@@ -21,8 +23,9 @@ use crate::state::MlaCache;
 /// One layer's mixer on the device: its constants and the sequence's state.
 enum DeviceMixer<B> {
     Attention(DeviceCache<B>),
-    /// MLA: its constants, latent cache, and (DSA) the host cache of its indexer's keys.
-    Mla(DeviceMla<B>, DeviceCache<B>, MlaCache),
+    /// MLA: its constants, latent cache, and with a DSA indexer its keys: on the device (the
+    /// scores read them) and on the host (the state `Mla::select` appends to).
+    Mla(DeviceMla<B>, DeviceCache<B>, Option<(B, MlaCache)>),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
 }
@@ -34,7 +37,13 @@ impl<B> DeviceMixer<B> {
         Ok(match mixer {
             Mixer::Mla(m) => {
                 let cache = DeviceCache::new(dev, [m.dims.kv_lora, m.dims.rope], capacity)?;
-                DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache, MlaCache::default())
+                let index = match &m.sparse {
+                    Some(Sparse::Index(ix)) => {
+                        Some((dev.zeros_f32(capacity * ix.dims().head_dim)?, MlaCache::default()))
+                    }
+                    _ => None,
+                };
+                DeviceMixer::Mla(DeviceMla::new(dev, m)?, cache, index)
             }
             Mixer::Kda(k) => DeviceMixer::Kda(DeviceDelta::kda(dev, k)?, DeviceKdaState::new(dev, k.shape)?),
             Mixer::DeltaNet(g) => {
@@ -77,13 +86,18 @@ impl<B> DeviceMixer<B> {
                 let [latent, rope] = &cache.parts;
                 let seq = vec![0; n];
                 let mut choose = |p: &MlaProjected<B>| {
+                    let mut none = MlaCache::default();
+                    let (pool, keys) = match index.as_mut() {
+                        Some((keys, host)) => (Some(IndexPool { keys, rows: &rows }), host),
+                        None => (None, &mut none),
+                    };
                     let host = &mut MlaRows {
-                        caches: &mut [&mut *index],
+                        caches: &mut [keys],
                         seq: &seq,
                         pos: &rows.pos,
                         selection: &mut *selection,
                     };
-                    device::choose_on_host(dev, m, (x, n, p), host)
+                    device::choose_dsa(dev, m, (x, n, p), pool, host)
                 };
                 let mut keep = |_: [&B; 2]| Ok(());
                 let cores = (&mut keep as _, &mut choose as _);

@@ -731,3 +731,28 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_gqa_attend(LayerPar
     float* out = (float*)p.buf[5] + (u64)row * heads * hd + (u64)h * hd;
     for (int i = 0, d = lane; d < hd; ++i, d += LANES) out[d] = acc[i];
 }
+
+// ---- DeepSeek Sparse Attention's index scores (model/layers/dsa.rs) ----
+//
+// One thread per (row, key): score = sum over heads h in order of w[h] * max(scale * (q_h . k), 0),
+// each dot one chain of fused multiply-adds over the dimensions in order (dsa.rs::
+// index_scores_reference, the order its tiled CPU kernel keeps in every lane). Buffers: rotated
+// queries [rows, heads, d], head weights [rows, heads] (already scaled by heads^-1/2), keys
+// [positions, d], rows [rows, 2] (i32: first key position, keys scored), out [rows, stride];
+// i rows, heads, d, stride; f scale. Grid (stride / 256, rows).
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_dsa_scores(LayerParams p) {
+    const int row = blockIdx.y, j = blockIdx.x * DF_THREADS + threadIdx.x;
+    const int heads = p.i[1], d = p.i[2], stride = p.i[3];
+    const int* info = (const int*)p.buf[3];
+    if (row >= p.i[0] || j >= info[2 * row + 1]) return;
+    const float* q = (const float*)p.buf[0] + (u64)row * heads * d;
+    const float* w = (const float*)p.buf[1] + (u64)row * heads;
+    const float* k = (const float*)p.buf[2] + ((u64)info[2 * row] + j) * (u64)d;
+    float total = 0.0f;
+    for (int h = 0; h < heads; ++h) {
+        float acc = 0.0f;
+        for (int t = 0; t < d; ++t) acc = __fmaf_rn(q[h * d + t], k[t], acc);
+        total = __fadd_rn(total, __fmul_rn(w[h], fmaxf(__fmul_rn(acc, p.f[0]), 0.0f)));
+    }
+    ((float*)p.buf[4])[(u64)row * stride + j] = total;
+}

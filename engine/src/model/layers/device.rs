@@ -131,30 +131,91 @@ pub type Keep<'k, B> = &'k mut dyn FnMut([&B; 2]) -> Result<()>;
 /// attends every position it sees.
 pub type Choose<'c, B> = &'c mut dyn FnMut(&MlaProjected<B>) -> Result<Option<Selection>>;
 
-/// A DSA layer's choice of positions for the rows of `rows` ([`Mla::select`]), for its device
-/// core ([`Choose`]): the indexer on the CPU, as the CPU model runs it, over the host caches'
-/// indexer keys (the rows' own appended), from the rows' normalised input `xn` and query latents
-/// brought down; a layer sharing the last full layer's choice takes it as is. `None` for a
-/// dense MLA layer.
-pub fn choose_on_host<D: DeviceOps>(
+/// A DSA layer's indexer keys on the device: the key pool (`head_dim` values per cache row) and
+/// the pass's rows in it (each row's own cache row, and its sequence's keys: `seen`).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexPool<'a, B> {
+    pub keys: &'a B,
+    pub rows: &'a CacheRows,
+}
+
+/// A DSA layer's choice of positions for the rows of `rows`, for its device core ([`Choose`]),
+/// as `Mla::select` makes it on the CPU: the rows' indexer keys (`Indexer::keys`, on the host
+/// from the normalised input `xn` brought down) appended to the host caches and written to the
+/// device's key pool; the index scores of the rows past the top-k on the device
+/// (`deltafin_dsa_scores` over the pool, the CPU's order) from the queries and head weights the
+/// host computes (`Indexer::select_scored`); the top-k on the host. A layer sharing the last full
+/// layer's choice takes it as is. `None` for a dense MLA layer.
+pub fn choose_dsa<D: DeviceOps>(
     dev: &D,
     m: &Mla,
     (xn, n, p): (&D::Buf, usize, &MlaProjected<D::Buf>),
+    pool: Option<IndexPool<'_, D::Buf>>,
     rows: &mut MlaRows<'_, '_>,
 ) -> Result<Option<Selection>> {
-    let (x, q_resid) = match (&m.sparse, &p.q_resid) {
-        (None, _) => return Ok(None),
-        (Some(Sparse::Index(_)), Some(q)) => (dev.download_f32(xn)?, dev.download_f32(q)?),
-        (Some(Sparse::Index(_)), None) => {
-            return Err(crate::Error::InvalidArgument {
-                field: "q_lora_rank",
-                reason: "a DSA indexer reads the query latent of a low-rank query".into(),
-            });
-        }
-        (Some(Sparse::Shared), _) => (Vec::new(), Vec::new()),
+    let ix = match &m.sparse {
+        None => return Ok(None),
+        Some(Sparse::Shared) => return Ok(Some(rows.selection.clone())),
+        Some(Sparse::Index(ix)) => ix,
     };
-    m.select(&x, &q_resid, n, rows);
-    Ok(Some(rows.selection.clone()))
+    let (Some(q), Some(pool)) = (&p.q_resid, pool) else {
+        return Err(crate::Error::InvalidArgument {
+            field: "device",
+            reason: "a DSA indexer needs a low-rank query latent and a device key pool".into(),
+        });
+    };
+    let (x, q_resid) = (dev.download_f32(xn)?, dev.download_f32(q)?);
+    let pos = |i: usize| rows.pos[i];
+    let d = ix.dims().head_dim;
+    let keys = ix.keys(&x, n, &pos);
+    for (i, k) in keys.chunks(d).enumerate() {
+        rows.caches[rows.seq[i]].index_keys.push(k);
+    }
+    write_rows(dev, &keys, d, (pool.keys, &pool.rows.at))?;
+    let score =
+        |sparse: &[usize], q: &[f32], w: &[f32]| device_index_scores(dev, ix.dims(), pool, (sparse, q, w));
+    let selection = ix.select_scored(&x, &q_resid, n, &pos, score)?;
+    rows.selection.clone_from(&selection);
+    Ok(Some(selection))
+}
+
+/// The index scores of the rows `sparse` (queries `q`, scaled head weights `w`, all the pass's
+/// rows) over their sequences' keys in `pool`: one `deltafin_dsa_scores` launch.
+fn device_index_scores<D: DeviceOps>(
+    dev: &D,
+    dims: super::dsa::IndexerDims,
+    pool: IndexPool<'_, D::Buf>,
+    (sparse, q, w): (&[usize], &[f32], &[f32]),
+) -> Result<Vec<Vec<f32>>> {
+    let (h, d) = (dims.heads, dims.head_dim);
+    let qs: Vec<f32> = sparse
+        .iter()
+        .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
+        .collect();
+    let ws: Vec<f32> = sparse
+        .iter()
+        .flat_map(|&i| w[i * h..][..h].iter().copied())
+        .collect();
+    let spans: Vec<(usize, usize)> = sparse
+        .iter()
+        .map(|&i| {
+            let (s, e) = pool.rows.seen[i];
+            (s, e - s)
+        })
+        .collect();
+    let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
+    let info = CacheRows::upload(dev, spans.iter().flat_map(|&(s, len)| [s, len]))?;
+    let out = dev.zeros_f32(sparse.len() * stride)?;
+    let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
+    let launch = abi::dsa_scores(sparse.len(), (h, d), stride, (d as f32).powf(-0.5));
+    let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&out)];
+    dev.layer(&launch, &bufs)?;
+    let out = dev.download_f32(&out)?;
+    Ok(spans
+        .iter()
+        .enumerate()
+        .map(|(r, &(_, len))| out[r * stride..][..len].to_vec())
+        .collect())
 }
 
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.

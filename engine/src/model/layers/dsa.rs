@@ -129,15 +129,67 @@ impl Indexer {
         pos: &(dyn Fn(usize) -> usize + Sync),
         keys: &(dyn Fn(usize) -> Rows<'k> + Sync),
     ) -> Selection {
-        let IndexerDims {
-            heads,
-            head_dim,
-            topk,
-            ..
-        } = self.dims;
+        let IndexerDims { heads, head_dim, .. } = self.dims;
+        let cpu = |sparse: &[usize], q: &[f32], w: &[f32]| -> crate::Result<Vec<Vec<f32>>> {
+            // Rows of one sequence are consecutive and share its keys: score them together, so
+            // each tile of keys is laid out once for up to ROW_GROUP rows.
+            let mut scores = Vec::with_capacity(sparse.len());
+            for rows in sparse.chunk_by(|&a, &b| keys(a).same(keys(b))) {
+                let queries: Vec<RowQuery<'_>> = rows
+                    .iter()
+                    .map(|&i| RowQuery {
+                        q: &q[i * heads * head_dim..][..heads * head_dim],
+                        w: &w[i * heads..][..heads],
+                        len: pos(i) + 1,
+                    })
+                    .collect();
+                for group in queries.chunks(ROW_GROUP) {
+                    scores.extend(index_scores_rows(group, keys(rows[0]), head_dim));
+                }
+            }
+            Ok(scores)
+        };
+        self.select_scored(x, q_resid, n, pos, cpu)
+            .expect("the CPU scores every row")
+    }
+
+    /// [`Indexer::select`] with the index scores from `score`: given the rows past the top-k
+    /// (ascending) and every row's rotated queries `[n, heads · head_dim]` and scaled head
+    /// weights `[n, heads]`, each such row's scores over its keys `0..=pos(i)`, in the order of
+    /// [`index_scores_reference`] (a device's scores kernel). The top-k is taken here.
+    pub fn select_scored(
+        &self,
+        x: &[f32],
+        q_resid: &[f32],
+        n: usize,
+        pos: &(dyn Fn(usize) -> usize + Sync),
+        score: impl FnOnce(&[usize], &[f32], &[f32]) -> crate::Result<Vec<Vec<f32>>>,
+    ) -> crate::Result<Selection> {
+        let topk = self.dims.topk;
         if (0..n).all(|i| pos(i) < topk) {
-            return vec![None; n];
+            return Ok(vec![None; n]);
         }
+        let (q, w) = self.queries(x, q_resid, n, pos);
+        let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
+        let scores = score(&sparse, &q, &w)?;
+        let chosen: Vec<Vec<u32>> = scores.par_iter().map(|s| top_positions(s, topk)).collect();
+        let mut selection: Selection = vec![None; n];
+        for (&i, c) in sparse.iter().zip(chosen) {
+            selection[i] = Some(c);
+        }
+        Ok(selection)
+    }
+
+    /// The rotated queries `[n, heads · head_dim]` and the head weights `[n, heads]` (scaled by
+    /// `heads^-½`) of `n` rows.
+    fn queries(
+        &self,
+        x: &[f32],
+        q_resid: &[f32],
+        n: usize,
+        pos: &(dyn Fn(usize) -> usize + Sync),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let IndexerDims { heads, head_dim, .. } = self.dims;
         let mut q = vec![0.0; n * heads * head_dim];
         matmul(&self.wq_b, q_resid, n, &mut q);
         let mut w = vec![0.0; n * heads];
@@ -153,25 +205,7 @@ impl Indexer {
                     self.rope.apply_factors(&mut h[..self.dims.rope], &f);
                 }
             });
-        // Rows of one sequence are consecutive and share its keys: score them together, so each
-        // tile of keys is laid out once for up to ROW_GROUP rows.
-        let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
-        let mut selection: Selection = vec![None; n];
-        for rows in sparse.chunk_by(|&a, &b| keys(a).same(keys(b))) {
-            let queries: Vec<RowQuery<'_>> = rows
-                .iter()
-                .map(|&i| RowQuery {
-                    q: &q[i * heads * head_dim..][..heads * head_dim],
-                    w: &w[i * heads..][..heads],
-                    len: pos(i) + 1,
-                })
-                .collect();
-            let chosen = choose(&queries, keys(rows[0]), head_dim, topk);
-            for (&i, c) in rows.iter().zip(chosen) {
-                selection[i] = Some(c);
-            }
-        }
-        selection
+        (q, w)
     }
 }
 

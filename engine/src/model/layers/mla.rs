@@ -253,9 +253,8 @@ impl Mla {
 
     /// Whether this layer is sparse; if so `rows.selection` holds its rows' choice. A layer with
     /// an indexer appends its rows' indexer keys and chooses, leaving its choice there for the
-    /// layers that share it. The indexer runs on the CPU, over the host caches' indexer keys
-    /// (the served device's attention core takes its choice: `layers::device::Choose`).
-    pub(crate) fn select(&self, x: &[f32], q_resid: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> bool {
+    /// layers that share it (the device's form: `layers::device::choose_dsa`).
+    fn select(&self, x: &[f32], q_resid: &[f32], n: usize, rows: &mut MlaRows<'_, '_>) -> bool {
         let indexer = match &self.sparse {
             None => return false,
             Some(Sparse::Shared) => {

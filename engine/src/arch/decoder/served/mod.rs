@@ -22,8 +22,8 @@
 
 use std::sync::Mutex;
 
-use super::super::layers::device::{self, CacheRows, DeviceMla, OnDevice};
-use super::super::layers::dsa::Selection;
+use super::super::layers::device::{self, CacheRows, DeviceMla, IndexPool, OnDevice};
+use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Host;
@@ -71,8 +71,9 @@ struct ServedLayer<B> {
 enum ServedMixer<B> {
     /// Grouped-query attention: keys and values, `slots × capacity` rows each.
     Attention([B; 2]),
-    /// Dense MLA: its decoded `kv_b_proj`, and latents and rotated keys of every slot.
-    Mla(DeviceMla<B>, [B; 2]),
+    /// MLA: its decoded `kv_b_proj`, latents and rotated keys of every slot, and with a DSA
+    /// indexer its keys of every slot.
+    Mla(DeviceMla<B>, [B; 2], Option<B>),
     /// KDA or gated DeltaNet: projections on the device, the core on the host state.
     Recurrent,
 }
@@ -96,7 +97,11 @@ impl<B> ServedMixer<B> {
             Mixer::Mla(m) => {
                 let (c, r) = (m.dims.kv_lora, m.dims.rope);
                 let pool = [dev.zeros_f32(rows * c)?, dev.zeros_f32(rows * r)?];
-                ServedMixer::Mla(DeviceMla::new(dev, m)?, pool)
+                let index = match &m.sparse {
+                    Some(Sparse::Index(ix)) => Some(dev.zeros_f32(rows * ix.dims().head_dim)?),
+                    _ => None,
+                };
+                ServedMixer::Mla(DeviceMla::new(dev, m)?, pool, index)
             }
             Mixer::Kda(_) | Mixer::DeltaNet(_) => ServedMixer::Recurrent,
             Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
@@ -233,12 +238,16 @@ impl<D: DeviceOps> DeviceModel<D> {
             }
             let at: Vec<usize> = (from..to).map(|j| p.slot * self.capacity + j).collect();
             for (layer, host) in layers.iter().zip(&b.state.layers) {
-                let (pool, parts) = match (&layer.mixer, host) {
-                    (ServedMixer::Attention(pool), LayerState::Kv(c)) => (pool, [&c.k, &c.v]),
-                    (ServedMixer::Mla(_, pool), LayerState::Mla(c)) => (pool, [&c.latent, &c.k_rope]),
+                let (pool, parts): (Vec<&D::Buf>, Vec<_>) = match (&layer.mixer, host) {
+                    (ServedMixer::Attention([k, v]), LayerState::Kv(c)) => (vec![k, v], vec![&c.k, &c.v]),
+                    (ServedMixer::Mla(_, [l, r], index), LayerState::Mla(c)) => {
+                        let mut pool = vec![l, r];
+                        pool.extend(index);
+                        (pool, vec![&c.latent, &c.k_rope, &c.index_keys])
+                    }
                     _ => continue,
                 };
-                for (buf, part) in pool.iter().zip(parts) {
+                for (buf, part) in pool.into_iter().zip(parts) {
                     let rows: Vec<f32> = (from..to).flat_map(|j| part.row(j).iter().copied()).collect();
                     device::write_rows(&self.dev, &rows, part.width(), (buf, &at))?;
                 }
@@ -398,8 +407,8 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                 };
                 device::gqa(dev, g, (xn, n), (&rows, [k, v]), &mut keep)
             }
-            (Mixer::Mla(m), ServedMixer::Mla(c, [latent, rope])) => {
-                let rows = CacheRows::new(&plan.pos, &self.base, |p| (0, p + 1));
+            (Mixer::Mla(m), ServedMixer::Mla(c, [latent, rope], index)) => {
+                let cache_rows = CacheRows::new(&plan.pos, &self.base, |p| (0, p + 1));
                 let (batch, selection) = (RefCell::new(batch), &mut self.selection);
                 let mut keep = |new: [&D::Buf; 2]| {
                     keep_rows(dev, new, plan, |s, [a, b]| {
@@ -419,10 +428,14 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                         pos: &plan.pos,
                         selection: &mut *selection,
                     };
-                    device::choose_on_host(dev, m, (xn, n, p), rows)
+                    let pool = index.as_ref().map(|keys| IndexPool {
+                        keys,
+                        rows: &cache_rows,
+                    });
+                    device::choose_dsa(dev, m, (xn, n, p), pool, rows)
                 };
                 let cores = (&mut keep as _, &mut choose as _);
-                device::mla(dev, (m, c), (xn, n), (&rows, [latent, rope]), cores)
+                device::mla(dev, (m, c), (xn, n), (&cache_rows, [latent, rope]), cores)
             }
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
