@@ -209,7 +209,7 @@ pub fn combine(run: Runner) {
 /// one group per (row, head), and split over blocks then merged (`deltafin_mla_partials`,
 /// `deltafin_mla_merge`).
 pub fn mla_attention(run: Runner) {
-    use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, LatentShape, attend};
+    use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentShape};
     let s = LatentShape {
         heads: 4,
         latent: 37,
@@ -245,18 +245,8 @@ pub fn mla_attention(run: Runner) {
     ];
     let q_abs = mild(rows.len() * s.heads * s.latent, 63);
     let q_rope = mild(rows.len() * s.heads * s.rope, 64);
-    let queries: Vec<LatentQuery<'_>> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, &(keys, _, len))| LatentQuery {
-            q_abs: &q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
-            q_rope: &q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
-            keys,
-            len,
-        })
-        .collect();
-    let mut want = vec![0.0; rows.len() * s.heads * s.latent];
-    attend(&queries, s, &mut want);
+    let keys: Vec<_> = rows.iter().map(|&(k, _, len)| (k, len)).collect();
+    let want = mla_reference(s, &keys, (&q_abs, &q_rope));
     let info: Vec<u8> = rows
         .iter()
         .flat_map(|&(_, at, len)| [at as i32, len as i32])
@@ -270,23 +260,57 @@ pub fn mla_attention(run: Runner) {
         info,
         vec![0; 4 * want.len()],
     ];
-    let l = abi::mla_attend(rows.len(), s.heads, s.latent, s.rope, s.scale).unwrap();
-    let out = run_on(run, &l, &bufs);
-    assert_same(&want, &floats(&out[5]), "mla attention");
+    mla_both_ways(run, s, rows.len(), &bufs, (&want, "mla attention"));
+    mla_chosen_attention(run, s, (&lat, &rope), first);
+}
+
+/// The CPU's latent contexts (`latent_attention::attend`) of rows `(keys, keys attended)` with
+/// absorbed and rotated queries `q_abs`, `q_rope` (`rows × heads` each).
+fn mla_reference(
+    s: deltafin_engine::model::layers::latent_attention::LatentShape,
+    rows: &[(
+        deltafin_engine::model::layers::latent_attention::LatentKeys<'_>,
+        usize,
+    )],
+    (q_abs, q_rope): (&[f32], &[f32]),
+) -> Vec<f32> {
+    use deltafin_engine::model::layers::latent_attention::{LatentQuery, attend};
+    let queries: Vec<LatentQuery<'_>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(keys, len))| LatentQuery {
+            q_abs: &q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
+            q_rope: &q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
+            keys,
+            len,
+        })
+        .collect();
+    let mut want = vec![0.0; rows.len() * s.heads * s.latent];
+    attend(&queries, s, &mut want);
+    want
+}
+
+/// The MLA kernels over `bufs` (as `deltafin_mla_attend` takes them) for `rows` rows: in one group
+/// per (row, head), and split over two blocks then merged; both must give `want`.
+fn mla_both_ways(
+    run: Runner,
+    s: deltafin_engine::model::layers::latent_attention::LatentShape,
+    rows: usize,
+    bufs: &[Vec<u8>],
+    (want, what): (&[f32], &str),
+) {
+    let l = abi::mla_attend(rows, s.heads, s.latent, s.rope, s.scale).unwrap();
+    let out = run_on(run, &l, bufs);
+    assert_same(want, &floats(&out[5]), what);
     // Split over blocks (grid rows x heads x 2), then merged.
     let blocks = 2;
-    let mut split = bufs.clone();
-    split[5] = vec![0; 4 * rows.len() * s.heads * blocks * (s.latent + 2)];
-    let l = abi::mla_partials(rows.len(), s.heads, (s.latent, s.rope), s.scale, blocks).unwrap();
+    let mut split = bufs.to_vec();
+    split[5] = vec![0; 4 * rows * s.heads * blocks * (s.latent + 2)];
+    let l = abi::mla_partials(rows, s.heads, (s.latent, s.rope), s.scale, blocks).unwrap();
     let parts = run_on(run, &l, &split).swap_remove(5);
     let merge = [parts, split[4].clone(), vec![0; 4 * want.len()]];
-    let out = run_on(
-        run,
-        &abi::mla_merge(rows.len(), s.heads, s.latent, blocks),
-        &merge,
-    );
-    assert_same(&want, &floats(&out[2]), "mla attention split over blocks");
-    mla_chosen_attention(run, s, (&lat, &rope), first);
+    let out = run_on(run, &abi::mla_merge(rows, s.heads, s.latent, blocks), &merge);
+    assert_same(want, &floats(&out[2]), &format!("{what} split over blocks"));
 }
 
 /// DeepSeek Sparse Attention's form of the MLA kernels (optional buffers 6 and 7): rows that
@@ -299,7 +323,7 @@ fn mla_chosen_attention(
     (lat, rope): (&[f32], &[f32]),
     first: usize,
 ) {
-    use deltafin_engine::model::layers::latent_attention::{LatentKeys, LatentQuery, attend};
+    use deltafin_engine::model::layers::latent_attention::LatentKeys;
     let long: Vec<u32> = (0..first as u32).filter(|p| p % 27 != 5).collect();
     let short: Vec<u32> = (0..70).filter(|p| p % 6 == 1).collect();
     let few: Vec<u32> = vec![0, 3, 400, 1050, 1099];
@@ -331,18 +355,8 @@ fn mla_chosen_attention(
     let mild = |len, seed| uniform(len, seed, 1.5);
     let q_abs = mild(rows.len() * s.heads * s.latent, 71);
     let q_rope = mild(rows.len() * s.heads * s.rope, 72);
-    let queries: Vec<LatentQuery<'_>> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, &(keys, _, len, _))| LatentQuery {
-            q_abs: &q_abs[i * s.heads * s.latent..][..s.heads * s.latent],
-            q_rope: &q_rope[i * s.heads * s.rope..][..s.heads * s.rope],
-            keys,
-            len,
-        })
-        .collect();
-    let mut want = vec![0.0; rows.len() * s.heads * s.latent];
-    attend(&queries, s, &mut want);
+    let keys: Vec<_> = rows.iter().map(|&(k, _, len, _)| (k, len)).collect();
+    let want = mla_reference(s, &keys, (&q_abs, &q_rope));
     let ints = |v: &mut dyn Iterator<Item = i32>| -> Vec<u8> { v.flat_map(i32::to_le_bytes).collect() };
     let info = ints(&mut rows.iter().flat_map(|&(_, at, len, _)| [at as i32, len as i32]));
     let mut list = Vec::new();
@@ -364,25 +378,8 @@ fn mla_chosen_attention(
         list,
         offsets,
     ];
-    let l = abi::mla_attend(rows.len(), s.heads, s.latent, s.rope, s.scale).unwrap();
-    let out = run_on(run, &l, &bufs);
-    assert_same(&want, &floats(&out[5]), "mla attention over chosen positions");
-    let blocks = 2;
-    let mut split = bufs.clone();
-    split[5] = vec![0; 4 * rows.len() * s.heads * blocks * (s.latent + 2)];
-    let l = abi::mla_partials(rows.len(), s.heads, (s.latent, s.rope), s.scale, blocks).unwrap();
-    let parts = run_on(run, &l, &split).swap_remove(5);
-    let merge = [parts, split[4].clone(), vec![0; 4 * want.len()]];
-    let out = run_on(
-        run,
-        &abi::mla_merge(rows.len(), s.heads, s.latent, blocks),
-        &merge,
-    );
-    assert_same(
-        &want,
-        &floats(&out[2]),
-        "mla attention over chosen positions split over blocks",
-    );
+    let what = "mla attention over chosen positions";
+    mla_both_ways(run, s, rows.len(), &bufs, (&want, what));
 }
 
 /// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) against
