@@ -209,10 +209,11 @@ fn served_split(
     compare(&engine(place(load())), &reqs, want, what);
 }
 
-/// A DSA model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 30 and
+/// A DSA model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 50 and
 /// 14 prompt tokens in one pass (every row's logits), then a decode step of both. The indexer
 /// keeps 10-12 positions, so most rows attend a chosen subset (a device that attended every
-/// position would differ).
+/// position would differ), and the pass's 40-odd sparse rows are scored in two launches of
+/// `dsa::ROW_GROUP` rows.
 fn sparse_passes_agree<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
 where
     D: DeviceOps + Send + Sync,
@@ -223,7 +224,7 @@ where
         let vocab = m.info().vocab_size as u32;
         let prompt =
             |len: u32, salt: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + salt) % vocab).collect() };
-        let (a, b) = (prompt(30, 5), prompt(14, 11));
+        let (a, b) = (prompt(50, 5), prompt(14, 11));
         let (mut sa, mut sb) = (m.new_state(), m.new_state());
         let mut out = Vec::new();
         for (ta, tb) in [(&a[..], &b[..]), (&[7][..], &[9][..])] {
@@ -249,6 +250,6 @@ where
         out
     };
     let want = logits(load().as_ref());
-    let served = DeviceModel::new(load(), dev, (3, 48)).unwrap();
+    let served = DeviceModel::new(load(), dev, (3, 64)).unwrap();
     assert_eq!(logits(&served), want, "{what}: served logits differ from the CPU");
 }

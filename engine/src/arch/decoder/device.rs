@@ -86,13 +86,13 @@ impl<B> DeviceMixer<B> {
                 let [latent, rope] = &cache.parts;
                 let seq = vec![0; n];
                 let mut choose = |p: &MlaProjected<B>| {
-                    let mut none = MlaCache::default();
-                    let (pool, keys) = match index.as_mut() {
-                        Some((keys, host)) => (Some(IndexPool { keys, rows: &rows }), host),
-                        None => (None, &mut none),
+                    // Only a layer with an indexer reads or appends keys.
+                    let (pool, mut caches) = match index.as_mut() {
+                        Some((keys, host)) => (Some(IndexPool { keys, rows: &rows }), vec![host]),
+                        None => (None, Vec::new()),
                     };
                     let host = &mut MlaRows {
-                        caches: &mut [keys],
+                        caches: &mut caches,
                         seq: &seq,
                         pos: &rows.pos,
                         selection: &mut *selection,

@@ -20,8 +20,8 @@ use cudarc::driver::{
 };
 
 /// Bytes of one staging buffer, and how many the ring holds (32 MiB pinned in all).
-pub const STAGE_BYTES: usize = 8 << 20;
-pub const STAGES: usize = 4;
+const STAGE_BYTES: usize = 8 << 20;
+const STAGES: usize = 4;
 
 /// One pinned buffer and the event of the last copy that read it.
 struct Stage {

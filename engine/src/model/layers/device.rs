@@ -10,7 +10,7 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
-use super::dsa::{Selection, Sparse};
+use super::dsa::{self, Selection, Sparse};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
 use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm};
@@ -144,7 +144,7 @@ pub struct IndexPool<'a, B> {
 /// from the normalised input `xn` brought down) appended to the host caches and written to the
 /// device's key pool; the index scores of the rows past the top-k on the device
 /// (`deltafin_dsa_scores` over the pool, the CPU's order) from the queries and head weights the
-/// host computes (`Indexer::select_scored`); the top-k on the host. A layer sharing the last full
+/// host computes (`Indexer::select_with`); the top-k on the host. A layer sharing the last full
 /// layer's choice takes it as is. `None` for a dense MLA layer.
 pub fn choose_dsa<D: DeviceOps>(
     dev: &D,
@@ -172,50 +172,56 @@ pub fn choose_dsa<D: DeviceOps>(
         rows.caches[rows.seq[i]].index_keys.push(k);
     }
     write_rows(dev, &keys, d, (pool.keys, &pool.rows.at))?;
-    let score =
-        |sparse: &[usize], q: &[f32], w: &[f32]| device_index_scores(dev, ix.dims(), pool, (sparse, q, w));
-    let selection = ix.select_scored(&x, &q_resid, n, &pos, score)?;
+    let choose = |sparse: &[usize], q: &[f32], w: &[f32]| device_choose(dev, ix.dims(), pool, (sparse, q, w));
+    let selection = ix.select_with(&x, &q_resid, n, &pos, choose)?;
     rows.selection.clone_from(&selection);
     Ok(Some(selection))
 }
 
-/// The index scores of the rows `sparse` (queries `q`, scaled head weights `w`, all the pass's
-/// rows) over their sequences' keys in `pool`: one `deltafin_dsa_scores` launch.
-fn device_index_scores<D: DeviceOps>(
+/// The top-k positions of the rows `sparse` (queries `q`, scaled head weights `w`: all the
+/// pass's rows) over their sequences' keys in `pool`: their scores on the device
+/// (`deltafin_dsa_scores`), [`dsa::ROW_GROUP`] rows a launch so a long prefill never holds more
+/// scores than that, then [`dsa::top_positions`] on the host.
+fn device_choose<D: DeviceOps>(
     dev: &D,
-    dims: super::dsa::IndexerDims,
+    dims: dsa::IndexerDims,
     pool: IndexPool<'_, D::Buf>,
     (sparse, q, w): (&[usize], &[f32], &[f32]),
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Vec<Vec<u32>>> {
     let (h, d) = (dims.heads, dims.head_dim);
-    let qs: Vec<f32> = sparse
-        .iter()
-        .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
-        .collect();
-    let ws: Vec<f32> = sparse
-        .iter()
-        .flat_map(|&i| w[i * h..][..h].iter().copied())
-        .collect();
-    let spans: Vec<(usize, usize)> = sparse
-        .iter()
-        .map(|&i| {
-            let (s, e) = pool.rows.seen[i];
-            (s, e - s)
-        })
-        .collect();
-    let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
-    let info = CacheRows::upload(dev, spans.iter().flat_map(|&(s, len)| [s, len]))?;
-    let out = dev.zeros_f32(sparse.len() * stride)?;
-    let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
-    let launch = abi::dsa_scores(sparse.len(), (h, d), stride, (d as f32).powf(-0.5));
-    let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&out)];
-    dev.layer(&launch, &bufs)?;
-    let out = dev.download_f32(&out)?;
-    Ok(spans
-        .iter()
-        .enumerate()
-        .map(|(r, &(_, len))| out[r * stride..][..len].to_vec())
-        .collect())
+    let mut chosen = Vec::with_capacity(sparse.len());
+    for group in sparse.chunks(dsa::ROW_GROUP) {
+        let qs: Vec<f32> = group
+            .iter()
+            .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
+            .collect();
+        let ws: Vec<f32> = group
+            .iter()
+            .flat_map(|&i| w[i * h..][..h].iter().copied())
+            .collect();
+        let spans: Vec<(usize, usize)> = group
+            .iter()
+            .map(|&i| {
+                let (s, e) = pool.rows.seen[i];
+                (s, e - s)
+            })
+            .collect();
+        let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
+        let info = CacheRows::upload(dev, spans.iter().flat_map(|&(s, len)| [s, len]))?;
+        let out = dev.zeros_f32(group.len() * stride)?;
+        let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
+        let launch = abi::dsa_scores(group.len(), (h, d), stride, (d as f32).powf(-0.5));
+        let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&out)];
+        dev.layer(&launch, &bufs)?;
+        let out = dev.download_f32(&out)?;
+        chosen.extend(
+            spans
+                .iter()
+                .enumerate()
+                .map(|(r, &(_, len))| dsa::top_positions(&out[r * stride..][..len], dims.topk)),
+        );
+    }
+    Ok(chosen)
 }
 
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.

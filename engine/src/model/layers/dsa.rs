@@ -129,11 +129,16 @@ impl Indexer {
         pos: &(dyn Fn(usize) -> usize + Sync),
         keys: &(dyn Fn(usize) -> Rows<'k> + Sync),
     ) -> Selection {
-        let IndexerDims { heads, head_dim, .. } = self.dims;
-        let cpu = |sparse: &[usize], q: &[f32], w: &[f32]| -> crate::Result<Vec<Vec<f32>>> {
+        let IndexerDims {
+            heads,
+            head_dim,
+            topk,
+            ..
+        } = self.dims;
+        let cpu = |sparse: &[usize], q: &[f32], w: &[f32]| -> crate::Result<Vec<Vec<u32>>> {
             // Rows of one sequence are consecutive and share its keys: score them together, so
             // each tile of keys is laid out once for up to ROW_GROUP rows.
-            let mut scores = Vec::with_capacity(sparse.len());
+            let mut chosen = Vec::with_capacity(sparse.len());
             for rows in sparse.chunk_by(|&a, &b| keys(a).same(keys(b))) {
                 let queries: Vec<RowQuery<'_>> = rows
                     .iter()
@@ -143,36 +148,33 @@ impl Indexer {
                         len: pos(i) + 1,
                     })
                     .collect();
-                for group in queries.chunks(ROW_GROUP) {
-                    scores.extend(index_scores_rows(group, keys(rows[0]), head_dim));
-                }
+                chosen.extend(choose(&queries, keys(rows[0]), head_dim, topk));
             }
-            Ok(scores)
+            Ok(chosen)
         };
-        self.select_scored(x, q_resid, n, pos, cpu)
+        self.select_with(x, q_resid, n, pos, cpu)
             .expect("the CPU scores every row")
     }
 
-    /// [`Indexer::select`] with the index scores from `score`: given the rows past the top-k
+    /// [`Indexer::select`] with the rows' choice from `choose`: given the rows past the top-k
     /// (ascending) and every row's rotated queries `[n, heads · head_dim]` and scaled head
-    /// weights `[n, heads]`, each such row's scores over its keys `0..=pos(i)`, in the order of
-    /// [`index_scores_reference`] (a device's scores kernel). The top-k is taken here.
-    pub fn select_scored(
+    /// weights `[n, heads]`, each such row's [`top_positions`] of its scores over its keys
+    /// `0..=pos(i)` in the order of [`index_scores_reference`] ([`choose`] on the CPU, a scores
+    /// kernel on a device), a bounded group of rows' scores at a time ([`ROW_GROUP`]).
+    pub fn select_with(
         &self,
         x: &[f32],
         q_resid: &[f32],
         n: usize,
         pos: &(dyn Fn(usize) -> usize + Sync),
-        score: impl FnOnce(&[usize], &[f32], &[f32]) -> crate::Result<Vec<Vec<f32>>>,
+        choose: impl FnOnce(&[usize], &[f32], &[f32]) -> crate::Result<Vec<Vec<u32>>>,
     ) -> crate::Result<Selection> {
-        let topk = self.dims.topk;
-        if (0..n).all(|i| pos(i) < topk) {
+        if (0..n).all(|i| pos(i) < self.dims.topk) {
             return Ok(vec![None; n]);
         }
         let (q, w) = self.queries(x, q_resid, n, pos);
-        let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= topk).collect();
-        let scores = score(&sparse, &q, &w)?;
-        let chosen: Vec<Vec<u32>> = scores.par_iter().map(|s| top_positions(s, topk)).collect();
+        let sparse: Vec<usize> = (0..n).filter(|&i| pos(i) >= self.dims.topk).collect();
+        let chosen = choose(&sparse, &q, &w)?;
         let mut selection: Selection = vec![None; n];
         for (&i, c) in sparse.iter().zip(chosen) {
             selection[i] = Some(c);
@@ -226,7 +228,7 @@ pub fn choose(rows: &[RowQuery<'_>], keys: Rows<'_>, head_dim: usize, topk: usiz
 }
 
 /// Rows scored together per tile of keys (their scores are held at once).
-const ROW_GROUP: usize = 32;
+pub const ROW_GROUP: usize = 32;
 
 /// One row to score: its rotated queries `[heads, head_dim]`, head weights, and how many keys
 /// it reaches.
