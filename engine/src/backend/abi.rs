@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 20] = [
+pub const LAYER_KERNELS: [&str; 23] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -109,6 +109,9 @@ pub const LAYER_KERNELS: [&str; 20] = [
     "deltafin_attn_res",
     "deltafin_gqa_attend",
     "deltafin_dsa_scores",
+    "deltafin_hyper_mixes",
+    "deltafin_hyper_weights",
+    "deltafin_hyper_expand",
 ];
 
 /// Threads per block of the element-wise kernels and the router (`DF_THREADS`).
@@ -226,6 +229,11 @@ pub fn route(
         &ints,
         &[r.scaling],
     ))
+}
+
+/// Whether [`route`] has the router's scoring (else the router runs on the host).
+pub fn routes_on_device(r: &crate::kernels::layer_spec::RouterConfig) -> bool {
+    !matches!(r.scoring, crate::kernels::layer_spec::Scoring::SqrtSoftplus)
 }
 
 /// f32 scratch values [`route`] needs.
@@ -558,4 +566,59 @@ pub fn attn_res(rows: usize, width: usize, count: usize, eps: f32) -> crate::Res
     let blocks = rows.div_ceil(NORM_ROWS as usize);
     let ints = [rows as i32, width as i32, count as i32];
     Ok(launch("deltafin_attn_res", blocks, block, &ints, &[eps]))
+}
+
+/// Most hyper-connection streams the kernels take (`DF_HC_MAX`).
+pub const HYPER_MAX_STREAMS: usize = 8;
+
+fn hyper_streams(streams: usize) -> crate::Result<()> {
+    match streams {
+        1..=HYPER_MAX_STREAMS => Ok(()),
+        _ => Err(crate::Error::InvalidArgument {
+            field: "hc_mult",
+            reason: format!("{streams} hyper-connection streams (the CUDA kernels take 1 to {HYPER_MAX_STREAMS})"),
+        }),
+    }
+}
+
+/// A hyper-connection site's (or head's) mixes of `rows` rows of `width` stream values through
+/// `mixes` projection rows (buffers: streams, projection, out `[rows, mixes]`).
+pub fn hyper_mixes(rows: usize, width: usize, mixes: usize, eps: f32) -> LayerLaunch {
+    let mut l = launch(
+        "deltafin_hyper_mixes",
+        rows,
+        [crate::kernels::LANES as u32, 1, 1],
+        &[rows as i32, width as i32, mixes as i32],
+        &[eps],
+    );
+    l.grid[1] = mixes.max(1) as u32;
+    l
+}
+
+/// The weights and collapse of `rows` rows of `streams` streams of `hidden` (buffers: mixes,
+/// base then scales, streams, weights out (a site's; none for the head), collapsed out);
+/// `head`: the hyper head's collapse (its weights are `pre` only).
+pub fn hyper_weights(
+    rows: usize,
+    (streams, hidden): (usize, usize),
+    (iters, head): (usize, bool),
+    eps: f32,
+) -> crate::Result<LayerLaunch> {
+    hyper_streams(streams)?;
+    let ints = [rows as i32, hidden as i32, streams as i32, iters as i32, head as i32];
+    Ok(launch("deltafin_hyper_weights", rows, [THREADS, 1, 1], &ints, &[eps]))
+}
+
+/// The expand of `rows` rows of `streams` streams of `hidden` (buffers: weights, the
+/// sub-layer's output, streams, out).
+pub fn hyper_expand(rows: usize, streams: usize, hidden: usize) -> crate::Result<LayerLaunch> {
+    hyper_streams(streams)?;
+    let ints = [rows as i32, hidden as i32, streams as i32];
+    Ok(launch(
+        "deltafin_hyper_expand",
+        per_thread(rows * streams * hidden),
+        [THREADS, 1, 1],
+        &ints,
+        &[],
+    ))
 }

@@ -124,8 +124,9 @@ pub(super) struct LayerConsts<B> {
 impl<B> LayerConsts<B> {
     /// `layer`'s constants uploaded to `dev`.
     pub(super) fn upload<D: DeviceOps<Buf = B>>(dev: &D, layer: &Layer) -> Result<Self> {
-        let res = match layer.res.as_ref().and_then(super::Sites::attn_res) {
-            Some([a, m]) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
+        let res = match &layer.res {
+            Some(super::Sites::AttnRes([a, m])) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
+            Some(super::Sites::Hyper([a, m])) => Some([dev.upload_f32(&a.proj)?, dev.upload_f32(&m.proj)?]),
             None => None,
         };
         let norms = [
@@ -141,18 +142,21 @@ impl<B> LayerConsts<B> {
         [a, b]
     }
 
-    /// The AttnRes queries ([`Stack::res_queries`]).
+    /// The AttnRes queries or hyper-connection projections ([`Stack::res_queries`]).
     pub(super) fn res_queries(&self) -> Result<[&B; 2]> {
         let [a, b] = self.res.as_ref().ok_or_else(missing_res)?;
         Ok([a, b])
     }
 }
 
-/// The AttnRes query before `m`'s final norm on `dev` (`None` without Block Attention
-/// Residuals).
+/// The tail's vector before `m`'s final norm on `dev`: the AttnRes query or the hyper head's
+/// projection (`None` with the plain residual).
 pub(super) fn upload_output_query<D: DeviceOps>(dev: &D, m: &Decoder) -> Result<Option<D::Buf>> {
-    let out = m.output_res.as_ref().and_then(super::Tail::attn_res);
-    out.map(|r| dev.upload_f32(&r.query)).transpose()
+    match &m.output_res {
+        Some(super::Tail::AttnRes(r)) => dev.upload_f32(&r.query).map(Some),
+        Some(super::Tail::Hyper(head)) => dev.upload_f32(&head.proj).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// One decoder layer's device-resident constants and state.
@@ -195,7 +199,7 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for DeviceLayers<D::Buf> {
             .run(o.0, &layer.mixer, (xn, n), &mut self.selection)
     }
 
-    fn record(&mut self, _: &OnDevice<'_, D>, _: usize, _: &D::Buf) -> Result<()> {
+    fn record(&mut self, _: &OnDevice<'_, D>, _: usize, _: &D::Buf, _: usize) -> Result<()> {
         Ok(())
     }
 }

@@ -412,17 +412,17 @@ impl stack::Stack<Host> for HostStack<'_, '_, '_> {
     }
 
     fn res_queries<'a>(&'a self, _: usize, layer: &'a Layer) -> Result<[&'a Vec<f32>; 2]> {
-        let [a, m] = layer
-            .res
-            .as_ref()
-            .and_then(Sites::attn_res)
-            .ok_or_else(missing_res)?;
-        Ok([&a.query, &m.query])
+        match layer.res.as_ref().ok_or_else(missing_res)? {
+            Sites::AttnRes([a, m]) => Ok([&a.query, &m.query]),
+            Sites::Hyper([a, m]) => Ok([&a.proj, &m.proj]),
+        }
     }
 
     fn output_query<'a>(&'a self, model: &'a Decoder) -> Result<&'a Vec<f32>> {
-        let out = model.output_res.as_ref().and_then(Tail::attn_res);
-        Ok(&out.ok_or_else(missing_res)?.query)
+        match model.output_res.as_ref().ok_or_else(missing_res)? {
+            Tail::AttnRes(out) => Ok(&out.query),
+            Tail::Hyper(head) => Ok(&head.proj),
+        }
     }
 
     fn mixer(&mut self, _: &Host, (l, layer): (usize, &Layer), xn: &Vec<f32>, _: usize) -> Result<Vec<f32>> {
@@ -435,9 +435,9 @@ impl stack::Stack<Host> for HostStack<'_, '_, '_> {
         ))
     }
 
-    fn record(&mut self, _: &Host, l: usize, x: &Vec<f32>) -> Result<()> {
+    fn record(&mut self, _: &Host, l: usize, x: &Vec<f32>, width: usize) -> Result<()> {
         if let Some(t) = self.trace.as_deref_mut() {
-            t.record(format!("layers.{l}"), x);
+            t.record_rows(format!("layers.{l}"), x, width);
         }
         Ok(())
     }
@@ -572,9 +572,8 @@ impl Model for Decoder {
     }
 
     fn forward(&self, batch: &mut [SeqInput<'_>], trace: Option<&mut Trace>) -> Result<Vec<f32>> {
-        self.pass(batch, trace, |batch, plan, x, trace| match self.plan.residual {
-            Residual::Plain | Residual::AttnRes { .. } => self.run_layers(batch, plan, x, trace),
-            Residual::Hyper { streams, .. } => self.hyper_layers(batch, plan, x, trace, streams),
+        self.pass(batch, trace, |batch, plan, x, trace| {
+            self.run_layers(batch, plan, x, trace)
         })
     }
 }

@@ -1,5 +1,6 @@
-//! The decoder's layer loops, written once over the layers' [`Ops`]: the plain residual stream
-//! and K3's Block Attention Residuals, each with its FFN (dense MLP or routed MoE). The CPU pass
+//! The decoder's layer loops, written once over the layers' [`Ops`]: the plain residual stream,
+//! K3's Block Attention Residuals and DeepSeek-V4's hyper-connections, each with its FFN (dense
+//! MLP or routed MoE). The CPU pass
 //! (`Decoder::forward`, buffers on the host), the device session (`device.rs`) and the served
 //! device model (`served/`, which may run a pass's first layers on the device and the rest on the
 //! host, carrying the [`Stream`] across) run these same functions; what differs per device is
@@ -38,17 +39,19 @@ pub(super) trait Stack<O: Ops> {
     /// Layer `l`'s input and post-attention norm weights.
     fn norms<'a>(&'a self, l: usize, layer: &'a Layer) -> [&'a O::Buf; 2];
 
-    /// Layer `l`'s AttnRes pseudo-queries before the mixer and before the FFN.
+    /// Layer `l`'s residual sites' vectors before the mixer and before the FFN: the AttnRes
+    /// pseudo-queries, or the hyper-connection projections.
     fn res_queries<'a>(&'a self, l: usize, layer: &'a Layer) -> Result<[&'a O::Buf; 2]>;
 
-    /// The AttnRes pseudo-query before the final norm.
+    /// The tail's vector before the final norm: the AttnRes pseudo-query, or the hyper head's
+    /// projection.
     fn output_query<'a>(&'a self, model: &'a Decoder) -> Result<&'a O::Buf>;
 
     /// Layer `l`'s mixer over `n` normalised rows, advancing the sequences' states.
     fn mixer(&mut self, o: &O, at: (usize, &Layer), xn: &O::Buf, n: usize) -> Result<O::Buf>;
 
-    /// Layer `l`'s output rows (the trace's `layers.{l}`).
-    fn record(&mut self, o: &O, l: usize, x: &O::Buf) -> Result<()>;
+    /// Layer `l`'s output rows of `width` values (the trace's `layers.{l}`).
+    fn record(&mut self, o: &O, l: usize, x: &O::Buf, width: usize) -> Result<()>;
 }
 
 /// The layers a loop runs, and the pass over their routed experts. The caller opens and
@@ -80,7 +83,7 @@ fn plain<O: Ops, S: Stack<O>>(
         }
         let f = ffn(o, &layer.ffn, (pass, l), &xn, (n, tokens))?;
         x = o.add(&x, &f, n * h)?;
-        stack.record(o, l, &x)?;
+        stack.record(o, l, &x, h)?;
     }
     Ok(x)
 }
@@ -178,7 +181,7 @@ fn attn_res<O: Ops, S: Stack<O>>(
         let xn = o.rms_norm(&mixed, stack.norms(l, &layer)[1], n, h, eps)?;
         let f = ffn(o, &layer.ffn, (pass, l), &xn, (n, tokens))?;
         run = o.add(&p, &f, n * h)?;
-        stack.record(o, l, &run)?;
+        stack.record(o, l, &run, h)?;
     }
     Ok(Carry { run, slots, anchors })
 }
@@ -205,11 +208,73 @@ fn attn_res_tail<O: Ops, S: Stack<O>>(
     Ok((run, z))
 }
 
-/// A pass's residual stream between spans of layers: the plain stream, or Block Attention
-/// Residuals' carry.
+/// The layers of `span` in DeepSeek-V4's hyper-connection form (`layers::hyper`): `n` rows of
+/// `s` streams each (stream-major), each layer as [`hyper_layer`].
+fn hyper<O: Ops, S: Stack<O>>(
+    m: &Decoder,
+    (o, stack): (&O, &mut S),
+    mut streams: O::Buf,
+    (n, tokens): (usize, &[u32]),
+    (s, span): (usize, Span<'_, '_>),
+) -> Result<O::Buf> {
+    let (h, eps, pass) = (m.plan.hidden_size, m.plan.rms_norm_eps, span.pass);
+    for l in span.layers {
+        let layer = m.layers.get(l)?;
+        let step = HyperStep {
+            at: (l, &layer),
+            hidden: h,
+            eps,
+            streams: s,
+        };
+        streams = hyper_layer(step, (o, &mut *stack), streams, (n, tokens), pass)?;
+        stack.record(o, l, &streams, s * h)?;
+    }
+    Ok(streams)
+}
+
+/// One layer of the hyper-connection form: where it runs in its stack, the hidden width, the
+/// norms' epsilon and the streams per row.
+pub(super) struct HyperStep<'a> {
+    pub at: (usize, &'a Layer),
+    pub hidden: usize,
+    pub eps: f32,
+    pub streams: usize,
+}
+
+/// One layer over `n` rows of hyper-connection streams (the decoder's, and DeepSeek-V4's MTP
+/// block's): the attention site collapses the streams into the mixer's input and expands its
+/// output back; then the same around the FFN. The look-ahead prefetch sees the FFN site's
+/// collapse.
+pub(super) fn hyper_layer<O: Ops, S: Stack<O>>(
+    step: HyperStep<'_>,
+    (o, stack): (&O, &mut S),
+    streams: O::Buf,
+    (n, tokens): (usize, &[u32]),
+    pass: &ExpertPass<'_>,
+) -> Result<O::Buf> {
+    let ((l, layer), h, eps, s) = (step.at, step.hidden, step.eps, step.streams);
+    let Some(Sites::Hyper([attn, mlp])) = &layer.res else {
+        return Err(missing_res());
+    };
+    let [w, u] = o.hyper_site((attn, stack.res_queries(l, layer)?[0]), &streams, (n, h))?;
+    let xn = o.rms_norm(&u, stack.norms(l, layer)[0], n, h, eps)?;
+    let a = stack.mixer(o, (l, layer), &xn, n)?;
+    let streams = o.hyper_expand(&w, &a, streams, (n, s, h))?;
+    let [w, u] = o.hyper_site((mlp, stack.res_queries(l, layer)?[1]), &streams, (n, h))?;
+    if pass.is_out_of_core() {
+        pass.hint_next(l, &o.host(&u)?, n);
+    }
+    let xn = o.rms_norm(&u, stack.norms(l, layer)[1], n, h, eps)?;
+    let f = ffn(o, &layer.ffn, (pass, l), &xn, (n, tokens))?;
+    o.hyper_expand(&w, &f, streams, (n, s, h))
+}
+
+/// A pass's residual stream between spans of layers: the plain stream, Block Attention
+/// Residuals' carry, or the hyper-connection streams.
 pub(super) enum Stream<B> {
     Plain(B),
     AttnRes(Carry<B>),
+    Hyper(B),
 }
 
 impl<B> Stream<B> {
@@ -217,7 +282,13 @@ impl<B> Stream<B> {
     pub fn start<O: Ops<Buf = B>>(o: &O, m: &Decoder, x: B, n: usize) -> Result<Self> {
         Ok(match m.plan.residual {
             Residual::AttnRes { .. } => Stream::AttnRes(Carry::start(o, m, x, n)?),
-            _ => Stream::Plain(x),
+            Residual::Hyper { streams, .. } => {
+                // Every stream starts as the embedding.
+                let rows = o.host(&x)?;
+                let h = m.plan.hidden_size;
+                Stream::Hyper(o.input(rows.chunks(h).flat_map(|r| r.repeat(streams)).collect())?)
+            }
+            Residual::Plain => Stream::Plain(x),
         })
     }
 
@@ -226,6 +297,7 @@ impl<B> Stream<B> {
         Ok(match self {
             Stream::Plain(x) => Stream::Plain(to.input(from.host(&x)?.into_owned())?),
             Stream::AttnRes(c) => Stream::AttnRes(c.moved(from, to)?),
+            Stream::Hyper(x) => Stream::Hyper(to.input(from.host(&x)?.into_owned())?),
         })
     }
 }
@@ -242,13 +314,17 @@ pub(super) fn layers<O: Ops, S: Stack<O>>(
         (Stream::AttnRes(c), Residual::AttnRes { block }) => {
             attn_res(m, (o, stack), c, rows, (block, span)).map(Stream::AttnRes)
         }
-        (Stream::Plain(x), _) => plain(m, (o, stack), x, rows, span).map(Stream::Plain),
+        (Stream::Hyper(x), Residual::Hyper { streams, .. }) => {
+            hyper(m, (o, stack), x, rows, (streams, span)).map(Stream::Hyper)
+        }
+        (Stream::Plain(x), Residual::Plain) => plain(m, (o, stack), x, rows, span).map(Stream::Plain),
         _ => Err(missing_res()),
     }
 }
 
-/// The stream after the last layer: every row's hidden state, and with Block Attention
-/// Residuals the tail mix `z` that the rows given logits take instead.
+/// The stream after the last layer: every row's hidden state (with hyper-connections, the
+/// head's collapse of its streams), and with Block Attention Residuals the tail mix `z` that
+/// the rows given logits take instead.
 pub(super) fn finish<O: Ops, S: Stack<O>>(
     m: &Decoder,
     (o, stack): (&O, &S),
@@ -258,6 +334,13 @@ pub(super) fn finish<O: Ops, S: Stack<O>>(
     match stream {
         Stream::Plain(x) => Ok((x, None)),
         Stream::AttnRes(c) => attn_res_tail(m, (o, stack), c, n).map(|(run, z)| (run, Some(z))),
+        Stream::Hyper(x) => {
+            let Some(Tail::Hyper(head)) = &m.output_res else {
+                return Err(missing_res());
+            };
+            let proj = stack.output_query(m)?;
+            Ok((o.hyper_head((head, proj), &x, (n, m.plan.hidden_size))?, None))
+        }
     }
 }
 
@@ -269,7 +352,7 @@ pub(super) fn whole<O: Ops, S: Stack<O>>(
     x: O::Buf,
     (n, tokens): (usize, &[u32]),
 ) -> Result<(O::Buf, Option<O::Buf>)> {
-    let pass = ExpertPass::open(m.experts.as_deref());
+    let pass = ExpertPass::open(m.experts.as_deref()).with_tokens(tokens);
     let stream = Stream::start(o, m, x, n)?;
     let span = Span {
         layers: 0..m.layers.len(),

@@ -756,3 +756,117 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_dsa_scores(Lay
     }
     ((float*)p.buf[4])[(u64)row * stride + j] = total;
 }
+
+// ---- DeepSeek-V4's hyper-connections (model/layers/hyper.rs) ----
+//
+// A site per row: the S·H stream values x (stream-major) times rms_inv(x) (the sum of squares in
+// the canonical 16-lane order), dotted with each projection row in the same order (hyper.rs::mixes);
+// then the weights from the mixes (HyperSite::weights_of: sigmoid gates, a row softmax, Sinkhorn,
+// each sum in order) and the collapse sum_j pre_j * x_j in stream order from zero. The expand is
+// x'_k = post_k * y + sum_j comb[j][k] * x_j, the sum in stream order from zero.
+#define DF_HC_MAX 8                                 // streams
+#define DF_HC_MIX (DF_HC_MAX * (DF_HC_MAX + 2))     // mixes per row of a site
+
+// The mixes: one 16-lane group per (row, projection row). Buffers streams [rows, width], proj
+// [m, width], out [rows, m]; i rows, width, m; f eps. Grid (rows, m), block (LANES).
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_hyper_mixes(LayerParams p) {
+    const int rows = p.i[0], width = p.i[1], m = p.i[2];
+    const int r = blockIdx.x, i = blockIdx.y, lane = threadIdx.x;
+    if (r >= rows || i >= m) return;
+    const float* x = (const float*)p.buf[0] + (u64)r * (u64)width;
+    const float* w = (const float*)p.buf[1] + (u64)i * (u64)width;
+    float acc = 0.0f;
+    for (int k = lane; k < width; k += LANES) acc = __fmaf_rn(x[k], x[k], acc);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(df_lane_sum(acc), (float)width), p.f[0])));
+    float d = 0.0f;
+    for (int k = lane; k < width; k += LANES) d = __fmaf_rn(__fmul_rn(x[k], inv), w[k], d);
+    const float s = df_lane_sum(d);
+    if (lane == 0) ((float*)p.buf[2])[(u64)r * (u64)m + i] = s;
+}
+
+// Each column of the n x n comb divided by its sum (rows in order) plus eps.
+__device__ __forceinline__ void df_hc_columns(float* c, int n, float eps) {
+    for (int k = 0; k < n; ++k) {
+        float sum = -0.0f;
+        for (int j = 0; j < n; ++j) sum = __fadd_rn(sum, c[j * n + k]);
+        sum = __fadd_rn(sum, eps);
+        for (int j = 0; j < n; ++j) c[j * n + k] = __fdiv_rn(c[j * n + k], sum);
+    }
+}
+
+// A site's (head == 0) or the head's (head == 1) weights of one row from its mixes mx, into w:
+// pre, post, comb (site) or pre (head). consts: base, then the scales (3, or 1 for the head).
+__device__ void df_hc_weights(const float* mx, const float* consts, float* w, int n, int iters, int head, float eps) {
+    const float* base = consts;
+    if (head) {
+        for (int j = 0; j < n; ++j)
+            w[j] = __fadd_rn(df_sigmoid(__fadd_rn(__fmul_rn(mx[j], consts[n]), base[j])), eps);
+        return;
+    }
+    const float* scale = consts + (2 + n) * n;
+    for (int j = 0; j < n; ++j) w[j] = __fadd_rn(df_sigmoid(__fadd_rn(__fmul_rn(mx[j], scale[0]), base[j])), eps);
+    for (int j = 0; j < n; ++j)
+        w[n + j] = __fmul_rn(2.0f, df_sigmoid(__fadd_rn(__fmul_rn(mx[n + j], scale[1]), base[n + j])));
+    float* c = w + 2 * n;
+    for (int i = 0; i < n * n; ++i) c[i] = __fadd_rn(__fmul_rn(mx[2 * n + i], scale[2]), base[2 * n + i]);
+    for (int j = 0; j < n; ++j) {
+        float* row = c + j * n;
+        float max = __uint_as_float(0xff800000u), sum = -0.0f;
+        for (int k = 0; k < n; ++k) max = fmaxf(max, row[k]);
+        for (int k = 0; k < n; ++k) {
+            row[k] = df_exp(__fsub_rn(row[k], max));
+            sum = __fadd_rn(sum, row[k]);
+        }
+        for (int k = 0; k < n; ++k) row[k] = __fadd_rn(__fdiv_rn(row[k], sum), eps);
+    }
+    df_hc_columns(c, n, eps);
+    for (int it = 1; it < iters; ++it) {
+        for (int j = 0; j < n; ++j) {
+            float* row = c + j * n;
+            float sum = -0.0f;
+            for (int k = 0; k < n; ++k) sum = __fadd_rn(sum, row[k]);
+            sum = __fadd_rn(sum, eps);
+            for (int k = 0; k < n; ++k) row[k] = __fdiv_rn(row[k], sum);
+        }
+        df_hc_columns(c, n, eps);
+    }
+}
+
+// The weights and the collapse: one block per row. Buffers mixes [rows, m], consts (see
+// df_hc_weights), streams [rows, S*H], weights [rows, m] (site; absent for the head), out
+// [rows, H]; i rows, H, S, iters, head; f eps.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_hyper_weights(LayerParams p) {
+    const int rows = p.i[0], h = p.i[1], n = p.i[2], iters = p.i[3], head = p.i[4];
+    const int r = blockIdx.x, m = head ? n : (2 + n) * n;
+    __shared__ float w[DF_HC_MIX];
+    if (r >= rows || n > DF_HC_MAX) return;
+    if (threadIdx.x == 0) {
+        df_hc_weights((const float*)p.buf[0] + (u64)r * (u64)m, (const float*)p.buf[1], w, n, iters, head, p.f[0]);
+        if (p.buf[3])
+            for (int i = 0; i < m; ++i) ((float*)p.buf[3])[(u64)r * (u64)m + i] = w[i];
+    }
+    __syncthreads();
+    const float* x = (const float*)p.buf[2] + (u64)r * (u64)n * (u64)h;
+    float* out = (float*)p.buf[4] + (u64)r * (u64)h;
+    for (int d = threadIdx.x; d < h; d += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < n; ++j) o = __fadd_rn(o, __fmul_rn(w[j], x[(u64)j * (u64)h + d]));
+        out[d] = o;
+    }
+}
+
+// The expand: one thread per output value. Buffers weights [rows, (2 + S) * S], y [rows, H],
+// streams [rows, S*H], out [rows, S*H]; i rows, H, S.
+extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_hyper_expand(LayerParams p) {
+    const int rows = p.i[0], h = p.i[1], n = p.i[2];
+    const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x, width = (u64)n * (u64)h;
+    if (t >= (u64)rows * width) return;
+    const u64 r = t / width;
+    const int k = (int)(t % width / (u64)h), d = (int)(t % (u64)h);
+    const float* w = (const float*)p.buf[0] + r * (u64)((2 + n) * n);
+    const float* x = (const float*)p.buf[2] + r * width;
+    float mix = 0.0f;
+    for (int j = 0; j < n; ++j) mix = __fadd_rn(mix, __fmul_rn(w[2 * n + j * n + k], x[(u64)j * (u64)h + d]));
+    const float y = ((const float*)p.buf[1])[r * (u64)h + d];
+    ((float*)p.buf[3])[t] = __fadd_rn(__fmul_rn(w[n + k], y), mix);
+}

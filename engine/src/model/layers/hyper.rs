@@ -31,17 +31,31 @@ pub struct HyperSite {
     pub norm_eps: f32,
 }
 
-/// Mixing weights of one row at one site.
+/// Mixing weights of one row at one site, flat: `pre` (`n`), `post` (`n`), then `comb`
+/// (`n × n`, `comb[j·n + k]`: stream `j`'s share in output stream `k`); the layout the
+/// device kernels read too (`deltafin_hyper_weights`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct HyperWeights {
-    pub pre: Vec<f32>,
-    pub post: Vec<f32>,
-    /// `comb[j·n + k]`: stream `j`'s share in output stream `k`.
-    pub comb: Vec<f32>,
+pub struct HyperWeights<'a> {
+    pub pre: &'a [f32],
+    pub post: &'a [f32],
+    pub comb: &'a [f32],
+}
+
+impl<'a> HyperWeights<'a> {
+    /// The weights of `n` streams in `flat` ([`HyperSite::mix_count`] values).
+    pub fn of(flat: &'a [f32], n: usize) -> Self {
+        let (pre, rest) = flat.split_at(n);
+        let (post, comb) = rest.split_at(n);
+        HyperWeights {
+            pre,
+            post,
+            comb: &comb[..n * n],
+        }
+    }
 }
 
 /// The flattened streams `x` (RMS-normalised without weight) through `proj` rows.
-fn mixes(proj: &[f32], x: &[f32], eps: f32) -> Vec<f32> {
+pub fn mixes(proj: &[f32], x: &[f32], eps: f32) -> Vec<f32> {
     let inv = rms_inv(x, eps);
     let normed: Vec<f32> = x.iter().map(|v| v * inv).collect();
     proj.chunks(x.len()).map(|row| dot16(&normed, row)).collect()
@@ -69,34 +83,41 @@ impl HyperSite {
         })
     }
 
-    /// The weights of one row's streams `x` (`n·H` values, stream-major).
-    pub fn weights(&self, x: &[f32]) -> HyperWeights {
+    /// Mixing values per row: `(2 + n)·n`.
+    pub fn mix_count(&self) -> usize {
+        (2 + self.streams) * self.streams
+    }
+
+    /// The flat weights (see [`HyperWeights`]) of one row's streams `x` (`n·H` values,
+    /// stream-major).
+    pub fn weights(&self, x: &[f32]) -> Vec<f32> {
+        self.weights_of(&mixes(&self.proj, x, self.norm_eps))
+    }
+
+    /// The flat weights from the row's mixes `m` (its normalised streams through `proj`).
+    pub fn weights_of(&self, m: &[f32]) -> Vec<f32> {
         let n = self.streams;
-        let m = mixes(&self.proj, x, self.norm_eps);
-        let pre = (0..n)
+        let mut w: Vec<f32> = (0..n)
             .map(|j| sigmoid(m[j] * self.scale[0] + self.base[j]) + self.hc_eps)
             .collect();
-        let post = (0..n)
-            .map(|j| 2.0 * sigmoid(m[n + j] * self.scale[1] + self.base[n + j]))
-            .collect();
-        let mut comb: Vec<f32> = (0..n * n)
-            .map(|i| m[2 * n + i] * self.scale[2] + self.base[2 * n + i])
-            .collect();
+        w.extend((0..n).map(|j| 2.0 * sigmoid(m[n + j] * self.scale[1] + self.base[n + j])));
+        w.extend((0..n * n).map(|i| m[2 * n + i] * self.scale[2] + self.base[2 * n + i]));
+        let comb = &mut w[2 * n..];
         for row in comb.chunks_mut(n) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             row.iter_mut().for_each(|v| *v = exp(*v - max));
             let sum: f32 = row.iter().sum();
             row.iter_mut().for_each(|v| *v = *v / sum + self.hc_eps);
         }
-        normalise_columns(&mut comb, n, self.hc_eps);
+        normalise_columns(comb, n, self.hc_eps);
         for _ in 1..self.iters {
             for row in comb.chunks_mut(n) {
                 let sum: f32 = row.iter().sum::<f32>() + self.hc_eps;
                 row.iter_mut().for_each(|v| *v /= sum);
             }
-            normalise_columns(&mut comb, n, self.hc_eps);
+            normalise_columns(comb, n, self.hc_eps);
         }
-        HyperWeights { pre, post, comb }
+        w
     }
 }
 
@@ -120,7 +141,7 @@ pub fn collapse(pre: &[f32], x: &[f32], out: &mut [f32]) {
 }
 
 /// `x'_k = post_k · y + Σ_j comb[j][k] · x_j` for one row, in place of `x`.
-pub fn expand(w: &HyperWeights, y: &[f32], x: &mut [f32]) {
+pub fn expand(w: &HyperWeights<'_>, y: &[f32], x: &mut [f32]) {
     let (n, h) = (w.post.len(), y.len());
     let old = x.to_vec();
     for k in 0..n {
@@ -131,6 +152,29 @@ pub fn expand(w: &HyperWeights, y: &[f32], x: &mut [f32]) {
             }
             *out = w.post[k] * y[d] + mix;
         }
+    }
+}
+
+/// A site over `n` rows of `streams` (each `S·h` values, stream-major): every row's flat
+/// weights ([`HyperWeights`]) and its collapsed sub-layer input (`n × h`).
+pub fn site_rows(site: &HyperSite, streams: &[f32], (n, h): (usize, usize)) -> (Vec<f32>, Vec<f32>) {
+    let width = site.streams * h;
+    let mut out = vec![0.0f32; n * h];
+    let mut weights = Vec::with_capacity(n * site.mix_count());
+    for (x, o) in streams.chunks(width).zip(out.chunks_mut(h)).take(n) {
+        let w = site.weights(x);
+        collapse(&w[..site.streams], x, o);
+        weights.extend(w);
+    }
+    (weights, out)
+}
+
+/// [`expand`] over `n` rows of `S` streams: `weights` as [`site_rows`] gives them, `y` the
+/// sub-layer's `n × h` output.
+pub fn expand_rows(weights: &[f32], y: &[f32], streams: &mut [f32], (s, h): (usize, usize)) {
+    let m = (2 + s) * s;
+    for ((w, y), x) in weights.chunks(m).zip(y.chunks(h)).zip(streams.chunks_mut(s * h)) {
+        expand(&HyperWeights::of(w, s), y, x);
     }
 }
 
@@ -164,13 +208,26 @@ impl HyperHead {
 
     /// One row's streams `x` collapsed into `out`.
     pub fn collapse(&self, x: &[f32], out: &mut [f32]) {
-        let m = mixes(&self.proj, x, self.norm_eps);
-        let pre: Vec<f32> = m
-            .iter()
+        let pre = self.weights_of(&mixes(&self.proj, x, self.norm_eps));
+        collapse(&pre, x, out);
+    }
+
+    /// Each of `n` rows of `streams` collapsed (`n × h`).
+    pub fn rows(&self, streams: &[f32], (n, h): (usize, usize)) -> Vec<f32> {
+        let width = streams.len() / n.max(1);
+        let mut out = vec![0.0f32; n * h];
+        for (x, o) in streams.chunks(width.max(1)).zip(out.chunks_mut(h)) {
+            self.collapse(x, o);
+        }
+        out
+    }
+
+    /// The collapse weights from the row's mixes `m`.
+    pub fn weights_of(&self, m: &[f32]) -> Vec<f32> {
+        m.iter()
             .zip(&self.base)
             .map(|(&v, &b)| sigmoid(v * self.scale + b) + self.hc_eps)
-            .collect();
-        collapse(&pre, x, out);
+            .collect()
     }
 }
 
@@ -194,7 +251,8 @@ mod tests {
             norm_eps: 1e-6,
         };
         let x: Vec<f32> = (0..n * h).map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0).collect();
-        let w = site.weights(&x);
+        let flat = site.weights(&x);
+        let w = HyperWeights::of(&flat, n);
         for k in 0..n {
             let col: f32 = (0..n).map(|j| w.comb[j * n + k]).sum();
             let row: f32 = w.comb[k * n..(k + 1) * n].iter().sum();

@@ -9,13 +9,14 @@
 use std::borrow::Cow;
 
 use super::mlp::{Activation, Mlp};
+use super::hyper::{HyperHead, HyperSite};
 use super::moe::{ExpertProvider, Moe};
 use super::ops::{Cols, Ops, Routes};
 use super::rope::Rope;
 use crate::backend::WeightClass;
 use crate::backend::abi::{self, RopeLayout, RowSlice};
 use crate::backend::device::DeviceOps;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels::Matrix;
 
 /// `y = W x` into a new buffer.
@@ -194,8 +195,63 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         Ok(out)
     }
 
+    fn hyper_site(
+        &self,
+        (site, proj): (&HyperSite, &D::Buf),
+        streams: &D::Buf,
+        (n, h): (usize, usize),
+    ) -> Result<[D::Buf; 2]> {
+        let (dev, m) = (self.0, site.mix_count());
+        let mixes = dev.zeros_f32(n * m)?;
+        let width = site.streams * h;
+        let l = abi::hyper_mixes(n, width, m, site.norm_eps);
+        dev.layer(&l, &[Some(streams), Some(proj), Some(&mixes)])?;
+        let consts = dev.upload_f32(&[&site.base[..], &site.scale[..]].concat())?;
+        let (weights, out) = (dev.zeros_f32(n * m)?, dev.zeros_f32(n * h)?);
+        let l = abi::hyper_weights(n, (site.streams, h), (site.iters, false), site.hc_eps)?;
+        let bufs = [Some(&mixes), Some(&consts), Some(streams), Some(&weights), Some(&out)];
+        dev.layer(&l, &bufs)?;
+        Ok([weights, out])
+    }
+
+    fn hyper_expand(
+        &self,
+        weights: &D::Buf,
+        y: &D::Buf,
+        streams: D::Buf,
+        (n, s, h): (usize, usize, usize),
+    ) -> Result<D::Buf> {
+        let out = self.0.zeros_f32(n * s * h)?;
+        let bufs = [Some(weights), Some(y), Some(&streams), Some(&out)];
+        self.0.layer(&abi::hyper_expand(n, s, h)?, &bufs)?;
+        Ok(out)
+    }
+
+    fn hyper_head(
+        &self,
+        (head, proj): (&HyperHead, &D::Buf),
+        streams: &D::Buf,
+        (n, h): (usize, usize),
+    ) -> Result<D::Buf> {
+        let (dev, s) = (self.0, head.base.len());
+        let mixes = dev.zeros_f32(n * s)?;
+        dev.layer(
+            &abi::hyper_mixes(n, s * h, s, head.norm_eps),
+            &[Some(streams), Some(proj), Some(&mixes)],
+        )?;
+        let consts = dev.upload_f32(&[&head.base[..], &[head.scale]].concat())?;
+        let out = dev.zeros_f32(n * h)?;
+        let l = abi::hyper_weights(n, (s, h), (0, true), head.hc_eps)?;
+        dev.layer(&l, &[Some(&mixes), Some(&consts), Some(streams), None, Some(&out)])?;
+        Ok(out)
+    }
+
     fn route(&self, m: &Moe, logits: D::Buf, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {
-        let _ = tokens; // only hash routing reads the rows' ids
+        if m.hash.is_some() || !abi::routes_on_device(&m.router) {
+            // Hash routing (the rows' token ids) and scores the router kernel has no form of:
+            // the logits (a few KB) come down and the CPU's router takes them.
+            return m.routes_of(self.0.download_f32(&logits)?, n, tokens);
+        }
         route(self, m, logits, n)
     }
 
@@ -212,15 +268,9 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
 }
 
 /// The router kernel's routes (router order) of `n` rows' `logits` (the router's own logit
-/// bias added first, as the CPU does). Hash routing (DeepSeek-V4) has no device form.
+/// bias added first, as the CPU does).
 fn route<D: DeviceOps>(o: &OnDevice<'_, D>, m: &Moe, logits: D::Buf, n: usize) -> Result<Routes> {
     let (dev, e, r) = (o.0, m.gate.rows, &m.router);
-    if m.hash.is_some() {
-        return Err(Error::InvalidArgument {
-            field: "device",
-            reason: "the device router has no hash routing (the model runs on the CPU path)".into(),
-        });
-    }
     let logits = match m.logit_bias.is_empty() {
         true => logits,
         false => o.add_rows(logits, &m.logit_bias, n, e)?,

@@ -1,6 +1,6 @@
 //! The operations layers are written against, once for every device ([`Ops`]): matrix products
 //! over the stored formats, RMSNorm, residual and bias adds, the gated activations, sigmoid row
-//! gates, routing and the routed experts' dispatch. A layer written as a sequence of these runs
+//! gates, DeepSeek-V4's hyper-connection sites, routing and the routed experts' dispatch. A layer written as a sequence of these runs
 //! on the CPU ([`Host`]: buffers are `Vec<f32>`, each operation today's CPU kernel) and on a
 //! device (`on_device::OnDevice`: buffers stay in device memory, each operation a kernel of
 //! `backend/cuda/layers.cu` whose bits equal the CPU kernel's), so the two cannot drift: the
@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 
 use super::attn_res;
+use super::hyper::{self, HyperHead, HyperSite};
 use super::mlp::Activation;
 use super::moe::{ExpertProvider, Moe};
 use super::rope::Rope;
@@ -103,6 +104,34 @@ pub trait Ops {
         site: (&Self::Buf, f32),
         stack: &Self::Buf,
         count: usize,
+        rows: (usize, usize),
+    ) -> Result<Self::Buf>;
+
+    /// DeepSeek-V4's hyper-connection site (`layers::hyper`) over `n` rows of its streams (`S·h`
+    /// values each, stream-major): each row's flat mixing weights (`HyperWeights`) and its
+    /// collapsed sub-layer input (`n × h`); `proj` is the site's projection on this device.
+    fn hyper_site(
+        &self,
+        site: (&HyperSite, &Self::Buf),
+        streams: &Self::Buf,
+        rows: (usize, usize),
+    ) -> Result<[Self::Buf; 2]>;
+
+    /// `x'_k = post_k · y + Σ_j comb[j][k] · x_j` over `n` rows of `S` streams of `h` values:
+    /// `weights` from [`Ops::hyper_site`], `y` the sub-layer's output.
+    fn hyper_expand(
+        &self,
+        weights: &Self::Buf,
+        y: &Self::Buf,
+        streams: Self::Buf,
+        dims: (usize, usize, usize),
+    ) -> Result<Self::Buf>;
+
+    /// The hyper head's collapse of `n` rows of streams into `n × h` (`proj` on this device).
+    fn hyper_head(
+        &self,
+        head: (&HyperHead, &Self::Buf),
+        streams: &Self::Buf,
         rows: (usize, usize),
     ) -> Result<Self::Buf>;
 
@@ -234,6 +263,20 @@ impl Ops for Host {
             attn_res::mix(query, eps, &anchors, row(count - 1), o);
         }
         Ok(out)
+    }
+
+    fn hyper_site(&self, (site, _): (&HyperSite, &Vec<f32>), x: &Vec<f32>, rows: (usize, usize)) -> Result<[Vec<f32>; 2]> {
+        let (w, u) = hyper::site_rows(site, x, rows);
+        Ok([w, u])
+    }
+
+    fn hyper_expand(&self, w: &Vec<f32>, y: &Vec<f32>, mut x: Vec<f32>, (_, s, h): (usize, usize, usize)) -> Result<Vec<f32>> {
+        hyper::expand_rows(w, y, &mut x, (s, h));
+        Ok(x)
+    }
+
+    fn hyper_head(&self, (head, _): (&HyperHead, &Vec<f32>), x: &Vec<f32>, rows: (usize, usize)) -> Result<Vec<f32>> {
+        Ok(head.rows(x, rows))
     }
 
     fn route(&self, moe: &Moe, logits: Vec<f32>, n: usize, tokens: Option<&[u32]>) -> Result<Routes> {

@@ -278,7 +278,7 @@ impl<D: DeviceOps> DeviceModel<D> {
             selection: Selection::new(),
             trace,
         };
-        let pass = ExpertPass::open(m.experts.as_deref());
+        let pass = ExpertPass::open(m.experts.as_deref()).with_tokens(&tokens);
         let span = |layers| Span { layers, pass: &pass };
         let stream = Stream::start(&o, m, o.input(x.to_vec())?, n)?;
         let stream = stack::layers(m, (&o, &mut stack), stream, (n, &tokens), span(0..layers.len()))?;
@@ -446,10 +446,10 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
         }
     }
 
-    fn record(&mut self, o: &OnDevice<'_, D>, l: usize, x: &D::Buf) -> Result<()> {
+    fn record(&mut self, o: &OnDevice<'_, D>, l: usize, x: &D::Buf, width: usize) -> Result<()> {
         let name = format!("layers.{l}");
         if let Some(t) = self.trace.as_deref_mut().filter(|t| t.wants(&name)) {
-            t.record(name, &o.host(x)?);
+            t.record_rows(name, &o.host(x)?, width);
         }
         Ok(())
     }
