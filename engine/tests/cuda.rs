@@ -221,6 +221,7 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::kda(&run);
     layer_cases::mla_projections(&run);
     layer_cases::attn_res(&run);
+    layer_cases::hyper_connections(&run);
 }
 
 mod forward_cases;

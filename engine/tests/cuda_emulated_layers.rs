@@ -141,3 +141,9 @@ fn attn_res_matches_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::attn_res(&|l, b| launch(bin, l, b));
 }
+
+#[test]
+fn hyper_connections_match_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::hyper_connections(&|l, b| launch(bin, l, b));
+}

@@ -12,6 +12,9 @@ use deltafin_engine::weights::Blob;
 
 use crate::kernel_support::{Rng, assert_same, bytes_of, floats, patterned};
 
+mod hyper;
+pub use hyper::hyper_connections;
+
 /// Runs one launch over buffers (each buffer's bytes, rewritten in place).
 pub type Runner<'a> = &'a dyn Fn(&LayerLaunch, &mut [Vec<u8>]);
 

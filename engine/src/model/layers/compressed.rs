@@ -24,7 +24,8 @@
 use rayon::prelude::*;
 
 use super::rope::Rope;
-use crate::backend::matmul;
+use super::ops::{Host, Ops};
+use crate::backend::WeightClass;
 use crate::error::Result;
 use crate::kernels::Matrix;
 use crate::kernels::math::exp;
@@ -123,16 +124,11 @@ impl Compressor {
     }
 
     /// Each row's inputs: its kv projection then its gate projection.
-    fn inputs(&self, x: &[f32], n: usize) -> Vec<f32> {
+    fn inputs<O: Ops>(&self, o: &O, x: &O::Buf, n: usize) -> Result<O::Buf> {
         let w = self.wkv.rows;
-        let (mut kv, mut gate) = (vec![0.0f32; n * w], vec![0.0f32; n * w]);
-        matmul(&self.wkv, x, n, &mut kv);
-        matmul(&self.wgate, x, n, &mut gate);
-        kv.chunks(w)
-            .zip(gate.chunks(w))
-            .flat_map(|(k, g)| k.iter().chain(g))
-            .copied()
-            .collect()
+        let kv = o.project(&self.wkv, WeightClass::Spine, x, n)?;
+        let gate = o.project(&self.wgate, WeightClass::Spine, x, n)?;
+        o.assemble(n, &[(&kv, (w, 0, w)), (&gate, (w, 0, w))])
     }
 
     /// Entry `w` from the inputs held (the window's positions, and the previous window's with
@@ -210,6 +206,26 @@ pub struct CompressedAttention {
     pub eps: f32,
 }
 
+/// A pass's projections of a DeepSeek-V4 attention layer (on the device that ran them), for
+/// its host core: the query heads before their norm and RoPE, the normalised kv before RoPE,
+/// the compressor's inputs (kv then gate per row) and the indexer's projections.
+#[derive(Debug)]
+pub struct CompressedProjected<B> {
+    pub q: B,
+    pub kv: B,
+    pub inputs: Option<B>,
+    pub index: Option<IndexProjected<B>>,
+}
+
+/// The lightning indexer's projections of a pass: its queries (before RoPE), head weights
+/// (before scaling) and its compressor's inputs.
+#[derive(Debug)]
+pub struct IndexProjected<B> {
+    pub q: B,
+    pub weights: B,
+    pub inputs: B,
+}
+
 /// The rows of one pass: each row's sequence cache and position.
 #[derive(Debug)]
 pub struct CompressedRows<'a, 'b> {
@@ -279,19 +295,51 @@ impl CompressedAttention {
         })
     }
 
-    fn proj(m: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
-        let mut y = vec![0.0f32; n * m.rows];
-        matmul(m, x, n, &mut y);
-        y
+    /// The layer over `n` rows of `x` (already normalised) on the CPU, appending each row to
+    /// its cache.
+    pub fn forward(&self, x: &[f32], n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
+        self.run(&Host, &x.to_vec(), n, |p| Ok(self.core(p, n, rows)))
+            .expect("the CPU runs every DeepSeek-V4 attention form")
     }
 
-    /// The layer over `n` rows of `x` (already normalised), appending each row to its cache.
-    pub fn forward(&self, x: &[f32], n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
+    /// The layer over `n` rows of `x` on `o`'s device: the projections there, then `core` (the
+    /// rest on the host: [`CompressedAttention::core`] over the rows' caches) gives the heads'
+    /// outputs, which go through the grouped output projection there.
+    pub fn run<O: Ops>(
+        &self,
+        o: &O,
+        x: &O::Buf,
+        n: usize,
+        core: impl FnOnce(CompressedProjected<O::Buf>) -> Result<Vec<f32>>,
+    ) -> Result<O::Buf> {
+        let (d, spine) = (self.dims, WeightClass::Spine);
+        let q_a = o.project(&self.wq_a, spine, x, n)?;
+        let q_resid = o.rms_norm(&q_a, &o.constant(&self.q_norm)?, n, d.q_lora, self.eps)?;
+        let kv = o.project(&self.wkv, spine, x, n)?;
+        let index = match &self.indexer {
+            Some(ix) => Some(IndexProjected {
+                q: o.project(&ix.wq_b, spine, &q_resid, n)?,
+                weights: o.project(&ix.weights_proj, spine, x, n)?,
+                inputs: ix.compressor.inputs(o, x, n)?,
+            }),
+            None => None,
+        };
+        let heads = core(CompressedProjected {
+            q: o.project(&self.wq_b, spine, &q_resid, n)?,
+            kv: o.rms_norm(&kv, &o.constant(&self.kv_norm)?, n, d.head_dim, self.eps)?,
+            inputs: self.compressor.as_ref().map(|c| c.inputs(o, x, n)).transpose()?,
+            index,
+        })?;
+        self.output(o, &o.input(heads)?, n)
+    }
+
+    /// The host part of a pass over `n` projected rows: the query heads' norm and RoPE, the
+    /// keys' RoPE, the rows appended to their caches (entries pooled as windows close), the
+    /// indexer's choice and the attention; the heads' outputs `[n, heads·head_dim]`.
+    pub fn core(&self, p: CompressedProjected<Vec<f32>>, n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
         let d = self.dims;
         let hd = d.head_dim;
-        let q_resid = rms_norm_rows(&Self::proj(&self.wq_a, x, n), &self.q_norm, self.eps, d.q_lora);
-        let mut q = Self::proj(&self.wq_b, &q_resid, n);
-        let mut kv = rms_norm_rows(&Self::proj(&self.wkv, x, n), &self.kv_norm, self.eps, hd);
+        let (mut q, mut kv) = (p.q, p.kv);
         for r in 0..n {
             let f = factors(&self.rope, rows.pos[r], d.rope);
             for head in q[r * d.heads * hd..(r + 1) * d.heads * hd].chunks_mut(hd) {
@@ -301,11 +349,11 @@ impl CompressedAttention {
             }
             rotate(&mut kv[r * hd..(r + 1) * hd], &f, false);
         }
-        self.append(x, n, &kv, rows);
-        let index_q = self
-            .indexer
-            .as_ref()
-            .map(|ix| self.index_queries(ix, x, &q_resid, n, rows.pos));
+        let (index_inputs, index_q) = match p.index {
+            Some(ix) => (Some(ix.inputs), Some(self.index_queries(ix.q, ix.weights, rows.pos))),
+            None => (None, None),
+        };
+        self.append(n, &kv, (p.inputs, index_inputs), rows);
         let caches: &[&mut CompressedCache] = rows.caches;
         let index = index_q.as_ref().map(|(q, w)| (&q[..], &w[..]));
         let per_row: Vec<Vec<f32>> = (0..n)
@@ -321,15 +369,19 @@ impl CompressedAttention {
                 )
             })
             .collect();
-        self.output(&per_row.concat(), n)
+        per_row.concat()
     }
 
     /// Append the rows' kv and compressor inputs to their caches, and each entry whose window
     /// the rows close.
-    fn append(&self, x: &[f32], n: usize, kv: &[f32], rows: &mut CompressedRows<'_, '_>) {
+    fn append(
+        &self,
+        n: usize,
+        kv: &[f32],
+        (inputs, index_inputs): (Option<Vec<f32>>, Option<Vec<f32>>),
+        rows: &mut CompressedRows<'_, '_>,
+    ) {
         let hd = self.dims.head_dim;
-        let inputs = self.compressor.as_ref().map(|c| c.inputs(x, n));
-        let index_inputs = self.indexer.as_ref().map(|ix| ix.compressor.inputs(x, n));
         for r in 0..n {
             let cache = &mut *rows.caches[rows.seq[r]];
             debug_assert_eq!(cache.kv.len(), rows.pos[r], "rows of a sequence come in order");
@@ -366,23 +418,17 @@ impl CompressedAttention {
     }
 
     /// The indexer's rotated queries `[n, heads·head_dim]` and head weights `[n, heads]`
-    /// (`weights_proj(x)·heads^-½`).
-    fn index_queries(
-        &self,
-        ix: &V4Indexer,
-        x: &[f32],
-        q_resid: &[f32],
-        n: usize,
-        pos: &[usize],
-    ) -> (Vec<f32>, Vec<f32>) {
+    /// (`weights_proj(x)·heads^-½`) from their projections `q` and `w`.
+    fn index_queries(&self, mut q: Vec<f32>, mut w: Vec<f32>, pos: &[usize]) -> (Vec<f32>, Vec<f32>) {
+        let Some(ix) = &self.indexer else {
+            return (q, w);
+        };
         let i = ix.dims;
-        let mut q = Self::proj(&ix.wq_b, q_resid, n);
         for (r, row) in q.chunks_mut(i.heads * i.head_dim).enumerate() {
             let f = factors(&self.compress_rope, pos[r], self.dims.rope);
             row.chunks_mut(i.head_dim).for_each(|h| rotate(h, &f, false));
         }
         let scale = (i.heads as f32).powf(-0.5);
-        let mut w = Self::proj(&ix.weights_proj, x, n);
         w.iter_mut().for_each(|v| *v *= scale);
         (q, w)
     }
@@ -455,15 +501,15 @@ impl CompressedAttention {
     }
 
     /// The grouped low-rank output projection of `n` rows of head outputs.
-    fn output(&self, heads: &[f32], n: usize) -> Vec<f32> {
+    fn output<O: Ops>(&self, o: &O, heads: &O::Buf, n: usize) -> Result<O::Buf> {
         let d = self.dims;
         let low = grouped(
-            &self.wo_a,
-            self.wo_a_groups.as_deref(),
+            o,
+            (&self.wo_a, self.wo_a_groups.as_deref()),
             heads,
             (n, d.o_groups, d.o_rank),
-        );
-        Self::proj(&self.wo_b, &low, n)
+        )?;
+        o.project(&self.wo_b, WeightClass::Spine, &low, n)
     }
 }
 
@@ -472,34 +518,29 @@ impl CompressedAttention {
 /// With `groups` (those rows as their own matrices) each group's rows go through its own only;
 /// else every group's input goes through the whole `wo_a` and keeps its rows (`g` times the
 /// work, the same values: each output is its row's dot product either way).
-fn grouped(
-    wo_a: &Matrix,
-    groups: Option<&[Matrix]>,
-    heads: &[f32],
+fn grouped<O: Ops>(
+    o: &O,
+    (wo_a, groups): (&Matrix, Option<&[Matrix]>),
+    heads: &O::Buf,
     (n, g, rank): (usize, usize, usize),
-) -> Vec<f32> {
-    let width = heads.len() / (n * g).max(1);
-    let mut low = vec![0.0f32; n * g * rank];
+) -> Result<O::Buf> {
+    let width = wo_a.cols;
     let Some(groups) = groups else {
-        let mut all = vec![0.0f32; n * g * wo_a.rows];
-        matmul(wo_a, heads, n * g, &mut all);
-        for (k, dst) in low.chunks_mut(rank).enumerate() {
-            dst.copy_from_slice(&all[k * wo_a.rows + (k % g) * rank..][..rank]);
-        }
-        return low;
+        let r = wo_a.rows;
+        let all = o.project(wo_a, WeightClass::Spine, heads, n * g)?;
+        let parts: Vec<_> = (0..g).map(|i| (&all, (g * r, i * r + i * rank, rank))).collect();
+        return o.assemble(n, &parts);
     };
-    let mut x = vec![0.0f32; n * width];
-    let mut y = vec![0.0f32; n * rank];
-    for (i, m) in groups.iter().enumerate() {
-        for (r, dst) in x.chunks_mut(width).enumerate() {
-            dst.copy_from_slice(&heads[(r * g + i) * width..][..width]);
-        }
-        matmul(m, &x, n, &mut y);
-        for (r, src) in y.chunks(rank).enumerate() {
-            low[(r * g + i) * rank..][..rank].copy_from_slice(src);
-        }
-    }
-    low
+    let ys = groups
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let x = o.assemble(n, &[(heads, (g * width, i * width, width))])?;
+            o.project(m, WeightClass::Spine, &x, n)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let parts: Vec<_> = ys.iter().map(|y| (y, (rank, 0, rank))).collect();
+    o.assemble(n, &parts)
 }
 
 /// The indices of the `k` largest scores, ascending (ties to the lower index; all of them when
@@ -584,8 +625,8 @@ mod tests {
         ] {
             let groups: Option<Vec<Matrix>> = (0..g).map(|i| m.row_block(i * rank..(i + 1) * rank)).collect();
             let groups = groups.expect("both formats split at 128 rows");
-            let whole = grouped(&m, None, &heads, (n, g, rank));
-            let split = grouped(&m, Some(&groups), &heads, (n, g, rank));
+            let whole = grouped(&Host, (&m, None), &heads, (n, g, rank)).unwrap();
+            let split = grouped(&Host, (&m, Some(&groups)), &heads, (n, g, rank)).unwrap();
             assert_eq!(
                 whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 split.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
