@@ -92,3 +92,14 @@ fn served_requests_on_the_device_give_the_cpu_tokens() {
     let dev: &'static EmuDevice = Box::leak(Box::new(EmuDevice::new(&bin)));
     forward_cases::served::served_requests_match_the_cpu(dev);
 }
+
+#[test]
+fn served_deepseek_v4_on_the_device_gives_the_cpu_tokens() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-serve-v4") else {
+        return;
+    };
+    let dev: &'static EmuDevice = Box::leak(Box::new(EmuDevice::new(&bin)));
+    forward_cases::served::served_v4_matches_the_cpu(dev);
+    let launches = dev.launches.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(launches > 100, "{launches} launches");
+}

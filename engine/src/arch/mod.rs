@@ -395,6 +395,22 @@ pub(crate) fn kda_caches<'a>(batch: &'a mut [SeqInput<'_>], l: usize) -> Vec<&'a
         .collect()
 }
 
+/// Layer `l`'s DeepSeek-V4 attention cache of every sequence (states were checked against the
+/// model).
+pub(crate) fn compressed_caches<'a>(
+    batch: &'a mut [SeqInput<'_>],
+    l: usize,
+) -> Vec<&'a mut crate::state::CompressedCache> {
+    batch
+        .iter_mut()
+        .map(|b| {
+            b.state.layers[l]
+                .compressed_mut()
+                .expect("state checked: compressed layer")
+        })
+        .collect()
+}
+
 /// The tensors around the decoder layers that a plain decoder pass needs.
 pub(crate) struct DecoderEnds<'a> {
     pub embed: &'a crate::kernels::Matrix,

@@ -576,7 +576,9 @@ fn hyper_streams(streams: usize) -> crate::Result<()> {
         1..=HYPER_MAX_STREAMS => Ok(()),
         _ => Err(crate::Error::InvalidArgument {
             field: "hc_mult",
-            reason: format!("{streams} hyper-connection streams (the CUDA kernels take 1 to {HYPER_MAX_STREAMS})"),
+            reason: format!(
+                "{streams} hyper-connection streams (the CUDA kernels take 1 to {HYPER_MAX_STREAMS})"
+            ),
         }),
     }
 }
@@ -605,8 +607,20 @@ pub fn hyper_weights(
     eps: f32,
 ) -> crate::Result<LayerLaunch> {
     hyper_streams(streams)?;
-    let ints = [rows as i32, hidden as i32, streams as i32, iters as i32, head as i32];
-    Ok(launch("deltafin_hyper_weights", rows, [THREADS, 1, 1], &ints, &[eps]))
+    let ints = [
+        rows as i32,
+        hidden as i32,
+        streams as i32,
+        iters as i32,
+        head as i32,
+    ];
+    Ok(launch(
+        "deltafin_hyper_weights",
+        rows,
+        [THREADS, 1, 1],
+        &ints,
+        &[eps],
+    ))
 }
 
 /// The expand of `rows` rows of `streams` streams of `hidden` (buffers: weights, the

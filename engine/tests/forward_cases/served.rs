@@ -12,20 +12,22 @@ use deltafin_engine::arch::{self, DeviceModel, Model};
 use deltafin_engine::backend::device::DeviceOps;
 use deltafin_engine::generate::Sampling;
 use deltafin_engine::scheduler::{self, Event, GenRequest, SchedulerConfig, SchedulerHandle};
+use deltafin_engine::spec::mtp::Mtp;
 use deltafin_engine::spec::{Drafts, EconomicsConfig, RequestKind, SpecMode};
-use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, ExpertFormat};
+use deltafin_engine::synth::{DSparkSynth, DeepseekSynth, DeepseekV4Synth, ExpertFormat};
+
+/// What drafts in a served test: a synthetic DSpark head made for the target, or the target's
+/// own MTP block.
+#[derive(Clone)]
+enum Drafter {
+    DSpark,
+    Mtp(Arc<Mtp>),
+}
 
 /// The engine loop over `model`: batches of up to 3, prefill chunks of 5 tokens, drafts forced
-/// (a synthetic DSpark head: it drafts every step, and most drafts are rejected), state reuse
-/// on.
-fn engine(model: Box<dyn Model>) -> SchedulerHandle {
-    let dir = tempfile::tempdir().unwrap();
-    DSparkSynth::for_target(model.info(), 5)
-        .write(dir.path())
-        .unwrap();
-    let head = deltafin_engine::spec::dspark::DSpark::load(dir.path()).unwrap();
-    let drafts = Drafts {
-        dspark: Some(Arc::new(head)),
+/// (`drafter` drafts every step, and most drafts are rejected), state reuse on.
+fn engine(model: Box<dyn Model>, drafter: &Drafter) -> SchedulerHandle {
+    let mut drafts = Drafts {
         economics: EconomicsConfig {
             forced: true,
             max_width: 3,
@@ -33,6 +35,17 @@ fn engine(model: Box<dyn Model>) -> SchedulerHandle {
         },
         ..Default::default()
     };
+    match drafter {
+        Drafter::DSpark => {
+            let dir = tempfile::tempdir().unwrap();
+            DSparkSynth::for_target(model.info(), 5)
+                .write(dir.path())
+                .unwrap();
+            let head = deltafin_engine::spec::dspark::DSpark::load(dir.path()).unwrap();
+            drafts.dspark = Some(Arc::new(head));
+        }
+        Drafter::Mtp(m) => drafts.mtp = Some(m.clone()),
+    }
     let cfg = SchedulerConfig {
         max_batch: 3,
         prefill_chunk: 5,
@@ -99,7 +112,7 @@ fn run_all(h: &SchedulerHandle, reqs: &[GenRequest]) -> Vec<Vec<u32>> {
 fn served_agrees<D>(
     dev: &'static D,
     load: impl Fn() -> Box<dyn Model>,
-    what: &str,
+    (what, drafter): (&str, &Drafter),
     (batch, tokens): (usize, usize),
 ) where
     D: DeviceOps + Send + Sync,
@@ -107,11 +120,11 @@ fn served_agrees<D>(
 {
     let vocab = load().info().vocab_size.min(200);
     let reqs: Vec<GenRequest> = (0..batch).chain([3]).map(|i| request(i, vocab, tokens)).collect();
-    let cpu = engine(load());
+    let cpu = engine(load(), drafter);
     let want = run_all(&cpu, &reqs[..batch]);
     let want_reused = run_all(&cpu, &reqs[batch..]);
     let served = DeviceModel::new(load(), dev, (batch + 1, 48)).unwrap();
-    let device = engine(Box::new(served));
+    let device = engine(Box::new(served), drafter);
     compare(&device, &reqs, (want, want_reused), what);
 }
 
@@ -148,27 +161,96 @@ where
 {
     let dir = tempfile::tempdir().unwrap();
     DeepseekSynth::tiny(ExpertFormat::Fp8).write(dir.path()).unwrap();
-    served_agrees(dev, || arch::load(dir.path()).unwrap(), "deepseek-v3", (3, 8));
+    served_agrees(
+        dev,
+        || arch::load(dir.path()).unwrap(),
+        ("deepseek-v3", &Drafter::DSpark),
+        (3, 8),
+    );
     served_out_of_core(dev);
     // Split: the first layer on the device, the rest on the CPU against the host states.
     let split = |m| Box::new(DeviceModel::split(m, dev, (3, 48), 1).unwrap()) as Box<dyn Model>;
-    served_split(|| arch::load(dir.path()).unwrap(), split, "deepseek-v3 split");
+    served_split(
+        || arch::load(dir.path()).unwrap(),
+        split,
+        ("deepseek-v3 split", &Drafter::DSpark),
+    );
     let k3 = super::fixture("k3");
-    served_split(|| arch::load(&k3).unwrap(), split, "k3 split");
+    served_split(|| arch::load(&k3).unwrap(), split, ("k3 split", &Drafter::DSpark));
     // DeepSeek Sparse Attention: V3.2 and GLM-5 (whose shared layers reuse the last full
     // layer's choice, past a split too), contexts past the indexer's top-k.
     for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
         let path = super::fixture(name);
         sparse_passes_agree(dev, || arch::load(&path).unwrap(), name);
-        served_agrees(dev, || arch::load(&path).unwrap(), name, (2, 8));
+        served_agrees(
+            dev,
+            || arch::load(&path).unwrap(),
+            (name, &Drafter::DSpark),
+            (2, 8),
+        );
     }
     let glm5 = super::fixture("glm5-dsa-fp8");
-    served_split(|| arch::load(&glm5).unwrap(), split, "glm-5 split");
+    served_split(
+        || arch::load(&glm5).unwrap(),
+        split,
+        ("glm-5 split", &Drafter::DSpark),
+    );
     // Fewer and shorter requests where the emulator is slow (larger fixtures).
     for (name, shape) in [("gpt-oss", (3, 8)), ("kimi-linear", (2, 5)), ("k3", (2, 4))] {
         let path = super::fixture(name);
-        served_agrees(dev, || arch::load(&path).unwrap(), name, shape);
+        served_agrees(
+            dev,
+            || arch::load(&path).unwrap(),
+            (name, &Drafter::DSpark),
+            shape,
+        );
     }
+}
+
+/// DeepSeek-V4 served on `dev`: hyper-connection streams; sliding, compressed sparse and
+/// heavily compressed attention (projections on the device, the windows, pooled entries,
+/// indexer and attention on the host states); hash-routed and sqrt-softplus layers.
+/// * The HF fixture's logits bit for bit over two sequences (50 prompt tokens: 12 closed
+///   entries, of which the indexer keeps 3).
+/// * A synthetic V4 with its MTP block (which drafts; the block runs on the host): requests with
+///   drafts and a reused state, and a split after layer 1 (the streams carried to the host).
+pub fn served_v4_matches_the_cpu<D>(dev: &'static D)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    let v4 = super::fixture("dsv4-flash");
+    sparse_passes_agree(dev, || arch::load(&v4).unwrap(), "deepseek-v4");
+    let dir = tempfile::tempdir().unwrap();
+    DeepseekV4Synth {
+        hidden: 64,
+        heads: 4,
+        head_dim: 32,
+        rope: 16,
+        q_lora: 32,
+        o_groups: 2,
+        o_rank: 16,
+        window: 8,
+        index_heads: 2,
+        index_head_dim: 16,
+        index_topk: 2,
+        ratios: (4, 8),
+        experts: 8,
+        moe_intermediate: 32,
+        ..DeepseekV4Synth::flash(4)
+    }
+    .write(dir.path())
+    .unwrap();
+    let load = || arch::load(dir.path()).unwrap();
+    let mtp = Mtp::new(
+        arch::load_mtp(dir.path())
+            .unwrap()
+            .expect("the synth writes mtp.0.*"),
+    );
+    let drafter = Drafter::Mtp(Arc::new(mtp));
+    served_agrees(dev, load, ("deepseek-v4", &drafter), (2, 6));
+    let split = |m| Box::new(DeviceModel::split(m, dev, (3, 48), 1).unwrap()) as Box<dyn Model>;
+    served_split(load, split, ("deepseek-v4 split", &drafter));
 }
 
 /// DeepSeek-V3 (6 layers, FP8 experts) out of core under a budget of two streamed layers and
@@ -186,7 +268,7 @@ where
         runtimes.lock().unwrap().push(rt);
         model
     };
-    served_agrees(dev, load, "deepseek-v3 out of core", (2, 5));
+    served_agrees(dev, load, ("deepseek-v3 out of core", &Drafter::DSpark), (2, 5));
     let runtimes = runtimes.into_inner().unwrap();
     let experts = runtimes.last().unwrap().stats().experts;
     assert!(
@@ -200,20 +282,20 @@ where
 fn served_split(
     load: impl Fn() -> Box<dyn Model>,
     place: impl Fn(Box<dyn Model>) -> Box<dyn Model>,
-    what: &str,
+    (what, drafter): (&str, &Drafter),
 ) {
     let vocab = load().info().vocab_size.min(200);
     let reqs: Vec<GenRequest> = [0, 1, 3].into_iter().map(|i| request(i, vocab, 4)).collect();
-    let cpu = engine(load());
+    let cpu = engine(load(), drafter);
     let want = (run_all(&cpu, &reqs[..2]), run_all(&cpu, &reqs[2..]));
-    compare(&engine(place(load())), &reqs, want, what);
+    compare(&engine(place(load()), drafter), &reqs, want, what);
 }
 
-/// A DSA model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 50 and
-/// 14 prompt tokens in one pass (every row's logits), then a decode step of both. The indexer
-/// keeps 10-12 positions, so most rows attend a chosen subset (a device that attended every
-/// position would differ), and the pass's 40-odd sparse rows are scored in two launches of
-/// `dsa::ROW_GROUP` rows.
+/// A sparse model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 50
+/// and 14 prompt tokens in one pass (every row's logits), then a decode step of both. With DSA
+/// the indexer keeps 10-12 positions, so most rows attend a chosen subset (a device that
+/// attended every position would differ), and the pass's 40-odd sparse rows are scored in two
+/// launches of `dsa::ROW_GROUP` rows.
 fn sparse_passes_agree<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
 where
     D: DeviceOps + Send + Sync,

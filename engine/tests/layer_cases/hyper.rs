@@ -23,7 +23,13 @@ fn site(s: usize, h: usize, seed: u64) -> HyperSite {
 }
 
 /// The mixes of `rows` rows through `proj` (`m` rows), on the runner.
-fn mixes(run: Runner, streams: &[f32], proj: &[f32], (rows, width, m): (usize, usize, usize), eps: f32) -> Vec<u8> {
+fn mixes(
+    run: Runner,
+    streams: &[f32],
+    proj: &[f32],
+    (rows, width, m): (usize, usize, usize),
+    eps: f32,
+) -> Vec<u8> {
     let bufs = [bytes_of(streams), bytes_of(proj), vec![0; 4 * rows * m]];
     let out = run_on(run, &abi::hyper_mixes(rows, width, m, eps), &bufs);
     out[2].clone()
@@ -38,16 +44,35 @@ pub fn hyper_connections(run: Runner) {
         let mx = mixes(run, &streams, &site.proj, (rows, s * h, m), site.norm_eps);
         let consts = [&site.base[..], &site.scale[..]].concat();
         let l = abi::hyper_weights(rows, (s, h), (site.iters, false), site.hc_eps).unwrap();
-        let bufs = [mx, bytes_of(&consts), bytes_of(&streams), vec![0; 4 * rows * m], vec![0; 4 * rows * h]];
+        let bufs = [
+            mx,
+            bytes_of(&consts),
+            bytes_of(&streams),
+            vec![0; 4 * rows * m],
+            vec![0; 4 * rows * h],
+        ];
         let out = run_on(run, &l, &bufs);
-        assert_same(&want_w, &floats(&out[3]), &format!("hyper site weights, {s} streams"));
-        assert_same(&want_u, &floats(&out[4]), &format!("hyper site collapse, {s} streams"));
+        assert_same(
+            &want_w,
+            &floats(&out[3]),
+            &format!("hyper site weights, {s} streams"),
+        );
+        assert_same(
+            &want_u,
+            &floats(&out[4]),
+            &format!("hyper site collapse, {s} streams"),
+        );
         // The expand of a sub-layer's output.
         let y = uniform(rows * h, 96, 1.0);
         let mut want = streams.clone();
         hyper::expand_rows(&want_w, &y, &mut want, (s, h));
         let l = abi::hyper_expand(rows, s, h).unwrap();
-        let bufs = [bytes_of(&want_w), bytes_of(&y), bytes_of(&streams), vec![0; 4 * rows * s * h]];
+        let bufs = [
+            bytes_of(&want_w),
+            bytes_of(&y),
+            bytes_of(&streams),
+            vec![0; 4 * rows * s * h],
+        ];
         let out = run_on(run, &l, &bufs);
         assert_same(&want, &floats(&out[3]), &format!("hyper expand, {s} streams"));
         // The head.
@@ -63,9 +88,19 @@ pub fn hyper_connections(run: Runner) {
         let l = abi::hyper_weights(rows, (s, h), (0, true), head.hc_eps).unwrap();
         // (The head's weights need no buffer; the device path passes none. A GPU buffer of
         // zero bytes is one byte, so the case gives it room.)
-        let bufs = [mx, bytes_of(&consts), bytes_of(&streams), vec![0; 4 * rows * s], vec![0; 4 * rows * h]];
+        let bufs = [
+            mx,
+            bytes_of(&consts),
+            bytes_of(&streams),
+            vec![0; 4 * rows * s],
+            vec![0; 4 * rows * h],
+        ];
         let out = run_on(run, &l, &bufs);
-        assert_same(&head.rows(&streams, (rows, h)), &floats(&out[4]), &format!("hyper head, {s} streams"));
+        assert_same(
+            &head.rows(&streams, (rows, h)),
+            &floats(&out[4]),
+            &format!("hyper head, {s} streams"),
+        );
     }
     assert!(abi::hyper_expand(1, abi::HYPER_MAX_STREAMS + 1, 8).is_err());
 }

@@ -125,7 +125,9 @@ impl<B> LayerConsts<B> {
     /// `layer`'s constants uploaded to `dev`.
     pub(super) fn upload<D: DeviceOps<Buf = B>>(dev: &D, layer: &Layer) -> Result<Self> {
         let res = match &layer.res {
-            Some(super::Sites::AttnRes([a, m])) => Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?]),
+            Some(super::Sites::AttnRes([a, m])) => {
+                Some([dev.upload_f32(&a.query)?, dev.upload_f32(&m.query)?])
+            }
             Some(super::Sites::Hyper([a, m])) => Some([dev.upload_f32(&a.proj)?, dev.upload_f32(&m.proj)?]),
             None => None,
         };

@@ -50,7 +50,8 @@ use super::layers::mlp::Mlp;
 use super::layers::moe::Moe;
 use super::layers::ops::Host;
 use super::{
-    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, foreign_state, kda_caches, mla_caches,
+    Loader, Model, ModelInfo, RowPlan, SeqInput, StateSize, Trace, compressed_caches, foreign_state,
+    kda_caches, mla_caches,
 };
 use crate::cache::store::{ExpertBuilder, LookaheadLayer};
 use crate::cache::{ExpertStore, LayerStore, OocOptions, OocParts, OocRuntime, load_resident, source};
@@ -483,14 +484,7 @@ pub(super) fn run_mixer(
             kda.forward(xn, n, &mut rows)
         }
         Mixer::Compressed(attn) => {
-            let mut caches: Vec<&mut CompressedCache> = batch
-                .iter_mut()
-                .map(|b| {
-                    b.state.layers[l]
-                        .compressed_mut()
-                        .expect("state checked: compressed layer")
-                })
-                .collect();
+            let mut caches = compressed_caches(batch, l);
             let mut rows = CompressedRows {
                 caches: &mut caches,
                 seq: &plan.seq,

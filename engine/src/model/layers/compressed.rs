@@ -23,8 +23,8 @@
 
 use rayon::prelude::*;
 
-use super::rope::Rope;
 use super::ops::{Host, Ops};
+use super::rope::Rope;
 use crate::backend::WeightClass;
 use crate::error::Result;
 use crate::kernels::Matrix;
@@ -217,6 +217,26 @@ pub struct CompressedProjected<B> {
     pub index: Option<IndexProjected<B>>,
 }
 
+impl<B> CompressedProjected<B> {
+    /// Every buffer through `f` (e.g. a device's down to the host).
+    pub fn map<C>(self, mut f: impl FnMut(B) -> Result<C>) -> Result<CompressedProjected<C>> {
+        let index = match self.index {
+            Some(ix) => Some(IndexProjected {
+                q: f(ix.q)?,
+                weights: f(ix.weights)?,
+                inputs: f(ix.inputs)?,
+            }),
+            None => None,
+        };
+        Ok(CompressedProjected {
+            q: f(self.q)?,
+            kv: f(self.kv)?,
+            inputs: self.inputs.map(&mut f).transpose()?,
+            index,
+        })
+    }
+}
+
 /// The lightning indexer's projections of a pass: its queries (before RoPE), head weights
 /// (before scaling) and its compressor's inputs.
 #[derive(Debug)]
@@ -336,7 +356,12 @@ impl CompressedAttention {
     /// The host part of a pass over `n` projected rows: the query heads' norm and RoPE, the
     /// keys' RoPE, the rows appended to their caches (entries pooled as windows close), the
     /// indexer's choice and the attention; the heads' outputs `[n, heads·head_dim]`.
-    pub fn core(&self, p: CompressedProjected<Vec<f32>>, n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
+    pub fn core(
+        &self,
+        p: CompressedProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut CompressedRows<'_, '_>,
+    ) -> Vec<f32> {
         let d = self.dims;
         let hd = d.head_dim;
         let (mut q, mut kv) = (p.q, p.kv);
@@ -350,7 +375,10 @@ impl CompressedAttention {
             rotate(&mut kv[r * hd..(r + 1) * hd], &f, false);
         }
         let (index_inputs, index_q) = match p.index {
-            Some(ix) => (Some(ix.inputs), Some(self.index_queries(ix.q, ix.weights, rows.pos))),
+            Some(ix) => (
+                Some(ix.inputs),
+                Some(self.index_queries(ix.q, ix.weights, rows.pos)),
+            ),
             None => (None, None),
         };
         self.append(n, &kv, (p.inputs, index_inputs), rows);

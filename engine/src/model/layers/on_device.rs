@@ -8,8 +8,8 @@
 
 use std::borrow::Cow;
 
-use super::mlp::{Activation, Mlp};
 use super::hyper::{HyperHead, HyperSite};
+use super::mlp::{Activation, Mlp};
 use super::moe::{ExpertProvider, Moe};
 use super::ops::{Cols, Ops, Routes};
 use super::rope::Rope;
@@ -209,7 +209,13 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         let consts = dev.upload_f32(&[&site.base[..], &site.scale[..]].concat())?;
         let (weights, out) = (dev.zeros_f32(n * m)?, dev.zeros_f32(n * h)?);
         let l = abi::hyper_weights(n, (site.streams, h), (site.iters, false), site.hc_eps)?;
-        let bufs = [Some(&mixes), Some(&consts), Some(streams), Some(&weights), Some(&out)];
+        let bufs = [
+            Some(&mixes),
+            Some(&consts),
+            Some(streams),
+            Some(&weights),
+            Some(&out),
+        ];
         dev.layer(&l, &bufs)?;
         Ok([weights, out])
     }
@@ -242,7 +248,10 @@ impl<D: DeviceOps> Ops for OnDevice<'_, D> {
         let consts = dev.upload_f32(&[&head.base[..], &[head.scale]].concat())?;
         let out = dev.zeros_f32(n * h)?;
         let l = abi::hyper_weights(n, (s, h), (0, true), head.hc_eps)?;
-        dev.layer(&l, &[Some(&mixes), Some(&consts), Some(streams), None, Some(&out)])?;
+        dev.layer(
+            &l,
+            &[Some(&mixes), Some(&consts), Some(streams), None, Some(&out)],
+        )?;
         Ok(out)
     }
 

@@ -265,17 +265,33 @@ impl Ops for Host {
         Ok(out)
     }
 
-    fn hyper_site(&self, (site, _): (&HyperSite, &Vec<f32>), x: &Vec<f32>, rows: (usize, usize)) -> Result<[Vec<f32>; 2]> {
+    fn hyper_site(
+        &self,
+        (site, _): (&HyperSite, &Vec<f32>),
+        x: &Vec<f32>,
+        rows: (usize, usize),
+    ) -> Result<[Vec<f32>; 2]> {
         let (w, u) = hyper::site_rows(site, x, rows);
         Ok([w, u])
     }
 
-    fn hyper_expand(&self, w: &Vec<f32>, y: &Vec<f32>, mut x: Vec<f32>, (_, s, h): (usize, usize, usize)) -> Result<Vec<f32>> {
+    fn hyper_expand(
+        &self,
+        w: &Vec<f32>,
+        y: &Vec<f32>,
+        mut x: Vec<f32>,
+        (_, s, h): (usize, usize, usize),
+    ) -> Result<Vec<f32>> {
         hyper::expand_rows(w, y, &mut x, (s, h));
         Ok(x)
     }
 
-    fn hyper_head(&self, (head, _): (&HyperHead, &Vec<f32>), x: &Vec<f32>, rows: (usize, usize)) -> Result<Vec<f32>> {
+    fn hyper_head(
+        &self,
+        (head, _): (&HyperHead, &Vec<f32>),
+        x: &Vec<f32>,
+        rows: (usize, usize),
+    ) -> Result<Vec<f32>> {
         Ok(head.rows(x, rows))
     }
 

@@ -22,16 +22,17 @@
 
 use std::sync::Mutex;
 
+use super::super::layers::compressed::CompressedRows;
 use super::super::layers::device::{self, CacheRows, DeviceMla, IndexPool, OnDevice};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Host;
 use super::super::layers::ops::Ops;
-use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, kda_caches, mla_caches};
+use super::super::{Model, ModelInfo, RowPlan, SeqInput, Trace, compressed_caches, kda_caches, mla_caches};
 use super::device::{LayerConsts, upload_output_query};
 use super::stack::{self, Span, Stack, Stream};
-use super::{Decoder, HostStack, Layer, Mixer, Residual, missing_res, row_tokens, settle};
+use super::{Decoder, HostStack, Layer, Mixer, missing_res, row_tokens, settle};
 use crate::backend::device::DeviceOps;
 use crate::cache::ExpertPass;
 use crate::error::{Error, Result};
@@ -76,6 +77,9 @@ enum ServedMixer<B> {
     Mla(DeviceMla<B>, [B; 2], Option<B>),
     /// KDA or gated DeltaNet: projections on the device, the core on the host state.
     Recurrent,
+    /// DeepSeek-V4's attention: projections on the device, windows, compressed entries, the
+    /// indexer's choice and the attention on the host state.
+    Compressed,
 }
 
 /// The typed refusal of a model this path does not serve.
@@ -88,7 +92,7 @@ fn refused(arch: &str, what: &str) -> Error {
 
 impl<B> ServedMixer<B> {
     /// `mixer`'s constants and an empty pool of `rows` cache rows.
-    fn new<D: DeviceOps<Buf = B>>(arch: &str, dev: &D, mixer: &Mixer, rows: usize) -> Result<Self> {
+    fn new<D: DeviceOps<Buf = B>>(dev: &D, mixer: &Mixer, rows: usize) -> Result<Self> {
         Ok(match mixer {
             Mixer::Attention(g) => {
                 let kw = g.dims().kv_heads * g.dims().head_dim;
@@ -104,7 +108,7 @@ impl<B> ServedMixer<B> {
                 ServedMixer::Mla(DeviceMla::new(dev, m)?, pool, index)
             }
             Mixer::Kda(_) | Mixer::DeltaNet(_) => ServedMixer::Recurrent,
-            Mixer::Compressed(_) => return Err(refused(arch, "compressed sparse attention")),
+            Mixer::Compressed(_) => ServedMixer::Compressed,
         })
     }
 }
@@ -113,19 +117,10 @@ impl<D: DeviceOps> DeviceModel<D> {
     /// Whether `model` has a served device path (a typed refusal saying why not).
     pub fn supports(model: &dyn Model) -> Result<()> {
         let arch = model.info().arch;
-        let m = model
-            .as_any()
-            .downcast_ref::<Decoder>()
-            .ok_or_else(|| refused(arch, "this architecture"))?;
-        if matches!(m.plan.residual, Residual::Hyper { .. }) {
-            return Err(refused(arch, "the hyper-connection residual"));
+        match model.as_any().downcast_ref::<Decoder>() {
+            Some(_) => Ok(()),
+            None => Err(refused(arch, "this architecture")),
         }
-        for l in 0..m.layers.len() {
-            if let Mixer::Compressed(_) = &m.layers.get(l)?.mixer {
-                return Err(refused(arch, "compressed sparse attention"));
-            }
-        }
-        Ok(())
     }
 
     /// `model` served on `dev` with `slots` cache slots of `capacity` positions each (the
@@ -156,7 +151,7 @@ impl<D: DeviceOps> DeviceModel<D> {
             let layer = m.layers.get(l)?;
             layers.push(ServedLayer {
                 consts: LayerConsts::upload(&dev, &layer)?,
-                mixer: ServedMixer::new(m.info.arch, &dev, &layer.mixer, slots * capacity)?,
+                mixer: ServedMixer::new(&dev, &layer.mixer, slots * capacity)?,
             });
         }
         let output_res = upload_output_query(&dev, m)?;
@@ -439,6 +434,16 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             }
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
+            (Mixer::Compressed(c), ServedMixer::Compressed) => c.run(o, xn, n, |p| {
+                let p = p.map(|b| dev.download_f32(&b))?;
+                let mut caches = compressed_caches(batch, l);
+                let rows = &mut CompressedRows {
+                    caches: &mut caches,
+                    seq: &plan.seq,
+                    pos: &plan.pos,
+                };
+                Ok(c.core(p, n, rows))
+            }),
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device model was built on".into(),
