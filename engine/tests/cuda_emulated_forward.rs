@@ -37,7 +37,7 @@ fn every_ffn_form_on_the_device_gives_the_cpu_bits() {
 }
 
 #[test]
-fn whole_passes_of_the_gqa_and_dsa_families_on_the_device_give_the_cpu_logits() {
+fn whole_passes_of_the_gqa_dsa_and_v4_families_on_the_device_give_the_cpu_logits() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-forward-gqa") else {
         return;
     };

@@ -56,7 +56,7 @@ pub fn device_sequence<'m, D: DeviceOps>(
     Err(Error::InvalidArgument {
         field: "device",
         reason: format!(
-            "{} has no whole-pass device path (stacks of grouped-query attention, MLA and KDA layers — Qwen3, Qwen3-MoE, GLM-4.5, MiniMax-M2, DeepSeek-V3, Kimi-K2, Kimi-Linear — and Kimi K3 do)",
+            "{} has no whole-pass device path (the shared decoder's families do)",
             model.info().arch
         ),
     })

@@ -242,11 +242,15 @@ pub fn gqa_families_match_the_cpu<D: DeviceOps>(dev: &D) {
     }
 }
 
-/// The DSA fixtures (DeepSeek-V3.2, and GLM-5 whose shared layers reuse the last full layer's
-/// choice) in a one-sequence session: a 20-token prefill, past the indexer's top-k (10, 12), and
-/// two decode steps; the index scores and the attention over the chosen positions on the device.
+/// The sparse fixtures in a one-sequence session: a 20-token prefill and two decode steps.
+/// * DSA (DeepSeek-V3.2, and GLM-5 whose shared layers reuse the last full layer's choice): past
+///   the indexer's top-k (10, 12); the index scores and the attention over the chosen positions
+///   on the device.
+/// * DeepSeek-V4 (hyper-connections on the device; sliding, compressed sparse and heavily
+///   compressed attention projecting on the device): past the window of 8 and 5 closed entries
+///   of 4 positions, of which the indexer keeps 3.
 pub fn dsa_sessions_match_the_cpu<D: DeviceOps>(dev: &D) {
-    for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
+    for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8", "dsv4-flash"] {
         let model = deltafin_engine::arch::load(&fixture(name)).unwrap();
         let vocab = model.info().vocab_size as u32;
         let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();

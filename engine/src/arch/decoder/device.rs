@@ -1,13 +1,14 @@
-//! Whole passes of the shared decoder on a device, for stacks of grouped-query attention, MLA
-//! (DSA included), KDA and gated DeltaNet layers (DeepSeek-V3/V3.2, Kimi-K2, Kimi-Linear, GLM-5):
-//! activations, latent caches and recurrent states stay on the device; tokens go in, the last
-//! row's logits come out (`model::layers::device`). A DSA layer's index scores and attention run
-//! on the device, its keys, queries and top-k on the host (`layers::device::choose_dsa`). Out of
-//! core, routed experts come from the expert store (host cache, then disk) and are uploaded
-//! through the device's expert tier. Stacks with other mixers are refused with a typed error
-//! (their matrix products still run on the device through `backend::matmul`).
+//! Whole passes of the shared decoder on a device, for every layer kind: grouped-query
+//! attention, MLA (DSA included), KDA, gated DeltaNet and DeepSeek-V4's attention, under the
+//! plain residual, Block Attention Residuals or hyper-connections. Activations, latent caches
+//! and recurrent states stay on the device; tokens go in, the last row's logits come out
+//! (`model::layers::device`). A DSA layer's index scores and attention run on the device, its
+//! keys, queries and top-k on the host (`layers::device::choose_dsa`). A DeepSeek-V4 attention
+//! layer projects on the device and keeps its cache and core (windows, pooled entries, indexer,
+//! attention) on the host. Out of core, routed experts come from the expert store (host cache,
+//! then disk) and are uploaded through the device's expert tier.
 
-use super::super::Model;
+use super::super::layers::compressed::CompressedRows;
 use super::super::layers::device::{
     self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, IndexPool, OnDevice,
 };
@@ -18,7 +19,7 @@ use super::stack::{self, Stack};
 use super::{Decoder, Layer, Mixer, missing_res};
 use crate::backend::device::DeviceOps;
 use crate::error::{Error, Result};
-use crate::state::MlaCache;
+use crate::state::{CompressedCache, MlaCache};
 
 /// One layer's mixer on the device: its constants and the sequence's state.
 enum DeviceMixer<B> {
@@ -28,12 +29,13 @@ enum DeviceMixer<B> {
     Mla(DeviceMla<B>, DeviceCache<B>, Option<(B, MlaCache)>),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
+    /// DeepSeek-V4's attention: projections on the device, its cache and core on the host.
+    Compressed(CompressedCache),
 }
 
 impl<B> DeviceMixer<B> {
-    /// Upload `mixer`'s constants and make a fresh state of up to `capacity` positions; the
-    /// typed refusal of a mixer this path does not run.
-    fn new<D: DeviceOps<Buf = B>>(model: &Decoder, dev: &D, mixer: &Mixer, capacity: usize) -> Result<Self> {
+    /// Upload `mixer`'s constants and make a fresh state of up to `capacity` positions.
+    fn new<D: DeviceOps<Buf = B>>(dev: &D, mixer: &Mixer, capacity: usize) -> Result<Self> {
         Ok(match mixer {
             Mixer::Mla(m) => {
                 let cache = DeviceCache::new(dev, [m.dims.kv_lora, m.dims.rope], capacity)?;
@@ -54,14 +56,8 @@ impl<B> DeviceMixer<B> {
                 let kw = g.dims().kv_heads * g.dims().head_dim;
                 DeviceMixer::Attention(DeviceCache::new(dev, [kw, kw], capacity)?)
             }
-            Mixer::Compressed(_) => {
-                return Err(Error::InvalidArgument {
-                    field: "device",
-                    reason: format!(
-                        "{} has no whole-pass device path (stacks of grouped-query attention, MLA, KDA and gated DeltaNet layers do)",
-                        model.info().arch
-                    ),
-                });
+            Mixer::Compressed(c) => {
+                DeviceMixer::Compressed(CompressedCache::new(c.kind.ratio(), c.dims.window))
             }
         })
     }
@@ -105,6 +101,19 @@ impl<B> DeviceMixer<B> {
             }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
+            (Mixer::Compressed(c), DeviceMixer::Compressed(cache)) => {
+                let first = cache.kv.len();
+                let pos: Vec<usize> = (first..first + n).collect();
+                c.run(&OnDevice(dev), x, n, |p| {
+                    let p = p.map(|b| dev.download_f32(&b))?;
+                    let rows = &mut CompressedRows {
+                        caches: &mut [cache],
+                        seq: &vec![0; n],
+                        pos: &pos,
+                    };
+                    Ok(c.core(p, n, rows))
+                })
+            }
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device session was opened on".into(),
@@ -228,7 +237,7 @@ impl Decoder {
             let layer = self.layers.get(l)?;
             layers.push(DeviceLayer {
                 consts: LayerConsts::upload(dev, &layer)?,
-                mixer: DeviceMixer::new(self, dev, &layer.mixer, capacity)?,
+                mixer: DeviceMixer::new(dev, &layer.mixer, capacity)?,
             });
         }
         Ok(DeviceSession {

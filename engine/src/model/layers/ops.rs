@@ -1,12 +1,14 @@
 //! The operations layers are written against, once for every device ([`Ops`]): matrix products
 //! over the stored formats, RMSNorm, residual and bias adds, the gated activations, sigmoid row
-//! gates, DeepSeek-V4's hyper-connection sites, routing and the routed experts' dispatch. A layer written as a sequence of these runs
-//! on the CPU ([`Host`]: buffers are `Vec<f32>`, each operation today's CPU kernel) and on a
-//! device (`on_device::OnDevice`: buffers stay in device memory, each operation a kernel of
-//! `backend/cuda/layers.cu` whose bits equal the CPU kernel's), so the two cannot drift: the
-//! gated MLP, the routed MoE and the projections, norms, RoPE and gates of GQA, MLA, KDA and
-//! gated DeltaNet exist once (`Mlp::run`, `Moe::run`, `Gqa::run`, `Mla::run`, `Kda::run`,
-//! `GatedDeltaNet::run`), as do the decoder's layer loops over them (`arch/decoder/stack.rs`).
+//! gates, DeepSeek-V4's hyper-connection sites, routing and the routed experts' dispatch. A
+//! layer written as a sequence of these runs on the CPU ([`Host`]: buffers are `Vec<f32>`, each
+//! operation today's CPU kernel) and on a device (`on_device::OnDevice`: buffers stay in device
+//! memory, each operation a kernel of `backend/cuda/layers.cu` whose bits equal the CPU
+//! kernel's), so the two cannot drift: the gated MLP, the routed MoE and the projections, norms,
+//! RoPE and gates of GQA, MLA, KDA, gated DeltaNet and DeepSeek-V4's attention exist once
+//! (`Mlp::run`, `Moe::run`, `Gqa::run`, `Mla::run`, `Kda::run`, `GatedDeltaNet::run`,
+//! `CompressedAttention::run`), as do the decoder's layer loops over them
+//! (`arch/decoder/stack.rs`).
 //!
 //! What stays per device is only what the hardware schedules differently: how the chosen
 //! experts are dispatched ([`Ops::routed`]: the CPU runs them in parallel as the expert store
