@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 23] = [
+pub const LAYER_KERNELS: [&str; 24] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -109,6 +109,7 @@ pub const LAYER_KERNELS: [&str; 23] = [
     "deltafin_attn_res",
     "deltafin_gqa_attend",
     "deltafin_dsa_scores",
+    "deltafin_dsa_topk",
     "deltafin_hyper_mixes",
     "deltafin_hyper_weights",
     "deltafin_hyper_expand",
@@ -312,6 +313,17 @@ pub fn mla_partials(
     l.int[4] = blocks as i32;
     l.grid[2] = blocks.max(1) as u32;
     Ok(l)
+}
+
+/// Threads per block of [`dsa_topk`] (`DF_TOPK_THREADS`).
+const TOPK_THREADS: u32 = 256;
+
+/// DeepSeek Sparse Attention's top-k (`deltafin_dsa_topk`) of `rows` rows of scores (buffers:
+/// scores `[rows, stride]`, rows `[rows, 2]` (i32: first key position, keys scored), out
+/// `[rows, k]` (i32 positions ascending, -1 past a row's count)).
+pub fn dsa_topk(rows: usize, stride: usize, k: usize) -> LayerLaunch {
+    let ints = [rows as i32, stride as i32, k as i32];
+    launch("deltafin_dsa_topk", rows, [TOPK_THREADS, 1, 1], &ints, &[])
 }
 
 /// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) of `rows` rows with

@@ -72,6 +72,13 @@ static inline int emu_tid() {
 
 static inline void __syncthreads() { emu_barrier(); }
 
+// Fibers switch only at barriers, so a plain read-modify-write is atomic here.
+static inline int atomicAdd(int* a, int v) {
+    const int old = *a;
+    *a = old + v;
+    return old;
+}
+
 static inline float __shfl_down_sync(unsigned, float v, int delta, int width) {
     const int tid = emu_tid();
     emu_slots[tid] = v;

@@ -421,6 +421,57 @@ pub fn dsa_scores(run: Runner) {
     assert_same(&want, &floats(&out[4]), "dsa index scores");
 }
 
+/// DeepSeek Sparse Attention's top-k (`deltafin_dsa_topk`) against `dsa::top_positions`: scores
+/// with many ties at the boundary (a few distinct values), +0 and -0, infinities and a NaN, rows
+/// shorter than, equal to and far longer than k (past the 256 threads' shares), and k over a
+/// row's one-thread share.
+pub fn dsa_topk(run: Runner) {
+    use deltafin_engine::model::layers::dsa::top_positions;
+    let stride = 3000;
+    let mut rng = Rng(91);
+    let mut scores: Vec<f32> = (0..6 * stride)
+        .map(|_| ((rng.unit() * 4.0).round() - 1.0) * 0.5)
+        .collect();
+    let row = |r: usize| r * stride;
+    scores[row(1) + 3] = f32::INFINITY;
+    scores[row(1) + 9] = -0.0;
+    scores[row(1) + 11] = f32::NEG_INFINITY;
+    scores[row(1) + 40] = f32::NAN;
+    scores[row(2)..row(2) + 20].fill(0.0);
+    scores[row(2) + 7] = -0.0;
+    // (keys scored, k)
+    for k in [1usize, 10, 37, 300] {
+        let rows = [
+            (3000, k),
+            (2999, k),
+            (20, k),
+            (k, k),
+            (k.saturating_sub(1), k),
+            (1000, k),
+        ];
+        let info: Vec<u8> = rows
+            .iter()
+            .flat_map(|&(len, _)| [0i32, len as i32])
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let bufs = [bytes_of(&scores), info, vec![0; 4 * rows.len() * k]];
+        let out = run_on(run, &abi::dsa_topk(rows.len(), stride, k), &bufs);
+        let got: Vec<i32> = out[2]
+            .chunks(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (r, &(len, _)) in rows.iter().enumerate() {
+            let want = top_positions(&scores[row(r)..][..len], k);
+            let row_got: Vec<u32> = got[r * k..][..k]
+                .iter()
+                .take_while(|&&v| v >= 0)
+                .map(|&v| v as u32)
+                .collect();
+            assert_eq!(row_got, want, "dsa top-{k} of row {r} ({len} scores)");
+        }
+    }
+}
+
 /// The KDA kernels against `kda`'s row functions, chained as a pass runs them: convolution +
 /// SiLU over two interleaved sequences (histories advanced), the q/k L2 norms (both formulas),
 /// log-decay (both kinds) and β, the delta rule with read-out (states advanced), and the gated

@@ -757,6 +757,92 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_dsa_scores(Lay
     ((float*)p.buf[4])[(u64)row * stride + j] = total;
 }
 
+// DeepSeek Sparse Attention's top-k (dsa.rs::top_positions): per row, the k positions of highest
+// score under IEEE total order, equal scores to the earlier position, in ascending order; every
+// position when there are at most k. One block per row. The k-th largest score's total-order key
+// comes from a radix select (four passes of 8 bits, each a histogram of the keys that match the
+// bits found so far); then every position above it and the first `need` equal to it (in position
+// order) are written in order: each thread counts its contiguous share, one thread lays out the
+// offsets and the ties' quota, and each thread writes its share. Counting is order-free, so the
+// result is the CPU's set in the CPU's order. Buffers: scores [rows, stride], rows [rows, 2]
+// (i32: first key position, keys scored), out [rows, k] (i32, -1 past the row's count); i rows,
+// stride, k. Block (DF_TOPK_THREADS).
+#define DF_TOPK_THREADS 256
+
+// The IEEE total order of f32 as an unsigned order (f32::total_cmp).
+__device__ __forceinline__ u32 df_total_order(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b >> 31) ? ~b : (b | 0x80000000u);
+}
+
+extern "C" __global__ void __launch_bounds__(DF_TOPK_THREADS) deltafin_dsa_topk(LayerParams p) {
+    const int rows = p.i[0], stride = p.i[1], k = p.i[2];
+    const int r = blockIdx.x, t = threadIdx.x, threads = blockDim.x;
+    __shared__ int hist[256];
+    __shared__ u32 found;
+    __shared__ int left;
+    __shared__ int gt[DF_TOPK_THREADS], eq[DF_TOPK_THREADS], base[DF_TOPK_THREADS], take[DF_TOPK_THREADS];
+    if (r >= rows || threads > DF_TOPK_THREADS) return;
+    const int len = ((const int*)p.buf[1])[2 * r + 1];
+    const float* s = (const float*)p.buf[0] + (u64)r * (u64)stride;
+    int* out = (int*)p.buf[2] + (u64)r * (u64)k;
+    if (len <= k) {
+        for (int i = t; i < k; i += threads) out[i] = i < len ? i : -1;
+        return;
+    }
+    u32 prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = t; b < 256; b += threads) hist[b] = 0;
+        __syncthreads();
+        for (int i = t; i < len; i += threads) {
+            const u32 key = df_total_order(s[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (t == 0) {
+            int above = 0, b = 255;
+            for (; b > 0 && above + hist[b] < need; --b) above += hist[b];
+            found = prefix | ((u32)b << shift);
+            left = need - above;
+        }
+        __syncthreads();
+        prefix = found;
+        need = left;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const int share = (len + threads - 1) / threads;
+    const int lo = t * share < len ? t * share : len, hi = lo + share < len ? lo + share : len;
+    int above = 0, equal = 0;
+    for (int i = lo; i < hi; ++i) {
+        const u32 key = df_total_order(s[i]);
+        above += key > prefix;
+        equal += key == prefix;
+    }
+    gt[t] = above;
+    eq[t] = equal;
+    __syncthreads();
+    if (t == 0) {
+        int at = 0, quota = need;
+        for (int j = 0; j < threads; ++j) {
+            take[j] = eq[j] < quota ? eq[j] : quota;
+            quota -= take[j];
+            base[j] = at;
+            at += gt[j] + take[j];
+        }
+    }
+    __syncthreads();
+    int o = base[t], ties = take[t];
+    for (int i = lo; i < hi; ++i) {
+        const u32 key = df_total_order(s[i]);
+        if (key > prefix || (key == prefix && ties > 0)) {
+            ties -= key == prefix;
+            out[o++] = i;
+        }
+    }
+}
+
 // ---- DeepSeek-V4's hyper-connections (model/layers/hyper.rs) ----
 //
 // A site per row: the S·H stream values x (stream-major) times rms_inv(x) (the sum of squares in

@@ -142,9 +142,9 @@ pub struct IndexPool<'a, B> {
 /// A DSA layer's choice of positions for the rows of `rows`, for its device core ([`Choose`]),
 /// as `Mla::select` makes it on the CPU: the rows' indexer keys (`Indexer::keys`, on the host
 /// from the normalised input `xn` brought down) appended to the host caches and written to the
-/// device's key pool; the index scores of the rows past the top-k on the device
-/// (`deltafin_dsa_scores` over the pool, the CPU's order) from the queries and head weights the
-/// host computes (`Indexer::select_with`); the top-k on the host. A layer sharing the last full
+/// device's key pool; the index scores of the rows past the top-k and their top-k on the device
+/// (`deltafin_dsa_scores` over the pool, the CPU's order; `deltafin_dsa_topk`) from the queries
+/// and head weights the host computes (`Indexer::select_with`). A layer sharing the last full
 /// layer's choice takes it as is. `None` for a dense MLA layer.
 pub fn choose_dsa<D: DeviceOps>(
     dev: &D,
@@ -179,16 +179,17 @@ pub fn choose_dsa<D: DeviceOps>(
 }
 
 /// The top-k positions of the rows `sparse` (queries `q`, scaled head weights `w`: all the
-/// pass's rows) over their sequences' keys in `pool`: their scores on the device
-/// (`deltafin_dsa_scores`), [`dsa::ROW_GROUP`] rows a launch so a long prefill never holds more
-/// scores than that, then [`dsa::top_positions`] on the host.
+/// pass's rows) over their sequences' keys in `pool`, [`dsa::ROW_GROUP`] rows a launch so a long
+/// prefill never holds more scores than that: their scores (`deltafin_dsa_scores`) and their
+/// top-k (`deltafin_dsa_topk`, [`dsa::top_positions`]'s choice) on the device; only the chosen
+/// positions come down.
 fn device_choose<D: DeviceOps>(
     dev: &D,
     dims: dsa::IndexerDims,
     pool: IndexPool<'_, D::Buf>,
     (sparse, q, w): (&[usize], &[f32], &[f32]),
 ) -> Result<Vec<Vec<u32>>> {
-    let (h, d) = (dims.heads, dims.head_dim);
+    let (h, d, k) = (dims.heads, dims.head_dim, dims.topk);
     let mut chosen = Vec::with_capacity(sparse.len());
     for group in sparse.chunks(dsa::ROW_GROUP) {
         let qs: Vec<f32> = group
@@ -208,18 +209,22 @@ fn device_choose<D: DeviceOps>(
             .collect();
         let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
         let info = CacheRows::upload(dev, spans.iter().flat_map(|&(s, len)| [s, len]))?;
-        let out = dev.zeros_f32(group.len() * stride)?;
+        let scores = dev.zeros_f32(group.len() * stride)?;
         let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
         let launch = abi::dsa_scores(group.len(), (h, d), stride, (d as f32).powf(-0.5));
-        let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&out)];
+        let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&scores)];
         dev.layer(&launch, &bufs)?;
-        let out = dev.download_f32(&out)?;
-        chosen.extend(
-            spans
-                .iter()
-                .enumerate()
-                .map(|(r, &(_, len))| dsa::top_positions(&out[r * stride..][..len], dims.topk)),
-        );
+        let top = dev.zeros(4 * group.len() * k)?;
+        let launch = abi::dsa_topk(group.len(), stride, k);
+        dev.layer(&launch, &[Some(&scores), Some(&info), Some(&top)])?;
+        let top = dev.download(&top)?;
+        chosen.extend(top.chunks(4 * k.max(1)).take(group.len()).map(|row| {
+            row.chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("four bytes")))
+                .take_while(|&p| p >= 0)
+                .map(|p| p as u32)
+                .collect::<Vec<u32>>()
+        }));
     }
     Ok(chosen)
 }
