@@ -331,7 +331,23 @@ pub fn dsa_topk(rows: usize, stride: usize, k: usize) -> LayerLaunch {
 /// head weights, keys, per row (first key, keys) as i32, out `[rows, stride]`); `scale` is
 /// `d^-½`.
 pub fn dsa_scores(rows: usize, (heads, d): (usize, usize), stride: usize, scale: f32) -> LayerLaunch {
-    let ints = [rows as i32, heads as i32, d as i32, stride as i32];
+    index_scores(rows, (heads, d), stride, scale, 0)
+}
+
+/// DeepSeek-V4's indexer scores (`deltafin_dsa_scores` in V4's order: 16-lane dots, relu, scale,
+/// head weight, summed from -0; `compressed::index_scores`), buffers as [`dsa_scores`].
+pub fn v4_index_scores(rows: usize, (heads, d): (usize, usize), stride: usize, scale: f32) -> LayerLaunch {
+    index_scores(rows, (heads, d), stride, scale, 1)
+}
+
+fn index_scores(
+    rows: usize,
+    (heads, d): (usize, usize),
+    stride: usize,
+    scale: f32,
+    order: i32,
+) -> LayerLaunch {
+    let ints = [rows as i32, heads as i32, d as i32, stride as i32, order];
     let mut l = launch(
         "deltafin_dsa_scores",
         per_thread(stride),

@@ -421,6 +421,48 @@ pub fn dsa_scores(run: Runner) {
     assert_same(&want, &floats(&out[4]), "dsa index scores");
 }
 
+/// DeepSeek-V4's indexer scores (`deltafin_dsa_scores` in V4's order) against
+/// `compressed::index_scores`: head dimensions below and past 16 lanes (not a multiple), key
+/// counts below, at and past a block of 256 threads over two sequences packed in one pool,
+/// values of both signs (the ReLU cuts some heads) and a head of zero queries.
+pub fn v4_index_scores(run: Runner) {
+    use deltafin_engine::model::layers::compressed::index_scores;
+    for (heads, d) in [(3, 19), (2, 40)] {
+        let first = 300;
+        let keys = uniform((first + 40) * d, 84, 1.0);
+        let rows = [(0, 300), (0, 17), (first, 40), (0, 256), (0, 257)];
+        let mut q = uniform(rows.len() * heads * d, 85, 1.0);
+        q[..d].fill(0.0);
+        let w = uniform(rows.len() * heads, 86, 1.0);
+        let stride = 300;
+        let mut want = vec![0.0; rows.len() * stride];
+        for (r, &(at, len)) in rows.iter().enumerate() {
+            let (qr, wr) = (&q[r * heads * d..][..heads * d], &w[r * heads..][..heads]);
+            let scores = index_scores((qr, wr), |s| &keys[(at + s) * d..][..d], len, d);
+            want[r * stride..][..len].copy_from_slice(&scores);
+        }
+        let info: Vec<u8> = rows
+            .iter()
+            .flat_map(|&(at, len)| [at as i32, len as i32])
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let bufs = [
+            bytes_of(&q),
+            bytes_of(&w),
+            bytes_of(&keys),
+            info,
+            vec![0; 4 * want.len()],
+        ];
+        let l = abi::v4_index_scores(rows.len(), (heads, d), stride, (d as f32).powf(-0.5));
+        let out = run_on(run, &l, &bufs);
+        assert_same(
+            &want,
+            &floats(&out[4]),
+            &format!("v4 index scores, {heads} heads of {d}"),
+        );
+    }
+}
+
 /// DeepSeek Sparse Attention's top-k (`deltafin_dsa_topk`) against `dsa::top_positions`: scores
 /// with many ties at the boundary (a few distinct values), +0 and -0, infinities and a NaN, rows
 /// shorter than, equal to and far longer than k (past the 256 threads' shares), and k over a

@@ -8,10 +8,11 @@
 //! attention) on the host. Out of core, routed experts come from the expert store (host cache,
 //! then disk) and are uploaded through the device's expert tier.
 
-use super::super::layers::compressed::CompressedRows;
+use super::super::layers::compressed::{CompressedRows, IndexRows};
 use super::super::layers::device::{
     self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, IndexPool, OnDevice,
 };
+use super::super::layers::device_index::{V4KeyPool, v4_choose};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Ops;
@@ -29,8 +30,10 @@ enum DeviceMixer<B> {
     Mla(DeviceMla<B>, DeviceCache<B>, Option<(B, MlaCache)>),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
-    /// DeepSeek-V4's attention: projections on the device, its cache and core on the host.
-    Compressed(CompressedCache),
+    /// DeepSeek-V4's attention: projections on the device, its cache and core on the host; with
+    /// an indexer, its keys on the device too (and how many are written) for the scores and
+    /// top-k there.
+    Compressed(CompressedCache, Option<(B, usize)>),
 }
 
 impl<B> DeviceMixer<B> {
@@ -57,7 +60,15 @@ impl<B> DeviceMixer<B> {
                 DeviceMixer::Attention(DeviceCache::new(dev, [kw, kw], capacity)?)
             }
             Mixer::Compressed(c) => {
-                DeviceMixer::Compressed(CompressedCache::new(c.kind.ratio(), c.dims.window))
+                let ratio = c.kind.ratio();
+                let keys = match &c.indexer {
+                    Some(ix) => Some((
+                        dev.zeros_f32((capacity / ratio.max(1) + 1) * ix.dims.head_dim)?,
+                        0,
+                    )),
+                    None => None,
+                };
+                DeviceMixer::Compressed(CompressedCache::new(ratio, c.dims.window), keys)
             }
         })
     }
@@ -101,18 +112,32 @@ impl<B> DeviceMixer<B> {
             }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
-            (Mixer::Compressed(c), DeviceMixer::Compressed(cache)) => {
+            (Mixer::Compressed(c), DeviceMixer::Compressed(cache, keys)) => {
                 let first = cache.kv.len();
                 let pos: Vec<usize> = (first..first + n).collect();
-                c.run(&OnDevice(dev), x, n, |p| {
+                let out = c.run(&OnDevice(dev), x, n, |p| {
                     let p = p.map(|b| dev.download_f32(&b))?;
                     let rows = &mut CompressedRows {
-                        caches: &mut [cache],
+                        caches: &mut [&mut *cache],
                         seq: &vec![0; n],
                         pos: &pos,
                     };
-                    Ok(c.core(p, n, rows))
-                })
+                    let (Some((pool, held)), Some(ix)) = (keys.as_ref(), &c.indexer) else {
+                        return c.core(p, n, rows, None);
+                    };
+                    let pool = || V4KeyPool {
+                        keys: pool,
+                        base: &[0],
+                        held: std::slice::from_ref(held),
+                    };
+                    let ratio = c.kind.ratio();
+                    let mut choose = |r: IndexRows<'_, '_>| v4_choose(dev, ix.dims, (pool(), ratio), r);
+                    c.core(p, n, rows, Some(&mut choose))
+                })?;
+                if let Some((_, held)) = keys.as_mut() {
+                    *held = cache.index_keys.len();
+                }
+                Ok(out)
             }
             _ => Err(Error::InvalidArgument {
                 field: "device",

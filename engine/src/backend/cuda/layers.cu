@@ -739,17 +739,37 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_gqa_attend(LayerPar
 // index_scores_reference, the order its tiled CPU kernel keeps in every lane). Buffers: rotated
 // queries [rows, heads, d], head weights [rows, heads] (already scaled by heads^-1/2), keys
 // [positions, d], rows [rows, 2] (i32: first key position, keys scored), out [rows, stride];
-// i rows, heads, d, stride; f scale. Grid (stride / 256, rows).
+// i rows, heads, d, stride, order; f scale. Grid (stride / 256, rows).
+//
+// order 1 is DeepSeek-V4's indexer (compressed.rs::index_scores): per head the canonical 16-lane
+// dot (lane l accumulates fused multiply-adds over t = l mod 16, then the tree 8, 4, 2, 1), then
+// relu as Rust's f32::max(d, 0) (NaN and negatives to +0, -0 kept), times the scale, times the
+// head weight, summed over heads from -0.
+__device__ __forceinline__ float df_dot16_serial(const float* a, const float* b, int n) {
+    float acc[LANES];
+    for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
+    for (int t = 0; t < n; ++t) acc[t % LANES] = __fmaf_rn(a[t], b[t], acc[t % LANES]);
+    for (int s = LANES / 2; s > 0; s /= 2)
+        for (int l = 0; l < s; ++l) acc[l] = __fadd_rn(acc[l], acc[l + s]);
+    return acc[0];
+}
+
 extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_dsa_scores(LayerParams p) {
     const int row = blockIdx.y, j = blockIdx.x * DF_THREADS + threadIdx.x;
-    const int heads = p.i[1], d = p.i[2], stride = p.i[3];
+    const int heads = p.i[1], d = p.i[2], stride = p.i[3], order = p.i[4];
     const int* info = (const int*)p.buf[3];
     if (row >= p.i[0] || j >= info[2 * row + 1]) return;
     const float* q = (const float*)p.buf[0] + (u64)row * heads * d;
     const float* w = (const float*)p.buf[1] + (u64)row * heads;
     const float* k = (const float*)p.buf[2] + ((u64)info[2 * row] + j) * (u64)d;
-    float total = 0.0f;
+    float total = order ? -0.0f : 0.0f;
     for (int h = 0; h < heads; ++h) {
+        if (order) {
+            const float dot = df_dot16_serial(q + h * d, k, d);
+            const float relu = (dot < 0.0f || dot != dot) ? 0.0f : dot;
+            total = __fadd_rn(total, __fmul_rn(__fmul_rn(relu, p.f[0]), w[h]));
+            continue;
+        }
         float acc = 0.0f;
         for (int t = 0; t < d; ++t) acc = __fmaf_rn(q[h * d + t], k[t], acc);
         total = __fadd_rn(total, __fmul_rn(w[h], fmaxf(__fmul_rn(acc, p.f[0]), 0.0f)));

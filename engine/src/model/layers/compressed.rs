@@ -246,6 +246,23 @@ pub struct IndexProjected<B> {
     pub inputs: B,
 }
 
+/// The indexer's choice for a pass made outside the host core (a device): each of `sparse`'s
+/// rows' chosen entries, ascending ([`top_k`] of [`index_scores`]).
+pub type IndexChoose<'a> = &'a mut dyn FnMut(IndexRows<'_, '_>) -> Result<Vec<Vec<usize>>>;
+
+/// A pass's rows as the indexer sees them once the pass's entries are in the caches.
+#[derive(Debug)]
+pub struct IndexRows<'a, 'b> {
+    /// The rows (ascending) with more closed entries than the indexer keeps.
+    pub sparse: &'a [usize],
+    /// Every row's rotated queries `[n, heads·head_dim]` and scaled head weights `[n, heads]`.
+    pub q: &'a [f32],
+    pub w: &'a [f32],
+    pub seq: &'a [usize],
+    pub pos: &'a [usize],
+    pub caches: &'a [&'b mut CompressedCache],
+}
+
 /// The rows of one pass: each row's sequence cache and position.
 #[derive(Debug)]
 pub struct CompressedRows<'a, 'b> {
@@ -318,7 +335,7 @@ impl CompressedAttention {
     /// The layer over `n` rows of `x` (already normalised) on the CPU, appending each row to
     /// its cache.
     pub fn forward(&self, x: &[f32], n: usize, rows: &mut CompressedRows<'_, '_>) -> Vec<f32> {
-        self.run(&Host, &x.to_vec(), n, |p| Ok(self.core(p, n, rows)))
+        self.run(&Host, &x.to_vec(), n, |p| self.core(p, n, rows, None))
             .expect("the CPU runs every DeepSeek-V4 attention form")
     }
 
@@ -355,13 +372,15 @@ impl CompressedAttention {
 
     /// The host part of a pass over `n` projected rows: the query heads' norm and RoPE, the
     /// keys' RoPE, the rows appended to their caches (entries pooled as windows close), the
-    /// indexer's choice and the attention; the heads' outputs `[n, heads·head_dim]`.
+    /// indexer's choice (by `choose` where given, e.g. on a device, else here) and the
+    /// attention; the heads' outputs `[n, heads·head_dim]`.
     pub fn core(
         &self,
         p: CompressedProjected<Vec<f32>>,
         n: usize,
         rows: &mut CompressedRows<'_, '_>,
-    ) -> Vec<f32> {
+        choose: Option<IndexChoose<'_>>,
+    ) -> Result<Vec<f32>> {
         let d = self.dims;
         let hd = d.head_dim;
         let (mut q, mut kv) = (p.q, p.kv);
@@ -384,11 +403,36 @@ impl CompressedAttention {
         self.append(n, &kv, (p.inputs, index_inputs), rows);
         let caches: &[&mut CompressedCache] = rows.caches;
         let index = index_q.as_ref().map(|(q, w)| (&q[..], &w[..]));
+        let chosen = match (choose, index, &self.indexer) {
+            (Some(choose), Some((q, w)), Some(ix)) => {
+                let ratio = self.kind.ratio().max(1);
+                let sparse: Vec<usize> = (0..n)
+                    .filter(|&r| (rows.pos[r] + 1) / ratio > ix.dims.top_k)
+                    .collect();
+                let picked = choose(IndexRows {
+                    sparse: &sparse,
+                    q,
+                    w,
+                    seq: rows.seq,
+                    pos: rows.pos,
+                    caches,
+                })?;
+                let mut each = vec![None; n];
+                for (&r, c) in sparse.iter().zip(picked) {
+                    each[r] = Some(c);
+                }
+                Some(each)
+            }
+            _ => None,
+        };
         let per_row: Vec<Vec<f32>> = (0..n)
             .into_par_iter()
             .map(|r| {
                 let cache = &*caches[rows.seq[r]];
-                let selected = self.selection(cache, rows.pos[r], index, r);
+                let selected = match chosen.as_ref().and_then(|c| c[r].clone()) {
+                    Some(c) => c,
+                    None => self.selection(cache, rows.pos[r], index, r),
+                };
                 self.attend(
                     &q[r * d.heads * hd..(r + 1) * d.heads * hd],
                     cache,
@@ -397,7 +441,7 @@ impl CompressedAttention {
                 )
             })
             .collect();
-        per_row.concat()
+        Ok(per_row.concat())
     }
 
     /// Append the rows' kv and compressor inputs to their caches, and each entry whose window
@@ -480,16 +524,7 @@ impl CompressedAttention {
         let i = ix.dims;
         let q = &q[r * i.heads * i.head_dim..(r + 1) * i.heads * i.head_dim];
         let w = &w[r * i.heads..(r + 1) * i.heads];
-        let scale = (i.head_dim as f32).powf(-0.5);
-        let scores: Vec<f32> = (0..closed)
-            .map(|s| {
-                let k = cache.index_keys.row(s);
-                q.chunks(i.head_dim)
-                    .zip(w)
-                    .map(|(qh, &wh)| dot16(qh, k).max(0.0) * scale * wh)
-                    .sum()
-            })
-            .collect();
+        let scores = index_scores((q, w), |s| cache.index_keys.row(s), closed, i.head_dim);
         top_k(&scores, i.top_k)
     }
 
@@ -569,6 +604,27 @@ fn grouped<O: Ops>(
         .collect::<Result<Vec<_>>>()?;
     let parts: Vec<_> = ys.iter().map(|y| (y, (rank, 0, rank))).collect();
     o.assemble(n, &parts)
+}
+
+/// One row's indexer scores over its `closed` entries' keys (`keys(s)`): per entry
+/// `Σ_h relu(q_h·k)·d^-½·w_h` (16-lane dots, heads summed in order; `w` already scaled by
+/// `heads^-½`). The device's `deltafin_dsa_scores` in V4's order computes the same bits.
+pub fn index_scores<'k>(
+    (q, w): (&[f32], &[f32]),
+    keys: impl Fn(usize) -> &'k [f32],
+    closed: usize,
+    d: usize,
+) -> Vec<f32> {
+    let scale = (d as f32).powf(-0.5);
+    (0..closed)
+        .map(|s| {
+            let k = keys(s);
+            q.chunks(d)
+                .zip(w)
+                .map(|(qh, &wh)| dot16(qh, k).max(0.0) * scale * wh)
+                .sum()
+        })
+        .collect()
 }
 
 /// The indices of the `k` largest scores, ascending (ties to the lower index; all of them when

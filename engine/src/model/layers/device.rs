@@ -10,6 +10,7 @@
 //! Only three things cross to the host: the input rows (embedding lookups), the router's
 //! choices (to pick the experts whose weights the device needs) and the logits.
 
+use super::device_index::{self, ScoreOrder, ScoredRows};
 use super::dsa::{self, Selection, Sparse};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
@@ -179,54 +180,36 @@ pub fn choose_dsa<D: DeviceOps>(
 }
 
 /// The top-k positions of the rows `sparse` (queries `q`, scaled head weights `w`: all the
-/// pass's rows) over their sequences' keys in `pool`, [`dsa::ROW_GROUP`] rows a launch so a long
-/// prefill never holds more scores than that: their scores (`deltafin_dsa_scores`) and their
-/// top-k (`deltafin_dsa_topk`, [`dsa::top_positions`]'s choice) on the device; only the chosen
-/// positions come down.
+/// pass's rows) over their sequences' keys in `pool`: scores and top-k on the device
+/// ([`device_index::top_keys`] in DSA's order).
 fn device_choose<D: DeviceOps>(
     dev: &D,
     dims: dsa::IndexerDims,
     pool: IndexPool<'_, D::Buf>,
     (sparse, q, w): (&[usize], &[f32], &[f32]),
 ) -> Result<Vec<Vec<u32>>> {
-    let (h, d, k) = (dims.heads, dims.head_dim, dims.topk);
-    let mut chosen = Vec::with_capacity(sparse.len());
-    for group in sparse.chunks(dsa::ROW_GROUP) {
-        let qs: Vec<f32> = group
-            .iter()
-            .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
-            .collect();
-        let ws: Vec<f32> = group
-            .iter()
-            .flat_map(|&i| w[i * h..][..h].iter().copied())
-            .collect();
-        let spans: Vec<(usize, usize)> = group
-            .iter()
-            .map(|&i| {
-                let (s, e) = pool.rows.seen[i];
-                (s, e - s)
-            })
-            .collect();
-        let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
-        let info = CacheRows::upload(dev, spans.iter().flat_map(|&(s, len)| [s, len]))?;
-        let scores = dev.zeros_f32(group.len() * stride)?;
-        let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
-        let launch = abi::dsa_scores(group.len(), (h, d), stride, (d as f32).powf(-0.5));
-        let bufs = [Some(&qs), Some(&ws), Some(pool.keys), Some(&info), Some(&scores)];
-        dev.layer(&launch, &bufs)?;
-        let top = dev.zeros(4 * group.len() * k)?;
-        let launch = abi::dsa_topk(group.len(), stride, k);
-        dev.layer(&launch, &[Some(&scores), Some(&info), Some(&top)])?;
-        let top = dev.download(&top)?;
-        chosen.extend(top.chunks(4 * k.max(1)).take(group.len()).map(|row| {
-            row.chunks_exact(4)
-                .map(|b| i32::from_le_bytes(b.try_into().expect("four bytes")))
-                .take_while(|&p| p >= 0)
-                .map(|p| p as u32)
-                .collect::<Vec<u32>>()
-        }));
-    }
-    Ok(chosen)
+    let (h, d) = (dims.heads, dims.head_dim);
+    let spans: Vec<(usize, usize)> = sparse
+        .iter()
+        .map(|&i| {
+            let (s, e) = pool.rows.seen[i];
+            (s, e - s)
+        })
+        .collect();
+    let q: Vec<f32> = sparse
+        .iter()
+        .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
+        .collect();
+    let w: Vec<f32> = sparse
+        .iter()
+        .flat_map(|&i| w[i * h..][..h].iter().copied())
+        .collect();
+    let rows = ScoredRows {
+        spans: &spans,
+        q: &q,
+        w: &w,
+    };
+    device_index::top_keys(dev, pool.keys, (h, d, dims.topk), rows, ScoreOrder::Dsa)
 }
 
 /// An MLA layer's device-resident constant: the decoded `kv_b_proj`.

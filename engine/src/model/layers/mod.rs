@@ -4,6 +4,7 @@
 pub mod attn_res;
 pub mod compressed;
 pub mod device;
+pub mod device_index;
 pub mod dsa;
 pub mod gated_deltanet;
 pub mod gqa;

@@ -22,8 +22,9 @@
 
 use std::sync::Mutex;
 
-use super::super::layers::compressed::CompressedRows;
+use super::super::layers::compressed::{CompressedRows, IndexRows};
 use super::super::layers::device::{self, CacheRows, DeviceMla, IndexPool, OnDevice};
+use super::super::layers::device_index::{V4KeyPool, v4_choose};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::mla::{MlaProjected, MlaRows};
@@ -77,9 +78,18 @@ enum ServedMixer<B> {
     Mla(DeviceMla<B>, [B; 2], Option<B>),
     /// KDA or gated DeltaNet: projections on the device, the core on the host state.
     Recurrent,
-    /// DeepSeek-V4's attention: projections on the device, windows, compressed entries, the
-    /// indexer's choice and the attention on the host state.
-    Compressed,
+    /// DeepSeek-V4's attention: projections on the device; with an indexer, its keys of every
+    /// slot (`slots × per_slot` rows) for the scores and top-k on the device; windows, pooled
+    /// entries and the attention on the host state.
+    Compressed(Option<V4Keys<B>>),
+}
+
+/// A DeepSeek-V4 indexer's keys on the served device: `per_slot` rows a slot (one per closed
+/// window of `ratio` positions).
+struct V4Keys<B> {
+    keys: B,
+    per_slot: usize,
+    ratio: usize,
 }
 
 /// The typed refusal of a model this path does not serve.
@@ -92,7 +102,8 @@ fn refused(arch: &str, what: &str) -> Error {
 
 impl<B> ServedMixer<B> {
     /// `mixer`'s constants and an empty pool of `rows` cache rows.
-    fn new<D: DeviceOps<Buf = B>>(dev: &D, mixer: &Mixer, rows: usize) -> Result<Self> {
+    fn new<D: DeviceOps<Buf = B>>(dev: &D, mixer: &Mixer, (slots, capacity): (usize, usize)) -> Result<Self> {
+        let rows = slots * capacity;
         Ok(match mixer {
             Mixer::Attention(g) => {
                 let kw = g.dims().kv_heads * g.dims().head_dim;
@@ -108,7 +119,18 @@ impl<B> ServedMixer<B> {
                 ServedMixer::Mla(DeviceMla::new(dev, m)?, pool, index)
             }
             Mixer::Kda(_) | Mixer::DeltaNet(_) => ServedMixer::Recurrent,
-            Mixer::Compressed(_) => ServedMixer::Compressed,
+            Mixer::Compressed(c) => ServedMixer::Compressed(match &c.indexer {
+                Some(ix) => {
+                    let ratio = c.kind.ratio().max(1);
+                    let per_slot = capacity / ratio + 1;
+                    Some(V4Keys {
+                        keys: dev.zeros_f32(slots * per_slot * ix.dims.head_dim)?,
+                        per_slot,
+                        ratio,
+                    })
+                }
+                None => None,
+            }),
         })
     }
 }
@@ -151,7 +173,7 @@ impl<D: DeviceOps> DeviceModel<D> {
             let layer = m.layers.get(l)?;
             layers.push(ServedLayer {
                 consts: LayerConsts::upload(&dev, &layer)?,
-                mixer: ServedMixer::new(&dev, &layer.mixer, slots * capacity)?,
+                mixer: ServedMixer::new(&dev, &layer.mixer, (slots, capacity))?,
             });
         }
         let output_res = upload_output_query(&dev, m)?;
@@ -233,6 +255,15 @@ impl<D: DeviceOps> DeviceModel<D> {
             }
             let at: Vec<usize> = (from..to).map(|j| p.slot * self.capacity + j).collect();
             for (layer, host) in layers.iter().zip(&b.state.layers) {
+                if let (ServedMixer::Compressed(Some(k)), LayerState::Compressed(c)) = (&layer.mixer, host) {
+                    let (from, to) = (from / k.ratio, (to / k.ratio).min(c.index_keys.len()));
+                    let rows: Vec<f32> = (from..to)
+                        .flat_map(|e| c.index_keys.row(e).iter().copied())
+                        .collect();
+                    let at: Vec<usize> = (from..to).map(|e| p.slot * k.per_slot + e).collect();
+                    device::write_rows(&self.dev, &rows, c.index_keys.width(), (&k.keys, &at))?;
+                    continue;
+                }
                 let (pool, parts): (Vec<&D::Buf>, Vec<_>) = match (&layer.mixer, host) {
                     (ServedMixer::Attention([k, v]), LayerState::Kv(c)) => (vec![k, v], vec![&c.k, &c.v]),
                     (ServedMixer::Mla(_, [l, r], index), LayerState::Mla(c)) => {
@@ -268,6 +299,7 @@ impl<D: DeviceOps> DeviceModel<D> {
             layers,
             output_res,
             base: plan.seq.iter().map(|&s| placed[s].slot * self.capacity).collect(),
+            slots: placed.iter().map(|p| p.slot).collect(),
             batch,
             plan,
             selection: Selection::new(),
@@ -360,6 +392,8 @@ struct ServedStack<'a, 'b, 's, 't, B> {
     output_res: Option<&'a B>,
     /// Each row's slot base (the first cache row of its sequence's slot).
     base: Vec<usize>,
+    /// Each sequence's slot.
+    slots: Vec<usize>,
     batch: &'b mut [SeqInput<'s>],
     plan: &'b RowPlan,
     /// The last full DSA layer's choice, for the layers that share it.
@@ -434,16 +468,33 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             }
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
-            (Mixer::Compressed(c), ServedMixer::Compressed) => c.run(o, xn, n, |p| {
-                let p = p.map(|b| dev.download_f32(&b))?;
-                let mut caches = compressed_caches(batch, l);
-                let rows = &mut CompressedRows {
-                    caches: &mut caches,
-                    seq: &plan.seq,
-                    pos: &plan.pos,
-                };
-                Ok(c.core(p, n, rows))
-            }),
+            (Mixer::Compressed(c), ServedMixer::Compressed(keys)) => {
+                let slots = &self.slots;
+                c.run(o, xn, n, |p| {
+                    let p = p.map(|b| dev.download_f32(&b))?;
+                    let held: Vec<usize> = match keys {
+                        Some(k) => batch.iter().map(|b| b.state.committed_len() / k.ratio).collect(),
+                        None => Vec::new(),
+                    };
+                    let mut caches = compressed_caches(batch, l);
+                    let rows = &mut CompressedRows {
+                        caches: &mut caches,
+                        seq: &plan.seq,
+                        pos: &plan.pos,
+                    };
+                    let (Some(k), Some(ix)) = (keys, &c.indexer) else {
+                        return c.core(p, n, rows, None);
+                    };
+                    let base: Vec<usize> = slots.iter().map(|&s| s * k.per_slot).collect();
+                    let pool = || V4KeyPool {
+                        keys: &k.keys,
+                        base: &base,
+                        held: &held,
+                    };
+                    let mut choose = |r: IndexRows<'_, '_>| v4_choose(dev, ix.dims, (pool(), k.ratio), r);
+                    c.core(p, n, rows, Some(&mut choose))
+                })
+            }
             _ => Err(Error::InvalidArgument {
                 field: "device",
                 reason: "a layer's mixer differs from the one its device model was built on".into(),

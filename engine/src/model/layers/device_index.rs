@@ -1,0 +1,130 @@
+//! Sparse attention's choice of keys on a device, for DeepSeek Sparse Attention (V3.2, GLM-5)
+//! and DeepSeek-V4's indexer: every sparse row's index scores over its sequence's keys in a
+//! device pool (`deltafin_dsa_scores`, each family's order) and their top-k
+//! (`deltafin_dsa_topk`), a bounded group of rows at a time; only the chosen positions come
+//! down. The queries, head weights and keys are the host's (each family's own code).
+
+use super::compressed::{IndexRows, V4IndexerDims};
+use super::dsa;
+use crate::backend::abi::{self, LayerLaunch};
+use crate::backend::device::DeviceOps;
+use crate::error::Result;
+
+/// Whose order the scores follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreOrder {
+    /// DeepSeek Sparse Attention (`dsa::index_scores_reference`).
+    Dsa,
+    /// DeepSeek-V4's indexer (`compressed::index_scores`).
+    V4,
+}
+
+/// Rows to score: row `i` has queries `q[i]` (`heads · d`) and head weights `w[i]` (`heads`),
+/// and scores the `len` keys of `keys` from row `first` (`spans[i] = (first, len)`).
+#[derive(Debug)]
+pub struct ScoredRows<'a> {
+    pub spans: &'a [(usize, usize)],
+    pub q: &'a [f32],
+    pub w: &'a [f32],
+}
+
+/// Each row's `k` highest-scoring keys (ascending positions from its first key), on the device,
+/// [`dsa::ROW_GROUP`] rows a launch so a long prefill never holds more scores than that.
+pub fn top_keys<D: DeviceOps>(
+    dev: &D,
+    keys: &D::Buf,
+    (heads, d, k): (usize, usize, usize),
+    rows: ScoredRows<'_>,
+    order: ScoreOrder,
+) -> Result<Vec<Vec<u32>>> {
+    let mut chosen = Vec::with_capacity(rows.spans.len());
+    for (g, spans) in rows.spans.chunks(dsa::ROW_GROUP).enumerate() {
+        let at = g * dsa::ROW_GROUP;
+        let qs = &rows.q[at * heads * d..][..spans.len() * heads * d];
+        let ws = &rows.w[at * heads..][..spans.len() * heads];
+        let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
+        let info: Vec<i32> = spans
+            .iter()
+            .flat_map(|&(s, len)| [s as i32, len as i32])
+            .collect();
+        let info = dev.upload_i32(&info)?;
+        let scores = dev.zeros_f32(spans.len() * stride)?;
+        let (qs, ws) = (dev.upload_f32(qs)?, dev.upload_f32(ws)?);
+        let scale = (d as f32).powf(-0.5);
+        let launch: LayerLaunch = match order {
+            ScoreOrder::Dsa => abi::dsa_scores(spans.len(), (heads, d), stride, scale),
+            ScoreOrder::V4 => abi::v4_index_scores(spans.len(), (heads, d), stride, scale),
+        };
+        let bufs = [Some(&qs), Some(&ws), Some(keys), Some(&info), Some(&scores)];
+        dev.layer(&launch, &bufs)?;
+        let top = dev.zeros(4 * spans.len() * k)?;
+        let launch = abi::dsa_topk(spans.len(), stride, k);
+        dev.layer(&launch, &[Some(&scores), Some(&info), Some(&top)])?;
+        let top = dev.download(&top)?;
+        chosen.extend(top.chunks(4 * k.max(1)).take(spans.len()).map(|row| {
+            row.chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("four bytes")))
+                .take_while(|&p| p >= 0)
+                .map(|p| p as u32)
+                .collect::<Vec<u32>>()
+        }));
+    }
+    Ok(chosen)
+}
+
+/// A DeepSeek-V4 indexer's keys on a device: each sequence's keys from row `base[s]` of `keys`,
+/// the first `held[s]` of them written already.
+#[derive(Debug)]
+pub struct V4KeyPool<'a, B> {
+    pub keys: &'a B,
+    pub base: &'a [usize],
+    pub held: &'a [usize],
+}
+
+/// DeepSeek-V4's choice of compressed entries on a device for a pass's sparse rows (a
+/// `compressed::IndexChoose`): the keys the pass closed written to the pool, then
+/// [`top_keys`] in V4's order over each row's closed entries.
+pub fn v4_choose<D: DeviceOps>(
+    dev: &D,
+    dims: V4IndexerDims,
+    (pool, ratio): (V4KeyPool<'_, D::Buf>, usize),
+    rows: IndexRows<'_, '_>,
+) -> Result<Vec<Vec<usize>>> {
+    let d = dims.head_dim;
+    for (s, cache) in rows.caches.iter().enumerate() {
+        let (from, to) = (pool.held[s], cache.index_keys.len());
+        if from < to {
+            let new: Vec<f32> = (from..to)
+                .flat_map(|e| cache.index_keys.row(e).iter().copied())
+                .collect();
+            let at: Vec<usize> = (from..to).map(|e| pool.base[s] + e).collect();
+            super::device::write_rows(dev, &new, d, (pool.keys, &at))?;
+        }
+    }
+    let (h, ratio) = (dims.heads, ratio.max(1));
+    let spans: Vec<(usize, usize)> = rows
+        .sparse
+        .iter()
+        .map(|&r| (pool.base[rows.seq[r]], (rows.pos[r] + 1) / ratio))
+        .collect();
+    let q: Vec<f32> = rows
+        .sparse
+        .iter()
+        .flat_map(|&r| rows.q[r * h * d..][..h * d].iter().copied())
+        .collect();
+    let w: Vec<f32> = rows
+        .sparse
+        .iter()
+        .flat_map(|&r| rows.w[r * h..][..h].iter().copied())
+        .collect();
+    let scored = ScoredRows {
+        spans: &spans,
+        q: &q,
+        w: &w,
+    };
+    let chosen = top_keys(dev, pool.keys, (h, d, dims.top_k), scored, ScoreOrder::V4)?;
+    Ok(chosen
+        .into_iter()
+        .map(|c| c.into_iter().map(|e| e as usize).collect())
+        .collect())
+}
