@@ -385,24 +385,29 @@ fn mla_chosen_attention(
     mla_both_ways(run, s, rows.len(), &bufs, (&want, what));
 }
 
-/// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) against
-/// `dsa::index_scores_reference`: rows over two sequences' keys packed in one buffer, key counts
-/// below, at and past a block of 256 threads, heads and dimensions off the lane count, values of
-/// both signs (the ReLU cuts some heads).
-pub fn dsa_scores(run: Runner) {
-    use deltafin_engine::model::layers::dsa::index_scores_reference;
-    let (heads, d, first) = (5, 19, 300);
-    let keys = uniform((first + 40) * d, 81, 1.0);
+/// An index-scores launch (`launch(rows, (heads, d), stride, scale)`) against `cpu`'s scores of
+/// one row (its queries, head weights and keys): rows over two sequences' keys packed in one
+/// buffer, key counts below, at and past a block of 256 threads, values of both signs (the ReLU
+/// cuts some heads) and one head of zero queries; seeds from `seed`.
+fn index_scores_case(
+    run: Runner,
+    (heads, d, seed): (usize, usize, u64),
+    launch: fn(usize, (usize, usize), usize, f32) -> LayerLaunch,
+    cpu: &dyn Fn(&[f32], &[f32], &[f32]) -> Vec<f32>,
+    what: &str,
+) {
+    let first = 300;
+    let keys = uniform((first + 40) * d, seed, 1.0);
     // (first key in the packed buffer, keys scored)
     let rows = [(0, 300), (0, 17), (first, 40), (0, 256), (0, 257)];
-    let q = uniform(rows.len() * heads * d, 82, 1.0);
-    let w = uniform(rows.len() * heads, 83, 1.0);
+    let mut q = uniform(rows.len() * heads * d, seed + 1, 1.0);
+    q[..d].fill(0.0);
+    let w = uniform(rows.len() * heads, seed + 2, 1.0);
     let stride = 300;
     let mut want = vec![0.0; rows.len() * stride];
     for (r, &(at, len)) in rows.iter().enumerate() {
         let (qr, wr) = (&q[r * heads * d..][..heads * d], &w[r * heads..][..heads]);
-        let scores = index_scores_reference(qr, wr, &keys[at * d..(at + len) * d], d);
-        want[r * stride..][..len].copy_from_slice(&scores);
+        want[r * stride..][..len].copy_from_slice(&cpu(qr, wr, &keys[at * d..(at + len) * d]));
     }
     let info: Vec<u8> = rows
         .iter()
@@ -416,50 +421,34 @@ pub fn dsa_scores(run: Runner) {
         info,
         vec![0; 4 * want.len()],
     ];
-    let l = abi::dsa_scores(rows.len(), (heads, d), stride, (d as f32).powf(-0.5));
-    let out = run_on(run, &l, &bufs);
-    assert_same(&want, &floats(&out[4]), "dsa index scores");
+    let out = run_on(
+        run,
+        &launch(rows.len(), (heads, d), stride, (d as f32).powf(-0.5)),
+        &bufs,
+    );
+    assert_same(&want, &floats(&out[4]), what);
+}
+
+/// DeepSeek Sparse Attention's index scores (`deltafin_dsa_scores`) against
+/// `dsa::index_scores_reference` ([`index_scores_case`]).
+pub fn dsa_scores(run: Runner) {
+    use deltafin_engine::model::layers::dsa::index_scores_reference;
+    let d = 19;
+    let cpu = |q: &[f32], w: &[f32], keys: &[f32]| index_scores_reference(q, w, keys, d);
+    index_scores_case(run, (5, d, 81), abi::dsa_scores, &cpu, "dsa index scores");
 }
 
 /// DeepSeek-V4's indexer scores (`deltafin_dsa_scores` in V4's order) against
-/// `compressed::index_scores`: head dimensions below and past 16 lanes (not a multiple), key
-/// counts below, at and past a block of 256 threads over two sequences packed in one pool,
-/// values of both signs (the ReLU cuts some heads) and a head of zero queries.
+/// `compressed::index_scores` ([`index_scores_case`]), head dimensions below and past 16 lanes
+/// (not multiples of 16).
 pub fn v4_index_scores(run: Runner) {
     use deltafin_engine::model::layers::compressed::index_scores;
     for (heads, d) in [(3, 19), (2, 40)] {
-        let first = 300;
-        let keys = uniform((first + 40) * d, 84, 1.0);
-        let rows = [(0, 300), (0, 17), (first, 40), (0, 256), (0, 257)];
-        let mut q = uniform(rows.len() * heads * d, 85, 1.0);
-        q[..d].fill(0.0);
-        let w = uniform(rows.len() * heads, 86, 1.0);
-        let stride = 300;
-        let mut want = vec![0.0; rows.len() * stride];
-        for (r, &(at, len)) in rows.iter().enumerate() {
-            let (qr, wr) = (&q[r * heads * d..][..heads * d], &w[r * heads..][..heads]);
-            let scores = index_scores((qr, wr), |s| &keys[(at + s) * d..][..d], len, d);
-            want[r * stride..][..len].copy_from_slice(&scores);
-        }
-        let info: Vec<u8> = rows
-            .iter()
-            .flat_map(|&(at, len)| [at as i32, len as i32])
-            .flat_map(i32::to_le_bytes)
-            .collect();
-        let bufs = [
-            bytes_of(&q),
-            bytes_of(&w),
-            bytes_of(&keys),
-            info,
-            vec![0; 4 * want.len()],
-        ];
-        let l = abi::v4_index_scores(rows.len(), (heads, d), stride, (d as f32).powf(-0.5));
-        let out = run_on(run, &l, &bufs);
-        assert_same(
-            &want,
-            &floats(&out[4]),
-            &format!("v4 index scores, {heads} heads of {d}"),
-        );
+        let cpu = |q: &[f32], w: &[f32], keys: &[f32]| {
+            index_scores((q, w), |s| &keys[s * d..][..d], keys.len() / d, d)
+        };
+        let what = format!("v4 index scores, {heads} heads of {d}");
+        index_scores_case(run, (heads, d, 84), abi::v4_index_scores, &cpu, &what);
     }
 }
 
