@@ -385,6 +385,9 @@ fn mla_chosen_attention(
     mla_both_ways(run, s, rows.len(), &bufs, (&want, what));
 }
 
+/// One row's index scores on the CPU from its queries, head weights and keys.
+type RowScores<'a> = &'a dyn Fn(&[f32], &[f32], &[f32]) -> Vec<f32>;
+
 /// An index-scores launch (`launch(rows, (heads, d), stride, scale)`) against `cpu`'s scores of
 /// one row (its queries, head weights and keys): rows over two sequences' keys packed in one
 /// buffer, key counts below, at and past a block of 256 threads, values of both signs (the ReLU
@@ -393,7 +396,7 @@ fn index_scores_case(
     run: Runner,
     (heads, d, seed): (usize, usize, u64),
     launch: fn(usize, (usize, usize), usize, f32) -> LayerLaunch,
-    cpu: &dyn Fn(&[f32], &[f32], &[f32]) -> Vec<f32>,
+    cpu: RowScores<'_>,
     what: &str,
 ) {
     let first = 300;
