@@ -577,7 +577,41 @@ fn plan_predicts_from_the_loaders_plan_and_names_its_inputs() {
     let (small, large) = (plan("34300000"), plan("1G"));
     assert_eq!(small["budget"]["source"], "given");
     assert_eq!(small["disk_bytes_per_second"]["value"].as_f64(), Some(1.5e9));
+    assert_eq!(
+        small["disk_probes"],
+        serde_json::json!([]),
+        "a given bandwidth is not probed"
+    );
     assert_eq!(small["cores"]["value"].as_u64(), Some(4));
+    // Measured: the figure is the median of three probes.
+    let args = [
+        "plan",
+        "--model",
+        m,
+        "--ram",
+        "1G",
+        "--cores",
+        "4",
+        "--context-memory",
+        "0",
+        "--json",
+    ];
+    let out = deltafin(&args, cache.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let measured = serde_json::from_slice::<Value>(&out.stdout).unwrap();
+    let mut probes: Vec<f64> = measured["disk_probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    probes.sort_by(f64::total_cmp);
+    assert_eq!(probes.len(), 3, "{measured}");
+    assert!(probes[0] > 0.0);
+    assert_eq!(
+        measured["disk_bytes_per_second"]["value"].as_f64(),
+        Some(probes[1])
+    );
     let tiny = DeepseekSynth::tiny(ExpertFormat::Bf16);
     assert_eq!(small["layout"]["top_k"].as_u64(), Some(tiny.top_k as u64));
     assert_eq!(large["plan"]["cache_fraction"].as_f64(), Some(1.0));
