@@ -121,7 +121,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Every MoE form, and the dense MLP forms, through `dev` and through the CPU: the same bits.
-/// A hash-routed layer (DeepSeek-V4) is refused by the device with a typed error.
+/// DeepSeek-V4's hash-routed and sqrt-softplus layers too.
 pub fn ffn_forms_match_the_cpu<D: DeviceOps>(dev: &D) {
     let o = OnDevice(dev);
     let x = patterned(ROWS * H, 5);
@@ -145,16 +145,16 @@ pub fn ffn_forms_match_the_cpu<D: DeviceOps>(dev: &D) {
         let got = o.host(&got.unwrap()).unwrap().into_owned();
         assert_eq!(bits(&got), bits(&want), "{name} MLP: device differs from the CPU");
     }
+    // DeepSeek-V4's routers: hash-routed (the rows' token ids), then sqrt-softplus scores. The
+    // device routes them on the host from its logits; the experts run on the device.
     let (_, mut hashed) = cases().remove(0);
     hashed.hash = Some((0..ROWS as u32 * 3).map(|i| i % 8).collect());
-    let e = hashed
-        .run(&o, &o.input(x).unwrap(), ROWS, Some(&tokens), None)
-        .err();
-    assert!(
-        matches!(
-            e,
-            Some(deltafin_engine::Error::InvalidArgument { field: "device", .. })
-        ),
-        "hash routing on the device: {e:?}"
-    );
+    let (_, mut softplus) = cases().remove(0);
+    softplus.router.scoring = Scoring::SqrtSoftplus;
+    for (name, m) in [("hash-routed", hashed), ("sqrt-softplus", softplus)] {
+        let want = m.run(&Host, &x, ROWS, Some(&tokens), None).unwrap();
+        let got = m.run(&o, &o.input(x.clone()).unwrap(), ROWS, Some(&tokens), None);
+        let got = o.host(&got.unwrap()).unwrap().into_owned();
+        assert_eq!(bits(&got), bits(&want), "{name}: device MoE differs from the CPU");
+    }
 }
