@@ -220,6 +220,7 @@ fn layer_kernels_match_the_cpu_on_the_device() {
     layer_cases::dsa_scores(&run);
     layer_cases::dsa_topk(&run);
     layer_cases::v4_index_scores(&run);
+    layer_cases::v4_attention(&run);
     layer_cases::kda(&run);
     layer_cases::mla_projections(&run);
     layer_cases::attn_res(&run);

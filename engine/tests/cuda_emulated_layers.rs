@@ -131,6 +131,12 @@ fn v4_index_scores_match_the_cpu() {
 }
 
 #[test]
+fn v4_attention_matches_the_cpu() {
+    let Some(bin) = emulator() else { return };
+    layer_cases::v4_attention(&|l, b| launch(bin, l, b));
+}
+
+#[test]
 fn dsa_top_k_matches_the_cpu() {
     let Some(bin) = emulator() else { return };
     layer_cases::dsa_topk(&|l, b| launch(bin, l, b));

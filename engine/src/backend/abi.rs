@@ -88,7 +88,7 @@ pub struct LayerLaunch {
 }
 
 /// Every layer kernel entry point in `cuda/layers.cu`.
-pub const LAYER_KERNELS: [&str; 24] = [
+pub const LAYER_KERNELS: [&str; 25] = [
     "deltafin_rms_norm",
     "deltafin_gated_act",
     "deltafin_add",
@@ -110,6 +110,7 @@ pub const LAYER_KERNELS: [&str; 24] = [
     "deltafin_gqa_attend",
     "deltafin_dsa_scores",
     "deltafin_dsa_topk",
+    "deltafin_v4_attend",
     "deltafin_hyper_mixes",
     "deltafin_hyper_weights",
     "deltafin_hyper_expand",
@@ -315,6 +316,27 @@ pub fn mla_partials(
     Ok(l)
 }
 
+/// Widest head DeepSeek-V4's attention kernel takes (`16 · DF_V4_PER_LANE`).
+pub const V4_MAX_HEAD_DIM: usize = 512;
+
+/// DeepSeek-V4's window and entry attention (`deltafin_v4_attend`) of `rows` rows of `heads`
+/// heads of `hd` (buffers: queries, window keys, entries, rows `[rows, 4]` (i32: first window
+/// row, window keys, offset in the chosen list, chosen entries), chosen (i32 entry rows), sinks,
+/// out `[rows, heads, hd]`).
+pub fn v4_attend(rows: usize, heads: usize, hd: usize, scale: f32) -> crate::Result<LayerLaunch> {
+    if hd > V4_MAX_HEAD_DIM {
+        return Err(crate::Error::InvalidArgument {
+            field: "head_dim",
+            reason: format!("{hd} is wider than the CUDA V4 attention kernel's {V4_MAX_HEAD_DIM}"),
+        });
+    }
+    let ints = [rows as i32, heads as i32, hd as i32];
+    let block = [crate::kernels::LANES as u32, 1, 1];
+    let mut l = launch("deltafin_v4_attend", rows, block, &ints, &[scale]);
+    l.grid[1] = heads.max(1) as u32;
+    Ok(l)
+}
+
 /// Threads per block of [`dsa_topk`] (`DF_TOPK_THREADS`).
 const TOPK_THREADS: u32 = 256;
 
@@ -489,6 +511,16 @@ pub const ROPE_MAX_DIM: usize = 512;
 /// RoPE in place on `rows` rows laid out as `at`, `dim` wide, by host-computed factors
 /// (buffers: x, factors `[rows, dim]`). A width above [`ROPE_MAX_DIM`] is refused.
 pub fn rope(rows: usize, at: RopeLayout, dim: usize, interleave: bool) -> crate::Result<LayerLaunch> {
+    rope_form(rows, at, dim, interleave as i32)
+}
+
+/// [`rope`] on interleaved pairs kept in place (DeepSeek-V4's `compressed::rotate`; the factors'
+/// sines negated rotate back).
+pub fn rope_pairs(rows: usize, at: RopeLayout, dim: usize) -> crate::Result<LayerLaunch> {
+    rope_form(rows, at, dim, 2)
+}
+
+fn rope_form(rows: usize, at: RopeLayout, dim: usize, form: i32) -> crate::Result<LayerLaunch> {
     if dim > ROPE_MAX_DIM {
         return Err(crate::Error::InvalidArgument {
             field: "qk_rope_head_dim",
@@ -502,7 +534,7 @@ pub fn rope(rows: usize, at: RopeLayout, dim: usize, interleave: bool) -> crate:
         at.offset as i32,
         at.vec_stride as i32,
         (dim / 2) as i32,
-        interleave as i32,
+        form,
     ];
     Ok(launch(
         "deltafin_rope",

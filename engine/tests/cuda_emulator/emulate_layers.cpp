@@ -52,6 +52,7 @@ static LayerKernel find(const std::string& name) {
     if (name == "deltafin_gqa_attend") return deltafin_gqa_attend;
     if (name == "deltafin_dsa_scores") return deltafin_dsa_scores;
     if (name == "deltafin_dsa_topk") return deltafin_dsa_topk;
+    if (name == "deltafin_v4_attend") return deltafin_v4_attend;
     if (name == "deltafin_hyper_mixes") return deltafin_hyper_mixes;
     if (name == "deltafin_hyper_weights") return deltafin_hyper_weights;
     if (name == "deltafin_hyper_expand") return deltafin_hyper_expand;

@@ -13,7 +13,9 @@ use deltafin_engine::weights::Blob;
 use crate::kernel_support::{Rng, assert_same, bytes_of, floats, patterned};
 
 mod hyper;
+mod v4_attention;
 pub use hyper::hyper_connections;
+pub use v4_attention::v4_attention;
 
 /// Runs one launch over buffers (each buffer's bytes, rewritten in place).
 pub type Runner<'a> = &'a dyn Fn(&LayerLaunch, &mut [Vec<u8>]);

@@ -8,11 +8,11 @@
 //! attention) on the host. Out of core, routed experts come from the expert store (host cache,
 //! then disk) and are uploaded through the device's expert tier.
 
-use super::super::layers::compressed::{CompressedRows, IndexRows};
+use super::super::layers::compressed::CompressedRows;
 use super::super::layers::device::{
     self, DeviceCache, DeviceDelta, DeviceKdaState, DeviceMla, IndexPool, OnDevice,
 };
-use super::super::layers::device_index::{V4KeyPool, v4_choose};
+use super::super::layers::device_v4::{V4Pool, V4Pools, v4_core};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::mla::{MlaProjected, MlaRows};
 use super::super::layers::ops::Ops;
@@ -33,7 +33,7 @@ enum DeviceMixer<B> {
     /// DeepSeek-V4's attention: projections on the device, its cache and core on the host; with
     /// an indexer, its keys on the device too (and how many are written) for the scores and
     /// top-k there.
-    Compressed(CompressedCache, Option<(B, usize)>),
+    Compressed(CompressedCache, Option<SessionV4<B>>),
 }
 
 impl<B> DeviceMixer<B> {
@@ -61,14 +61,20 @@ impl<B> DeviceMixer<B> {
             }
             Mixer::Compressed(c) => {
                 let ratio = c.kind.ratio();
-                let keys = match &c.indexer {
-                    Some(ix) => Some((
-                        dev.zeros_f32((capacity / ratio.max(1) + 1) * ix.dims.head_dim)?,
-                        0,
-                    )),
-                    None => None,
+                let windows = capacity / ratio.max(1) + 1;
+                let keys = c
+                    .indexer
+                    .as_ref()
+                    .map(|ix| dev.zeros_f32(windows * ix.dims.head_dim));
+                let v4 = match ratio {
+                    0 => None,
+                    _ => Some(SessionV4 {
+                        entries: dev.zeros_f32(windows * c.dims.head_dim)?,
+                        keys: keys.transpose()?,
+                        held: 0,
+                    }),
                 };
-                DeviceMixer::Compressed(CompressedCache::new(ratio, c.dims.window), keys)
+                DeviceMixer::Compressed(CompressedCache::new(ratio, c.dims.window), v4)
             }
         })
     }
@@ -112,30 +118,30 @@ impl<B> DeviceMixer<B> {
             }
             (Mixer::Kda(k), DeviceMixer::Kda(c, st)) => device::delta(dev, (k, c), x, n, st),
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
-            (Mixer::Compressed(c), DeviceMixer::Compressed(cache, keys)) => {
+            (Mixer::Compressed(c), DeviceMixer::Compressed(cache, v4)) => {
                 let first = cache.kv.len();
                 let pos: Vec<usize> = (first..first + n).collect();
+                let held = [v4.as_ref().map_or(0, |v| v.held)];
                 let out = c.run(&OnDevice(dev), x, n, |p| {
-                    let p = p.map(|b| dev.download_f32(&b))?;
                     let rows = &mut CompressedRows {
                         caches: &mut [&mut *cache],
                         seq: &vec![0; n],
                         pos: &pos,
                     };
-                    let (Some((pool, held)), Some(ix)) = (keys.as_ref(), &c.indexer) else {
-                        return c.core(p, n, rows, None);
-                    };
-                    let pool = || V4KeyPool {
-                        keys: pool,
+                    let pool = |rows| V4Pool {
+                        rows,
                         base: &[0],
-                        held: std::slice::from_ref(held),
+                        held: &held,
                     };
-                    let ratio = c.kind.ratio();
-                    let mut choose = |r: IndexRows<'_, '_>| v4_choose(dev, ix.dims, (pool(), ratio), r);
-                    c.core(p, n, rows, Some(&mut choose))
+                    let pools = V4Pools {
+                        keys: v4.as_ref().and_then(|v| v.keys.as_ref()).map(pool),
+                        entries: v4.as_ref().map(|v| pool(&v.entries)),
+                        ratio: c.kind.ratio(),
+                    };
+                    v4_core(dev, c, (p, n), rows, pools)
                 })?;
-                if let Some((_, held)) = keys.as_mut() {
-                    *held = cache.index_keys.len();
+                if let Some(v) = v4.as_mut() {
+                    v.held = cache.entries.len();
                 }
                 Ok(out)
             }
@@ -145,6 +151,14 @@ impl<B> DeviceMixer<B> {
             }),
         }
     }
+}
+
+/// A compressed V4 layer's per-window rows in a session: its entries and, with an indexer, its
+/// keys, the first `held` of each written.
+struct SessionV4<B> {
+    entries: B,
+    keys: Option<B>,
+    held: usize,
 }
 
 /// A decoder layer's small constants on a device: its input and post-attention norm weights,

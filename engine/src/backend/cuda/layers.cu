@@ -536,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(1024) deltafin_kda_recurrence(Layer
 
 // RoPE in place by host-computed factors (rope.rs::Rope::apply_factors): buf x, factors
 // [rows, 2 * half] ((cos, sin) per frequency); i rows, vectors per row, row stride, offset of
-// the first vector, vector stride, half, interleave. One thread per (row, vector).
+// the first vector, vector stride, half, interleave (0 halves, 1 interleaved pairs written as
+// halves, 2 interleaved pairs kept in place). One thread per (row, vector).
 extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_rope(LayerParams p) {
     const int rows = p.i[0], vecs = p.i[1], half = p.i[5], interleave = p.i[6];
     const u64 t = (u64)blockIdx.x * DF_THREADS + threadIdx.x;
@@ -549,8 +550,11 @@ extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_rope(LayerPara
         const float c = f[2 * i], s = f[2 * i + 1];
         const float a = interleave ? x[2 * i] : x[i];
         const float b = interleave ? x[2 * i + 1] : x[i + half];
-        out[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        out[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+        // Pairs kept in place (interleave 2: DeepSeek-V4, compressed.rs::rotate), else split
+        // into halves (Rope::apply_factors).
+        const int lo = interleave == 2 ? 2 * i : i, hi = interleave == 2 ? 2 * i + 1 : i + half;
+        out[lo] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        out[hi] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
     for (int i = 0; i < 2 * half; ++i) x[i] = out[i];
 }
@@ -732,6 +736,72 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_gqa_attend(LayerPar
     for (int i = 0, d = lane; d < hd; ++i, d += LANES) out[d] = acc[i];
 }
 
+// The canonical 16-lane dot of one thread: lane l's fused multiply-adds over t = l (mod 16),
+// then the tree 8, 4, 2, 1 (kernels/ops.rs::lanes_dot).
+__device__ __forceinline__ float df_dot16_serial(const float* a, const float* b, int n) {
+    float acc[LANES];
+    for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
+    for (int t = 0; t < n; ++t) acc[t % LANES] = __fmaf_rn(a[t], b[t], acc[t % LANES]);
+    for (int s = LANES / 2; s > 0; s /= 2)
+        for (int l = 0; l < s; ++l) acc[l] = __fadd_rn(acc[l], acc[l + s]);
+    return acc[0];
+}
+
+// ---- DeepSeek-V4's window and entry attention (model/layers/compressed.rs::attend) ----
+//
+// One 16-lane group per (row, head): grid (rows, heads), block (LANES). The row's keys are its
+// window's kv rows, then its chosen compressed entries (K = V). As the CPU: each score the
+// canonical 16-lane dot times the scale (one lane per key); the maximum over the sink and the
+// scores; the sum from exp(sink - max), then exp(score - max) in key order; then
+// out = sum_j (e_j / sum) * k_j in key order from zero, lane l owning channels d = l (mod 16).
+// Buffers: q [rows, heads, hd], window keys [.., hd], entries [.., hd], rows [rows, 4] (i32:
+// first window row, window keys, offset in the chosen list, chosen entries), chosen (i32 entry
+// rows), sinks [heads], out [rows, heads, hd]; i rows, heads, hd; f scale.
+#define DF_V4_PER_LANE 32  // head_dim <= 16 * 32
+
+__device__ __forceinline__ const float* df_v4_key(const LayerParams& p, const int* r, int j, int hd) {
+    if (j < r[1]) return (const float*)p.buf[1] + ((u64)r[0] + j) * (u64)hd;
+    return (const float*)p.buf[2] + (u64)((const int*)p.buf[4])[r[2] + j - r[1]] * (u64)hd;
+}
+
+extern "C" __global__ void __launch_bounds__(LANES) deltafin_v4_attend(LayerParams p) {
+    const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int heads = p.i[1], hd = p.i[2];
+    if (row >= p.i[0] || h >= heads || hd > LANES * DF_V4_PER_LANE) return;
+    const float scale = p.f[0];
+    const int* r = (const int*)p.buf[3] + 4 * row;
+    const int keys = r[1] + r[3];
+    const float* q = (const float*)p.buf[0] + ((u64)row * heads + h) * (u64)hd;
+    const float sink = ((const float*)p.buf[5])[h];
+    float m = __uint_as_float(0xff800000u);
+    for (int j = lane; j < keys; j += LANES) m = fmaxf(m, __fmul_rn(df_dot16_serial(q, df_v4_key(p, r, j, hd), hd), scale));
+    m = fmaxf(df_lane_max(m), sink);
+    float sum = df_exp(__fsub_rn(sink, m));
+    for (int base = 0; base < keys; base += LANES) {
+        const int j = base + lane;
+        const float e = j < keys ? df_exp(__fsub_rn(__fmul_rn(df_dot16_serial(q, df_v4_key(p, r, j, hd), hd), scale), m)) : 0.0f;
+        for (int t = 0; t < LANES; ++t) {
+            const float et = __shfl_sync(0xffffffffu, e, t, LANES);
+            if (base + t < keys) sum = __fadd_rn(sum, et);
+        }
+    }
+    float acc[DF_V4_PER_LANE];
+    for (int i = 0; i < DF_V4_PER_LANE; ++i) acc[i] = 0.0f;
+    for (int base = 0; base < keys; base += LANES) {
+        const int j = base + lane;
+        const float e = j < keys ? df_exp(__fsub_rn(__fmul_rn(df_dot16_serial(q, df_v4_key(p, r, j, hd), hd), scale), m)) : 0.0f;
+        const float pj = __fdiv_rn(e, sum);
+        for (int t = 0; t < LANES; ++t) {
+            const float pt = __shfl_sync(0xffffffffu, pj, t, LANES);
+            if (base + t >= keys) continue;
+            const float* v = df_v4_key(p, r, base + t, hd);
+            for (int i = 0, d = lane; d < hd; ++i, d += LANES) acc[i] = __fadd_rn(acc[i], __fmul_rn(pt, v[d]));
+        }
+    }
+    float* out = (float*)p.buf[6] + ((u64)row * heads + h) * (u64)hd;
+    for (int i = 0, d = lane; d < hd; ++i, d += LANES) out[d] = acc[i];
+}
+
 // ---- DeepSeek Sparse Attention's index scores (model/layers/dsa.rs) ----
 //
 // One thread per (row, key): score = sum over heads h in order of w[h] * max(scale * (q_h . k), 0),
@@ -745,15 +815,6 @@ extern "C" __global__ void __launch_bounds__(LANES) deltafin_gqa_attend(LayerPar
 // dot (lane l accumulates fused multiply-adds over t = l mod 16, then the tree 8, 4, 2, 1), then
 // relu as Rust's f32::max(d, 0) (NaN and negatives to +0, -0 kept), times the scale, times the
 // head weight, summed over heads from -0.
-__device__ __forceinline__ float df_dot16_serial(const float* a, const float* b, int n) {
-    float acc[LANES];
-    for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
-    for (int t = 0; t < n; ++t) acc[t % LANES] = __fmaf_rn(a[t], b[t], acc[t % LANES]);
-    for (int s = LANES / 2; s > 0; s /= 2)
-        for (int l = 0; l < s; ++l) acc[l] = __fadd_rn(acc[l], acc[l + s]);
-    return acc[0];
-}
-
 extern "C" __global__ void __launch_bounds__(DF_THREADS) deltafin_dsa_scores(LayerParams p) {
     const int row = blockIdx.y, j = blockIdx.x * DF_THREADS + threadIdx.x;
     const int heads = p.i[1], d = p.i[2], stride = p.i[3], order = p.i[4];

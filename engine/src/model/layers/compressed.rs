@@ -246,6 +246,14 @@ pub struct IndexProjected<B> {
     pub inputs: B,
 }
 
+/// A pass's rows ready for the attention ([`CompressedAttention::prepare`]): their rotated,
+/// normalised query heads `[n, heads·head_dim]` and each row's compressed entries, ascending.
+#[derive(Debug)]
+pub struct Prepared {
+    pub q: Vec<f32>,
+    pub selected: Vec<Vec<usize>>,
+}
+
 /// The indexer's choice for a pass made outside the host core (a device): each of `sparse`'s
 /// rows' chosen entries, ascending ([`top_k`] of [`index_scores`]).
 pub type IndexChoose<'a> = &'a mut dyn FnMut(IndexRows<'_, '_>) -> Result<Vec<Vec<usize>>>;
@@ -340,14 +348,15 @@ impl CompressedAttention {
     }
 
     /// The layer over `n` rows of `x` on `o`'s device: the projections there, then `core` (the
-    /// rest on the host: [`CompressedAttention::core`] over the rows' caches) gives the heads'
-    /// outputs, which go through the grouped output projection there.
+    /// rest: [`CompressedAttention::core`] over the rows' caches on the host, or
+    /// [`CompressedAttention::prepare`] and a device's attention) gives the heads' outputs on
+    /// the device, which go through the grouped output projection there.
     pub fn run<O: Ops>(
         &self,
         o: &O,
         x: &O::Buf,
         n: usize,
-        core: impl FnOnce(CompressedProjected<O::Buf>) -> Result<Vec<f32>>,
+        core: impl FnOnce(CompressedProjected<O::Buf>) -> Result<O::Buf>,
     ) -> Result<O::Buf> {
         let (d, spine) = (self.dims, WeightClass::Spine);
         let q_a = o.project(&self.wq_a, spine, x, n)?;
@@ -367,13 +376,11 @@ impl CompressedAttention {
             inputs: self.compressor.as_ref().map(|c| c.inputs(o, x, n)).transpose()?,
             index,
         })?;
-        self.output(o, &o.input(heads)?, n)
+        self.output(o, &heads, n)
     }
 
-    /// The host part of a pass over `n` projected rows: the query heads' norm and RoPE, the
-    /// keys' RoPE, the rows appended to their caches (entries pooled as windows close), the
-    /// indexer's choice (by `choose` where given, e.g. on a device, else here) and the
-    /// attention; the heads' outputs `[n, heads·head_dim]`.
+    /// The host part of a pass over `n` projected rows: [`CompressedAttention::prepare`], then
+    /// the attention here; the heads' outputs `[n, heads·head_dim]`.
     pub fn core(
         &self,
         p: CompressedProjected<Vec<f32>>,
@@ -381,6 +388,30 @@ impl CompressedAttention {
         rows: &mut CompressedRows<'_, '_>,
         choose: Option<IndexChoose<'_>>,
     ) -> Result<Vec<f32>> {
+        let prepared = self.prepare(p, n, rows, choose)?;
+        let (d, caches) = (self.dims, &*rows.caches);
+        let width = d.heads * d.head_dim;
+        let per_row: Vec<Vec<f32>> = (0..n)
+            .into_par_iter()
+            .map(|r| {
+                let q = &prepared.q[r * width..(r + 1) * width];
+                self.attend(q, caches[rows.seq[r]], rows.pos[r], &prepared.selected[r])
+            })
+            .collect();
+        Ok(per_row.concat())
+    }
+
+    /// Everything of a pass before the attention, on the host: the query heads' norm and RoPE,
+    /// the keys' RoPE, the rows appended to their caches (entries pooled as windows close) and
+    /// each row's entries (the indexer's choice by `choose` where given, e.g. on a device, else
+    /// here; every closed entry on heavily compressed layers; none on sliding ones).
+    pub fn prepare(
+        &self,
+        p: CompressedProjected<Vec<f32>>,
+        n: usize,
+        rows: &mut CompressedRows<'_, '_>,
+        choose: Option<IndexChoose<'_>>,
+    ) -> Result<Prepared> {
         let d = self.dims;
         let hd = d.head_dim;
         let (mut q, mut kv) = (p.q, p.kv);
@@ -403,45 +434,33 @@ impl CompressedAttention {
         self.append(n, &kv, (p.inputs, index_inputs), rows);
         let caches: &[&mut CompressedCache] = rows.caches;
         let index = index_q.as_ref().map(|(q, w)| (&q[..], &w[..]));
-        let chosen = match (choose, index, &self.indexer) {
-            (Some(choose), Some((q, w)), Some(ix)) => {
-                let ratio = self.kind.ratio().max(1);
-                let sparse: Vec<usize> = (0..n)
-                    .filter(|&r| (rows.pos[r] + 1) / ratio > ix.dims.top_k)
-                    .collect();
-                let picked = choose(IndexRows {
-                    sparse: &sparse,
-                    q,
-                    w,
-                    seq: rows.seq,
-                    pos: rows.pos,
-                    caches,
-                })?;
-                let mut each = vec![None; n];
-                for (&r, c) in sparse.iter().zip(picked) {
-                    each[r] = Some(c);
-                }
-                Some(each)
+        let mut chosen = vec![None; n];
+        if let (Some(choose), Some((q, w)), Some(ix)) = (choose, index, &self.indexer) {
+            let ratio = self.kind.ratio().max(1);
+            let sparse: Vec<usize> = (0..n)
+                .filter(|&r| (rows.pos[r] + 1) / ratio > ix.dims.top_k)
+                .collect();
+            let picked = choose(IndexRows {
+                sparse: &sparse,
+                q,
+                w,
+                seq: rows.seq,
+                pos: rows.pos,
+                caches,
+            })?;
+            for (&r, c) in sparse.iter().zip(picked) {
+                chosen[r] = Some(c);
             }
-            _ => None,
-        };
-        let per_row: Vec<Vec<f32>> = (0..n)
+        }
+        let selected = chosen
             .into_par_iter()
-            .map(|r| {
-                let cache = &*caches[rows.seq[r]];
-                let selected = match chosen.as_ref().and_then(|c| c[r].clone()) {
-                    Some(c) => c,
-                    None => self.selection(cache, rows.pos[r], index, r),
-                };
-                self.attend(
-                    &q[r * d.heads * hd..(r + 1) * d.heads * hd],
-                    cache,
-                    rows.pos[r],
-                    &selected,
-                )
+            .enumerate()
+            .map(|(r, c)| match c {
+                Some(c) => c,
+                None => self.selection(caches[rows.seq[r]], rows.pos[r], index, r),
             })
             .collect();
-        Ok(per_row.concat())
+        Ok(Prepared { q, selected })
     }
 
     /// Append the rows' kv and compressor inputs to their caches, and each entry whose window
@@ -543,21 +562,7 @@ impl CompressedAttention {
         let mut out = vec![0.0f32; d.heads * hd];
         let mut logits = vec![0.0f32; keys.len()];
         for (h, (qh, oh)) in q.chunks(hd).zip(out.chunks_mut(hd)).enumerate() {
-            let sink = self.sinks[h];
-            let mut max = sink;
-            for (l, k) in logits.iter_mut().zip(&keys) {
-                *l = dot16(qh, k) * scale;
-                max = max.max(*l);
-            }
-            let mut sum = exp(sink - max);
-            for l in logits.iter_mut() {
-                *l = exp(*l - max);
-                sum += *l;
-            }
-            for (l, k) in logits.iter().zip(&keys) {
-                let p = l / sum;
-                oh.iter_mut().zip(k.iter()).for_each(|(o, v)| *o += p * v);
-            }
+            attend_head(qh, &keys, (self.sinks[h], scale), &mut logits, oh);
             rotate(oh, &back, true);
         }
         out
@@ -573,6 +578,33 @@ impl CompressedAttention {
             (n, d.o_groups, d.o_rank),
         )?;
         o.project(&self.wo_b, WeightClass::Spine, &low, n)
+    }
+}
+
+/// One head's attention over `keys` (K = V) with a `sink` into `out` (zeros on entry): scores
+/// `dot16(q, k)·scale`; the maximum over the sink and the scores; the sum from the sink's term,
+/// then the keys' in order; `out = Σ_j (e_j / sum)·k_j` in key order. `logits` holds a score per
+/// key. The device's `deltafin_v4_attend` computes the same bits.
+pub fn attend_head(
+    q: &[f32],
+    keys: &[&[f32]],
+    (sink, scale): (f32, f32),
+    logits: &mut [f32],
+    out: &mut [f32],
+) {
+    let mut max = sink;
+    for (l, k) in logits.iter_mut().zip(keys) {
+        *l = dot16(q, k) * scale;
+        max = max.max(*l);
+    }
+    let mut sum = exp(sink - max);
+    for l in logits.iter_mut() {
+        *l = exp(*l - max);
+        sum += *l;
+    }
+    for (l, k) in logits.iter().zip(keys) {
+        let p = l / sum;
+        out.iter_mut().zip(k.iter()).for_each(|(o, v)| *o += p * v);
     }
 }
 

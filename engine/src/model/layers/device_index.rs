@@ -1,10 +1,9 @@
 //! Sparse attention's choice of keys on a device, for DeepSeek Sparse Attention (V3.2, GLM-5)
-//! and DeepSeek-V4's indexer: every sparse row's index scores over its sequence's keys in a
-//! device pool (`deltafin_dsa_scores`, each family's order) and their top-k
+//! and DeepSeek-V4's indexer (`device_v4`): every sparse row's index scores over its sequence's
+//! keys in a device pool (`deltafin_dsa_scores`, each family's order) and their top-k
 //! (`deltafin_dsa_topk`), a bounded group of rows at a time; only the chosen positions come
 //! down. The queries, head weights and keys are the host's (each family's own code).
 
-use super::compressed::{IndexRows, V4IndexerDims};
 use super::dsa;
 use crate::backend::abi::{self, LayerLaunch};
 use crate::backend::device::DeviceOps;
@@ -70,61 +69,4 @@ pub fn top_keys<D: DeviceOps>(
         }));
     }
     Ok(chosen)
-}
-
-/// A DeepSeek-V4 indexer's keys on a device: each sequence's keys from row `base[s]` of `keys`,
-/// the first `held[s]` of them written already.
-#[derive(Debug)]
-pub struct V4KeyPool<'a, B> {
-    pub keys: &'a B,
-    pub base: &'a [usize],
-    pub held: &'a [usize],
-}
-
-/// DeepSeek-V4's choice of compressed entries on a device for a pass's sparse rows (a
-/// `compressed::IndexChoose`): the keys the pass closed written to the pool, then
-/// [`top_keys`] in V4's order over each row's closed entries.
-pub fn v4_choose<D: DeviceOps>(
-    dev: &D,
-    dims: V4IndexerDims,
-    (pool, ratio): (V4KeyPool<'_, D::Buf>, usize),
-    rows: IndexRows<'_, '_>,
-) -> Result<Vec<Vec<usize>>> {
-    let d = dims.head_dim;
-    for (s, cache) in rows.caches.iter().enumerate() {
-        let (from, to) = (pool.held[s], cache.index_keys.len());
-        if from < to {
-            let new: Vec<f32> = (from..to)
-                .flat_map(|e| cache.index_keys.row(e).iter().copied())
-                .collect();
-            let at: Vec<usize> = (from..to).map(|e| pool.base[s] + e).collect();
-            super::device::write_rows(dev, &new, d, (pool.keys, &at))?;
-        }
-    }
-    let (h, ratio) = (dims.heads, ratio.max(1));
-    let spans: Vec<(usize, usize)> = rows
-        .sparse
-        .iter()
-        .map(|&r| (pool.base[rows.seq[r]], (rows.pos[r] + 1) / ratio))
-        .collect();
-    let q: Vec<f32> = rows
-        .sparse
-        .iter()
-        .flat_map(|&r| rows.q[r * h * d..][..h * d].iter().copied())
-        .collect();
-    let w: Vec<f32> = rows
-        .sparse
-        .iter()
-        .flat_map(|&r| rows.w[r * h..][..h].iter().copied())
-        .collect();
-    let scored = ScoredRows {
-        spans: &spans,
-        q: &q,
-        w: &w,
-    };
-    let chosen = top_keys(dev, pool.keys, (h, d, dims.top_k), scored, ScoreOrder::V4)?;
-    Ok(chosen
-        .into_iter()
-        .map(|c| c.into_iter().map(|e| e as usize).collect())
-        .collect())
 }

@@ -5,6 +5,7 @@ pub mod attn_res;
 pub mod compressed;
 pub mod device;
 pub mod device_index;
+pub mod device_v4;
 pub mod dsa;
 pub mod gated_deltanet;
 pub mod gqa;

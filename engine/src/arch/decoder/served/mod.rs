@@ -22,9 +22,9 @@
 
 use std::sync::Mutex;
 
-use super::super::layers::compressed::{CompressedRows, IndexRows};
+use super::super::layers::compressed::CompressedRows;
 use super::super::layers::device::{self, CacheRows, DeviceMla, IndexPool, OnDevice};
-use super::super::layers::device_index::{V4KeyPool, v4_choose};
+use super::super::layers::device_v4::{V4Pool, V4Pools, v4_core};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
 use super::super::layers::mla::{MlaProjected, MlaRows};
@@ -78,16 +78,17 @@ enum ServedMixer<B> {
     Mla(DeviceMla<B>, [B; 2], Option<B>),
     /// KDA or gated DeltaNet: projections on the device, the core on the host state.
     Recurrent,
-    /// DeepSeek-V4's attention: projections on the device; with an indexer, its keys of every
-    /// slot (`slots × per_slot` rows) for the scores and top-k on the device; windows, pooled
-    /// entries and the attention on the host state.
-    Compressed(Option<V4Keys<B>>),
+    /// DeepSeek-V4's attention: projections and attention on the device, the windows and the
+    /// pooling of entries on the host state; a compressed layer's entries (and its indexer's
+    /// keys) of every slot mirrored on the device.
+    Compressed(Option<V4Rows<B>>),
 }
 
-/// A DeepSeek-V4 indexer's keys on the served device: `per_slot` rows a slot (one per closed
-/// window of `ratio` positions).
-struct V4Keys<B> {
-    keys: B,
+/// A compressed V4 layer's per-window rows on the served device: `per_slot` rows a slot (one
+/// per closed window of `ratio` positions), the entries and, with an indexer, its keys.
+struct V4Rows<B> {
+    entries: B,
+    keys: Option<B>,
     per_slot: usize,
     ratio: usize,
 }
@@ -119,17 +120,21 @@ impl<B> ServedMixer<B> {
                 ServedMixer::Mla(DeviceMla::new(dev, m)?, pool, index)
             }
             Mixer::Kda(_) | Mixer::DeltaNet(_) => ServedMixer::Recurrent,
-            Mixer::Compressed(c) => ServedMixer::Compressed(match &c.indexer {
-                Some(ix) => {
-                    let ratio = c.kind.ratio().max(1);
+            Mixer::Compressed(c) => ServedMixer::Compressed(match c.kind.ratio() {
+                0 => None,
+                ratio => {
                     let per_slot = capacity / ratio + 1;
-                    Some(V4Keys {
-                        keys: dev.zeros_f32(slots * per_slot * ix.dims.head_dim)?,
+                    let keys = c
+                        .indexer
+                        .as_ref()
+                        .map(|ix| dev.zeros_f32(slots * per_slot * ix.dims.head_dim));
+                    Some(V4Rows {
+                        entries: dev.zeros_f32(slots * per_slot * c.dims.head_dim)?,
+                        keys: keys.transpose()?,
                         per_slot,
                         ratio,
                     })
                 }
-                None => None,
             }),
         })
     }
@@ -255,13 +260,15 @@ impl<D: DeviceOps> DeviceModel<D> {
             }
             let at: Vec<usize> = (from..to).map(|j| p.slot * self.capacity + j).collect();
             for (layer, host) in layers.iter().zip(&b.state.layers) {
-                if let (ServedMixer::Compressed(Some(k)), LayerState::Compressed(c)) = (&layer.mixer, host) {
-                    let (from, to) = (from / k.ratio, (to / k.ratio).min(c.index_keys.len()));
-                    let rows: Vec<f32> = (from..to)
-                        .flat_map(|e| c.index_keys.row(e).iter().copied())
-                        .collect();
-                    let at: Vec<usize> = (from..to).map(|e| p.slot * k.per_slot + e).collect();
-                    device::write_rows(&self.dev, &rows, c.index_keys.width(), (&k.keys, &at))?;
+                if let (ServedMixer::Compressed(Some(v)), LayerState::Compressed(c)) = (&layer.mixer, host) {
+                    let (from, to) = (from / v.ratio, to / v.ratio);
+                    let at: Vec<usize> = (from..to).map(|e| p.slot * v.per_slot + e).collect();
+                    let parts = [(Some(&v.entries), &c.entries), (v.keys.as_ref(), &c.index_keys)];
+                    for (buf, part) in parts {
+                        let Some(buf) = buf else { continue };
+                        let rows: Vec<f32> = (from..to).flat_map(|e| part.row(e).iter().copied()).collect();
+                        device::write_rows(&self.dev, &rows, part.width(), (buf, &at))?;
+                    }
                     continue;
                 }
                 let (pool, parts): (Vec<&D::Buf>, Vec<_>) = match (&layer.mixer, host) {
@@ -468,13 +475,27 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             }
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
-            (Mixer::Compressed(c), ServedMixer::Compressed(keys)) => {
+            (Mixer::Compressed(c), ServedMixer::Compressed(v4)) => {
                 let slots = &self.slots;
                 c.run(o, xn, n, |p| {
-                    let p = p.map(|b| dev.download_f32(&b))?;
-                    let held: Vec<usize> = match keys {
-                        Some(k) => batch.iter().map(|b| b.state.committed_len() / k.ratio).collect(),
+                    let ratio = v4.as_ref().map_or(0, |v| v.ratio);
+                    let held: Vec<usize> = match ratio {
+                        0 => Vec::new(),
+                        r => batch.iter().map(|b| b.state.committed_len() / r).collect(),
+                    };
+                    let base: Vec<usize> = match v4 {
+                        Some(v) => slots.iter().map(|&s| s * v.per_slot).collect(),
                         None => Vec::new(),
+                    };
+                    let pool = |rows| V4Pool {
+                        rows,
+                        base: &base,
+                        held: &held,
+                    };
+                    let pools = V4Pools {
+                        keys: v4.as_ref().and_then(|v| v.keys.as_ref()).map(pool),
+                        entries: v4.as_ref().map(|v| pool(&v.entries)),
+                        ratio,
                     };
                     let mut caches = compressed_caches(batch, l);
                     let rows = &mut CompressedRows {
@@ -482,17 +503,7 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
                         seq: &plan.seq,
                         pos: &plan.pos,
                     };
-                    let (Some(k), Some(ix)) = (keys, &c.indexer) else {
-                        return c.core(p, n, rows, None);
-                    };
-                    let base: Vec<usize> = slots.iter().map(|&s| s * k.per_slot).collect();
-                    let pool = || V4KeyPool {
-                        keys: &k.keys,
-                        base: &base,
-                        held: &held,
-                    };
-                    let mut choose = |r: IndexRows<'_, '_>| v4_choose(dev, ix.dims, (pool(), k.ratio), r);
-                    c.core(p, n, rows, Some(&mut choose))
+                    v4_core(dev, c, (p, n), rows, pools)
                 })
             }
             _ => Err(Error::InvalidArgument {
