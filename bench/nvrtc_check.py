@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compile the CUDA kernel sources with NVRTC exactly as the backend does (one module:
-matmul.cu, math.cuh, layers.cu; --fmad=false --ftz=false --prec-div=true --prec-sqrt=true)
+matmul.cu, math.cuh, layers.cu, deepseek.cu; --fmad=false --ftz=false --prec-div=true --prec-sqrt=true)
 and report the entry points and the floating-point instructions of the PTX. Needs only
 libnvrtc (no GPU, no driver): e.g. from the `nvidia-cuda-nvrtc` wheel.
 
@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-SOURCES = ["matmul.cu", "math.cuh", "layers.cu"]
+SOURCES = ["matmul.cu", "math.cuh", "layers.cu", "deepseek.cu"]
 
 
 def find_lib():

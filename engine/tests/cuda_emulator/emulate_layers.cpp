@@ -19,6 +19,7 @@
 #include "../../src/backend/cuda/matmul.cu"
 #include "../../src/backend/cuda/math.cuh"
 #include "../../src/backend/cuda/layers.cu"
+#include "../../src/backend/cuda/deepseek.cu"
 
 static bool read_all(void* dst, size_t len) { return std::fread(dst, 1, len, stdin) == len; }
 static bool write_all(const void* src, size_t len) { return std::fwrite(src, 1, len, stdout) == len; }

@@ -46,7 +46,8 @@ use crate::weights::BlobKey;
 const SOURCE: &str = concat!(
     include_str!("matmul.cu"),
     include_str!("math.cuh"),
-    include_str!("layers.cu")
+    include_str!("layers.cu"),
+    include_str!("deepseek.cu")
 );
 /// Output rows per thread block and input rows per register tile (as in `matmul.cu`).
 const ROWS_PER_BLOCK: u32 = 16;
