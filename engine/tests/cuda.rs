@@ -280,4 +280,5 @@ fn served_requests_on_the_gpu_give_the_cpu_tokens() {
     let cuda: &'static deltafin_engine::backend::cuda::CudaBackend = cuda;
     forward_cases::served::served_requests_match_the_cpu(cuda);
     forward_cases::served::served_v4_matches_the_cpu(cuda);
+    forward_cases::served::served_recurrent_matches_the_cpu(cuda);
 }

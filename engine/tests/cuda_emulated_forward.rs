@@ -94,6 +94,15 @@ fn served_requests_on_the_device_give_the_cpu_tokens() {
 }
 
 #[test]
+fn served_recurrent_prefill_on_the_device_gives_the_cpu_logits() {
+    let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-serve-kda") else {
+        return;
+    };
+    let dev: &'static EmuDevice = Box::leak(Box::new(EmuDevice::new(&bin)));
+    forward_cases::served::served_recurrent_matches_the_cpu(dev);
+}
+
+#[test]
 fn served_deepseek_v4_on_the_device_gives_the_cpu_tokens() {
     let Some(bin) = emulator_support::compile("emulate_layers.cpp", "deltafin-cuda-serve-v4") else {
         return;

@@ -253,6 +253,21 @@ where
     served_split(load, split, ("deepseek-v4 split", &drafter));
 }
 
+/// The served delta rule on the device for long sequences (KDA: Kimi-Linear; gated DeltaNet:
+/// Qwen3-Next): logits bit for bit over a batched prefill of 50 and 14 tokens (both sequences'
+/// delta rules on the device, their states brought back to the host), then a decode step of one
+/// row each (on the host, from those states).
+pub fn served_recurrent_matches_the_cpu<D>(dev: &'static D)
+where
+    D: DeviceOps + Send + Sync,
+    D::Buf: Send,
+{
+    for name in ["kimi-linear", "qwen3-next"] {
+        let path = super::fixture(name);
+        sparse_passes_agree(dev, || arch::load(&path).unwrap(), name);
+    }
+}
+
 /// DeepSeek-V3 (6 layers, FP8 experts) out of core under a budget of two streamed layers and
 /// three expert slots, served: routed experts come through the host expert cache and disk reads
 /// below the device tier, and the store must have missed.

@@ -472,6 +472,7 @@ pub(super) fn run_mixer(
             let mut rows = KdaRows {
                 caches: &mut caches,
                 seq: &plan.seq,
+                elsewhere: None,
             };
             gdn.forward(xn, n, &mut rows)
         }
@@ -480,6 +481,7 @@ pub(super) fn run_mixer(
             let mut rows = KdaRows {
                 caches: &mut caches,
                 seq: &plan.seq,
+                elsewhere: None,
             };
             kda.forward(xn, n, &mut rows)
         }

@@ -14,7 +14,7 @@ use super::device_index::{self, ScoreOrder, ScoredRows};
 use super::dsa::{self, Selection, Sparse};
 use super::gated_deltanet::GatedDeltaNet;
 use super::gqa::Gqa;
-use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm};
+use super::kda::{DeltaLayer, Kda, KdaProjected, L2Norm, SeqRecurrence, SeqRows};
 use super::mla::{Mla, MlaProjected, MlaRows};
 pub use super::on_device::OnDevice;
 use super::on_device::{copy_rows, rms_norm};
@@ -405,6 +405,63 @@ impl<B> DeviceKdaState<B> {
             conv: dev.zeros_f32(s.conv_len())?,
             state: dev.zeros_f32(s.heads * s.head_dim * s.head_dim)?,
         })
+    }
+}
+
+/// Rows of one sequence in a served pass from which its delta rule runs on the device: the
+/// state goes up and comes back down (`8·heads·d²` bytes: 4 MB for 32 heads of 128), about what
+/// the host recurrence of a few rows costs (`3·heads·d²` multiply-adds a row). So decode rows
+/// stay on the host, and prefill chunks and wide verify passes run on the device.
+pub const DEVICE_RECURRENCE_ROWS: usize = 8;
+
+/// The served device's delta rule for a pass's long sequences (`deltafin_kda_recurrence`),
+/// around the host state of record: the pre-pass state up, the rows stepped, the state and
+/// the read-outs down.
+pub struct DeviceRecurrence<'d, D> {
+    pub dev: &'d D,
+    pub shape: KdaShape,
+    /// The fewest rows a sequence runs here ([`DEVICE_RECURRENCE_ROWS`]).
+    pub min_rows: usize,
+}
+
+impl<D> std::fmt::Debug for DeviceRecurrence<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceRecurrence({:?}, from {} rows)",
+            self.shape, self.min_rows
+        )
+    }
+}
+
+impl<D: DeviceOps> SeqRecurrence for DeviceRecurrence<'_, D> {
+    fn takes(&self, rows: usize) -> bool {
+        rows >= self.min_rows
+    }
+
+    fn run(&mut self, r: SeqRows<'_>, prev: &[f32], live: &mut [f32]) -> Result<Vec<f32>> {
+        let (dev, s) = (self.dev, self.shape);
+        let state = dev.upload_f32(prev)?;
+        let (qkv, g, beta) = (
+            dev.upload_f32(r.qkv)?,
+            dev.upload_f32(r.g)?,
+            dev.upload_f32(r.beta)?,
+        );
+        let seq_rows = dev.upload_i32(&[0, r.rows as i32])?;
+        let ids = dev.upload_i32(&(0..r.rows as i32).collect::<Vec<_>>())?;
+        let out = dev.zeros_f32(r.rows * s.channels())?;
+        let bufs = [
+            Some(&state),
+            Some(&qkv),
+            Some(&g),
+            Some(&beta),
+            Some(&seq_rows),
+            Some(&ids),
+            Some(&out),
+        ];
+        dev.layer(&abi::kda_recurrence(1, s.heads, s.head_dim)?, &bufs)?;
+        live.copy_from_slice(&dev.download_f32(&state)?);
+        dev.download_f32(&out)
     }
 }
 

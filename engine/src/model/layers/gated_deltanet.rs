@@ -270,7 +270,7 @@ impl GatedDeltaNet {
             beta: proj.beta,
             gate: proj.gate,
         };
-        Ok(self.core().run(&proj, n, rows))
+        self.core().run(&proj, n, rows)
     }
 }
 

@@ -172,6 +172,30 @@ pub struct KdaRows<'a, 'c> {
     /// `caches[seq[i]]` is row i's cache.
     pub caches: &'a mut [&'c mut KdaCache],
     pub seq: &'a [usize],
+    /// Where a sequence's delta rule may run instead of the host (a device), for the sequences
+    /// it [takes](SeqRecurrence::takes).
+    pub elsewhere: Option<&'a mut dyn SeqRecurrence>,
+}
+
+/// One sequence's delta rule and read-out over a pass's rows, run outside the host (a
+/// device), with the host recurrence's bits.
+pub trait SeqRecurrence: std::fmt::Debug {
+    /// Whether a sequence's `rows` rows of a pass run here.
+    fn takes(&self, rows: usize) -> bool;
+
+    /// The rows' recurrence: the state `prev` stepped through `rows` into `live`; the rows'
+    /// read-outs `[m, P]`.
+    fn run(&mut self, rows: SeqRows<'_>, prev: &[f32], live: &mut [f32]) -> Result<Vec<f32>>;
+}
+
+/// One sequence's rows of a pass as the recurrence reads them: per row the normalised
+/// `[q | k | v]` (`3P`), the log-decay `g` (`P`) and `β` (per head).
+#[derive(Debug)]
+pub struct SeqRows<'a> {
+    pub qkv: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+    pub rows: usize,
 }
 
 /// A delta-rule layer (KDA or gated DeltaNet) as a pass drives it: its written-once
@@ -193,6 +217,9 @@ pub(crate) trait DeltaLayer {
         n: usize,
         rows: &mut KdaRows<'_, '_>,
     ) -> Result<Vec<f32>>;
+
+    /// The layer's state shape.
+    fn state_shape(&self) -> KdaShape;
 }
 
 /// Each delta-rule layer's own `run` and `host_core` as its [`DeltaLayer`].
@@ -216,6 +243,10 @@ macro_rules! delta_layer {
                 rows: &mut KdaRows<'_, '_>,
             ) -> Result<Vec<f32>> {
                 <$layer>::host_core(self, proj, n, rows)
+            }
+
+            fn state_shape(&self) -> KdaShape {
+                self.shape
             }
         }
     };
@@ -330,7 +361,7 @@ impl Kda {
             beta: proj.beta,
             gate: proj.gate,
         };
-        Ok(self.core().run(&proj, n, rows))
+        self.core().run(&proj, n, rows)
     }
 
     /// The constants the shared recurrence reads.
@@ -353,13 +384,13 @@ impl DeltaCore<'_> {
     /// The read-out of `n` rows `[n, P]` from their projections, advancing each row's sequence
     /// state: per-row channel work in order, the delta rule per `(sequence, head)`, then the
     /// gated norm (see [`Kda::forward`]).
-    pub(crate) fn run(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> Vec<f32> {
+    pub(crate) fn run(&self, proj: &Projections, n: usize, rows: &mut KdaRows<'_, '_>) -> Result<Vec<f32>> {
         let s = self.shape;
         let p = s.channels();
         let inputs = self.channel_phase(proj, n, rows);
         let mut o = vec![0.0f32; n * p];
         let parallel = n * s.heads * 3 * s.head_dim * s.head_dim >= PARALLEL_WORK;
-        recurrence_phase(&inputs, n, rows, &mut o, s, parallel);
+        recurrence_phase(&inputs, n, rows, &mut o, s, parallel)?;
         for (i, out) in o.chunks_mut(p).enumerate() {
             gated_norm(
                 out,
@@ -369,7 +400,7 @@ impl DeltaCore<'_> {
                 self.gate,
             );
         }
-        o
+        Ok(o)
     }
 
     /// Per row, in order: the convolution (advancing each sequence's history), SiLU, the L2
@@ -540,11 +571,24 @@ fn recurrence_phase(
     o: &mut [f32],
     s: KdaShape,
     parallel: bool,
-) {
+) -> Result<()> {
     let (p, heads, d) = (s.channels(), s.heads, s.head_dim);
     let mut by_seq: Vec<Vec<usize>> = vec![Vec::new(); rows.caches.len()];
     for (i, &seq) in rows.seq.iter().enumerate().take(n) {
         by_seq[seq].push(i);
+    }
+    if let Some(elsewhere) = rows.elsewhere.as_deref_mut() {
+        for (cache, seq_rows) in rows.caches.iter_mut().zip(by_seq.iter_mut()) {
+            if seq_rows.is_empty() || !elsewhere.takes(seq_rows.len()) {
+                continue;
+            }
+            let out = seq_elsewhere(elsewhere, inp, (seq_rows, s), cache)?;
+            for (j, &i) in seq_rows.iter().enumerate() {
+                o[i * p..(i + 1) * p].copy_from_slice(&out[j * p..(j + 1) * p]);
+            }
+            cache.pass_steps_done();
+            seq_rows.clear();
+        }
     }
     let mut tasks: Vec<HeadTask<'_>> = Vec::with_capacity(rows.caches.len() * heads);
     for (cache, seq_rows) in rows.caches.iter_mut().zip(&by_seq) {
@@ -597,6 +641,41 @@ fn recurrence_phase(
             cache.pass_steps_done();
         }
     }
+    Ok(())
+}
+
+/// One sequence's rows (`rows`, in order) through `elsewhere`, its state from the cache's
+/// pre-pass matrix (or live buffer) into the live buffer; the rows' read-outs.
+fn seq_elsewhere(
+    elsewhere: &mut dyn SeqRecurrence,
+    inp: &RowInputs,
+    (rows, s): (&[usize], KdaShape),
+    cache: &mut KdaCache,
+) -> Result<Vec<f32>> {
+    let (p, heads) = (s.channels(), s.heads);
+    let mut qkv = Vec::with_capacity(rows.len() * 3 * p);
+    for &i in rows {
+        for part in [&inp.q, &inp.k, &inp.v] {
+            qkv.extend_from_slice(&part[i * p..(i + 1) * p]);
+        }
+    }
+    let g: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| inp.g[i * p..(i + 1) * p].iter().copied())
+        .collect();
+    let beta: Vec<f32> = rows
+        .iter()
+        .flat_map(|&i| inp.beta[i * heads..(i + 1) * heads].iter().copied())
+        .collect();
+    let (prev, live) = cache.pass_states();
+    let prev = prev.map(<[f32]>::to_vec).unwrap_or_else(|| live.to_vec());
+    let seq = SeqRows {
+        qkv: &qkv,
+        g: &g,
+        beta: &beta,
+        rows: rows.len(),
+    };
+    elsewhere.run(seq, &prev, live)
 }
 
 #[cfg(test)]
@@ -704,9 +783,10 @@ mod tests {
             let mut rows = KdaRows {
                 caches: &mut refs,
                 seq: &seq,
+                elsewhere: None,
             };
             let mut got = vec![0.0f32; n * p];
-            recurrence_phase(&inp, n, &mut rows, &mut got, s, parallel);
+            recurrence_phase(&inp, n, &mut rows, &mut got, s, parallel).unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "parallel: {parallel}");
         }

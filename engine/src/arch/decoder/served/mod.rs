@@ -11,9 +11,14 @@
 //! is current while its state's identity and pass count match ([`SeqState::passes`]); a stale
 //! or evicted one is uploaded again from the host.
 //!
-//! Recurrent layers (KDA, gated DeltaNet) project on the device and run their delta-rule core
-//! on the host state: its cost is fixed per row (not growing with the context, as attention's
-//! does), and their staged passes, replays and checkpoints live there.
+//! Recurrent layers (KDA, gated DeltaNet) project on the device and keep their state of record
+//! on the host (their staged passes, replays and checkpoints live there): the convolution and
+//! gates run there, and the delta rule of a sequence with [`DEVICE_RECURRENCE_ROWS`] rows or
+//! more in the pass (a prefill chunk, a wide verify pass) runs on the device, its state up and
+//! back down; a decode row's stays on the host, where it costs less than moving the state.
+//! DeepSeek-V4's attention keeps its windows and pools entries on the host state; its indexer
+//! keys and entries are mirrored per slot on the device, where the indexer and the attention
+//! run (`layers::device_v4`).
 //!
 //! A device that cannot hold the whole spine runs the first layers only
 //! ([`DeviceModel::split`], planned by [`crate::backend::residency::device_layers`]): the pass
@@ -23,7 +28,9 @@
 use std::sync::Mutex;
 
 use super::super::layers::compressed::CompressedRows;
-use super::super::layers::device::{self, CacheRows, DeviceMla, IndexPool, OnDevice};
+use super::super::layers::device::{
+    self, CacheRows, DEVICE_RECURRENCE_ROWS, DeviceMla, DeviceRecurrence, IndexPool, OnDevice,
+};
 use super::super::layers::device_v4::{V4Pool, V4Pools, v4_core};
 use super::super::layers::dsa::{Selection, Sparse};
 use super::super::layers::kda::{DeltaLayer, KdaProjected, KdaRows};
@@ -539,8 +546,9 @@ fn keep_rows<D: DeviceOps>(
     Ok(())
 }
 
-/// A recurrent layer of the pass: projections on the device, then its core on the host states
-/// of layer `l` (the projections down, the read-out up).
+/// A recurrent layer of the pass: projections on the device, then its core over the host states
+/// of layer `l` (the projections down, the read-out up), the delta rule of a sequence with
+/// [`DEVICE_RECURRENCE_ROWS`] rows or more on the device (its state up and down).
 fn recurrent<D: DeviceOps>(
     o: &OnDevice<'_, D>,
     layer: &impl DeltaLayer,
@@ -556,9 +564,15 @@ fn recurrent<D: DeviceOps>(
             gate: dev.download_f32(&p.gate)?,
         };
         let mut caches = kda_caches(batch, l);
+        let mut elsewhere = DeviceRecurrence {
+            dev,
+            shape: layer.state_shape(),
+            min_rows: DEVICE_RECURRENCE_ROWS,
+        };
         let rows = &mut KdaRows {
             caches: &mut caches,
             seq: &plan.seq,
+            elsewhere: Some(&mut elsewhere),
         };
         dev.upload_f32(&layer.host_core(host, n, rows)?)
     })
