@@ -257,5 +257,12 @@ pub fn dsa_sessions_match_the_cpu<D: DeviceOps>(dev: &D) {
         let mut seq = device_sequence(model.as_ref(), dev, 32).unwrap();
         compare(model.as_ref(), &prompt, 3, name, |t| seq.forward(t).unwrap());
         assert_eq!(seq.len(), prompt.len() + 2, "{name}");
+        // Past the session's positions: a typed refusal, not a write past the device's pools.
+        let mut short = device_sequence(model.as_ref(), dev, 16).unwrap();
+        let err = short.forward(&prompt).err();
+        assert!(
+            matches!(err, Some(deltafin_engine::Error::ContextOverflow { .. })),
+            "{name}: {err:?}"
+        );
     }
 }

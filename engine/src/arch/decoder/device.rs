@@ -72,6 +72,7 @@ impl<B> DeviceMixer<B> {
                         entries: dev.zeros_f32(windows * c.dims.head_dim)?,
                         keys: keys.transpose()?,
                         held: 0,
+                        capacity,
                     }),
                 };
                 DeviceMixer::Compressed(CompressedCache::new(ratio, c.dims.window), v4)
@@ -120,6 +121,12 @@ impl<B> DeviceMixer<B> {
             (Mixer::DeltaNet(g), DeviceMixer::DeltaNet(c, st)) => device::delta(dev, (g, c), x, n, st),
             (Mixer::Compressed(c), DeviceMixer::Compressed(cache, v4)) => {
                 let first = cache.kv.len();
+                if let Some(v) = v4.as_ref().filter(|v| first + n > v.capacity) {
+                    return Err(Error::ContextOverflow {
+                        needed: first + n,
+                        limit: v.capacity,
+                    });
+                }
                 let pos: Vec<usize> = (first..first + n).collect();
                 let held = [v4.as_ref().map_or(0, |v| v.held)];
                 let out = c.run(&OnDevice(dev), x, n, |p| {
@@ -159,6 +166,8 @@ struct SessionV4<B> {
     entries: B,
     keys: Option<B>,
     held: usize,
+    /// Positions the pools have room for.
+    capacity: usize,
 }
 
 /// A decoder layer's small constants on a device: its input and post-attention norm weights,
