@@ -27,7 +27,7 @@
 
 use std::sync::Mutex;
 
-use super::super::layers::compressed::CompressedRows;
+use super::super::layers::compressed::{CompressedAttention, CompressedRows};
 use super::super::layers::device::{
     self, CacheRows, DEVICE_RECURRENCE_ROWS, DeviceMla, DeviceRecurrence, IndexPool, OnDevice,
 };
@@ -483,35 +483,8 @@ impl<D: DeviceOps> Stack<OnDevice<'_, D>> for ServedStack<'_, '_, '_, '_, D::Buf
             (Mixer::Kda(k), ServedMixer::Recurrent) => recurrent(o, k, (xn, n), (batch, plan, l)),
             (Mixer::DeltaNet(g), ServedMixer::Recurrent) => recurrent(o, g, (xn, n), (batch, plan, l)),
             (Mixer::Compressed(c), ServedMixer::Compressed(v4)) => {
-                let slots = &self.slots;
-                c.run(o, xn, n, |p| {
-                    let ratio = v4.as_ref().map_or(0, |v| v.ratio);
-                    let held: Vec<usize> = match ratio {
-                        0 => Vec::new(),
-                        r => batch.iter().map(|b| b.state.committed_len() / r).collect(),
-                    };
-                    let base: Vec<usize> = match v4 {
-                        Some(v) => slots.iter().map(|&s| s * v.per_slot).collect(),
-                        None => Vec::new(),
-                    };
-                    let pool = |rows| V4Pool {
-                        rows,
-                        base: &base,
-                        held: &held,
-                    };
-                    let pools = V4Pools {
-                        keys: v4.as_ref().and_then(|v| v.keys.as_ref()).map(pool),
-                        entries: v4.as_ref().map(|v| pool(&v.entries)),
-                        ratio,
-                    };
-                    let mut caches = compressed_caches(batch, l);
-                    let rows = &mut CompressedRows {
-                        caches: &mut caches,
-                        seq: &plan.seq,
-                        pos: &plan.pos,
-                    };
-                    v4_core(dev, c, (p, n), rows, pools)
-                })
+                let at = (batch, plan, l, &self.slots[..]);
+                compressed(o, (c, v4.as_ref()), (xn, n), at)
             }
             _ => Err(Error::InvalidArgument {
                 field: "device",
@@ -544,6 +517,46 @@ fn keep_rows<D: DeviceOps>(
         push(s, [&a[i * wa..(i + 1) * wa], &b[i * wb..(i + 1) * wb]]);
     }
     Ok(())
+}
+
+/// A DeepSeek-V4 attention layer of the pass (layer `l`; `slots`: each sequence's slot): its
+/// projections, indexer and attention on the device around the host part over the host states
+/// (`layers::device_v4`), its entries and keys from the slots' pools.
+fn compressed<D: DeviceOps>(
+    o: &OnDevice<'_, D>,
+    (c, v4): (&CompressedAttention, Option<&V4Rows<D::Buf>>),
+    (xn, n): (&D::Buf, usize),
+    (batch, plan, l, slots): (&mut [SeqInput<'_>], &RowPlan, usize, &[usize]),
+) -> Result<D::Buf> {
+    let dev = o.0;
+    c.run(o, xn, n, |p| {
+        let ratio = v4.map_or(0, |v| v.ratio);
+        let held: Vec<usize> = match ratio {
+            0 => Vec::new(),
+            r => batch.iter().map(|b| b.state.committed_len() / r).collect(),
+        };
+        let base: Vec<usize> = match v4 {
+            Some(v) => slots.iter().map(|&s| s * v.per_slot).collect(),
+            None => Vec::new(),
+        };
+        let pool = |rows| V4Pool {
+            rows,
+            base: &base,
+            held: &held,
+        };
+        let pools = V4Pools {
+            keys: v4.and_then(|v| v.keys.as_ref()).map(pool),
+            entries: v4.map(|v| pool(&v.entries)),
+            ratio,
+        };
+        let mut caches = compressed_caches(batch, l);
+        let rows = &mut CompressedRows {
+            caches: &mut caches,
+            seq: &plan.seq,
+            pos: &plan.pos,
+        };
+        v4_core(dev, c, (p, n), rows, pools)
+    })
 }
 
 /// A recurrent layer of the pass: projections on the device, then its core over the host states
