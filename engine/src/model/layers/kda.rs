@@ -183,9 +183,9 @@ pub trait SeqRecurrence: std::fmt::Debug {
     /// Whether a sequence's `rows` rows of a pass run here.
     fn takes(&self, rows: usize) -> bool;
 
-    /// The rows' recurrence: the state `prev` stepped through `rows` into `live`; the rows'
-    /// read-outs `[m, P]`.
-    fn run(&mut self, rows: SeqRows<'_>, prev: &[f32], live: &mut [f32]) -> Result<Vec<f32>>;
+    /// The rows' recurrence: the pre-pass state (`prev`, or `live` itself when the pass has
+    /// stepped it already) stepped through `rows` into `live`; the rows' read-outs `[m, P]`.
+    fn run(&mut self, rows: SeqRows<'_>, state: (Option<&[f32]>, &mut [f32])) -> Result<Vec<f32>>;
 }
 
 /// One sequence's rows of a pass as the recurrence reads them: per row the normalised
@@ -667,15 +667,14 @@ fn seq_elsewhere(
         .iter()
         .flat_map(|&i| inp.beta[i * heads..(i + 1) * heads].iter().copied())
         .collect();
-    let (prev, live) = cache.pass_states();
-    let prev = prev.map(<[f32]>::to_vec).unwrap_or_else(|| live.to_vec());
+    let state = cache.pass_states();
     let seq = SeqRows {
         qkv: &qkv,
         g: &g,
         beta: &beta,
         rows: rows.len(),
     };
-    elsewhere.run(seq, &prev, live)
+    elsewhere.run(seq, state)
 }
 
 #[cfg(test)]
