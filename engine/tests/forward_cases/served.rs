@@ -181,7 +181,7 @@ where
     // layer's choice, past a split too), contexts past the indexer's top-k.
     for name in ["dsv32-dsa-bf16", "glm5-dsa-fp8"] {
         let path = super::fixture(name);
-        sparse_passes_agree(dev, || arch::load(&path).unwrap(), name);
+        passes_agree(dev, || arch::load(&path).unwrap(), name);
         served_agrees(
             dev,
             || arch::load(&path).unwrap(),
@@ -220,7 +220,7 @@ where
     D::Buf: Send,
 {
     let v4 = super::fixture("dsv4-flash");
-    sparse_passes_agree(dev, || arch::load(&v4).unwrap(), "deepseek-v4");
+    passes_agree(dev, || arch::load(&v4).unwrap(), "deepseek-v4");
     let dir = tempfile::tempdir().unwrap();
     DeepseekV4Synth {
         hidden: 64,
@@ -264,7 +264,7 @@ where
 {
     for name in ["kimi-linear", "qwen3-next"] {
         let path = super::fixture(name);
-        sparse_passes_agree(dev, || arch::load(&path).unwrap(), name);
+        passes_agree(dev, || arch::load(&path).unwrap(), name);
     }
 }
 
@@ -306,12 +306,12 @@ fn served_split(
     compare(&engine(place(load()), drafter), &reqs, want, what);
 }
 
-/// A sparse model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 50
+/// A model's logits, bit for bit, on the CPU and served on `dev`: two sequences of 50
 /// and 14 prompt tokens in one pass (every row's logits), then a decode step of both. With DSA
 /// the indexer keeps 10-12 positions, so most rows attend a chosen subset (a device that
 /// attended every position would differ), and the pass's 40-odd sparse rows are scored in two
 /// launches of `dsa::ROW_GROUP` rows.
-fn sparse_passes_agree<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
+fn passes_agree<D>(dev: &'static D, load: impl Fn() -> Box<dyn Model>, what: &str)
 where
     D: DeviceOps + Send + Sync,
     D::Buf: Send,

@@ -3,9 +3,10 @@
 //! plain residual, Block Attention Residuals or hyper-connections. Activations, latent caches
 //! and recurrent states stay on the device; tokens go in, the last row's logits come out
 //! (`model::layers::device`). A DSA layer's index scores and attention run on the device, its
-//! keys, queries and top-k on the host (`layers::device::choose_dsa`). A DeepSeek-V4 attention
-//! layer projects on the device and keeps its cache and core (windows, pooled entries, indexer,
-//! attention) on the host. Out of core, routed experts come from the expert store (host cache,
+//! keys and queries on the host, their top-k on the device (`layers::device::choose_dsa`). A
+//! DeepSeek-V4 attention layer keeps its cache of record on the host (windows, entries pooled
+//! as windows close) and runs its projections, indexer and attention on the device
+//! (`layers::device_v4`). Out of core, routed experts come from the expert store (host cache,
 //! then disk) and are uploaded through the device's expert tier.
 
 use super::super::layers::compressed::CompressedRows;
@@ -30,9 +31,8 @@ enum DeviceMixer<B> {
     Mla(DeviceMla<B>, DeviceCache<B>, Option<(B, MlaCache)>),
     Kda(DeviceDelta<B>, DeviceKdaState<B>),
     DeltaNet(DeviceDelta<B>, DeviceKdaState<B>),
-    /// DeepSeek-V4's attention: projections on the device, its cache and core on the host; with
-    /// an indexer, its keys on the device too (and how many are written) for the scores and
-    /// top-k there.
+    /// DeepSeek-V4's attention: its cache of record on the host; its entries (and indexer keys)
+    /// also on the device, where the projections, indexer and attention run.
     Compressed(CompressedCache, Option<SessionV4<B>>),
 }
 

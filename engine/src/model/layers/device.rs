@@ -196,18 +196,11 @@ fn device_choose<D: DeviceOps>(
             (s, e - s)
         })
         .collect();
-    let q: Vec<f32> = sparse
-        .iter()
-        .flat_map(|&i| q[i * h * d..][..h * d].iter().copied())
-        .collect();
-    let w: Vec<f32> = sparse
-        .iter()
-        .flat_map(|&i| w[i * h..][..h].iter().copied())
-        .collect();
     let rows = ScoredRows {
+        rows: sparse,
         spans: &spans,
-        q: &q,
-        w: &w,
+        q,
+        w,
     };
     device_index::top_keys(dev, pool.keys, (h, d, dims.topk), rows, ScoreOrder::Dsa)
 }
@@ -439,9 +432,9 @@ impl<D: DeviceOps> SeqRecurrence for DeviceRecurrence<'_, D> {
         rows >= self.min_rows
     }
 
-    fn run(&mut self, r: SeqRows<'_>, prev: &[f32], live: &mut [f32]) -> Result<Vec<f32>> {
+    fn run(&mut self, r: SeqRows<'_>, (prev, live): (Option<&[f32]>, &mut [f32])) -> Result<Vec<f32>> {
         let (dev, s) = (self.dev, self.shape);
-        let state = dev.upload_f32(prev)?;
+        let state = dev.upload_f32(prev.unwrap_or(live))?;
         let (qkv, g, beta) = (
             dev.upload_f32(r.qkv)?,
             dev.upload_f32(r.g)?,

@@ -18,10 +18,12 @@ pub enum ScoreOrder {
     V4,
 }
 
-/// Rows to score: row `i` has queries `q[i]` (`heads · d`) and head weights `w[i]` (`heads`),
-/// and scores the `len` keys of `keys` from row `first` (`spans[i] = (first, len)`).
+/// Rows to score: each of `rows` (indices into `q` and `w`, which hold every row of the pass:
+/// `heads · d` queries and `heads` head weights a row) scores the `len` keys of `keys` from row
+/// `first` (`spans[j] = (first, len)` for `rows[j]`).
 #[derive(Debug)]
 pub struct ScoredRows<'a> {
+    pub rows: &'a [usize],
     pub spans: &'a [(usize, usize)],
     pub q: &'a [f32],
     pub w: &'a [f32],
@@ -37,10 +39,19 @@ pub fn top_keys<D: DeviceOps>(
     order: ScoreOrder,
 ) -> Result<Vec<Vec<u32>>> {
     let mut chosen = Vec::with_capacity(rows.spans.len());
-    for (g, spans) in rows.spans.chunks(dsa::ROW_GROUP).enumerate() {
-        let at = g * dsa::ROW_GROUP;
-        let qs = &rows.q[at * heads * d..][..spans.len() * heads * d];
-        let ws = &rows.w[at * heads..][..spans.len() * heads];
+    for (ids, spans) in rows
+        .rows
+        .chunks(dsa::ROW_GROUP)
+        .zip(rows.spans.chunks(dsa::ROW_GROUP))
+    {
+        let qs: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| rows.q[i * heads * d..][..heads * d].iter().copied())
+            .collect();
+        let ws: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| rows.w[i * heads..][..heads].iter().copied())
+            .collect();
         let stride = spans.iter().map(|&(_, len)| len).max().unwrap_or(0);
         let info: Vec<i32> = spans
             .iter()
@@ -48,7 +59,7 @@ pub fn top_keys<D: DeviceOps>(
             .collect();
         let info = dev.upload_i32(&info)?;
         let scores = dev.zeros_f32(spans.len() * stride)?;
-        let (qs, ws) = (dev.upload_f32(qs)?, dev.upload_f32(ws)?);
+        let (qs, ws) = (dev.upload_f32(&qs)?, dev.upload_f32(&ws)?);
         let scale = (d as f32).powf(-0.5);
         let launch: LayerLaunch = match order {
             ScoreOrder::Dsa => abi::dsa_scores(spans.len(), (heads, d), stride, scale),

@@ -97,20 +97,11 @@ pub fn v4_choose<D: DeviceOps>(
         .iter()
         .map(|&r| (pool.base[rows.seq[r]], (rows.pos[r] + 1) / ratio))
         .collect();
-    let q: Vec<f32> = rows
-        .sparse
-        .iter()
-        .flat_map(|&r| rows.q[r * h * d..][..h * d].iter().copied())
-        .collect();
-    let w: Vec<f32> = rows
-        .sparse
-        .iter()
-        .flat_map(|&r| rows.w[r * h..][..h].iter().copied())
-        .collect();
     let scored = ScoredRows {
+        rows: rows.sparse,
         spans: &spans,
-        q: &q,
-        w: &w,
+        q: rows.q,
+        w: rows.w,
     };
     let chosen = top_keys(dev, pool.rows, (h, d, dims.top_k), scored, ScoreOrder::V4)?;
     Ok(chosen

@@ -83,7 +83,8 @@ enum ServedMixer<B> {
     /// MLA: its decoded `kv_b_proj`, latents and rotated keys of every slot, and with a DSA
     /// indexer its keys of every slot.
     Mla(DeviceMla<B>, [B; 2], Option<B>),
-    /// KDA or gated DeltaNet: projections on the device, the core on the host state.
+    /// KDA or gated DeltaNet: projections on the device, the state of record on the host, the
+    /// delta rule of long sequences on the device (`recurrent`).
     Recurrent,
     /// DeepSeek-V4's attention: projections and attention on the device, the windows and the
     /// pooling of entries on the host state; a compressed layer's entries (and its indexer's
